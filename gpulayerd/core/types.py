@@ -1,0 +1,306 @@
+"""Immutable value types of the scheduling core.
+
+Everything here is stdlib-only, frozen and hashable where it can be. The pydantic
+models in :mod:`gpulayerd.models` parse what comes over a boundary (TOML, JSON, the
+wire) and convert into these types with their ``to_core()`` methods; the core never
+sees a pydantic model.
+
+Units: bytes are bytes; ``GB`` means 10^9 bytes everywhere in gpulayer.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "GB",
+    "Accelerator",
+    "AcceleratorSupport",
+    "DeviceSnapshot",
+    "DistributedRequest",
+    "EnvironmentSnapshot",
+    "ExecutionLevel",
+    "FrameworkVersion",
+    "JobRequest",
+    "MemoryKind",
+    "ProbeHealth",
+    "ProbeStatus",
+    "SupportMatrix",
+    "WorkerSnapshot",
+]
+
+GB = 10**9
+"""One gigabyte: 10^9 bytes (decimal). Job specs state memory in GB."""
+
+
+class Accelerator(str, enum.Enum):
+    """The kind of compute a device offers (or a job asks for)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    MPS = "mps"
+    ROCM = "rocm"
+
+
+class MemoryKind(str, enum.Enum):
+    """Whether a device's memory is its own (VRAM) or shared with the CPU."""
+
+    DEDICATED = "dedicated"
+    UNIFIED = "unified"
+
+
+class ExecutionLevel(str, enum.Enum):
+    """How far support for one accelerator goes (the spec's support matrix words)."""
+
+    TESTED = "tested"
+    IMPLEMENTED = "implemented"
+    HARDWARE_VALIDATED = "hardware-validated"
+    DETECTION_ONLY = "detection-only"
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class AcceleratorSupport:
+    """One row of the support matrix.
+
+    Attributes:
+        accelerator: the accelerator this row is about.
+        independent: support level for single-process / single-host jobs.
+        distributed: support level for ``torch.distributed`` jobs.
+        distributed_backends: backends a distributed job may use on it.
+        multi_host: whether a distributed job may span several hosts.
+        notes: what this project's own tests exercise, in words.
+    """
+
+    accelerator: Accelerator
+    independent: ExecutionLevel
+    distributed: ExecutionLevel
+    distributed_backends: tuple[str, ...]
+    multi_host: bool
+    notes: str
+
+    @property
+    def schedulable(self) -> bool:
+        """True if jobs may be placed on this accelerator at all."""
+        return self.independent not in (ExecutionLevel.DETECTION_ONLY, ExecutionLevel.UNSUPPORTED)
+
+    @property
+    def distributed_allowed(self) -> bool:
+        """True if distributed jobs may be placed on this accelerator."""
+        return self.distributed not in (
+            ExecutionLevel.DETECTION_ONLY,
+            ExecutionLevel.UNSUPPORTED,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SupportMatrix:
+    """The support matrix: one :class:`AcceleratorSupport` per accelerator."""
+
+    rows: tuple[AcceleratorSupport, ...]
+
+    def row(self, accelerator: Accelerator) -> AcceleratorSupport:
+        """Return the row for ``accelerator``.
+
+        Raises:
+            KeyError: if the matrix has no row for it.
+        """
+        for r in self.rows:
+            if r.accelerator is accelerator:
+                return r
+        raise KeyError(accelerator.value)
+
+
+class ProbeStatus(str, enum.Enum):
+    """Outcome of one hardware probe (e.g. nvidia-smi). Never conflated with 'no GPU'."""
+
+    OK = "ok"
+    NOT_FOUND = "not_found"
+    NO_DEVICES = "no_devices"
+    DRIVER_UNAVAILABLE = "driver_unavailable"
+    DRIVER_LIBRARY_MISMATCH = "driver_library_mismatch"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeHealth:
+    """Health of one probe source.
+
+    Attributes:
+        source: which tool or probe, e.g. ``"nvidia-smi"``, ``"rocm-smi"``, ``"apple"``.
+        status: the outcome.
+        message: the tool's own words (first line of its output) or our explanation.
+        path: the executable that was run, when one was found.
+    """
+
+    source: str
+    status: ProbeStatus
+    message: str = ""
+    path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSnapshot:
+    """One accelerator device as its worker saw it.
+
+    Attributes:
+        accelerator: cuda, mps or rocm (CPU is not a device here).
+        index: nvidia-smi ``index`` (PCI bus order) for CUDA; 0 for the Apple GPU.
+        uuid: nvidia-smi ``uuid``; a synthetic stable id for other kinds; None if unknown.
+        name: nvidia-smi ``name``, or the chip name.
+        memory_total_bytes: total memory in bytes (nvidia-smi ``memory.total`` MiB * 2^20;
+            system RAM for unified-memory parts); None if unknown.
+        memory_used_bytes: nvidia-smi ``memory.used`` in bytes; None if unknown.
+        memory_kind: dedicated (VRAM) or unified (system RAM shared with the CPU); None if unknown.
+        compute_capability: nvidia-smi ``compute_cap`` as (major, minor); None if unknown.
+        driver_version: nvidia-smi ``driver_version``, kept as a string.
+        execution_supported: from the support matrix; False means never scheduled.
+        float64: whether the device computes in 64-bit floats (False on Apple Metal);
+            None if unknown.
+        granted_to: id of the job this device is granted to, if any.
+        foreign_pids: pids of compute processes on it that gpulayer did not start.
+    """
+
+    accelerator: Accelerator
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_kind: MemoryKind | None = None
+    compute_capability: tuple[int, int] | None = None
+    driver_version: str | None = None
+    execution_supported: bool = False
+    float64: bool | None = None
+    granted_to: str | None = None
+    foreign_pids: tuple[int, ...] = ()
+
+    @property
+    def busy(self) -> bool:
+        """True if the device is granted to a job or used by a foreign process."""
+        return self.granted_to is not None or bool(self.foreign_pids)
+
+    @property
+    def sort_key(self) -> tuple[str, int]:
+        """Deterministic order of devices: uuid, then index."""
+        return (self.uuid or "", self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkVersion:
+    """One framework as found in an environment's package metadata.
+
+    Attributes:
+        name: the framework's canonical name (``tensorflow``), not the distribution.
+        version: the version string exactly as in the metadata.
+        distribution: which distribution supplied it (``tensorflow-macos``).
+        valid: whether ``version`` is a valid PEP 440 version.
+    """
+
+    name: str
+    version: str
+    distribution: str
+    valid: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentSnapshot:
+    """One workload interpreter and what it can run.
+
+    Attributes:
+        interpreter: absolute path of the python executable.
+        python_version: ``platform.python_version()`` of it; None if unknown.
+        frameworks: canonical framework name -> what is installed.
+        torch_cuda: ``torch.cuda.is_available()``; None if torch is absent or unknown.
+        torch_mps: ``torch.backends.mps.is_available()``; None if torch is absent or unknown.
+        distributed_backends: torch.distributed backends available (gloo, nccl, mpi);
+            None if unknown.
+        ok: False if the probe of this interpreter failed (then most fields are None).
+        notes: human-readable notes (unknown values, conflicts, errors).
+    """
+
+    interpreter: str
+    python_version: str | None = None
+    frameworks: Mapping[str, FrameworkVersion] = field(default_factory=dict)
+    torch_cuda: bool | None = None
+    torch_mps: bool | None = None
+    distributed_backends: tuple[str, ...] | None = None
+    ok: bool = True
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """Everything the matcher knows about one worker (a machine running gpulayerd).
+
+    Attributes:
+        node_id: the worker's stable id; ties between workers break on it.
+        name: a human name (host name).
+        online: False if the worker is known but not reachable now.
+        devices: accelerator devices, any order (the matcher sorts).
+        environments: workload interpreters, in preference order.
+        cpu_count: logical CPUs; None if unknown.
+        memory_total_bytes: system RAM in bytes; None if unknown.
+        health: one entry per probe source.
+        existing_paths: paths known to exist on the worker (for ``workdir``);
+            None means the worker has not said, which matching treats as unchecked.
+    """
+
+    node_id: str
+    name: str = ""
+    online: bool = True
+    devices: tuple[DeviceSnapshot, ...] = ()
+    environments: tuple[EnvironmentSnapshot, ...] = ()
+    cpu_count: int | None = None
+    memory_total_bytes: int | None = None
+    health: tuple[ProbeHealth, ...] = ()
+    existing_paths: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedRequest:
+    """``[distributed]`` of a job: torch.distributed shape.
+
+    Attributes:
+        nnodes: number of hosts.
+        nproc_per_node: processes per host.
+        backend: ``gloo`` or ``nccl``.
+    """
+
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    backend: str = "gloo"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """What a job needs, in the core's terms (from ``JobSpec.to_core()``).
+
+    Attributes:
+        job_id: the job's id (any string; used only in messages).
+        accelerator: the accelerator wanted.
+        gpu_count: devices wanted per host (0 for CPU jobs).
+        gpu_memory_bytes: minimum total memory per device in bytes; None = any.
+        gpu_memory_kind: dedicated or unified; None = any.
+        min_cuda_compute_capability: minimum (major, minor); None = any.
+        frameworks: canonical framework name -> PEP 440 specifier string.
+        python: PEP 440 specifier for the interpreter's version; None = any.
+        requires_float64: the job computes in float64 on the device.
+        distributed: torch.distributed shape, None for a plain job.
+        workdir: the directory the job runs in; must exist on the worker.
+    """
+
+    job_id: str = ""
+    accelerator: Accelerator = Accelerator.CPU
+    gpu_count: int = 0
+    gpu_memory_bytes: int | None = None
+    gpu_memory_kind: MemoryKind | None = None
+    min_cuda_compute_capability: tuple[int, int] | None = None
+    frameworks: Mapping[str, str] = field(default_factory=dict)
+    python: str | None = None
+    requires_float64: bool = False
+    distributed: DistributedRequest | None = None
+    workdir: str | None = None

@@ -1,0 +1,1 @@
+"""Hardware and environment detection, and the support matrix."""

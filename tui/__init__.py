@@ -1,0 +1,1 @@
+"""The Textual TUI of gpulayer (talks to the local daemon only)."""
