@@ -11,6 +11,7 @@ Units: ``*_bytes`` are bytes; ``gpu_memory_gb`` is decimal GB (10^9 bytes).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.core.matching import Explanation, Placement, Rejection
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -42,17 +44,30 @@ else:  # pragma: no cover - exercised on 3.10 only
 __all__ = [
     "CAPABILITIES_VERSION",
     "KNOWN_FRAMEWORKS",
+    "ApiErrorBody",
+    "AttemptView",
     "Capabilities",
+    "CheckModel",
     "DeviceModel",
     "DistributedModel",
     "EnvironmentModel",
+    "EventView",
+    "ExplanationModel",
     "FrameworkModel",
+    "HealthView",
     "JobSpec",
+    "JobView",
+    "LogChunk",
+    "PlacementModel",
     "PolicyModel",
     "ProbeHealthModel",
+    "RejectionModel",
     "Requirements",
     "SpecError",
+    "SubmitRequest",
+    "WorkerExplanationModel",
     "format_validation_error",
+    "job_spec_from_mapping",
     "load_job_spec",
     "parse_compute_capability",
 ]
@@ -276,6 +291,21 @@ class JobSpec(BaseModel):
             raise ValueError("the program (first item) must not be empty")
         return v
 
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.strip():
+            raise ValueError("must not be empty")
+        if "\0" in v:
+            raise ValueError("must not contain a NUL byte")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError("must be valid UTF-8 text") from e
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
@@ -348,10 +378,15 @@ def job_spec_from_mapping(
     except ValidationError as e:
         raise SpecError(f"{source}: invalid job spec\n{format_validation_error(e)}") from e
     base = Path(base_dir) if base_dir is not None else Path.cwd()
-    workdir = Path(spec.workdir).expanduser() if spec.workdir else base
+    workdir = Path(spec.workdir) if spec.workdir else base
+    if spec.workdir and spec.workdir.startswith("~"):
+        expanded = Path(os.path.expanduser(spec.workdir))
+        if str(expanded).startswith("~"):
+            raise SpecError(f"{source}: invalid job spec\nworkdir: cannot expand {spec.workdir!r} (no such user)")
+        workdir = expanded
     if not workdir.is_absolute():
-        workdir = (base / workdir).resolve()
-    return spec.model_copy(update={"workdir": str(workdir)})
+        workdir = base / workdir
+    return spec.model_copy(update={"workdir": os.path.normpath(workdir)})
 
 
 # ------------------------------------------------------------------------ capabilities
@@ -544,3 +579,221 @@ class Capabilities(BaseModel):
             health=tuple(h.to_core() for h in self.health),
             existing_paths=existing_paths,
         )
+
+
+# ------------------------------------------------------------------------ explanations
+
+
+class RejectionModel(BaseModel):
+    """A :class:`gpulayerd.core.matching.Rejection` on the wire."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    requirement: str
+    wanted: str
+    found: str
+    worker: str
+    message: str
+    device: int | None = None
+    environment: str | None = None
+
+    @classmethod
+    def from_core(cls, r: Rejection) -> RejectionModel:
+        """Build from a core rejection."""
+        return cls(
+            code=r.code.value, requirement=r.requirement, wanted=r.wanted, found=r.found,
+            worker=r.worker, message=r.message, device=r.device, environment=r.environment,
+        )
+
+
+class PlacementModel(BaseModel):
+    """A :class:`gpulayerd.core.matching.Placement` on the wire."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker: str
+    environment: str
+    accelerator: Accelerator
+    device_indices: list[int]
+    device_uuids: list[str | None]
+
+    @classmethod
+    def from_core(cls, p: Placement) -> PlacementModel:
+        """Build from a core placement."""
+        return cls(
+            worker=p.worker, environment=p.environment, accelerator=p.accelerator,
+            device_indices=list(p.device_indices), device_uuids=list(p.device_uuids),
+        )
+
+
+class CheckModel(BaseModel):
+    """One row of the worker x requirement table (``ok`` None = not checked here)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    requirement: str
+    wanted: str
+    found: str
+    ok: bool | None
+
+
+class WorkerExplanationModel(BaseModel):
+    """One worker's part of an explanation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker: str
+    name: str
+    online: bool
+    state: str
+    checks: list[CheckModel]
+    rejections: list[RejectionModel]
+    placement: PlacementModel | None = None
+
+
+class ExplanationModel(BaseModel):
+    """``gpulayer explain --json``: verdict, placement and the worker x requirement table."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    verdict: str
+    summary: str
+    placement: PlacementModel | None = None
+    rejections: list[RejectionModel] = Field(default_factory=list)
+    workers: list[WorkerExplanationModel] = Field(default_factory=list)
+
+    @classmethod
+    def from_core(cls, e: Explanation) -> ExplanationModel:
+        """Build from a core explanation."""
+        return cls(
+            job_id=e.job_id,
+            verdict=e.verdict.value,
+            summary=e.summary,
+            placement=None if e.placement is None else PlacementModel.from_core(e.placement),
+            rejections=[RejectionModel.from_core(r) for r in e.rejections],
+            workers=[
+                WorkerExplanationModel(
+                    worker=w.worker, name=w.name, online=w.online, state=w.state.value,
+                    checks=[CheckModel(requirement=c.requirement, wanted=c.wanted, found=c.found, ok=c.ok)
+                            for c in w.checks],
+                    rejections=[RejectionModel.from_core(r) for r in w.rejections],
+                    placement=None if w.placement is None else PlacementModel.from_core(w.placement),
+                )
+                for w in e.workers
+            ],
+        )
+
+
+# ------------------------------------------------------------------------------ jobs
+
+
+class SubmitRequest(BaseModel):
+    """``POST /v1/jobs`` body: a job spec (already resolved: absolute workdir)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any]
+    submitted_by: str = ""
+
+
+class AttemptView(BaseModel):
+    """One attempt of a job: where it ran and how it ended."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    attempt: int
+    worker: str
+    state: str
+    placement: PlacementModel | None = None
+    run_dir: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class EventView(BaseModel):
+    """One row of a job's append-only history."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seq: int
+    at: float
+    kind: str
+    from_status: str | None = None
+    to_status: str | None = None
+    attempt: int | None = None
+    reason: str = ""
+    stimulus_id: str = ""
+
+
+class JobView(BaseModel):
+    """A job as the API shows it (``gpulayer show --json``).
+
+    Attributes:
+        status: queued, claimed, running, succeeded, failed, cancelled, lost or rejected.
+        reason: the last state change's reason, or for a waiting job why it waits.
+        holder: node id of the worker running the current attempt.
+        holder_name: that worker's host name, when known.
+        explanation: the last explanation (waiting and rejected jobs).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    name: str | None = None
+    submitted_by: str = ""
+    status: str
+    attempt: int = 0
+    holder: str | None = None
+    holder_name: str | None = None
+    retries_left: int = 0
+    cancel_requested: bool = False
+    reason: str = ""
+    exit_code: int | None = None
+    submitted_at: float
+    updated_at: float
+    spec: JobSpec
+    explanation: ExplanationModel | None = None
+    attempts: list[AttemptView] = Field(default_factory=list)
+    events: list[EventView] = Field(default_factory=list)
+
+
+class LogChunk(BaseModel):
+    """``GET /v1/jobs/{id}/logs``: bytes ``[offset, next_offset)`` of one log, as text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    attempt: int
+    stream: Literal["stdout", "stderr"]
+    offset: int
+    next_offset: int
+    data: str
+    complete: bool
+    """True when the job has ended and the chunk reaches the end of the log."""
+
+
+class ApiErrorBody(BaseModel):
+    """The body of every API error: a stable code, a message and details."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class HealthView(BaseModel):
+    """``GET /v1/health``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ok: bool
+    version: str
+    node_id: str
+    hostname: str
+    pid: int
+    state_dir: str

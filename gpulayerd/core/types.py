@@ -247,6 +247,8 @@ class WorkerSnapshot:
         health: one entry per probe source.
         existing_paths: paths known to exist on the worker (for ``workdir``);
             None means the worker has not said, which matching treats as unchecked.
+        cpu_slots_total: CPU processes the worker runs at once; None = no limit.
+        cpu_slots_free: of those, how many are free now; None = no limit.
     """
 
     node_id: str
@@ -258,6 +260,8 @@ class WorkerSnapshot:
     memory_total_bytes: int | None = None
     health: tuple[ProbeHealth, ...] = ()
     existing_paths: frozenset[str] | None = None
+    cpu_slots_total: int | None = None
+    cpu_slots_free: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

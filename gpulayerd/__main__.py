@@ -1,0 +1,78 @@
+"""``gpulayerd``: the daemon's entry point (args -> config -> daemon.run()); nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpulayerd",
+        description="The gpulayer daemon: probes this machine, keeps its job queue in SQLite, runs jobs "
+        "and serves the local API on a unix socket. Runs in the foreground (the service files run it).",
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file (keys as in gpulayerd.config)")
+    p.add_argument("--python", action="append", metavar="PATH", dest="interpreters",
+                   help="workload interpreter (repeatable, in preference order; default: this one)")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="SQLite store and job logs (default: the platform's user state dir)")
+    p.add_argument("--runtime-dir", type=Path, metavar="DIR",
+                   help="directory of the local API socket (default: <state-dir>/run when --state-dir is "
+                   "given, else the platform's user runtime dir)")
+    p.add_argument("--device-lock-dir", type=Path, metavar="DIR",
+                   help="machine-wide device lock files shared by every user's daemon (default /tmp/gpulayer-locks)")
+    p.add_argument("--cpu-slots", type=int, metavar="N", help="CPU processes run at once (default: logical CPUs)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def _configure_logging(level: str) -> None:
+    # Under systemd (JOURNAL_STREAM set) journald adds timestamps itself.
+    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else (
+        "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
+
+    Exit codes: 0 after a clean stop, 1 on a start-up failure, 2 on bad settings.
+    """
+    args = _parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    from gpulayerd.config import ConfigError, DaemonConfig
+    from gpulayerd.daemon import DaemonAlreadyRunning, run
+
+    overrides: dict[str, object] = {
+        "interpreters": args.interpreters,
+        "state_dir": args.state_dir,
+        "runtime_dir": args.runtime_dir,
+        "device_lock_dir": args.device_lock_dir,
+        "cpu_slots": args.cpu_slots,
+    }
+    try:
+        config = DaemonConfig.load(args.config, overrides)
+    except ConfigError as e:
+        print(f"gpulayerd: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run(config))
+    except DaemonAlreadyRunning as e:
+        print(f"gpulayerd: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"gpulayerd: cannot start: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

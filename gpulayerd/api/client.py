@@ -1,0 +1,138 @@
+"""Async client of the local API, used by the CLI and the TUI.
+
+Only talks to the local daemon over its unix socket. Errors: :class:`DaemonUnreachable`
+when nothing answers on the socket, :class:`ApiRequestError` for an error reply (with
+the API's stable ``code``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gpulayerd.models import (
+    ApiErrorBody,
+    Capabilities,
+    ExplanationModel,
+    HealthView,
+    JobView,
+    LogChunk,
+    SubmitRequest,
+)
+
+__all__ = ["ApiRequestError", "DaemonClient", "DaemonUnreachable"]
+
+_JOBS = TypeAdapter(list[JobView])
+
+
+class DaemonUnreachable(Exception):
+    """Nothing answers on the daemon's socket."""
+
+    def __init__(self, socket_path: Path, cause: str) -> None:
+        super().__init__(f"cannot reach gpulayerd at {socket_path}: {cause}")
+        self.socket_path = socket_path
+
+
+class ApiRequestError(Exception):
+    """The daemon answered with an error."""
+
+    def __init__(self, status: int, body: ApiErrorBody) -> None:
+        super().__init__(body.message)
+        self.status = status
+        self.code = body.code
+        self.body = body
+
+
+class DaemonClient:
+    """A connection to the local gpulayerd. Use as ``async with DaemonClient(path) as c:``."""
+
+    def __init__(self, socket_path: Path, timeout_s: float = 30.0) -> None:
+        self.socket_path = socket_path
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> DaemonClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(self.socket_path)), timeout=self._timeout
+            )
+        return self._session
+
+    async def _request(self, method: str, path: str, body: BaseModel | None = None,
+                       params: dict[str, Any] | list[tuple[str, str]] | None = None) -> bytes:
+        if not self.socket_path.exists():
+            raise DaemonUnreachable(self.socket_path, "no socket (is gpulayerd running?)")
+        data = None if body is None else body.model_dump_json()
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        try:
+            async with self._http().request(method, f"http://gpulayerd{path}", data=data, headers=headers,
+                                            params=params) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    try:
+                        err = ApiErrorBody.model_validate_json(raw)
+                    except ValidationError:
+                        err = ApiErrorBody(code="http_error", message=f"HTTP {resp.status}: {raw[:200]!r}")
+                    raise ApiRequestError(resp.status, err)
+                return raw
+        except aiohttp.ClientConnectionError as e:
+            raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
+
+    async def health(self) -> HealthView:
+        """``GET /v1/health``."""
+        return HealthView.model_validate_json(await self._request("GET", "/v1/health"))
+
+    async def devices(self) -> Capabilities:
+        """``GET /v1/devices``: this machine's capabilities with grant state."""
+        return Capabilities.model_validate_json(await self._request("GET", "/v1/devices"))
+
+    async def submit(self, spec: dict[str, Any], submitted_by: str = "") -> JobView:
+        """``POST /v1/jobs``; the spec as a mapping (TOML or flags, workdir resolved)."""
+        req = SubmitRequest(spec=spec, submitted_by=submitted_by)
+        return JobView.model_validate_json(await self._request("POST", "/v1/jobs", req))
+
+    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None) -> list[JobView]:
+        """``GET /v1/jobs``, in submission order."""
+        params: list[tuple[str, str]] = [("status", s) for s in statuses or []]
+        if limit is not None:
+            params.append(("limit", str(limit)))
+        return _JOBS.validate_json(await self._request("GET", "/v1/jobs", params=params))
+
+    async def job(self, job_ref: str) -> JobView:
+        """``GET /v1/jobs/{id}`` (a unique id prefix works)."""
+        return JobView.model_validate_json(await self._request("GET", f"/v1/jobs/{job_ref}"))
+
+    async def explain(self, job_ref: str) -> ExplanationModel:
+        """``GET /v1/jobs/{id}/explain``."""
+        return ExplanationModel.model_validate_json(await self._request("GET", f"/v1/jobs/{job_ref}/explain"))
+
+    async def cancel(self, job_ref: str) -> JobView:
+        """``POST /v1/jobs/{id}/cancel``."""
+        return JobView.model_validate_json(await self._request("POST", f"/v1/jobs/{job_ref}/cancel"))
+
+    async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
+                   attempt: int | None = None) -> LogChunk:
+        """``GET /v1/jobs/{id}/logs``: text from byte ``offset``."""
+        params = {"stream": stream, "offset": str(offset)}
+        if attempt is not None:
+            params["attempt"] = str(attempt)
+        raw = await self._request("GET", f"/v1/jobs/{job_ref}/logs", params=params)
+        return LogChunk.model_validate_json(raw)

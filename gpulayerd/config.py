@@ -1,0 +1,152 @@
+"""Daemon settings: embedded defaults, an optional TOML file, then command-line flags.
+
+Every duration and size carries its unit in its name. Paths:
+
+- state dir (SQLite file, run logs): platformdirs' user state dir, or ``--state-dir``;
+- runtime dir (the local API's unix socket, directory mode 0700): platformdirs' user
+  runtime dir, or ``<state dir>/run`` when ``--state-dir`` is given, so that two
+  daemons with different state dirs never share a socket;
+- device lock dir: machine-wide (shared by every user's daemon), ``/tmp/gpulayer-locks``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpulayerd.models import format_validation_error
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["ConfigError", "DaemonConfig", "default_runtime_dir", "default_state_dir", "socket_path_for"]
+
+SOCKET_NAME = "gpulayerd.sock"
+
+
+class ConfigError(ValueError):
+    """Invalid settings; the message names the setting."""
+
+
+def default_state_dir() -> Path:
+    """platformdirs' user state dir for gpulayer (e.g. ``~/.local/state/gpulayer``)."""
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("gpulayer"))
+
+
+def default_runtime_dir() -> Path:
+    """platformdirs' user runtime dir (``$XDG_RUNTIME_DIR/gpulayer``), or a private dir in /tmp.
+
+    Falls back to ``/tmp/gpulayer-<uid>`` when the runtime dir cannot be created (no
+    login session, e.g. a container).
+    """
+    from platformdirs import user_runtime_dir
+
+    d = Path(user_runtime_dir("gpulayer"))
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return d
+    except OSError:
+        return Path(f"/tmp/gpulayer-{os.getuid()}")
+
+
+def socket_path_for(state_dir: Path | None, runtime_dir: Path | None = None) -> Path:
+    """Where the local API socket lives for these settings (the CLI uses the same rule)."""
+    if runtime_dir is not None:
+        return runtime_dir / SOCKET_NAME
+    if state_dir is not None:
+        return state_dir / "run" / SOCKET_NAME
+    return default_runtime_dir() / SOCKET_NAME
+
+
+class DaemonConfig(BaseModel):
+    """All settings of gpulayerd.
+
+    Attributes:
+        state_dir: SQLite store and run directories (logs) live here.
+        runtime_dir: the unix socket's directory (0700).
+        interpreters: workload interpreters (``--python``), in preference order.
+        device_lock_dir: machine-wide per-device lock files (shared by all users).
+        cpu_slots: how many CPU processes run at once (a distributed CPU job takes
+            ``nproc_per_node``); default: the number of logical CPUs.
+        probe_interval_s: how often hardware is probed again.
+        nvidia_smi_timeout_s: hard limit for one nvidia-smi call.
+        env_probe_timeout_s: hard limit for probing one interpreter.
+        cancel_grace_s: SIGTERM to SIGKILL delay when stopping a job.
+        lease_grace_s: extra time after a lease before an attempt is declared lost.
+        watchdog_poll_interval_s: how often a job's watchdog re-reads its deadline.
+        dist_timeout_s: collective timeout handed to distributed jobs
+            (``GPULAYER_DIST_TIMEOUT_S``), instead of torch's 30-minute default.
+        rdzv_timeout_s: torchrun rendezvous join timeout.
+        schedule_interval_s: the scheduler also wakes this often without events.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    runtime_dir: Path | None = None
+    interpreters: list[str] = Field(default_factory=lambda: [sys.executable])
+    device_lock_dir: Path = Path("/tmp/gpulayer-locks")
+    cpu_slots: int | None = Field(default=None, ge=1)
+    probe_interval_s: float = Field(default=30.0, gt=0)
+    nvidia_smi_timeout_s: float = Field(default=20.0, gt=0)
+    env_probe_timeout_s: float = Field(default=60.0, gt=0)
+    cancel_grace_s: float = Field(default=10.0, ge=0)
+    lease_grace_s: float = Field(default=5.0, ge=0)
+    watchdog_poll_interval_s: float = Field(default=0.5, gt=0)
+    dist_timeout_s: float = Field(default=300.0, gt=0)
+    rdzv_timeout_s: float = Field(default=120.0, gt=0)
+    schedule_interval_s: float = Field(default=5.0, gt=0)
+
+    @property
+    def socket_path(self) -> Path:
+        """The local API's unix socket."""
+        return socket_path_for(self.state_dir, self.runtime_dir)
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file."""
+        return self.state_dir / "gpulayer.sqlite3"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Per-job run directories: ``runs/<job>/<attempt>/{stdout,stderr}.log``."""
+        return self.state_dir / "runs"
+
+    @property
+    def pid_path(self) -> Path:
+        """The running daemon's pid file."""
+        return self.state_dir / "gpulayerd.pid"
+
+    @property
+    def effective_cpu_slots(self) -> int:
+        """``cpu_slots`` or the number of logical CPUs."""
+        return self.cpu_slots or os.cpu_count() or 1
+
+    @classmethod
+    def load(cls, path: Path | None, overrides: dict[str, object]) -> DaemonConfig:
+        """Embedded defaults, then the TOML file at ``path`` (if any), then ``overrides``.
+
+        Raises:
+            ConfigError: unreadable file or invalid setting, naming it.
+        """
+        data: dict[str, object] = {}
+        if path is not None:
+            try:
+                data.update(tomllib.loads(path.read_text(encoding="utf-8")))
+            except OSError as e:
+                raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path}: malformed TOML: {e}") from e
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            where = f"{path}: " if path else ""
+            raise ConfigError(f"{where}invalid settings\n{format_validation_error(e)}") from e

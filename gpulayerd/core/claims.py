@@ -1,0 +1,368 @@
+"""The owner's claim/lease state machine for one job: events in, actions out.
+
+Pure: no I/O, no clock (``now`` comes in with every call, in seconds of the owner's
+monotonic clock), no randomness. The daemon runs the returned actions (a store
+compare-and-set, a reply, a kill) and feeds outcomes back as new events.
+
+States::
+
+    queued --claim--> claimed --started--> running --exited--> succeeded | failed
+      |                 |                    |
+      |                 +------ lease expired / lost -------> lost, or queued again
+      |                                                        while retries remain
+      +--cancel--> cancelled        claimed|running --cancel--> (kill) --> cancelled
+    rejected (at submit, never runs)
+
+The attempt number is the fencing token: a claim grants ``attempt + 1``; a start,
+renewal or exit that names any other attempt is stale and changes nothing (a
+renewal for a stale attempt is answered so that its worker kills it).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+__all__ = [
+    "ACTIVE",
+    "TERMINAL",
+    "Action",
+    "CancelRequested",
+    "ClaimRequested",
+    "DenyClaim",
+    "Event",
+    "GrantClaim",
+    "JobRecord",
+    "JobStatus",
+    "KillRun",
+    "LeaseChecked",
+    "LeaseRenewed",
+    "PersistJob",
+    "ReplyStale",
+    "RunExited",
+    "RunLost",
+    "RunStarted",
+    "handle",
+]
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job is in its life."""
+
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    REJECTED = "rejected"
+
+
+TERMINAL = frozenset(
+    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.LOST, JobStatus.REJECTED}
+)
+"""States a job never leaves."""
+
+ACTIVE = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
+"""States in which an attempt holds devices on a worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """The owner's view of one job.
+
+    Attributes:
+        job_id: the job.
+        status: current state.
+        attempt: number of the current (or last) attempt; 0 before the first claim.
+        holder: node id of the worker running the current attempt, if any.
+        retries_left: how many more times a lost attempt may be re-queued.
+        lease_s: lease length granted to workers, seconds.
+        lease_expires_at: owner-monotonic time after which the attempt is lost, or None.
+        cancel_requested: a cancel arrived while an attempt was active.
+    """
+
+    job_id: str
+    status: JobStatus
+    attempt: int = 0
+    holder: str | None = None
+    retries_left: int = 0
+    lease_s: float = 30.0
+    lease_expires_at: float | None = None
+    cancel_requested: bool = False
+
+
+# ---------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequested:
+    """A worker asks to run the job now (late binding: it re-checked fit locally)."""
+
+    worker: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """The worker started the job's processes for ``attempt``."""
+
+    attempt: int
+    worker: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewed:
+    """The worker renews its lease for ``attempt``."""
+
+    attempt: int
+    worker: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunExited:
+    """The job's processes of ``attempt`` ended.
+
+    Attributes:
+        exit_code: the process exit status (negative: killed by that signal); None
+            if it could not be known.
+    """
+
+    attempt: int
+    exit_code: int | None
+    reason: str = ""
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunLost:
+    """The attempt's processes are gone without an exit status (or never started)."""
+
+    attempt: int
+    reason: str
+    never_started: bool = False
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """A user asked to cancel the job."""
+
+    reason: str = "cancelled by user"
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseChecked:
+    """Periodic check: has the current attempt's lease (plus ``grace_s``) expired?"""
+
+    grace_s: float = 0.0
+    stimulus_id: str = ""
+
+
+Event = ClaimRequested | RunStarted | LeaseRenewed | RunExited | RunLost | CancelRequested | LeaseChecked
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class PersistJob:
+    """Store ``record`` if the stored job still has ``expect_status``, ``expect_attempt``
+    and ``expect_cancel_requested`` (so that a handler working from an outdated record
+    can never undo a cancel).
+
+    The store does this as one compare-and-set, with an event row carrying ``reason``;
+    nothing else may be done for this event unless it succeeds.
+    """
+
+    record: JobRecord
+    expect_status: JobStatus
+    expect_attempt: int
+    reason: str
+    stimulus_id: str = ""
+    expect_cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GrantClaim:
+    """Tell ``worker`` it may run ``attempt`` under a lease of ``lease_s`` seconds."""
+
+    worker: str
+    attempt: int
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DenyClaim:
+    """Tell ``worker`` its claim lost (someone else holds the job, or it ended)."""
+
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillRun:
+    """Stop the processes of ``attempt`` on ``worker`` (SIGTERM, grace, SIGKILL)."""
+
+    worker: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyStale:
+    """Answer a message about a superseded attempt: its worker must kill it."""
+
+    worker: str
+    attempt: int
+    current_attempt: int
+
+
+Action = PersistJob | GrantClaim | DenyClaim | KillRun | ReplyStale
+
+
+# ---------------------------------------------------------------------------- handle
+
+
+def handle(job: JobRecord, event: Event, now: float) -> list[Action]:
+    """Decide what ``event`` does to ``job`` at owner-monotonic time ``now``.
+
+    Returns:
+        Actions in order; a :class:`PersistJob`, when present, comes first and the
+        rest must only be carried out if it succeeds. An event that changes nothing
+        (a duplicate, a replay, a stale attempt) returns no PersistJob.
+    """
+    if isinstance(event, ClaimRequested):
+        return _claim(job, event, now)
+    if isinstance(event, RunStarted):
+        return _started(job, event, now)
+    if isinstance(event, LeaseRenewed):
+        return _renewed(job, event, now)
+    if isinstance(event, RunExited):
+        return _exited(job, event)
+    if isinstance(event, RunLost):
+        return _lost(job, event)
+    if isinstance(event, CancelRequested):
+        return _cancel(job, event)
+    return _lease_check(job, event, now)
+
+
+def _persist(job: JobRecord, new: JobRecord, reason: str, stimulus_id: str) -> PersistJob:
+    return PersistJob(new, job.status, job.attempt, reason, stimulus_id, job.cancel_requested)
+
+
+def _claim(job: JobRecord, ev: ClaimRequested, now: float) -> list[Action]:
+    if job.status is not JobStatus.QUEUED or job.cancel_requested:
+        if job.holder == ev.worker and job.status in ACTIVE and not job.cancel_requested:
+            # A duplicate claim from the holder: answer with the same grant again.
+            return [GrantClaim(ev.worker, job.attempt, job.lease_s)]
+        return [DenyClaim(ev.worker, f"job is {job.status.value}")]
+    attempt = job.attempt + 1
+    new = replace(
+        job, status=JobStatus.CLAIMED, attempt=attempt, holder=ev.worker, lease_expires_at=now + job.lease_s
+    )
+    return [
+        _persist(job, new, f"claimed by {ev.worker} (attempt {attempt})", ev.stimulus_id),
+        GrantClaim(ev.worker, attempt, job.lease_s),
+    ]
+
+
+def _stale(job: JobRecord, attempt: int, worker: str) -> bool:
+    return attempt != job.attempt or worker != job.holder or job.status not in ACTIVE
+
+
+def _started(job: JobRecord, ev: RunStarted, now: float) -> list[Action]:
+    if _stale(job, ev.attempt, ev.worker):
+        if ev.attempt != job.attempt or job.holder != ev.worker:
+            return [ReplyStale(ev.worker, ev.attempt, job.attempt)]
+        return []
+    if job.status is JobStatus.RUNNING:
+        return []  # duplicate
+    new = replace(job, status=JobStatus.RUNNING, lease_expires_at=now + job.lease_s)
+    actions: list[Action] = [_persist(job, new, f"running on {ev.worker}", ev.stimulus_id)]
+    if job.cancel_requested:
+        actions.append(KillRun(ev.worker, ev.attempt, "cancelled by user"))
+    return actions
+
+
+def _renewed(job: JobRecord, ev: LeaseRenewed, now: float) -> list[Action]:
+    if _stale(job, ev.attempt, ev.worker):
+        return [ReplyStale(ev.worker, ev.attempt, job.attempt)]
+    new = replace(job, lease_expires_at=now + job.lease_s)
+    # Lease renewals are not state changes: the store keeps them without an event row.
+    return [PersistJob(new, job.status, job.attempt, "", ev.stimulus_id, job.cancel_requested)]
+
+
+def _exited(job: JobRecord, ev: RunExited) -> list[Action]:
+    if ev.attempt != job.attempt or job.status not in ACTIVE:
+        return []  # stale or duplicate: only the current attempt's exit counts
+    if job.cancel_requested:
+        status, reason = JobStatus.CANCELLED, "cancelled by user"
+        if ev.exit_code is not None:
+            reason += f" (exit {_describe_exit(ev.exit_code)})"
+    elif ev.exit_code == 0:
+        status, reason = JobStatus.SUCCEEDED, "exited 0"
+    else:
+        status = JobStatus.FAILED
+        reason = ev.reason or (
+            "exit status unknown" if ev.exit_code is None else f"exited {_describe_exit(ev.exit_code)}"
+        )
+    new = replace(job, status=status, holder=None, lease_expires_at=None)
+    return [_persist(job, new, reason, ev.stimulus_id)]
+
+
+def _describe_exit(code: int) -> str:
+    return f"by signal {-code}" if code < 0 else str(code)
+
+
+def _lost(job: JobRecord, ev: RunLost) -> list[Action]:
+    if ev.attempt != job.attempt or job.status not in ACTIVE:
+        return []
+    # "Never started" is only believed while the owner has not recorded a start.
+    never_started = ev.never_started and job.status is JobStatus.CLAIMED
+    return [_persist(job, _after_loss(job, never_started), ev.reason, ev.stimulus_id)]
+
+
+def _after_loss(job: JobRecord, never_started: bool) -> JobRecord:
+    if job.cancel_requested:
+        return replace(job, status=JobStatus.CANCELLED, holder=None, lease_expires_at=None)
+    if never_started:
+        # Nothing ran, so running it again cannot make two copies: re-queue for free.
+        return replace(job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None)
+    if job.retries_left > 0:
+        return replace(
+            job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None, retries_left=job.retries_left - 1
+        )
+    return replace(job, status=JobStatus.LOST, holder=None, lease_expires_at=None)
+
+
+def _cancel(job: JobRecord, ev: CancelRequested) -> list[Action]:
+    if job.status in TERMINAL or job.cancel_requested:
+        return []
+    if job.status is JobStatus.QUEUED:
+        new = replace(job, status=JobStatus.CANCELLED)
+        return [_persist(job, new, ev.reason, ev.stimulus_id)]
+    new = replace(job, cancel_requested=True)
+    holder = job.holder or ""
+    return [
+        _persist(job, new, f"cancel requested; stopping attempt {job.attempt} on {holder}", ev.stimulus_id),
+        KillRun(holder, job.attempt, ev.reason),
+    ]
+
+
+def _lease_check(job: JobRecord, ev: LeaseChecked, now: float) -> list[Action]:
+    if job.status not in ACTIVE or job.lease_expires_at is None:
+        return []
+    if now <= job.lease_expires_at + ev.grace_s:
+        return []
+    new = _after_loss(job, never_started=False)
+    what = "re-queued" if new.status is JobStatus.QUEUED else new.status.value
+    reason = (
+        f"attempt {job.attempt} lost: no lease renewal from {job.holder} for "
+        f"{job.lease_s:g} s + {ev.grace_s:g} s grace; {what}"
+    )
+    return [_persist(job, new, reason, ev.stimulus_id), KillRun(job.holder or "", job.attempt, reason)]

@@ -1,0 +1,373 @@
+"""Host detection: NVIDIA GPUs (nvidia-smi), the Apple GPU, AMD GPUs (rocm-smi), CPU and RAM.
+
+:func:`discover_host` is the entry point; it never raises for a missing, broken or hung
+tool: every source reports a :class:`~gpulayerd.core.types.ProbeHealth` instead, so a
+broken probe never looks like "no GPU". Every external command runs through a
+:class:`CommandRunner` (default :func:`run_command`): ``LC_ALL=C``, its own process
+group, a hard timeout after which the whole group is killed. Tests pass their own runner
+or put fake tools on the search path through :class:`DiscoveryConfig`.
+
+Timeouts and search paths come in through :class:`DiscoveryConfig`; nothing here is a
+module setting that tests must patch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import psutil
+
+from gpulayerd.core.types import Accelerator, DeviceSnapshot, ProbeHealth, ProbeStatus, SupportMatrix
+from gpulayerd.gpu.apple import AppleFacts, apple_devices, probe_apple, read_apple_facts
+from gpulayerd.gpu.nvidia import (
+    NVIDIA_SMI_SEARCH_DIRS,
+    NvidiaSmi,
+    classify_nvidia_failure,
+    parse_compute_apps,
+    parse_nvidia_csv,
+    query_compute_apps,
+)
+from gpulayerd.gpu.rocm import ROCM_SMI_SEARCH_DIRS, probe_rocm
+
+__all__ = [
+    "NVIDIA_SMI_SEARCH_DIRS",
+    "ROCM_SMI_SEARCH_DIRS",
+    "AppleFacts",
+    "CommandResult",
+    "CommandRunner",
+    "DiscoveryConfig",
+    "HostInventory",
+    "NvidiaSmi",
+    "apple_devices",
+    "classify_nvidia_failure",
+    "discover_host",
+    "find_executable",
+    "find_nvidia_smi",
+    "find_rocm_smi",
+    "parse_compute_apps",
+    "parse_meminfo_total_bytes",
+    "parse_nvidia_csv",
+    "query_compute_apps",
+    "read_apple_facts",
+    "run_command",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What one external command did.
+
+    Attributes:
+        stdout: its standard output, decoded as UTF-8 (bad bytes replaced).
+        stderr: its standard error, decoded the same way (or why it could not start).
+        returncode: its exit status; None if it timed out or never started.
+        timed_out: it ran past its timeout and its process group was killed.
+        not_found: the executable does not exist.
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+    timed_out: bool = False
+    not_found: bool = False
+
+
+class CommandRunner(Protocol):
+    """Runs one external command to completion or timeout; never raises for tool failures."""
+
+    def __call__(
+        self, argv: Sequence[str], timeout_s: float, env_overrides: Mapping[str, str] | None = None
+    ) -> CommandResult:
+        """Run ``argv`` with at most ``timeout_s`` seconds of wall time."""
+        ...
+
+
+def run_command(
+    argv: Sequence[str],
+    timeout_s: float,
+    env_overrides: Mapping[str, str] | None = None,
+    *,
+    kill_wait_s: float = 5.0,
+) -> CommandResult:
+    """Run ``argv`` with ``LC_ALL=C`` in its own process group under a hard timeout.
+
+    The child inherits this process's environment plus ``env_overrides``, then
+    ``LC_ALL=C`` and ``LANG=C`` so numbers never come out with a locale's decimal comma.
+    On timeout the whole process group gets SIGKILL, so a hung tool's children die too.
+
+    Args:
+        argv: the program (a path, or a name looked up on the child's PATH) and arguments.
+        timeout_s: wall-clock limit in seconds.
+        env_overrides: extra environment variables for the child.
+        kill_wait_s: how long to wait for the pipes to close after the kill.
+
+    Returns:
+        The result; a missing executable gives ``not_found=True``, any other failure to
+        start gives ``returncode=None`` with the reason in ``stderr``.
+    """
+    env = dict(os.environ)
+    env.update(env_overrides or {})
+    env.update({"LC_ALL": "C", "LANG": "C"})
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    except FileNotFoundError as e:
+        return CommandResult(stderr=str(e), not_found=True)
+    except OSError as e:
+        return CommandResult(stderr=str(e))
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=kill_wait_s)
+        except subprocess.TimeoutExpired:
+            # Something left the group and still holds the pipes; stop reading.
+            out, err = b"", b""
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
+        return CommandResult(_decode(out), _decode(err), None, timed_out=True)
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    return CommandResult(_decode(out), _decode(err), proc.returncode)
+
+
+def find_executable(name: str, path_env: str | None, extra_dirs: Sequence[str]) -> str | None:
+    """Find ``name`` on ``path_env`` (os.pathsep-separated), then in ``extra_dirs``.
+
+    Args:
+        name: the executable's file name.
+        path_env: a PATH value; None means this process's PATH.
+        extra_dirs: directories tried in order after PATH.
+
+    Returns:
+        The absolute path of the first executable file found, or None.
+    """
+    if path_env is None:
+        path_env = os.environ.get("PATH", os.defpath)
+    found = shutil.which(name, path=path_env) if path_env else None
+    if found:
+        return os.path.abspath(found)
+    for directory in extra_dirs:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
+
+
+def find_nvidia_smi(path_env: str | None, extra_dirs: Sequence[str] = NVIDIA_SMI_SEARCH_DIRS) -> str | None:
+    """Find nvidia-smi: PATH first, then WSL2's and common install directories."""
+    return find_executable("nvidia-smi", path_env, extra_dirs)
+
+
+def find_rocm_smi(path_env: str | None, extra_dirs: Sequence[str] = ROCM_SMI_SEARCH_DIRS) -> str | None:
+    """Find rocm-smi: PATH first, then ``/opt/rocm/bin`` and common install directories."""
+    return find_executable("rocm-smi", path_env, extra_dirs)
+
+
+def parse_meminfo_total_bytes(text: str) -> int | None:
+    """``MemTotal`` of a ``/proc/meminfo`` text in bytes (its kB are KiB); None if absent."""
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key.strip() == "MemTotal":
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                unit = parts[1].lower() if len(parts) > 1 else "b"
+                return int(parts[0]) * (1024 if unit == "kb" else 1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """How to look for hardware. Defaults suit a real host.
+
+    Attributes:
+        nvidia_smi_timeout_s: limit for each nvidia-smi call, in seconds.
+        rocm_smi_timeout_s: limit for the rocm-smi call, in seconds.
+        apple_timeout_s: limit for each macOS command (sysctl, sw_vers, uname), in seconds.
+        path_env: PATH to search for tools; None means this process's PATH.
+        extra_search_dirs: directories tried for nvidia-smi after PATH.
+        rocm_search_dirs: directories tried for rocm-smi after PATH.
+        system: ``platform.system()`` value to assume; None means this host's.
+        machine: ``platform.machine()`` value to assume; None means this host's.
+        meminfo_path: Linux ``/proc/meminfo``, read for system RAM; when it is None or
+            unreadable, psutil gives system RAM.
+        query_compute_apps: also ask nvidia-smi which processes use each GPU.
+    """
+
+    nvidia_smi_timeout_s: float = 20.0
+    rocm_smi_timeout_s: float = 20.0
+    apple_timeout_s: float = 10.0
+    path_env: str | None = None
+    extra_search_dirs: tuple[str, ...] = NVIDIA_SMI_SEARCH_DIRS
+    rocm_search_dirs: tuple[str, ...] = ROCM_SMI_SEARCH_DIRS
+    system: str | None = None
+    machine: str | None = None
+    meminfo_path: str | None = "/proc/meminfo"
+    query_compute_apps: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class HostInventory:
+    """Everything discovery found on this host, taken at one time.
+
+    Attributes:
+        devices: accelerator devices, sorted by accelerator then index.
+        health: one entry for nvidia-smi, one for rocm-smi, and one for the Apple GPU
+            on macOS.
+        cpu_count: logical CPUs; None if unknown.
+        memory_total_bytes: system RAM in bytes; None if unknown.
+        hostname: this host's name.
+        platform: ``platform.system()`` (``Linux``, ``Darwin``).
+        machine: ``platform.machine()`` (``x86_64``, ``arm64``, ``aarch64``).
+        notes: unknown values, skipped output lines, retried queries, in words.
+    """
+
+    devices: tuple[DeviceSnapshot, ...]
+    health: tuple[ProbeHealth, ...]
+    cpu_count: int | None
+    memory_total_bytes: int | None
+    hostname: str
+    platform: str
+    machine: str
+    notes: tuple[str, ...] = ()
+
+
+def discover_host(
+    config: DiscoveryConfig,
+    support: SupportMatrix,
+    runner: CommandRunner = run_command,
+    nvidia: NvidiaSmi | None = None,
+) -> HostInventory:
+    """Detect this host's accelerators, CPUs and RAM; tool failures become health entries.
+
+    Blocking (it runs tools, each under its own timeout): call it from a thread, not
+    from the event loop.
+
+    Args:
+        config: timeouts, search paths and platform overrides.
+        support: the support matrix; decides each device's ``execution_supported``.
+        runner: runs every external command.
+        nvidia: keeps what each nvidia-smi binary rejects across calls; pass the same
+            one on every probe (a fresh one is made when None).
+
+    Returns:
+        The inventory. Devices carry ``foreign_pids`` for every compute process
+        nvidia-smi lists; the caller removes the pids of its own jobs.
+    """
+    system = config.system or platform.system()
+    machine = config.machine or platform.machine()
+    path_env = config.path_env if config.path_env is not None else os.environ.get("PATH", os.defpath)
+    memory_bytes = _system_memory_bytes(config.meminfo_path)
+    devices: list[DeviceSnapshot] = []
+    health: list[ProbeHealth] = []
+    notes: list[str] = []
+    if memory_bytes is None:
+        notes.append("system RAM unknown")
+
+    smi = nvidia if nvidia is not None else NvidiaSmi()
+    nvidia_path = find_nvidia_smi(path_env, config.extra_search_dirs)
+    try:
+        nv = smi.probe(
+            nvidia_path,
+            runner,
+            config.nvidia_smi_timeout_s,
+            support,
+            memory_bytes,
+            query_apps=config.query_compute_apps,
+        )
+        devices.extend(nv.devices)
+        health.append(nv.health)
+        notes.extend(nv.notes)
+    except Exception as e:
+        logger.exception("nvidia-smi probe failed")
+        health.append(ProbeHealth("nvidia-smi", ProbeStatus.ERROR, f"probe failed: {e!r}", nvidia_path))
+
+    rocm_path = find_rocm_smi(path_env, config.rocm_search_dirs)
+    try:
+        rocm = probe_rocm(rocm_path, runner, config.rocm_smi_timeout_s, support)
+        devices.extend(rocm.devices)
+        health.append(rocm.health)
+        notes.extend(rocm.notes)
+    except Exception as e:
+        logger.exception("rocm-smi probe failed")
+        health.append(ProbeHealth("rocm-smi", ProbeStatus.ERROR, f"probe failed: {e!r}", rocm_path))
+
+    if system == "Darwin":
+        try:
+            facts = read_apple_facts(
+                runner,
+                config.apple_timeout_s,
+                machine=config.machine,
+                uname=find_executable("uname", path_env, ("/usr/bin", "/bin")) or "/usr/bin/uname",
+                sysctl=find_executable("sysctl", path_env, ("/usr/sbin", "/sbin")) or "/usr/sbin/sysctl",
+                sw_vers=find_executable("sw_vers", path_env, ("/usr/bin",)) or "/usr/bin/sw_vers",
+            )
+            apple = probe_apple(facts, support)
+            devices.extend(apple.devices)
+            health.append(apple.health)
+            notes.extend(apple.notes)
+            if memory_bytes is None:
+                memory_bytes = facts.memory_total_bytes
+        except Exception as e:
+            logger.exception("Apple GPU probe failed")
+            health.append(ProbeHealth("apple", ProbeStatus.ERROR, f"probe failed: {e!r}"))
+
+    order = list(Accelerator)
+    return HostInventory(
+        devices=tuple(sorted(devices, key=lambda d: (order.index(d.accelerator), d.index))),
+        health=tuple(health),
+        cpu_count=psutil.cpu_count(logical=True),
+        memory_total_bytes=memory_bytes,
+        hostname=socket.gethostname(),
+        platform=system,
+        machine=machine,
+        notes=tuple(notes),
+    )
+
+
+def _system_memory_bytes(meminfo_path: str | None) -> int | None:
+    if meminfo_path is not None:
+        try:
+            with open(meminfo_path, encoding="ascii", errors="replace") as f:
+                total = parse_meminfo_total_bytes(f.read())
+        except OSError:
+            total = None
+        if total is not None:
+            return total
+    try:
+        return int(psutil.virtual_memory().total)
+    except Exception:  # psutil raises its own errors on exotic platforms
+        logger.debug("psutil.virtual_memory() failed", exc_info=True)
+        return None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")

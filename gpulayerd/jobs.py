@@ -1,0 +1,581 @@
+"""The daemon's job service: submit, schedule, claim, run, watch, cancel, recover.
+
+On one machine this daemon is both the owner of the jobs submitted to it and the
+worker that runs them; both sides go through the pure claim state machine
+(:mod:`gpulayerd.core.claims`), and the store applies its decisions with
+compare-and-set, so the same code serves when owner and worker are different hosts.
+
+A job's path: submit (validate; stored ``queued``, or ``rejected`` with reasons) ->
+the scheduler matches queued jobs in submission order against this machine's fresh
+snapshot (devices granted here or locked by another daemon on this machine, or busy
+with foreign processes, are not free) -> claim (CAS in the store, with the device
+grants, after taking the machine-wide device locks) -> the runner starts a watchdog
+that starts the job -> a watch task waits for the exit and records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from gpulayerd.api.server import ApiError
+from gpulayerd.capabilities import build_capabilities
+from gpulayerd.config import DaemonConfig
+from gpulayerd.core import claims
+from gpulayerd.core.claims import JobRecord, JobStatus
+from gpulayerd.core.matching import Explanation, Placement, evaluate, explain, job_signature, validate
+from gpulayerd.core.types import (
+    Accelerator,
+    EnvironmentSnapshot,
+    JobRequest,
+    ProbeStatus,
+    SupportMatrix,
+    WorkerSnapshot,
+)
+from gpulayerd.devicelock import DeviceLocks
+from gpulayerd.gpu.discovery import DiscoveryConfig, discover_host, run_command
+from gpulayerd.gpu.environments import EnvironmentProber
+from gpulayerd.gpu.nvidia import NvidiaSmi, query_compute_apps
+from gpulayerd.models import (
+    AttemptView,
+    Capabilities,
+    EventView,
+    ExplanationModel,
+    HealthView,
+    JobSpec,
+    JobView,
+    LogChunk,
+    PlacementModel,
+    SubmitRequest,
+    job_spec_from_mapping,
+)
+from gpulayerd.runner import RunHandle, Runner, RunnerError, RunStatus, build_argv, build_env
+from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
+
+__all__ = ["JobManager", "new_job_id"]
+
+log = logging.getLogger(__name__)
+
+LOG_CHUNK_BYTES = 1 << 20
+ANOTHER_DAEMON = "(another gpulayerd on this machine)"
+_B32 = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_job_id(now_wall: float) -> str:
+    """A 12-character id, sortable by submission time (Crockford base32, lower case)."""
+    n = (int(now_wall * 1000) << 20) | secrets.randbits(20)
+    chars = []
+    for _ in range(12):
+        chars.append(_B32[n & 31])
+        n >>= 5
+    return "".join(reversed(chars))
+
+
+class JobManager:
+    """Owner and worker in one: implements the local API and runs the daemon's loops."""
+
+    def __init__(
+        self,
+        *,
+        config: DaemonConfig,
+        node_id: str,
+        hostname: str,
+        version: str,
+        store: Store,
+        runner: Runner,
+        locks: DeviceLocks,
+        prober: EnvironmentProber,
+        discovery: DiscoveryConfig,
+        nvidia: NvidiaSmi,
+        support: SupportMatrix,
+    ) -> None:
+        self._config = config
+        self.node_id = node_id
+        self._hostname = hostname
+        self._version = version
+        self._store = store
+        self._runner = runner
+        self._locks = locks
+        self._prober = prober
+        self._discovery = discovery
+        self._nvidia = nvidia
+        self._support = support
+        self._caps: Capabilities | None = None
+        self._caps_ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._leases: dict[str, float] = {}
+        self._runs: dict[tuple[str, int], RunHandle] = {}
+        self._watchers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._specs: dict[str, JobSpec] = {}
+        self._schedule_lock = asyncio.Lock()
+        self._seq = 0
+
+    # ------------------------------------------------------------------ local API
+
+    def health(self) -> HealthView:
+        """Liveness and identity."""
+        return HealthView(ok=True, version=self._version, node_id=self.node_id, hostname=self._hostname,
+                          pid=os.getpid(), state_dir=str(self._config.state_dir))
+
+    async def async_capabilities(self) -> Capabilities:
+        """This machine's capabilities with the current grant state of each device."""
+        await self._caps_ready.wait()
+        worker = await self._worker_snapshot(refresh_apps=False)
+        assert self._caps is not None
+        caps = self._caps.model_copy()
+        from gpulayerd.models import DeviceModel
+
+        caps.devices = [DeviceModel.from_core(d) for d in worker.devices]
+        return caps
+
+    async def async_submit(self, request: SubmitRequest) -> JobView:
+        """Validate and store a job; wake the scheduler. Raises SpecError for a bad spec."""
+        spec = job_spec_from_mapping(request.spec, source="job spec")
+        if spec.workdir is None or not os.path.isabs(spec.workdir):
+            raise ApiError(400, "invalid_spec", "workdir: must be an absolute path")
+        now = time.time()
+        job_id = new_job_id(now)
+        req = spec.to_core(job_id)
+        rejections = validate(req, self._support)
+        status = JobStatus.REJECTED if rejections else JobStatus.QUEUED
+        if rejections:
+            reason = "; ".join(r.message for r in rejections)
+            explanation = ExplanationModel.from_core(explain(req, [], self._support))
+        else:
+            reason, explanation = "waiting for the scheduler", None
+        row = JobRow(
+            id=job_id, name=spec.name, submitted_by=request.submitted_by, spec_json=spec.model_dump_json(),
+            status=status, attempt=0, holder=None, retries_left=spec.policy.retries, lease_s=spec.policy.lease_s,
+            lease_expires_at=None, cancel_requested=False, reason=reason,
+            explanation_json=None if explanation is None else explanation.model_dump_json(),
+            exit_code=None, submitted_at=now, updated_at=now, seq=None,
+        )
+        stored = await self._store.insert_job(row, reason, stimulus_id=f"submit-{job_id}")
+        self._specs[job_id] = spec
+        self._wake.set()
+        return self._view(stored)
+
+    async def async_list_jobs(self, statuses: list[str] | None, limit: int | None) -> list[JobView]:
+        """Jobs in submission order, without attempts and history."""
+        wanted = None
+        if statuses:
+            try:
+                wanted = [JobStatus(s) for s in statuses]
+            except ValueError as e:
+                allowed = ", ".join(s.value for s in JobStatus)
+                raise ApiError(400, "bad_request", f"status must be one of: {allowed}") from e
+        rows = await self._store.list_jobs(wanted, limit)
+        return [self._view(r) for r in rows]
+
+    async def async_get_job(self, job_ref: str) -> JobView:
+        """One job with its attempts and full history."""
+        row = await self._row(job_ref)
+        attempts = await self._store.attempts(row.id)
+        events = await self._store.events(row.id)
+        view = self._view(row)
+        view.attempts = [
+            AttemptView(
+                attempt=a.attempt, worker=a.worker, state=a.state,
+                placement=PlacementModel.model_validate_json(a.placement_json), run_dir=a.run_dir,
+                started_at=a.started_at, ended_at=a.ended_at, exit_code=a.exit_code, reason=a.reason,
+            )
+            for a in attempts
+        ]
+        view.events = [
+            EventView(seq=e.seq, at=e.at, kind=e.kind, from_status=e.from_status, to_status=e.to_status,
+                      attempt=e.attempt, reason=e.reason, stimulus_id=e.stimulus_id)
+            for e in events
+        ]
+        return view
+
+    async def async_explain(self, job_ref: str) -> ExplanationModel:
+        """Explain the job against this machine now."""
+        row = await self._row(job_ref)
+        spec = self._spec(row)
+        await self._caps_ready.wait()
+        worker = await self._worker_snapshot(refresh_apps=True)
+        req = spec.to_core(row.id)
+        return ExplanationModel.from_core(explain(req, [self._with_paths(worker, req.workdir)], self._support))
+
+    async def async_cancel(self, job_ref: str) -> JobView:
+        """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL."""
+        row = await self._row(job_ref)
+        for _ in range(5):
+            actions = claims.handle(row.record(), claims.CancelRequested(stimulus_id=f"cancel-{row.id}"),
+                                    time.monotonic())
+            if not actions:
+                break
+            if await self._run_actions(row.id, actions, kind="cancel requested"):
+                break
+            row = await self._row(row.id)
+        return self._view(await self._row(row.id))
+
+    async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None) -> LogChunk:
+        """Bytes of a job's log from ``offset`` (at most 1 MiB), as text."""
+        row = await self._row(job_ref)
+        n = attempt if attempt is not None else row.attempt
+        terminal = row.status in claims.TERMINAL or (attempt is not None and attempt < row.attempt)
+        if n <= 0:
+            return LogChunk(job_id=row.id, attempt=0, stream=stream, offset=0, next_offset=0, data="",
+                            complete=row.status in claims.TERMINAL)
+        path = self._config.runs_dir / row.id / str(n) / f"{stream}.log"
+        data = b""
+        size = 0
+        with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(offset)
+            data = f.read(LOG_CHUNK_BYTES)
+        nxt = offset + len(data)
+        return LogChunk(job_id=row.id, attempt=n, stream=stream, offset=offset, next_offset=nxt,
+                        data=data.decode("utf-8", errors="replace"), complete=terminal and nxt >= size)
+
+    # --------------------------------------------------------------------- loops
+
+    async def async_probe_loop(self) -> None:
+        """Probe hardware and environments now and every ``probe_interval_s``."""
+        while True:
+            await self._probe_once()
+            await asyncio.sleep(self._config.probe_interval_s)
+
+    async def async_schedule_loop(self) -> None:
+        """Match queued jobs whenever something changes (or every ``schedule_interval_s``)."""
+        await self._caps_ready.wait()
+        while True:
+            self._wake.clear()
+            await self._schedule_once()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._config.schedule_interval_s)
+
+    async def async_lease_loop(self) -> None:
+        """Renew the leases of this worker's running attempts and check the owner's leases."""
+        tick_s = 1.0
+        while True:
+            await asyncio.sleep(tick_s)
+            await self._lease_tick()
+
+    async def async_recover(self) -> None:
+        """After a restart: re-adopt runs whose watchdog lives, account for the rest.
+
+        Persisted leases count as renewed at restart.
+        """
+        now = time.monotonic()
+        for a in await self._store.active_attempts():
+            row = await self._store.get_job(a.job_id)
+            if row is None or row.attempt != a.attempt or row.status not in claims.ACTIVE:
+                await self._store.end_attempt(a.job_id, a.attempt, "lost", None, "superseded", time.time())
+                continue
+            self._leases[row.id] = now + row.lease_s
+            handle = self._runner.adopt(Path(a.run_dir)) if a.run_dir else None
+            if handle is None:
+                await self._lost(row.id, a.attempt, "the daemon stopped before the job started", never_started=True)
+                continue
+            status = self._runner.poll(handle)
+            if status.running:
+                log.info("re-adopted job %s attempt %d (watchdog pid %d)", row.id, a.attempt, handle.watchdog_pid)
+                await self._store.add_event(row.id, "adopted", f"re-adopted after daemon restart "
+                                            f"(watchdog pid {handle.watchdog_pid})", attempt=a.attempt,
+                                            now_wall=time.time())
+                self._runner.extend_deadline(handle, now + row.lease_s)
+                self._track(row.id, a.attempt, handle)
+            else:
+                await self._finish(row.id, a.attempt, status)
+
+    async def async_close(self) -> None:
+        """Stop watching runs (the jobs keep running under their watchdogs)."""
+        for t in self._watchers.values():
+            t.cancel()
+        for t in list(self._watchers.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._watchers.clear()
+
+    # ----------------------------------------------------------------- internals
+
+    async def _row(self, job_ref: str) -> JobRow:
+        try:
+            job_id = await self._store.resolve_job_id(job_ref)
+        except JobNotFound as e:
+            raise ApiError(404, "not_found", f"no job {job_ref!r}") from e
+        except AmbiguousJobId as e:
+            raise ApiError(400, "ambiguous_id", str(e)) from e
+        row = await self._store.get_job(job_id)
+        if row is None:
+            raise ApiError(404, "not_found", f"no job {job_ref!r}")
+        return row
+
+    def _spec(self, row: JobRow) -> JobSpec:
+        spec = self._specs.get(row.id)
+        if spec is None:
+            spec = self._specs[row.id] = JobSpec.model_validate_json(row.spec_json)
+        return spec
+
+    def _view(self, row: JobRow) -> JobView:
+        return JobView(
+            id=row.id, name=row.name, submitted_by=row.submitted_by, status=row.status.value,
+            attempt=row.attempt, holder=row.holder, holder_name=self._name_of(row.holder),
+            retries_left=row.retries_left, cancel_requested=row.cancel_requested,
+            reason=self._readable(row.reason), exit_code=row.exit_code,
+            submitted_at=row.submitted_at, updated_at=row.updated_at, spec=self._spec(row),
+            explanation=(None if row.explanation_json is None
+                         else ExplanationModel.model_validate_json(row.explanation_json)),
+        )
+
+    def _name_of(self, node_id: str | None) -> str | None:
+        if node_id is None:
+            return None
+        return self._hostname if node_id == self.node_id else node_id[:12]
+
+    def _readable(self, text: str) -> str:
+        """Reasons name workers by node id; people read host names."""
+        return text.replace(self.node_id, self._hostname) if self.node_id in text else text
+
+    async def _probe_once(self) -> None:
+        inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+        envs: list[EnvironmentSnapshot] = []
+        for interp in self._config.interpreters:
+            envs.append(await self._prober.async_probe(interp))
+        caps = build_capabilities(inventory, envs, self.node_id, time.time())
+        changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
+        self._caps = caps
+        self._caps_ready.set()
+        if changed:
+            self._wake.set()
+
+    async def _worker_snapshot(self, refresh_apps: bool) -> WorkerSnapshot:
+        """This machine as the matcher sees it now: grants, other daemons' locks, foreign pids."""
+        assert self._caps is not None
+        worker = self._caps.to_core()
+        grants = {g.device_uuid: g.job_id for g in await self._store.grants()}
+        ours = self._our_pids()
+        apps = await self._compute_apps(worker) if refresh_apps else None
+        devices = []
+        for dev in worker.devices:
+            d = dev
+            if apps is not None and d.accelerator is Accelerator.CUDA:
+                d = replace(d, foreign_pids=apps.get(d.uuid or "", ()))
+            granted_to = grants.get(d.uuid or "")
+            if granted_to is None and d.uuid and d.execution_supported and self._locks.is_locked_elsewhere(d.uuid):
+                granted_to = ANOTHER_DAEMON
+            foreign = tuple(p for p in d.foreign_pids if p not in ours)
+            devices.append(replace(d, granted_to=granted_to, foreign_pids=foreign))
+        used = sum(self._cpu_slots(k[0]) for k in self._runs if self._is_cpu(k[0]))
+        free = max(0, self._config.effective_cpu_slots - used)
+        return replace(worker, devices=tuple(devices), cpu_slots_free=free,
+                       cpu_slots_total=self._config.effective_cpu_slots)
+
+    async def _compute_apps(self, worker: WorkerSnapshot) -> Mapping[str, tuple[int, ...]] | None:
+        """Fresh ``--query-compute-apps`` (processes come and go faster than the probe interval)."""
+        if not any(d.accelerator is Accelerator.CUDA for d in worker.devices):
+            return None
+        health = next((h for h in worker.health if h.source == "nvidia-smi"), None)
+        if health is None or health.status is not ProbeStatus.OK or health.path is None:
+            return None
+        apps = await asyncio.to_thread(query_compute_apps, health.path, run_command,
+                                       self._config.nvidia_smi_timeout_s)
+        return apps.pids_by_uuid
+
+    def _is_cpu(self, job_id: str) -> bool:
+        spec = self._specs.get(job_id)
+        return spec is not None and spec.requirements.accelerator is Accelerator.CPU
+
+    def _cpu_slots(self, job_id: str) -> int:
+        spec = self._specs.get(job_id)
+        if spec is None or spec.distributed is None:
+            return 1
+        return spec.distributed.nproc_per_node
+
+    def _our_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for h in self._runs.values():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(h.watchdog_pid)
+                pids.add(p.pid)
+                pids.update(c.pid for c in p.children(recursive=True))
+        return pids
+
+    @staticmethod
+    def _with_paths(worker: WorkerSnapshot, workdir: str | None) -> WorkerSnapshot:
+        if workdir is None:
+            return worker
+        return replace(worker, existing_paths=frozenset({workdir}) if os.path.isdir(workdir) else frozenset())
+
+    async def _schedule_once(self) -> None:
+        async with self._schedule_lock:
+            queued = await self._store.list_jobs([JobStatus.QUEUED], None)
+            if not queued:
+                return
+            worker = await self._worker_snapshot(refresh_apps=True)
+            dir_cache: dict[str, bool] = {}
+            seen: dict[tuple[object, ...], bool] = {}
+            for row in queued:
+                spec = self._spec(row)
+                req = spec.to_core(row.id)
+                wd = req.workdir or ""
+                if wd not in dir_cache:
+                    dir_cache[wd] = os.path.isdir(wd)
+                w = replace(worker, existing_paths=frozenset({wd}) if dir_cache[wd] else frozenset())
+                sig = job_signature(req)
+                if seen.get(sig) is False:
+                    continue  # an identical job already did not fit in this pass
+                ev = evaluate(req, w, self._support)
+                if ev.placement is None:
+                    seen[sig] = False
+                    await self._record_wait(row, req, w)
+                    continue
+                if await self._claim_and_start(row, spec, ev.placement):
+                    worker = await self._worker_snapshot(refresh_apps=False)
+                    seen.clear()
+
+    async def _record_wait(self, row: JobRow, req: JobRequest, worker: WorkerSnapshot) -> None:
+        e: Explanation = explain(req, [worker], self._support)
+        summary = e.summary
+        if summary != row.reason:
+            model = ExplanationModel.from_core(e)
+            await self._store.set_explanation(row.id, summary, model.model_dump_json())
+
+    async def _claim_and_start(self, row: JobRow, spec: JobSpec, placement: Placement) -> bool:
+        now = time.monotonic()
+        actions = claims.handle(row.record(), claims.ClaimRequested(self.node_id, f"claim-{row.id}"), now)
+        persist = actions[0] if actions and isinstance(actions[0], claims.PersistJob) else None
+        grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+        if persist is None or grant is None:
+            return False
+        uuids = [u for u in placement.device_uuids if u]
+        fds = self._locks.try_acquire(uuids) if uuids else []
+        if fds is None:
+            self._wake.set()
+            return False  # another daemon on this machine took a device meanwhile
+        attempt = grant.attempt
+        run_dir = self._config.runs_dir / row.id / str(attempt)
+        try:
+            grants = [(u, i, placement.accelerator.value)
+                      for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
+            ok = await self._store.claim(persist, self.node_id, PlacementModel.from_core(placement).model_dump_json(),
+                                         grants, str(run_dir), time.time())
+            if not ok:
+                return False
+            self._leases[row.id] = now + row.lease_s
+            nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
+            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s)
+            env = build_env(os.environ, spec, placement, row.id, attempt, self._config.dist_timeout_s)
+            try:
+                handle = await asyncio.to_thread(
+                    self._runner.start, row.id, attempt, argv, env, spec.workdir or "/",
+                    now + row.lease_s, fds,
+                )
+            except RunnerError as e:
+                await self._store.end_attempt(row.id, attempt, "lost", None, str(e), time.time())
+                await self._apply_event(row.id, claims.RunExited(attempt, None, f"could not start: {e}"))
+                return True
+        finally:
+            if fds:
+                self._locks.release(fds)
+        await self._store.mark_running(row.id, attempt, handle.watchdog_pid, handle.watchdog_create_time,
+                                       handle.job_pgid, time.time())
+        self._track(row.id, attempt, handle)
+        await self._apply_event(row.id, claims.RunStarted(attempt, self.node_id, f"start-{row.id}-{attempt}"))
+        return True
+
+    def _track(self, job_id: str, attempt: int, handle: RunHandle) -> None:
+        key = (job_id, attempt)
+        self._runs[key] = handle
+        self._watchers[key] = asyncio.create_task(self._watch(job_id, attempt, handle),
+                                                  name=f"watch-{job_id}-{attempt}")
+
+    async def _watch(self, job_id: str, attempt: int, handle: RunHandle) -> None:
+        status = await self._runner.async_wait(handle)
+        await self._finish(job_id, attempt, status)
+
+    async def _finish(self, job_id: str, attempt: int, status: RunStatus) -> None:
+        key = (job_id, attempt)
+        self._runs.pop(key, None)
+        self._watchers.pop(key, None)
+        text = status.detail or status.reason
+        if status.gone:
+            await self._lost(job_id, attempt, text or "the job's watchdog is gone", never_started=False)
+        else:
+            await self._store.end_attempt(job_id, attempt, "exited", status.exit_code, text, time.time())
+            # A start failure or a watchdog error says more than the bare exit code.
+            why = status.detail if status.reason in ("start_failed", "error", "deadline") else ""
+            await self._apply_event(
+                job_id, claims.RunExited(attempt, status.exit_code, why, f"exit-{job_id}-{attempt}"))
+        self._leases.pop(job_id, None)
+        self._wake.set()
+
+    async def _lost(self, job_id: str, attempt: int, reason: str, never_started: bool) -> None:
+        await self._store.end_attempt(job_id, attempt, "lost", None, reason, time.time())
+        await self._apply_event(job_id, claims.RunLost(attempt, reason, never_started, f"lost-{job_id}-{attempt}"))
+        self._wake.set()
+
+    async def _apply_event(self, job_id: str, event: claims.Event) -> None:
+        for _ in range(5):
+            row = await self._store.get_job(job_id)
+            if row is None:
+                return
+            record = self._record(row)
+            actions = claims.handle(record, event, time.monotonic())
+            if await self._run_actions(job_id, actions):
+                return
+
+    def _record(self, row: JobRow) -> JobRecord:
+        rec = row.record()
+        lease = self._leases.get(row.id)
+        return replace(rec, lease_expires_at=lease) if rec.status in claims.ACTIVE and lease else rec
+
+    async def _run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool:
+        """Carry out actions; False if the leading compare-and-set lost (caller retries)."""
+        for action in actions:
+            if isinstance(action, claims.PersistJob):
+                if action.reason == "":
+                    if action.record.lease_expires_at is not None:
+                        self._leases[job_id] = action.record.lease_expires_at
+                    continue  # a lease renewal: kept in memory (reset at restart anyway)
+                same = action.record.status is action.expect_status
+                if not await self._store.apply(action, time.time(), kind=kind if same else "state"):
+                    return False
+                if action.record.status is JobStatus.QUEUED:
+                    self._wake.set()
+            elif isinstance(action, (claims.KillRun, claims.ReplyStale)):
+                # A stale attempt (ReplyStale) must die just like a killed one.
+                handle = self._runs.get((job_id, action.attempt))
+                if handle is not None:
+                    await asyncio.to_thread(self._runner.cancel, handle)
+        return True
+
+    async def _lease_tick(self) -> None:
+        now = time.monotonic()
+        for (job_id, attempt), handle in list(self._runs.items()):
+            row = await self._store.get_job(job_id)
+            if row is None:
+                continue
+            # Worker side: our run is alive, so renew with the owner (ourselves) and
+            # move the watchdog's deadline.
+            actions = claims.handle(self._record(row), claims.LeaseRenewed(attempt, self.node_id), now)
+            await self._run_actions(job_id, actions)
+            self._runner.extend_deadline(handle, now + row.lease_s)
+        for job_id in list(self._leases):
+            row = await self._store.get_job(job_id)
+            if row is None or row.status not in claims.ACTIVE:
+                self._leases.pop(job_id, None)
+                continue
+            actions = claims.handle(self._record(row), claims.LeaseChecked(self._config.lease_grace_s), now)
+            if actions:
+                await self._run_actions(job_id, actions)
+
+
+def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
+    return (
+        tuple((d.uuid, d.index, d.memory_total_bytes, d.compute_capability, d.execution_supported,
+               tuple(d.foreign_pids)) for d in caps.devices),
+        tuple((h.source, h.status) for h in caps.health),
+        tuple((e.interpreter, e.ok, tuple(sorted(e.frameworks))) for e in caps.environments),
+    )

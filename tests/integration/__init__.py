@@ -1,0 +1,1 @@
+"""End-to-end tests: real gpulayerd processes on temporary state dirs, driven through the CLI."""
