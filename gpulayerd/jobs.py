@@ -465,7 +465,8 @@ class JobManager:
                 return False
             self._leases[row.id] = now + row.lease_s
             nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
-            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s)
+            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
+                              log_dir=str(run_dir / "torchrun"))
             env = build_env(os.environ, spec, placement, row.id, attempt, self._config.dist_timeout_s)
             try:
                 handle = await asyncio.to_thread(

@@ -136,7 +136,12 @@ class RunHandle:
 
 
 def build_argv(
-    spec: JobSpec, interpreter: str, nproc_per_node: int | None, *, rdzv_timeout_s: float
+    spec: JobSpec,
+    interpreter: str,
+    nproc_per_node: int | None,
+    *,
+    rdzv_timeout_s: float,
+    log_dir: str | None = None,
 ) -> list[str]:
     """The command line of a job on this worker.
 
@@ -150,13 +155,16 @@ def build_argv(
     ``--standalone`` gives every job its own c10d rendezvous on a free port with a random
     run id, so two jobs on one machine never join one rendezvous. ``python -m mod`` passes
     through as torchrun's ``-m mod``; a command that is not python runs with
-    ``--no-python``.
+    ``--no-python``. With ``log_dir``, torchrun keeps each rank's output there and
+    copies it to the job's log line by line with a ``[default<rank>]:`` prefix
+    (``--log-dir DIR --tee 3``), so the ranks' lines never interleave mid-line.
 
     Args:
         spec: the job.
         interpreter: absolute path of the environment's python.
         nproc_per_node: processes for torchrun; None runs the command as it is.
         rdzv_timeout_s: torchrun's rendezvous join timeout (rounded up to whole seconds).
+        log_dir: directory for torchrun's per-rank logs; None leaves them on the job's output.
 
     Raises:
         RunnerError: a multi-host job (those are started by the gang protocol), or a
@@ -176,6 +184,8 @@ def build_argv(
         "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "1",
         "--rdzv-conf", f"join_timeout={max(1, math.ceil(rdzv_timeout_s))}",
     ]
+    if log_dir is not None:
+        torchrun += ["--log-dir", log_dir, "--tee", "3"]
     if not is_python:
         return [*torchrun, "--no-python", *command]
     return [*torchrun, *_script_and_args(command[1:])]

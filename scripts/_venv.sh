@@ -13,9 +13,11 @@ fi
 stamp="$VENV/.gpulayer-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/_venv.sh -nt "$stamp" ]; then
   echo "== installing gpulayer[dev] and torch==2.13.0 (CPU build) into $VENV"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-  # torch is pinned: an unpinned torch would pull a multi-GB CUDA build.
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -e ".[dev]"
+  # torch is pinned (in the dev extra): an unpinned torch would pull a multi-GB CUDA build.
+  if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".[dev]" >"$VENV/pip-install.log" 2>&1; then
+    tail -40 "$VENV/pip-install.log" >&2
+    echo "pip install failed; the whole log is $VENV/pip-install.log" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
