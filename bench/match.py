@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
@@ -210,7 +211,7 @@ def bench_explain() -> None:
         worst = distinct_queue(queue)
         assert len({job_signature(j) for j in worst}) == n_jobs
         for label, jobs in ((f"{n_shapes} shapes", queue), ("all distinct", worst)):
-            times = best_of(lambda jobs=jobs, workers=workers: explain_many(jobs, workers, SUPPORT_MATRIX))
+            times = best_of(partial(explain_many, jobs, workers, SUPPORT_MATRIX))
             best = min(times)
             runs = "" if len(times) == RUNS else f", {len(times)} run{'s' if len(times) > 1 else ''} only"
             print(

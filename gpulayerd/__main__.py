@@ -30,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device-lock-dir", type=Path, metavar="DIR",
                    help="machine-wide device lock files shared by every user's daemon (default /tmp/gpulayer-locks)")
     p.add_argument("--cpu-slots", type=int, metavar="N", help="CPU processes run at once (default: logical CPUs)")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="the peer API (mutual TLS; only once in a cluster), default 0.0.0.0:7171")
+    p.add_argument("--peer", action="append", metavar="HOST:PORT", dest="peers",
+                   help="a static peer (repeatable), for networks that block multicast")
+    p.add_argument("--no-mdns", action="store_false", dest="mdns", default=None,
+                   help="do not advertise or browse over mDNS")
+    p.add_argument("--interface", metavar="NAME", help="the LAN interface to advertise (default: all LAN ones)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -57,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runtime_dir": args.runtime_dir,
         "device_lock_dir": args.device_lock_dir,
         "cpu_slots": args.cpu_slots,
+        "listen": args.listen,
+        "peers": args.peers,
+        "mdns": args.mdns,
+        "interface": args.interface,
     }
     try:
         config = DaemonConfig.load(args.config, overrides)

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from gpulayerd import __version__
 from gpulayerd.api.client import ApiRequestError, DaemonClient, DaemonUnreachable
+from gpulayerd.cluster_cli import add_cluster_parser
 from gpulayerd.core.matching import explain
 from gpulayerd.models import (
     Capabilities,
@@ -32,6 +33,7 @@ from gpulayerd.models import (
     job_spec_from_mapping,
     load_job_spec,
 )
+from gpulayerd.service import add_service_parser
 from tui import format as fmt
 
 __all__ = ["main"]
@@ -67,10 +69,19 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    d = sub.add_parser("devices", help="this machine's devices, Python environments and probe health")
+    d = sub.add_parser(
+        "devices", help="devices, Python environments and probe health: the whole cluster, or this machine",
+        description="With a gpulayerd answering: every known machine's devices (with grant state). Without "
+        "one, or with --local: this machine, probed directly. --json prints capability JSON (a list for the "
+        "cluster, one object for --local), the format 'gpulayer explain --workers DIR' reads.")
     _add_probe_args(d)
-    d.add_argument("--json", action="store_true", help="print the capability JSON (for --workers DIR)")
+    d.add_argument("--local", action="store_true", help="probe this machine directly, without the daemon")
+    d.add_argument("--json", action="store_true", help="print capability JSON (for --workers DIR)")
     d.set_defaults(func=_cmd_devices)
+
+    pe = sub.add_parser("peers", help="the gpulayerd peers this daemon knows: trusted or foreign, last heartbeat")
+    pe.add_argument("--json", action="store_true")
+    pe.set_defaults(func=_cmd_peers)
 
     e = sub.add_parser(
         "explain",
@@ -135,6 +146,12 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("job", metavar="ID")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_cancel)
+
+    t = sub.add_parser("tui", help="the terminal UI: devices, jobs, job detail, peers, live")
+    t.set_defaults(func=_cmd_tui)
+
+    add_cluster_parser(sub)
+    add_service_parser(sub)
     return p
 
 
@@ -172,12 +189,56 @@ def _local_capabilities(args: argparse.Namespace) -> Capabilities:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    caps = _local_capabilities(args)
-    if args.json:
-        print(caps.model_dump_json(indent=2))
+    peers = None if args.local or args.python else _try_daemon(args, lambda c: c.peers())
+    if peers is None:
+        caps = _local_capabilities(args)
+        if args.json:
+            print(caps.model_dump_json(indent=2))
+            return EXIT_OK
+        print(render_capabilities(caps))
         return EXIT_OK
-    print(render_capabilities(caps))
+    known = [p.capabilities for p in peers if p.capabilities is not None and p.state != "foreign"]
+    if args.json:
+        print("[" + ",".join(c.model_dump_json(indent=2) for c in known) + "]")
+        return EXIT_OK
+    blocks = []
+    for p in peers:
+        if p.state == "foreign":
+            continue
+        head = f"== {p.name} ({p.node_id[:12]}) {p.state}"
+        body = render_capabilities(p.capabilities) if p.capabilities else "  capabilities not fetched yet"
+        blocks.append(head + "\n" + body)
+    print("\n\n".join(blocks))
     return EXIT_OK
+
+
+def _cmd_peers(args: argparse.Namespace) -> int:
+    peers = _daemon(args, lambda c: c.peers())
+    if args.json:
+        print("[" + ",".join(p.model_dump_json(exclude={"capabilities"}) for p in peers) + "]")
+        return EXIT_OK
+    now = time.time()
+    rows = []
+    for p in peers:
+        caps = p.capabilities
+        gpus = "—" if caps is None else (", ".join(sorted({f"{sum(1 for d in caps.devices if d.name == n)}x {n}"
+                                                          for n in {d.name for d in caps.devices if d.name}}))
+                                         or "cpu only")
+        seen = "—" if p.last_heartbeat_at is None else _age(now - p.last_heartbeat_at) + " ago"
+        trust = "self" if p.state == "self" else ("trusted" if p.trusted else "foreign" if p.state == "foreign"
+                                                   else "untrusted")
+        rows.append([p.node_id[:12], p.name, ", ".join(p.addresses) + (f":{p.port}" if p.port else ""),
+                     p.version, trust, p.state, seen, gpus])
+    print(fmt.table(["NODE", "NAME", "ADDRESSES", "VERSION", "TRUST", "STATE", "HEARTBEAT", "DEVICES"], rows))
+    return EXIT_OK
+
+
+def _try_daemon(args: argparse.Namespace, call: Callable[[DaemonClient], Awaitable[_T]]) -> _T | None:
+    """Like _daemon, but None when no daemon answers."""
+    try:
+        return _daemon(args, call)
+    except CommandFailed:
+        return None
 
 
 def render_capabilities(caps: Capabilities) -> str:
@@ -249,7 +310,11 @@ def _load_workers(directory: str) -> list[Capabilities]:
     workers = []
     for f in files:
         try:
-            workers.append(Capabilities.model_validate_json(f.read_bytes()))
+            raw = f.read_bytes()
+            if raw.lstrip().startswith(b"["):
+                workers.extend(_CAPS_LIST.validate_json(raw))
+            else:
+                workers.append(Capabilities.model_validate_json(raw))
         except ValidationError as e:
             raise UsageError(f"--workers: {f} is not capability JSON\n{format_validation_error(e)}") from e
     return workers
@@ -317,6 +382,7 @@ def render_explanation(e: ExplanationModel, title: str) -> str:
 # -------------------------------------------------------------------- daemon commands
 
 _T = TypeVar("_T")
+_CAPS_LIST: TypeAdapter[list[Capabilities]] = TypeAdapter(list[Capabilities])
 
 
 def _socket(args: argparse.Namespace) -> Path:
@@ -488,7 +554,10 @@ def render_job(job: JobView) -> str:
         out.append("attempts:")
         for a in job.attempts:
             devs = ",".join(str(i) for i in a.placement.device_indices) if a.placement else ""
-            out.append(f"  #{a.attempt} on {a.worker[:12]} {a.state}" + (f" GPU {devs}" if devs else "")
+            where = a.worker_name or a.worker[:12]
+            if a.gang:
+                where = "hosts " + ", ".join(m[:12] for m in a.gang) + " (node ranks in this order)"
+            out.append(f"  #{a.attempt} on {where} {a.state}" + (f" GPU {devs}" if devs else "")
                        + f", exit {fmt.text(a.exit_code)}" + (f" ({a.reason})" if a.reason else ""))
             if a.run_dir:
                 out.append(f"     logs: {a.run_dir}")
@@ -535,6 +604,13 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     else:
         extra = " (stopping: SIGTERM, then SIGKILL after the grace period)" if job.cancel_requested else ""
         print(f"job {job.id}: {job.status}{extra}")
+    return EXIT_OK
+
+
+def _cmd_tui(args: argparse.Namespace) -> int:
+    from tui.app import make_app
+
+    make_app(DaemonClient(_socket(args))).run()
     return EXIT_OK
 
 

@@ -85,6 +85,16 @@ class DaemonConfig(BaseModel):
             (``GPULAYER_DIST_TIMEOUT_S``), instead of torch's 30-minute default.
         rdzv_timeout_s: torchrun rendezvous join timeout.
         schedule_interval_s: the scheduler also wakes this often without events.
+        listen: HOST:PORT of the peer API (mutual TLS; only in a cluster).
+        peers: static peers HOST:PORT, for networks that block multicast.
+        mdns: advertise and browse over mDNS.
+        interface: the LAN interface to advertise (default: every LAN interface).
+        heartbeat_interval_s: how often each peer is heartbeated.
+        suspect_after_s: a peer silent this long is suspect.
+        down_after_s: a peer silent this long is down.
+        peer_timeout_s: limit for one call to a peer.
+        offer_interval_s: a queued job is offered to the same worker again after this long.
+        hold_ttl_s: how long a gang hold lasts without a commit.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -103,6 +113,16 @@ class DaemonConfig(BaseModel):
     dist_timeout_s: float = Field(default=300.0, gt=0)
     rdzv_timeout_s: float = Field(default=120.0, gt=0)
     schedule_interval_s: float = Field(default=5.0, gt=0)
+    listen: str = "0.0.0.0:7171"
+    peers: list[str] = Field(default_factory=list)
+    mdns: bool = True
+    interface: str | None = None
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    suspect_after_s: float = Field(default=3.0, gt=0)
+    down_after_s: float = Field(default=10.0, gt=0)
+    peer_timeout_s: float = Field(default=3.0, gt=0)
+    offer_interval_s: float = Field(default=2.0, gt=0)
+    hold_ttl_s: float = Field(default=10.0, gt=0)
 
     @property
     def socket_path(self) -> Path:

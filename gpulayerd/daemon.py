@@ -16,10 +16,10 @@ import logging
 import os
 import signal
 import socket
-from pathlib import Path
 
 from gpulayerd import __version__
 from gpulayerd.api.server import make_local_app, start_unix_site
+from gpulayerd.cluster import ClusterNode
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.devicelock import DeviceLocks
@@ -28,39 +28,19 @@ from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.jobs import JobManager
+from gpulayerd.net.tls import load_or_create_identity
+from gpulayerd.notify import notify_ready, notify_stopping
 from gpulayerd.runner import Runner
 from gpulayerd.store import Store
 from gpulayerd.supervisor import supervise
 
-__all__ = ["DaemonAlreadyRunning", "node_id_for", "run"]
+__all__ = ["DaemonAlreadyRunning", "run"]
 
 log = logging.getLogger(__name__)
 
 
 class DaemonAlreadyRunning(RuntimeError):
     """Another gpulayerd holds this state dir."""
-
-
-def node_id_for(state_dir: Path) -> str:
-    """This daemon's node id: created once per state dir, 52 base32 characters.
-
-    Two daemons on one machine (two users, or tests) have different ids. A cluster
-    certificate, when there is one, replaces it.
-    """
-    import base64
-    import hashlib
-
-    path = state_dir / "node_id"
-    with contextlib.suppress(OSError):
-        text = path.read_text(encoding="ascii").strip()
-        if len(text) == 52:
-            return text
-    seed = os.urandom(32) + socket.gethostname().encode()
-    node_id = base64.b32encode(hashlib.sha256(seed).digest()).decode().rstrip("=").lower()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(node_id + "\n", encoding="ascii")
-    os.replace(tmp, path)
-    return node_id
 
 
 def _lock_state_dir(config: DaemonConfig) -> int:
@@ -97,9 +77,11 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     api_runner = None
     tasks: list[asyncio.Task[None]] = []
     manager: JobManager | None = None
+    cluster: ClusterNode | None = None
     try:
         config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        node_id = node_id_for(config.state_dir)
+        identity = load_or_create_identity(config.state_dir)
+        node_id = identity.node_id
         store = await Store.open(config.db_path)
         manager = JobManager(
             config=config,
@@ -120,7 +102,15 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             nvidia=NvidiaSmi(),
             support=support,
         )
+        if identity.in_cluster:
+            cluster = ClusterNode(config=config, identity=identity, manager=manager, version=__version__,
+                                  hostname=socket.gethostname())
+            manager.cluster = cluster
         await manager.async_recover()
+        if cluster is not None:
+            await cluster.async_start()
+        else:
+            log.info("not in a cluster (gpulayer cluster init / join): this machine only")
         api_runner = await start_unix_site(make_local_app(manager), config.socket_path)
         config.pid_path.write_text(f"{os.getpid()}\n")
         log.info("gpulayerd %s node %s serving %s", __version__, node_id[:12], config.socket_path)
@@ -129,10 +119,14 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             asyncio.create_task(supervise("schedule", manager.async_schedule_loop), name="schedule"),
             asyncio.create_task(supervise("lease", manager.async_lease_loop), name="lease"),
         ]
+        if cluster is not None:
+            tasks.append(asyncio.create_task(supervise("heartbeat", cluster.async_heartbeat_loop), name="heartbeat"))
         if ready is not None:
             ready.set()
+        notify_ready(f"serving {config.socket_path}")
         await stop_event.wait()
         log.info("gpulayerd stopping")
+        notify_stopping()
     finally:
         # Shutdown order: stop taking requests, stop the loops, stop watching runs
         # (the jobs go on under their watchdogs), close the store.
@@ -143,6 +137,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if cluster is not None:
+            await cluster.async_close()
         if manager is not None:
             await manager.async_close()
         if store is not None:

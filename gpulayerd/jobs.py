@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import secrets
+import socket
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import psutil
+from pydantic import BaseModel
 
 from gpulayerd.api.server import ApiError
 from gpulayerd.capabilities import build_capabilities
@@ -42,6 +47,7 @@ from gpulayerd.core.types import (
     WorkerSnapshot,
 )
 from gpulayerd.devicelock import DeviceLocks
+from gpulayerd.feed import Change, ChangeFeed
 from gpulayerd.gpu.discovery import DiscoveryConfig, discover_host, run_command
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi, query_compute_apps
@@ -54,16 +60,38 @@ from gpulayerd.models import (
     JobSpec,
     JobView,
     LogChunk,
+    PeerView,
     PlacementModel,
+    SpecError,
     SubmitRequest,
     job_spec_from_mapping,
 )
-from gpulayerd.runner import RunHandle, Runner, RunnerError, RunStatus, build_argv, build_env
-from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
+
+if TYPE_CHECKING:
+    from gpulayerd.cluster import ClusterNode
+from gpulayerd.api.peer import PeerCallError
+from gpulayerd.net.wire import (
+    Ack,
+    Claim,
+    ClaimReply,
+    Commit,
+    Hold,
+    HoldReply,
+    Kill,
+    LogRequest,
+    Offer,
+    Release,
+    RunReport,
+    RunReportReply,
+)
+from gpulayerd.runner import RunHandle, Runner, RunnerError, RunStatus, build_argv, build_env, build_gang_argv
+from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, RemoteRunRow, Store
 
 __all__ = ["JobManager", "new_job_id"]
 
 log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
 
 LOG_CHUNK_BYTES = 1 << 20
 ANOTHER_DAEMON = "(another gpulayerd on this machine)"
@@ -117,7 +145,17 @@ class JobManager:
         self._watchers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._specs: dict[str, JobSpec] = {}
         self._schedule_lock = asyncio.Lock()
-        self._seq = 0
+        self.feed = ChangeFeed()
+        self.cluster: ClusterNode | None = None
+        self._remote: dict[tuple[str, int], str] = {}  # (job, attempt) we run for another owner -> owner
+        self._offers: dict[tuple[str, str], tuple[Offer, float]] = {}  # (owner, job) -> offer, received
+        self._offered: dict[str, tuple[str, float]] = {}  # our job -> (worker, when offered)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._leases_remote: dict[tuple[str, int], tuple[float, float]] = {}  # -> (deadline, lease_s)
+        self._gangs: dict[str, Gang] = {}  # owner side: our multi-host jobs being run
+        self._gang_busy: set[str] = set()  # owner side: jobs with a hold round in flight
+        self._gang_backoff: dict[str, tuple[float, int]] = {}  # job -> (not before, failures)
+        self._holds: dict[str, HeldResources] = {}  # worker side: hold id -> what it holds
 
     # ------------------------------------------------------------------ local API
 
@@ -135,7 +173,21 @@ class JobManager:
         from gpulayerd.models import DeviceModel
 
         caps.devices = [DeviceModel.from_core(d) for d in worker.devices]
+        caps.cpu_slots_total = worker.cpu_slots_total
+        caps.cpu_slots_free = worker.cpu_slots_free
         return caps
+
+    async def async_peers(self) -> list[PeerView]:
+        """Every gpulayerd known, this one first (only this one until the LAN is built)."""
+        caps = await self.async_capabilities()
+        me = PeerView(node_id=self.node_id, name=self._hostname, version=self._version, trusted=True,
+                      state="self", last_heartbeat_at=time.time(), capabilities=caps)
+        if self.cluster is None:
+            return [me]
+        me.addresses = list(self.cluster.addresses)
+        me.port = self.cluster.port
+        me.cluster = self.cluster.cluster_id
+        return [me, *self.cluster.views()]
 
     async def async_submit(self, request: SubmitRequest) -> JobView:
         """Validate and store a job; wake the scheduler. Raises SpecError for a bad spec."""
@@ -161,6 +213,7 @@ class JobManager:
         )
         stored = await self._store.insert_job(row, reason, stimulus_id=f"submit-{job_id}")
         self._specs[job_id] = spec
+        self.feed.publish(Change("job", job_id))
         self._wake.set()
         return self._view(stored)
 
@@ -182,17 +235,18 @@ class JobManager:
         attempts = await self._store.attempts(row.id)
         events = await self._store.events(row.id)
         view = self._view(row)
-        view.attempts = [
-            AttemptView(
-                attempt=a.attempt, worker=a.worker, state=a.state,
-                placement=PlacementModel.model_validate_json(a.placement_json), run_dir=a.run_dir,
+        view.attempts = []
+        for a in attempts:
+            raw = json.loads(a.placement_json or "{}")
+            placement = PlacementModel.model_validate(raw) if "worker" in raw else None
+            view.attempts.append(AttemptView(
+                attempt=a.attempt, worker=a.worker, worker_name=self._name_of(a.worker), state=a.state,
+                placement=placement, gang=list(raw.get("gang", [])), run_dir=a.run_dir or None,
                 started_at=a.started_at, ended_at=a.ended_at, exit_code=a.exit_code, reason=a.reason,
-            )
-            for a in attempts
-        ]
+            ))
         view.events = [
             EventView(seq=e.seq, at=e.at, kind=e.kind, from_status=e.from_status, to_status=e.to_status,
-                      attempt=e.attempt, reason=e.reason, stimulus_id=e.stimulus_id)
+                      attempt=e.attempt, reason=self._readable(e.reason), stimulus_id=e.stimulus_id)
             for e in events
         ]
         return view
@@ -204,7 +258,8 @@ class JobManager:
         await self._caps_ready.wait()
         worker = await self._worker_snapshot(refresh_apps=True)
         req = spec.to_core(row.id)
-        return ExplanationModel.from_core(explain(req, [self._with_paths(worker, req.workdir)], self._support))
+        workers = [self._with_paths(worker, req.workdir), *self._remote_workers()]
+        return ExplanationModel.from_core(explain(req, workers, self._support))
 
     async def async_cancel(self, job_ref: str) -> JobView:
         """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL."""
@@ -224,6 +279,16 @@ class JobManager:
         row = await self._row(job_ref)
         n = attempt if attempt is not None else row.attempt
         terminal = row.status in claims.TERMINAL or (attempt is not None and attempt < row.attempt)
+        if n > 0 and self.cluster is not None:
+            worker = next((a.worker for a in await self._store.attempts(row.id) if a.attempt == n), self.node_id)
+            if worker != self.node_id:
+                try:
+                    chunk = await self.cluster.call(worker, "/v1/peer/logs", LogRequest(
+                        job_id=row.id, attempt=n, stream=stream, offset=offset), LogChunk)
+                except PeerCallError as e:
+                    raise ApiError(502, "peer_unreachable", f"cannot read the log on {worker[:12]}: {e}") from e
+                return chunk.model_copy(update={"complete": chunk.complete or (
+                    terminal and chunk.next_offset == chunk.offset)})
         if n <= 0:
             return LogChunk(job_id=row.id, attempt=0, stream=stream, offset=0, next_offset=0, data="",
                             complete=row.status in claims.TERMINAL)
@@ -274,6 +339,8 @@ class JobManager:
                 await self._store.end_attempt(a.job_id, a.attempt, "lost", None, "superseded", time.time())
                 continue
             self._leases[row.id] = now + row.lease_s
+            if a.worker != self.node_id:
+                continue  # runs on a peer: its lease counts as renewed now; it reports when it can
             handle = self._runner.adopt(Path(a.run_dir)) if a.run_dir else None
             if handle is None:
                 await self._lost(row.id, a.attempt, "the daemon stopped before the job started", never_started=True)
@@ -288,6 +355,22 @@ class JobManager:
                 self._track(row.id, a.attempt, handle)
             else:
                 await self._finish(row.id, a.attempt, status)
+        for r in await self._store.remote_runs(active=True):
+            handle = self._runner.adopt(Path(r.run_dir))
+            key = (r.job_id, r.attempt)
+            self._remote[key] = r.owner
+            self._specs.setdefault(r.job_id, JobSpec.model_validate_json(r.spec_json))
+            self._leases_remote[key] = (now + r.lease_s, r.lease_s)
+            if handle is None:
+                await self._store.end_remote_run(r.owner, r.job_id, r.attempt, "lost", None,
+                                                 "the daemon stopped before the job started", time.time())
+                continue
+            status = self._runner.poll(handle)
+            if status.running:
+                self._runner.extend_deadline(handle, now + r.lease_s)
+                self._track(r.job_id, r.attempt, handle)
+            else:
+                await self._finish(r.job_id, r.attempt, status)
 
     async def async_close(self) -> None:
         """Stop watching runs (the jobs keep running under their watchdogs)."""
@@ -332,11 +415,25 @@ class JobManager:
     def _name_of(self, node_id: str | None) -> str | None:
         if node_id is None:
             return None
-        return self._hostname if node_id == self.node_id else node_id[:12]
+        if node_id == self.node_id:
+            return self._hostname
+        name = self.cluster.name_of(node_id) if self.cluster is not None else None
+        return name or node_id[:12]
 
     def _readable(self, text: str) -> str:
         """Reasons name workers by node id; people read host names."""
-        return text.replace(self.node_id, self._hostname) if self.node_id in text else text
+        if self.node_id in text:
+            text = text.replace(self.node_id, self._label(self.node_id))
+        if self.cluster is not None:
+            for p in self.cluster.table.trusted_peers():
+                if p.key in text:
+                    text = text.replace(p.key, self._label(p.key))
+        return text
+
+    def _label(self, node_id: str) -> str:
+        """A host name, with the node id's start when in a cluster (host names may repeat)."""
+        name = self._name_of(node_id) or node_id[:12]
+        return name if self.cluster is None else f"{name} ({node_id[:8]})"
 
     async def _probe_once(self) -> None:
         inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
@@ -348,6 +445,7 @@ class JobManager:
         self._caps = caps
         self._caps_ready.set()
         if changed:
+            self.feed.publish(Change("devices"))
             self._wake.set()
 
     async def _worker_snapshot(self, refresh_apps: bool) -> WorkerSnapshot:
@@ -355,6 +453,7 @@ class JobManager:
         assert self._caps is not None
         worker = self._caps.to_core()
         grants = {g.device_uuid: g.job_id for g in await self._store.grants()}
+        held = {u: f"{h.job_id} (held)" for h in self._holds.values() for u in h.placement.device_uuids if u}
         ours = self._our_pids()
         apps = await self._compute_apps(worker) if refresh_apps else None
         devices = []
@@ -362,12 +461,13 @@ class JobManager:
             d = dev
             if apps is not None and d.accelerator is Accelerator.CUDA:
                 d = replace(d, foreign_pids=apps.get(d.uuid or "", ()))
-            granted_to = grants.get(d.uuid or "")
+            granted_to = grants.get(d.uuid or "") or held.get(d.uuid or "")
             if granted_to is None and d.uuid and d.execution_supported and self._locks.is_locked_elsewhere(d.uuid):
                 granted_to = ANOTHER_DAEMON
             foreign = tuple(p for p in d.foreign_pids if p not in ours)
             devices.append(replace(d, granted_to=granted_to, foreign_pids=foreign))
         used = sum(self._cpu_slots(k[0]) for k in self._runs if self._is_cpu(k[0]))
+        used += sum(h.cpu_slots for h in self._holds.values())
         free = max(0, self._config.effective_cpu_slots - used)
         return replace(worker, devices=tuple(devices), cpu_slots_free=free,
                        cpu_slots_total=self._config.effective_cpu_slots)
@@ -412,6 +512,7 @@ class JobManager:
         async with self._schedule_lock:
             queued = await self._store.list_jobs([JobStatus.QUEUED], None)
             if not queued:
+                await self._take_offers()
                 return
             worker = await self._worker_snapshot(refresh_apps=True)
             dir_cache: dict[str, bool] = {}
@@ -423,24 +524,31 @@ class JobManager:
                 if wd not in dir_cache:
                     dir_cache[wd] = os.path.isdir(wd)
                 w = replace(worker, existing_paths=frozenset({wd}) if dir_cache[wd] else frozenset())
+                if req.distributed is not None and req.distributed.nnodes > 1:
+                    await self._schedule_gang(row, spec, req, w)
+                    continue
                 sig = job_signature(req)
                 if seen.get(sig) is False:
                     continue  # an identical job already did not fit in this pass
                 ev = evaluate(req, w, self._support)
                 if ev.placement is None:
+                    if self._offer_elsewhere(row, req, spec):
+                        continue
                     seen[sig] = False
                     await self._record_wait(row, req, w)
                     continue
                 if await self._claim_and_start(row, spec, ev.placement):
                     worker = await self._worker_snapshot(refresh_apps=False)
                     seen.clear()
+            await self._take_offers()
 
     async def _record_wait(self, row: JobRow, req: JobRequest, worker: WorkerSnapshot) -> None:
-        e: Explanation = explain(req, [worker], self._support)
+        e: Explanation = explain(req, [worker, *self._remote_workers()], self._support)
         summary = e.summary
         if summary != row.reason:
             model = ExplanationModel.from_core(e)
             await self._store.set_explanation(row.id, summary, model.model_dump_json())
+            self.feed.publish(Change("job", row.id))
 
     async def _claim_and_start(self, row: JobRow, spec: JobSpec, placement: Placement) -> bool:
         now = time.monotonic()
@@ -463,6 +571,8 @@ class JobManager:
                                          grants, str(run_dir), time.time())
             if not ok:
                 return False
+            self.feed.publish(Change("job", row.id))
+            self.feed.publish(Change("devices"))
             self._leases[row.id] = now + row.lease_s
             nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
             argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
@@ -501,6 +611,15 @@ class JobManager:
         self._runs.pop(key, None)
         self._watchers.pop(key, None)
         text = status.detail or status.reason
+        owner = self._remote.pop(key, None)
+        if owner is not None:
+            self._leases_remote.pop(key, None)
+            state = "lost" if status.gone else "exited"
+            await self._store.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, time.time())
+            self.feed.publish(Change("devices"))
+            self._wake.set()
+            self._spawn(self._report_end(owner, job_id, attempt))
+            return
         if status.gone:
             await self._lost(job_id, attempt, text or "the job's watchdog is gone", never_started=False)
         else:
@@ -510,6 +629,7 @@ class JobManager:
             await self._apply_event(
                 job_id, claims.RunExited(attempt, status.exit_code, why, f"exit-{job_id}-{attempt}"))
         self._leases.pop(job_id, None)
+        self.feed.publish(Change("devices"))
         self._wake.set()
 
     async def _lost(self, job_id: str, attempt: int, reason: str, never_started: bool) -> None:
@@ -543,18 +663,23 @@ class JobManager:
                 same = action.record.status is action.expect_status
                 if not await self._store.apply(action, time.time(), kind=kind if same else "state"):
                     return False
+                self.feed.publish(Change("job", job_id))
                 if action.record.status is JobStatus.QUEUED:
                     self._wake.set()
             elif isinstance(action, (claims.KillRun, claims.ReplyStale)):
                 # A stale attempt (ReplyStale) must die just like a killed one.
                 handle = self._runs.get((job_id, action.attempt))
-                if handle is not None:
+                if handle is not None and (job_id, action.attempt) not in self._remote:
                     await asyncio.to_thread(self._runner.cancel, handle)
+                elif isinstance(action, claims.KillRun) and action.worker and action.worker != self.node_id:
+                    self._spawn(self._send_kill(action.worker, job_id, action.attempt, action.reason))
         return True
 
     async def _lease_tick(self) -> None:
         now = time.monotonic()
         for (job_id, attempt), handle in list(self._runs.items()):
+            if (job_id, attempt) in self._remote:
+                continue
             row = await self._store.get_job(job_id)
             if row is None:
                 continue
@@ -571,6 +696,597 @@ class JobManager:
             actions = claims.handle(self._record(row), claims.LeaseChecked(self._config.lease_grace_s), now)
             if actions:
                 await self._run_actions(job_id, actions)
+        self._expire_holds(now)
+        await self._gang_lease_tick(now)
+        if self._remote:
+            await self._renew_remote(now)
+
+    # ------------------------------------------------------------- the cluster
+
+    def wake(self) -> None:
+        """Ask the scheduler for a pass (peers changed)."""
+        self._wake.set()
+
+    @property
+    def store(self) -> Store:
+        """The daemon's store (the cluster node keeps peer hints there)."""
+        return self._store
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _remote_workers(self) -> list[WorkerSnapshot]:
+        return self.cluster.worker_snapshots() if self.cluster is not None else []
+
+    def gpu_counts(self) -> tuple[int | None, int | None]:
+        """(schedulable GPUs, free ones) for the mDNS TXT record."""
+        if self._caps is None:
+            return None, None
+        devs = [d for d in self._caps.devices if d.execution_supported]
+        busy = {k for k in self._runs if not self._is_cpu(k[0])}
+        return len(devs), max(0, len(devs) - len(busy)) if devs else 0
+
+    def caps_digest(self) -> str:
+        """Changes whenever what peers see of us (devices, grants, CPU slots) changes."""
+        if self._caps is None:
+            return ""
+        runs = sorted(self._runs)
+        return hashlib.sha256(repr((_hardware_key(self._caps), runs)).encode()).hexdigest()[:16]
+
+    def _offer_elsewhere(self, row: JobRow, req: JobRequest, spec: JobSpec) -> bool:
+        """Offer a job that does not fit here to the best peer that fits now; True if offered."""
+        remote = self._remote_workers()
+        if not remote or self.cluster is None:
+            return False
+        e = explain(req, remote, self._support)
+        if e.placement is None:
+            return False
+        target = e.placement.worker
+        last = self._offered.get(row.id)
+        now = time.monotonic()
+        if last is not None and last[0] == target and now - last[1] < self._config.offer_interval_s:
+            return True
+        self._offered[row.id] = (target, now)
+        offer = Offer(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id,
+                      spec=spec.model_dump(mode="json"), lease_s=row.lease_s)
+        self._spawn(self._send_offer(target, offer))
+        return True
+
+    async def _send_offer(self, worker: str, offer: Offer) -> None:
+        assert self.cluster is not None
+        try:
+            await self.cluster.call(worker, "/v1/peer/offer", offer, Ack)
+        except PeerCallError as e:
+            log.info("job_id=%s: offer to %s failed: %s", offer.job_id, worker[:12], e)
+
+    async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:
+        if self.cluster is None:
+            return
+        msg = Kill(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
+        try:
+            await self.cluster.call(worker, "/v1/peer/kill", msg, Ack)
+        except PeerCallError as e:
+            log.info("job_id=%s: kill of attempt %d on %s failed: %s", job_id, attempt, worker[:12], e)
+
+    # --- owner side
+
+    async def owner_claim(self, worker: str, msg: Claim) -> ClaimReply:
+        """A worker claims one of our queued jobs: compare-and-set, then GRANT or DENY."""
+        row = await self._store.get_job(msg.job_id)
+        if row is None:
+            return ClaimReply(granted=False, reason="no such job")
+        placement_json = json.dumps(msg.placement or {})
+        for _ in range(3):
+            actions = claims.handle(self._record(row), claims.ClaimRequested(worker, msg.msg_id), time.monotonic())
+            persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+            grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+            if grant is None:
+                deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
+                return ClaimReply(granted=False, reason=deny.reason if deny else "denied")
+            if persist is None:  # the holder asked again: the same grant
+                return ClaimReply(granted=True, attempt=grant.attempt, lease_s=grant.lease_s,
+                                  spec=self._spec(row).model_dump(mode="json"))
+            if await self._store.claim(persist, worker, placement_json, [], "", time.time()):
+                self._leases[row.id] = time.monotonic() + row.lease_s
+                self._offered.pop(row.id, None)
+                self.feed.publish(Change("job", row.id))
+                return ClaimReply(granted=True, attempt=grant.attempt, lease_s=grant.lease_s,
+                                  spec=self._spec(row).model_dump(mode="json"))
+            fresh = await self._store.get_job(msg.job_id)
+            if fresh is None:
+                break
+            row = fresh
+        return ClaimReply(granted=False, reason="the job changed meanwhile")
+
+    async def owner_report(self, worker: str, msg: RunReport) -> RunReportReply:
+        """A worker reports on an attempt of one of our jobs."""
+        row = await self._store.get_job(msg.job_id)
+        if row is None:
+            return RunReportReply(ok=True, stale=True)
+        gang = self._gangs.get(row.id)
+        if gang is not None and worker in gang.members:
+            return await self._gang_report(row, gang, worker, msg)
+        event: claims.Event
+        if msg.kind == "started":
+            event = claims.RunStarted(msg.attempt, worker, msg.msg_id)
+        elif msg.kind == "renew":
+            event = claims.LeaseRenewed(msg.attempt, worker, msg.msg_id)
+        elif msg.kind == "exited":
+            event = claims.RunExited(msg.attempt, msg.exit_code, msg.reason if msg.exit_code != 0 else "",
+                                     msg.msg_id)
+        else:
+            event = claims.RunLost(msg.attempt, msg.reason or f"lost on {worker[:12]}", msg.never_started,
+                                   msg.msg_id)
+        if msg.kind in ("exited", "lost") and msg.attempt == row.attempt:
+            await self._store.end_attempt(row.id, msg.attempt, "exited" if msg.kind == "exited" else "lost",
+                                          msg.exit_code, msg.reason, time.time())
+        if msg.kind == "started" and msg.attempt == row.attempt:
+            await self._store.mark_running(row.id, msg.attempt, 0, 0.0, 0, time.time())
+        for _ in range(5):
+            actions = claims.handle(self._record(row), event, time.monotonic())
+            stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
+            if stale is not None:
+                return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
+            if await self._run_actions(row.id, actions):
+                break
+            fresh = await self._store.get_job(row.id)
+            if fresh is None:
+                break
+            row = fresh
+        if msg.kind in ("exited", "lost"):
+            self._leases.pop(row.id, None)
+            self._wake.set()
+        return RunReportReply(ok=True, current_attempt=row.attempt)
+
+    # --- worker side
+
+    def remote_offer(self, owner: str, msg: Offer) -> Ack:
+        """Keep an owner's offer; the next scheduling pass claims it if it fits here now."""
+        self._offers[(owner, msg.job_id)] = (msg, time.monotonic())
+        self._wake.set()
+        return Ack(ok=True)
+
+    async def _take_offers(self) -> None:
+        if not self._offers or self.cluster is None:
+            return
+        now = time.monotonic()
+        for key, (offer, received) in sorted(self._offers.items(), key=lambda kv: kv[1][1]):
+            if now - received > 60.0:
+                self._offers.pop(key, None)
+                continue
+            try:
+                spec = job_spec_from_mapping(offer.spec, source=f"offer of {offer.job_id}")
+            except SpecError as e:
+                log.warning("job_id=%s: bad offer from %s: %s", offer.job_id, key[0][:12], e)
+                self._offers.pop(key, None)
+                continue
+            req = spec.to_core(offer.job_id)
+            worker = await self._worker_snapshot(refresh_apps=True)
+            ev = evaluate(req, self._with_paths(worker, req.workdir), self._support)
+            if ev.placement is None:
+                continue  # keep the offer: claim it when devices free up
+            self._offers.pop(key, None)
+            await self._claim_remote(key[0], offer, spec, ev.placement)
+
+    async def _claim_remote(self, owner: str, offer: Offer, spec: JobSpec, placement: Placement) -> None:
+        assert self.cluster is not None
+        uuids = [u for u in placement.device_uuids if u]
+        fds = self._locks.try_acquire(uuids) if uuids else []
+        if fds is None:
+            return
+        try:
+            claim = Claim(msg_id=secrets.token_hex(8), worker=self.node_id, job_id=offer.job_id,
+                          placement=PlacementModel.from_core(placement).model_dump(mode="json"))
+            try:
+                reply = await self.cluster.call(owner, "/v1/peer/claim", claim, ClaimReply)
+            except PeerCallError as e:
+                log.info("job_id=%s: claim at %s failed: %s", offer.job_id, owner[:12], e)
+                return
+            if not reply.granted:
+                log.debug("job_id=%s: claim denied by %s: %s", offer.job_id, owner[:12], reply.reason)
+                return
+            await self._start_remote(owner, offer.job_id, reply.attempt, reply.lease_s, spec, placement, fds)
+        finally:
+            if fds:
+                self._locks.release(fds)
+
+    async def _start_remote(self, owner: str, job_id: str, attempt: int, lease_s: float, spec: JobSpec,
+                            placement: Placement, fds: Sequence[int]) -> None:
+        run_dir = self._config.runs_dir / job_id / str(attempt)
+        now = time.monotonic()
+        grants = [(u, i, placement.accelerator.value)
+                  for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
+        row = RemoteRunRow(owner=owner, job_id=job_id, attempt=attempt, spec_json=spec.model_dump_json(),
+                           placement_json=PlacementModel.from_core(placement).model_dump_json(), lease_s=lease_s,
+                           run_dir=str(run_dir), state="running", started_at=time.time())
+        if not await self._store.insert_remote_run(row, grants, time.time()):
+            await self._report(owner, job_id, attempt, "lost", None, "devices taken meanwhile", never_started=True)
+            return
+        self._specs[job_id] = spec
+        key = (job_id, attempt)
+        self._remote[key] = owner
+        self._leases_remote[key] = (now + lease_s, lease_s)
+        nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
+        try:
+            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
+                              log_dir=str(run_dir / "torchrun"))
+            env = build_env(os.environ, spec, placement, job_id, attempt, self._config.dist_timeout_s)
+            handle = await asyncio.to_thread(self._runner.start, job_id, attempt, argv, env, spec.workdir or "/",
+                                             now + lease_s, fds)
+        except RunnerError as e:
+            self._remote.pop(key, None)
+            self._leases_remote.pop(key, None)
+            await self._store.end_remote_run(owner, job_id, attempt, "exited", None, str(e), time.time())
+            await self._report(owner, job_id, attempt, "exited", None, f"could not start: {e}")
+            return
+        self._track(job_id, attempt, handle)
+        self.feed.publish(Change("devices"))
+        await self._report(owner, job_id, attempt, "started", None, "")
+
+    async def _report(self, owner: str, job_id: str, attempt: int,
+                      kind: Literal["started", "renew", "exited", "lost"], exit_code: int | None, reason: str,
+                      never_started: bool = False) -> RunReportReply | None:
+        msg = RunReport(msg_id=secrets.token_hex(8), worker=self.node_id, job_id=job_id, attempt=attempt,
+                        kind=kind, exit_code=exit_code, reason=reason, never_started=never_started)
+        if owner == self.node_id:
+            return await self.owner_report(self.node_id, msg)
+        if self.cluster is None:
+            return None
+        try:
+            reply = await self.cluster.call(owner, "/v1/peer/report", msg, RunReportReply)
+        except PeerCallError as e:
+            log.info("job_id=%s: report %s to %s failed: %s", job_id, kind, owner[:12], e)
+            return None
+        return reply
+
+    async def _report_end(self, owner: str, job_id: str, attempt: int) -> None:
+        r = await self._store.remote_run(owner, job_id, attempt)
+        if r is None or r.reported:
+            return
+        reply = await self._report(owner, job_id, attempt, "lost" if r.state == "lost" else "exited",
+                                   r.exit_code, r.reason)
+        if reply is not None:
+            await self._store.mark_remote_reported(owner, job_id, attempt)
+
+    async def _renew_remote(self, now: float) -> None:
+        """Renew each remote run's lease with its owner; only a renewal moves the watchdog deadline."""
+        for key, owner in list(self._remote.items()):
+            handle = self._runs.get(key)
+            deadline = self._leases_remote.get(key)
+            if handle is None or deadline is None:
+                continue
+            reply = await self._report(owner, key[0], key[1], "renew", None, "")
+            if reply is None:
+                continue  # owner unreachable: the deadline stays; the watchdog acts on it
+            if reply.stale:
+                log.info("job_id=%s attempt %d is stale at its owner: killing it", key[0], key[1])
+                await asyncio.to_thread(self._runner.cancel, handle)
+                continue
+            lease_s = deadline[1]
+            self._leases_remote[key] = (now + lease_s, lease_s)
+            self._runner.extend_deadline(handle, now + lease_s)
+        for r in await self._store.remote_runs(active=False, unreported=True):
+            await self._report_end(r.owner, r.job_id, r.attempt)
+
+    async def worker_kill(self, owner: str, msg: Kill) -> Ack:
+        """The owner stops an attempt we run for it."""
+        key = (msg.job_id, msg.attempt)
+        if self._remote.get(key) != owner:
+            return Ack(ok=False, reason="no such attempt here")
+        handle = self._runs.get(key)
+        if handle is not None:
+            await asyncio.to_thread(self._runner.cancel, handle)
+        return Ack(ok=True)
+
+    async def worker_logs(self, msg: LogRequest) -> LogChunk:
+        """A chunk of the log of an attempt we run (or ran) for an owner."""
+        path = self._config.runs_dir / msg.job_id / str(msg.attempt) / f"{msg.stream}.log"
+        data, size = b"", 0
+        with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(msg.offset)
+            data = f.read(LOG_CHUNK_BYTES)
+        nxt = msg.offset + len(data)
+        done = (msg.job_id, msg.attempt) not in self._runs
+        return LogChunk(job_id=msg.job_id, attempt=msg.attempt, stream=msg.stream, offset=msg.offset,
+                        next_offset=nxt, data=data.decode("utf-8", errors="replace"), complete=done and nxt >= size)
+
+    # --- gangs: multi-host torch.distributed jobs
+
+    async def _schedule_gang(self, row: JobRow, spec: JobSpec, req: JobRequest, local: WorkerSnapshot) -> None:
+        """Owner: place short holds on N workers in node-id order, then commit them all."""
+        assert req.distributed is not None
+        now = time.monotonic()
+        not_before = self._gang_backoff.get(row.id, (0.0, 0))[0]
+        if row.id in self._gang_busy or now < not_before:
+            return
+        workers = [local, *self._remote_workers()]
+        fits = [w for w in sorted(workers, key=lambda w: w.node_id)
+                if evaluate(req, w, self._support).placement is not None]
+        n = req.distributed.nnodes
+        if len(fits) < n:
+            e = explain(req, workers, self._support)
+            summary = f"needs {n} hosts that fit now, {len(fits)} do; {e.summary}"
+            if summary != row.reason:
+                await self._store.set_explanation(row.id, summary, ExplanationModel.from_core(e).model_dump_json())
+                self.feed.publish(Change("job", row.id))
+            return
+        self._gang_busy.add(row.id)
+        self._spawn(self._gang_round(row, spec, [w.node_id for w in fits[:n]]))
+
+    async def _gang_round(self, row: JobRow, spec: JobSpec, members: list[str]) -> None:
+        try:
+            await self._gang_round_inner(row, spec, members)
+        finally:
+            self._gang_busy.discard(row.id)
+
+    async def _gang_call(self, node: str, path: str, body: BaseModel, reply: type[_M]) -> _M:
+        if node == self.node_id:
+            result: BaseModel
+            if isinstance(body, Hold):
+                result = await self.worker_hold(self.node_id, body)
+            elif isinstance(body, Release):
+                result = self.worker_release(self.node_id, body)
+            elif isinstance(body, Commit):
+                result = await self.worker_commit(self.node_id, body)
+            else:
+                result = await self.worker_kill(self.node_id, body)  # type: ignore[arg-type]
+            assert isinstance(result, reply)
+            return result
+        if self.cluster is None:
+            raise PeerCallError("not in a cluster")
+        return await self.cluster.call(node, path, body, reply)
+
+    async def _gang_round_inner(self, row: JobRow, spec: JobSpec, members: list[str]) -> None:
+        hold_id = secrets.token_hex(8)
+        held: list[tuple[str, HoldReply]] = []
+        failed = ""
+        for m in members:  # node-id order: two owners never deadlock on each other's holds
+            hold = Hold(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id, hold_id=hold_id,
+                        spec=spec.model_dump(mode="json"), ttl_s=self._config.hold_ttl_s)
+            try:
+                reply = await self._gang_call(m, "/v1/peer/hold", hold, HoldReply)
+            except PeerCallError as e:
+                failed = f"hold on {m[:12]} failed: {e}"
+                break
+            if not reply.held:
+                failed = f"{self._label(m)} refused the hold: {reply.reason}"
+                break
+            held.append((m, reply))
+        if failed:
+            await self._gang_release(hold_id, [m for m, _ in held])
+            _, k = self._gang_backoff.get(row.id, (0.0, 0))
+            delay = min(30.0, 0.5 * 2**k) * (0.5 + secrets.randbelow(1000) / 1000)
+            self._gang_backoff[row.id] = (time.monotonic() + delay, k + 1)
+            log.info("job_id=%s: gang hold round failed (%s); retrying in %.1f s", row.id, failed, delay)
+            return
+        master_addr, master_port = held[0][1].address, held[0][1].port
+        fresh = await self._store.get_job(row.id)
+        if fresh is None:
+            await self._gang_release(hold_id, members)
+            return
+        actions = claims.handle(self._record(fresh), claims.ClaimRequested(self.node_id, f"gang-{hold_id}"),
+                                time.monotonic())
+        persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+        grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+        placement = json.dumps({"gang": members, "master": f"{master_addr}:{master_port}", "hold_id": hold_id})
+        if persist is None or grant is None or not await self._store.claim(
+                persist, self.node_id, placement, [], "", time.time()):
+            await self._gang_release(hold_id, members)
+            return
+        self._gang_backoff.pop(row.id, None)
+        attempt = grant.attempt
+        now = time.monotonic()
+        gang = Gang(job_id=row.id, attempt=attempt, hold_id=hold_id, members=list(members),
+                    renewed_at={m: now for m in members})
+        self._gangs[row.id] = gang
+        self._leases[row.id] = now + row.lease_s
+        self.feed.publish(Change("job", row.id))
+        for rank, m in enumerate(members):
+            commit = Commit(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id, hold_id=hold_id,
+                            attempt=attempt, lease_s=row.lease_s, spec=spec.model_dump(mode="json"),
+                            node_rank=rank, nnodes=len(members), master_addr=master_addr, master_port=master_port)
+            try:
+                ack = await self._gang_call(m, "/v1/peer/commit", commit, Ack)
+                ok, why = ack.ok, ack.reason
+            except PeerCallError as e:
+                ok, why = False, str(e)
+            if not ok:
+                await self._gang_abort(gang, f"commit to {self._label(m)} failed: {why}")
+                return
+
+    async def _gang_release(self, hold_id: str, members: Sequence[str]) -> None:
+        for m in members:
+            with contextlib.suppress(PeerCallError):
+                await self._gang_call(m, "/v1/peer/release", Release(msg_id=secrets.token_hex(8), owner=self.node_id,
+                                                                     hold_id=hold_id), Ack)
+
+    async def _gang_abort(self, gang: Gang, reason: str) -> None:
+        """One member lost or failed: stop every member, and the attempt is lost (or failed)."""
+        if gang.aborted:
+            return
+        gang.aborted = True
+        log.info("job_id=%s attempt %d: gang abort: %s", gang.job_id, gang.attempt, reason)
+        for m in gang.members:
+            if m in gang.exits:
+                continue
+            kill = Kill(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=gang.job_id, attempt=gang.attempt,
+                        reason=f"gang abort: {reason}")
+            with contextlib.suppress(PeerCallError):
+                await self._gang_call(m, "/v1/peer/kill", kill, Ack)
+        failed = [code for code in gang.exits.values() if code not in (0, None)]
+        self._gangs.pop(gang.job_id, None)
+        if failed:
+            await self._apply_event(gang.job_id, claims.RunExited(gang.attempt, failed[0], reason))
+        else:
+            await self._apply_event(gang.job_id, claims.RunLost(gang.attempt, f"gang aborted: {reason}"))
+        self._leases.pop(gang.job_id, None)
+        self._wake.set()
+
+    async def _gang_report(self, row: JobRow, gang: Gang, worker: str, msg: RunReport) -> RunReportReply:
+        if msg.attempt != gang.attempt:
+            return RunReportReply(ok=False, stale=True, current_attempt=gang.attempt)
+        now = time.monotonic()
+        gang.renewed_at[worker] = now
+        if msg.kind == "started":
+            gang.started.add(worker)
+            if len(gang.started) == 1:
+                await self._apply_event(row.id, claims.RunStarted(gang.attempt, self.node_id, msg.msg_id))
+        elif msg.kind == "exited":
+            gang.exits[worker] = msg.exit_code
+            if msg.exit_code != 0:
+                await self._gang_abort(gang, f"{self._label(worker)} exited {msg.exit_code}: {msg.reason}")
+            elif len(gang.exits) == len(gang.members):
+                self._gangs.pop(row.id, None)
+                self._leases.pop(row.id, None)
+                await self._apply_event(row.id, claims.RunExited(gang.attempt, 0, "", msg.msg_id))
+                self._wake.set()
+        elif msg.kind == "lost":
+            gang.exits[worker] = None
+            await self._gang_abort(gang, f"{self._label(worker)} lost its rank: {msg.reason}")
+        return RunReportReply(ok=True, current_attempt=gang.attempt)
+
+    async def _gang_lease_tick(self, now: float) -> None:
+        for gang in list(self._gangs.values()):
+            row = await self._store.get_job(gang.job_id)
+            if row is None:
+                continue
+            late = [m for m in gang.members if m not in gang.exits
+                    and now - gang.renewed_at.get(m, 0.0) > row.lease_s + self._config.lease_grace_s]
+            if late:
+                await self._gang_abort(gang, f"no lease renewal from {', '.join(self._label(m) for m in late)}")
+                continue
+            self._leases[gang.job_id] = now + row.lease_s  # every live member renewed: so does the gang
+
+    async def worker_hold(self, owner: str, msg: Hold) -> HoldReply:
+        """Worker: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``."""
+        if msg.hold_id in self._holds:
+            h = self._holds[msg.hold_id]
+            return HoldReply(held=True, address=h.address, interface=h.interface, port=h.port)
+        try:
+            spec = job_spec_from_mapping(msg.spec, source=f"hold for {msg.job_id}")
+        except SpecError as e:
+            return HoldReply(held=False, reason=str(e))
+        req = spec.to_core(msg.job_id)
+        await self._caps_ready.wait()
+        worker = await self._worker_snapshot(refresh_apps=True)
+        ev = evaluate(req, self._with_paths(worker, req.workdir), self._support)
+        if ev.placement is None:
+            return HoldReply(held=False, reason=ev.rejections[0].message if ev.rejections else "does not fit")
+        uuids = [u for u in ev.placement.device_uuids if u]
+        fds = self._locks.try_acquire(uuids) if uuids else []
+        if fds is None:
+            return HoldReply(held=False, reason="a device was taken by another gpulayerd on this machine")
+        address = self.cluster.addresses[0] if self.cluster is not None and self.cluster.addresses else "127.0.0.1"
+        interface = (self.cluster.interface if self.cluster is not None else None) or "lo"
+        port = _free_port(address)
+        nproc = spec.distributed.nproc_per_node if spec.distributed is not None else 1
+        self._holds[msg.hold_id] = HeldResources(
+            owner=owner, job_id=msg.job_id, spec=spec, placement=ev.placement, fds=fds,
+            expires_at=time.monotonic() + msg.ttl_s, address=address, interface=interface, port=port,
+            cpu_slots=nproc if spec.requirements.accelerator is Accelerator.CPU else 0)
+        return HoldReply(held=True, address=address, interface=interface, port=port)
+
+    def worker_release(self, owner: str, msg: Release) -> Ack:
+        """Worker: drop a hold (its devices and slots are free again)."""
+        h = self._holds.get(msg.hold_id)
+        if h is not None and h.owner == owner:
+            self._holds.pop(msg.hold_id, None)
+            self._locks.release(h.fds)
+            self._wake.set()
+        return Ack(ok=True)
+
+    async def worker_commit(self, owner: str, msg: Commit) -> Ack:
+        """Worker: start our rank of a gang job under the hold."""
+        h = self._holds.get(msg.hold_id)
+        if h is None or h.owner != owner:
+            return Ack(ok=False, reason="no such hold (expired?)")
+        self._holds.pop(msg.hold_id, None)
+        spec, placement = h.spec, h.placement
+        run_dir = self._config.runs_dir / msg.job_id / str(msg.attempt)
+        now = time.monotonic()
+        try:
+            grants = [(u, i, placement.accelerator.value)
+                      for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
+            row = RemoteRunRow(owner=owner, job_id=msg.job_id, attempt=msg.attempt,
+                               spec_json=spec.model_dump_json(),
+                               placement_json=PlacementModel.from_core(placement).model_dump_json(),
+                               lease_s=msg.lease_s, run_dir=str(run_dir), state="running", started_at=time.time())
+            if not await self._store.insert_remote_run(row, grants, time.time()):
+                return Ack(ok=False, reason="devices taken meanwhile")
+            self._specs[msg.job_id] = spec
+            key = (msg.job_id, msg.attempt)
+            self._remote[key] = owner
+            self._leases_remote[key] = (now + msg.lease_s, msg.lease_s)
+            argv = build_gang_argv(spec, placement.environment, nnodes=msg.nnodes, node_rank=msg.node_rank,
+                                   master_addr=msg.master_addr, master_port=msg.master_port,
+                                   log_dir=str(run_dir / "torchrun"))
+            env = build_env(os.environ, spec, placement, msg.job_id, msg.attempt, self._config.dist_timeout_s)
+            env["GLOO_SOCKET_IFNAME"] = h.interface
+            env["NCCL_SOCKET_IFNAME"] = h.interface
+            try:
+                handle = await asyncio.to_thread(self._runner.start, msg.job_id, msg.attempt, argv, env,
+                                                 spec.workdir or "/", now + msg.lease_s, h.fds)
+            except RunnerError as e:
+                self._remote.pop(key, None)
+                self._leases_remote.pop(key, None)
+                await self._store.end_remote_run(owner, msg.job_id, msg.attempt, "exited", None, str(e), time.time())
+                return Ack(ok=False, reason=f"could not start: {e}")
+        finally:
+            self._locks.release(h.fds)
+        self._track(msg.job_id, msg.attempt, handle)
+        self.feed.publish(Change("devices"))
+        self._spawn(self._report_started(owner, msg.job_id, msg.attempt))
+        return Ack(ok=True)
+
+    async def _report_started(self, owner: str, job_id: str, attempt: int) -> None:
+        await self._report(owner, job_id, attempt, "started", None, "")
+
+    def _expire_holds(self, now: float) -> None:
+        for hold_id, h in list(self._holds.items()):
+            if now > h.expires_at:
+                self._holds.pop(hold_id, None)
+                self._locks.release(h.fds)
+                log.info("hold %s for job %s expired", hold_id, h.job_id)
+
+
+@dataclass
+class Gang:
+    """Owner side: one attempt of a multi-host job, and what each member reported."""
+
+    job_id: str
+    attempt: int
+    hold_id: str
+    members: list[str]
+    renewed_at: dict[str, float]
+    started: set[str] = field(default_factory=set)
+    exits: dict[str, int | None] = field(default_factory=dict)
+    aborted: bool = False
+
+
+@dataclass
+class HeldResources:
+    """Worker side: what a gang hold reserves until commit, release or expiry."""
+
+    owner: str
+    job_id: str
+    spec: JobSpec
+    placement: Placement
+    fds: list[int]
+    expires_at: float
+    address: str
+    interface: str
+    port: int
+    cpu_slots: int
+
+
+def _free_port(address: str) -> int:
+    """A TCP port free on ``address`` now (the master of a gang binds it soon after)."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
 
 
 def _hardware_key(caps: Capabilities) -> tuple[object, ...]:

@@ -58,6 +58,7 @@ __all__ = [
     "JobSpec",
     "JobView",
     "LogChunk",
+    "PeerView",
     "PlacementModel",
     "PolicyModel",
     "ProbeHealthModel",
@@ -548,6 +549,8 @@ class Capabilities(BaseModel):
         cpu_count: logical CPUs (psutil).
         memory_total_bytes: system RAM in bytes (psutil).
         taken_at: wall-clock time of the snapshot, seconds since the epoch.
+        cpu_slots_total: CPU processes the daemon runs at once (None: not a daemon's report).
+        cpu_slots_free: of those, free now.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -565,6 +568,8 @@ class Capabilities(BaseModel):
     health: list[ProbeHealthModel] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     taken_at: float | None = None
+    cpu_slots_total: int | None = None
+    cpu_slots_free: int | None = None
 
     def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
         """Convert to a :class:`WorkerSnapshot` for the matcher."""
@@ -578,6 +583,8 @@ class Capabilities(BaseModel):
             memory_total_bytes=self.memory_total_bytes,
             health=tuple(h.to_core() for h in self.health),
             existing_paths=existing_paths,
+            cpu_slots_total=self.cpu_slots_total,
+            cpu_slots_free=self.cpu_slots_free,
         )
 
 
@@ -705,8 +712,11 @@ class AttemptView(BaseModel):
 
     attempt: int
     worker: str
+    worker_name: str | None = None
     state: str
     placement: PlacementModel | None = None
+    gang: list[str] = Field(default_factory=list)
+    """Node ids of a multi-host job's members, by node rank (empty for a one-host job)."""
     run_dir: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
@@ -797,3 +807,28 @@ class HealthView(BaseModel):
     hostname: str
     pid: int
     state_dir: str
+
+
+class PeerView(BaseModel):
+    """One gpulayerd this daemon knows of (``gpulayer peers``), itself included.
+
+    Attributes:
+        state: ``self``, ``up``, ``suspect`` (missed heartbeats), ``down``, or ``foreign``
+            (another cluster: listed, never used).
+        trusted: True if it proved membership of our cluster (mutual TLS).
+        last_heartbeat_at: wall-clock time of its last heartbeat (seconds since the epoch).
+        capabilities: its devices and environments, when fetched.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    node_id: str
+    name: str
+    addresses: list[str] = Field(default_factory=list)
+    port: int | None = None
+    version: str | None = None
+    cluster: str | None = None
+    trusted: bool = False
+    state: str = "up"
+    last_heartbeat_at: float | None = None
+    capabilities: Capabilities | None = None

@@ -39,7 +39,8 @@ from gpulayerd.core.launch import launch_env
 from gpulayerd.core.matching import Placement
 from gpulayerd.models import JobSpec
 
-__all__ = ["RunHandle", "RunState", "RunStatus", "Runner", "RunnerError", "build_argv", "build_env"]
+__all__ = [
+    "RunHandle", "RunState", "RunStatus", "Runner", "RunnerError", "build_argv", "build_env", "build_gang_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,41 @@ def build_argv(
     if log_dir is not None:
         torchrun += ["--log-dir", log_dir, "--tee", "3"]
     if not is_python:
+        return [*torchrun, "--no-python", *command]
+    return [*torchrun, *_script_and_args(command[1:])]
+
+
+def build_gang_argv(
+    spec: JobSpec,
+    interpreter: str,
+    *,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    log_dir: str | None = None,
+) -> list[str]:
+    """The command line of one member (host) of a multi-host torch.distributed job::
+
+        interpreter -m torch.distributed.run --nnodes N --node-rank R --master-addr IP
+            --master-port P --nproc-per-node K --max-restarts 0 --monitor-interval 1 SCRIPT ARGS...
+
+    A static rendezvous at ``master_addr:master_port`` (an IP literal and a port that
+    rank 0's daemon reserved). Ranks of the job's processes are ``R * K + local rank``.
+
+    Raises:
+        RunnerError: a python command torchrun cannot run.
+    """
+    command = list(spec.command)
+    nproc = spec.distributed.nproc_per_node if spec.distributed is not None else 1
+    torchrun = [
+        interpreter, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+        "--master-addr", master_addr, "--master-port", str(master_port), "--nproc-per-node", str(nproc),
+        "--max-restarts", "0", "--monitor-interval", "1",
+    ]
+    if log_dir is not None:
+        torchrun += ["--log-dir", log_dir, "--tee", "3"]
+    if _PYTHON_NAME.fullmatch(command[0]) is None:
         return [*torchrun, "--no-python", *command]
     return [*torchrun, *_script_and_args(command[1:])]
 

@@ -40,6 +40,7 @@ __all__ = [
     "GrantRow",
     "JobNotFound",
     "JobRow",
+    "RemoteRunRow",
     "Store",
     "StoreError",
 ]
@@ -116,6 +117,36 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
             granted_at REAL NOT NULL
         );
         CREATE INDEX grants_job_attempt ON grants (job_id, attempt);
+        """,
+    ),
+    (
+        2,
+        """
+        CREATE TABLE remote_runs (
+            owner TEXT NOT NULL,
+            job_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            spec_json TEXT NOT NULL,
+            placement_json TEXT NOT NULL,
+            lease_s REAL NOT NULL,
+            run_dir TEXT NOT NULL,
+            state TEXT NOT NULL,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            reported INTEGER NOT NULL DEFAULT 0,
+            started_at REAL,
+            ended_at REAL,
+            PRIMARY KEY (owner, job_id, attempt)
+        );
+        CREATE INDEX remote_runs_state ON remote_runs (state, reported);
+
+        CREATE TABLE peers (
+            node_id TEXT PRIMARY KEY NOT NULL,
+            name TEXT NOT NULL DEFAULT '',
+            addresses_json TEXT NOT NULL DEFAULT '[]',
+            port INTEGER NOT NULL,
+            last_seen_at REAL
+        );
         """,
     ),
 )
@@ -224,6 +255,30 @@ class EventRow:
     attempt: int | None
     reason: str
     stimulus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRunRow:
+    """One row of ``remote_runs``: an attempt this daemon runs, as worker, for another owner.
+
+    Attributes:
+        state: ``running``, ``exited`` or ``lost``.
+        reported: the owner acknowledged the end of the attempt.
+    """
+
+    owner: str
+    job_id: str
+    attempt: int
+    spec_json: str
+    placement_json: str
+    lease_s: float
+    run_dir: str
+    state: str
+    exit_code: int | None = None
+    reason: str = ""
+    reported: bool = False
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -599,6 +654,94 @@ class Store:
     async def grants(self) -> list[GrantRow]:
         """Every device currently granted, by device index."""
         return [GrantRow(*r) for r in await self._read(_GRANTS, ())]
+
+    # ------------------------------------------------------------- remote runs
+
+    async def insert_remote_run(self, row: RemoteRunRow, grants: Sequence[tuple[str, int, str]],
+                                now_wall: float) -> bool:
+        """Record an attempt granted to us by another owner, with its device grants, atomically.
+
+        Returns:
+            False, writing nothing, if a device is already granted or the attempt is known.
+        """
+        uuids = [uuid for uuid, _i, _a in grants]
+        try:
+            async with self._transaction() as db:
+                if uuids and await db.execute_fetchall(_SELECT_GRANTED, (json.dumps(uuids),)):
+                    raise _Rollback
+                known = await db.execute_fetchall(
+                    "SELECT 1 FROM remote_runs WHERE owner = ? AND job_id = ? AND attempt = ?",
+                    (row.owner, row.job_id, row.attempt))
+                if known:
+                    raise _Rollback
+                await db.execute(
+                    "INSERT INTO remote_runs (owner, job_id, attempt, spec_json, placement_json, lease_s, "
+                    "run_dir, state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (row.owner, row.job_id, row.attempt, row.spec_json, row.placement_json, row.lease_s,
+                     row.run_dir, row.state, row.started_at))
+                await db.executemany(
+                    _INSERT_GRANT, [(u, i, a, row.job_id, row.attempt, now_wall) for u, i, a in grants])
+        except _Rollback:
+            return False
+        return True
+
+    async def end_remote_run(self, owner: str, job_id: str, attempt: int, state: str, exit_code: int | None,
+                             reason: str, now_wall: float) -> None:
+        """Record how a remote attempt ended and release its devices (idempotent)."""
+        async with self._transaction() as db:
+            await db.execute(
+                "UPDATE remote_runs SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
+                "WHERE owner = ? AND job_id = ? AND attempt = ? AND state NOT IN ('exited', 'lost')",
+                (state, exit_code, reason, now_wall, owner, job_id, attempt))
+            await db.execute("DELETE FROM grants WHERE job_id = ? AND attempt = ?", (job_id, attempt))
+
+    async def mark_remote_reported(self, owner: str, job_id: str, attempt: int) -> None:
+        """The owner acknowledged the end of this attempt."""
+        await self._write_one(
+            "UPDATE remote_runs SET reported = 1 WHERE owner = ? AND job_id = ? AND attempt = ?",
+            (owner, job_id, attempt))
+
+    async def remote_runs(self, *, active: bool | None = None, unreported: bool = False) -> list[RemoteRunRow]:
+        """Remote attempts: ``active`` True for running ones, False for ended ones."""
+        where: list[str] = []
+        params: list[object] = []
+        if active is True:
+            where.append("state = 'running'")
+        elif active is False:
+            where.append("state IN ('exited', 'lost')")
+        if unreported:
+            where.append("reported = 0")
+        sql = ("SELECT owner, job_id, attempt, spec_json, placement_json, lease_s, run_dir, state, exit_code, "
+               "reason, reported, started_at, ended_at FROM remote_runs")
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = await self._read(sql + " ORDER BY started_at", params)
+        return [
+            RemoteRunRow(owner=r[0], job_id=r[1], attempt=r[2], spec_json=r[3], placement_json=r[4], lease_s=r[5],
+                         run_dir=r[6], state=r[7], exit_code=r[8], reason=r[9], reported=bool(r[10]),
+                         started_at=r[11], ended_at=r[12])
+            for r in rows
+        ]
+
+    async def remote_run(self, owner: str, job_id: str, attempt: int) -> RemoteRunRow | None:
+        """One remote attempt."""
+        for r in await self.remote_runs():
+            if (r.owner, r.job_id, r.attempt) == (owner, job_id, attempt):
+                return r
+        return None
+
+    async def save_peer(self, node_id: str, name: str, addresses: Sequence[str], port: int, now_wall: float) -> None:
+        """Remember a trusted peer's addresses (used as hints after a restart)."""
+        await self._write_one(
+            "INSERT INTO peers (node_id, name, addresses_json, port, last_seen_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(node_id) DO UPDATE SET name = excluded.name, addresses_json = excluded.addresses_json, "
+            "port = excluded.port, last_seen_at = excluded.last_seen_at",
+            (node_id, name, json.dumps(list(addresses)), port, now_wall))
+
+    async def saved_peers(self) -> list[tuple[str, str, list[str], int]]:
+        """(node id, name, addresses, port) of every remembered peer."""
+        rows = await self._read("SELECT node_id, name, addresses_json, port FROM peers ORDER BY node_id", ())
+        return [(r[0], r[1], list(json.loads(r[2])), int(r[3])) for r in rows]
 
     # -------------------------------------------------------------------- events
 

@@ -6,9 +6,10 @@ presented as VRAM.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-__all__ = ["DASH", "gb", "mark", "memory", "table", "text"]
+__all__ = ["DASH", "age", "ago", "clock", "device_state", "gb", "mark", "memory", "one_line", "table", "text"]
 
 DASH = "—"
 GB = 10**9
@@ -55,3 +56,42 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str 
     def line(parts: Sequence[str]) -> str:
         return (indent + "  ".join(p.ljust(w) for p, w in zip(parts, widths, strict=False))).rstrip()
     return "\n".join([line(list(headers)), *(line(r) for r in cells)])
+
+
+def age(seconds: float) -> str:
+    """A duration as one short unit: "42s", "17m", "5h", "3d" (negative counts as 0)."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def ago(at: float | None, now: float) -> str:
+    """How long ago wall time ``at`` was: "12s ago", or "—" when unknown."""
+    return DASH if at is None else f"{age(now - at)} ago"
+
+
+def clock(at: float | None, with_date: bool = True) -> str:
+    """Wall time (seconds since the epoch) in local time: "2025-01-31 14:05:09", or "—"."""
+    if at is None:
+        return DASH
+    return time.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S", time.localtime(at))
+
+
+def one_line(value: str | None, width: int = 90) -> str:
+    """The first line of ``value``, cut to ``width`` characters with "…"; "" for None."""
+    first = value.splitlines()[0] if value else ""
+    return first if len(first) <= width else first[: width - 1] + "…"
+
+
+def device_state(granted_to: str | None, foreign_pids: Sequence[int]) -> str:
+    """"granted to JOB", "busy (pid 1, 2)" for processes outside gpulayer, else "free"."""
+    if granted_to:
+        return f"granted to {granted_to}"
+    if foreign_pids:
+        return "busy (pid " + ", ".join(str(p) for p in foreign_pids) + ")"
+    return "free"

@@ -7,12 +7,13 @@ the API's stable ``code``).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from gpulayerd.models import (
     ApiErrorBody,
@@ -21,12 +22,14 @@ from gpulayerd.models import (
     HealthView,
     JobView,
     LogChunk,
+    PeerView,
     SubmitRequest,
 )
 
-__all__ = ["ApiRequestError", "DaemonClient", "DaemonUnreachable"]
+__all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable"]
 
 _JOBS = TypeAdapter(list[JobView])
+_PEERS = TypeAdapter(list[PeerView])
 
 
 class DaemonUnreachable(Exception):
@@ -45,6 +48,21 @@ class ApiRequestError(Exception):
         self.status = status
         self.code = body.code
         self.body = body
+
+
+class ChangeEvent(BaseModel):
+    """One server-sent event of ``GET /v1/events``.
+
+    Attributes:
+        kind: ``job`` (``key`` is the job id), ``devices``, ``peers``, or ``resync`` (re-read
+            everything; always the first event of a stream).
+        key: the job id for ``job``, else empty.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: str
+    key: str = ""
 
 
 class DaemonClient:
@@ -104,6 +122,10 @@ class DaemonClient:
         """``GET /v1/devices``: this machine's capabilities with grant state."""
         return Capabilities.model_validate_json(await self._request("GET", "/v1/devices"))
 
+    async def peers(self) -> list[PeerView]:
+        """``GET /v1/peers``: every gpulayerd known, this one first, with capabilities."""
+        return _PEERS.validate_json(await self._request("GET", "/v1/peers"))
+
     async def submit(self, spec: dict[str, Any], submitted_by: str = "") -> JobView:
         """``POST /v1/jobs``; the spec as a mapping (TOML or flags, workdir resolved)."""
         req = SubmitRequest(spec=spec, submitted_by=submitted_by)
@@ -136,3 +158,53 @@ class DaemonClient:
             params["attempt"] = str(attempt)
         raw = await self._request("GET", f"/v1/jobs/{job_ref}/logs", params=params)
         return LogChunk.model_validate_json(raw)
+
+    async def events(self) -> AsyncIterator[ChangeEvent]:
+        """``GET /v1/events``: what changed, as it happens, until the daemon closes the stream.
+
+        The first event is always ``resync``. Close the iterator (``contextlib.aclosing``)
+        to hang up early.
+
+        Raises:
+            DaemonUnreachable: nothing answers, or the connection broke mid-stream.
+            ApiRequestError: the daemon answered with an error.
+        """
+        if not self.socket_path.exists():
+            raise DaemonUnreachable(self.socket_path, "no socket (is gpulayerd running?)")
+        no_read_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
+        try:
+            async with self._http().get("http://gpulayerd/v1/events", timeout=no_read_timeout) as resp:
+                if resp.status >= 400:
+                    raw = await resp.read()
+                    try:
+                        err = ApiErrorBody.model_validate_json(raw)
+                    except ValidationError:
+                        err = ApiErrorBody(code="http_error", message=f"HTTP {resp.status}: {raw[:200]!r}")
+                    raise ApiRequestError(resp.status, err)
+                event, data = "", ""
+                async for raw_line in resp.content:
+                    line = raw_line.decode("utf-8", errors="replace").rstrip("\r\n")
+                    if line:
+                        name, _, value = line.partition(":")
+                        value = value.removeprefix(" ")
+                        if name == "event":
+                            event = value
+                        elif name == "data":
+                            data = value if not data else f"{data}\n{value}"
+                        continue
+                    change = _change_event(event, data)
+                    event, data = "", ""
+                    if change is not None:
+                        yield change
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+            raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
+
+
+def _change_event(event: str, data: str) -> ChangeEvent | None:
+    """The event of one SSE block; None for a comment-only block or data this client cannot read."""
+    if not data:
+        return ChangeEvent(kind=event) if event else None
+    try:
+        return ChangeEvent.model_validate_json(data)
+    except ValidationError:
+        return None

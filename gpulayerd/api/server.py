@@ -7,6 +7,8 @@ and serialise its pydantic answer. Errors have a stable body
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
 import stat
@@ -17,6 +19,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel
 
+from gpulayerd.feed import Change, ChangeFeed
 from gpulayerd.models import (
     ApiErrorBody,
     Capabilities,
@@ -24,6 +27,7 @@ from gpulayerd.models import (
     HealthView,
     JobView,
     LogChunk,
+    PeerView,
     SpecError,
     SubmitRequest,
 )
@@ -47,12 +51,21 @@ class ApiError(Exception):
 class LocalService(Protocol):
     """What the local API needs from the daemon."""
 
+    @property
+    def feed(self) -> ChangeFeed:
+        """What changed, for ``GET /v1/events``."""
+        ...
+
     def health(self) -> HealthView:
         """Liveness and identity."""
         ...
 
     async def async_capabilities(self) -> Capabilities:
         """This machine's devices (with grant state), environments and probe health."""
+        ...
+
+    async def async_peers(self) -> list[PeerView]:
+        """Every gpulayerd known (this one first), with their capabilities."""
         ...
 
     async def async_submit(self, request: SubmitRequest) -> JobView:
@@ -112,15 +125,25 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(500, "internal", f"internal error: {type(e).__name__}: {e}")
 
 
-def make_local_app(service: LocalService) -> web.Application:
-    """The aiohttp application of the local API, bound to ``service``."""
+def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> web.Application:
+    """The aiohttp application of the local API, bound to ``service``.
+
+    Args:
+        service: the daemon's side of the API.
+        events_keepalive_s: seconds between keep-alive comments on an idle ``/v1/events`` stream
+            (they also notice a client that went away).
+    """
     app = web.Application(middlewares=[_errors], client_max_size=4 * 2**20)
+    closing = asyncio.Event()
 
     async def health(_: web.Request) -> web.Response:
         return _json(service.health())
 
     async def devices(_: web.Request) -> web.Response:
         return _json(await service.async_capabilities())
+
+    async def peers(_: web.Request) -> web.Response:
+        return _json(await service.async_peers())
 
     async def submit(request: web.Request) -> web.Response:
         try:
@@ -151,15 +174,56 @@ def make_local_app(service: LocalService) -> web.Application:
         attempt = _int_param(request, "attempt", None)
         return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt))
 
+    async def events(request: web.Request) -> web.StreamResponse:
+        # Server-sent events: the first is always ``resync`` (the subscription is live: read
+        # the full state now), then one per change until the client or the daemon goes away.
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        await resp.prepare(request)
+        async with service.feed.subscribe() as queue:
+            closed = asyncio.ensure_future(closing.wait())
+            got: asyncio.Future[Change] | None = None
+            try:
+                await resp.write(_sse(Change("resync")))
+                while True:
+                    if got is None:
+                        got = asyncio.ensure_future(queue.get())
+                    done, _ = await asyncio.wait((got, closed), timeout=events_keepalive_s,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if closed in done:
+                        break
+                    if got in done:
+                        change, got = got.result(), None
+                        await resp.write(_sse(change))
+                    else:
+                        await resp.write(b": keep-alive\n\n")
+            except ConnectionError:
+                pass  # the client went away
+            finally:
+                closed.cancel()
+                if got is not None:
+                    got.cancel()
+        return resp
+
+    async def close_event_streams(_: web.Application) -> None:
+        closing.set()
+
+    app.on_shutdown.append(close_event_streams)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/devices", devices)
+    app.router.add_get("/v1/peers", peers)
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{job}", get_job)
     app.router.add_get("/v1/jobs/{job}/explain", explain)
     app.router.add_post("/v1/jobs/{job}/cancel", cancel)
     app.router.add_get("/v1/jobs/{job}/logs", logs)
+    app.router.add_get("/v1/events", events)
     return app
+
+
+def _sse(change: Change) -> bytes:
+    data = json.dumps({"kind": change.kind, "key": change.key}, separators=(",", ":"))
+    return f"event: {change.kind}\ndata: {data}\n\n".encode()
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:

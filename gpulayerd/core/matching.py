@@ -224,6 +224,13 @@ def validate(job: JobRequest, support: SupportMatrix) -> list[Rejection]:
                 "such devices are reported but never scheduled",
             )
         )
+    if job.accelerator is not Accelerator.CPU and job.gpu_count < 1:
+        out.append(
+            _rej(
+                RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", ">= 1", str(job.gpu_count), "",
+                f"a {acc} job needs gpu_count >= 1",
+            )
+        )
     dist = job.distributed
     if dist is not None:
         if not row.distributed_allowed:

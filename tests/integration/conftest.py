@@ -176,6 +176,7 @@ class Daemon:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Daemon:
         self.work.mkdir(parents=True, exist_ok=True)
+        _seed_env_cache(self.state_dir)
         config = self.root / "gpulayerd.toml"
         config.write_text("".join(f"{k} = {v!r}\n" for k, v in self.settings.items()), encoding="utf-8")
         argv = [GPULAYERD, "--state-dir", str(self.state_dir), "--device-lock-dir", str(self.lock_dir),
@@ -192,6 +193,7 @@ class Daemon:
                 try:
                     # devices() answers once the first probe (hardware + environments) is done.
                     self.call(lambda c: c.devices(), timeout_s=max(1.0, end - time.monotonic()))
+                    _keep_env_cache(self.state_dir)
                     return self
                 except Exception:
                     if time.monotonic() > end:
@@ -293,6 +295,40 @@ class Daemon:
             time.sleep(0.05)
 
 
+# The daemon caches its environment probe (an interpreter started with torch imported, ~2 s)
+# in <state>/cache/environments, keyed on the interpreter's files. The first daemon of a
+# session probes cold; later daemons start with a copy of its cache.
+_ENV_CACHE_SEED: dict[str, Path] = {}  # "dir": the seed, once a daemon has probed
+
+
+def _seed_env_cache(state_dir: Path) -> None:
+    target = state_dir / "cache" / "environments"
+    seed = _ENV_CACHE_SEED.get("dir")
+    if seed is not None and not target.exists():
+        with contextlib.suppress(OSError):  # only an optimisation: a cold probe is fine too
+            shutil.copytree(seed, target)
+
+
+def _keep_env_cache(state_dir: Path) -> None:
+    source = state_dir / "cache" / "environments"
+    if "dir" not in _ENV_CACHE_SEED and source.is_dir() and any(source.iterdir()):
+        seed = Path(tempfile.mkdtemp(prefix="glit-envcache-", dir="/tmp")) / "environments"
+        try:
+            shutil.copytree(source, seed)
+        except OSError:
+            shutil.rmtree(seed.parent, ignore_errors=True)
+            return
+        _ENV_CACHE_SEED["dir"] = seed
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _env_cache_cleanup() -> Iterator[None]:
+    yield
+    seed = _ENV_CACHE_SEED.pop("dir", None)
+    if seed is not None:
+        shutil.rmtree(seed.parent, ignore_errors=True)
+
+
 def kill_leftovers(root: Path, job_ids: Collection[str]) -> list[int]:
     """SIGKILL every process of ours tied to ``root``: its command line or cwd names it, or it
     carries one of ``job_ids`` as GPULAYER_JOB_ID. Returns the pids killed."""
@@ -310,7 +346,8 @@ def kill_leftovers(root: Path, job_ids: Collection[str]) -> list[int]:
             hit = any(marker in a for a in p.cmdline())
             if not hit:
                 with contextlib.suppress(psutil.Error):
-                    hit = p.cwd().startswith(marker)
+                    cwd = p.cwd()
+                    hit = cwd == marker or cwd.startswith(marker + os.sep)
             if not hit and job_ids:
                 with contextlib.suppress(psutil.Error):
                     hit = p.environ().get("GPULAYER_JOB_ID") in job_ids

@@ -165,7 +165,8 @@ def mutated_specs(draw: st.DrawFn) -> dict[str, Any]:
         elif kind == "delete":
             parent.pop(last, None)
         else:
-            target = parent.get(last) if isinstance(parent.get(last), dict) else parent
+            child = parent.get(last)
+            target: dict[str, Any] = child if isinstance(child, dict) else parent
             target[draw(ANY_KEY)] = draw(JSON_VALUES)
     return spec
 
@@ -214,8 +215,8 @@ def test_mutated_spec_raises_only_spec_error(data: dict[str, Any]) -> None:
     ["~nosuchuser-gpulayer/x", "rel\0dir", "\ud800"],
     ids=["unknown-user-home", "nul-byte", "lone-surrogate"],
 )
-def test_odd_workdir_is_a_spec_error(workdir: str) -> None:
-    """A workdir the OS cannot represent is a bad field, reported as SpecError (not a crash)."""
+def test_odd_workdir_never_crashes(workdir: str) -> None:
+    """An unknown user's home, a NUL byte or a lone surrogate: a SpecError or a usable job, no crash."""
     data = {**copy.deepcopy(VALID_SPEC), "workdir": workdir}
     try:
         spec = job_spec_from_mapping(data, base_dir="/srv/lab")
@@ -617,6 +618,7 @@ def test_match_is_deterministic_sound_and_complete(pair: tuple[JobRequest, Worke
         assert result, "a refusal always says why"
         assert ev.state is not FitState.FITS_NOW and ev.placement is None
         assert list(ev.rejections) == result
+        assert all(r.worker == w.node_id and r.message for r in result)
     # FITS_NOW iff match places iff the independent oracle says it fits now.
     assert (ev.state is FitState.FITS_NOW) == isinstance(result, Placement) == _oracle_fits_now(job, w)
 
@@ -680,6 +682,7 @@ def test_explain_ignores_worker_order(
     for job in queue:
         exp = explain(job, ws, SUPPORT_MATRIX)
         assert explain(job, data.draw(st.permutations(ws)), SUPPORT_MATRIX) == exp
+        assert exp.summary
         if exp.rejections:
             assert not exp.workers and exp.placement is None
             continue

@@ -1,0 +1,234 @@
+"""The peer API: aiohttp over TCP with mutual TLS against the cluster CA, ``/v1/peer/``.
+
+Nothing from the network is trusted until authenticated: the TLS handshake requires a
+client certificate signed by our cluster CA (a plain HTTP request or a wrong
+certificate never reaches a handler), and every handler checks that the node id a
+message claims is the node id the certificate proves.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from gpulayerd.models import ApiErrorBody, Capabilities, LogChunk
+from gpulayerd.net.tls import peer_node_id
+from gpulayerd.net.wire import (
+    Ack,
+    Claim,
+    ClaimReply,
+    Commit,
+    Heartbeat,
+    HeartbeatReply,
+    Hold,
+    HoldReply,
+    Kill,
+    LogRequest,
+    Offer,
+    Release,
+    RunReport,
+    RunReportReply,
+)
+
+__all__ = ["PeerCallError", "PeerClient", "PeerService", "make_peer_app", "start_peer_site"]
+
+log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class PeerService(Protocol):
+    """What the peer API needs from the daemon. ``sender`` is the TLS-proven node id."""
+
+    async def async_peer_heartbeat(self, sender: str, msg: Heartbeat, remote_ip: str) -> HeartbeatReply:
+        """Membership."""
+        ...
+
+    async def async_peer_capabilities(self, sender: str) -> Capabilities:
+        """Our capabilities with grant state."""
+        ...
+
+    async def async_peer_offer(self, sender: str, msg: Offer) -> Ack:
+        """An owner offers a job."""
+        ...
+
+    async def async_peer_claim(self, sender: str, msg: Claim) -> ClaimReply:
+        """A worker claims one of our jobs."""
+        ...
+
+    async def async_peer_report(self, sender: str, msg: RunReport) -> RunReportReply:
+        """A worker reports on an attempt of one of our jobs."""
+        ...
+
+    async def async_peer_kill(self, sender: str, msg: Kill) -> Ack:
+        """An owner tells us to stop an attempt."""
+        ...
+
+    async def async_peer_logs(self, sender: str, msg: LogRequest) -> LogChunk:
+        """An owner reads the log of an attempt we run."""
+        ...
+
+    async def async_peer_hold(self, sender: str, msg: Hold) -> HoldReply:
+        """Gang: reserve resources for a member."""
+        ...
+
+    async def async_peer_release(self, sender: str, msg: Release) -> Ack:
+        """Gang: drop a hold."""
+        ...
+
+    async def async_peer_commit(self, sender: str, msg: Commit) -> Ack:
+        """Gang: run a rank."""
+        ...
+
+
+class PeerCallError(Exception):
+    """A call to a peer failed: unreachable, TLS refused, timeout, or an error reply."""
+
+
+def _sender(request: web.Request) -> str:
+    ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
+    der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
+    if not der:
+        raise web.HTTPUnauthorized(text="client certificate required")
+    return peer_node_id(der)
+
+
+def _reply(model: BaseModel) -> web.Response:
+    return web.Response(text=model.model_dump_json(), content_type="application/json")
+
+
+def _bad(code: str, message: str, status: int = 400) -> web.Response:
+    return web.Response(text=ApiErrorBody(code=code, message=message).model_dump_json(), status=status,
+                        content_type="application/json")
+
+
+def make_peer_app(service: PeerService) -> web.Application:
+    """The peer API application bound to ``service``."""
+    app = web.Application(client_max_size=4 * 2**20)
+
+    def route(model: type[_M], call: Callable[[str, _M, web.Request], Awaitable[BaseModel]],
+              sender_field: str | None) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            sender = _sender(request)
+            try:
+                msg = model.model_validate_json(await request.read())
+            except ValidationError as e:
+                return _bad("bad_request", f"invalid {model.__name__}: {e.error_count()} error(s)")
+            if sender_field is not None and getattr(msg, sender_field) != sender:
+                return _bad("forbidden", f"{sender_field} does not match the TLS certificate", status=403)
+            return _reply(await call(sender, msg, request))
+        return handler
+
+    async def caps(request: web.Request) -> web.Response:
+        return _reply(await service.async_peer_capabilities(_sender(request)))
+
+    app.router.add_post("/v1/peer/heartbeat", route(
+        Heartbeat, lambda s, m, r: service.async_peer_heartbeat(s, m, r.remote or ""), "node_id"))
+    app.router.add_get("/v1/peer/capabilities", caps)
+    app.router.add_post("/v1/peer/offer", route(Offer, lambda s, m, r: service.async_peer_offer(s, m), "owner"))
+    app.router.add_post("/v1/peer/claim", route(Claim, lambda s, m, r: service.async_peer_claim(s, m), "worker"))
+    app.router.add_post("/v1/peer/report", route(
+        RunReport, lambda s, m, r: service.async_peer_report(s, m), "worker"))
+    app.router.add_post("/v1/peer/kill", route(Kill, lambda s, m, r: service.async_peer_kill(s, m), "owner"))
+    app.router.add_post("/v1/peer/logs", route(LogRequest, lambda s, m, r: service.async_peer_logs(s, m), None))
+    app.router.add_post("/v1/peer/hold", route(Hold, lambda s, m, r: service.async_peer_hold(s, m), "owner"))
+    app.router.add_post("/v1/peer/release", route(
+        Release, lambda s, m, r: service.async_peer_release(s, m), "owner"))
+    app.router.add_post("/v1/peer/commit", route(Commit, lambda s, m, r: service.async_peer_commit(s, m), "owner"))
+    return app
+
+
+async def start_peer_site(app: web.Application, host: str, port: int,
+                          context: ssl.SSLContext) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` with mutual TLS on ``host:port`` (port 0 picks a free one).
+
+    Returns:
+        The runner (``await runner.cleanup()`` stops it) and the bound port.
+    """
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=context, reuse_address=True)
+    await site.start()
+    bound = port
+    for sock in getattr(site._server, "sockets", None) or ():
+        bound = int(sock.getsockname()[1])
+        break
+    return runner, bound
+
+
+def _ssl_object(resp: aiohttp.ClientResponse) -> ssl.SSLObject | None:
+    """The TLS object of the connection a response came on.
+
+    A small body is read with the headers, and aiohttp then hands the connection back
+    to its pool (``resp.connection`` is None); the response's protocol still holds the
+    transport, so look there too.
+    """
+    transport = None
+    if resp.connection is not None:
+        transport = resp.connection.transport
+    if transport is None:
+        proto = getattr(resp, "_protocol", None)
+        transport = getattr(proto, "transport", None)
+    obj = transport.get_extra_info("ssl_object") if transport is not None else None
+    return obj if isinstance(obj, ssl.SSLObject) else None
+
+
+class PeerClient:
+    """Calls other daemons' peer APIs with this daemon's client certificate."""
+
+    def __init__(self, context: ssl.SSLContext, timeout_s: float = 5.0) -> None:
+        self._context = context
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        """Close pooled connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._context, limit=64, force_close=False),
+                timeout=self._timeout,
+            )
+        return self._session
+
+    async def call(self, host: str, port: int, path: str, body: BaseModel | None, reply: type[_M],
+                   expect_node: str | None = None) -> tuple[_M, str]:
+        """POST (or GET without a body) to a peer; return its reply and its TLS-proven node id.
+
+        Raises:
+            PeerCallError: unreachable, TLS failure, timeout, error reply, or the peer's
+                certificate names another node than ``expect_node``.
+        """
+        h = f"[{host}]" if ":" in host else host
+        url = f"https://{h}:{port}{path}"
+        data = None if body is None else body.model_dump_json()
+        method = "GET" if body is None else "POST"
+        try:
+            async with self._http().request(method, url, data=data,
+                                            headers={"Content-Type": "application/json"}) as resp:
+                ssl_obj = _ssl_object(resp)
+                der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise PeerCallError(f"{url}: HTTP {resp.status}: {raw[:200]!r}")
+        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError) as e:
+            raise PeerCallError(f"{url}: {type(e).__name__}: {e}") from e
+        if not der:
+            raise PeerCallError(f"{url}: no peer certificate")
+        node = peer_node_id(der)
+        if expect_node is not None and node != expect_node:
+            raise PeerCallError(f"{url}: answered by node {node[:12]}, expected {expect_node[:12]}")
+        try:
+            return reply.model_validate_json(raw), node
+        except ValidationError as e:
+            raise PeerCallError(f"{url}: invalid {reply.__name__} reply: {e.error_count()} error(s)") from e

@@ -1,0 +1,185 @@
+"""Messages of the peer protocol (``/v1/peer/...`` over mutual TLS), versioned by path.
+
+Every message carries a ``msg_id``; handlers are idempotent on (sender, msg id) and on
+(job, attempt). The sender's node id is never taken from a message alone: the peer
+API checks it against the node id of the TLS client certificate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Ack",
+    "Claim",
+    "ClaimReply",
+    "Commit",
+    "Heartbeat",
+    "HeartbeatReply",
+    "Hold",
+    "HoldReply",
+    "Kill",
+    "LogRequest",
+    "Offer",
+    "Release",
+    "RunReport",
+    "RunReportReply",
+]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Heartbeat(_Msg):
+    """Membership: sent every 1-2 s to every known peer (advisory, never used for safety).
+
+    ``caps_digest`` changes whenever the sender's capabilities (devices, grants,
+    environments) change, so the receiver refetches them only then.
+    """
+
+    msg_id: str
+    node_id: str
+    name: str
+    version: str
+    cluster: str
+    port: int
+    addresses: list[str] = Field(default_factory=list)
+    ep: str = ""
+    caps_digest: str = ""
+
+
+class HeartbeatReply(_Msg):
+    """The receiver's own membership facts."""
+
+    node_id: str
+    name: str
+    version: str
+    cluster: str
+    port: int
+    addresses: list[str] = Field(default_factory=list)
+    ep: str = ""
+    caps_digest: str = ""
+
+
+class Offer(_Msg):
+    """Owner -> worker: this queued job fits you; claim it if you can run it now."""
+
+    msg_id: str
+    owner: str
+    job_id: str
+    spec: dict[str, Any]
+    lease_s: float
+
+
+class Ack(_Msg):
+    """A plain acknowledgement."""
+
+    ok: bool = True
+    reason: str = ""
+
+
+class Claim(_Msg):
+    """Worker -> owner: I re-checked locally and can run it now."""
+
+    msg_id: str
+    worker: str
+    job_id: str
+    placement: dict[str, Any] | None = None
+
+
+class ClaimReply(_Msg):
+    """Owner -> worker: GRANT (granted, the attempt number = fencing token) or DENY."""
+
+    granted: bool
+    attempt: int = 0
+    lease_s: float = 0.0
+    spec: dict[str, Any] | None = None
+    reason: str = ""
+
+
+class RunReport(_Msg):
+    """Worker -> owner: an attempt started, renews its lease, exited, or was lost."""
+
+    msg_id: str
+    worker: str
+    job_id: str
+    attempt: int
+    kind: Literal["started", "renew", "exited", "lost"]
+    exit_code: int | None = None
+    reason: str = ""
+    never_started: bool = False
+
+
+class RunReportReply(_Msg):
+    """Owner -> worker. ``stale``: that attempt is not current any more; kill it."""
+
+    ok: bool
+    stale: bool = False
+    current_attempt: int = 0
+
+
+class Kill(_Msg):
+    """Owner -> worker: stop this attempt (cancel, lost lease, gang abort)."""
+
+    msg_id: str
+    owner: str
+    job_id: str
+    attempt: int
+    reason: str
+
+
+class LogRequest(_Msg):
+    """Owner -> worker: bytes of a remote attempt's log."""
+
+    job_id: str
+    attempt: int
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = 0
+
+
+class Hold(_Msg):
+    """Owner -> worker (gang): reserve what this member needs for ``ttl_s`` seconds."""
+
+    msg_id: str
+    owner: str
+    job_id: str
+    hold_id: str
+    spec: dict[str, Any]
+    ttl_s: float
+
+
+class HoldReply(_Msg):
+    """Worker -> owner (gang): held (with the worker's LAN address and a reserved port) or refused."""
+
+    held: bool
+    address: str = ""
+    interface: str = ""
+    port: int = 0
+    reason: str = ""
+
+
+class Release(_Msg):
+    """Owner -> worker (gang): drop a hold."""
+
+    msg_id: str
+    owner: str
+    hold_id: str
+
+
+class Commit(_Msg):
+    """Owner -> worker (gang): run your rank of the job under the held resources."""
+
+    msg_id: str
+    owner: str
+    job_id: str
+    hold_id: str
+    attempt: int
+    lease_s: float
+    spec: dict[str, Any]
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int

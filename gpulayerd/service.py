@@ -1,0 +1,607 @@
+"""``gpulayer service install|uninstall|status``: gpulayerd as a systemd user unit or a launchd agent.
+
+Linux gets a systemd *user* unit (``~/.config/systemd/user/gpulayerd.service``, or under
+``$XDG_CONFIG_HOME``), macOS a LaunchAgent (``~/Library/LaunchAgents/io.gpulayer.gpulayerd.plist``).
+Both run this installation's ``gpulayerd`` (found next to ``sys.executable``) with the
+chosen ``--python`` interpreters, as absolute paths.
+
+A rendered file carries the SHA-256 of the rest of its text in a header comment, so a
+file changed by hand is told apart from one this command wrote: ``install`` and
+``uninstall`` refuse to replace or remove a changed file without ``--force``. Nothing
+here runs ``systemctl`` or ``launchctl``: the commands print the exact next command.
+The repo's ``systemd/gpulayerd.service`` and ``launchd/io.gpulayer.gpulayerd.plist``
+are these renderings with placeholder paths (:data:`PLACEHOLDER_GPULAYERD`,
+:data:`PLACEHOLDER_HOME`); a test keeps them in sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import plistlib
+import re
+import shlex
+import shutil
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+from xml.sax.saxutils import escape
+
+from gpulayerd.config import socket_path_for
+
+__all__ = [
+    "LAUNCHD_LABEL",
+    "PLACEHOLDER_GPULAYERD",
+    "PLACEHOLDER_HOME",
+    "SYSTEMD_UNIT_NAME",
+    "FileState",
+    "ServiceTarget",
+    "add_service_parser",
+    "file_state",
+    "find_gpulayerd",
+    "is_pristine",
+    "render_launchd_plist",
+    "render_systemd_unit",
+    "service_target",
+]
+
+OsName = Literal["linux", "macos"]
+FileState = Literal["missing", "current", "outdated", "modified"]
+"""``current``: exactly what we would render now; ``outdated``: written by us, unchanged since,
+but rendered for other paths; ``modified``: changed by hand (or never ours)."""
+
+SYSTEMD_UNIT_NAME = "gpulayerd.service"
+LAUNCHD_LABEL = "io.gpulayer.gpulayerd"
+PLACEHOLDER_GPULAYERD = "/usr/local/bin/gpulayerd"
+PLACEHOLDER_HOME = "/Users/you"
+HEALTH_TIMEOUT_S = 2.0
+
+_DIGEST_RE = re.compile(r"gpulayer-sha256: ([0-9a-f]{64})")
+_SYSTEMD_PLAIN_ARG = re.compile(r"[A-Za-z0-9_@%$+=:,./-]+")
+
+_SYSTEMD_UNIT = """\
+# gpulayerd as a systemd *user* service: one daemon per user, running as that user.
+# "gpulayer service install" writes it, with this installation's paths, as
+# ~/.config/systemd/user/gpulayerd.service; then:
+#   systemctl --user daemon-reload && systemctl --user enable --now gpulayerd
+#   loginctl enable-linger $USER    (keeps it running without a login session)
+# Change settings with "systemctl --user edit gpulayerd" (a drop-in, kept on reinstall).
+
+[Unit]
+Description=gpulayer daemon: shares this workstation's GPUs with the lab
+
+[Service]
+# gpulayerd sends READY=1 to $NOTIFY_SOCKET once its local API answers on its unix socket
+# (so "systemctl --user start" returns when gpulayer commands work), STOPPING=1 on SIGTERM.
+Type=notify
+# Only gpulayerd itself may notify: its jobs inherit NOTIFY_SOCKET with its environment.
+NotifyAccess=main
+ExecStart={exec_start}
+Restart=on-failure
+RestartSec=5s
+# Stop gpulayerd only, never its jobs. Each job runs in a session of its own under a
+# per-job watchdog process, inside this unit's cgroup: the default KillMode=control-group
+# would kill every running job on "systemctl --user stop/restart gpulayerd". With
+# "process" SIGTERM goes to gpulayerd alone, the jobs go on, and the restarted daemon
+# re-adopts them (systemd then notes "left-over process" lines; that is expected).
+# Stop a job with "gpulayer cancel". Jobs still end when the user's service manager
+# stops (logout without linger, shutdown).
+KillMode=process
+TimeoutStopSec=30s
+# journald timestamps every line; gpulayerd leaves out its own when JOURNAL_STREAM is set.
+# Read with: journalctl --user -u gpulayerd
+StandardOutput=journal
+StandardError=journal
+SyslogIdentifier=gpulayerd
+
+# Hardening, mild on purpose: jobs are the user's own programs and need what a login
+# shell gives them.
+# No privilege gain through setuid/setgid binaries or file capabilities, for gpulayerd
+# and every job (a job cannot use sudo or a setuid container runtime).
+NoNewPrivileges=yes
+# The machine's real /tmp: the device locks in /tmp/gpulayer-locks are shared by every
+# user's gpulayerd on this machine (a private /tmp would let two daemons grant the same
+# GPU), and jobs may exchange files in /tmp.
+PrivateTmp=no
+# No realtime scheduling: a runaway job at realtime priority can freeze the workstation.
+RestrictRealtime=yes
+# No personality(2) changes (execution domains); no job needs one.
+LockPersonality=yes
+# Deliberately not set:
+# - PrivateDevices=, DevicePolicy=, DeviceAllow=: jobs must reach the GPU device nodes
+#   (/dev/nvidia*, /dev/nvidia-uvm, /dev/dri/*, /dev/kfd).
+# - ProtectSystem=, ProtectHome=, ReadWritePaths=: jobs write their work directories
+#   anywhere in $HOME and on shared filesystems (NFS, /scratch).
+# - MemoryDenyWriteExecute=: JIT compilers (PyTorch, Triton, CUDA's PTX JIT, numba)
+#   need memory that is writable and executable.
+# - SystemCallFilter=, RestrictNamespaces=: jobs may run containers (user namespaces)
+#   and make any system call a scientific program makes.
+
+[Install]
+WantedBy=default.target
+"""
+
+# XML comments must not contain two hyphens in a row: no option names in them.
+_LAUNCHD_PLIST = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<!-- gpulayerd as a launchd agent of the logged-in user. "gpulayer service install" writes it,
+     with this installation's paths, as ~/Library/LaunchAgents/io.gpulayer.gpulayerd.plist;
+     then: launchctl bootstrap gui/$UID ~/Library/LaunchAgents/io.gpulayer.gpulayerd.plist -->
+<plist version="1.0">
+<dict>
+\t<key>Label</key>
+\t<string>{label}</string>
+\t<key>ProgramArguments</key>
+\t<array>
+{program_arguments}\t</array>
+\t<key>RunAtLoad</key>
+\t<true/>
+\t<!-- Start again after a crash or a failed start (at most every 10 s), not after a clean stop. -->
+\t<key>KeepAlive</key>
+\t<dict>
+\t\t<key>SuccessfulExit</key>
+\t\t<false/>
+\t</dict>
+\t<!-- Stop gpulayerd only, never its jobs: they must survive a restart of the daemon, which
+\t     re-adopts them. Jobs and their watchdogs run in sessions of their own; this also keeps
+\t     launchd from killing what is left of gpulayerd's process group when it exits. -->
+\t<key>AbandonProcessGroup</key>
+\t<true/>
+\t<!-- Unspecified, launchd throttles the CPU and I/O of the agent and of the jobs it starts. -->
+\t<key>ProcessType</key>
+\t<string>Standard</string>
+\t<!-- No journal here: one file, and gpulayerd writes its own timestamps. -->
+\t<key>StandardOutPath</key>
+\t<string>{log_path}</string>
+\t<key>StandardErrorPath</key>
+\t<string>{log_path}</string>
+</dict>
+</plist>
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceTarget:
+    """Where the service file of one OS lives for one user.
+
+    Attributes:
+        os_name: ``linux`` (systemd user unit) or ``macos`` (launchd agent).
+        home: the user's home directory; empty directories left by ``uninstall`` are
+            removed up to it.
+        path: the unit or plist file.
+        enabled_link: systemd's ``default.target.wants`` symlink that ``systemctl --user
+            enable`` creates; None for launchd (only ``launchctl`` knows).
+        logs_dir: launchd's log directory (the agent's stdout/stderr); None for systemd.
+    """
+
+    os_name: OsName
+    home: Path
+    path: Path
+    enabled_link: Path | None
+    logs_dir: Path | None
+
+    @property
+    def kind(self) -> str:
+        """``systemd user unit`` or ``launchd agent``."""
+        return "systemd user unit" if self.os_name == "linux" else "launchd agent"
+
+    def render(self, gpulayerd: str, interpreters: Sequence[str]) -> str:
+        """The file's text for these absolute paths."""
+        if self.os_name == "linux":
+            return render_systemd_unit(gpulayerd, interpreters)
+        assert self.logs_dir is not None
+        return render_launchd_plist(gpulayerd, interpreters, str(self.logs_dir / "gpulayerd.log"))
+
+    def start_command(self, *, update: bool = False) -> str:
+        """The command that (re)loads and starts the service after the file was written."""
+        if self.os_name == "linux":
+            action = "restart gpulayerd" if update else "enable --now gpulayerd"
+            return f"systemctl --user daemon-reload && systemctl --user {action}"
+        bootstrap = f"launchctl bootstrap gui/{os.getuid()} {shlex.quote(str(self.path))}"
+        return f"launchctl bootout gui/{os.getuid()}/{LAUNCHD_LABEL}; {bootstrap}" if update else bootstrap
+
+    def stop_command(self) -> str:
+        """The command that stops the service (running jobs go on)."""
+        if self.os_name == "linux":
+            return "systemctl --user disable --now gpulayerd"
+        return f"launchctl bootout gui/{os.getuid()}/{LAUNCHD_LABEL}"
+
+
+def service_target(os_name: OsName, environ: Mapping[str, str] | None = None) -> ServiceTarget:
+    """The service file's location for ``os_name``, from ``$HOME`` (and ``$XDG_CONFIG_HOME`` on Linux).
+
+    A relative ``XDG_CONFIG_HOME`` is ignored, as the XDG spec says.
+    """
+    env = os.environ if environ is None else environ
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    if os_name == "linux":
+        xdg = env.get("XDG_CONFIG_HOME", "")
+        unit_dir = (Path(xdg) if os.path.isabs(xdg) else home / ".config") / "systemd" / "user"
+        return ServiceTarget("linux", home, unit_dir / SYSTEMD_UNIT_NAME,
+                             unit_dir / "default.target.wants" / SYSTEMD_UNIT_NAME, None)
+    return ServiceTarget("macos", home, home / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist", None,
+                         home / "Library" / "Logs" / "gpulayer")
+
+
+def render_systemd_unit(gpulayerd: str, interpreters: Sequence[str]) -> str:
+    """The systemd user unit running ``gpulayerd --python P ...``, sealed with its digest header."""
+    argv = [gpulayerd, *(a for p in interpreters for a in ("--python", p))]
+    body = _SYSTEMD_UNIT.replace("{exec_start}", " ".join(_systemd_arg(a) for a in argv))
+    return _seal(body, 0, lambda d: f"# gpulayer-sha256: {d} (written by \"gpulayer service install\", which "
+                                    "replaces a changed file only with --force)\n")
+
+
+def render_launchd_plist(gpulayerd: str, interpreters: Sequence[str], log_path: str) -> str:
+    """The LaunchAgent plist running ``gpulayerd --python P ...``, logging to ``log_path``, sealed."""
+    argv = [gpulayerd, *(a for p in interpreters for a in ("--python", p))]
+    body = (_LAUNCHD_PLIST.replace("{label}", LAUNCHD_LABEL)
+            .replace("{program_arguments}", "".join(f"\t\t<string>{escape(a)}</string>\n" for a in argv))
+            .replace("{log_path}", escape(log_path)))
+    return _seal(body, 1, lambda d: f"<!-- gpulayer-sha256: {d} (written by gpulayer service install, which "
+                                    "replaces a changed file only when forced) -->\n")
+
+
+def is_pristine(text: str) -> bool:
+    """Whether ``text`` is a rendering of ours, unchanged: its header digest matches the rest."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines[:3]):
+        m = _DIGEST_RE.search(line)
+        if m is not None:
+            rest = "".join(lines[:i] + lines[i + 1:])
+            return hashlib.sha256(rest.encode("utf-8")).hexdigest() == m.group(1)
+    return False
+
+
+def file_state(text: str | None, rendered: str) -> FileState:
+    """Compare the file on disk (None: no file) with what we would write now."""
+    if text is None:
+        return "missing"
+    if text == rendered:
+        return "current"
+    return "outdated" if is_pristine(text) else "modified"
+
+
+def find_gpulayerd() -> str | None:
+    """Absolute path of THIS installation's ``gpulayerd`` script, or None.
+
+    Looks next to ``sys.executable`` (a virtual environment's ``bin/``), then in this
+    interpreter's scripts directory, then (outside a virtual environment) in the user
+    scheme's (``pip install --user``). Never on ``$PATH``: that may be another installation.
+    """
+    dirs = [os.path.dirname(os.path.abspath(sys.executable))] if sys.executable else []
+    dirs.append(sysconfig.get_path("scripts"))
+    if sys.prefix == sys.base_prefix:
+        dirs.append(sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user")))
+    for d in dirs:
+        found = shutil.which("gpulayerd", path=d)
+        if found is not None:
+            return os.path.abspath(found)
+    return None
+
+
+def add_service_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``service install|uninstall|status`` to the ``gpulayer`` subcommands."""
+    s = sub.add_parser(
+        "service",
+        help="install gpulayerd as a systemd user service (Linux) or a launchd agent (macOS)",
+        description="Write, remove or inspect the service file that runs this installation's gpulayerd "
+        "at login (Linux: systemd user unit; macOS: LaunchAgent). Never runs systemctl or launchctl: "
+        "prints the exact command to run next.",
+    )
+    ssub = s.add_subparsers(dest="service_command", metavar="ACTION")
+    ssub.required = True
+
+    i = ssub.add_parser("install", help="write the service file (idempotent)",
+                        description="Write the service file for this installation's gpulayerd. Installing "
+                        "again changes nothing; a file changed by hand is replaced only with --force. "
+                        "--dry-run prints the file on stdout (and what would happen on stderr).")
+    i.add_argument("--python", action="append", metavar="PATH", default=None,
+                   help="workload interpreter (repeatable, in preference order; default: gpulayerd's own)")
+    i.add_argument("--dry-run", action="store_true", help="print the file and the next command; write nothing")
+    i.add_argument("--force", action="store_true", help="replace a service file changed by hand")
+    _add_os_arg(i)
+    i.set_defaults(func=_cmd_install)
+
+    u = ssub.add_parser("uninstall", help="remove the service file (stop it first: the command is printed)")
+    u.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    u.add_argument("--force", action="store_true",
+                   help="remove a file changed by hand, or one still enabled (and its enable link)")
+    _add_os_arg(u)
+    u.set_defaults(func=_cmd_uninstall)
+
+    st = ssub.add_parser("status", help="whether the service is installed, enabled and running")
+    st.add_argument("--json", action="store_true")
+    _add_os_arg(st)
+    st.set_defaults(func=_cmd_status)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    from gpulayerd.cli import EXIT_OK, CommandFailed
+
+    target = service_target(_os_name(args.os))
+    gpulayerd = _this_gpulayerd()
+    interpreters = list(dict.fromkeys(_absolute_interpreter(p) for p in args.python or []))
+    rendered = target.render(gpulayerd, interpreters)
+    state = file_state(_read(target.path), rendered)
+    next_command = target.start_command(update=state in ("outdated", "modified"))
+
+    if args.dry_run:
+        sys.stdout.write(rendered)
+        doing = {"missing": "would write", "current": "already installed, unchanged:",
+                 "outdated": "would update", "modified": "would replace (changed by hand)"}[state]
+        print(f"dry run, nothing written: {doing} {target.path}", file=sys.stderr)
+        if state == "modified" and not args.force:
+            print("  (only with --force: the file was changed by hand)", file=sys.stderr)
+        print(f"next: {next_command}", file=sys.stderr)
+        return EXIT_OK
+    if state == "current":
+        print(f"already installed: {target.path} (unchanged)")
+        print(f"to start it, if it is not running: {target.start_command()}")
+        return EXIT_OK
+    if state == "modified" and not args.force:
+        raise CommandFailed(
+            f"{target.path} was changed by hand (or not written by gpulayer); not replacing it.\n"
+            f"See what would be written with: gpulayer service install --dry-run{_os_flag(args)}\n"
+            f"Replace it with: gpulayer service install --force{_os_flag(args)}")
+    _write(target, rendered)
+    done = {"missing": "installed", "outdated": "updated", "modified": "replaced"}[state]
+    print(f"{done} {target.kind}: {target.path}")
+    print(f"  runs: {gpulayerd}" + "".join(f" --python {shlex.quote(p)}" for p in interpreters))
+    print("next:")
+    print(f"  {next_command}")
+    if target.os_name == "linux":
+        print("  loginctl enable-linger $USER    # once: keep it running without a login session")
+    return EXIT_OK
+
+
+def _cmd_uninstall(args: argparse.Namespace) -> int:
+    from gpulayerd.cli import EXIT_OK, CommandFailed
+
+    target = service_target(_os_name(args.os))
+    text = _read(target.path)
+    link = target.enabled_link
+    linked = link is not None and os.path.lexists(link)
+    if text is None and not linked:
+        print(f"not installed: no {target.path}")
+        return EXIT_OK
+    if text is not None and not is_pristine(text) and not args.force:
+        raise CommandFailed(
+            f"{target.path} was changed by hand (or not written by gpulayer); not removing it.\n"
+            f"Remove it anyway with: gpulayer service uninstall --force{_os_flag(args)}")
+    if linked and not args.force:
+        raise CommandFailed(
+            f"gpulayerd is still enabled ({link}). Stop and disable it first:\n"
+            f"  {target.stop_command()}\n"
+            "then run 'gpulayer service uninstall' again (running jobs keep running; "
+            "--force removes the files anyway)")
+    doomed = [p for p in (target.path if text is not None else None, link if linked else None) if p is not None]
+    if args.dry_run:
+        for p in doomed:
+            print(f"dry run, nothing removed: would remove {p}")
+        return EXIT_OK
+    for p in doomed:
+        p.unlink()
+        print(f"removed {p}")
+    for p in doomed:
+        _prune_empty_dirs(p.parent, target.home)
+    if target.logs_dir is not None:
+        if target.logs_dir.is_dir() and any(target.logs_dir.iterdir()):
+            print(f"kept the logs in {target.logs_dir}")
+        else:
+            _prune_empty_dirs(target.logs_dir, target.home)
+    if target.os_name == "linux":
+        print("next: systemctl --user daemon-reload")
+        print("  (if gpulayerd still runs: systemctl --user stop gpulayerd; running jobs keep running)")
+    else:
+        print(f"next, if it is still loaded: {target.stop_command()}")
+    return EXIT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    os: OsName
+    kind: str
+    path: str
+    installed: bool
+    file: Literal["missing", "generated", "hand-edited"]
+    gpulayerd: str | None
+    this_installation: bool | None
+    interpreters: list[str]
+    enabled: bool | None
+    running: bool
+    socket: str
+    daemon: dict[str, object] | None
+    problem: str | None
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from gpulayerd.cli import EXIT_OK
+
+    target = service_target(_os_name(args.os))
+    text = _read(target.path)
+    argv = [] if text is None else _service_argv(text, target.os_name)
+    this = find_gpulayerd()
+    sock = Path(args.socket) if getattr(args, "socket", None) else socket_path_for(getattr(args, "state_dir", None))
+    health, problem = _health(sock)
+    status = _Status(
+        os=target.os_name,
+        kind=target.kind,
+        path=str(target.path),
+        installed=text is not None,
+        file="missing" if text is None else "generated" if is_pristine(text) else "hand-edited",
+        gpulayerd=argv[0] if argv else None,
+        this_installation=None if not argv or this is None else argv[0] == this,
+        interpreters=[argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--python"],
+        enabled=None if target.enabled_link is None else os.path.lexists(target.enabled_link),
+        running=health is not None,
+        socket=str(sock),
+        daemon=health,
+        problem=problem,
+    )
+    if args.json:
+        print(json.dumps(asdict(status), indent=2))
+    else:
+        print(_render_status(status, target))
+    return EXIT_OK
+
+
+def _render_status(s: _Status, target: ServiceTarget) -> str:
+    if not s.installed:
+        installed = f"no    (gpulayer service install{'' if s.os == 'linux' else ' --os macos'})"
+    else:
+        how = "as written by gpulayer service install" if s.file == "generated" else "changed by hand"
+        whose = ("" if s.this_installation is None else ", this installation's gpulayerd" if s.this_installation
+                 else f", another gpulayerd: {s.gpulayerd}")
+        installed = f"yes   ({how}{whose})"
+    if s.enabled is None:
+        enabled = f"unknown (launchd: launchctl print gui/{os.getuid()}/{LAUNCHD_LABEL})"
+    else:
+        enabled = "yes" if s.enabled else f"no    ({target.start_command()})" if s.installed else "no"
+    if s.daemon is not None:
+        running = f"yes   (gpulayerd {s.daemon.get('version')}, pid {s.daemon.get('pid')}, {s.socket})"
+    else:
+        running = f"no    ({s.problem})"
+    return "\n".join([f"{s.kind}: {s.path}", f"installed: {installed}", f"enabled:   {enabled}",
+                      f"running:   {running}"])
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _add_os_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--os", choices=["linux", "macos"], default=None,
+                   help="render for this OS instead of the running one (Linux: systemd; macOS: launchd)")
+
+
+def _os_name(requested: str | None) -> OsName:
+    from gpulayerd.cli import UsageError
+
+    if requested == "linux" or (requested is None and sys.platform.startswith("linux")):
+        return "linux"
+    if requested == "macos" or (requested is None and sys.platform == "darwin"):
+        return "macos"
+    raise UsageError(f"service: {sys.platform} has no supported service manager; give --os linux|macos")
+
+
+def _os_flag(args: argparse.Namespace) -> str:
+    return f" --os {args.os}" if args.os else ""
+
+
+def _this_gpulayerd() -> str:
+    from gpulayerd.cli import CommandFailed
+
+    found = find_gpulayerd()
+    if found is None:
+        raise CommandFailed(f"cannot find this installation's gpulayerd next to {sys.executable} "
+                            "(reinstall gpulayer with pip)")
+    return found
+
+
+def _absolute_interpreter(text: str) -> str:
+    """``--python`` as an absolute path, symlinks kept (a venv's python is a symlink that must stay one)."""
+    from gpulayerd.cli import UsageError
+
+    if any(ord(c) < 32 for c in text):
+        raise UsageError(f"--python {text!r}: control characters in a path")
+    if "/" in text:
+        path = os.path.abspath(os.path.expanduser(text))
+    else:
+        found = shutil.which(text)
+        if found is None:
+            raise UsageError(f"--python {text}: not found on PATH")
+        path = os.path.abspath(found)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise UsageError(f"--python {text}: {path} is not an executable file")
+    return path
+
+
+def _systemd_arg(arg: str) -> str:
+    """One ExecStart word: specifiers (%) and variables ($) doubled, quoted when needed."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if _SYSTEMD_PLAIN_ARG.fullmatch(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _seal(body: str, line_index: int, header: Callable[[str], str]) -> str:
+    """``body`` with the header line (made from its SHA-256) inserted at ``line_index``."""
+    lines = body.splitlines(keepends=True)
+    lines.insert(line_index, header(hashlib.sha256(body.encode("utf-8")).hexdigest()))
+    return "".join(lines)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _write(target: ServiceTarget, text: str) -> None:
+    target.path.parent.mkdir(parents=True, exist_ok=True)
+    if target.logs_dir is not None:
+        target.logs_dir.mkdir(parents=True, exist_ok=True)  # launchd does not create it
+    tmp = target.path.with_name(f".{target.path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.chmod(0o644)
+    os.replace(tmp, target.path)
+
+
+def _prune_empty_dirs(start: Path, stop: Path) -> None:
+    """Remove ``start`` and its parents while they are empty, stopping below ``stop``."""
+    d = start
+    while stop in d.parents:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        d = d.parent
+
+
+def _service_argv(text: str, os_name: OsName) -> list[str]:
+    """The command line a service file runs (best effort; [] when it cannot be read)."""
+    if os_name == "macos":
+        try:
+            data = plistlib.loads(text.encode("utf-8"))
+        except (plistlib.InvalidFileException, ValueError):
+            return []
+        args = data.get("ProgramArguments") if isinstance(data, dict) else None
+        return [str(a) for a in args] if isinstance(args, list) else []
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ExecStart":
+            try:
+                return [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(value)]
+            except ValueError:
+                return []
+    return []
+
+
+def _health(sock: Path) -> tuple[dict[str, object] | None, str | None]:
+    """Ask the daemon on ``sock`` for its health: (health fields, None) or (None, why not)."""
+    from gpulayerd.api.client import ApiRequestError, DaemonClient, DaemonUnreachable
+
+    async def ask() -> dict[str, object]:
+        async with DaemonClient(sock, timeout_s=HEALTH_TIMEOUT_S) as client:
+            return (await client.health()).model_dump()
+
+    try:
+        return asyncio.run(ask()), None
+    except DaemonUnreachable as e:
+        return None, str(e)
+    except ApiRequestError as e:
+        return None, f"gpulayerd at {sock} answered with an error: {e}"
+    except (TimeoutError, asyncio.TimeoutError):
+        return None, f"no answer from {sock} within {HEALTH_TIMEOUT_S:g} s"
+    except (OSError, ValueError) as e:
+        return None, f"cannot ask gpulayerd at {sock}: {e}"

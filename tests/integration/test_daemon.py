@@ -1,0 +1,519 @@
+"""gpulayerd end to end: real daemons, real jobs, the ``gpulayer`` CLI, fake GPUs.
+
+CPU-only behaviour shares one daemon per module (``cpu_daemon``); every test that needs
+fake GPUs, a second daemon or a crash gets its own ``lab``. Jobs are ``sh``/plain
+``python -c`` (no torch import), and a job that must stay running waits for a "release"
+file the test creates, so no test depends on a guessed duration.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulayerd.cli import render_explanation
+from gpulayerd.models import ExplanationModel, JobView
+from tests.integration.conftest import (
+    GPULAYER,
+    TERMINAL,
+    Daemon,
+    Lab,
+    clean_env,
+    is_dead,
+    live_group_members,
+    wait_until,
+)
+
+SHOW_ENV = 'import os; print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), repr(os.environ.get("CUDA_DEVICE_ORDER")))'
+
+
+def hold(release: str, before: str = 'echo "$CUDA_VISIBLE_DEVICES"') -> list[str]:
+    """A job that runs ``before`` and then waits until the file ``release`` exists (in its workdir)."""
+    return ["--", "sh", "-c", f'{before}; while [ ! -e {release} ]; do sleep 0.05; done']
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def placement_of(job: JobView) -> tuple[list[int], list[str | None]]:
+    attempt = job.attempts[-1]
+    assert attempt.placement is not None, job
+    return attempt.placement.device_indices, attempt.placement.device_uuids
+
+
+# --------------------------------------------------------------------- submit, run, logs
+
+
+def test_exit_0_succeeds_and_logs_print_stdout_and_stderr(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--name", "hello", "--", "sh", "-c", "echo hello; echo world; echo oops >&2; exit 0")
+    job = d.wait_status(job_id, TERMINAL)
+    assert (job.status, job.exit_code) == ("succeeded", 0)
+    assert [a.exit_code for a in job.attempts] == [0]
+
+    r = d.cli("logs", job_id)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "hello\nworld\n", "")
+    assert d.cli_ok("logs", "--stderr", job_id) == "oops\n"
+    assert d.cli_ok("logs", "-f", job_id) == "hello\nworld\n"  # ended: -f returns at once
+
+    shown = d.show(job_id)
+    assert shown["status"] == "succeeded" and shown["exit_code"] == 0 and shown["name"] == "hello"
+    text = d.cli_ok("show", job_id)
+    assert "state:     succeeded" in text and "exit code: 0" in text
+    listed = {j["id"]: j for j in d.all_jobs()}
+    assert listed[job_id]["status"] == "succeeded"
+
+
+def test_exit_3_fails_with_exit_code_3(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--", "sh", "-c", "echo about to fail; exit 3")
+    job = d.wait_status(job_id, TERMINAL)
+    assert (job.status, job.exit_code) == ("failed", 3)
+    assert [(a.state, a.exit_code) for a in job.attempts] == [("exited", 3)]
+    shown = d.show(job_id)
+    assert (shown["status"], shown["exit_code"]) == ("failed", 3)
+    assert "exit code: 3" in d.cli_ok("show", job_id)
+    assert d.cli_ok("logs", job_id) == "about to fail\n"
+
+
+def test_killed_by_a_signal_fails_with_negative_exit_code(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--", "sh", "-c", "kill -KILL $$")
+    job = d.wait_status(job_id, TERMINAL)
+    assert (job.status, job.exit_code) == ("failed", -9)
+
+
+def test_command_not_found_fails_with_the_reason(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--retries", "2", "--", "no-such-program-gpulayer-test")
+    job = d.wait_status(job_id, TERMINAL)
+    assert job.status == "failed"
+    assert "command not found: no-such-program-gpulayer-test" in job.reason
+    assert job.attempt == 1  # not retried: it can never start
+
+
+def test_logs_keep_multibyte_characters_across_chunks(cpu_daemon: Daemon) -> None:
+    # The daemon serves a log in chunks of 1 MiB; a character must not be cut in two.
+    d = cpu_daemon
+    job_id = d.submit("--", "python", "-c", "import sys; sys.stdout.write('a' * (2**20 - 1) + 'é\\n')")
+    assert d.wait_status(job_id, TERMINAL).status == "succeeded"
+    out = d.cli_ok("logs", job_id)
+    assert len(out) == 2**20 + 1
+    assert out[-3:] == "aé\n", repr(out[-8:])
+
+
+def test_python_command_runs_with_the_daemons_interpreter(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--", "python", "-c", "import sys; print(sys.argv[1:]); raise SystemExit(5)", "a b", "c")
+    job = d.wait_status(job_id, TERMINAL)
+    assert (job.status, job.exit_code) == ("failed", 5)
+    assert d.cli_ok("logs", job_id) == "['a b', 'c']\n"
+
+
+def test_logs_follow_prints_until_the_job_ends(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--", "sh", "-c",
+                      "echo first; while [ ! -e release-follow ]; do sleep 0.05; done; echo second; exit 0")
+    follow = subprocess.Popen([GPULAYER, "--state-dir", str(d.state_dir), "logs", "-f", job_id],
+                              cwd=d.work, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        d.wait_status(job_id, {"running"})
+        wait_until(lambda: d.cli_ok("logs", job_id) == "first\n", 10, "the first line in the log")
+        time.sleep(1.0)
+        assert follow.poll() is None, "logs -f returned while the job was still running"
+        (d.work / "release-follow").touch()
+        out, err = follow.communicate(timeout=30)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    assert (follow.returncode, out, err) == (0, "first\nsecond\n", "")
+    assert d.job(job_id).status == "succeeded"
+
+
+# --------------------------------------------------------------------------------- cancel
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["", "trap '' TERM; "],  # the second ignores SIGTERM (and so does its background child): SIGKILL after grace
+    ids=["sigterm", "ignores-sigterm"],
+)
+def test_cancel_running_job_kills_its_whole_process_group(cpu_daemon: Daemon, prefix: str) -> None:
+    d = cpu_daemon
+    pidfile = d.work / f"grandchild-{len(prefix)}.pid"
+    job_id = d.submit("--", "sh", "-c", f"{prefix}sleep 1000 & echo $! > {pidfile.name}; echo started; sleep 1000")
+    job = d.wait_status(job_id, {"running"})
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 10, "the grandchild's pid file")
+    grandchild = int(pidfile.read_text())
+    run_dir = Path(job.attempts[-1].run_dir or "")
+    job_rec = read_json(run_dir / "job.json")
+    watchdog_rec = read_json(run_dir / "watchdog.json")
+    pgid = job_rec["pgid"]
+    job_pid = job_rec["pid"]
+    assert os.getpgid(grandchild) == pgid  # the background child stayed in the job's group
+    assert not is_dead(job_pid) and not is_dead(grandchild)
+
+    r = d.cli("cancel", job_id)
+    assert r.returncode == 0, r.stderr
+    assert job_id in r.stdout
+    job = d.wait_status(job_id, TERMINAL, timeout_s=20)
+    assert job.status == "cancelled", (job.status, job.reason)
+
+    wait_until(lambda: is_dead(job_pid) and is_dead(grandchild), 10, "the job and its grandchild to die")
+    assert live_group_members(pgid) == []
+    wait_until(lambda: is_dead(watchdog_rec["pid"]), 10, "the watchdog to exit")
+    assert read_json(run_dir / "exit.json")["reason"] == "cancelled"
+    assert d.cli_ok("logs", job_id) == "started\n"
+    # Cancelling again is harmless and changes nothing.
+    again = d.cli("cancel", "--json", job_id)
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "cancelled"
+
+
+def test_cancel_queued_job_never_runs(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    # A CUDA job on a CPU-only machine waits for ever; cancelling it ends it at once.
+    job_id = d.submit("--accelerator", "cuda", "--", "sh", "-c", "touch must-not-exist")
+    d.wait_reason(job_id, lambda j: j.reason != "waiting for the scheduler")
+    assert d.job(job_id).status == "queued"
+    assert d.cli("cancel", job_id).returncode == 0
+    job = d.wait_status(job_id, {"cancelled"}, timeout_s=5)
+    assert job.attempts == []
+    assert not (d.work / "must-not-exist").exists()
+
+
+# ------------------------------------------------------------------------------- rejected
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--accelerator", "rocm"], ["rocm", "detection"]),
+        (["--accelerator", "mps", "--nproc", "2"], ["distributed", "mps"]),
+        (["--nproc", "2", "--backend", "nccl"], ["nccl", "cpu"]),
+    ],
+    ids=["rocm-detection-only", "mps-distributed", "cpu-nccl"],
+)
+def test_rejected_at_submit_with_reason(cpu_daemon: Daemon, flags: list[str], words: list[str]) -> None:
+    d = cpu_daemon
+    r = d.cli("submit", *flags, "--", "python", "train.py")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "rejected" in r.stdout
+    job_id = r.stdout.split()[2].rstrip(":")  # "submitted job ID: rejected"
+    job = d.job(job_id)
+    assert job.status == "rejected"
+    for w in words:
+        assert w in job.reason, job.reason
+
+    shown = d.show(job_id)
+    assert shown["status"] == "rejected" and shown["reason"] == job.reason
+    assert shown["attempts"] == []
+    text = d.cli_ok("show", job_id)
+    assert "state:     rejected" in text
+    assert job.reason in text
+    listed = [j for j in d.all_jobs() if j["id"] == job_id]
+    assert [(j["status"], j["reason"]) for j in listed] == [("rejected", job.reason)]
+    # It stays rejected: the scheduler never picks it up.
+    time.sleep(0.6)
+    assert d.job(job_id).status == "rejected"
+
+
+# ---------------------------------------------------------------------------- fake GPUs
+
+
+def test_cuda_and_cpu_jobs_see_exactly_their_devices(lab: Lab) -> None:
+    fake = lab.fake_gpus([16384, 81920, 40960, 24576])  # 16, 80, 40, 24 GiB
+    # The daemon's own CUDA_VISIBLE_DEVICES must not reach any job.
+    d = lab.daemon(fake=fake, env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    devices = d.call(lambda c: c.devices())
+    assert [(x.index, x.uuid) for x in devices.devices] == [(g.index, g.uuid) for g in fake.gpus]
+
+    cpu = d.submit("--env", "CUDA_VISIBLE_DEVICES=0", "--", "python", "-c",
+                   'import os; print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), '
+                   'repr(os.environ.get("HIP_VISIBLE_DEVICES")))')
+    one = d.submit("--accelerator", "cuda", "--", "python", "-c", SHOW_ENV)
+    two = d.submit("--accelerator", "cuda", "--gpus", "2", "--gpu-memory-gb", "30", "--", "python", "-c", SHOW_ENV)
+
+    job = d.wait_status(cpu, TERMINAL)
+    assert job.status == "succeeded"
+    assert d.cli_ok("logs", cpu) == "'' ''\n"
+    assert placement_of(job) == ([], [])
+
+    for job_id, count, min_bytes in ((one, 1, 0), (two, 2, 30 * 10**9)):
+        job = d.wait_status(job_id, TERMINAL)
+        assert job.status == "succeeded", job.reason
+        shown = d.show(job_id)
+        indices = shown["attempts"][-1]["placement"]["device_indices"]
+        uuids = shown["attempts"][-1]["placement"]["device_uuids"]
+        assert len(indices) == count
+        assert uuids == [fake.uuid_of(i) for i in indices]
+        assert all(fake.gpus[i].memory_mib * 2**20 >= min_bytes for i in indices)
+        visible = ",".join(str(i) for i in indices)
+        assert d.cli_ok("logs", job_id) == f"{visible!r} 'PCI_BUS_ID'\n"
+        assert f"GPU {visible}" in d.cli_ok("show", job_id)
+
+
+def test_two_cuda_jobs_never_share_a_gpu_on_one_gpu_host(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576])
+    d = lab.daemon(fake=fake)
+    first = d.submit("--accelerator", "cuda", "--name", "first", *hold("release-1"))
+    d.wait_status(first, {"running"})
+    second = d.submit("--accelerator", "cuda", "--name", "second", *hold("release-2"))
+    waiting = d.wait_reason(second, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued"
+    assert "busy" in waiting.reason and "granted" in waiting.reason and first in waiting.reason, waiting.reason
+    assert waiting.attempts == []
+
+    # gpulayer jobs / show say why it waits.
+    row = next(j for j in d.cli_json("jobs", "--json") if j["id"] == second)
+    assert row["status"] == "queued" and "granted" in row["reason"]
+    table = d.cli_ok("jobs")
+    assert second in table and "queued" in table
+    shown = d.cli_ok("show", second)
+    assert "why it waits:" in shown and "granted" in shown
+
+    # explain: the worker x requirement table and the verdict; --json is the same structure.
+    r = d.cli("explain", second)
+    assert r.returncode == 0, r.stderr
+    for word in ("REQUIREMENT", "WANTED", "FOUND", "accelerator", "gpu_count", "verdict: fits but busy"):
+        assert word in r.stdout, r.stdout
+    model = ExplanationModel.model_validate_json(d.cli_ok("explain", "--json", second))
+    assert model.job_id == second and model.verdict == "fits but busy"
+    assert model.placement is None
+    (worker,) = model.workers
+    assert worker.state == "fits_but_busy"
+    assert {c.requirement for c in worker.checks} >= {"accelerator", "gpu_count"}
+    assert any("granted" in rej.message and first in rej.message for rej in worker.rejections)
+    assert r.stdout.rstrip("\n") == render_explanation(model, title=f"job {model.job_id}")
+    for check in worker.checks:
+        assert check.requirement in r.stdout
+
+    (d.work / "release-1").touch()
+    assert d.wait_status(first, TERMINAL).status == "succeeded"
+    job = d.wait_status(second, {"running", *TERMINAL})
+    assert placement_of(job)[0] == [0]
+    (d.work / "release-2").touch()
+    assert d.wait_status(second, TERMINAL).status == "succeeded"
+    assert d.cli_ok("logs", second) == "0\n"
+    first_ended = d.job(first).attempts[-1].ended_at
+    second_started = d.job(second).attempts[-1].started_at
+    assert first_ended is not None and second_started is not None and second_started >= first_ended
+
+
+def test_two_cuda_jobs_on_two_gpus_get_different_devices(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576, 24576])
+    d = lab.daemon(fake=fake)
+    a = d.submit("--accelerator", "cuda", *hold("release"))
+    b = d.submit("--accelerator", "cuda", *hold("release"))
+    ja = d.wait_status(a, {"running"})
+    jb = d.wait_status(b, {"running"})
+    (ia,), (ib,) = placement_of(ja)[0], placement_of(jb)[0]
+    assert {ia, ib} == {0, 1}
+    assert placement_of(ja)[1] != placement_of(jb)[1]
+    wait_until(lambda: d.cli_ok("logs", a) != "" and d.cli_ok("logs", b) != "", 10, "both jobs' output")
+    assert (d.cli_ok("logs", a), d.cli_ok("logs", b)) == (f"{ia}\n", f"{ib}\n")
+    (d.work / "release").touch()
+    assert d.wait_status(a, TERMINAL).status == "succeeded"
+    assert d.wait_status(b, TERMINAL).status == "succeeded"
+
+
+def test_gpu_with_a_foreign_process_is_busy(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576, 81920])  # GPU 0 is the best fit when free
+    foreign = lab.spawn(["sleep", "1000"])
+    fake.set_apps([(0, foreign.pid)])
+    d = lab.daemon(fake=fake)
+
+    first = d.submit("--accelerator", "cuda", "--", "python", "-c", SHOW_ENV)
+    job = d.wait_status(first, TERMINAL)
+    assert job.status == "succeeded"
+    assert placement_of(job)[0] == [1]
+    assert d.cli_ok("logs", first) == "'1' 'PCI_BUS_ID'\n"
+
+    fake.set_apps([(0, foreign.pid), (1, foreign.pid)])
+    second = d.submit("--accelerator", "cuda", "--", "python", "-c", SHOW_ENV)
+    waiting = d.wait_reason(second, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued"
+    assert str(foreign.pid) in waiting.reason and "busy" in waiting.reason, waiting.reason
+    model = ExplanationModel.model_validate_json(d.cli_ok("explain", "--json", second))
+    assert model.verdict == "fits but busy"
+    assert sum(str(foreign.pid) in r.message for w in model.workers for r in w.rejections) == 2
+    assert f"pid {foreign.pid}" in d.cli_ok("explain", second)
+
+    # The foreign process goes away: the job runs on the best fit again.
+    foreign.kill()
+    foreign.wait()
+    fake.set_apps([])
+    job = d.wait_status(second, TERMINAL)
+    assert job.status == "succeeded"
+    assert placement_of(job)[0] == [0]
+
+
+def test_restarted_daemon_readopts_a_running_job_that_keeps_its_gpu(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576])
+    d = lab.daemon(fake=fake)
+    a = d.submit("--accelerator", "cuda", *hold("release-a"))
+    job = d.wait_status(a, {"running"})
+    job_pid = read_json(Path(job.attempts[-1].run_dir or "") / "job.json")["pid"]
+    assert d.stop() == 0
+    assert not is_dead(job_pid)  # jobs outlive their daemon, under their watchdogs
+
+    d.start()
+    job = d.job(a)
+    assert job.status == "running"
+    assert any(e.kind == "adopted" for e in job.events), [e.kind for e in job.events]
+    b = d.submit("--accelerator", "cuda", *hold("release-b"))
+    waiting = d.wait_reason(b, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued" and "granted" in waiting.reason, waiting.reason
+
+    (d.work / "release-a").touch()
+    assert d.wait_status(a, TERMINAL).status == "succeeded"
+    assert placement_of(d.wait_status(b, {"running", *TERMINAL}))[0] == [0]
+    (d.work / "release-b").touch()
+    assert d.wait_status(b, TERMINAL).status == "succeeded"
+
+
+# ------------------------------------------------------------------------ two daemons
+
+
+def test_two_daemons_sharing_a_lock_dir_never_grant_the_same_gpu(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576])
+    a = lab.daemon(fake=fake)
+    b = lab.daemon(fake=fake)
+    assert a.state_dir != b.state_dir and a.lock_dir == b.lock_dir
+
+    job_a = a.submit("--accelerator", "cuda", *hold("release"))
+    a.wait_status(job_a, {"running"})
+    job_b = b.submit("--accelerator", "cuda", *hold("release"))
+    waiting = b.wait_reason(job_b, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued"
+    assert "another gpulayerd" in waiting.reason, waiting.reason
+    assert "another gpulayerd" in b.cli_ok("explain", job_b)
+    time.sleep(1.0)  # a few scheduler passes of daemon b
+    assert b.job(job_b).status == "queued"
+
+    (a.work / "release").touch()
+    assert a.wait_status(job_a, TERMINAL).status == "succeeded"
+    job = b.wait_status(job_b, {"running", *TERMINAL})
+    assert placement_of(job)[1] == [fake.uuid_of(0)]
+    ended_a = a.job(job_a).attempts[-1].ended_at
+    assert ended_a is not None and (job.attempts[-1].started_at or 0) >= ended_a
+    (b.work / "release").touch()
+    assert b.wait_status(job_b, TERMINAL).status == "succeeded"
+
+
+def test_two_daemons_racing_for_two_gpus_never_overlap(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576, 24576])
+    daemons = [lab.daemon(fake=fake), lab.daemon(fake=fake)]
+    intervals = lab.root / "intervals"
+    body = ("import os, time; t0 = time.time(); time.sleep(0.7); "
+            "open(os.environ['INTERVALS'], 'a').write("
+            "f\"{os.environ['CUDA_VISIBLE_DEVICES']} {t0} {time.time()}\\n\")")
+    jobs: list[tuple[Daemon, str]] = []
+    for _ in range(3):
+        for d in daemons:
+            jobs.append((d, d.submit("--accelerator", "cuda", "--env", f"INTERVALS={intervals}",
+                                     "--", "python", "-c", body)))
+
+    saw_other_daemon = False
+    end = time.monotonic() + 60
+    while True:
+        held: dict[str, tuple[Daemon, str, int]] = {}
+        pending = 0
+        for d in daemons:
+            for j in d.call(lambda c: c.jobs()):
+                if j.status in ("claimed", "running"):
+                    full = d.job(j.id)
+                    if full.status not in ("claimed", "running") or not full.attempts:
+                        continue
+                    run_dir = Path(full.attempts[-1].run_dir or "")
+                    job_file = run_dir / "job.json"
+                    pid = read_json(job_file)["pid"] if job_file.exists() else -1
+                    for u in placement_of(full)[1]:
+                        assert u is not None
+                        if u in held:
+                            _, other_id, other_pid = held[u]
+                            # The store may lag the process by a moment (the lock goes when the
+                            # job's processes are dead); both processes alive is a real overlap.
+                            both_alive = pid > 0 and other_pid > 0 and not is_dead(pid) and not is_dead(other_pid)
+                            assert not both_alive, f"{u} granted to {other_id} and {j.id} at once"
+                        held[u] = (d, j.id, pid)
+                elif j.status == "queued":
+                    pending += 1
+                    saw_other_daemon |= "another gpulayerd" in j.reason
+        if all(d.job(job_id).status in TERMINAL for d, job_id in jobs):
+            break
+        assert time.monotonic() < end, "the jobs did not finish within 60 s"
+        time.sleep(0.02)
+
+    assert [d.job(job_id).status for d, job_id in jobs] == ["succeeded"] * len(jobs)
+    rows = [line.split() for line in intervals.read_text().splitlines()]
+    assert len(rows) == len(jobs)
+    by_gpu: dict[str, list[tuple[float, float]]] = {}
+    for index, t0, t1 in rows:
+        by_gpu.setdefault(index, []).append((float(t0), float(t1)))
+    for index, spans in by_gpu.items():
+        spans.sort()
+        for (_, end0), (start1, _) in itertools.pairwise(spans):
+            assert start1 >= end0, f"GPU {index}: two jobs ran at once: {spans}"
+    assert saw_other_daemon or len(by_gpu) == 2  # informative only: contention is likely, not certain
+
+
+# -------------------------------------------------------------------- daemon not running
+
+DAEMON_COMMANDS = [
+    ["jobs"],
+    ["jobs", "--json"],
+    ["show", "abc123"],
+    ["logs", "abc123"],
+    ["logs", "-f", "abc123"],
+    ["cancel", "abc123"],
+    ["explain", "abc123"],
+    ["submit", "--", "true"],
+]
+
+
+def assert_not_running_message(r: subprocess.CompletedProcess[str], state_dir: Path) -> None:
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "not running" in lines[0]
+    assert f"gpulayerd --state-dir {state_dir}" in lines[0]
+
+
+@pytest.mark.parametrize("command", DAEMON_COMMANDS, ids="-".join)
+def test_daemon_not_running_exits_1_with_how_to_start_it(tmp_path: Path, command: list[str]) -> None:
+    state = tmp_path / "state"
+    r = subprocess.run([GPULAYER, "--state-dir", str(state), *command], cwd=tmp_path, env=clean_env(),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert_not_running_message(r, state)
+
+
+def test_daemon_not_running_via_env_state_dir(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {**clean_env(), "GPULAYER_STATE_DIR": str(state)}
+    r = subprocess.run([GPULAYER, "jobs"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert_not_running_message(r, state)
+
+
+def test_crashed_daemon_leaves_a_dead_socket_still_one_line(lab: Lab) -> None:
+    d = lab.daemon()
+    assert d.cli("jobs").returncode == 0
+    d.kill()
+    assert d.socket_path.exists()  # SIGKILL leaves the socket file behind
+    for command in (["jobs"], ["show", "abc123"], ["submit", "--", "true"]):
+        assert_not_running_message(d.cli(*command), d.state_dir)
+    # A restarted daemon on the same state dir serves again.
+    d.start()
+    assert d.cli_json("jobs", "--json", "--all") == []

@@ -1,0 +1,1 @@
+"""LAN tests: several gpulayerd hosts as network namespaces on one bridge (see harness.py)."""

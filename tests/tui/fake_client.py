@@ -1,0 +1,216 @@
+"""A fake local daemon for TUI tests and the TUI benchmark: :class:`FakeDaemonClient`.
+
+It has the methods of :class:`gpulayerd.api.client.DaemonClient` that the TUI calls,
+answers from memory, records every call, and streams the changes a test pushes. It can
+"go down" (every call raises DaemonUnreachable, open event streams break) and come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+from gpulayerd.api.client import ApiRequestError, ChangeEvent, DaemonUnreachable
+from gpulayerd.models import (
+    ApiErrorBody,
+    Capabilities,
+    CheckModel,
+    ExplanationModel,
+    HealthView,
+    JobSpec,
+    JobView,
+    LogChunk,
+    PeerView,
+    RejectionModel,
+    WorkerExplanationModel,
+)
+
+WORKERS_DIR = Path(__file__).resolve().parents[1] / "data" / "workers"
+NOW = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC: the fixed clock of the TUI tests
+FAKE_SOCKET = Path("/nonexistent/gpulayerd.sock")
+
+
+def load_caps(name: str) -> Capabilities:
+    """Capabilities from tests/data/workers/NAME.json."""
+    return Capabilities.model_validate_json((WORKERS_DIR / f"{name}.json").read_bytes())
+
+
+def make_peer(name: str, *, state: str = "up", trusted: bool = True, addresses: Iterable[str] = ("10.0.0.7",),
+              last_heartbeat_at: float | None = NOW - 3, version: str = "0.1.0") -> PeerView:
+    """A peer whose capabilities come from tests/data/workers/NAME.json."""
+    caps = load_caps(name)
+    return PeerView(node_id=caps.node_id, name=caps.hostname, addresses=list(addresses), port=7443,
+                    version=version, cluster="lab" if trusted else "elsewhere", trusted=trusted, state=state,
+                    last_heartbeat_at=last_heartbeat_at, capabilities=caps)
+
+
+def make_job(job_id: str, status: str = "queued", *, age_s: float = 60.0, name: str | None = None,
+             owner: str = "alice", holder_name: str | None = None, reason: str = "waiting for the scheduler",
+             requirements: dict[str, Any] | None = None, command: Iterable[str] = ("python", "train.py"),
+             now: float = NOW) -> JobView:
+    """A job as the API shows it, submitted ``age_s`` before ``now``."""
+    spec = JobSpec.model_validate({"command": list(command), "workdir": "/home/alice/proj",
+                                   "requirements": requirements or {}, "name": name})
+    return JobView(id=job_id, name=name, submitted_by=owner, status=status, attempt=1 if holder_name else 0,
+                   holder="n" * 52 if holder_name else None, holder_name=holder_name, reason=reason,
+                   submitted_at=now - age_s, updated_at=now - age_s / 2, spec=spec)
+
+
+def waiting_explanation(job_id: str) -> ExplanationModel:
+    """Why a 40 GB CUDA job waits on lab-ws-02 (3090s, 24 GB) and dgx-spark (unified memory)."""
+    return ExplanationModel(
+        job_id=job_id,
+        verdict="fits_nowhere",
+        summary="fits nowhere we know: no worker has a CUDA GPU with >= 40.0 GB dedicated memory",
+        workers=[
+            WorkerExplanationModel(
+                worker="w" * 52, name="lab-ws-02", online=True, state="no_fit",
+                checks=[CheckModel(requirement="accelerator", wanted="cuda", found="cuda x2", ok=True),
+                        CheckModel(requirement="gpu_memory", wanted=">= 40.0 GB", found="24.0 GB", ok=False),
+                        CheckModel(requirement="frameworks", wanted="torch>=2.4", found="torch 2.5.1", ok=True)],
+                rejections=[RejectionModel(code="INSUFFICIENT_MEMORY", requirement="gpu_memory",
+                                           wanted=">= 40.0 GB", found="24.0 GB", worker="w" * 52,
+                                           message="GPU 0 (NVIDIA GeForce RTX 3090) has 24.0 GB, the job "
+                                                   "needs 40.0 GB")],
+            ),
+            WorkerExplanationModel(
+                worker="s" * 52, name="dgx-spark", online=True, state="no_fit",
+                checks=[CheckModel(requirement="accelerator", wanted="cuda", found="cuda x1", ok=True),
+                        CheckModel(requirement="memory_kind", wanted="dedicated", found="unified", ok=False),
+                        CheckModel(requirement="frameworks", wanted="torch>=2.4", found="not checked",
+                                   ok=None)],
+                rejections=[RejectionModel(code="CAPABILITY_MISMATCH", requirement="memory_kind",
+                                           wanted="dedicated", found="unified", worker="s" * 52,
+                                           message="GPU 0 (NVIDIA GB10) has unified memory, the job needs "
+                                                   "dedicated")],
+            ),
+        ],
+    )
+
+
+class FakeDaemonClient:
+    """An in-memory daemon with the DaemonClient methods the TUI uses."""
+
+    def __init__(self, *, jobs: Iterable[JobView] = (), peers: Iterable[PeerView] = (),
+                 explanations: dict[str, ExplanationModel] | None = None, hostname: str = "lab-ws-02") -> None:
+        self.jobs_by_id: dict[str, JobView] = {j.id: j for j in jobs}
+        self.peer_list: list[PeerView] = list(peers)
+        self.explanations: dict[str, ExplanationModel] = dict(explanations or {})
+        self.logs_by_job: dict[tuple[str, str], str] = {}
+        self.complete: set[str] = set()
+        self.hostname = hostname
+        self.reachable = True
+        self.calls: list[tuple[str, ...]] = []
+        self.closed = 0
+        self._streams: list[asyncio.Queue[ChangeEvent | None]] = []
+
+    # ---- test controls
+
+    def put_job(self, job: JobView, notify: bool = True) -> None:
+        """Store ``job`` and (by default) tell the open streams it changed."""
+        self.jobs_by_id[job.id] = job
+        if notify:
+            self.push("job", job.id)
+
+    def push(self, kind: str, key: str = "") -> None:
+        """Send a change to every open event stream."""
+        for q in self._streams:
+            q.put_nowait(ChangeEvent(kind=kind, key=key))
+
+    def go_down(self) -> None:
+        """Stop answering: calls raise DaemonUnreachable, open streams break."""
+        self.reachable = False
+        for q in self._streams:
+            q.put_nowait(None)
+
+    def come_back(self) -> None:
+        """Answer again."""
+        self.reachable = True
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def count(self, method: str) -> int:
+        return sum(1 for c in self.calls if c[0] == method)
+
+    # ---- the client API
+
+    def _call(self, *call: str) -> None:
+        self.calls.append(call)
+        if not self.reachable:
+            raise DaemonUnreachable(FAKE_SOCKET, "no socket (is gpulayerd running?)")
+
+    @staticmethod
+    def _not_found(job_ref: str) -> ApiRequestError:
+        return ApiRequestError(404, ApiErrorBody(code="not_found", message=f"no job {job_ref}"))
+
+    async def health(self) -> HealthView:
+        self._call("health")
+        return HealthView(ok=True, version="0.1.0", node_id="n" * 52, hostname=self.hostname, pid=4242,
+                          state_dir="/home/alice/.local/state/gpulayer")
+
+    async def peers(self) -> list[PeerView]:
+        self._call("peers")
+        return list(self.peer_list)
+
+    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None) -> list[JobView]:
+        self._call("jobs")
+        jobs = [j for j in self.jobs_by_id.values() if not statuses or j.status in statuses]
+        return jobs[:limit] if limit is not None else jobs
+
+    async def job(self, job_ref: str) -> JobView:
+        self._call("job", job_ref)
+        try:
+            return self.jobs_by_id[job_ref]
+        except KeyError:
+            raise self._not_found(job_ref) from None
+
+    async def explain(self, job_ref: str) -> ExplanationModel:
+        self._call("explain", job_ref)
+        if job_ref not in self.jobs_by_id:
+            raise self._not_found(job_ref)
+        if job_ref not in self.explanations:
+            raise ApiRequestError(500, ApiErrorBody(code="internal", message="internal error: probe failed"))
+        return self.explanations[job_ref]
+
+    async def cancel(self, job_ref: str) -> JobView:
+        self._call("cancel", job_ref)
+        job = self.jobs_by_id.get(job_ref)
+        if job is None:
+            raise self._not_found(job_ref)
+        done = job.model_copy(update={"status": "cancelled", "reason": "cancelled by the user"})
+        self.put_job(done)
+        return done
+
+    async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
+                   attempt: int | None = None) -> LogChunk:
+        self._call("logs", job_ref, stream, str(offset))
+        job = self.jobs_by_id.get(job_ref)
+        if job is None:
+            raise self._not_found(job_ref)
+        data = self.logs_by_job.get((job_ref, stream), "").encode()
+        part = data[offset:]
+        nxt = offset + len(part)
+        return LogChunk(job_id=job_ref, attempt=max(job.attempt, 1), stream="stderr" if stream == "stderr"
+                        else "stdout", offset=offset, next_offset=nxt, data=part.decode(),
+                        complete=job_ref in self.complete and nxt >= len(data))
+
+    async def events(self) -> AsyncIterator[ChangeEvent]:
+        self._call("events")
+        q: asyncio.Queue[ChangeEvent | None] = asyncio.Queue()
+        self._streams.append(q)
+        try:
+            yield ChangeEvent(kind="resync")
+            while True:
+                change = await q.get()
+                if change is None:
+                    raise DaemonUnreachable(FAKE_SOCKET, "Server disconnected")
+                yield change
+        finally:
+            self._streams.remove(q)
+
+    async def close(self) -> None:
+        self.closed += 1

@@ -1,0 +1,69 @@
+"""SVG snapshots at a fixed size and clock (TZ=UTC, no timers): Devices, Jobs, and a waiting job's detail.
+
+Update after an intended change of the look with ``pytest tests/tui --snapshot-update`` and
+review the SVGs under ``tests/tui/__snapshots__/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from textual.pilot import Pilot
+
+from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer, waiting_explanation
+from tests.tui.helpers import wait_for
+from tui.app import GpulayerApp, TuiSettings, make_app
+from tui.screens.detail import JobDetailScreen
+from tui.widgets.explanation import ExplanationView
+from tui.widgets.jobs_table import JobsTable
+
+SNAPSHOT = TuiSettings(retry_s=0.05, log_poll_s=60.0, age_refresh_s=0, theme="textual-dark")
+SnapCompare = Callable[..., bool]
+
+
+def lab_app() -> GpulayerApp:
+    peers = [make_peer("lab-ws-02", state="self", addresses=("10.0.0.2",)), make_peer("dgx-spark"),
+             make_peer("old-ws-07", state="suspect"), make_peer("mac-studio", trusted=False, state="foreign"),
+             make_peer("rocm-box")]
+    jobs = [
+        make_job("m8nq0a1b2c3d", "running", name="sweep-lr-3e-4", owner="bob", holder_name="lab-ws-02",
+                 age_s=4000, reason="started on lab-ws-02 GPU 0", requirements={"accelerator": "cuda"}),
+        make_job("m8nq0a1b2c3e", "queued", name="llm-finetune", age_s=900,
+                 reason="fits nowhere we know: no worker has a CUDA GPU with >= 40.0 GB dedicated memory",
+                 requirements={"accelerator": "cuda", "gpu_memory_gb": 40, "gpu_memory_kind": "dedicated",
+                               "frameworks": {"torch": ">=2.4"}}),
+        make_job("m8nq0a1b2c3f", "queued", name="eval-mps", owner="carol", age_s=300,
+                 reason="fits but busy: mac-studio is foreign (another cluster)", requirements={"accelerator": "mps"}),
+        make_job("m8nq0a1b2c3g", "succeeded", name="ddp-cpu", owner="alice", age_s=86000, reason="exited 0"),
+        make_job("m8nq0a1b2c3h", "failed", name=None, owner="dave", age_s=200000, reason="exited 1"),
+        make_job("m8nq0a1b2c3j", "cancelled", name="typo", owner="bob", age_s=45, reason="cancelled by the user"),
+    ]
+    fake = FakeDaemonClient(jobs=jobs, peers=peers,
+                            explanations={"m8nq0a1b2c3e": waiting_explanation("m8nq0a1b2c3e")})
+    return make_app(fake, clock=lambda: NOW, settings=SNAPSHOT)
+
+
+async def loaded(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, GpulayerApp)
+    await wait_for(pilot, lambda: app.state.connection.state == "connected"
+                   and app.screen.query_one(JobsTable).row_count == 6, "the first load")
+
+
+def test_devices_snapshot(snap_compare: SnapCompare) -> None:
+    assert snap_compare(lab_app(), press=["d"], terminal_size=(150, 24), run_before=loaded)
+
+
+def test_jobs_snapshot(snap_compare: SnapCompare) -> None:
+    assert snap_compare(lab_app(), press=["down"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_waiting_job_detail_snapshot(snap_compare: SnapCompare) -> None:
+    async def open_detail(pilot: Pilot[Any]) -> None:
+        await loaded(pilot)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, JobDetailScreen)
+                       and pilot.app.screen.query_one(ExplanationView).explanation is not None, "the explanation")
+
+    assert snap_compare(lab_app(), terminal_size=(100, 30), run_before=open_detail)

@@ -1,0 +1,186 @@
+"""One widget at a time, each in a minimal harness app driven by run_test() and Pilot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widget import Widget
+
+from tests.tui.fake_client import NOW, make_job, make_peer, waiting_explanation
+from tui.state import Connection
+from tui.widgets.connection import ConnectionBanner
+from tui.widgets.devices_table import DevicesTable
+from tui.widgets.explanation import ExplanationView, RequirementTable
+from tui.widgets.jobs_table import JobsTable
+from tui.widgets.peers_table import PeersTable
+
+
+class Harness(App[None]):
+    """An app that shows one widget."""
+
+    def __init__(self, widget: Widget) -> None:
+        super().__init__()
+        self.widget = widget
+        self.messages: list[Any] = []
+
+    def compose(self) -> ComposeResult:
+        yield self.widget
+
+    def on_jobs_table_open_requested(self, message: JobsTable.OpenRequested) -> None:
+        self.messages.append(("open", message.job_id, message.tab))
+
+    def on_jobs_table_cancel_requested(self, message: JobsTable.CancelRequested) -> None:
+        self.messages.append(("cancel", message.job_id))
+
+
+def jobs_table() -> JobsTable:
+    return JobsTable(clock=lambda: NOW, age_refresh_s=0, id="jobs-table")
+
+
+@pytest.mark.asyncio
+async def test_jobs_table_updates_only_the_cells_that_changed() -> None:
+    table = jobs_table()
+    async with Harness(table).run_test() as pilot:
+        table.set_jobs([make_job(f"job{i:08d}", age_s=30 + i) for i in range(50)])
+        await pilot.pause()
+        assert table.row_count == 50
+        updated: list[tuple[str, str]] = []
+        original = table.update_cell
+
+        def spy(row_key: Any, column_key: Any, value: Any, **kw: Any) -> None:
+            updated.append((str(row_key), str(column_key)))
+            original(row_key, column_key, value, **kw)
+
+        table.update_cell = spy  # type: ignore[method-assign]
+        table.clear = lambda *a, **k: pytest.fail("an update must not rebuild the table")  # type: ignore[method-assign]
+        table.upsert_job(make_job("job00000007", "running", age_s=37, holder_name="lab-ws-02", reason="started"))
+        assert sorted(updated) == [("job00000007", "reason"), ("job00000007", "state"), ("job00000007", "where")]
+        assert table.get_row("job00000007")[3].plain == "running"  # type: ignore[union-attr]
+        updated.clear()
+        table.upsert_job(make_job("job00000050", age_s=1))  # a new job: one row added at the end
+        assert updated == [] and table.row_count == 51 and table.shown_ids[-1] == "job00000050"
+
+
+@pytest.mark.asyncio
+async def test_jobs_table_filter_sort_and_cursor_follow_the_job() -> None:
+    table = jobs_table()
+    async with Harness(table).run_test() as pilot:
+        table.set_jobs([
+            make_job("a0000001", "running", owner="bob", holder_name="lab-ws-02"),
+            make_job("a0000002", "queued", owner="alice", reason="fits nowhere we know: no CUDA GPU"),
+            make_job("a0000003", "succeeded", owner="carol"),
+        ])
+        await pilot.pause()
+        assert table.select_job("a0000002")
+        table.filter_text = "cuda"
+        await pilot.pause()
+        assert table.shown_ids == ["a0000002"] and table.highlighted_id == "a0000002"
+        table.upsert_job(make_job("a0000002", "running", owner="alice", holder_name="lab-ws-02", reason="started"))
+        assert table.shown_ids == []  # no longer matches: its row goes, the others stay filtered out
+        table.filter_text = ""
+        await pilot.pause()
+        assert table.shown_ids == ["a0000001", "a0000002", "a0000003"]
+        table.select_job("a0000003")
+        await pilot.press("s")  # sort by state: running first, succeeded last
+        await pilot.pause()
+        assert table.sort_by == "state"
+        assert table.shown_ids == ["a0000001", "a0000002", "a0000003"]
+        await pilot.press("s")  # by owner
+        await pilot.pause()
+        assert table.shown_ids == ["a0000002", "a0000001", "a0000003"]
+        assert table.highlighted_id == "a0000003"  # the cursor stays on the same job
+
+
+@pytest.mark.asyncio
+async def test_jobs_table_keys_post_messages_for_the_highlighted_job() -> None:
+    table = jobs_table()
+    app = Harness(table)
+    async with app.run_test() as pilot:
+        table.set_jobs([make_job("b0000001"), make_job("b0000002")])
+        await pilot.pause()
+        table.focus()
+        await pilot.press("down", "enter", "c", "l")
+        await pilot.pause()
+        assert app.messages == [("open", "b0000002", "why"), ("cancel", "b0000002"), ("open", "b0000002", "log")]
+
+
+@pytest.mark.asyncio
+async def test_jobs_table_ages_follow_the_clock() -> None:
+    now = [NOW]
+    table = JobsTable(clock=lambda: now[0], age_refresh_s=0)
+    async with Harness(table).run_test() as pilot:
+        table.set_jobs([make_job("c0000001", age_s=30), make_job("c0000002", age_s=4000)])
+        await pilot.pause()
+        assert [table.get_row(k)[5] for k in table.shown_ids] == ["30s", "66m"]
+        now[0] += 60
+        table.refresh_ages()
+        assert [table.get_row(k)[5] for k in table.shown_ids] == ["90s", "67m"]
+
+
+@pytest.mark.asyncio
+async def test_devices_table_says_unified_memory_never_vram_and_unknown_cc_as_dash() -> None:
+    table = DevicesTable(id="devices-table")
+    async with Harness(table).run_test(size=(200, 20)) as pilot:
+        table.peers = (make_peer("dgx-spark"), make_peer("old-ws-07"), make_peer("lab-ws-02"),
+                       make_peer("lab-ws-01"), make_peer("rocm-box"))
+        await pilot.pause()
+        rows = {(r[0], r[1]): r for r in table.plain_rows()}
+        spark = rows[("dgx-spark", "0")]
+        assert spark[3] == "130.7 GB unified (system RAM)"
+        assert rows[("lab-ws-02", "0")][3] == "1.3 / 25.8 GB dedicated"
+        assert all("VRAM" not in cell for row in rows.values() for cell in row)
+        assert rows[("old-ws-07", "0")][5] == "—"  # compute capability unknown
+        assert rows[("lab-ws-02", "0")][4] == "granted to j-4711"
+        assert rows[("lab-ws-02", "1")][4] == "free"
+        assert rows[("lab-ws-01", "—")][6] == "CPU only"
+        assert rows[("rocm-box", "0")][8] == "no (detection only)"
+        # an update of one device changes that row in place (same keys, same order)
+        busy = make_peer("lab-ws-02")
+        assert busy.capabilities is not None
+        busy.capabilities.devices[1].foreign_pids = [3131]
+        table.peers = (make_peer("dgx-spark"), make_peer("old-ws-07"), busy, make_peer("lab-ws-01"),
+                       make_peer("rocm-box"))
+        await pilot.pause()
+        assert {(r[0], r[1]): r for r in table.plain_rows()}[("lab-ws-02", "1")][4] == "busy (pid 3131)"
+
+
+@pytest.mark.asyncio
+async def test_peers_table_shows_trust_addresses_version_and_heartbeat() -> None:
+    table = PeersTable(clock=lambda: NOW)
+    async with Harness(table).run_test(size=(160, 10)) as pilot:
+        table.peers = (make_peer("lab-ws-02", state="self"),
+                       make_peer("mac-studio", trusted=False, state="foreign", version="0.2.0",
+                                 addresses=("10.0.0.9", "fe80::1"), last_heartbeat_at=None))
+        await pilot.pause()
+        me, other = table.plain_rows()
+        assert me[2:5] == ["self", "trusted", "10.0.0.7:7443"]
+        assert me[7] == "23:59:57 (3s ago)"
+        assert other[2:8] == ["foreign", "foreign", "10.0.0.9:7443, fe80::1:7443", "0.2.0", "elsewhere", "—"]
+
+
+@pytest.mark.asyncio
+async def test_connection_banner_is_hidden_while_connected() -> None:
+    banner = ConnectionBanner(id="connection")
+    async with Harness(banner).run_test() as pilot:
+        banner.connection = Connection("unreachable", "cannot reach gpulayerd at /x: no socket", NOW)
+        await pilot.pause()
+        assert banner.display and "daemon not reachable — retrying (since 00:00:00)" in str(banner.render())
+        banner.connection = Connection("connected", "lab-ws-02 · gpulayerd 0.1.0", NOW)
+        await pilot.pause()
+        assert not banner.display
+
+
+@pytest.mark.asyncio
+async def test_explanation_view_shows_every_rejection_word_for_word() -> None:
+    view = ExplanationView(id="explanation")
+    async with Harness(view).run_test(size=(120, 30)) as pilot:
+        e = waiting_explanation("d0000001")
+        view.explanation = e
+        await pilot.pause()
+        for w in e.workers:
+            for r in w.rejections:
+                assert r.message in view.reasons_text
+        marks = [row[1] for row in view.query_one("#checks", RequirementTable).plain_rows()]
+        assert marks == ["✓", "✗", "✓", "✓", "✗", "?"]

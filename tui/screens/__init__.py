@@ -1,0 +1,1 @@
+"""The TUI's screens: main (Devices, Jobs, Peers), job detail, and the cancel confirmation."""

@@ -1,0 +1,72 @@
+"""What the TUI knows about the daemon: plain data, no widgets.
+
+The app owns one :class:`ClusterState`; it changes it as changes arrive and publishes
+each change to the screens, which read it once when they mount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from textual.signal import Signal
+
+from gpulayerd.models import JobView, PeerView
+
+__all__ = ["TERMINAL", "WAITING", "ClusterState", "Connection", "ConnectionState", "StateSource"]
+
+ConnectionState = Literal["connecting", "connected", "unreachable"]
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
+"""Job states that never change again."""
+
+WAITING = frozenset({"queued", "claimed"})
+"""Job states of a job that waits for a worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """The link to the local daemon.
+
+    Attributes:
+        state: ``connecting`` (first try), ``connected``, or ``unreachable`` (retrying).
+        message: why it is unreachable, or whom it is connected to.
+        since: wall time of the last change of ``state`` (seconds since the epoch).
+    """
+
+    state: ConnectionState = "connecting"
+    message: str = ""
+    since: float = 0.0
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """Jobs (in submission order), peers, and the connection, as last read from the daemon."""
+
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    peers: list[PeerView] = field(default_factory=list)
+    connection: Connection = field(default_factory=Connection)
+    daemon: str = ""
+    """Whom the app talks to: "host (gpulayerd VERSION)", once known."""
+
+    def reset_jobs(self, jobs: Iterable[JobView]) -> None:
+        """Replace every job (after a resync)."""
+        self.jobs = {j.id: j for j in jobs}
+
+    def put_job(self, job: JobView) -> None:
+        """Add or replace one job."""
+        self.jobs[job.id] = job
+
+
+class StateSource(Protocol):
+    """What screens read and subscribe to (the app): the state and a signal per kind of change.
+
+    A screen reads :attr:`state` once when it mounts, then follows the signals.
+    """
+
+    state: ClusterState
+    job_updated: Signal[JobView]
+    jobs_reset: Signal[list[JobView]]
+    peers_updated: Signal[list[PeerView]]
+    connection_changed: Signal[Connection]

@@ -1,0 +1,1 @@
+"""The TUI's widgets; each owns the messages it posts."""
