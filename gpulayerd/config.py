@@ -127,7 +127,8 @@ class DaemonConfig(BaseModel):
     @property
     def socket_path(self) -> Path:
         """The local API's unix socket."""
-        return socket_path_for(self.state_dir, self.runtime_dir)
+        explicit_state_dir = self.state_dir if "state_dir" in self.model_fields_set else None
+        return socket_path_for(explicit_state_dir, self.runtime_dir)
 
     @property
     def db_path(self) -> Path:

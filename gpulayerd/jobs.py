@@ -156,6 +156,7 @@ class JobManager:
         self._gang_busy: set[str] = set()  # owner side: jobs with a hold round in flight
         self._gang_backoff: dict[str, tuple[float, int]] = {}  # job -> (not before, failures)
         self._holds: dict[str, HeldResources] = {}  # worker side: hold id -> what it holds
+        self._starting: dict[tuple[str, int], JobSpec] = {}  # claimed here, watchdog starting
 
     # ------------------------------------------------------------------ local API
 
@@ -191,9 +192,11 @@ class JobManager:
 
     async def async_submit(self, request: SubmitRequest) -> JobView:
         """Validate and store a job; wake the scheduler. Raises SpecError for a bad spec."""
+        raw_workdir = request.spec.get("workdir")
+        if not isinstance(raw_workdir, str) or not os.path.isabs(raw_workdir):
+            # The daemon's own working directory means nothing to the submitter.
+            raise ApiError(400, "invalid_spec", "job spec: workdir: must be an absolute path (the CLI resolves it)")
         spec = job_spec_from_mapping(request.spec, source="job spec")
-        if spec.workdir is None or not os.path.isabs(spec.workdir):
-            raise ApiError(400, "invalid_spec", "workdir: must be an absolute path")
         now = time.time()
         job_id = new_job_id(now)
         req = spec.to_core(job_id)
@@ -298,7 +301,9 @@ class JobManager:
         with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(offset)
-            data = f.read(LOG_CHUNK_BYTES)
+            raw = f.read(LOG_CHUNK_BYTES)
+            # Cut a character only where more may follow: a finished log ends where it ends.
+            data = _whole_chars(raw) if not terminal or offset + len(raw) < size else raw
         nxt = offset + len(data)
         return LogChunk(job_id=row.id, attempt=n, stream=stream, offset=offset, next_offset=nxt,
                         data=data.decode("utf-8", errors="replace"), complete=terminal and nxt >= size)
@@ -339,13 +344,19 @@ class JobManager:
                 await self._store.end_attempt(a.job_id, a.attempt, "lost", None, "superseded", time.time())
                 continue
             self._leases[row.id] = now + row.lease_s
+            self._spec(row)  # CPU slot accounting needs the spec of every live run
             if a.worker != self.node_id:
                 continue  # runs on a peer: its lease counts as renewed now; it reports when it can
-            handle = self._runner.adopt(Path(a.run_dir)) if a.run_dir else None
+            handle = await self._adopt_or_give_up(a.run_dir)
             if handle is None:
                 await self._lost(row.id, a.attempt, "the daemon stopped before the job started", never_started=True)
                 continue
             status = self._runner.poll(handle)
+            if a.state == "claimed" and (status.running or status.exit_code is not None):
+                # The daemon died between starting the watchdog and recording it.
+                await self._store.mark_running(row.id, a.attempt, handle.watchdog_pid, handle.watchdog_create_time,
+                                               handle.job_pgid or 0, time.time())
+                await self._apply_event(row.id, claims.RunStarted(a.attempt, self.node_id, f"adopt-{row.id}"))
             if status.running:
                 log.info("re-adopted job %s attempt %d (watchdog pid %d)", row.id, a.attempt, handle.watchdog_pid)
                 await self._store.add_event(row.id, "adopted", f"re-adopted after daemon restart "
@@ -355,6 +366,7 @@ class JobManager:
                 self._track(row.id, a.attempt, handle)
             else:
                 await self._finish(row.id, a.attempt, status)
+        await self._settle_ended_attempts()
         for r in await self._store.remote_runs(active=True):
             handle = self._runner.adopt(Path(r.run_dir))
             key = (r.job_id, r.attempt)
@@ -372,8 +384,43 @@ class JobManager:
             else:
                 await self._finish(r.job_id, r.attempt, status)
 
+    async def _adopt_or_give_up(self, run_dir: str | None) -> RunHandle | None:
+        """The handle of a run after a restart, or None if its watchdog never started (and now never will)."""
+        if not run_dir:
+            return None
+        path = Path(run_dir)
+        handle = self._runner.adopt(path)
+        if handle is not None or self._runner.give_up_if_unstarted(path):
+            return handle
+        # A watchdog claimed the run directory and is starting: give it time to say so.
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            handle = self._runner.adopt(path)
+            if handle is not None:
+                return handle
+        return None
+
+    async def _settle_ended_attempts(self) -> None:
+        """A job still claimed/running whose current attempt already ended (a kill between the two
+        commits): apply the end to the job now."""
+        for row in await self._store.list_jobs([JobStatus.CLAIMED, JobStatus.RUNNING], None):
+            attempt = next((a for a in await self._store.attempts(row.id) if a.attempt == row.attempt), None)
+            if attempt is None or attempt.state not in ("exited", "lost"):
+                continue
+            if attempt.state == "exited":
+                event: claims.Event = claims.RunExited(row.attempt, attempt.exit_code, "", f"settle-{row.id}")
+            else:
+                event = claims.RunLost(row.attempt, attempt.reason or "lost", False, f"settle-{row.id}")
+            await self._apply_event(row.id, event)
+
     async def async_close(self) -> None:
         """Stop watching runs (the jobs keep running under their watchdogs)."""
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
         for t in self._watchers.values():
             t.cancel()
         for t in list(self._watchers.values()):
@@ -466,7 +513,7 @@ class JobManager:
                 granted_to = ANOTHER_DAEMON
             foreign = tuple(p for p in d.foreign_pids if p not in ours)
             devices.append(replace(d, granted_to=granted_to, foreign_pids=foreign))
-        used = sum(self._cpu_slots(k[0]) for k in self._runs if self._is_cpu(k[0]))
+        used = sum(self._cpu_slots(k[0]) for k in [*self._runs, *self._starting] if self._is_cpu(k[0]))
         used += sum(h.cpu_slots for h in self._holds.values())
         free = max(0, self._config.effective_cpu_slots - used)
         return replace(worker, devices=tuple(devices), cpu_slots_free=free,
@@ -551,6 +598,12 @@ class JobManager:
             self.feed.publish(Change("job", row.id))
 
     async def _claim_and_start(self, row: JobRow, spec: JobSpec, placement: Placement) -> bool:
+        """Claim (the compare-and-set, in order) and start the run in the background.
+
+        Claims are sequential so that each scheduling decision sees the grants before it;
+        starting a watchdog takes a Python start-up, so starts run concurrently, counted
+        in ``_starting`` until they show up in ``_runs``.
+        """
         now = time.monotonic()
         actions = claims.handle(row.record(), claims.ClaimRequested(self.node_id, f"claim-{row.id}"), now)
         persist = actions[0] if actions and isinstance(actions[0], claims.PersistJob) else None
@@ -564,37 +617,49 @@ class JobManager:
             return False  # another daemon on this machine took a device meanwhile
         attempt = grant.attempt
         run_dir = self._config.runs_dir / row.id / str(attempt)
+        grants = [(u, i, placement.accelerator.value)
+                  for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
         try:
-            grants = [(u, i, placement.accelerator.value)
-                      for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
             ok = await self._store.claim(persist, self.node_id, PlacementModel.from_core(placement).model_dump_json(),
                                          grants, str(run_dir), time.time())
-            if not ok:
-                return False
-            self.feed.publish(Change("job", row.id))
-            self.feed.publish(Change("devices"))
-            self._leases[row.id] = now + row.lease_s
+        except BaseException:
+            self._locks.release(fds)
+            raise
+        if not ok:
+            self._locks.release(fds)
+            return False
+        self.feed.publish(Change("job", row.id))
+        self.feed.publish(Change("devices"))
+        self._leases[row.id] = now + row.lease_s
+        self._starting[(row.id, attempt)] = spec
+        self._spawn(self._start_run(row, spec, placement, attempt, run_dir, fds))
+        return True
+
+    async def _start_run(self, row: JobRow, spec: JobSpec, placement: Placement, attempt: int, run_dir: Path,
+                         fds: list[int]) -> None:
+        key = (row.id, attempt)
+        try:
             nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
             argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
                               log_dir=str(run_dir / "torchrun"))
             env = build_env(os.environ, spec, placement, row.id, attempt, self._config.dist_timeout_s)
-            try:
-                handle = await asyncio.to_thread(
-                    self._runner.start, row.id, attempt, argv, env, spec.workdir or "/",
-                    now + row.lease_s, fds,
-                )
-            except RunnerError as e:
-                await self._store.end_attempt(row.id, attempt, "lost", None, str(e), time.time())
-                await self._apply_event(row.id, claims.RunExited(attempt, None, f"could not start: {e}"))
-                return True
+            handle = await asyncio.to_thread(self._runner.start, row.id, attempt, argv, env, spec.workdir or "/",
+                                             time.monotonic() + row.lease_s, fds)
+        except RunnerError as e:
+            self._starting.pop(key, None)
+            code = e.status.exit_code if e.status is not None else None
+            await self._store.end_attempt(row.id, attempt, "exited", code, str(e), time.time())
+            await self._apply_event(row.id, claims.RunExited(attempt, code, f"could not start: {e}"))
+            self._wake.set()
+            return
         finally:
             if fds:
                 self._locks.release(fds)
+        self._track(row.id, attempt, handle)
+        self._starting.pop(key, None)
         await self._store.mark_running(row.id, attempt, handle.watchdog_pid, handle.watchdog_create_time,
                                        handle.job_pgid, time.time())
-        self._track(row.id, attempt, handle)
         await self._apply_event(row.id, claims.RunStarted(attempt, self.node_id, f"start-{row.id}-{attempt}"))
-        return True
 
     def _track(self, job_id: str, attempt: int, handle: RunHandle) -> None:
         key = (job_id, attempt)
@@ -987,7 +1052,7 @@ class JobManager:
         with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(msg.offset)
-            data = f.read(LOG_CHUNK_BYTES)
+            data = _whole_chars(f.read(LOG_CHUNK_BYTES))
         nxt = msg.offset + len(data)
         done = (msg.job_id, msg.attempt) not in self._runs
         return LogChunk(job_id=msg.job_id, attempt=msg.attempt, stream=msg.stream, offset=msg.offset,
@@ -1280,6 +1345,18 @@ class HeldResources:
     interface: str
     port: int
     cpu_slots: int
+
+
+def _whole_chars(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut at its end (the next chunk starts with it)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b < 0x80:
+            return data  # ASCII: nothing cut
+        if b >= 0xC0:  # a lead byte: is its sequence complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data
 
 
 def _free_port(address: str) -> int:

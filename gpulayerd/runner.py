@@ -245,7 +245,9 @@ def build_env(
     seconds that distributed workloads pass to ``init_process_group(timeout=...)``
     instead of torch's 30-minute default.
     """
-    env = {k: v for k, v in base_env.items() if not k.startswith("GPULAYER_")}
+    # The daemon's own service plumbing (systemd's notify socket and journal stream) is not the job's.
+    env = {k: v for k, v in base_env.items()
+           if not k.startswith("GPULAYER_") and k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")}
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: v for k, v in spec.env.items() if not k.startswith("GPULAYER_")})
     env.update(launch_env(placement.accelerator, placement.device_indices, job_id, attempt))
@@ -435,6 +437,16 @@ class Runner:
             if pidfd is not None:
                 os.close(pidfd)
 
+    def give_up_if_unstarted(self, run_dir: Path) -> bool:
+        """After a restart, for an attempt without ``watchdog.json``: make sure it never starts.
+
+        Returns:
+            True if no watchdog had claimed the run directory (now none ever will: the
+            attempt never started); False if one has, and is starting (call :meth:`adopt`
+            again shortly).
+        """
+        return wd.claim_run_dir(Path(run_dir), "abandoned")
+
     def adopt(self, run_dir: Path) -> RunHandle | None:
         """Rebuild the handle of an attempt from its run directory (after a daemon restart).
 
@@ -534,6 +546,8 @@ class Runner:
 
     def _abandon(self, run_dir: Path) -> None:
         """Kill a watchdog that failed to start its job in time, and the job if it has one."""
+        if wd.claim_run_dir(run_dir, "abandoned"):
+            return  # the watchdog had not started: now it never will
         handle = self.adopt(run_dir)
         if handle is None:
             return

@@ -52,6 +52,7 @@ from types import FrameType
 import psutil
 
 __all__ = [
+    "CLAIM_FILE",
     "DEADLINE_FILE",
     "EXIT_FILE",
     "JOB_FILE",
@@ -61,6 +62,7 @@ __all__ = [
     "WATCHDOG_FILE",
     "WATCHDOG_LOG",
     "ProcessRecord",
+    "claim_run_dir",
     "group_members",
     "main",
     "read_json",
@@ -73,6 +75,10 @@ LAUNCH_FILE = "launch.json"
 WATCHDOG_FILE = "watchdog.json"
 JOB_FILE = "job.json"
 EXIT_FILE = "exit.json"
+CLAIM_FILE = "claim"
+"""Created (O_EXCL) by whichever comes first: the watchdog, before it starts the job, or a
+restarted daemon that gives up on an attempt whose watchdog never showed up. Only one of
+them can create it, so an abandoned attempt can never start later."""
 DEADLINE_FILE = "deadline"
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
@@ -197,6 +203,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -------------------------------------------------------------------------- private
 
 
+def claim_run_dir(run_dir: Path, who: str) -> bool:
+    """Create ``RUN_DIR/claim`` exclusively; True if this caller created it (it wins).
+
+    A missing run directory counts as won by the caller: nothing can start there.
+    """
+    try:
+        fd = os.open(run_dir / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        return True
+    try:
+        os.write(fd, who.encode())
+    finally:
+        os.close(fd)
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Launch:
     argv: list[str]
@@ -252,6 +276,9 @@ class _Watchdog:
             me = record_of(os.getpid())
             if me is None:
                 raise RuntimeError("cannot read the watchdog's own process record")
+            if not claim_run_dir(self.run_dir, "watchdog"):
+                reason, detail = "abandoned", "the daemon gave up on this attempt before its watchdog started"
+                return 0
             write_json_atomic(self.run_dir / WATCHDOG_FILE, {**me.to_json(), "started_at": time.time()})
             launch = _Launch.load(self.run_dir / LAUNCH_FILE)
             lock_fds = launch.lock_fds

@@ -21,12 +21,3 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/_venv.sh -n
   fi
   touch "$stamp"
 fi
-# The service tests run `systemd-analyze verify` (Debian's `systemd` package). CI runs as root
-# without it: install it quietly there. A failure is only reported; those tests then say what to do.
-if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "== installing Debian's systemd package (for systemd-analyze verify)"
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd; } \
-      >"$VENV/apt-systemd.log" 2>&1; then
-    echo "apt-get install systemd failed (log: $VENV/apt-systemd.log); the service tests will fail" >&2
-  fi
-fi

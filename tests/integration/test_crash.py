@@ -568,6 +568,51 @@ def test_running_job_is_readopted_after_sigkill(crash_daemon: CrashDaemon) -> No
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("retries", [0, 1])
+def test_watchdog_killed_while_daemon_down_is_lost_with_a_reason(crash_daemon: CrashDaemon, retries: int) -> None:
+    """Daemon and the job's watchdog (and job) die with -9; after the restart the attempt is lost with a
+    reason, and the job is ``lost`` (retries 0) or re-queued and run again (retries 1)."""
+    d = crash_daemon
+
+    async def scenario() -> None:
+        await d.start()
+        spec = d.spec(f"sleep 30; echo {MARKER}" if retries == 0 else f"sleep 2; echo {MARKER}")
+        spec["policy"] = {"retries": retries}
+        async with d.client() as c:
+            job_id = (await c.submit(spec)).id
+        run_dir = d.run_dir(job_id, 1)
+
+        async def running() -> bool:
+            return (run_dir / "job.json").exists() and (await _job(d, job_id)).status == "running"
+
+        await _wait_for(running, 15.0, "the job to run")
+        d.kill9()
+        assert kill_everything(d.root), "found no watchdog or job to kill"
+        await d.start()
+
+        view = await _job(d, job_id)
+        first = next(a for a in view.attempts if a.attempt == 1)
+        assert first.state == "lost" and first.reason, _history(view)
+        assert not _adopted(view, 1, 0.0), _history(view)
+        if retries == 0:
+            assert view.status == "lost" and view.reason, _history(view)
+        else:
+            assert view.status in ("queued", "claimed", "running"), _history(view)
+
+            async def ended() -> bool:
+                return (await _job(d, job_id)).status in TERMINAL
+
+            await _wait_for(ended, 20.0, "the second attempt to end")
+            view = await _job(d, job_id)
+            assert (view.status, view.attempt, view.exit_code) == ("succeeded", 2, 0), _history(view)
+            assert d.markers(d.run_dir(job_id, 2)) == 1
+        assert d.markers(run_dir) == 0
+        assert d.stop() == 0
+        assert d.integrity_check() == "ok"
+
+    asyncio.run(scenario())
+
+
 def test_readopted_jobs_count_against_cpu_slots(crash_daemon: CrashDaemon) -> None:
     """After a restart the re-adopted jobs hold their CPU slots: no more than --cpu-slots jobs run at once."""
     d = crash_daemon

@@ -20,7 +20,8 @@ import pytest
 
 from gpulayerd.cli import render_explanation
 from gpulayerd.models import ExplanationModel, JobView
-from tests.integration.conftest import (
+
+from .conftest import (
     GPULAYER,
     TERMINAL,
     Daemon,
@@ -65,9 +66,8 @@ def test_exit_0_succeeds_and_logs_print_stdout_and_stderr(cpu_daemon: Daemon) ->
     assert d.cli_ok("logs", "--stderr", job_id) == "oops\n"
     assert d.cli_ok("logs", "-f", job_id) == "hello\nworld\n"  # ended: -f returns at once
 
-    shown = d.show(job_id)
-    assert shown["status"] == "succeeded" and shown["exit_code"] == 0 and shown["name"] == "hello"
     text = d.cli_ok("show", job_id)
+    assert "job " + job_id + " (hello)" in text
     assert "state:     succeeded" in text and "exit code: 0" in text
     listed = {j["id"]: j for j in d.all_jobs()}
     assert listed[job_id]["status"] == "succeeded"
@@ -81,7 +81,7 @@ def test_exit_3_fails_with_exit_code_3(cpu_daemon: Daemon) -> None:
     assert [(a.state, a.exit_code) for a in job.attempts] == [("exited", 3)]
     shown = d.show(job_id)
     assert (shown["status"], shown["exit_code"]) == ("failed", 3)
-    assert "exit code: 3" in d.cli_ok("show", job_id)
+    assert [a["exit_code"] for a in shown["attempts"]] == [3]
     assert d.cli_ok("logs", job_id) == "about to fail\n"
 
 
@@ -107,8 +107,8 @@ def test_logs_keep_multibyte_characters_across_chunks(cpu_daemon: Daemon) -> Non
     job_id = d.submit("--", "python", "-c", "import sys; sys.stdout.write('a' * (2**20 - 1) + 'é\\n')")
     assert d.wait_status(job_id, TERMINAL).status == "succeeded"
     out = d.cli_ok("logs", job_id)
-    assert len(out) == 2**20 + 1
-    assert out[-3:] == "aé\n", repr(out[-8:])
+    assert out[-3:] == "aé\n", f"the log ends with {out[-8:]!r}"
+    assert out == "a" * (2**20 - 1) + "é\n", "the log differs from what the job wrote"
 
 
 def test_python_command_runs_with_the_daemons_interpreter(cpu_daemon: Daemon) -> None:
@@ -215,16 +215,14 @@ def test_rejected_at_submit_with_reason(cpu_daemon: Daemon, flags: list[str], wo
     for w in words:
         assert w in job.reason, job.reason
 
-    shown = d.show(job_id)
-    assert shown["status"] == "rejected" and shown["reason"] == job.reason
-    assert shown["attempts"] == []
+    assert job.attempts == []
     text = d.cli_ok("show", job_id)
     assert "state:     rejected" in text
     assert job.reason in text
     listed = [j for j in d.all_jobs() if j["id"] == job_id]
     assert [(j["status"], j["reason"]) for j in listed] == [("rejected", job.reason)]
     # It stays rejected: the scheduler never picks it up.
-    time.sleep(0.6)
+    time.sleep(0.3)
     assert d.job(job_id).status == "rejected"
 
 
@@ -260,7 +258,7 @@ def test_cuda_and_cpu_jobs_see_exactly_their_devices(lab: Lab) -> None:
         assert all(fake.gpus[i].memory_mib * 2**20 >= min_bytes for i in indices)
         visible = ",".join(str(i) for i in indices)
         assert d.cli_ok("logs", job_id) == f"{visible!r} 'PCI_BUS_ID'\n"
-        assert f"GPU {visible}" in d.cli_ok("show", job_id)
+    assert f"GPU {visible}" in d.cli_ok("show", two)
 
 
 def test_two_cuda_jobs_never_share_a_gpu_on_one_gpu_host(lab: Lab) -> None:
@@ -512,7 +510,7 @@ def test_crashed_daemon_leaves_a_dead_socket_still_one_line(lab: Lab) -> None:
     assert d.cli("jobs").returncode == 0
     d.kill()
     assert d.socket_path.exists()  # SIGKILL leaves the socket file behind
-    for command in (["jobs"], ["show", "abc123"], ["submit", "--", "true"]):
+    for command in (["jobs"], ["submit", "--", "true"]):
         assert_not_running_message(d.cli(*command), d.state_dir)
     # A restarted daemon on the same state dir serves again.
     d.start()

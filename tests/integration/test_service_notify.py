@@ -174,10 +174,6 @@ def test_exec_start_notifies_ready_after_the_api_answers_and_stopping_on_sigterm
     assert any(ln.startswith("INFO gpulayerd.daemon: gpulayerd ") for ln in lines), box.log()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gpulayerd with default settings serves on <state dir>/run/gpulayerd.sock (DaemonConfig.socket_path: "
-    "state_dir is never None there) while gpulayer without --state-dir looks in the user runtime dir "
-    "(socket_path_for(None)); fix the daemon's default in gpulayerd/config.py, then drop this marker"))
 def test_gpulayer_with_default_settings_finds_the_service_daemon(box: Box) -> None:
     proc, ready = install_and_start(box)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from rich.color import ColorSystem
 
 from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer, waiting_explanation
 from tests.tui.helpers import screen_text, wait_for
@@ -56,7 +57,7 @@ async def test_loads_everything_then_follows_changes_one_job_at_a_time() -> None
         await wait_for(pilot, lambda: "m8aa00000004" in table(app).shown_ids, "the new job's row")
         fake.put_job(make_job("m8aa00000002", "running", name="finetune", holder_name="dgx-spark",
                               reason="started"))
-        await wait_for(pilot, lambda: table(app).get_row("m8aa00000002")[3].plain == "running",  # type: ignore[union-attr]
+        await wait_for(pilot, lambda: table(app).cells("m8aa00000002")[3] == "running",
                        "the job's new state")
         assert fake.count("jobs") == 1
         assert ("job", "m8aa00000004") in fake.calls and ("job", "m8aa00000002") in fake.calls
@@ -146,7 +147,7 @@ async def test_cancel_asks_first_and_no_means_no() -> None:
         assert fake.count("cancel") == 0 and isinstance(app.screen, MainScreen)
         await pilot.press("c", "y")
         await wait_for(pilot, lambda: fake.count("cancel") == 1, "the cancel call")
-        await wait_for(pilot, lambda: table(app).get_row("m8aa00000001")[3].plain == "cancelled",  # type: ignore[union-attr]
+        await wait_for(pilot, lambda: table(app).cells("m8aa00000001")[3] == "cancelled",
                        "the cancelled state")
 
 
@@ -168,3 +169,16 @@ async def test_says_when_the_daemon_is_unreachable_and_recovers() -> None:
         fake.come_back()
         await wait_for(pilot, lambda: connected(app), "the recovery")
         assert fake.open_streams == 1
+
+
+@pytest.mark.asyncio
+async def test_a_16_colour_terminal_gets_the_terminals_own_colours() -> None:
+    app = make_app(fake_lab(), clock=lambda: NOW, settings=TuiSettings(age_refresh_s=0))
+    app.console._color_system = ColorSystem.STANDARD
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: connected(app) and table(app).row_count == 3, "the first load")
+        assert app.theme == "ansi-dark"
+        await wait_for(pilot, lambda: "Detail" in screen_text(app), "the jobs table's keys")
+        text = screen_text(app)
+        for word in ("running", "queued", "succeeded", "⏎ Detail", "q Quit"):  # states are words, not colours
+            assert word in text

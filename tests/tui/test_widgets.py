@@ -40,27 +40,35 @@ def jobs_table() -> JobsTable:
 
 
 @pytest.mark.asyncio
-async def test_jobs_table_updates_only_the_cells_that_changed() -> None:
+async def test_jobs_table_repaints_only_the_line_that_changed() -> None:
     table = jobs_table()
-    async with Harness(table).run_test() as pilot:
+    async with Harness(table).run_test(size=(100, 20)) as pilot:
         table.set_jobs([make_job(f"job{i:08d}", age_s=30 + i) for i in range(50)])
         await pilot.pause()
         assert table.row_count == 50
-        updated: list[tuple[str, str]] = []
-        original = table.update_cell
+        refreshed: list[Any] = []
+        original = table.refresh
 
-        def spy(row_key: Any, column_key: Any, value: Any, **kw: Any) -> None:
-            updated.append((str(row_key), str(column_key)))
-            original(row_key, column_key, value, **kw)
+        def spy(*regions: Any, **kw: Any) -> Any:
+            refreshed.append((regions, kw))
+            return original(*regions, **kw)
 
-        table.update_cell = spy  # type: ignore[method-assign]
-        table.clear = lambda *a, **k: pytest.fail("an update must not rebuild the table")  # type: ignore[method-assign]
+        table.refresh = spy  # type: ignore[method-assign]
+        rebuild = table._rebuild
+        table._rebuild = lambda: pytest.fail("an update must not rebuild the table")  # type: ignore[method-assign]
         table.upsert_job(make_job("job00000007", "running", age_s=37, holder_name="lab-ws-02", reason="started"))
-        assert sorted(updated) == [("job00000007", "reason"), ("job00000007", "state"), ("job00000007", "where")]
-        assert table.get_row("job00000007")[3].plain == "running"  # type: ignore[union-attr]
-        updated.clear()
+        assert table.cells("job00000007")[3:5] == ("running", "lab-ws-02")
+        assert len(refreshed) == 1 and refreshed[0][0][0].height == 1  # one line: row 7 under the header
+        assert refreshed[0][0][0].y == 8
+        refreshed.clear()
+        table.upsert_job(make_job("job00000007", "running", age_s=37, holder_name="lab-ws-02", reason="started"))
+        assert refreshed == []  # nothing changed, nothing repainted
         table.upsert_job(make_job("job00000050", age_s=1))  # a new job: one row added at the end
-        assert updated == [] and table.row_count == 51 and table.shown_ids[-1] == "job00000050"
+        assert table.row_count == 51 and table.shown_ids[-1] == "job00000050"
+        table._rebuild = rebuild  # type: ignore[method-assign]
+        await pilot.pause()
+        line = table.render_line(8).text
+        assert "job00000007" in line and "running" in line and "lab-ws-02" in line
 
 
 @pytest.mark.asyncio
@@ -113,10 +121,10 @@ async def test_jobs_table_ages_follow_the_clock() -> None:
     async with Harness(table).run_test() as pilot:
         table.set_jobs([make_job("c0000001", age_s=30), make_job("c0000002", age_s=4000)])
         await pilot.pause()
-        assert [table.get_row(k)[5] for k in table.shown_ids] == ["30s", "66m"]
+        assert [table.cells(k)[5] for k in table.shown_ids] == ["30s", "66m"]
         now[0] += 60
         table.refresh_ages()
-        assert [table.get_row(k)[5] for k in table.shown_ids] == ["90s", "67m"]
+        assert [table.cells(k)[5] for k in table.shown_ids] == ["90s", "67m"]
 
 
 @pytest.mark.asyncio

@@ -307,9 +307,10 @@ def test_deadline_passed_stops_the_job(runner: Runner) -> None:
 def test_extend_deadline_keeps_the_job_alive(runner: Runner) -> None:
     job_id = new_job_id()
     started = time.monotonic()
-    handle = runner.start(job_id, 1, ["sh", "-c", "sleep 1.2; exit 0"], job_env(job_id), None, started + 0.5)
-    runner.extend_deadline(handle, time.monotonic() + 10.0)
-    time.sleep(max(0.0, started + 0.8 - time.monotonic()))
+    # Generous margins: on a loaded 2-core machine start() alone can take most of a second.
+    handle = runner.start(job_id, 1, ["sh", "-c", "sleep 3.5; exit 0"], job_env(job_id), None, started + 2.5)
+    runner.extend_deadline(handle, time.monotonic() + 20.0)
+    time.sleep(max(0.0, started + 3.0 - time.monotonic()))
     assert runner.poll(handle).state is RunState.RUNNING  # past the first deadline
     status = wait_status(runner, handle)
     assert (status.exit_code, status.reason, status.killed_by_watchdog) == (0, "exited", False)
@@ -365,6 +366,8 @@ def test_gone_when_the_watchdog_dies_with_its_job(runner: Runner) -> None:
     assert handle.job_pgid is not None
     os.kill(handle.watchdog_pid, signal.SIGKILL)
     os.killpg(handle.job_pgid, signal.SIGKILL)
+    assert handle.job_pid is not None
+    wait_until(lambda: dead(handle.job_pid), 10, "the job to die")
     status = wait_status(runner, handle)
     assert (status.state, status.exit_code, status.reason) == (RunState.GONE, None, "gone")
     assert "died without writing exit.json" in status.detail

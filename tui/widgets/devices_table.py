@@ -28,6 +28,8 @@ def probe_summary(caps: Capabilities) -> str:
 def _state(peer: PeerView, d: DeviceModel) -> Cell:
     if peer.state == "down" or (peer.capabilities is not None and not peer.capabilities.online):
         return Text("offline", style="red")
+    if peer.state == "foreign":
+        return Text("other cluster (not used)", style="magenta")
     state = fmt.device_state(d.granted_to, d.foreign_pids)
     style = "green" if state == "free" else ("yellow" if d.granted_to else "red")
     return Text(state, style=style)

@@ -76,5 +76,9 @@ class JobSummary(Static):
         if spec.distributed is not None:
             d = spec.distributed
             text.append(f"; torch.distributed nnodes {d.nnodes} x nproc {d.nproc_per_node}")
+        if spec.env:
+            text.append("\nenv:     " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
+        if spec.policy.retries:
+            text.append(f"\npolicy:  retries {spec.policy.retries}, lease {spec.policy.lease_s:g} s")
         text.append(f"\nreason:  {fmt.one_line(job.reason, 400) or fmt.DASH}")
         self.update(text)

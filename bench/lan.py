@@ -1,0 +1,310 @@
+"""Figures for a LAN of gpulayerd hosts: ``python bench/lan.py`` (as root).
+
+Builds a three-host LAN of network namespaces on one bridge with tests/lan/harness.py
+(one cluster, mDNS on eth0, the daemon's own default timings), measures, and tears it
+all down. Prints one line per figure with its target; asserts nothing.
+
+- discovery: h1 and h2 run; h3 starts. The time from h3's "mDNS: advertising" log line
+  until every daemon lists the other two as up (trusted, over mutual TLS), found by
+  mDNS alone (no --peer); also from h3's spawn (process start and probes included).
+- remote submit->start latency: h1 has ``--cpu-slots 1``, kept busy by a long job, so
+  every trivial job submitted on h1 runs on h2 or h3 (offer, claim, the owner's
+  compare-and-set, start). One job at a time (no queueing); start is the job's own
+  ``date +%s.%N`` (every namespace shares the kernel's clock). The same measured for
+  jobs that run where they are submitted (h2) is the baseline; the difference is what
+  the LAN protocol adds.
+- claim conflicts: a burst of jobs submitted on all three hosts at once; every claim a
+  worker sends that the owner denies (another worker, or the owner itself, got the job
+  first, or it changed) is a conflict. The daemon has no counter for them, so they are
+  counted from the workers' DEBUG log lines ``claim denied by``; granted = attempts
+  run by a peer of the owner. No target is set for this one.
+- failure detection: SIGKILL one daemon; the time until each of the others lists it as
+  suspect, and as down (targets: the configured thresholds plus one heartbeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime as dt
+import math
+import os
+import platform
+import re
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from gpulayerd.api.client import DaemonClient, DaemonUnreachable
+from gpulayerd.config import DaemonConfig
+from tests.lan.harness import TERMINAL_STATES, Host, Lan, check_environment
+
+MDNS = ["--interface", "eth0"]
+_DEFAULTS = DaemonConfig.model_fields
+# The daemon's shipped defaults (the harness shortens some of them for tests).
+SETTINGS = {k: _DEFAULTS[k].default for k in (
+    "schedule_interval_s", "watchdog_poll_interval_s", "cancel_grace_s", "probe_interval_s",
+    "heartbeat_interval_s", "suspect_after_s", "down_after_s", "offer_interval_s", "lease_grace_s")}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def line(label: str, value: float, unit: str, target: float | None = None, *, fmt: str = ".1f") -> None:
+    text = f"{label}: {value:{fmt}}{f' {unit}' if unit else ''}"
+    if target is None:
+        print(f"{text} (no target)", flush=True)
+        return
+    ok = value <= target
+    ratio = value / target if target else math.inf
+    print(f"{text} (target <= {target:g}{f' {unit}' if unit else ''}: {'ok' if ok else 'MISSED'}, "
+          f"{ratio:.2f}x of target)", flush=True)
+
+
+def start_all(lan: Lan, slots: dict[str, int], log_level: str) -> float:
+    """Start every daemon at once; returns when the last one answered (monotonic)."""
+    for h in lan.hosts:
+        h.start_daemon(config=SETTINGS, extra_args=MDNS, cpu_slots=slots[h.name], log_level=log_level, wait=False)
+    for h in lan.hosts:
+        h.wait_daemon()
+    return time.monotonic()
+
+
+def _advertised_at(h: Host) -> float | None:
+    """Wall-clock time of the daemon's last "mDNS: advertising" log line."""
+    found = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO gpulayerd\.net\.mdns: mDNS: advertising",
+                       h.log_path.read_text(errors="replace"), re.MULTILINE)
+    return dt.datetime.strptime(found[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if found else None
+
+
+async def _all_up(hosts: Sequence[Host], timeout_s: float) -> float:
+    """Poll every daemon (persistent connections) until each lists the others up and trusted;
+    returns the wall-clock time that was first seen."""
+    ids = {h.name: h.node_id for h in hosts}
+    clients = {h.name: DaemonClient(h.socket_path, timeout_s=5) for h in hosts}
+    end = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < end:
+            try:
+                views = await asyncio.gather(*(clients[h.name].peers() for h in hosts))
+            except (DaemonUnreachable, OSError):
+                await asyncio.sleep(0.01)
+                continue
+            now = time.time()
+            if all(any(p.node_id == ids[o] and p.state == "up" and p.trusted for p in peers)
+                   for h, peers in zip(hosts, views, strict=True) for o in ids if o != h.name):
+                return now
+            await asyncio.sleep(0.01)
+        raise RuntimeError(f"the cluster did not form within {timeout_s:g} s")
+    finally:
+        for c in clients.values():
+            await c.close()
+
+
+def bench_discovery(lan: Lan, slots: dict[str, int]) -> None:
+    h1, h2, h3 = lan.hosts
+    for h in (h1, h2):
+        h.start_daemon(config=SETTINGS, extra_args=MDNS, cpu_slots=slots[h.name], log_level="INFO", wait=False)
+    for h in (h1, h2):
+        h.wait_daemon()
+    asyncio.run(_all_up([h1, h2], 60))
+    spawned = time.time()
+    h3.start_daemon(config=SETTINGS, extra_args=MDNS, cpu_slots=slots[h3.name], log_level="INFO", wait=False)
+    up = asyncio.run(_all_up(lan.hosts, 60))
+    advertised = _advertised_at(h3)
+    print("discovery by mDNS (no --peer): h1 and h2 run, h3 starts:")
+    if advertised is None:
+        print("  h3 never logged 'mDNS: advertising' (MISSED)")
+    else:
+        line("  h3 advertises -> all three list each other up", up - advertised, "s", 3.0, fmt=".2f")
+    line("  h3 spawned (process start, probes, mDNS) -> all three list each other up", up - spawned, "s", fmt=".2f")
+
+
+def wait_file(path: Path, timeout_s: float) -> float:
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            text = path.read_text()
+            if text.endswith("\n"):
+                return float(text)
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > end:
+            raise RuntimeError(f"{path} did not appear within {timeout_s:g} s")
+        time.sleep(0.002)
+
+
+def _latencies(h1: Host, n: int, shared: Path) -> tuple[list[float], collections.Counter[str]]:
+    """Submit ``n`` trivial jobs on h1 one at a time; their submit->start latencies (s) and workers."""
+    ids = {h.node_id: h.name for h in h1.lan.hosts}
+    spec = {"command": ["sh", "-c", f"date +%s.%N > {shared}/$GPULAYER_JOB_ID.tmp && "
+                                    f"mv {shared}/$GPULAYER_JOB_ID.tmp {shared}/$GPULAYER_JOB_ID"]}
+    latencies: list[float] = []
+    where: collections.Counter[str] = collections.Counter()
+
+    async def go() -> None:
+        async with DaemonClient(h1.socket_path, timeout_s=30) as c:
+            for _ in range(n):
+                sent = time.time()
+                job = await c.submit({"workdir": str(h1.work), **spec})
+                started = await asyncio.to_thread(wait_file, shared / job.id, 30.0)
+                latencies.append(started - sent)
+                while (view := await c.job(job.id)).status not in TERMINAL_STATES:
+                    await asyncio.sleep(0.005)
+                if view.status != "succeeded":
+                    raise RuntimeError(f"job {job.id} {view.status}: {view.reason}")
+                where[ids.get(view.attempts[-1].worker, "?")] += 1
+
+    asyncio.run(go())
+    return latencies, where
+
+
+def bench_latency(lan: Lan, n: int, shared: Path) -> None:
+    h1, h2 = lan.host(1), lan.host(2)
+    local, _ = _latencies(h2, max(10, n // 3), shared)
+    remote, where = _latencies(h1, n, shared)
+    ms = [x * 1000 for x in remote]
+    base = percentile([x * 1000 for x in local], 50)
+    print(f"remote submit->start, {n} jobs one at a time on h1 (its one slot busy), "
+          f"ran on {dict(sorted(where.items()))}:")
+    line("  p50", percentile(ms, 50), "ms", 150)
+    line("  p99", percentile(ms, 99), "ms")
+    line("  max", max(ms), "ms")
+    line(f"  baseline: p50 of {len(local)} jobs run where submitted (h2)", base, "ms")
+    line("  p50 remote - p50 local (offer, claim, grant over the LAN)", percentile(ms, 50) - base, "ms")
+
+
+def bench_claim_conflicts(lan: Lan, per_host: int) -> None:
+    hosts = lan.hosts
+    marks = {h.name: h.log_path.stat().st_size for h in hosts}
+
+    async def submit_and_wait() -> list[tuple[Host, str]]:
+        async def one(h: Host) -> list[tuple[Host, str]]:
+            async with DaemonClient(h.socket_path, timeout_s=60) as c:
+                jobs = await asyncio.gather(*(c.submit({"command": ["true"], "workdir": str(h.work)})
+                                              for _ in range(per_host)))
+                pending = {j.id for j in jobs}
+                while pending:
+                    done = {j.id for j in await c.jobs() if j.id in pending and j.status in TERMINAL_STATES}
+                    pending -= done
+                    await asyncio.sleep(0.2)
+                return [(h, j.id) for j in jobs]
+
+        return [x for xs in await asyncio.gather(*(one(h) for h in hosts)) for x in xs]
+
+    t0 = time.monotonic()
+    jobs = asyncio.run(submit_and_wait())
+    elapsed = time.monotonic() - t0
+
+    async def remote_runs() -> int:
+        n = 0
+        for h in hosts:
+            async with DaemonClient(h.socket_path, timeout_s=60) as c:
+                for owner, job_id in jobs:
+                    if owner is h:
+                        view = await c.job(job_id)
+                        n += sum(1 for a in view.attempts if a.worker != h.node_id)
+        return n
+
+    granted = asyncio.run(remote_runs())
+    denied = failed = 0
+    for h in hosts:
+        with open(h.log_path, "rb") as f:
+            f.seek(marks[h.name])
+            text = f.read().decode("utf-8", "replace")
+        denied += len(re.findall(r": claim denied by ", text))
+        failed += len(re.findall(r": claim at \S+ failed: ", text))
+    print(f"claim conflicts, a burst of {per_host} jobs on each of the 3 hosts at once "
+          f"({len(jobs)} jobs done in {elapsed:.1f} s; {granted} granted to a peer):")
+    line("  denied claims per job granted to a peer", denied / granted if granted else 0.0, "", fmt=".3f")
+    line("  denied claims (count)", denied, "", fmt=".0f")
+    line("  claims that failed on the wire (count)", failed, "", fmt=".0f")
+
+
+def bench_failure_detection(lan: Lan) -> None:
+    h1, h2, h3 = lan.hosts
+    victim = h3.node_id
+    lan.wait_cluster(timeout_s=30)
+    h3.kill_daemon(signal.SIGKILL)
+    killed = time.monotonic()
+    first: dict[tuple[str, str], float] = {}
+    observers = (h1, h2)
+    while len(first) < 2 * len(observers) and time.monotonic() - killed < 60:
+        for h in observers:
+            state = h.peer_states().get(victim, ("missing", False))[0]
+            now = time.monotonic() - killed
+            if state in ("suspect", "down"):
+                first.setdefault((h.name, "suspect"), now)
+            if state == "down":
+                first.setdefault((h.name, "down"), now)
+        time.sleep(0.02)
+    hb, suspect, down = SETTINGS["heartbeat_interval_s"], SETTINGS["suspect_after_s"], SETTINGS["down_after_s"]
+    print(f"failure detection, SIGKILL of h3 (heartbeat every {hb:g} s, suspect after {suspect:g} s, "
+          f"down after {down:g} s):")
+    for what, target in (("suspect", suspect + hb), ("down", down + hb)):
+        seen = [first[(h.name, what)] for h in observers if (h.name, what) in first]
+        if len(seen) < len(observers):
+            print(f"  kill -> {what} on every other host: not within 60 s (MISSED)")
+            continue
+        line(f"  kill -> {what} on every other host", max(seen), "s", target, fmt=".2f")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=100, help="jobs for the latency figure (default 100)")
+    p.add_argument("--burst", type=int, default=50, help="jobs per host in the conflict burst (default 50)")
+    args = p.parse_args(argv)
+    problems = check_environment()
+    if problems:
+        print("bench needs root and ip netns: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+          f"Python {platform.python_version()}")
+    print("settings: " + ", ".join(f"{k}={v:g}" for k, v in SETTINGS.items()), flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    lan = Lan(3)
+    try:
+        with lan:
+            h1 = lan.host(1)
+            lan.form_cluster()
+            slots = {"h1": 1, "h2": 4, "h3": 4}
+            # Warm the environment cache once (a cold probe imports torch), then start for real.
+            h1.start_daemon(config=SETTINGS, log_level="INFO", cpu_slots=1)
+            h1.stop_daemon()
+            bench_discovery(lan, slots)
+            blocker = h1.submit({"command": ["sleep", "3600"]})
+            h1.wait_job(blocker.id, states={"running"})
+            shared = lan.root / "starts"
+            shared.mkdir()
+            bench_latency(lan, args.jobs, shared)
+            # DEBUG logs carry the denied claims; restart everyone with them (the blocker is re-adopted).
+            for h in lan.hosts:
+                h.stop_daemon()
+            start_all(lan, {"h1": 4, "h2": 4, "h3": 4}, "DEBUG")
+            lan.wait_cluster(timeout_s=30)
+            bench_claim_conflicts(lan, args.burst)
+            bench_failure_detection(lan)
+    except KeyboardInterrupt:
+        print("\ninterrupted: tearing the LAN down", file=sys.stderr)
+        return 130
+    except (RuntimeError, AssertionError) as e:
+        print(f"bench failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""Jobs across a LAN of namespaces: placement by requirements, exactly-once under load,
+multi-host gangs, and what happens when a worker daemon dies.
+
+The first three tests share one three-host cluster (starting daemons costs seconds on a
+small machine); the failure tests kill daemons and get a LAN of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from gpulayerd.api.client import DaemonClient
+from gpulayerd.models import JobView
+from tests.lan.harness import FAST_CLUSTER, REPO_ROOT, TERMINAL_STATES, Host, Lan
+
+QUIET = "INFO"  # the daemon's DEBUG log is mostly aiosqlite statements
+MDNS = ["--interface", "eth0"]
+GB16_CC75 = [(16384, "7.5")]
+GB48_CC86_X2 = [(49152, "8.6"), (49152, "8.6")]
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture(scope="module")
+def cluster3(request: pytest.FixtureRequest) -> Iterator[Lan]:
+    """Three hosts in one cluster, mDNS on eth0, four CPU slots each; h1 has no GPU, h2 one
+    16 GB cc 7.5 GPU, h3 two 48 GB cc 8.6 GPUs."""
+    failed_before = request.session.testsfailed
+    lan = Lan(3)
+    try:
+        lan.up()
+        h1, h2, h3 = lan.hosts
+        lan.form_cluster()
+        h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=4, log_level=QUIET)
+        h2.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=4, log_level=QUIET, fake_gpus=GB16_CC75,
+                        wait=False)
+        h3.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=4, log_level=QUIET, fake_gpus=GB48_CC86_X2,
+                        wait=False)
+        h2.wait_daemon()
+        h3.wait_daemon()
+        lan.wait_cluster(timeout_s=20)
+        yield lan
+    finally:
+        lan.close(dump_logs=request.session.testsfailed > failed_before)
+
+
+def test_cuda_job_runs_where_its_requirements_hold(cluster3: Lan) -> None:
+    h1, h2, h3 = cluster3.hosts
+    spec = {"command": ["sh", "-c", 'echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES on $(hostname)"'],
+            "requirements": {"accelerator": "cuda", "gpu_memory_gb": 40, "min_cuda_compute_capability": "8.0"}}
+    job = h1.submit(spec)
+    view = h1.wait_job(job.id, timeout_s=30)
+    assert view.status == "succeeded", view.reason
+    attempt = view.attempts[-1]
+    assert (attempt.worker, attempt.worker_name) == (h3.node_id, h3.hostname)
+    assert attempt.placement is not None and attempt.placement.worker == h3.node_id
+    indices = attempt.placement.device_indices
+    assert len(indices) == 1 and indices[0] in (0, 1)
+    # The log lives on h3; h1 proxies it.
+    out = h1.cli_ok("logs", job.id)
+    assert out == f"CUDA_VISIBLE_DEVICES={','.join(map(str, indices))} on {h3.hostname}\n", out
+
+    # Why not h1 or h2: explain works on any job id, against the cluster as it is now.
+    e = h1.api(lambda c: c.explain(job.id))
+    rows = {w.worker: w for w in e.workers}
+    assert set(rows) == {h1.node_id, h2.node_id, h3.node_id}
+    assert rows[h3.node_id].state == "fits_now" and e.placement is not None and e.placement.worker == h3.node_id
+    assert rows[h1.node_id].state == "no_fit" and rows[h2.node_id].state == "no_fit"
+    msgs1 = " | ".join(r.message for r in rows[h1.node_id].rejections)
+    msgs2 = " | ".join(r.message for r in rows[h2.node_id].rejections)
+    assert "no cuda device" in msgs1, msgs1
+    assert re.search(r"17\.2 GB < 40 GB", msgs2) and "compute capability 7.5 < 8.0" in msgs2, msgs2
+    codes2 = {r.code for r in rows[h2.node_id].rejections}
+    assert {"INSUFFICIENT_MEMORY", "COMPUTE_CAPABILITY_TOO_LOW"} <= codes2, codes2
+    text = h1.cli_ok("explain", job.id)
+    for needle in (h1.hostname, h2.hostname, h3.hostname, "no cuda device", "17.2 GB < 40 GB",
+                   "compute capability 7.5 < 8.0"):
+        assert needle in text, f"{needle!r} not in:\n{text}"
+
+
+async def _submit_all(hosts: list[Host], spec_of: dict[str, dict[str, Any]], per_host: int) -> dict[str, list[str]]:
+    """Submit ``per_host`` jobs on every host at once; owner name -> job ids."""
+    async def one_host(h: Host) -> list[str]:
+        async with DaemonClient(h.socket_path, timeout_s=60) as c:
+            sem = asyncio.Semaphore(16)
+
+            async def submit() -> str:
+                async with sem:
+                    return (await c.submit(spec_of[h.name])).id
+
+            return list(await asyncio.gather(*(submit() for _ in range(per_host))))
+
+    ids = await asyncio.gather(*(one_host(h) for h in hosts))
+    return {h.name: i for h, i in zip(hosts, ids, strict=True)}
+
+
+async def _list_all(hosts: list[Host]) -> dict[str, list[JobView]]:
+    async def one(h: Host) -> list[JobView]:
+        async with DaemonClient(h.socket_path, timeout_s=30) as c:
+            return await c.jobs()
+
+    views = await asyncio.gather(*(one(h) for h in hosts))
+    return {h.name: v for h, v in zip(hosts, views, strict=True)}
+
+
+async def _show_all(owners: dict[Host, list[str]]) -> dict[str, JobView]:
+    """Full views (attempts included) of each owner's jobs."""
+    async def one(h: Host, ids: list[str]) -> list[JobView]:
+        async with DaemonClient(h.socket_path, timeout_s=60) as c:
+            sem = asyncio.Semaphore(16)
+
+            async def get(job_id: str) -> JobView:
+                async with sem:
+                    return await c.job(job_id)
+
+            return list(await asyncio.gather(*(get(i) for i in ids)))
+
+    views = await asyncio.gather(*(one(h, ids) for h, ids in owners.items()))
+    return {v.id: v for vs in views for v in vs}
+
+
+def test_300_concurrent_jobs_each_run_exactly_once(cluster3: Lan) -> None:
+    hosts = cluster3.hosts
+    markers = cluster3.root / "markers"
+    markers.mkdir()
+    spec_of = {h.name: {"command": ["sh", "-c", f"echo $GPULAYER_JOB_ID $GPULAYER_ATTEMPT $(hostname) "
+                                                f">> {markers}/$GPULAYER_JOB_ID"], "workdir": str(h.work)}
+               for h in hosts}
+    before = {h.name: {j.id for j in h.api(lambda c: c.jobs())} for h in hosts}
+    t0 = time.monotonic()
+    submitted = asyncio.run(_submit_all(hosts, spec_of, 100))
+    t_submit = time.monotonic() - t0
+    all_ids = {i for ids in submitted.values() for i in ids}
+    assert len(all_ids) == 300
+
+    def ours(views: dict[str, list[JobView]]) -> dict[str, JobView]:
+        return {j.id: j for vs in views.values() for j in vs if j.id in all_ids}
+
+    last: dict[str, JobView] = {}
+
+    def all_done() -> bool:
+        last.clear()
+        last.update(ours(asyncio.run(_list_all(hosts))))
+        return len(last) == 300 and all(j.status in TERMINAL_STATES for j in last.values())
+
+    try:
+        cluster3.wait(all_done, timeout_s=150, interval_s=0.5, what="300 jobs to finish")
+    except AssertionError as e:
+        left = collections.Counter(j.status for j in last.values())
+        raise AssertionError(f"{e}: {dict(left)} of {len(last)} listed") from None
+    elapsed = time.monotonic() - t0
+
+    by_owner = {h.name: {j.id for j in h.api(lambda c: c.jobs())} - before[h.name] for h in hosts}
+    assert {k: sorted(v) for k, v in by_owner.items()} == {k: sorted(v) for k, v in submitted.items()}, (
+        "every job is listed by its owner only")
+    statuses = collections.Counter(j.status for j in last.values())
+    assert statuses == {"succeeded": 300}, {j.id: (j.status, j.reason) for j in last.values()
+                                            if j.status != "succeeded"}
+    assert [j.id for j in last.values() if j.attempt != 1] == []
+
+    # Each job wrote exactly one marker line, from the host its owner says ran it.
+    files = {p.name: p.read_text() for p in markers.iterdir()}
+    assert set(files) == all_ids, f"missing {sorted(all_ids - set(files))[:5]}, extra {sorted(set(files) - all_ids)[:5]}"
+    shown = asyncio.run(_show_all({h: submitted[h.name] for h in hosts}))
+    owner_of = {i: h.hostname for h in hosts for i in submitted[h.name]}
+    ran_on: collections.Counter[tuple[str, str]] = collections.Counter()
+    for job_id, text in files.items():
+        lines = text.splitlines()
+        assert len(lines) == 1, f"job {job_id} ran {len(lines)} times: {lines}"
+        jid, attempt, hostname = lines[0].split()
+        view = shown[job_id]
+        assert [(a.attempt, a.state, a.exit_code) for a in view.attempts] == [(1, "exited", 0)], view.attempts
+        assert (jid, attempt, hostname) == (job_id, "1", view.attempts[0].worker_name), (lines, view.attempts)
+        ran_on[(owner_of[job_id], hostname)] += 1
+    remote = sum(n for (owner, worker), n in ran_on.items() if owner != worker)
+    assert remote > 0, f"no job ran on a peer of its owner, so nothing here crossed the LAN: {dict(ran_on)}"
+    print(f"300 jobs: submitted in {t_submit:.1f} s, all done in {elapsed:.1f} s, {remote} ran on a peer; "
+          f"(owner, worker) -> jobs: {dict(ran_on)}")
+
+
+def test_two_host_gloo_job(cluster3: Lan) -> None:
+    h1 = cluster3.host(1)
+    by_id = {h.node_id: h for h in cluster3.hosts}
+    spec = {"command": ["python", "ddp_cpu.py", "--steps", "10"], "workdir": str(REPO_ROOT / "examples"),
+            "requirements": {"frameworks": {"torch": ">=2"}},
+            "distributed": {"nnodes": 2, "nproc_per_node": 1, "backend": "gloo"}}
+    job = h1.submit(spec)
+    view = h1.wait_job(job.id, timeout_s=120, interval_s=0.3)
+    attempt = view.attempts[-1] if view.attempts else None
+    assert view.status == "succeeded", (view.reason, attempt, [e.reason for e in view.events])
+    assert attempt is not None and len(attempt.gang) == 2 and len(set(attempt.gang)) == 2, attempt
+    checksums = {}
+    for rank, node in enumerate(attempt.gang):
+        member = by_id[node]
+        log = member.state_dir / "runs" / job.id / str(view.attempt) / "stdout.log"
+        text = log.read_text()
+        found = re.findall(r"rank (\d+) final parameter checksum (\S+)", text)
+        assert found, f"{member.name} ({log}):\n{text}"
+        assert len(found) == 1 and int(found[0][0]) == rank, found
+        checksums[member.name] = found[0][1]
+    assert len(set(checksums.values())) == 1, checksums
+
+
+# --------------------------------------------------------------------- a worker dies
+
+HEARTBEAT = 'while :; do date +%s.%N >> "{d}/hb.$GPULAYER_ATTEMPT"; sleep 0.2; done'
+RETRIED = ('if [ "$GPULAYER_ATTEMPT" = 1 ]; then ' + HEARTBEAT + '; '
+           'else date +%s.%N > "{d}/start.$GPULAYER_ATTEMPT"; sleep 1; fi')
+LEASE_S = 5.0
+GRACE_S = 2.0
+
+
+def _job_pid(worker: Host, job_id: str, attempt: int) -> int:
+    path = worker.state_dir / "runs" / job_id / str(attempt) / "job.json"
+    pid: int = json.loads(path.read_text())["pid"]
+    return pid
+
+
+def test_worker_killed_attempt_lost_then_retried_elsewhere(lan_factory: Callable[..., Lan]) -> None:
+    lan = lan_factory(3)
+    h1, h2, h3 = lan.hosts
+    lan.form_cluster()
+    cfg = {**FAST_CLUSTER, "lease_grace_s": GRACE_S}
+    # h1 (the owner) has one slot, which a blocker keeps busy, so its jobs run on peers.
+    h1.start_daemon(config=cfg, extra_args=MDNS, cpu_slots=1, log_level=QUIET)
+    h2.start_daemon(config=cfg, extra_args=MDNS, cpu_slots=2, log_level=QUIET)
+    lan.wait_cluster(h1, h2)
+    blocker = h1.submit({"command": ["sleep", "300"]})
+    assert h1.wait_job(blocker.id, states={"running"}).attempts[-1].worker == h1.node_id
+    d = lan.root / "shared"
+    d.mkdir()
+    retried = h1.submit({"command": ["sh", "-c", RETRIED.format(d=d)],
+                         "policy": {"retries": 1, "lease_s": LEASE_S}})
+    once = h1.submit({"command": ["sh", "-c", HEARTBEAT.format(d=d).replace("hb.", "once.")],
+                      "policy": {"retries": 0, "lease_s": LEASE_S}})
+    for j in (retried, once):
+        v = h1.wait_job(j.id, states={"running"}, timeout_s=20)
+        assert v.attempts[-1].worker == h2.node_id, v.attempts
+    # h3 joins only now, so both jobs ran on h2; it is where the retry can go.
+    h3.start_daemon(config=cfg, extra_args=MDNS, cpu_slots=2, log_level=QUIET)
+    lan.wait_cluster()
+    pid_retried = _job_pid(h2, retried.id, 1)
+    pid_once = _job_pid(h2, once.id, 1)
+    lan.wait(lambda: (d / "hb.1").exists() and (d / "once.1").exists(), timeout_s=10, what="heartbeats")
+
+    assert h2.kill_daemon() == -9
+    killed_wall = time.time()
+    seen: dict[str, Any] = {}
+
+    def settled() -> bool:
+        a, b = h1.job(retried.id), h1.job(once.id)
+        if b.status == "lost" and "once_pid_dead" not in seen:
+            seen["once_pid_dead"] = _dead(pid_once)
+        if a.attempt == 2 and a.status in ("running", "succeeded") and "pid_dead" not in seen:
+            seen.update(pid_dead=_dead(pid_retried), status=a.status)
+        return a.status == "succeeded" and b.status == "lost"
+
+    lan.wait(settled, timeout_s=30, interval_s=0.1, what="the retry to succeed and the other job to be lost")
+    a, b = h1.job(retried.id), h1.job(once.id)
+
+    # The owner declared both attempts lost within lease + grace of the last renewal (which
+    # came at most a lease tick, 1 s, before the kill; the owner checks leases every 1 s).
+    limit = LEASE_S + GRACE_S + 2.0
+    for view, to in ((a, "queued"), (b, "lost")):
+        loss = [e for e in view.events if e.attempt == 1 and e.from_status == "running" and e.to_status == to]
+        assert len(loss) == 1, [(e.kind, e.from_status, e.to_status, e.attempt, e.reason) for e in view.events]
+        after = loss[0].at - killed_wall
+        assert 0 < after <= limit, f"job {view.id}: lost {after:.1f} s after the kill (limit {limit} s)"
+        assert "no lease renewal" in loss[0].reason, loss[0].reason
+
+    # retries = 1: attempt 2 ran on h3, after every process of attempt 1 was gone.
+    assert [(x.attempt, x.worker) for x in a.attempts] == [(1, h2.node_id), (2, h3.node_id)], a.attempts
+    assert seen.get("pid_dead") is True, f"attempt 1's job (pid {pid_retried}) lived on: {seen}"
+    beats = [float(x) for x in (d / "hb.1").read_text().split()]
+    start2 = float((d / "start.2").read_text())
+    assert beats and beats[-1] < start2, f"attempt 1 beat at {beats[-1]:.3f}, attempt 2 started at {start2:.3f}"
+    assert not (d / "hb.2").exists()
+    assert a.retries_left == 0
+
+    # retries = 0: the job ends lost, saying why, and its process died too.
+    assert (b.status, b.attempt, b.holder) == ("lost", 1, None)
+    assert "no lease renewal" in b.reason and f"{LEASE_S:g} s + {GRACE_S:g} s grace" in b.reason, b.reason
+    assert seen.get("once_pid_dead") is True, f"pid {pid_once} outlived its lease"
+    assert _dead(pid_once) and _dead(pid_retried)
+    assert h1.job(blocker.id).status == "running"
+
+    # The owner's attempt rows say how each attempt ended.
+    assert [(x.attempt, x.state) for x in a.attempts] == [(1, "lost"), (2, "exited")], a.attempts
+    assert a.attempts[0].ended_at is not None and "no lease renewal" in a.attempts[0].reason, a.attempts[0]
+    assert [(x.attempt, x.state) for x in b.attempts] == [(1, "lost")], b.attempts
+    assert b.attempts[0].ended_at is not None and "no lease renewal" in b.attempts[0].reason, b.attempts[0]
