@@ -39,8 +39,8 @@ def _dead(pid: int) -> bool:
 def cluster3(request: pytest.FixtureRequest) -> Iterator[Lan]:
     """Three hosts in one cluster, mDNS on eth0, four CPU slots each; h1 has no GPU, h2 one
     16 GB cc 7.5 GPU, h3 two 48 GB cc 8.6 GPUs."""
-    failed_before = request.session.testsfailed
     lan = Lan(3)
+    ready = False
     try:
         lan.up()
         h1, h2, h3 = lan.hosts
@@ -53,9 +53,21 @@ def cluster3(request: pytest.FixtureRequest) -> Iterator[Lan]:
         h2.wait_daemon()
         h3.wait_daemon()
         lan.wait_cluster(timeout_s=20)
+        ready = True
         yield lan
     finally:
-        lan.close(dump_logs=request.session.testsfailed > failed_before)
+        lan.close(dump_logs=not ready or _any_failed(request, "cluster3"))
+
+
+def _any_failed(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test using ``fixture`` failed (reports recorded by conftest's hook)."""
+    for item in request.session.items:
+        if fixture in getattr(item, "fixturenames", ()):
+            for when in ("setup", "call"):
+                rep = getattr(item, f"lan_rep_{when}", None)
+                if rep is not None and rep.failed:
+                    return True
+    return False
 
 
 def test_cuda_job_runs_where_its_requirements_hold(cluster3: Lan) -> None:

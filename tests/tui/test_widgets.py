@@ -102,6 +102,22 @@ async def test_jobs_table_filter_sort_and_cursor_follow_the_job() -> None:
 
 
 @pytest.mark.asyncio
+async def test_jobs_table_puts_a_job_that_matches_again_back_in_its_place() -> None:
+    table = jobs_table()
+    async with Harness(table).run_test() as pilot:
+        table.set_jobs([make_job("e0000001", reason="waiting"), make_job("e0000002", reason="waiting"),
+                        make_job("e0000003", reason="waiting")])
+        table.filter_text = "waiting"
+        await pilot.pause()
+        table.upsert_job(make_job("e0000002", "running", reason="started"))
+        assert table.shown_ids == ["e0000001", "e0000003"]
+        table.upsert_job(make_job("e0000002", "queued", reason="waiting again"))
+        assert table.shown_ids == ["e0000001", "e0000003", "e0000002"]  # added at once, at the end ...
+        await pilot.pause(0.7)
+        assert table.shown_ids == ["e0000001", "e0000002", "e0000003"]  # ... then sorted into its place
+
+
+@pytest.mark.asyncio
 async def test_jobs_table_keys_post_messages_for_the_highlighted_job() -> None:
     table = jobs_table()
     app = Harness(table)

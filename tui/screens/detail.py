@@ -106,6 +106,8 @@ class JobDetailScreen(Screen[None]):
             self._show_job(known)
         self._show_connection(self._source.state.connection)
         self._source.job_updated.subscribe(self, self._job_updated, immediate=True)
+        self._source.jobs_reset.subscribe(self, self._reread, immediate=True)
+        self._source.peers_updated.subscribe(self, self._devices_changed, immediate=True)
         self._source.connection_changed.subscribe(self, self._show_connection, immediate=True)
         self.load_job()
         self.load_explanation()
@@ -191,6 +193,14 @@ class JobDetailScreen(Screen[None]):
         self.load_explanation()
         if self._attempt is not None and job.attempt != self._attempt:
             self.follow_log()
+
+    def _reread(self, _: object) -> None:
+        """Everything was re-read (a reconnect): read this job and its explanation again."""
+        self.load_job()
+        self.load_explanation()
+
+    def _devices_changed(self, _: object) -> None:
+        self.load_explanation()  # what fits where may have changed
 
     def _show_job(self, job: JobView) -> None:
         self.query_one(JobSummary).job = job

@@ -7,9 +7,9 @@ reorders the rows, and nothing is ever re-rendered that is not on screen. Each l
 kept as a rendered strip until its job's cells, the cursor or the layout change.
 
 This is a Line API widget rather than a DataTable: a DataTable re-renders every visible
-cell and recomputes its row offsets (a loop over all rows) on any change to any cell,
-about 50 to 100 ms a change with 1,000 to 10,000 jobs, where this table takes well under
-a millisecond (``bench/tui.py``).
+cell and recomputes its row offsets (a loop over all rows) on any change to any cell, which
+measured 45 to 120 ms per job update with 1,000 to 10,000 jobs (``bench/tui.py`` on a
+2-CPU machine), where this table repaints one line in a few milliseconds.
 """
 
 from __future__ import annotations
@@ -268,10 +268,12 @@ class JobsTable(ScrollView, can_focus=True):
         self._cells[job.id] = cells
         if old is None:
             self._append_row(job.id)
+            if self.sort_by != "submitted" or job.id != next(reversed(self._jobs)):
+                self._schedule_resort()  # its place is not the end: sort it in soon (once for a burst)
         else:
             self._refresh_row(job.id)
-        if self.sort_by != "submitted":
-            self._schedule_resort()
+            if self.sort_by != "submitted":
+                self._schedule_resort()
         if job.id == self.highlighted_id:
             self.post_message(self.JobHighlighted(job))
 
