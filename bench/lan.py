@@ -216,17 +216,20 @@ def bench_claim_conflicts(lan: Lan, per_host: int) -> None:
         return n
 
     granted = asyncio.run(remote_runs())
-    denied = failed = 0
+    reasons: collections.Counter[str] = collections.Counter()
+    failed = 0
     for h in hosts:
         with open(h.log_path, "rb") as f:
             f.seek(marks[h.name])
             text = f.read().decode("utf-8", "replace")
-        denied += len(re.findall(r": claim denied by ", text))
+        reasons.update(re.findall(r": claim denied by \S+: (.*)$", text, re.MULTILINE))
         failed += len(re.findall(r": claim at \S+ failed: ", text))
+    denied = sum(reasons.values())
     print(f"claim conflicts, a burst of {per_host} jobs on each of the 3 hosts at once "
           f"({len(jobs)} jobs done in {elapsed:.1f} s; {granted} granted to a peer):")
     line("  denied claims per job granted to a peer", denied / granted if granted else 0.0, "", fmt=".3f")
     line("  denied claims (count)", denied, "", fmt=".0f")
+    print(f"  denied claims by the owner's reason: {dict(reasons.most_common())}")
     line("  claims that failed on the wire (count)", failed, "", fmt=".0f")
 
 

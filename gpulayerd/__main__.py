@@ -46,6 +46,8 @@ def _configure_logging(level: str) -> None:
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("JOURNAL_STREAM") else (
         "%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+    # aiosqlite logs every statement at DEBUG: keep --log-level DEBUG readable.
+    logging.getLogger("aiosqlite").setLevel(max(logging.INFO, logging.getLevelName(level)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,12 +22,12 @@ import json
 import logging
 import os
 import secrets
-import socket
 import time
+from collections import Counter
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psutil
 from pydantic import BaseModel
@@ -62,7 +62,6 @@ from gpulayerd.models import (
     LogChunk,
     PeerView,
     PlacementModel,
-    SpecError,
     SubmitRequest,
     job_spec_from_mapping,
 )
@@ -70,22 +69,14 @@ from gpulayerd.models import (
 if TYPE_CHECKING:
     from gpulayerd.cluster import ClusterNode
 from gpulayerd.api.peer import PeerCallError
+from gpulayerd.gang import Gang, GangRole, HeldResources
 from gpulayerd.net.wire import (
-    Ack,
-    Claim,
-    ClaimReply,
-    Commit,
-    Hold,
-    HoldReply,
-    Kill,
     LogRequest,
     Offer,
-    Release,
-    RunReport,
-    RunReportReply,
 )
-from gpulayerd.runner import RunHandle, Runner, RunnerError, RunStatus, build_argv, build_env, build_gang_argv
-from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, RemoteRunRow, Store
+from gpulayerd.remote import LOG_CHUNK_BYTES, RemoteRole, whole_chars
+from gpulayerd.runner import RunHandle, Runner, RunnerError, RunStatus, build_argv, build_env
+from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
 
 __all__ = ["JobManager", "new_job_id"]
 
@@ -93,7 +84,6 @@ log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
 
-LOG_CHUNK_BYTES = 1 << 20
 ANOTHER_DAEMON = "(another gpulayerd on this machine)"
 _B32 = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -108,7 +98,7 @@ def new_job_id(now_wall: float) -> str:
     return "".join(reversed(chars))
 
 
-class JobManager:
+class JobManager(RemoteRole, GangRole):
     """Owner and worker in one: implements the local API and runs the daemon's loops."""
 
     def __init__(
@@ -157,13 +147,14 @@ class JobManager:
         self._gang_backoff: dict[str, tuple[float, int]] = {}  # job -> (not before, failures)
         self._holds: dict[str, HeldResources] = {}  # worker side: hold id -> what it holds
         self._starting: dict[tuple[str, int], JobSpec] = {}  # claimed here, watchdog starting
+        self.stats: Counter[str] = Counter()  # protocol counters, shown by /v1/health
 
     # ------------------------------------------------------------------ local API
 
     def health(self) -> HealthView:
         """Liveness and identity."""
         return HealthView(ok=True, version=self._version, node_id=self.node_id, hostname=self._hostname,
-                          pid=os.getpid(), state_dir=str(self._config.state_dir))
+                          pid=os.getpid(), state_dir=str(self._config.state_dir), counters=dict(self.stats))
 
     async def async_capabilities(self) -> Capabilities:
         """This machine's capabilities with the current grant state of each device."""
@@ -303,7 +294,7 @@ class JobManager:
             f.seek(offset)
             raw = f.read(LOG_CHUNK_BYTES)
             # Cut a character only where more may follow: a finished log ends where it ends.
-            data = _whole_chars(raw) if not terminal or offset + len(raw) < size else raw
+            data = whole_chars(raw) if not terminal or offset + len(raw) < size else raw
         nxt = offset + len(data)
         return LogChunk(job_id=row.id, attempt=n, stream=stream, offset=offset, next_offset=nxt,
                         data=data.decode("utf-8", errors="replace"), complete=terminal and nxt >= size)
@@ -759,8 +750,11 @@ class JobManager:
                 self._leases.pop(job_id, None)
                 continue
             actions = claims.handle(self._record(row), claims.LeaseChecked(self._config.lease_grace_s), now)
-            if actions:
-                await self._run_actions(job_id, actions)
+            if actions and await self._run_actions(job_id, actions):
+                persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+                if persist is not None:
+                    await self._store.end_attempt(job_id, row.attempt, "lost", None, persist.reason, time.time())
+                self._leases.pop(job_id, None)
         self._expire_holds(now)
         await self._gang_lease_tick(now)
         if self._remote:
@@ -799,572 +793,6 @@ class JobManager:
             return ""
         runs = sorted(self._runs)
         return hashlib.sha256(repr((_hardware_key(self._caps), runs)).encode()).hexdigest()[:16]
-
-    def _offer_elsewhere(self, row: JobRow, req: JobRequest, spec: JobSpec) -> bool:
-        """Offer a job that does not fit here to the best peer that fits now; True if offered."""
-        remote = self._remote_workers()
-        if not remote or self.cluster is None:
-            return False
-        e = explain(req, remote, self._support)
-        if e.placement is None:
-            return False
-        target = e.placement.worker
-        last = self._offered.get(row.id)
-        now = time.monotonic()
-        if last is not None and last[0] == target and now - last[1] < self._config.offer_interval_s:
-            return True
-        self._offered[row.id] = (target, now)
-        offer = Offer(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id,
-                      spec=spec.model_dump(mode="json"), lease_s=row.lease_s)
-        self._spawn(self._send_offer(target, offer))
-        return True
-
-    async def _send_offer(self, worker: str, offer: Offer) -> None:
-        assert self.cluster is not None
-        try:
-            await self.cluster.call(worker, "/v1/peer/offer", offer, Ack)
-        except PeerCallError as e:
-            log.info("job_id=%s: offer to %s failed: %s", offer.job_id, worker[:12], e)
-
-    async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:
-        if self.cluster is None:
-            return
-        msg = Kill(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
-        try:
-            await self.cluster.call(worker, "/v1/peer/kill", msg, Ack)
-        except PeerCallError as e:
-            log.info("job_id=%s: kill of attempt %d on %s failed: %s", job_id, attempt, worker[:12], e)
-
-    # --- owner side
-
-    async def owner_claim(self, worker: str, msg: Claim) -> ClaimReply:
-        """A worker claims one of our queued jobs: compare-and-set, then GRANT or DENY."""
-        row = await self._store.get_job(msg.job_id)
-        if row is None:
-            return ClaimReply(granted=False, reason="no such job")
-        placement_json = json.dumps(msg.placement or {})
-        for _ in range(3):
-            actions = claims.handle(self._record(row), claims.ClaimRequested(worker, msg.msg_id), time.monotonic())
-            persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
-            grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
-            if grant is None:
-                deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
-                return ClaimReply(granted=False, reason=deny.reason if deny else "denied")
-            if persist is None:  # the holder asked again: the same grant
-                return ClaimReply(granted=True, attempt=grant.attempt, lease_s=grant.lease_s,
-                                  spec=self._spec(row).model_dump(mode="json"))
-            if await self._store.claim(persist, worker, placement_json, [], "", time.time()):
-                self._leases[row.id] = time.monotonic() + row.lease_s
-                self._offered.pop(row.id, None)
-                self.feed.publish(Change("job", row.id))
-                return ClaimReply(granted=True, attempt=grant.attempt, lease_s=grant.lease_s,
-                                  spec=self._spec(row).model_dump(mode="json"))
-            fresh = await self._store.get_job(msg.job_id)
-            if fresh is None:
-                break
-            row = fresh
-        return ClaimReply(granted=False, reason="the job changed meanwhile")
-
-    async def owner_report(self, worker: str, msg: RunReport) -> RunReportReply:
-        """A worker reports on an attempt of one of our jobs."""
-        row = await self._store.get_job(msg.job_id)
-        if row is None:
-            return RunReportReply(ok=True, stale=True)
-        gang = self._gangs.get(row.id)
-        if gang is not None and worker in gang.members:
-            return await self._gang_report(row, gang, worker, msg)
-        event: claims.Event
-        if msg.kind == "started":
-            event = claims.RunStarted(msg.attempt, worker, msg.msg_id)
-        elif msg.kind == "renew":
-            event = claims.LeaseRenewed(msg.attempt, worker, msg.msg_id)
-        elif msg.kind == "exited":
-            event = claims.RunExited(msg.attempt, msg.exit_code, msg.reason if msg.exit_code != 0 else "",
-                                     msg.msg_id)
-        else:
-            event = claims.RunLost(msg.attempt, msg.reason or f"lost on {worker[:12]}", msg.never_started,
-                                   msg.msg_id)
-        if msg.kind in ("exited", "lost") and msg.attempt == row.attempt:
-            await self._store.end_attempt(row.id, msg.attempt, "exited" if msg.kind == "exited" else "lost",
-                                          msg.exit_code, msg.reason, time.time())
-        if msg.kind == "started" and msg.attempt == row.attempt:
-            await self._store.mark_running(row.id, msg.attempt, 0, 0.0, 0, time.time())
-        for _ in range(5):
-            actions = claims.handle(self._record(row), event, time.monotonic())
-            stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
-            if stale is not None:
-                return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
-            if await self._run_actions(row.id, actions):
-                break
-            fresh = await self._store.get_job(row.id)
-            if fresh is None:
-                break
-            row = fresh
-        if msg.kind in ("exited", "lost"):
-            self._leases.pop(row.id, None)
-            self._wake.set()
-        return RunReportReply(ok=True, current_attempt=row.attempt)
-
-    # --- worker side
-
-    def remote_offer(self, owner: str, msg: Offer) -> Ack:
-        """Keep an owner's offer; the next scheduling pass claims it if it fits here now."""
-        self._offers[(owner, msg.job_id)] = (msg, time.monotonic())
-        self._wake.set()
-        return Ack(ok=True)
-
-    async def _take_offers(self) -> None:
-        if not self._offers or self.cluster is None:
-            return
-        now = time.monotonic()
-        for key, (offer, received) in sorted(self._offers.items(), key=lambda kv: kv[1][1]):
-            if now - received > 60.0:
-                self._offers.pop(key, None)
-                continue
-            try:
-                spec = job_spec_from_mapping(offer.spec, source=f"offer of {offer.job_id}")
-            except SpecError as e:
-                log.warning("job_id=%s: bad offer from %s: %s", offer.job_id, key[0][:12], e)
-                self._offers.pop(key, None)
-                continue
-            req = spec.to_core(offer.job_id)
-            worker = await self._worker_snapshot(refresh_apps=True)
-            ev = evaluate(req, self._with_paths(worker, req.workdir), self._support)
-            if ev.placement is None:
-                continue  # keep the offer: claim it when devices free up
-            self._offers.pop(key, None)
-            await self._claim_remote(key[0], offer, spec, ev.placement)
-
-    async def _claim_remote(self, owner: str, offer: Offer, spec: JobSpec, placement: Placement) -> None:
-        assert self.cluster is not None
-        uuids = [u for u in placement.device_uuids if u]
-        fds = self._locks.try_acquire(uuids) if uuids else []
-        if fds is None:
-            return
-        try:
-            claim = Claim(msg_id=secrets.token_hex(8), worker=self.node_id, job_id=offer.job_id,
-                          placement=PlacementModel.from_core(placement).model_dump(mode="json"))
-            try:
-                reply = await self.cluster.call(owner, "/v1/peer/claim", claim, ClaimReply)
-            except PeerCallError as e:
-                log.info("job_id=%s: claim at %s failed: %s", offer.job_id, owner[:12], e)
-                return
-            if not reply.granted:
-                log.debug("job_id=%s: claim denied by %s: %s", offer.job_id, owner[:12], reply.reason)
-                return
-            await self._start_remote(owner, offer.job_id, reply.attempt, reply.lease_s, spec, placement, fds)
-        finally:
-            if fds:
-                self._locks.release(fds)
-
-    async def _start_remote(self, owner: str, job_id: str, attempt: int, lease_s: float, spec: JobSpec,
-                            placement: Placement, fds: Sequence[int]) -> None:
-        run_dir = self._config.runs_dir / job_id / str(attempt)
-        now = time.monotonic()
-        grants = [(u, i, placement.accelerator.value)
-                  for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
-        row = RemoteRunRow(owner=owner, job_id=job_id, attempt=attempt, spec_json=spec.model_dump_json(),
-                           placement_json=PlacementModel.from_core(placement).model_dump_json(), lease_s=lease_s,
-                           run_dir=str(run_dir), state="running", started_at=time.time())
-        if not await self._store.insert_remote_run(row, grants, time.time()):
-            await self._report(owner, job_id, attempt, "lost", None, "devices taken meanwhile", never_started=True)
-            return
-        self._specs[job_id] = spec
-        key = (job_id, attempt)
-        self._remote[key] = owner
-        self._leases_remote[key] = (now + lease_s, lease_s)
-        nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
-        try:
-            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
-                              log_dir=str(run_dir / "torchrun"))
-            env = build_env(os.environ, spec, placement, job_id, attempt, self._config.dist_timeout_s)
-            handle = await asyncio.to_thread(self._runner.start, job_id, attempt, argv, env, spec.workdir or "/",
-                                             now + lease_s, fds)
-        except RunnerError as e:
-            self._remote.pop(key, None)
-            self._leases_remote.pop(key, None)
-            await self._store.end_remote_run(owner, job_id, attempt, "exited", None, str(e), time.time())
-            await self._report(owner, job_id, attempt, "exited", None, f"could not start: {e}")
-            return
-        self._track(job_id, attempt, handle)
-        self.feed.publish(Change("devices"))
-        await self._report(owner, job_id, attempt, "started", None, "")
-
-    async def _report(self, owner: str, job_id: str, attempt: int,
-                      kind: Literal["started", "renew", "exited", "lost"], exit_code: int | None, reason: str,
-                      never_started: bool = False) -> RunReportReply | None:
-        msg = RunReport(msg_id=secrets.token_hex(8), worker=self.node_id, job_id=job_id, attempt=attempt,
-                        kind=kind, exit_code=exit_code, reason=reason, never_started=never_started)
-        if owner == self.node_id:
-            return await self.owner_report(self.node_id, msg)
-        if self.cluster is None:
-            return None
-        try:
-            reply = await self.cluster.call(owner, "/v1/peer/report", msg, RunReportReply)
-        except PeerCallError as e:
-            log.info("job_id=%s: report %s to %s failed: %s", job_id, kind, owner[:12], e)
-            return None
-        return reply
-
-    async def _report_end(self, owner: str, job_id: str, attempt: int) -> None:
-        r = await self._store.remote_run(owner, job_id, attempt)
-        if r is None or r.reported:
-            return
-        reply = await self._report(owner, job_id, attempt, "lost" if r.state == "lost" else "exited",
-                                   r.exit_code, r.reason)
-        if reply is not None:
-            await self._store.mark_remote_reported(owner, job_id, attempt)
-
-    async def _renew_remote(self, now: float) -> None:
-        """Renew each remote run's lease with its owner; only a renewal moves the watchdog deadline."""
-        for key, owner in list(self._remote.items()):
-            handle = self._runs.get(key)
-            deadline = self._leases_remote.get(key)
-            if handle is None or deadline is None:
-                continue
-            reply = await self._report(owner, key[0], key[1], "renew", None, "")
-            if reply is None:
-                continue  # owner unreachable: the deadline stays; the watchdog acts on it
-            if reply.stale:
-                log.info("job_id=%s attempt %d is stale at its owner: killing it", key[0], key[1])
-                await asyncio.to_thread(self._runner.cancel, handle)
-                continue
-            lease_s = deadline[1]
-            self._leases_remote[key] = (now + lease_s, lease_s)
-            self._runner.extend_deadline(handle, now + lease_s)
-        for r in await self._store.remote_runs(active=False, unreported=True):
-            await self._report_end(r.owner, r.job_id, r.attempt)
-
-    async def worker_kill(self, owner: str, msg: Kill) -> Ack:
-        """The owner stops an attempt we run for it."""
-        key = (msg.job_id, msg.attempt)
-        if self._remote.get(key) != owner:
-            return Ack(ok=False, reason="no such attempt here")
-        handle = self._runs.get(key)
-        if handle is not None:
-            await asyncio.to_thread(self._runner.cancel, handle)
-        return Ack(ok=True)
-
-    async def worker_logs(self, msg: LogRequest) -> LogChunk:
-        """A chunk of the log of an attempt we run (or ran) for an owner."""
-        path = self._config.runs_dir / msg.job_id / str(msg.attempt) / f"{msg.stream}.log"
-        data, size = b"", 0
-        with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(msg.offset)
-            data = _whole_chars(f.read(LOG_CHUNK_BYTES))
-        nxt = msg.offset + len(data)
-        done = (msg.job_id, msg.attempt) not in self._runs
-        return LogChunk(job_id=msg.job_id, attempt=msg.attempt, stream=msg.stream, offset=msg.offset,
-                        next_offset=nxt, data=data.decode("utf-8", errors="replace"), complete=done and nxt >= size)
-
-    # --- gangs: multi-host torch.distributed jobs
-
-    async def _schedule_gang(self, row: JobRow, spec: JobSpec, req: JobRequest, local: WorkerSnapshot) -> None:
-        """Owner: place short holds on N workers in node-id order, then commit them all."""
-        assert req.distributed is not None
-        now = time.monotonic()
-        not_before = self._gang_backoff.get(row.id, (0.0, 0))[0]
-        if row.id in self._gang_busy or now < not_before:
-            return
-        workers = [local, *self._remote_workers()]
-        fits = [w for w in sorted(workers, key=lambda w: w.node_id)
-                if evaluate(req, w, self._support).placement is not None]
-        n = req.distributed.nnodes
-        if len(fits) < n:
-            e = explain(req, workers, self._support)
-            summary = f"needs {n} hosts that fit now, {len(fits)} do; {e.summary}"
-            if summary != row.reason:
-                await self._store.set_explanation(row.id, summary, ExplanationModel.from_core(e).model_dump_json())
-                self.feed.publish(Change("job", row.id))
-            return
-        self._gang_busy.add(row.id)
-        self._spawn(self._gang_round(row, spec, [w.node_id for w in fits[:n]]))
-
-    async def _gang_round(self, row: JobRow, spec: JobSpec, members: list[str]) -> None:
-        try:
-            await self._gang_round_inner(row, spec, members)
-        finally:
-            self._gang_busy.discard(row.id)
-
-    async def _gang_call(self, node: str, path: str, body: BaseModel, reply: type[_M]) -> _M:
-        if node == self.node_id:
-            result: BaseModel
-            if isinstance(body, Hold):
-                result = await self.worker_hold(self.node_id, body)
-            elif isinstance(body, Release):
-                result = self.worker_release(self.node_id, body)
-            elif isinstance(body, Commit):
-                result = await self.worker_commit(self.node_id, body)
-            else:
-                result = await self.worker_kill(self.node_id, body)  # type: ignore[arg-type]
-            assert isinstance(result, reply)
-            return result
-        if self.cluster is None:
-            raise PeerCallError("not in a cluster")
-        return await self.cluster.call(node, path, body, reply)
-
-    async def _gang_round_inner(self, row: JobRow, spec: JobSpec, members: list[str]) -> None:
-        hold_id = secrets.token_hex(8)
-        held: list[tuple[str, HoldReply]] = []
-        failed = ""
-        for m in members:  # node-id order: two owners never deadlock on each other's holds
-            hold = Hold(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id, hold_id=hold_id,
-                        spec=spec.model_dump(mode="json"), ttl_s=self._config.hold_ttl_s)
-            try:
-                reply = await self._gang_call(m, "/v1/peer/hold", hold, HoldReply)
-            except PeerCallError as e:
-                failed = f"hold on {m[:12]} failed: {e}"
-                break
-            if not reply.held:
-                failed = f"{self._label(m)} refused the hold: {reply.reason}"
-                break
-            held.append((m, reply))
-        if failed:
-            await self._gang_release(hold_id, [m for m, _ in held])
-            _, k = self._gang_backoff.get(row.id, (0.0, 0))
-            delay = min(30.0, 0.5 * 2**k) * (0.5 + secrets.randbelow(1000) / 1000)
-            self._gang_backoff[row.id] = (time.monotonic() + delay, k + 1)
-            log.info("job_id=%s: gang hold round failed (%s); retrying in %.1f s", row.id, failed, delay)
-            return
-        master_addr, master_port = held[0][1].address, held[0][1].port
-        fresh = await self._store.get_job(row.id)
-        if fresh is None:
-            await self._gang_release(hold_id, members)
-            return
-        actions = claims.handle(self._record(fresh), claims.ClaimRequested(self.node_id, f"gang-{hold_id}"),
-                                time.monotonic())
-        persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
-        grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
-        placement = json.dumps({"gang": members, "master": f"{master_addr}:{master_port}", "hold_id": hold_id})
-        if persist is None or grant is None or not await self._store.claim(
-                persist, self.node_id, placement, [], "", time.time()):
-            await self._gang_release(hold_id, members)
-            return
-        self._gang_backoff.pop(row.id, None)
-        attempt = grant.attempt
-        now = time.monotonic()
-        gang = Gang(job_id=row.id, attempt=attempt, hold_id=hold_id, members=list(members),
-                    renewed_at={m: now for m in members})
-        self._gangs[row.id] = gang
-        self._leases[row.id] = now + row.lease_s
-        self.feed.publish(Change("job", row.id))
-        for rank, m in enumerate(members):
-            commit = Commit(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id, hold_id=hold_id,
-                            attempt=attempt, lease_s=row.lease_s, spec=spec.model_dump(mode="json"),
-                            node_rank=rank, nnodes=len(members), master_addr=master_addr, master_port=master_port)
-            try:
-                ack = await self._gang_call(m, "/v1/peer/commit", commit, Ack)
-                ok, why = ack.ok, ack.reason
-            except PeerCallError as e:
-                ok, why = False, str(e)
-            if not ok:
-                await self._gang_abort(gang, f"commit to {self._label(m)} failed: {why}")
-                return
-
-    async def _gang_release(self, hold_id: str, members: Sequence[str]) -> None:
-        for m in members:
-            with contextlib.suppress(PeerCallError):
-                await self._gang_call(m, "/v1/peer/release", Release(msg_id=secrets.token_hex(8), owner=self.node_id,
-                                                                     hold_id=hold_id), Ack)
-
-    async def _gang_abort(self, gang: Gang, reason: str) -> None:
-        """One member lost or failed: stop every member, and the attempt is lost (or failed)."""
-        if gang.aborted:
-            return
-        gang.aborted = True
-        log.info("job_id=%s attempt %d: gang abort: %s", gang.job_id, gang.attempt, reason)
-        for m in gang.members:
-            if m in gang.exits:
-                continue
-            kill = Kill(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=gang.job_id, attempt=gang.attempt,
-                        reason=f"gang abort: {reason}")
-            with contextlib.suppress(PeerCallError):
-                await self._gang_call(m, "/v1/peer/kill", kill, Ack)
-        failed = [code for code in gang.exits.values() if code not in (0, None)]
-        self._gangs.pop(gang.job_id, None)
-        if failed:
-            await self._apply_event(gang.job_id, claims.RunExited(gang.attempt, failed[0], reason))
-        else:
-            await self._apply_event(gang.job_id, claims.RunLost(gang.attempt, f"gang aborted: {reason}"))
-        self._leases.pop(gang.job_id, None)
-        self._wake.set()
-
-    async def _gang_report(self, row: JobRow, gang: Gang, worker: str, msg: RunReport) -> RunReportReply:
-        if msg.attempt != gang.attempt:
-            return RunReportReply(ok=False, stale=True, current_attempt=gang.attempt)
-        now = time.monotonic()
-        gang.renewed_at[worker] = now
-        if msg.kind == "started":
-            gang.started.add(worker)
-            if len(gang.started) == 1:
-                await self._apply_event(row.id, claims.RunStarted(gang.attempt, self.node_id, msg.msg_id))
-        elif msg.kind == "exited":
-            gang.exits[worker] = msg.exit_code
-            if msg.exit_code != 0:
-                await self._gang_abort(gang, f"{self._label(worker)} exited {msg.exit_code}: {msg.reason}")
-            elif len(gang.exits) == len(gang.members):
-                self._gangs.pop(row.id, None)
-                self._leases.pop(row.id, None)
-                await self._apply_event(row.id, claims.RunExited(gang.attempt, 0, "", msg.msg_id))
-                self._wake.set()
-        elif msg.kind == "lost":
-            gang.exits[worker] = None
-            await self._gang_abort(gang, f"{self._label(worker)} lost its rank: {msg.reason}")
-        return RunReportReply(ok=True, current_attempt=gang.attempt)
-
-    async def _gang_lease_tick(self, now: float) -> None:
-        for gang in list(self._gangs.values()):
-            row = await self._store.get_job(gang.job_id)
-            if row is None:
-                continue
-            late = [m for m in gang.members if m not in gang.exits
-                    and now - gang.renewed_at.get(m, 0.0) > row.lease_s + self._config.lease_grace_s]
-            if late:
-                await self._gang_abort(gang, f"no lease renewal from {', '.join(self._label(m) for m in late)}")
-                continue
-            self._leases[gang.job_id] = now + row.lease_s  # every live member renewed: so does the gang
-
-    async def worker_hold(self, owner: str, msg: Hold) -> HoldReply:
-        """Worker: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``."""
-        if msg.hold_id in self._holds:
-            h = self._holds[msg.hold_id]
-            return HoldReply(held=True, address=h.address, interface=h.interface, port=h.port)
-        try:
-            spec = job_spec_from_mapping(msg.spec, source=f"hold for {msg.job_id}")
-        except SpecError as e:
-            return HoldReply(held=False, reason=str(e))
-        req = spec.to_core(msg.job_id)
-        await self._caps_ready.wait()
-        worker = await self._worker_snapshot(refresh_apps=True)
-        ev = evaluate(req, self._with_paths(worker, req.workdir), self._support)
-        if ev.placement is None:
-            return HoldReply(held=False, reason=ev.rejections[0].message if ev.rejections else "does not fit")
-        uuids = [u for u in ev.placement.device_uuids if u]
-        fds = self._locks.try_acquire(uuids) if uuids else []
-        if fds is None:
-            return HoldReply(held=False, reason="a device was taken by another gpulayerd on this machine")
-        address = self.cluster.addresses[0] if self.cluster is not None and self.cluster.addresses else "127.0.0.1"
-        interface = (self.cluster.interface if self.cluster is not None else None) or "lo"
-        port = _free_port(address)
-        nproc = spec.distributed.nproc_per_node if spec.distributed is not None else 1
-        self._holds[msg.hold_id] = HeldResources(
-            owner=owner, job_id=msg.job_id, spec=spec, placement=ev.placement, fds=fds,
-            expires_at=time.monotonic() + msg.ttl_s, address=address, interface=interface, port=port,
-            cpu_slots=nproc if spec.requirements.accelerator is Accelerator.CPU else 0)
-        return HoldReply(held=True, address=address, interface=interface, port=port)
-
-    def worker_release(self, owner: str, msg: Release) -> Ack:
-        """Worker: drop a hold (its devices and slots are free again)."""
-        h = self._holds.get(msg.hold_id)
-        if h is not None and h.owner == owner:
-            self._holds.pop(msg.hold_id, None)
-            self._locks.release(h.fds)
-            self._wake.set()
-        return Ack(ok=True)
-
-    async def worker_commit(self, owner: str, msg: Commit) -> Ack:
-        """Worker: start our rank of a gang job under the hold."""
-        h = self._holds.get(msg.hold_id)
-        if h is None or h.owner != owner:
-            return Ack(ok=False, reason="no such hold (expired?)")
-        self._holds.pop(msg.hold_id, None)
-        spec, placement = h.spec, h.placement
-        run_dir = self._config.runs_dir / msg.job_id / str(msg.attempt)
-        now = time.monotonic()
-        try:
-            grants = [(u, i, placement.accelerator.value)
-                      for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
-            row = RemoteRunRow(owner=owner, job_id=msg.job_id, attempt=msg.attempt,
-                               spec_json=spec.model_dump_json(),
-                               placement_json=PlacementModel.from_core(placement).model_dump_json(),
-                               lease_s=msg.lease_s, run_dir=str(run_dir), state="running", started_at=time.time())
-            if not await self._store.insert_remote_run(row, grants, time.time()):
-                return Ack(ok=False, reason="devices taken meanwhile")
-            self._specs[msg.job_id] = spec
-            key = (msg.job_id, msg.attempt)
-            self._remote[key] = owner
-            self._leases_remote[key] = (now + msg.lease_s, msg.lease_s)
-            argv = build_gang_argv(spec, placement.environment, nnodes=msg.nnodes, node_rank=msg.node_rank,
-                                   master_addr=msg.master_addr, master_port=msg.master_port,
-                                   log_dir=str(run_dir / "torchrun"))
-            env = build_env(os.environ, spec, placement, msg.job_id, msg.attempt, self._config.dist_timeout_s)
-            env["GLOO_SOCKET_IFNAME"] = h.interface
-            env["NCCL_SOCKET_IFNAME"] = h.interface
-            try:
-                handle = await asyncio.to_thread(self._runner.start, msg.job_id, msg.attempt, argv, env,
-                                                 spec.workdir or "/", now + msg.lease_s, h.fds)
-            except RunnerError as e:
-                self._remote.pop(key, None)
-                self._leases_remote.pop(key, None)
-                await self._store.end_remote_run(owner, msg.job_id, msg.attempt, "exited", None, str(e), time.time())
-                return Ack(ok=False, reason=f"could not start: {e}")
-        finally:
-            self._locks.release(h.fds)
-        self._track(msg.job_id, msg.attempt, handle)
-        self.feed.publish(Change("devices"))
-        self._spawn(self._report_started(owner, msg.job_id, msg.attempt))
-        return Ack(ok=True)
-
-    async def _report_started(self, owner: str, job_id: str, attempt: int) -> None:
-        await self._report(owner, job_id, attempt, "started", None, "")
-
-    def _expire_holds(self, now: float) -> None:
-        for hold_id, h in list(self._holds.items()):
-            if now > h.expires_at:
-                self._holds.pop(hold_id, None)
-                self._locks.release(h.fds)
-                log.info("hold %s for job %s expired", hold_id, h.job_id)
-
-
-@dataclass
-class Gang:
-    """Owner side: one attempt of a multi-host job, and what each member reported."""
-
-    job_id: str
-    attempt: int
-    hold_id: str
-    members: list[str]
-    renewed_at: dict[str, float]
-    started: set[str] = field(default_factory=set)
-    exits: dict[str, int | None] = field(default_factory=dict)
-    aborted: bool = False
-
-
-@dataclass
-class HeldResources:
-    """Worker side: what a gang hold reserves until commit, release or expiry."""
-
-    owner: str
-    job_id: str
-    spec: JobSpec
-    placement: Placement
-    fds: list[int]
-    expires_at: float
-    address: str
-    interface: str
-    port: int
-    cpu_slots: int
-
-
-def _whole_chars(data: bytes) -> bytes:
-    """``data`` without a UTF-8 character cut at its end (the next chunk starts with it)."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b < 0x80:
-            return data  # ASCII: nothing cut
-        if b >= 0xC0:  # a lead byte: is its sequence complete?
-            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
-            return data if back >= need else data[:-back]
-    return data
-
-
-def _free_port(address: str) -> int:
-    """A TCP port free on ``address`` now (the master of a gang binds it soon after)."""
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
 
 def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
     return (

@@ -807,6 +807,8 @@ class HealthView(BaseModel):
     hostname: str
     pid: int
     state_dir: str
+    counters: dict[str, int] = Field(default_factory=dict)
+    """Protocol counters: offers sent/received, claims sent/granted/denied/failed, ..."""
 
 
 class PeerView(BaseModel):

@@ -566,8 +566,10 @@ class Host:
             return view if view.status in wanted else None
 
         try:
-            return self.lan.wait(reached, timeout_s=timeout_s, interval_s=interval_s,
+            view = self.lan.wait(reached, timeout_s=timeout_s, interval_s=interval_s,
                                  what=f"[{self.name}] job {job_id} to be {'/'.join(sorted(wanted))}")
+            assert view is not None  # wait() returns only a truthy result
+            return view
         except AssertionError as e:
             seen = last[0] if last else None
             raise AssertionError(f"{e}; it is {seen.status if seen else '?'}: "

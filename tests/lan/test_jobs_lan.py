@@ -227,6 +227,40 @@ def test_two_host_gloo_job(cluster3: Lan) -> None:
     assert len(set(checksums.values())) == 1, checksums
 
 
+def test_jobs_offered_in_quick_succession_run_once_and_are_never_lost(lan_factory: Callable[..., Lan]) -> None:
+    """An owner whose jobs all go to a peer, submitted back to back: each runs once, to the end.
+
+    (A race this guards against: a scheduling pass of the owner that listed a job as queued
+    before a peer's claim was granted offered it again; the peer claimed it again, got the
+    same attempt, could not record it twice and reported it "lost" while it ran.)
+    """
+    lan = lan_factory(2)
+    h1, h2 = lan.hosts
+    lan.form_cluster()
+    h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=1, log_level=QUIET, wait=False)
+    h2.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=32, log_level=QUIET, wait=False)
+    h1.wait_daemon()
+    h2.wait_daemon()
+    lan.wait_cluster()
+    blocker = h1.submit({"command": ["sleep", "300"]})
+    h1.wait_job(blocker.id, states={"running"})
+    spec = {"command": ["sleep", "1.5"], "workdir": str(h1.work), "policy": {"retries": 0}}
+
+    async def back_to_back(n: int) -> list[str]:
+        async with DaemonClient(h1.socket_path, timeout_s=30) as c:
+            return [(await c.submit(spec)).id for _ in range(n)]
+
+    bad = []
+    for _ in range(2):
+        ids = asyncio.run(back_to_back(30))
+        for job_id in ids:
+            v = h1.wait_job(job_id, timeout_s=60)
+            if (v.status, v.attempt, [a.worker for a in v.attempts]) != ("succeeded", 1, [h2.node_id]):
+                bad.append((job_id, v.status, v.attempt, [(e.from_status, e.to_status, e.attempt, e.reason)
+                                                           for e in v.events if e.from_status]))
+    assert bad == [], bad
+
+
 # --------------------------------------------------------------------- a worker dies
 
 HEARTBEAT = 'while :; do date +%s.%N >> "{d}/hb.$GPULAYER_ATTEMPT"; sleep 0.2; done'
@@ -268,6 +302,10 @@ def test_worker_killed_attempt_lost_then_retried_elsewhere(lan_factory: Callable
     pid_retried = _job_pid(h2, retried.id, 1)
     pid_once = _job_pid(h2, once.id, 1)
     lan.wait(lambda: (d / "hb.1").exists() and (d / "once.1").exists(), timeout_s=10, what="heartbeats")
+
+    for j in (retried, once):  # nothing happened to them yet
+        v = h1.job(j.id)
+        assert (v.status, v.attempt) == ("running", 1), [(e.from_status, e.to_status, e.reason) for e in v.events]
 
     assert h2.kill_daemon() == -9
     killed_wall = time.time()
