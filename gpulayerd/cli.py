@@ -126,6 +126,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     j = sub.add_parser("jobs", help="the job queue: id, name, state, where, age, reason")
     j.add_argument("--all", action="store_true", help="also every finished job (default: the 20 latest)")
+    j.add_argument("--here", action="store_true",
+                   help="only the jobs submitted to this daemon (default: every trusted peer's too)")
     j.add_argument("--state", action="append", metavar="STATE", help="only jobs in STATE (repeatable)")
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=_cmd_jobs)
@@ -493,7 +495,8 @@ def _age(seconds: float) -> str:
 
 
 def _cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = _daemon(args, lambda c: c.jobs(statuses=args.state))
+    scope = "local" if args.here else "cluster"
+    jobs = _daemon(args, lambda c: c.jobs(statuses=args.state, scope=scope))
     if not args.all and not args.state:
         done = [j for j in jobs if j.status in _TERMINAL]
         keep = {j.id for j in done[-20:]}
@@ -502,6 +505,12 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
         print("[" + ",".join(j.model_dump_json() for j in jobs) + "]")
         return EXIT_OK
     now = time.time()
+    owners = {j.owner for j in jobs}
+    if len(owners) > 1:
+        rows = [[j.id, j.name, j.owner_name, j.status, _where(j), _age(now - j.submitted_at), _one_line(j)]
+                for j in jobs]
+        print(fmt.table(["ID", "NAME", "OWNER", "STATE", "WHERE", "AGE", "REASON"], rows))
+        return EXIT_OK
     rows = [[j.id, j.name, j.status, _where(j), _age(now - j.submitted_at), _one_line(j)] for j in jobs]
     print(fmt.table(["ID", "NAME", "STATE", "WHERE", "AGE", "REASON"], rows))
     return EXIT_OK

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from gpulayerd.api.peer import PeerCallError, PeerClient, make_peer_app, start_peer_site
 from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.feed import Change
-from gpulayerd.models import Capabilities, LogChunk, PeerView
+from gpulayerd.models import Capabilities, JobList, LogChunk, PeerView
 from gpulayerd.net.peers import PeerTable
 from gpulayerd.net.wire import (
     Ack,
@@ -269,6 +269,10 @@ class ClusterNode:
     async def async_peer_capabilities(self, sender: str) -> Capabilities:
         """Our capabilities with grant state."""
         return await self._manager.async_capabilities()
+
+    async def async_peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
+        """The jobs we own (for a peer's ``gpulayer jobs``)."""
+        return JobList(jobs=await self._manager.async_list_jobs(statuses, None, scope="local"))
 
     async def async_peer_offer(self, sender: str, msg: Offer) -> Ack:
         """Keep an owner's offer; the scheduler claims it when it fits here now."""

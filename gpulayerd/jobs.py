@@ -57,6 +57,7 @@ from gpulayerd.models import (
     EventView,
     ExplanationModel,
     HealthView,
+    JobList,
     JobSpec,
     JobView,
     LogChunk,
@@ -211,8 +212,31 @@ class JobManager(RemoteRole, GangRole):
         self._wake.set()
         return self._view(stored)
 
-    async def async_list_jobs(self, statuses: list[str] | None, limit: int | None) -> list[JobView]:
-        """Jobs in submission order, without attempts and history."""
+    async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
+                              scope: str = "local") -> list[JobView]:
+        """Jobs in submission order, without attempts and history.
+
+        ``scope="cluster"`` adds the jobs every trusted peer that is up owns (asked
+        concurrently; a peer that does not answer in time is left out).
+        """
+        local = await self._list_local(statuses, limit)
+        if scope != "cluster" or self.cluster is None:
+            return local
+        peers = [p.key for p in self.cluster.table.trusted_peers()
+                 if self.cluster.table.state(p, time.monotonic()) == "up"]
+        path = "/v1/peer/jobs" + ("?" + "&".join(f"status={s}" for s in statuses) if statuses else "")
+        results = await asyncio.gather(*(self.cluster.call(p, path, None, JobList) for p in peers),
+                                       return_exceptions=True)
+        merged = list(local)
+        for peer, res in zip(peers, results, strict=True):
+            if isinstance(res, JobList):
+                for j in res.jobs:
+                    j.owner_name = self.cluster.name_of(peer)
+                merged.extend(res.jobs)
+        merged.sort(key=lambda j: (j.submitted_at, j.id))
+        return merged[-limit:] if limit else merged
+
+    async def _list_local(self, statuses: list[str] | None, limit: int | None) -> list[JobView]:
         wanted = None
         if statuses:
             try:
@@ -441,7 +465,8 @@ class JobManager(RemoteRole, GangRole):
 
     def _view(self, row: JobRow) -> JobView:
         return JobView(
-            id=row.id, name=row.name, submitted_by=row.submitted_by, status=row.status.value,
+            id=row.id, name=row.name, submitted_by=row.submitted_by, owner=self.node_id,
+            owner_name=self._hostname, status=row.status.value,
             attempt=row.attempt, holder=row.holder, holder_name=self._name_of(row.holder),
             retries_left=row.retries_left, cancel_requested=row.cancel_requested,
             reason=self._readable(row.reason), exit_code=row.exit_code,

@@ -55,6 +55,7 @@ __all__ = [
     "ExplanationModel",
     "FrameworkModel",
     "HealthView",
+    "JobList",
     "JobSpec",
     "JobView",
     "LogChunk",
@@ -755,6 +756,9 @@ class JobView(BaseModel):
     id: str
     name: str | None = None
     submitted_by: str = ""
+    owner: str | None = None
+    """Node id of the daemon that owns the job (where it was submitted)."""
+    owner_name: str | None = None
     status: str
     attempt: int = 0
     holder: str | None = None
@@ -769,6 +773,14 @@ class JobView(BaseModel):
     explanation: ExplanationModel | None = None
     attempts: list[AttemptView] = Field(default_factory=list)
     events: list[EventView] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    """A list of jobs (a peer's own jobs, for ``gpulayer jobs`` across the cluster)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    jobs: list[JobView] = Field(default_factory=list)
 
 
 class LogChunk(BaseModel):

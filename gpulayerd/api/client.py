@@ -131,11 +131,14 @@ class DaemonClient:
         req = SubmitRequest(spec=spec, submitted_by=submitted_by)
         return JobView.model_validate_json(await self._request("POST", "/v1/jobs", req))
 
-    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None) -> list[JobView]:
-        """``GET /v1/jobs``, in submission order."""
+    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
+                   scope: str = "local") -> list[JobView]:
+        """``GET /v1/jobs``, in submission order; ``scope="cluster"`` includes the peers' jobs."""
         params: list[tuple[str, str]] = [("status", s) for s in statuses or []]
         if limit is not None:
             params.append(("limit", str(limit)))
+        if scope != "local":
+            params.append(("scope", scope))
         return _JOBS.validate_json(await self._request("GET", "/v1/jobs", params=params))
 
     async def job(self, job_ref: str) -> JobView:

@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from gpulayerd.models import ApiErrorBody, Capabilities, LogChunk
+from gpulayerd.models import ApiErrorBody, Capabilities, JobList, LogChunk
 from gpulayerd.net.tls import peer_node_id
 from gpulayerd.net.wire import (
     Ack,
@@ -52,6 +52,10 @@ class PeerService(Protocol):
 
     async def async_peer_capabilities(self, sender: str) -> Capabilities:
         """Our capabilities with grant state."""
+        ...
+
+    async def async_peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
+        """The jobs we own."""
         ...
 
     async def async_peer_offer(self, sender: str, msg: Offer) -> Ack:
@@ -128,9 +132,14 @@ def make_peer_app(service: PeerService) -> web.Application:
     async def caps(request: web.Request) -> web.Response:
         return _reply(await service.async_peer_capabilities(_sender(request)))
 
+    async def jobs(request: web.Request) -> web.Response:
+        sender = _sender(request)
+        return _reply(await service.async_peer_jobs(sender, request.query.getall("status", []) or None))
+
     app.router.add_post("/v1/peer/heartbeat", route(
         Heartbeat, lambda s, m, r: service.async_peer_heartbeat(s, m, r.remote or ""), "node_id"))
     app.router.add_get("/v1/peer/capabilities", caps)
+    app.router.add_get("/v1/peer/jobs", jobs)
     app.router.add_post("/v1/peer/offer", route(Offer, lambda s, m, r: service.async_peer_offer(s, m), "owner"))
     app.router.add_post("/v1/peer/claim", route(Claim, lambda s, m, r: service.async_peer_claim(s, m), "worker"))
     app.router.add_post("/v1/peer/report", route(

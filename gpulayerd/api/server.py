@@ -72,8 +72,9 @@ class LocalService(Protocol):
         """Validate and store a job. Raises SpecError for an invalid spec."""
         ...
 
-    async def async_list_jobs(self, statuses: list[str] | None, limit: int | None) -> list[JobView]:
-        """Jobs in submission order (without history)."""
+    async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
+                              scope: str = "local") -> list[JobView]:
+        """Jobs in submission order (without history); ``scope="cluster"`` adds the peers' jobs."""
         ...
 
     async def async_get_job(self, job_ref: str) -> JobView:
@@ -155,7 +156,10 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     async def list_jobs(request: web.Request) -> web.Response:
         statuses = request.query.getall("status", []) or None
         limit = _int_param(request, "limit", None)
-        return _json(await service.async_list_jobs(statuses, limit))
+        scope = request.query.get("scope", "local")
+        if scope not in ("local", "cluster"):
+            raise ApiError(400, "bad_request", "scope must be one of: local, cluster")
+        return _json(await service.async_list_jobs(statuses, limit, scope))
 
     async def get_job(request: web.Request) -> web.Response:
         return _json(await service.async_get_job(request.match_info["job"]))
