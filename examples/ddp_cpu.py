@@ -21,6 +21,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
+def say(line: str) -> None:
+    """Print one whole line with a single write: the ranks may share one log file."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=30)
@@ -47,19 +52,18 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.MSELoss()
 
-    print(f"rank {rank}/{world}: {len(xs)} samples, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}",
-          flush=True)
+    say(f"rank {rank}/{world}: {len(xs)} samples, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}")
     for step in range(1, args.steps + 1):
         opt.zero_grad()
         loss = loss_fn(model(xs), ys)
         loss.backward()  # gradients are all-reduced (averaged) across ranks here
         opt.step()
         if step == 1 or step % 5 == 0 or step == args.steps:
-            print(f"rank {rank} step {step:3d} loss {loss.item():.6f}", flush=True)
+            say(f"rank {rank} step {step:3d} loss {loss.item():.6f}")
 
     with torch.no_grad():
         checksum = sum(float(p.double().sum()) for p in model.parameters())
-    print(f"rank {rank} final parameter checksum {checksum:.10f}", flush=True)
+    say(f"rank {rank} final parameter checksum {checksum:.10f}")
     dist.barrier()
     dist.destroy_process_group()
 
