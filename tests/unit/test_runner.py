@@ -488,7 +488,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
 # One write(2) per line: both ranks share the log file, and print() may write text and newline apart.
-os.write(1, f"rank={rank} world={world} sum={t.item()} run={os.environ['TORCHELASTIC_RUN_ID']}\n".encode())
+os.write(1, (f"rank={rank} world={world} sum={t.item()} run={os.environ['TORCHELASTIC_RUN_ID']}" + chr(10)).encode())
 if len(sys.argv) > 1:
     Path(sys.argv[1], f"rank{rank}.pid").write_text(str(os.getpid()))
     time.sleep(1000)
