@@ -17,17 +17,16 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
 from gpulayerd.api.peer import PeerCallError
 from gpulayerd.core import claims
-from gpulayerd.core.claims import JobRecord
 from gpulayerd.core.matching import Placement, evaluate, explain
-from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.types import Accelerator, JobRequest, WorkerSnapshot
 from gpulayerd.feed import Change
 from gpulayerd.models import (
     ExplanationModel,
@@ -42,21 +41,16 @@ from gpulayerd.net.wire import (
     Hold,
     HoldReply,
     Kill,
-    Offer,
     Release,
     RunReport,
     RunReportReply,
 )
-from gpulayerd.runner import RunHandle, RunnerError, build_env, build_gang_argv
+from gpulayerd.roles import ManagerState
+from gpulayerd.runner import RunnerError, build_env, build_gang_argv
 from gpulayerd.store import JobRow, RemoteRunRow
 
 if TYPE_CHECKING:
-    from gpulayerd.cluster import ClusterNode
-    from gpulayerd.config import DaemonConfig
-    from gpulayerd.devicelock import DeviceLocks
-    from gpulayerd.feed import ChangeFeed
-    from gpulayerd.runner import Runner
-    from gpulayerd.store import Store
+    pass
 
 __all__ = ["Gang", "GangRole", "HeldResources"]
 
@@ -65,48 +59,10 @@ log = logging.getLogger("gpulayerd.jobs")
 _M = TypeVar("_M", bound=BaseModel)
 
 
-class GangRole:
+class GangRole(ManagerState):
     """Owner and worker sides of gang placement (a mixin of JobManager)."""
 
-    if TYPE_CHECKING:  # provided by JobManager
-        node_id: str
-        cluster: ClusterNode | None
-        feed: ChangeFeed
-        _config: DaemonConfig
-        _store: Store
-        _runner: Runner
-        _locks: DeviceLocks
-        _support: SupportMatrix
-        _specs: dict[str, JobSpec]
-        _runs: dict[tuple[str, int], RunHandle]
-        _remote: dict[tuple[str, int], str]
-        _offers: dict[tuple[str, str], tuple[Offer, float]]
-        _offered: dict[str, tuple[str, float]]
-        _leases: dict[str, float]
-        _leases_remote: dict[tuple[str, int], tuple[float, float]]
-        _wake: asyncio.Event
-        _caps_ready: asyncio.Event
-        _gangs: dict[str, Gang]
-        _gang_busy: set[str]
-        _gang_backoff: dict[str, tuple[float, int]]
-        _holds: dict[str, HeldResources]
 
-        def _spec(self, row: JobRow) -> JobSpec: ...
-        def _record(self, row: JobRow) -> JobRecord: ...
-        def _label(self, node_id: str) -> str: ...
-        def _spawn(self, coro: Coroutine[object, object, None]) -> None: ...
-        def _remote_workers(self) -> list[WorkerSnapshot]: ...
-        def _track(self, job_id: str, attempt: int, handle: RunHandle) -> None: ...
-        async def _run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool: ...
-        async def _apply_event(self, job_id: str, event: claims.Event) -> None: ...
-        async def _worker_snapshot(self, refresh_apps: bool) -> WorkerSnapshot: ...
-        @staticmethod
-        def _with_paths(worker: WorkerSnapshot, workdir: str | None) -> WorkerSnapshot: ...
-
-        def worker_kill(self, owner: str, msg: Kill) -> Coroutine[object, object, Ack]: ...
-        def _report(self, owner: str, job_id: str, attempt: int,
-                    kind: Literal["started", "renew", "exited", "lost"], exit_code: int | None, reason: str,
-                    never_started: bool = False) -> Coroutine[object, object, RunReportReply | None]: ...
 
 
     async def _schedule_gang(self, row: JobRow, spec: JobSpec, req: JobRequest, local: WorkerSnapshot) -> None:

@@ -17,17 +17,16 @@ import logging
 import os
 import secrets
 import time
-from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import BaseModel
 
 from gpulayerd.api.peer import PeerCallError
 from gpulayerd.core import claims
-from gpulayerd.core.claims import JobRecord, JobStatus
+from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import Placement, evaluate, explain
-from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.types import JobRequest
 from gpulayerd.feed import Change
 from gpulayerd.models import (
     JobSpec,
@@ -46,17 +45,12 @@ from gpulayerd.net.wire import (
     RunReport,
     RunReportReply,
 )
-from gpulayerd.runner import RunHandle, RunnerError, build_argv, build_env
+from gpulayerd.roles import ManagerState
+from gpulayerd.runner import RunnerError, build_argv, build_env
 from gpulayerd.store import JobRow, RemoteRunRow
 
 if TYPE_CHECKING:
-    from gpulayerd.cluster import ClusterNode
-    from gpulayerd.config import DaemonConfig
-    from gpulayerd.devicelock import DeviceLocks
-    from gpulayerd.feed import ChangeFeed
-    from gpulayerd.gang import Gang, HeldResources
-    from gpulayerd.runner import Runner
-    from gpulayerd.store import Store
+    pass
 
 __all__ = ["LOG_CHUNK_BYTES", "RemoteRole", "whole_chars"]
 
@@ -67,45 +61,10 @@ _M = TypeVar("_M", bound=BaseModel)
 LOG_CHUNK_BYTES = 1 << 20
 
 
-class RemoteRole:
+class RemoteRole(ManagerState):
     """Owner and worker sides of the peer protocol (a mixin of JobManager)."""
 
-    if TYPE_CHECKING:  # provided by JobManager
-        node_id: str
-        cluster: ClusterNode | None
-        feed: ChangeFeed
-        _config: DaemonConfig
-        _store: Store
-        _runner: Runner
-        _locks: DeviceLocks
-        _support: SupportMatrix
-        _specs: dict[str, JobSpec]
-        _runs: dict[tuple[str, int], RunHandle]
-        _remote: dict[tuple[str, int], str]
-        _offers: dict[tuple[str, str], tuple[Offer, float]]
-        _offered: dict[str, tuple[str, float]]
-        _leases: dict[str, float]
-        _leases_remote: dict[tuple[str, int], tuple[float, float]]
-        _wake: asyncio.Event
-        _caps_ready: asyncio.Event
-        _gangs: dict[str, Gang]
-        _gang_busy: set[str]
-        _gang_backoff: dict[str, tuple[float, int]]
-        _holds: dict[str, HeldResources]
-        stats: Counter[str]
 
-        def _spec(self, row: JobRow) -> JobSpec: ...
-        def _record(self, row: JobRow) -> JobRecord: ...
-        def _label(self, node_id: str) -> str: ...
-        def _spawn(self, coro: Coroutine[object, object, None]) -> None: ...
-        def _remote_workers(self) -> list[WorkerSnapshot]: ...
-        def _track(self, job_id: str, attempt: int, handle: RunHandle) -> None: ...
-        async def _run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool: ...
-        async def _apply_event(self, job_id: str, event: claims.Event) -> None: ...
-        async def _worker_snapshot(self, refresh_apps: bool) -> WorkerSnapshot: ...
-        @staticmethod
-        def _with_paths(worker: WorkerSnapshot, workdir: str | None) -> WorkerSnapshot: ...
-        async def _gang_report(self, row: JobRow, gang: Gang, worker: str, msg: RunReport) -> RunReportReply: ...
 
     def _offer_elsewhere(self, row: JobRow, req: JobRequest, spec: JobSpec) -> bool:
         """Offer a job that does not fit here to the best peer that fits now; True if offered."""
