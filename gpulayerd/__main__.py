@@ -22,8 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file (keys as in gpulayerd.config)")
     p.add_argument("--python", action="append", metavar="PATH", dest="interpreters",
                    help="workload interpreter (repeatable, in preference order; default: this one)")
-    p.add_argument("--state-dir", type=Path, metavar="DIR",
-                   help="SQLite store and job logs (default: the platform's user state dir)")
+    env_state = os.environ.get("GPULAYER_STATE_DIR")
+    p.add_argument("--state-dir", type=Path, metavar="DIR", default=Path(env_state) if env_state else None,
+                   help="SQLite store and job logs (env GPULAYER_STATE_DIR; default: the platform's user state dir)")
     p.add_argument("--runtime-dir", type=Path, metavar="DIR",
                    help="directory of the local API socket (default: <state-dir>/run when --state-dir is "
                    "given, else the platform's user runtime dir)")
@@ -84,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"gpulayerd: cannot start: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # e.g. --interface names no usable interface
+        print(f"gpulayerd: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -463,6 +463,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         if args.file is not None:
             if args.cmd and [c for c in args.cmd if c != "--"]:
                 raise UsageError("submit: give either -f JOB.toml or a command, not both")
+            flags = [f"--{k.replace('_', '-')}" for k in _SPEC_FLAGS if getattr(args, k) not in (None, [])]
+            if flags:
+                raise UsageError(f"submit: {', '.join(flags)} cannot be combined with -f; put them in the spec file")
             spec = load_job_spec(args.file, base_dir=args.file.resolve().parent)
         else:
             spec = job_spec_from_mapping(_spec_from_flags(args), source="submit flags", base_dir=Path.cwd())
@@ -517,6 +520,8 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 
 
 _TERMINAL = {"succeeded", "failed", "cancelled", "lost", "rejected"}
+_SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
+               "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s")
 
 
 def _where(j: JobView) -> str | None:
@@ -595,12 +600,10 @@ def _cmd_logs(args: argparse.Namespace) -> int:
                 sys.stdout.write(chunk.data)
                 sys.stdout.flush()
             offset = chunk.next_offset
-            if chunk.data and not args.follow:
-                continue
+            if chunk.data:
+                continue  # more may be waiting: read on without pausing
             if not args.follow or chunk.complete:
-                if chunk.next_offset == chunk.offset:
-                    return EXIT_OK
-                continue
+                return EXIT_OK
             await asyncio.sleep(0.3)
 
     return _daemon(args, go)
@@ -610,13 +613,18 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     job = _daemon(args, lambda c: c.cancel(args.job))
     if args.json:
         print(job.model_dump_json(indent=2))
+    elif job.status in _TERMINAL and not job.cancel_requested and job.status != "cancelled":
+        print(f"job {job.id} had already ended: {job.status}")
+    elif job.cancel_requested and job.status not in _TERMINAL:
+        print(f"job {job.id}: {job.status} (stopping: SIGTERM, then SIGKILL after the grace period)")
     else:
-        extra = " (stopping: SIGTERM, then SIGKILL after the grace period)" if job.cancel_requested else ""
-        print(f"job {job.id}: {job.status}{extra}")
+        print(f"job {job.id}: {job.status}")
     return EXIT_OK
 
 
 def _cmd_tui(args: argparse.Namespace) -> int:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("tui: needs a terminal (stdin and stdout must be a TTY)")
     from tui.app import make_app
 
     make_app(DaemonClient(_socket(args))).run()
@@ -633,6 +641,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
         return int(e.code or 0)
+    if isinstance(getattr(args, "job", None), str) and not args.job.strip():
+        print("gpulayer: the job id must not be empty", file=sys.stderr)
+        return EXIT_USAGE
     try:
         code: int = args.func(args)
     except UsageError as e:

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpulayerd.models import format_validation_error
 
@@ -63,6 +63,18 @@ def socket_path_for(state_dir: Path | None, runtime_dir: Path | None = None) -> 
     if state_dir is not None:
         return state_dir / "run" / SOCKET_NAME
     return default_runtime_dir() / SOCKET_NAME
+
+
+def _host_port(value: str, what: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` too).
+
+    Raises:
+        ValueError: naming ``what`` and the expected form.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {value!r} is not HOST:PORT with a port from 0 to 65535 (e.g. 0.0.0.0:7171)")
+    return host.strip("[]"), int(port)
 
 
 class DaemonConfig(BaseModel):
@@ -123,6 +135,19 @@ class DaemonConfig(BaseModel):
     peer_timeout_s: float = Field(default=3.0, gt=0)
     offer_interval_s: float = Field(default=2.0, gt=0)
     hold_ttl_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        _host_port(v, "listen")
+        return v
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            _host_port(entry, "peer")
+        return v
 
     @property
     def socket_path(self) -> Path:

@@ -78,7 +78,7 @@ class GangRole(ManagerState):
         n = req.distributed.nnodes
         if len(fits) < n:
             e = explain(req, workers, self._support)
-            summary = f"needs {n} hosts that fit now, {len(fits)} do; {e.summary}"
+            summary = e.summary
             if summary != row.reason:
                 await self._store.set_explanation(row.id, summary, ExplanationModel.from_core(e).model_dump_json())
                 self.feed.publish(Change("job", row.id))

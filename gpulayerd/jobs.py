@@ -295,6 +295,9 @@ class JobManager(RemoteRole, GangRole):
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None) -> LogChunk:
         """Bytes of a job's log from ``offset`` (at most 1 MiB), as text."""
         row = await self._row(job_ref)
+        if attempt is not None and not 1 <= attempt <= row.attempt:
+            raise ApiError(404, "not_found", f"job {row.id} has no attempt {attempt} (attempts: 1 to {row.attempt})"
+                           if row.attempt else f"job {row.id} has not run yet")
         n = attempt if attempt is not None else row.attempt
         terminal = row.status in claims.TERMINAL or (attempt is not None and attempt < row.attempt)
         if n > 0 and self.cluster is not None:
@@ -689,9 +692,14 @@ class JobManager(RemoteRole, GangRole):
 
     async def _finish(self, job_id: str, attempt: int, status: RunStatus) -> None:
         key = (job_id, attempt)
-        self._runs.pop(key, None)
+        handle = self._runs.pop(key, None)
         self._watchers.pop(key, None)
         text = status.detail or status.reason
+        if status.gone and handle is not None:
+            # The watchdog died but the job may live on: stop it before the attempt is
+            # declared lost, or a retry would run a second copy beside it.
+            await asyncio.to_thread(self._runner.cancel, handle)
+            text += "; its processes were stopped"
         owner = self._remote.pop(key, None)
         if owner is not None:
             self._leases_remote.pop(key, None)

@@ -668,6 +668,7 @@ class ExplanationModel(BaseModel):
     job_id: str
     verdict: str
     summary: str
+    hosts_needed: int = 1
     placement: PlacementModel | None = None
     rejections: list[RejectionModel] = Field(default_factory=list)
     workers: list[WorkerExplanationModel] = Field(default_factory=list)
@@ -679,6 +680,7 @@ class ExplanationModel(BaseModel):
             job_id=e.job_id,
             verdict=e.verdict.value,
             summary=e.summary,
+            hosts_needed=e.hosts_needed,
             placement=None if e.placement is None else PlacementModel.from_core(e.placement),
             rejections=[RejectionModel.from_core(r) for r in e.rejections],
             workers=[

@@ -111,6 +111,9 @@ class DaemonClient:
                         err = ApiErrorBody(code="http_error", message=f"HTTP {resp.status}: {raw[:200]!r}")
                     raise ApiRequestError(resp.status, err)
                 return raw
+        except aiohttp.ClientConnectorError as e:
+            raise DaemonUnreachable(self.socket_path, "nothing answers on the socket (a daemon that died "
+                                    "leaves it behind)") from e
         except aiohttp.ClientConnectionError as e:
             raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
 

@@ -243,6 +243,19 @@ def _int_param(request: web.Request, name: str, default: int | None) -> int | No
     return value
 
 
+def _answers(socket_path: Path) -> bool:
+    """True if something accepts connections on the unix socket."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
+
+
 async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRunner:
     """Serve ``app`` on ``socket_path``: directory 0700, socket 0600, stale socket replaced.
 
@@ -254,7 +267,9 @@ async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRun
     if socket_path.exists() or socket_path.is_symlink():
         if not stat.S_ISSOCK(socket_path.lstat().st_mode):
             raise OSError(f"{socket_path} exists and is not a socket")
-        socket_path.unlink()
+        if _answers(socket_path):
+            raise OSError(f"another gpulayerd serves on {socket_path}")
+        socket_path.unlink()  # left behind by a daemon that died
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     old_umask = os.umask(0o177)

@@ -180,9 +180,11 @@ class Explanation:
     Attributes:
         job_id: the job.
         verdict: the four-way verdict.
-        placement: the best placement now (lowest node id among workers that fit now).
+        placement: the best placement now (lowest node id among workers that fit now);
+            None unless the verdict is "fits now".
         rejections: job-level rejections from :func:`validate` (then ``workers`` is empty).
         workers: one entry per worker, ordered by node id.
+        hosts_needed: workers the job needs at once (``nnodes`` of a multi-host job).
     """
 
     job_id: str
@@ -190,6 +192,7 @@ class Explanation:
     placement: Placement | None
     rejections: tuple[Rejection, ...]
     workers: tuple[WorkerExplanation, ...]
+    hosts_needed: int = 1
 
     @property
     def summary(self) -> str:
@@ -197,10 +200,13 @@ class Explanation:
         if self.rejections:
             return f"rejected: {self.rejections[0].message}"
         if self.verdict is Verdict.FITS_NOW:
-            return "fits now"
-        reasons = [r.message for w in self.workers for r in w.rejections]
+            return "fits now" if self.hosts_needed == 1 else f"fits now on {self.hosts_needed} hosts"
         if not self.workers:
             return "no worker known"
+        if self.hosts_needed > 1:
+            now = sum(1 for w in self.workers if w.state is FitState.FITS_NOW)
+            return f"{self.verdict.value}: needs {self.hosts_needed} hosts at once, {now} fit now"
+        reasons = [r.message for w in self.workers for r in w.rejections]
         return f"{self.verdict.value}: {reasons[0]}" if reasons else self.verdict.value
 
 
@@ -332,17 +338,21 @@ def explain(job: JobRequest, workers: Iterable[WorkerSnapshot], support: Support
     if job_level:
         return Explanation(job.job_id, Verdict.FITS_NOWHERE, None, tuple(job_level), ())
     rows = tuple(evaluate(job, w, support) for w in sorted(workers, key=lambda w: w.node_id))
-    states = {r.state for r in rows}
-    if FitState.FITS_NOW in states:
-        verdict = Verdict.FITS_NOW
-    elif FitState.FITS_BUT_BUSY in states:
-        verdict = Verdict.FITS_BUT_BUSY
-    elif FitState.FITS_OFFLINE in states:
-        verdict = Verdict.FITS_ONLY_OFFLINE
-    else:
-        verdict = Verdict.FITS_NOWHERE
-    placement = next((r.placement for r in rows if r.placement is not None), None)
-    return Explanation(job.job_id, verdict, placement, (), rows)
+    # A multi-host job needs nnodes workers at once: the verdict is the best state that
+    # enough workers reach (counting each worker at its own state or better).
+    need = job.distributed.nnodes if job.distributed is not None else 1
+    ladder = [(FitState.FITS_NOW, Verdict.FITS_NOW), (FitState.FITS_BUT_BUSY, Verdict.FITS_BUT_BUSY),
+              (FitState.FITS_OFFLINE, Verdict.FITS_ONLY_OFFLINE)]
+    verdict, seen = Verdict.FITS_NOWHERE, 0
+    for state, candidate in ladder:
+        seen += sum(1 for r in rows if r.state is state)
+        if seen >= need:
+            verdict = candidate
+            break
+    placement = None
+    if verdict is Verdict.FITS_NOW:
+        placement = next((r.placement for r in rows if r.placement is not None), None)
+    return Explanation(job.job_id, verdict, placement, (), rows, need)
 
 
 def job_signature(job: JobRequest) -> tuple[object, ...]:

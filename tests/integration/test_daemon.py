@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -515,3 +516,24 @@ def test_crashed_daemon_leaves_a_dead_socket_still_one_line(lab: Lab) -> None:
     # A restarted daemon on the same state dir serves again.
     d.start()
     assert d.cli_json("jobs", "--json", "--all") == []
+
+
+def test_watchdog_killed_under_a_live_job_never_leaves_two_copies(cpu_daemon: Daemon) -> None:
+    """The watchdog dies (OOM killer, kill -9) while its job runs: the daemon stops the
+    orphaned job before the attempt is declared lost, so a retry never runs beside it."""
+    d = cpu_daemon
+    job_id = d.submit("--retries", "1", "--", "sh", "-c",
+                      'echo "$GPULAYER_ATTEMPT" >> attempts.log; sleep 1000')
+    job = d.wait_status(job_id, {"running"})
+    run_dir = Path(job.attempts[-1].run_dir or "")
+    wait_until((run_dir / "job.json").exists, 10, "job.json")
+    first_job_pid = read_json(run_dir / "job.json")["pid"]
+    os.kill(read_json(run_dir / "watchdog.json")["pid"], signal.SIGKILL)
+    wait_until(lambda: is_dead(first_job_pid), 30, "the orphaned first attempt to be stopped")
+    job = d.wait_status(job_id, {"running"}, timeout_s=30)
+    wait_until(lambda: len(d.job(job_id).attempts) == 2, 30, "the retry")
+    assert d.job(job_id).attempts[0].state == "lost"
+    assert "stopped" in d.job(job_id).attempts[0].reason
+    assert is_dead(first_job_pid)  # never two copies at once
+    d.cli_ok("cancel", job_id)
+    d.wait_status(job_id, {"cancelled"}, timeout_s=30)

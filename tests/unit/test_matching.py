@@ -313,3 +313,20 @@ def test_launch_env_cpu_and_cuda() -> None:
     gpu = launch_env(Accelerator.CUDA, (3, 0), "job-2", 2)
     assert gpu["CUDA_VISIBLE_DEVICES"] == "0,3"
     assert gpu["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_multi_host_job_fits_now_only_when_enough_hosts_do() -> None:
+    j = job(frameworks={"torch": ">=2"}, distributed=DistributedRequest(nnodes=2, nproc_per_node=1, backend="gloo"))
+    torch_env = (env(frameworks={"torch": "2.13.0+cpu"}, backends=("gloo",)),)
+    a = worker("a", envs=torch_env)
+    b_busy = worker("b", envs=torch_env, cpu_slots_total=1, cpu_slots_free=0)
+    b_off = worker("b", envs=torch_env, online=False)
+    b = worker("b", envs=torch_env)
+    one = explain(j, [a], SUPPORT_MATRIX)
+    assert (one.verdict, one.placement, one.hosts_needed) == (Verdict.FITS_NOWHERE, None, 2)
+    assert one.summary == "fits nowhere we know: needs 2 hosts at once, 1 fit now"
+    assert explain(j, [a, b_busy], SUPPORT_MATRIX).verdict is Verdict.FITS_BUT_BUSY
+    assert explain(j, [a, b_off], SUPPORT_MATRIX).verdict is Verdict.FITS_ONLY_OFFLINE
+    both = explain(j, [b, a], SUPPORT_MATRIX)
+    assert both.verdict is Verdict.FITS_NOW and both.placement is not None and both.placement.worker == "a"
+    assert both.summary == "fits now on 2 hosts"

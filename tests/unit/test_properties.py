@@ -692,8 +692,11 @@ def test_explain_ignores_worker_order(
             if row.placement is not None:
                 _assert_sound(job, by_id[row.worker], row.placement)
         fits_now = [r.worker for r in exp.workers if r.state is FitState.FITS_NOW]
-        assert (exp.verdict is Verdict.FITS_NOW) == bool(fits_now)
-        if fits_now:
+        # A multi-host job fits now only when nnodes workers fit now at once.
+        hosts = job.distributed.nnodes if job.distributed is not None else 1
+        assert exp.hosts_needed == hosts
+        assert (exp.verdict is Verdict.FITS_NOW) == (len(fits_now) >= hosts)
+        if len(fits_now) >= hosts:
             assert exp.placement is not None and exp.placement.worker == min(fits_now)
         else:
             assert exp.placement is None
