@@ -290,7 +290,7 @@ def test_a_job_that_ignores_sigterm_is_killed_after_grace(runner: Runner) -> Non
     status = wait_status(runner, handle)
     elapsed_s = time.monotonic() - started
     assert (status.reason, status.exit_code, status.killed_by_watchdog) == ("cancelled", -signal.SIGKILL, True)
-    assert GRACE_S <= elapsed_s < GRACE_S + 2.0
+    assert GRACE_S <= elapsed_s < GRACE_S + 5.0  # loose upper bound: a loaded machine is slow
 
 
 def test_deadline_passed_stops_the_job(runner: Runner) -> None:
@@ -301,7 +301,7 @@ def test_deadline_passed_stops_the_job(runner: Runner) -> None:
     elapsed_s = time.monotonic() - started
     assert (status.reason, status.exit_code, status.killed_by_watchdog) == ("deadline", -signal.SIGTERM, True)
     assert status.detail == "deadline passed: the owner's lease was not renewed"
-    assert 1.0 <= elapsed_s < 2.5
+    assert 1.0 <= elapsed_s < 6.0  # loose upper bound: a loaded machine is slow
 
 
 def test_extend_deadline_keeps_the_job_alive(runner: Runner) -> None:
