@@ -13,10 +13,12 @@ discovery test runs the loop in debug mode and fails on a callback that blocked 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
+import re
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -440,22 +442,37 @@ async def test_address_without_multicast_is_unavailable() -> None:
     await svc.async_stop()
 
 
-@pytest.mark.asyncio
-async def test_port_5353_held_without_sharing_is_unavailable() -> None:
-    blocker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # no SO_REUSEADDR/SO_REUSEPORT: not shared
+_HELD_5353 = """
+import asyncio, socket, subprocess, sys
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+from gpulayerd.net.mdns import Announcement, MdnsService, MdnsUnavailable
+blocker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # no SO_REUSEADDR/SO_REUSEPORT: not shared
+blocker.bind(("127.0.0.1", 5353))
+a = Announcement(node_id=sys.argv[1], name="ws-01", addresses=("127.0.0.1",), port=7451,
+                 cluster="CLUSTERID7Q2LKNNWG23TPOBYXE43UOV3HO6DZPIYTEMZUGU3DXYZ", ep="1a2b3c4d5e6f7a8b")
+async def main():
+    svc = MdnsService(a, ["127.0.0.1"], print, print)
     try:
-        try:
-            blocker.bind(("127.0.0.1", 5353))
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                raise
-            pytest.skip("an mDNS responder already holds port 5353 here, so it cannot be blocked")
-        svc = MdnsService(_announcement(), ["127.0.0.1"], print, print)
-        with pytest.raises(MdnsUnavailable, match=r"port 5353 is held by another program.*--peer HOST:PORT"):
-            await svc.async_start()
-        assert not svc.running
-    finally:
-        blocker.close()
+        await svc.async_start()
+    except MdnsUnavailable as e:
+        print("UNAVAILABLE:", e)
+        print("RUNNING:", svc.running)
+        return
+    print("STARTED")
+    await svc.async_stop()
+asyncio.run(main())
+"""
+
+
+def test_port_5353_held_without_sharing_is_unavailable() -> None:
+    """Run in a private network namespace (``unshare --net``, root as in CI), where nothing
+    else can already hold port 5353, so the test never depends on this machine's responders."""
+    proc = subprocess.run(["unshare", "--net", sys.executable, "-c", _HELD_5353, NODE_A],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"unshare --net needs root: {proc.stderr[-2000:]}"
+    assert "UNAVAILABLE:" in proc.stdout, proc.stdout + proc.stderr
+    assert re.search(r"port 5353 is held by another program.*--peer HOST:PORT", proc.stdout), proc.stdout
+    assert "RUNNING: False" in proc.stdout
 
 
 @pytest.mark.asyncio
