@@ -33,35 +33,27 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class Heartbeat(_Msg):
-    """Membership: sent every 1-2 s to every known peer (advisory, never used for safety).
+class HeartbeatReply(_Msg):
+    """A daemon's own membership facts (the answer to a heartbeat, and its body).
 
-    ``caps_digest`` changes whenever the sender's capabilities (devices, grants,
+    ``caps_digest`` changes whenever the daemon's capabilities (devices, grants,
     environments) change, so the receiver refetches them only then.
     """
 
+    node_id: str
+    name: str
+    version: str
+    cluster: str
+    port: int
+    addresses: list[str] = Field(default_factory=list)
+    ep: str = ""
+    caps_digest: str = ""
+
+
+class Heartbeat(HeartbeatReply):
+    """Membership: sent every 1-2 s to every known peer (advisory, never used for safety)."""
+
     msg_id: str
-    node_id: str
-    name: str
-    version: str
-    cluster: str
-    port: int
-    addresses: list[str] = Field(default_factory=list)
-    ep: str = ""
-    caps_digest: str = ""
-
-
-class HeartbeatReply(_Msg):
-    """The receiver's own membership facts."""
-
-    node_id: str
-    name: str
-    version: str
-    cluster: str
-    port: int
-    addresses: list[str] = Field(default_factory=list)
-    ep: str = ""
-    caps_digest: str = ""
 
 
 class Offer(_Msg):

@@ -8,10 +8,8 @@ import json
 import os
 import platform
 import stat
-import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -19,33 +17,10 @@ import pytest
 
 from gpulayerd.core.types import EnvironmentSnapshot, FrameworkVersion
 from gpulayerd.gpu.environments import EnvironmentProber, default_interpreter, snapshot_from_report
+from tests.fakes.envs import add_dists, make_env
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
 PROBE_TIMEOUT_S = 60.0
-
-
-def make_env(
-    root: Path, dists: Mapping[str, str], files: Mapping[str, str] | None = None
-) -> tuple[Path, Path]:
-    """Create a venv under ``root`` with fake distributions; return (python, site-packages)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    assert site.is_dir()
-    add_dists(site, dists)
-    for rel, text in (files or {}).items():
-        path = site / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return root / "bin" / "python", site
-
-
-def add_dists(directory: Path, dists: Mapping[str, str]) -> None:
-    for name, version in dists.items():
-        info = directory / f"{name.replace('-', '_')}-{version}.dist-info"
-        info.mkdir(parents=True)
-        info.joinpath("METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
-        )
 
 
 def script(path: Path, body: str) -> Path:

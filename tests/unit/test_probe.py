@@ -20,35 +20,11 @@ from pathlib import Path
 import pytest
 
 from gpulayerd.gpu import probe as probe_module
+from tests.fakes.envs import add_dists, make_env
 
 PROBE = Path(probe_module.__file__)
 VENV_PYTHON = sys.executable
 CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
-
-
-def make_env(
-    root: Path, dists: Mapping[str, str], files: Mapping[str, str] | None = None
-) -> tuple[Path, Path]:
-    """Create a venv under ``root`` with fake distributions; return (python, site-packages)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    assert site.is_dir()
-    add_dists(site, dists)
-    for rel, text in (files or {}).items():
-        path = site / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return root / "bin" / "python", site
-
-
-def add_dists(directory: Path, dists: Mapping[str, str]) -> None:
-    """Write one ``<name>-<version>.dist-info`` per distribution, as an installer would."""
-    for name, version in dists.items():
-        info = directory / f"{name.replace('-', '_')}-{version}.dist-info"
-        info.mkdir(parents=True)
-        info.joinpath("METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
-        )
 
 
 def clean_env(**extra: str) -> dict[str, str]:
