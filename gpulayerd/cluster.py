@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
@@ -40,6 +38,7 @@ from gpulayerd.net.wire import (
     Release,
     RunReport,
     RunReportReply,
+    new_msg_id,
 )
 
 if TYPE_CHECKING:
@@ -55,11 +54,6 @@ __all__ = ["ClusterNode"]
 log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
-
-
-def new_msg_id() -> str:
-    """A random message id (idempotency key)."""
-    return secrets.token_hex(8)
 
 
 class ClusterNode:
@@ -305,8 +299,3 @@ class ClusterNode:
     async def async_peer_commit(self, sender: str, msg: Commit) -> Ack:
         """Gang: start our rank."""
         return await self._manager.worker_commit(sender, msg)
-
-
-def digest(parts: Sequence[object]) -> str:
-    """A short stable digest of ``parts`` (used to tell peers that capabilities changed)."""
-    return hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:16]

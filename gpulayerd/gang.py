@@ -44,6 +44,7 @@ from gpulayerd.net.wire import (
     Release,
     RunReport,
     RunReportReply,
+    new_msg_id,
 )
 from gpulayerd.roles import ManagerState
 from gpulayerd.runner import RunnerError, build_env, build_gang_argv
@@ -114,7 +115,7 @@ class GangRole(ManagerState):
         held: list[tuple[str, HoldReply]] = []
         failed = ""
         for m in members:  # node-id order: two owners never deadlock on each other's holds
-            hold = Hold(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id, hold_id=hold_id,
+            hold = Hold(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, hold_id=hold_id,
                         spec=spec.model_dump(mode="json"), ttl_s=self._config.hold_ttl_s)
             try:
                 reply = await self._gang_call(m, "/v1/peer/hold", hold, HoldReply)
@@ -155,7 +156,7 @@ class GangRole(ManagerState):
         self._leases[row.id] = now + row.lease_s
         self.feed.publish(Change("job", row.id))
         for rank, m in enumerate(members):
-            commit = Commit(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id, hold_id=hold_id,
+            commit = Commit(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, hold_id=hold_id,
                             attempt=attempt, lease_s=row.lease_s, spec=spec.model_dump(mode="json"),
                             node_rank=rank, nnodes=len(members), master_addr=master_addr, master_port=master_port)
             try:
@@ -170,7 +171,7 @@ class GangRole(ManagerState):
     async def _gang_release(self, hold_id: str, members: Sequence[str]) -> None:
         for m in members:
             with contextlib.suppress(PeerCallError):
-                await self._gang_call(m, "/v1/peer/release", Release(msg_id=secrets.token_hex(8), owner=self.node_id,
+                await self._gang_call(m, "/v1/peer/release", Release(msg_id=new_msg_id(), owner=self.node_id,
                                                                      hold_id=hold_id), Ack)
 
     async def _gang_abort(self, gang: Gang, reason: str) -> None:
@@ -182,7 +183,7 @@ class GangRole(ManagerState):
         for m in gang.members:
             if m in gang.exits:
                 continue
-            kill = Kill(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=gang.job_id, attempt=gang.attempt,
+            kill = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=gang.job_id, attempt=gang.attempt,
                         reason=f"gang abort: {reason}")
             with contextlib.suppress(PeerCallError):
                 await self._gang_call(m, "/v1/peer/kill", kill, Ack)

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -44,6 +43,7 @@ from gpulayerd.net.wire import (
     Offer,
     RunReport,
     RunReportReply,
+    new_msg_id,
 )
 from gpulayerd.roles import ManagerState
 from gpulayerd.runner import RunnerError, build_argv, build_env
@@ -80,7 +80,7 @@ class RemoteRole(ManagerState):
         if last is not None and last[0] == target and now - last[1] < self._config.offer_interval_s:
             return True
         self._offered[row.id] = (target, now)
-        offer = Offer(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=row.id,
+        offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id,
                       spec=spec.model_dump(mode="json"), lease_s=row.lease_s)
         self._spawn(self._send_offer(target, offer))
         return True
@@ -99,7 +99,7 @@ class RemoteRole(ManagerState):
     async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:
         if self.cluster is None:
             return
-        msg = Kill(msg_id=secrets.token_hex(8), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
+        msg = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
         try:
             await self.cluster.call(worker, "/v1/peer/kill", msg, Ack)
         except PeerCallError as e:
@@ -222,7 +222,7 @@ class RemoteRole(ManagerState):
         if fds is None:
             return
         try:
-            claim = Claim(msg_id=secrets.token_hex(8), worker=self.node_id, job_id=offer.job_id,
+            claim = Claim(msg_id=new_msg_id(), worker=self.node_id, job_id=offer.job_id,
                           placement=PlacementModel.from_core(placement).model_dump(mode="json"))
             self.stats["claims_sent"] += 1
             try:
@@ -279,7 +279,7 @@ class RemoteRole(ManagerState):
     async def _report(self, owner: str, job_id: str, attempt: int,
                       kind: Literal["started", "renew", "exited", "lost"], exit_code: int | None, reason: str,
                       never_started: bool = False) -> RunReportReply | None:
-        msg = RunReport(msg_id=secrets.token_hex(8), worker=self.node_id, job_id=job_id, attempt=attempt,
+        msg = RunReport(msg_id=new_msg_id(), worker=self.node_id, job_id=job_id, attempt=attempt,
                         kind=kind, exit_code=exit_code, reason=reason, never_started=never_started)
         if owner == self.node_id:
             return await self.owner_report(self.node_id, msg)

@@ -7,6 +7,7 @@ API checks it against the node id of the TLS client certificate.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,7 +27,13 @@ __all__ = [
     "Release",
     "RunReport",
     "RunReportReply",
+    "new_msg_id",
 ]
+
+
+def new_msg_id() -> str:
+    """A random message id (the idempotency key every message carries)."""
+    return secrets.token_hex(8)
 
 
 class _Msg(BaseModel):
