@@ -27,12 +27,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
+from gpulayer_tui.app import GpulayerApp, TuiSettings, make_app
+from gpulayer_tui.screens.main import MainScreen
+from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayerd.api.client import ChangeEvent
 from gpulayerd.models import JobView
 from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer
-from tui.app import GpulayerApp, TuiSettings, make_app
-from tui.screens.main import MainScreen
-from tui.widgets.jobs_table import JobsTable
 
 SIZE = (120, 40)
 SETTINGS = TuiSettings(retry_s=0.05, log_poll_s=60.0, age_refresh_s=0)

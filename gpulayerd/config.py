@@ -96,6 +96,8 @@ class DaemonConfig(BaseModel):
         dist_timeout_s: collective timeout handed to distributed jobs
             (``GPULAYER_DIST_TIMEOUT_S``), instead of torch's 30-minute default.
         rdzv_timeout_s: torchrun rendezvous join timeout.
+        workdir_timeout_s: limit for checking that a job's workdir exists (a hung network
+            mount answers "did not answer within N s" instead of freezing the daemon).
         schedule_interval_s: the scheduler also wakes this often without events.
         listen: HOST:PORT of the peer API (mutual TLS; only in a cluster).
         peers: static peers HOST:PORT, for networks that block multicast.
@@ -124,6 +126,7 @@ class DaemonConfig(BaseModel):
     watchdog_poll_interval_s: float = Field(default=0.5, gt=0)
     dist_timeout_s: float = Field(default=300.0, gt=0)
     rdzv_timeout_s: float = Field(default=120.0, gt=0)
+    workdir_timeout_s: float = Field(default=5.0, gt=0)
     schedule_interval_s: float = Field(default=5.0, gt=0)
     listen: str = "0.0.0.0:7171"
     peers: list[str] = Field(default_factory=list)

@@ -14,23 +14,43 @@ import contextlib
 import fcntl
 import logging
 import os
+import random
 import signal
 import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
 
 from gpulayerd import __version__
 from gpulayerd.api.server import make_local_app, start_unix_site
-from gpulayerd.cluster import ClusterNode
+from gpulayerd.app.clock import Clock
+from gpulayerd.app.cluster import ClusterNode
+from gpulayerd.app.gang import GangCoordinator, GangMember
+from gpulayerd.app.jobs import OwnedJobs
+from gpulayerd.app.leases import LeaseLoop
+from gpulayerd.app.ledger import Ledger
+from gpulayerd.app.local import LocalApi
+from gpulayerd.app.machine import Machine
+from gpulayerd.app.names import Names
+from gpulayerd.app.owner import OwnerService
+from gpulayerd.app.recovery import Recovery
+from gpulayerd.app.scheduler import Scheduler
+from gpulayerd.app.signals import Signals
+from gpulayerd.app.starter import Starter
+from gpulayerd.app.transport import SelfFirstTransport
+from gpulayerd.app.worker import WorkerService
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.types import SupportMatrix
-from gpulayerd.devicelock import DeviceLocks
 from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
-from gpulayerd.jobs import JobManager
-from gpulayerd.net.tls import load_or_create_identity
+from gpulayerd.net.identity import Identity, load_or_create_identity
 from gpulayerd.notify import notify_ready, notify_stopping
-from gpulayerd.runner import Runner
+from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
 from gpulayerd.supervisor import supervise
 
@@ -44,6 +64,14 @@ class DaemonAlreadyRunning(RuntimeError):
 
 
 def _lock_state_dir(config: DaemonConfig) -> int:
+    """Create the state dir and lock it (one daemon per state dir). Blocking: call in a thread.
+
+    Returns:
+        The descriptor holding the lock (closed by :func:`_unlock_state_dir`).
+
+    Raises:
+        DaemonAlreadyRunning: another daemon holds the lock.
+    """
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(config.state_dir / "gpulayerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -59,6 +87,91 @@ def _lock_state_dir(config: DaemonConfig) -> int:
     return fd
 
 
+def _prepare_state_dir(config: DaemonConfig) -> Identity:
+    """The runs dir, and this node's identity (created on first start). Blocking: call in a thread."""
+    config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return load_or_create_identity(config.state_dir)
+
+
+def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
+    """Remove the pid file and the socket, then release the state dir. Blocking: call in a thread."""
+    with contextlib.suppress(OSError):
+        config.pid_path.unlink()
+    with contextlib.suppress(OSError):
+        config.socket_path.unlink()
+    os.close(lock_fd)
+
+
+@dataclass
+class Services:
+    """The daemon's services, wired (see :func:`build`)."""
+
+    signals: Signals
+    machine: Machine
+    worker: WorkerService
+    recovery: Recovery
+    scheduler: Scheduler
+    leases: LeaseLoop
+    api: LocalApi
+    cluster: ClusterNode | None
+
+
+def build(config: DaemonConfig, identity: Identity, store: Store, support: SupportMatrix) -> Services:
+    """Build every service and wire them together (no I/O, nothing started)."""
+    clock = Clock()
+    signals = Signals()
+    node_id = identity.node_id
+    hostname = socket.gethostname()
+    cluster = None
+    if identity.in_cluster:
+        cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals, version=__version__,
+                              hostname=hostname)
+    transport = SelfFirstTransport(node_id, cluster)
+    names = Names(node_id, hostname, cluster)
+    ledger = Ledger()
+    locks = DeviceLocks(config.device_lock_dir)
+    runner = Runner(config.runs_dir, grace_s=config.cancel_grace_s, poll_interval_s=config.watchdog_poll_interval_s)
+    starter = Starter(config, runner, clock)
+    machine = Machine(
+        config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
+        prober=EnvironmentProber(timeout_s=config.env_probe_timeout_s,
+                                 cache_dir=config.state_dir / "cache" / "environments"),
+        discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s), nvidia=NvidiaSmi(),
+        support=support, signals=signals, clock=clock)
+    jobs = OwnedJobs(store=store, signals=signals, clock=clock)
+    worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
+                           locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
+                           signals=signals, clock=clock)
+    jobs.bind(worker)
+    gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
+                            directory=cluster, names=names, support=support, signals=signals, clock=clock,
+                            rng=random.SystemRandom())
+    member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,
+                        worker=worker, directory=cluster, support=support, signals=signals, clock=clock)
+    owner = OwnerService(node_id=node_id, store=store, jobs=jobs, gangs=gangs, machine=machine, starter=starter,
+                         transport=transport, directory=cluster, names=names, support=support, signals=signals,
+                         clock=clock)
+    routes: dict[str, Callable[[str, Any], Awaitable[BaseModel]]] = {
+        "/v1/peer/report": owner.report, "/v1/peer/kill": worker.kill, "/v1/peer/hold": member.hold,
+        "/v1/peer/release": member.release, "/v1/peer/commit": member.commit,
+    }
+    for path, handler in routes.items():
+        transport.route(path, handler)
+    if cluster is not None:
+        cluster.bind(machine=machine, owner=owner, worker=worker, member=member)
+    return Services(
+        signals=signals, machine=machine, worker=worker, cluster=cluster,
+        recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
+        scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
+                            gangs=gangs, transport=transport, directory=cluster, support=support, signals=signals,
+                            clock=clock),
+        leases=LeaseLoop(worker=worker, owner=owner, gangs=gangs, member=member, grace_s=config.lease_grace_s,
+                         clock=clock),
+        api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
+                     owner=owner, machine=machine, directory=cluster, signals=signals, clock=clock),
+    )
+
+
 async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
               stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
     """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None).
@@ -67,7 +180,9 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         DaemonAlreadyRunning: the state dir is locked by another daemon.
         OSError: the socket or state dir cannot be created.
     """
-    lock_fd = _lock_state_dir(config)
+    # File work (the state dir, its lock, the identity, the pid file) runs in a thread:
+    # nothing blocks the event loop, not even at start-up.
+    lock_fd = await asyncio.to_thread(_lock_state_dir, config)
     stop_event = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if stop is None:
@@ -76,51 +191,25 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     store: Store | None = None
     api_runner = None
     tasks: list[asyncio.Task[None]] = []
-    manager: JobManager | None = None
-    cluster: ClusterNode | None = None
+    services: Services | None = None
     try:
-        config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        identity = load_or_create_identity(config.state_dir)
-        node_id = identity.node_id
+        identity = await asyncio.to_thread(_prepare_state_dir, config)
         store = await Store.open(config.db_path)
-        manager = JobManager(
-            config=config,
-            node_id=node_id,
-            hostname=socket.gethostname(),
-            version=__version__,
-            store=store,
-            runner=Runner(
-                config.runs_dir,
-                grace_s=config.cancel_grace_s,
-                poll_interval_s=config.watchdog_poll_interval_s,
-            ),
-            locks=DeviceLocks(config.device_lock_dir),
-            prober=EnvironmentProber(
-                timeout_s=config.env_probe_timeout_s, cache_dir=config.state_dir / "cache" / "environments"
-            ),
-            discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s),
-            nvidia=NvidiaSmi(),
-            support=support,
-        )
-        if identity.in_cluster:
-            cluster = ClusterNode(config=config, identity=identity, manager=manager, version=__version__,
-                                  hostname=socket.gethostname())
-            manager.cluster = cluster
-        await manager.async_recover()
-        if cluster is not None:
-            await cluster.async_start()
+        services = build(config, identity, store, support)
+        await services.recovery.recover()
+        if services.cluster is not None:
+            await services.cluster.async_start()
         else:
             log.info("not in a cluster (gpulayer cluster init / join): this machine only")
-        api_runner = await start_unix_site(make_local_app(manager), config.socket_path)
-        config.pid_path.write_text(f"{os.getpid()}\n")
-        log.info("gpulayerd %s node %s serving %s", __version__, node_id[:12], config.socket_path)
-        tasks = [
-            asyncio.create_task(supervise("probe", manager.async_probe_loop), name="probe"),
-            asyncio.create_task(supervise("schedule", manager.async_schedule_loop), name="schedule"),
-            asyncio.create_task(supervise("lease", manager.async_lease_loop), name="lease"),
-        ]
-        if cluster is not None:
-            tasks.append(asyncio.create_task(supervise("heartbeat", cluster.async_heartbeat_loop), name="heartbeat"))
+        api_runner = await start_unix_site(make_local_app(services.api), config.socket_path)
+        await asyncio.to_thread(config.pid_path.write_text, f"{os.getpid()}\n")
+        log.info("gpulayerd %s node %s serving %s", __version__, identity.node_id[:12], config.socket_path)
+        loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("probe", services.machine.probe_loop), ("schedule", services.scheduler.loop),
+            ("lease", services.leases.loop)]
+        if services.cluster is not None:
+            loops.append(("heartbeat", services.cluster.async_heartbeat_loop))
+        tasks = [asyncio.create_task(supervise(name, fn), name=name) for name, fn in loops]
         if ready is not None:
             ready.set()
         notify_ready(f"serving {config.socket_path}")
@@ -137,17 +226,15 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        if cluster is not None:
-            await cluster.async_close()
-        if manager is not None:
-            await manager.async_close()
+        if services is not None:
+            if services.cluster is not None:
+                await services.cluster.async_close()
+            await services.signals.close()
+            await services.worker.close()
+            services.machine.close()
         if store is not None:
             await store.close()
-        with contextlib.suppress(OSError):
-            config.pid_path.unlink()
-        with contextlib.suppress(OSError):
-            config.socket_path.unlink()
         if stop is None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-        os.close(lock_fd)
+        await asyncio.to_thread(_unlock_state_dir, config, lock_fd)

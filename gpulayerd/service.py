@@ -1,4 +1,4 @@
-"""``gpulayer service install|uninstall|status``: gpulayerd as a systemd user unit or a launchd agent.
+"""gpulayerd as a systemd user unit or a launchd agent: the files, where they go, how they are written.
 
 Linux gets a systemd *user* unit (``~/.config/systemd/user/gpulayerd.service``, or under
 ``$XDG_CONFIG_HOME``), macOS a LaunchAgent (``~/Library/LaunchAgents/io.gpulayer.gpulayerd.plist``).
@@ -8,7 +8,8 @@ chosen ``--python`` interpreters, as absolute paths.
 A rendered file carries the SHA-256 of the rest of its text in a header comment, so a
 file changed by hand is told apart from one this command wrote: ``install`` and
 ``uninstall`` refuse to replace or remove a changed file without ``--force``. Nothing
-here runs ``systemctl`` or ``launchctl``: the commands print the exact next command.
+here runs ``systemctl`` or ``launchctl``. The ``gpulayer service`` commands are in
+:mod:`gpulayerd.cli.service`; this module knows nothing of the CLI.
 The repo's ``systemd/gpulayerd.service`` and ``launchd/io.gpulayer.gpulayerd.plist``
 are these renderings with placeholder paths (:data:`PLACEHOLDER_GPULAYERD`,
 :data:`PLACEHOLDER_HOME`); a test keeps them in sync.
@@ -16,10 +17,7 @@ are these renderings with placeholder paths (:data:`PLACEHOLDER_GPULAYERD`,
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import hashlib
-import json
 import os
 import plistlib
 import re
@@ -28,12 +26,12 @@ import shutil
 import sys
 import sysconfig
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from xml.sax.saxutils import escape
 
-from gpulayerd.config import socket_path_for
+from gpulayerd.atomic import write_atomic
 
 __all__ = [
     "LAUNCHD_LABEL",
@@ -41,14 +39,18 @@ __all__ = [
     "PLACEHOLDER_HOME",
     "SYSTEMD_UNIT_NAME",
     "FileState",
+    "OsName",
     "ServiceTarget",
-    "add_service_parser",
     "file_state",
     "find_gpulayerd",
     "is_pristine",
+    "prune_empty_dirs",
+    "read_service_file",
     "render_launchd_plist",
     "render_systemd_unit",
+    "service_argv",
     "service_target",
+    "write_service_file",
 ]
 
 OsName = Literal["linux", "macos"]
@@ -60,7 +62,6 @@ SYSTEMD_UNIT_NAME = "gpulayerd.service"
 LAUNCHD_LABEL = "io.gpulayer.gpulayerd"
 PLACEHOLDER_GPULAYERD = "/usr/local/bin/gpulayerd"
 PLACEHOLDER_HOME = "/Users/you"
-HEALTH_TIMEOUT_S = 2.0
 
 _DIGEST_RE = re.compile(r"gpulayer-sha256: ([0-9a-f]{64})")
 _SYSTEMD_PLAIN_ARG = re.compile(r"[A-Za-z0-9_@%$+=:,./-]+")
@@ -286,278 +287,26 @@ def find_gpulayerd() -> str | None:
     return None
 
 
-def add_service_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``service install|uninstall|status`` to the ``gpulayer`` subcommands."""
-    s = sub.add_parser(
-        "service",
-        help="install gpulayerd as a systemd user service (Linux) or a launchd agent (macOS)",
-        description="Write, remove or inspect the service file that runs this installation's gpulayerd "
-        "at login (Linux: systemd user unit; macOS: LaunchAgent). Never runs systemctl or launchctl: "
-        "prints the exact command to run next.",
-    )
-    ssub = s.add_subparsers(dest="service_command", metavar="ACTION")
-    ssub.required = True
-
-    i = ssub.add_parser("install", help="write the service file (idempotent)",
-                        description="Write the service file for this installation's gpulayerd. Installing "
-                        "again changes nothing; a file changed by hand is replaced only with --force. "
-                        "--dry-run prints the file on stdout (and what would happen on stderr).")
-    i.add_argument("--python", action="append", metavar="PATH", default=None,
-                   help="workload interpreter (repeatable, in preference order; default: gpulayerd's own)")
-    i.add_argument("--dry-run", action="store_true", help="print the file and the next command; write nothing")
-    i.add_argument("--force", action="store_true", help="replace a service file changed by hand")
-    _add_os_arg(i)
-    i.set_defaults(func=_cmd_install)
-
-    u = ssub.add_parser("uninstall", help="remove the service file (stop it first: the command is printed)")
-    u.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
-    u.add_argument("--force", action="store_true",
-                   help="remove a file changed by hand, or one still enabled (and its enable link)")
-    _add_os_arg(u)
-    u.set_defaults(func=_cmd_uninstall)
-
-    st = ssub.add_parser("status", help="whether the service is installed, enabled and running")
-    st.add_argument("--json", action="store_true")
-    _add_os_arg(st)
-    st.set_defaults(func=_cmd_status)
-
-
-# --------------------------------------------------------------------------- commands
-
-
-def _cmd_install(args: argparse.Namespace) -> int:
-    from gpulayerd.cli import EXIT_OK, CommandFailed
-
-    target = service_target(_os_name(args.os))
-    gpulayerd = _this_gpulayerd()
-    interpreters = list(dict.fromkeys(_absolute_interpreter(p) for p in args.python or []))
-    rendered = target.render(gpulayerd, interpreters)
-    state = file_state(_read(target.path), rendered)
-    next_command = target.start_command(update=state in ("outdated", "modified"))
-
-    if args.dry_run:
-        sys.stdout.write(rendered)
-        doing = {"missing": "would write", "current": "already installed, unchanged:",
-                 "outdated": "would update", "modified": "would replace (changed by hand)"}[state]
-        print(f"dry run, nothing written: {doing} {target.path}", file=sys.stderr)
-        if state == "modified" and not args.force:
-            print("  (only with --force: the file was changed by hand)", file=sys.stderr)
-        print(f"next: {next_command}", file=sys.stderr)
-        return EXIT_OK
-    if state == "current":
-        print(f"already installed: {target.path} (unchanged)")
-        print(f"to start it, if it is not running: {target.start_command()}")
-        return EXIT_OK
-    if state == "modified" and not args.force:
-        raise CommandFailed(
-            f"{target.path} was changed by hand (or not written by gpulayer); not replacing it.\n"
-            f"See what would be written with: gpulayer service install --dry-run{_os_flag(args)}\n"
-            f"Replace it with: gpulayer service install --force{_os_flag(args)}")
-    _write(target, rendered)
-    done = {"missing": "installed", "outdated": "updated", "modified": "replaced"}[state]
-    print(f"{done} {target.kind}: {target.path}")
-    print(f"  runs: {gpulayerd}" + "".join(f" --python {shlex.quote(p)}" for p in interpreters))
-    print("next:")
-    print(f"  {next_command}")
-    if target.os_name == "linux":
-        print("  loginctl enable-linger $USER    # once: keep it running without a login session")
-    return EXIT_OK
-
-
-def _cmd_uninstall(args: argparse.Namespace) -> int:
-    from gpulayerd.cli import EXIT_OK, CommandFailed
-
-    target = service_target(_os_name(args.os))
-    text = _read(target.path)
-    link = target.enabled_link
-    linked = link is not None and os.path.lexists(link)
-    if text is None and not linked:
-        print(f"not installed: no {target.path}")
-        return EXIT_OK
-    if text is not None and not is_pristine(text) and not args.force:
-        raise CommandFailed(
-            f"{target.path} was changed by hand (or not written by gpulayer); not removing it.\n"
-            f"Remove it anyway with: gpulayer service uninstall --force{_os_flag(args)}")
-    if linked and not args.force:
-        raise CommandFailed(
-            f"gpulayerd is still enabled ({link}). Stop and disable it first:\n"
-            f"  {target.stop_command()}\n"
-            "then run 'gpulayer service uninstall' again (running jobs keep running; "
-            "--force removes the files anyway)")
-    doomed = [p for p in (target.path if text is not None else None, link if linked else None) if p is not None]
-    if args.dry_run:
-        for p in doomed:
-            print(f"dry run, nothing removed: would remove {p}")
-        return EXIT_OK
-    for p in doomed:
-        p.unlink()
-        print(f"removed {p}")
-    for p in doomed:
-        _prune_empty_dirs(p.parent, target.home)
-    if target.logs_dir is not None:
-        if target.logs_dir.is_dir() and any(target.logs_dir.iterdir()):
-            print(f"kept the logs in {target.logs_dir}")
-        else:
-            _prune_empty_dirs(target.logs_dir, target.home)
-    if target.os_name == "linux":
-        print("next: systemctl --user daemon-reload")
-        print("  (if gpulayerd still runs: systemctl --user stop gpulayerd; running jobs keep running)")
-    else:
-        print(f"next, if it is still loaded: {target.stop_command()}")
-    return EXIT_OK
-
-
-@dataclass(frozen=True, slots=True)
-class _Status:
-    os: OsName
-    kind: str
-    path: str
-    installed: bool
-    file: Literal["missing", "generated", "hand-edited"]
-    gpulayerd: str | None
-    this_installation: bool | None
-    interpreters: list[str]
-    enabled: bool | None
-    running: bool
-    socket: str
-    daemon: dict[str, object] | None
-    problem: str | None
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    from gpulayerd.cli import EXIT_OK
-
-    target = service_target(_os_name(args.os))
-    text = _read(target.path)
-    argv = [] if text is None else _service_argv(text, target.os_name)
-    this = find_gpulayerd()
-    sock = Path(args.socket) if getattr(args, "socket", None) else socket_path_for(getattr(args, "state_dir", None))
-    health, problem = _health(sock)
-    status = _Status(
-        os=target.os_name,
-        kind=target.kind,
-        path=str(target.path),
-        installed=text is not None,
-        file="missing" if text is None else "generated" if is_pristine(text) else "hand-edited",
-        gpulayerd=argv[0] if argv else None,
-        this_installation=None if not argv or this is None else argv[0] == this,
-        interpreters=[argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--python"],
-        enabled=None if target.enabled_link is None else os.path.lexists(target.enabled_link),
-        running=health is not None,
-        socket=str(sock),
-        daemon=health,
-        problem=problem,
-    )
-    if args.json:
-        print(json.dumps(asdict(status), indent=2))
-    else:
-        print(_render_status(status, target))
-    return EXIT_OK
-
-
-def _render_status(s: _Status, target: ServiceTarget) -> str:
-    if not s.installed:
-        installed = f"no    (gpulayer service install{'' if s.os == 'linux' else ' --os macos'})"
-    else:
-        how = "as written by gpulayer service install" if s.file == "generated" else "changed by hand"
-        whose = ("" if s.this_installation is None else ", this installation's gpulayerd" if s.this_installation
-                 else f", another gpulayerd: {s.gpulayerd}")
-        installed = f"yes   ({how}{whose})"
-    if s.enabled is None:
-        enabled = f"unknown (launchd: launchctl print gui/{os.getuid()}/{LAUNCHD_LABEL})"
-    else:
-        enabled = "yes" if s.enabled else f"no    ({target.start_command()})" if s.installed else "no"
-    if s.daemon is not None:
-        running = f"yes   (gpulayerd {s.daemon.get('version')}, pid {s.daemon.get('pid')}, {s.socket})"
-    else:
-        running = f"no    ({s.problem})"
-    return "\n".join([f"{s.kind}: {s.path}", f"installed: {installed}", f"enabled:   {enabled}",
-                      f"running:   {running}"])
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-def _add_os_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--os", choices=["linux", "macos"], default=None,
-                   help="render for this OS instead of the running one (Linux: systemd; macOS: launchd)")
-
-
-def _os_name(requested: str | None) -> OsName:
-    from gpulayerd.cli import UsageError
-
-    if requested == "linux" or (requested is None and sys.platform.startswith("linux")):
-        return "linux"
-    if requested == "macos" or (requested is None and sys.platform == "darwin"):
-        return "macos"
-    raise UsageError(f"service: {sys.platform} has no supported service manager; give --os linux|macos")
-
-
-def _os_flag(args: argparse.Namespace) -> str:
-    return f" --os {args.os}" if args.os else ""
-
-
-def _this_gpulayerd() -> str:
-    from gpulayerd.cli import CommandFailed
-
-    found = find_gpulayerd()
-    if found is None:
-        raise CommandFailed(f"cannot find this installation's gpulayerd next to {sys.executable} "
-                            "(reinstall gpulayer with pip)")
-    return found
-
-
-def _absolute_interpreter(text: str) -> str:
-    """``--python`` as an absolute path, symlinks kept (a venv's python is a symlink that must stay one)."""
-    from gpulayerd.cli import UsageError
-
-    if any(ord(c) < 32 for c in text):
-        raise UsageError(f"--python {text!r}: control characters in a path")
-    if "/" in text:
-        path = os.path.abspath(os.path.expanduser(text))
-    else:
-        found = shutil.which(text)
-        if found is None:
-            raise UsageError(f"--python {text}: not found on PATH")
-        path = os.path.abspath(found)
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise UsageError(f"--python {text}: {path} is not an executable file")
-    return path
-
-
-def _systemd_arg(arg: str) -> str:
-    """One ExecStart word: specifiers (%) and variables ($) doubled, quoted when needed."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if _SYSTEMD_PLAIN_ARG.fullmatch(escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _seal(body: str, line_index: int, header: Callable[[str], str]) -> str:
-    """``body`` with the header line (made from its SHA-256) inserted at ``line_index``."""
-    lines = body.splitlines(keepends=True)
-    lines.insert(line_index, header(hashlib.sha256(body.encode("utf-8")).hexdigest()))
-    return "".join(lines)
-
-
-def _read(path: Path) -> str | None:
+def read_service_file(path: Path) -> str | None:
+    """The text of the service file at ``path`` (undecodable bytes replaced), or None when there is none."""
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return None
 
 
-def _write(target: ServiceTarget, text: str) -> None:
+def write_service_file(target: ServiceTarget, text: str) -> None:
+    """Write ``text`` as ``target``'s service file (mode 0644), atomically, creating its directories.
+
+    For launchd also creates the log directory (launchd does not). Raises ``OSError``.
+    """
     target.path.parent.mkdir(parents=True, exist_ok=True)
     if target.logs_dir is not None:
         target.logs_dir.mkdir(parents=True, exist_ok=True)  # launchd does not create it
-    tmp = target.path.with_name(f".{target.path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(0o644)
-    os.replace(tmp, target.path)
+    write_atomic(target.path, text, mode=0o644)
 
 
-def _prune_empty_dirs(start: Path, stop: Path) -> None:
+def prune_empty_dirs(start: Path, stop: Path) -> None:
     """Remove ``start`` and its parents while they are empty, stopping below ``stop``."""
     d = start
     while stop in d.parents:
@@ -568,7 +317,7 @@ def _prune_empty_dirs(start: Path, stop: Path) -> None:
         d = d.parent
 
 
-def _service_argv(text: str, os_name: OsName) -> list[str]:
+def service_argv(text: str, os_name: OsName) -> list[str]:
     """The command line a service file runs (best effort; [] when it cannot be read)."""
     if os_name == "macos":
         try:
@@ -587,21 +336,16 @@ def _service_argv(text: str, os_name: OsName) -> list[str]:
     return []
 
 
-def _health(sock: Path) -> tuple[dict[str, object] | None, str | None]:
-    """Ask the daemon on ``sock`` for its health: (health fields, None) or (None, why not)."""
-    from gpulayerd.api.client import ApiRequestError, DaemonClient, DaemonUnreachable
+def _systemd_arg(arg: str) -> str:
+    """One ExecStart word: specifiers (%) and variables ($) doubled, quoted when needed."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if _SYSTEMD_PLAIN_ARG.fullmatch(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    async def ask() -> dict[str, object]:
-        async with DaemonClient(sock, timeout_s=HEALTH_TIMEOUT_S) as client:
-            return (await client.health()).model_dump()
 
-    try:
-        return asyncio.run(ask()), None
-    except DaemonUnreachable as e:
-        return None, str(e)
-    except ApiRequestError as e:
-        return None, f"gpulayerd at {sock} answered with an error: {e}"
-    except (TimeoutError, asyncio.TimeoutError):
-        return None, f"no answer from {sock} within {HEALTH_TIMEOUT_S:g} s"
-    except (OSError, ValueError) as e:
-        return None, f"cannot ask gpulayerd at {sock}: {e}"
+def _seal(body: str, line_index: int, header: Callable[[str], str]) -> str:
+    """``body`` with the header line (made from its SHA-256) inserted at ``line_index``."""
+    lines = body.splitlines(keepends=True)
+    lines.insert(line_index, header(hashlib.sha256(body.encode("utf-8")).hexdigest()))
+    return "".join(lines)

@@ -7,6 +7,7 @@ the API's stable ``code``).
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
@@ -96,8 +97,6 @@ class DaemonClient:
 
     async def _request(self, method: str, path: str, body: BaseModel | None = None,
                        params: dict[str, Any] | list[tuple[str, str]] | None = None) -> bytes:
-        if not self.socket_path.exists():
-            raise DaemonUnreachable(self.socket_path, "no socket (is gpulayerd running?)")
         data = None if body is None else body.model_dump_json()
         headers = {"Content-Type": "application/json"} if data is not None else None
         try:
@@ -112,10 +111,16 @@ class DaemonClient:
                     raise ApiRequestError(resp.status, err)
                 return raw
         except aiohttp.ClientConnectorError as e:
-            raise DaemonUnreachable(self.socket_path, "nothing answers on the socket (a daemon that died "
-                                    "leaves it behind)") from e
+            raise self._unreachable(e) from e
         except aiohttp.ClientConnectionError as e:
             raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
+
+    def _unreachable(self, e: aiohttp.ClientConnectorError) -> DaemonUnreachable:
+        """Why a connection to the socket failed, in words (no file system check on the event loop)."""
+        if e.os_error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return DaemonUnreachable(self.socket_path, "no socket (is gpulayerd running?)")
+        return DaemonUnreachable(self.socket_path, "nothing answers on the socket (a daemon that died "
+                                 "leaves it behind)")
 
     async def health(self) -> HealthView:
         """``GET /v1/health``."""
@@ -175,8 +180,6 @@ class DaemonClient:
             DaemonUnreachable: nothing answers, or the connection broke mid-stream.
             ApiRequestError: the daemon answered with an error.
         """
-        if not self.socket_path.exists():
-            raise DaemonUnreachable(self.socket_path, "no socket (is gpulayerd running?)")
         no_read_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
         try:
             async with self._http().get("http://gpulayerd/v1/events", timeout=no_read_timeout) as resp:
@@ -202,6 +205,8 @@ class DaemonClient:
                     event, data = "", ""
                     if change is not None:
                         yield change
+        except aiohttp.ClientConnectorError as e:
+            raise self._unreachable(e) from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
 

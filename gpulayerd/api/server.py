@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel
 
+from gpulayerd.errors import GpulayerError
 from gpulayerd.feed import Change, ChangeFeed
 from gpulayerd.models import (
     ApiErrorBody,
@@ -96,6 +97,9 @@ class LocalService(Protocol):
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+_STATUS = {"not_found": 404, "ambiguous_id": 400, "bad_request": 400, "invalid_spec": 400, "peer_unreachable": 502}
+"""HTTP status of each domain error code (:mod:`gpulayerd.errors`)."""
+
 MAX_LIMIT = 100_000
 
 
@@ -117,6 +121,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as e:
         return _error(e.status, e.code, e.message, e.detail)
+    except GpulayerError as e:
+        return _error(_STATUS.get(e.code, 400), e.code, e.message)
     except SpecError as e:
         return _error(400, "invalid_spec", str(e))
     except web.HTTPException:
@@ -256,11 +262,11 @@ def _answers(socket_path: Path) -> bool:
     return True
 
 
-async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRunner:
-    """Serve ``app`` on ``socket_path``: directory 0700, socket 0600, stale socket replaced.
+def _clear_socket_path(socket_path: Path) -> None:
+    """Make the socket's directory (0700) and remove a stale socket. Blocking: call in a thread.
 
-    Returns:
-        The runner; ``await runner.cleanup()`` stops serving and removes the socket.
+    Raises:
+        OSError: the path is not a socket, or another daemon answers on it.
     """
     socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(socket_path.parent, 0o700)
@@ -270,6 +276,15 @@ async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRun
         if _answers(socket_path):
             raise OSError(f"another gpulayerd serves on {socket_path}")
         socket_path.unlink()  # left behind by a daemon that died
+
+
+async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRunner:
+    """Serve ``app`` on ``socket_path``: directory 0700, socket 0600, stale socket replaced.
+
+    Returns:
+        The runner; ``await runner.cleanup()`` stops serving and removes the socket.
+    """
+    await asyncio.to_thread(_clear_socket_path, socket_path)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     old_umask = os.umask(0o177)
@@ -278,5 +293,5 @@ async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRun
         await site.start()
     finally:
         os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
+    await asyncio.to_thread(os.chmod, socket_path, 0o600)
     return runner

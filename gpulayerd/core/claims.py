@@ -31,6 +31,7 @@ __all__ = [
     "ClaimRequested",
     "DenyClaim",
     "Event",
+    "ExtendLease",
     "GrantClaim",
     "JobRecord",
     "JobStatus",
@@ -188,6 +189,18 @@ class PersistJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtendLease:
+    """The holder of ``attempt`` renewed: its lease now ends at ``expires_at`` (owner-monotonic s).
+
+    Not a state change: the owner keeps leases in memory (persisted leases count as
+    renewed at restart), so nothing is stored and no event row is written.
+    """
+
+    attempt: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class GrantClaim:
     """Tell ``worker`` it may run ``attempt`` under a lease of ``lease_s`` seconds."""
 
@@ -222,7 +235,7 @@ class ReplyStale:
     current_attempt: int
 
 
-Action = PersistJob | GrantClaim | DenyClaim | KillRun | ReplyStale
+Action = PersistJob | ExtendLease | GrantClaim | DenyClaim | KillRun | ReplyStale
 
 
 # ---------------------------------------------------------------------------- handle
@@ -292,9 +305,7 @@ def _started(job: JobRecord, ev: RunStarted, now: float) -> list[Action]:
 def _renewed(job: JobRecord, ev: LeaseRenewed, now: float) -> list[Action]:
     if _stale(job, ev.attempt, ev.worker):
         return [ReplyStale(ev.worker, ev.attempt, job.attempt)]
-    new = replace(job, lease_expires_at=now + job.lease_s)
-    # Lease renewals are not state changes: the store keeps them without an event row.
-    return [PersistJob(new, job.status, job.attempt, "", ev.stimulus_id, job.cancel_requested)]
+    return [ExtendLease(ev.attempt, now + job.lease_s)]
 
 
 def _exited(job: JobRecord, ev: RunExited) -> list[Action]:

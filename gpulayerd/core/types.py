@@ -247,6 +247,9 @@ class WorkerSnapshot:
         health: one entry per probe source.
         existing_paths: paths known to exist on the worker (for ``workdir``);
             None means the worker has not said, which matching treats as unchecked.
+        unanswered_paths: paths whose check did not answer within ``path_timeout_s``
+            seconds (a hung network mount): a workdir among them cannot be used now.
+        path_timeout_s: the time limit of one path check, seconds.
         cpu_slots_total: CPU processes the worker runs at once; None = no limit.
         cpu_slots_free: of those, how many are free now; None = no limit.
     """
@@ -260,6 +263,8 @@ class WorkerSnapshot:
     memory_total_bytes: int | None = None
     health: tuple[ProbeHealth, ...] = ()
     existing_paths: frozenset[str] | None = None
+    unanswered_paths: frozenset[str] = frozenset()
+    path_timeout_s: float = 0.0
     cpu_slots_total: int | None = None
     cpu_slots_free: int | None = None
 

@@ -9,7 +9,6 @@ environment probe's business, not the hardware's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpulayerd.core.types import (
     Accelerator,
@@ -19,9 +18,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     SupportMatrix,
 )
-
-if TYPE_CHECKING:
-    from gpulayerd.gpu.discovery import CommandRunner
+from gpulayerd.gpu.command import CommandRunner
 
 __all__ = ["AppleFacts", "AppleProbe", "apple_devices", "probe_apple", "read_apple_facts"]
 

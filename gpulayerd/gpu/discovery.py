@@ -3,8 +3,9 @@
 :func:`discover_host` is the entry point; it never raises for a missing, broken or hung
 tool: every source reports a :class:`~gpulayerd.core.types.ProbeHealth` instead, so a
 broken probe never looks like "no GPU". Every external command runs through a
-:class:`CommandRunner` (default :func:`run_command`): ``LC_ALL=C``, its own process
-group, a hard timeout after which the whole group is killed. Tests pass their own runner
+:class:`~gpulayerd.gpu.command.CommandRunner` (default
+:func:`~gpulayerd.gpu.command.run_command`): ``LC_ALL=C``, its own process group, a hard
+timeout after which the whole group is killed. Tests pass their own runner
 or put fake tools on the search path through :class:`DiscoveryConfig`.
 
 Timeouts and search paths come in through :class:`DiscoveryConfig`; nothing here is a
@@ -13,38 +14,27 @@ module setting that tests must patch.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import platform
 import shutil
-import signal
 import socket
-import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import psutil
 
 from gpulayerd.core.types import Accelerator, DeviceSnapshot, ProbeHealth, ProbeStatus, SupportMatrix
 from gpulayerd.gpu.apple import AppleFacts, apple_devices, probe_apple, read_apple_facts
-from gpulayerd.gpu.nvidia import (
-    NVIDIA_SMI_SEARCH_DIRS,
-    NvidiaSmi,
-    classify_nvidia_failure,
-    parse_compute_apps,
-    parse_nvidia_csv,
-    query_compute_apps,
-)
+from gpulayerd.gpu.command import CommandRunner, run_command
+from gpulayerd.gpu.nvidia import NVIDIA_SMI_SEARCH_DIRS, NvidiaSmi, query_compute_apps
+from gpulayerd.gpu.nvidia_parse import classify_nvidia_failure, parse_compute_apps, parse_nvidia_csv
 from gpulayerd.gpu.rocm import ROCM_SMI_SEARCH_DIRS, probe_rocm
 
 __all__ = [
     "NVIDIA_SMI_SEARCH_DIRS",
     "ROCM_SMI_SEARCH_DIRS",
     "AppleFacts",
-    "CommandResult",
-    "CommandRunner",
     "DiscoveryConfig",
     "HostInventory",
     "NvidiaSmi",
@@ -59,99 +49,9 @@ __all__ = [
     "parse_nvidia_csv",
     "query_compute_apps",
     "read_apple_facts",
-    "run_command",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CommandResult:
-    """What one external command did.
-
-    Attributes:
-        stdout: its standard output, decoded as UTF-8 (bad bytes replaced).
-        stderr: its standard error, decoded the same way (or why it could not start).
-        returncode: its exit status; None if it timed out or never started.
-        timed_out: it ran past its timeout and its process group was killed.
-        not_found: the executable does not exist.
-    """
-
-    stdout: str = ""
-    stderr: str = ""
-    returncode: int | None = None
-    timed_out: bool = False
-    not_found: bool = False
-
-
-class CommandRunner(Protocol):
-    """Runs one external command to completion or timeout; never raises for tool failures."""
-
-    def __call__(
-        self, argv: Sequence[str], timeout_s: float, env_overrides: Mapping[str, str] | None = None
-    ) -> CommandResult:
-        """Run ``argv`` with at most ``timeout_s`` seconds of wall time."""
-        ...
-
-
-def run_command(
-    argv: Sequence[str],
-    timeout_s: float,
-    env_overrides: Mapping[str, str] | None = None,
-    *,
-    kill_wait_s: float = 5.0,
-) -> CommandResult:
-    """Run ``argv`` with ``LC_ALL=C`` in its own process group under a hard timeout.
-
-    The child inherits this process's environment plus ``env_overrides``, then
-    ``LC_ALL=C`` and ``LANG=C`` so numbers never come out with a locale's decimal comma.
-    On timeout the whole process group gets SIGKILL, so a hung tool's children die too.
-
-    Args:
-        argv: the program (a path, or a name looked up on the child's PATH) and arguments.
-        timeout_s: wall-clock limit in seconds.
-        env_overrides: extra environment variables for the child.
-        kill_wait_s: how long to wait for the pipes to close after the kill.
-
-    Returns:
-        The result; a missing executable gives ``not_found=True``, any other failure to
-        start gives ``returncode=None`` with the reason in ``stderr``.
-    """
-    env = dict(os.environ)
-    env.update(env_overrides or {})
-    env.update({"LC_ALL": "C", "LANG": "C"})
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-    except FileNotFoundError as e:
-        return CommandResult(stderr=str(e), not_found=True)
-    except OSError as e:
-        return CommandResult(stderr=str(e))
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        try:
-            out, err = proc.communicate(timeout=kill_wait_s)
-        except subprocess.TimeoutExpired:
-            # Something left the group and still holds the pipes; stop reading.
-            out, err = b"", b""
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            proc.wait()
-        return CommandResult(_decode(out), _decode(err), None, timed_out=True)
-    except BaseException:
-        _kill_group(proc)
-        proc.wait()
-        raise
-    return CommandResult(_decode(out), _decode(err), proc.returncode)
 
 
 def find_executable(name: str, path_env: str | None, extra_dirs: Sequence[str]) -> str | None:
@@ -363,11 +263,3 @@ def _system_memory_bytes(meminfo_path: str | None) -> int | None:
         logger.debug("psutil.virtual_memory() failed", exc_info=True)
         return None
 
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _decode(data: bytes | None) -> str:
-    return (data or b"").decode("utf-8", errors="replace")

@@ -20,30 +20,32 @@ the environment the jobs will get (a ``PYTHONPATH`` there is kept). ``LC_ALL=C``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
-import re
-import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
-from gpulayerd.core.types import EnvironmentSnapshot, FrameworkVersion
-from gpulayerd.gpu.probe import CHECKPOINT_PREFIX, PROBE_VERSION
+from gpulayerd.atomic import write_atomic
+from gpulayerd.core.types import EnvironmentSnapshot
+from gpulayerd.gpu.command import RunOutcome, run_bounded
+from gpulayerd.gpu.probe_report import (
+    dir_mtimes,
+    excerpt,
+    last_report,
+    read_checkpoint,
+    snapshot_from_report,
+    stderr_last_line,
+)
 from gpulayerd.models import EnvironmentModel
 
-__all__ = ["EnvironmentProber", "default_interpreter", "snapshot_from_report"]
+__all__ = ["EnvironmentProber", "default_interpreter"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,65 +70,12 @@ _FINGERPRINT_VARS = (
     "HIP_VISIBLE_DEVICES",
     "ROCR_VISIBLE_DEVICES",
 )
-_TORCH_BACKENDS = ("gloo", "nccl", "mpi")
-# A distribution that a canonical-named meta-package pins to its own version (tensorrt
-# -> tensorrt-cu12, tensorflow on Windows -> tensorflow-intel): installed together by
-# design, so not a conflict.
-_COMPANIONS = {
-    "tensorrt": re.compile(r"^tensorrt-cu[0-9]+$"),
-    "tensorflow": re.compile(r"^tensorflow-(intel|macos)$"),
-}
-_STDERR_TAIL_BYTES = 8192
 _WARNED_MAX = 256
 
 
 def default_interpreter() -> str:
     """Return the interpreter probed when none is configured: the daemon's own."""
     return sys.executable
-
-
-def snapshot_from_report(
-    interpreter: str, report: Mapping[str, object], torch_unfinished: str | None = None
-) -> EnvironmentSnapshot:
-    """Convert one probe report (the JSON object ``probe.py`` prints) into a snapshot.
-
-    Tolerant of a malformed report: a field of the wrong type becomes None and a note.
-    Frameworks are checked one by one, so one non-PEP 440 version never hides the others.
-
-    Args:
-        interpreter: absolute path of the interpreter the report came from.
-        report: the decoded JSON object.
-        torch_unfinished: why the torch stage did not finish (``"timed out after
-            10 s"``), when ``report`` is the checkpoint written before it.
-
-    Returns:
-        The snapshot; ``ok`` is False only when the probe reported its own failure.
-    """
-    notes: list[str] = [n for n in _list(report.get("notes")) if isinstance(n, str)]
-    python_version = report.get("python_version")
-    if not isinstance(python_version, str):
-        python_version = None
-        notes.append("python version unknown")
-    frameworks: dict[str, FrameworkVersion] = {}
-    raw_frameworks = report.get("frameworks")
-    if isinstance(raw_frameworks, Mapping):
-        for key, entries in sorted(raw_frameworks.items()):
-            chosen = _choose_distribution(str(key), _list(entries), notes)
-            if chosen is not None:
-                frameworks[chosen.name] = chosen
-    else:
-        notes.append("framework versions unknown: the probe reported none")
-    torch_cuda, torch_mps, backends = _torch_fields(report, "torch" in frameworks, torch_unfinished, notes)
-    return EnvironmentSnapshot(
-        interpreter=interpreter,
-        python_version=python_version,
-        frameworks=frameworks,
-        torch_cuda=torch_cuda,
-        torch_mps=torch_mps,
-        distributed_backends=backends,
-        ok=report.get("failed") is not True,
-        notes=tuple(notes),
-    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,18 +87,6 @@ class _CacheEntry:
     env_fingerprint: str
     dir_mtimes_ns: Mapping[str, int | None]
     snapshot: EnvironmentSnapshot
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _RunOutcome:
-    """What one probe subprocess did."""
-
-    returncode: int | None
-    stdout: bytes
-    stderr_head: bytes
-    stderr_tail: bytes
-    timed_out: bool
-    overflowed: bool
 
 
 class EnvironmentProber:
@@ -276,11 +213,11 @@ class EnvironmentProber:
         if not torch_check:
             argv.append("--no-torch")
         try:
-            outcome = _run_bounded(argv, self._env, self._timeout_s, self._max_output_bytes)
+            outcome = run_bounded(argv, self._timeout_s, env=self._env, max_output_bytes=self._max_output_bytes)
         except OSError as e:
             return self._failed(path, f"cannot run interpreter {path}: {e.strerror or e}"), None
         status = _describe_exit(outcome, self._timeout_s)
-        report = _last_report(outcome.stdout.decode("utf-8", "replace").splitlines())
+        report = last_report(outcome.stdout.decode("utf-8", "replace").splitlines())
         if report is not None:
             snapshot = snapshot_from_report(path, report)
             if outcome.returncode != 0:
@@ -288,20 +225,20 @@ class EnvironmentProber:
                     snapshot, notes=(*snapshot.notes, f"probe {status} after its report")
                 )
                 return snapshot, None
-            return snapshot, _dir_mtimes(report.get("path_mtimes_ns"))
-        checkpoint = _checkpoint(outcome.stderr_head.decode("utf-8", "replace").splitlines())
+            return snapshot, dir_mtimes(report.get("path_mtimes_ns"))
+        checkpoint = read_checkpoint(outcome.stderr_head.decode("utf-8", "replace").splitlines())
         if checkpoint is not None:
             reason = f"the torch check {status}"
             if outcome.timed_out:
                 reason += " (importing torch can hang on a broken GPU driver)"
             self._warn_once(f"{path}:torch", "environment probe of %s: %s", path, reason)
             return snapshot_from_report(path, checkpoint, torch_unfinished=reason), None
-        detail = _stderr_last_line(outcome.stderr_tail.decode("utf-8", "replace").splitlines())
+        detail = stderr_last_line(outcome.stderr_tail.decode("utf-8", "replace").splitlines())
         if outcome.timed_out or outcome.overflowed:
             message = f"probe of {path} {status}"
         elif outcome.stdout.strip():
             message = (
-                f"probe of {path} {status} without a JSON report; stdout began {_excerpt(outcome.stdout)}"
+                f"probe of {path} {status} without a JSON report; stdout began {excerpt(outcome.stdout)}"
             )
         else:
             message = f"probe of {path} {status} without any output"
@@ -358,7 +295,7 @@ class EnvironmentProber:
                 and data.get("torch_check") is key[1]
             ):
                 return None
-            dirs = _dir_mtimes(data.get("dir_mtimes_ns"))
+            dirs = dir_mtimes(data.get("dir_mtimes_ns"))
             if dirs is None:
                 return None
             return _CacheEntry(
@@ -388,14 +325,11 @@ class EnvironmentProber:
             "dir_mtimes_ns": dict(entry.dir_mtimes_ns),
             "snapshot": EnvironmentModel.from_core(entry.snapshot).model_dump(mode="json"),
         }
-        tmp = file.with_name(f"{file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, file)
+            write_atomic(file, json.dumps(data, sort_keys=True))
         except OSError as e:
             self._warn_once(f"cache:{file.parent}", "cannot write environment cache %s: %s", file, e)
-            tmp.unlink(missing_ok=True)
 
     def _warn_once(self, what: str, msg: str, *args: object) -> None:
         """Log at WARNING the first time ``what`` happens, at DEBUG after that."""
@@ -406,157 +340,6 @@ class EnvironmentProber:
                     self._warned.clear()
                 self._warned.add(what)
         logger.log(logging.WARNING if first else logging.DEBUG, msg, *args)
-
-
-# ------------------------------------------------------------------ report parsing
-
-
-def _list(value: object) -> list[object]:
-    return list(value) if isinstance(value, list) else []
-
-
-def _is_pep440(version: str) -> bool:
-    try:
-        Version(version)
-    except InvalidVersion:
-        return False
-    return True
-
-
-def _choose_distribution(key: str, entries: list[object], notes: list[str]) -> FrameworkVersion | None:
-    """Pick the distribution reported for ``key``: the one named like it, else the first by name."""
-    found: list[FrameworkVersion] = []
-    for entry in entries:
-        if not isinstance(entry, Mapping):
-            continue
-        dist, version = entry.get("distribution"), entry.get("version")
-        if not isinstance(dist, str) or not isinstance(version, str):
-            notes.append(f"{key}: malformed entry in the probe report: {entry!r}")
-            continue
-        valid = _is_pep440(version)
-        if not valid:
-            notes.append(f"{key}: installed version {version!r} is not PEP 440 (distribution {dist})")
-        found.append(FrameworkVersion(name=key, version=version, distribution=dist, valid=valid))
-    if not found:
-        return None
-    found.sort(key=lambda f: f.distribution)
-    chosen = next((f for f in found if f.distribution == key), found[0])
-    companion = _COMPANIONS.get(key)
-    rivals = [
-        f
-        for f in found
-        if f is not chosen
-        and not (
-            chosen.distribution == key
-            and companion is not None
-            and companion.match(f.distribution)
-            and f.version == chosen.version
-        )
-    ]
-    if rivals:
-        listed = ", ".join(f"{f.distribution} {f.version}" for f in found)
-        notes.append(
-            f"{key}: conflicting distributions installed ({listed}); reporting {chosen.distribution}"
-        )
-    return chosen
-
-
-def _torch_fields(
-    report: Mapping[str, object], torch_installed: bool, torch_unfinished: str | None, notes: list[str]
-) -> tuple[bool | None, bool | None, tuple[str, ...] | None]:
-    """Return (torch_cuda, torch_mps, distributed_backends) from the report's torch stage."""
-    stage = report.get("torch_stage")
-    if torch_unfinished is not None or stage == "started":
-        notes.append(f"torch: availability unknown: {torch_unfinished or 'the torch check did not finish'}")
-        return None, None, None
-    if stage == "skipped":
-        if torch_installed:
-            notes.append("torch: availability not checked (metadata-only probe)")
-        return None, None, None
-    if stage != "ran":
-        return None, None, None
-    torch = report.get("torch")
-    if not isinstance(torch, Mapping) or torch.get("error") is not None:
-        if not isinstance(torch, Mapping):
-            notes.append("torch: the probe reported no torch results")
-        return None, None, None
-    cuda, mps = _bool(torch.get("cuda_available")), _bool(torch.get("mps_available"))
-    cuda_built = torch.get("cuda_built")
-    if isinstance(cuda_built, str) and cuda is False:
-        notes.append(f"torch: built with CUDA {cuda_built} but torch.cuda.is_available() is False")
-    if _bool(torch.get("mps_built")) is True and mps is False:
-        platform = report.get("platform")
-        mac_ver = platform.get("mac_ver") if isinstance(platform, Mapping) else None
-        where = f" (macOS {mac_ver})" if isinstance(mac_ver, str) else ""
-        notes.append(f"torch reports MPS unavailable{where}: built with MPS but is_available() is False")
-    backends: tuple[str, ...] | None = None
-    distributed = _bool(torch.get("distributed_available"))
-    raw = torch.get("backends")
-    if distributed is False:
-        backends = ()
-    elif distributed is True and isinstance(raw, Mapping):
-        states = {name: _bool(raw.get(name)) for name in _TORCH_BACKENDS}
-        if all(state is not None for state in states.values()):
-            backends = tuple(name for name, state in states.items() if state)
-        else:
-            notes.append("torch: distributed backends unknown: a backend check failed")
-    return cuda, mps, backends
-
-
-def _bool(value: object) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _decode_report(line: str) -> dict[str, object] | None:
-    try:
-        data = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(data, dict) and data.get("probe_version") == PROBE_VERSION:
-        return data
-    return None
-
-
-def _last_report(lines: list[str]) -> dict[str, object] | None:
-    """The report is the last JSON line; anything before it (say, a noisy sitecustomize) is ignored."""
-    for line in reversed(lines):
-        if line.startswith("{"):
-            report = _decode_report(line)
-            if report is not None:
-                return report
-    return None
-
-
-def _checkpoint(stderr_lines: list[str]) -> dict[str, object] | None:
-    for line in reversed(stderr_lines):
-        if line.startswith(CHECKPOINT_PREFIX):
-            return _decode_report(line[len(CHECKPOINT_PREFIX) :].strip())
-    return None
-
-
-def _stderr_last_line(lines: list[str]) -> str:
-    for line in reversed(lines):
-        if line.strip() and not line.startswith(CHECKPOINT_PREFIX):
-            return line.strip()[:300]
-    return ""
-
-
-def _excerpt(data: bytes) -> str:
-    return repr(data.strip()[:80].decode("utf-8", "replace"))
-
-
-def _dir_mtimes(value: object) -> dict[str, int | None] | None:
-    """Validate a {directory: mtime_ns or None} mapping; None if malformed or empty."""
-    if not isinstance(value, Mapping) or not value:
-        return None
-    out: dict[str, int | None] = {}
-    for d, mtime in value.items():
-        if not isinstance(d, str) or isinstance(mtime, bool):
-            return None
-        if mtime is not None and not isinstance(mtime, int):
-            return None
-        out[d] = mtime
-    return out
 
 
 # ------------------------------------------------------------------- files and processes
@@ -598,7 +381,7 @@ def _mtime_ns(path: str) -> int | None:
     return st.st_mtime_ns
 
 
-def _describe_exit(outcome: _RunOutcome, timeout_s: float) -> str:
+def _describe_exit(outcome: RunOutcome, timeout_s: float) -> str:
     if outcome.timed_out:
         return f"timed out after {timeout_s:g} s; its process group was killed"
     if outcome.overflowed:
@@ -610,86 +393,3 @@ def _describe_exit(outcome: _RunOutcome, timeout_s: float) -> str:
         except ValueError:
             return f"was killed by signal {-rc}"
     return f"exited with status {rc}"
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    if sys.platform != "win32":
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-
-
-def _run_bounded(
-    argv: list[str], env: Mapping[str, str], timeout_s: float, max_output_bytes: int
-) -> _RunOutcome:
-    """Run ``argv`` in its own process group; kill the group on timeout or too much stdout.
-
-    Keeps all of stdout, the first ``max_output_bytes`` of stderr and its last few KiB.
-
-    Raises:
-        OSError: the program could not be started at all.
-    """
-    deadline = time.monotonic() + timeout_s
-    stdout, stderr_head, stderr_tail = bytearray(), bytearray(), bytearray()
-    timed_out = overflowed = False
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(env),
-        start_new_session=True,
-    ) as proc:
-        if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE always sets them
-            raise OSError("no pipes to the probe subprocess")
-        if sys.platform == "win32":  # pragma: no cover - no selectable pipes there
-            try:
-                out, err = proc.communicate(timeout=timeout_s)
-                stdout += out
-                stderr_head += err[:max_output_bytes]
-                stderr_tail += err[-_STDERR_TAIL_BYTES:]
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                proc.kill()
-                proc.communicate()
-        else:
-            stdout_fd = proc.stdout.fileno()
-            with selectors.DefaultSelector() as selector:
-                selector.register(proc.stdout, selectors.EVENT_READ)
-                selector.register(proc.stderr, selectors.EVENT_READ)
-                while selector.get_map() and not overflowed:
-                    remaining_s = deadline - time.monotonic()
-                    if remaining_s <= 0:
-                        timed_out = True
-                        break
-                    for key, _ in selector.select(remaining_s):
-                        chunk = os.read(key.fd, 65536)
-                        if not chunk:
-                            selector.unregister(key.fileobj)
-                            continue
-                        if key.fd == stdout_fd:
-                            stdout += chunk
-                            overflowed = len(stdout) > max_output_bytes
-                            continue
-                        # stderr: the head holds the checkpoint, the tail the last words
-                        stderr_head += chunk[: max(max_output_bytes - len(stderr_head), 0)]
-                        stderr_tail += chunk
-                        if len(stderr_tail) > 2 * _STDERR_TAIL_BYTES:
-                            del stderr_tail[:-_STDERR_TAIL_BYTES]
-            if not (timed_out or overflowed):
-                try:
-                    proc.wait(max(deadline - time.monotonic(), 0.0))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-            if timed_out or overflowed:
-                _kill_group(proc)
-                proc.wait()
-    return _RunOutcome(
-        returncode=proc.returncode,
-        stdout=bytes(stdout),
-        stderr_head=bytes(stderr_head),
-        stderr_tail=bytes(stderr_tail[-_STDERR_TAIL_BYTES:]),
-        timed_out=timed_out,
-        overflowed=overflowed,
-    )

@@ -11,7 +11,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpulayerd.core.types import (
     Accelerator,
@@ -20,9 +19,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     SupportMatrix,
 )
-
-if TYPE_CHECKING:
-    from gpulayerd.gpu.discovery import CommandRunner
+from gpulayerd.gpu.command import CommandRunner
 
 __all__ = ["ROCM_SMI_SEARCH_DIRS", "RocmCard", "RocmProbe", "parse_rocm_product_names", "probe_rocm"]
 

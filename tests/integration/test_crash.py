@@ -643,7 +643,7 @@ def test_readopted_jobs_count_against_cpu_slots(crash_daemon: CrashDaemon) -> No
 
 
 def _simulate_kill_after_exit_recorded(d: CrashDaemon, job_id: str) -> None:
-    """The state a SIGKILL leaves between ``Store.end_attempt`` and the job's own update.
+    """The state a SIGKILL leaves between ``store.jobs.end_attempt`` and the job's own update.
 
     ``JobManager._finish`` commits the attempt's end (attempt ``exited``, grants released,
     the job's exit code) in one transaction and moves the job to ``succeeded`` in the
@@ -746,7 +746,7 @@ try:
         _argv = f.read().split(b"\\0")
 except OSError:
     _argv = []
-if b"gpulayerd.watchdog" in _argv and os.path.exists({flag!r}):
+if b"gpulayerd.runs.watchdog" in _argv and os.path.exists({flag!r}):
     time.sleep({delay_s!r})
 '''
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.cli import render_explanation
+from gpulayerd.cli.render import render_explanation
 from gpulayerd.models import ExplanationModel, JobView
 
 from .conftest import (

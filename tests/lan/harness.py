@@ -609,7 +609,7 @@ class Host:
     @property
     def node_id(self) -> str:
         """This host's node id (from its state dir's identity; made on first use)."""
-        from gpulayerd.net.tls import load_or_create_identity
+        from gpulayerd.net.identity import load_or_create_identity
 
         return load_or_create_identity(self.daemon_state_dir).node_id
 
@@ -797,7 +797,7 @@ class Lan:
         """Put ``hosts`` (default: all) in one new cluster without the CLI (the same library
         calls as ``gpulayer cluster init`` on the first and ``cluster join`` on the others,
         about 1.5 s cheaper per host). Returns the join token."""
-        from gpulayerd.net.tls import cluster_init, cluster_join
+        from gpulayerd.net.ca import cluster_init, cluster_join
 
         members = list(hosts) or self.hosts
         token = cluster_init(members[0].daemon_state_dir, None)

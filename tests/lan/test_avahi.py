@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gpulayerd.net.tls import load_or_create_identity
+from gpulayerd.net.identity import load_or_create_identity
 from tests.lan.harness import FAST_CLUSTER, Lan, netns_pids
 
 PORT = 7171

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpulayerd.net.tls import load_or_create_identity
+from gpulayerd.net.identity import load_or_create_identity
 from tests.lan.harness import FAST_CLUSTER, Host, Lan
 
 PORT = 7171

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 from rich.color import ColorSystem
 
+from gpulayer_tui.app import GpulayerApp, TuiSettings, make_app
+from gpulayer_tui.screens.confirm import ConfirmCancel
+from gpulayer_tui.screens.detail import JobDetailScreen
+from gpulayer_tui.screens.main import MainScreen
+from gpulayer_tui.widgets.connection import ConnectionBanner
+from gpulayer_tui.widgets.devices_table import DevicesTable
+from gpulayer_tui.widgets.explanation import ExplanationView
+from gpulayer_tui.widgets.jobs_table import JobsTable
+from gpulayer_tui.widgets.log_tail import LogTail
 from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer, waiting_explanation
 from tests.tui.helpers import screen_text, wait_for
-from tui.app import GpulayerApp, TuiSettings, make_app
-from tui.screens.confirm import ConfirmCancel
-from tui.screens.detail import JobDetailScreen
-from tui.screens.main import MainScreen
-from tui.widgets.connection import ConnectionBanner
-from tui.widgets.devices_table import DevicesTable
-from tui.widgets.explanation import ExplanationView
-from tui.widgets.jobs_table import JobsTable
-from tui.widgets.log_tail import LogTail
 
 FAST = TuiSettings(retry_s=0.05, log_poll_s=0.02, age_refresh_s=0)
 

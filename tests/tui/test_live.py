@@ -8,16 +8,16 @@ import time
 
 import pytest
 
+from gpulayer_tui.app import GpulayerApp, TuiSettings, make_app
+from gpulayer_tui.screens.confirm import ConfirmCancel
+from gpulayer_tui.screens.detail import JobDetailScreen
+from gpulayer_tui.screens.main import MainScreen
+from gpulayer_tui.widgets.connection import ConnectionBanner
+from gpulayer_tui.widgets.explanation import ExplanationView, RequirementTable
+from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayerd.api.client import DaemonClient
 from tests.tui.daemon import RealDaemon, clean_env, tool
 from tests.tui.helpers import screen_text, wait_for
-from tui.app import GpulayerApp, TuiSettings, make_app
-from tui.screens.confirm import ConfirmCancel
-from tui.screens.detail import JobDetailScreen
-from tui.screens.main import MainScreen
-from tui.widgets.connection import ConnectionBanner
-from tui.widgets.explanation import ExplanationView, RequirementTable
-from tui.widgets.jobs_table import JobsTable
 
 LIVE = TuiSettings(retry_s=0.2, log_poll_s=0.2, age_refresh_s=0)
 

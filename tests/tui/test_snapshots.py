@@ -11,12 +11,12 @@ from typing import Any
 
 from textual.pilot import Pilot
 
+from gpulayer_tui.app import GpulayerApp, TuiSettings, make_app
+from gpulayer_tui.screens.detail import JobDetailScreen
+from gpulayer_tui.widgets.explanation import ExplanationView
+from gpulayer_tui.widgets.jobs_table import JobsTable
 from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer, waiting_explanation
 from tests.tui.helpers import wait_for
-from tui.app import GpulayerApp, TuiSettings, make_app
-from tui.screens.detail import JobDetailScreen
-from tui.widgets.explanation import ExplanationView
-from tui.widgets.jobs_table import JobsTable
 
 SNAPSHOT = TuiSettings(retry_s=0.05, log_poll_s=60.0, age_refresh_s=0, theme="textual-dark")
 SnapCompare = Callable[..., bool]

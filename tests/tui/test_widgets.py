@@ -8,13 +8,13 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widget import Widget
 
+from gpulayer_tui.state import Connection
+from gpulayer_tui.widgets.connection import ConnectionBanner
+from gpulayer_tui.widgets.devices_table import DevicesTable
+from gpulayer_tui.widgets.explanation import ExplanationView, RequirementTable
+from gpulayer_tui.widgets.jobs_table import JobsTable
+from gpulayer_tui.widgets.peers_table import PeersTable
 from tests.tui.fake_client import NOW, make_job, make_peer, waiting_explanation
-from tui.state import Connection
-from tui.widgets.connection import ConnectionBanner
-from tui.widgets.devices_table import DevicesTable
-from tui.widgets.explanation import ExplanationView, RequirementTable
-from tui.widgets.jobs_table import JobsTable
-from tui.widgets.peers_table import PeersTable
 
 
 class Harness(App[None]):

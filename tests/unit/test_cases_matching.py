@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpulayerd.core.launch import cuda_visible_devices, launch_env, visible_cuda_devices
-from gpulayerd.core.matching import Placement, RejectionCode, match
+from gpulayerd.core.matching import match
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -25,6 +25,7 @@ from gpulayerd.core.types import (
     MemoryKind,
     WorkerSnapshot,
 )
+from gpulayerd.core.verdict import Placement, RejectionCode
 from gpulayerd.core.versions import VersionCheck, check_version, is_valid_version
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import JobSpec, parse_compute_capability

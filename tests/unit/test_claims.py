@@ -25,6 +25,7 @@ from gpulayerd.core.claims import (
     ClaimRequested,
     DenyClaim,
     Event,
+    ExtendLease,
     GrantClaim,
     JobRecord,
     JobStatus,
@@ -144,6 +145,11 @@ class Owner:
             else:
                 refused = True
                 rest = []
+        for a in rest:
+            if isinstance(a, ExtendLease):
+                # As the daemon does: a renewal moves the in-memory lease, nothing is stored.
+                assert a.attempt == self.record.attempt and self.record.status in ACTIVE, (a, self.record)
+                self.record = replace(self.record, lease_expires_at=a.expires_at)
         self.outbox.extend(rest)
         self.steps.append(Step(event, self.now, seen, actions, stored, refused))
         return actions
@@ -200,9 +206,12 @@ class Owner:
                     assert action.lease_s == self.history[0].lease_s
                 elif isinstance(action, KillRun):
                     assert granted.get(action.attempt) == action.worker, (step, granted)
-                elif isinstance(action, PersistJob) and action.reason == "":
-                    # Only a lease renewal is stored without an event row.
+                elif isinstance(action, PersistJob):
+                    assert action.reason, f"every stored change has a reason: {step}"
+                elif isinstance(action, ExtendLease):
+                    # Only the holder's renewal of the current attempt extends its lease.
                     assert isinstance(step.event, LeaseRenewed), step
+                    assert granted.get(action.attempt) == step.event.worker, (step, granted)
 
 
 @pytest.fixture
@@ -303,16 +312,18 @@ def test_duplicate_start_is_ignored(owner: Owner) -> None:
     assert owner.record == rec
 
 
-def test_renewal_extends_the_lease_without_an_event_row(owner: Owner) -> None:
+def test_renewal_extends_the_lease_without_storing_anything(owner: Owner) -> None:
     rec = running(owner)
     acts = owner.feed(renewed(1, "w1"), 120.0)
-    assert acts == [PersistJob(replace(rec, lease_expires_at=120.0 + LEASE), R, 1, "")]
+    assert acts == [ExtendLease(1, 120.0 + LEASE)]
+    assert owner.record == replace(rec, lease_expires_at=120.0 + LEASE)
 
 
 def test_renewal_while_claimed_keeps_it_claimed(owner: Owner) -> None:
     owner.feed(claim("w1"))
     rec = owner.record
-    assert owner.feed(renewed(1, "w1"), 105.0) == [PersistJob(replace(rec, lease_expires_at=135.0), C, 1, "")]
+    assert owner.feed(renewed(1, "w1"), 105.0) == [ExtendLease(1, 135.0)]
+    assert owner.record == replace(rec, lease_expires_at=135.0)
 
 
 def _requeued_and_reclaimed(owner: Owner) -> JobRecord:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.devicelock import DeviceLockError, DeviceLocks
+from gpulayerd.runs.devicelock import DeviceLockError, DeviceLocks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 OTHER_DAEMON = """
 import json, sys
 from pathlib import Path
-from gpulayerd.devicelock import DeviceLocks
+from gpulayerd.runs.devicelock import DeviceLocks
 locks = DeviceLocks(Path(sys.argv[1]))
 out = {}
 for uuid in sys.argv[2:]:

@@ -19,9 +19,9 @@ import pytest
 
 from gpulayerd.core.types import Accelerator, MemoryKind, ProbeStatus
 from gpulayerd.gpu.apple import AppleFacts, probe_apple
+from gpulayerd.gpu.command import CommandResult, run_command
 from gpulayerd.gpu.discovery import (
     NVIDIA_SMI_SEARCH_DIRS,
-    CommandResult,
     DiscoveryConfig,
     HostInventory,
     NvidiaSmi,
@@ -31,7 +31,6 @@ from gpulayerd.gpu.discovery import (
     find_nvidia_smi,
     parse_compute_apps,
     read_apple_facts,
-    run_command,
 )
 from gpulayerd.gpu.rocm import parse_rocm_product_names
 from gpulayerd.gpu.support import SUPPORT_MATRIX

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from gpulayerd.core.types import EnvironmentSnapshot, FrameworkVersion
-from gpulayerd.gpu.environments import EnvironmentProber, default_interpreter, snapshot_from_report
+from gpulayerd.gpu.environments import EnvironmentProber, default_interpreter
+from gpulayerd.gpu.probe_report import snapshot_from_report
 from tests.fakes.envs import add_dists, make_env
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "cases"

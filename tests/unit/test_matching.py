@@ -7,17 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpulayerd.core.launch import launch_env
-from gpulayerd.core.matching import (
-    FitState,
-    Placement,
-    RejectionCode,
-    Verdict,
-    evaluate,
-    explain,
-    explain_many,
-    match,
-    validate,
-)
+from gpulayerd.core.matching import evaluate, explain, explain_many, match, validate
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -31,6 +21,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     WorkerSnapshot,
 )
+from gpulayerd.core.verdict import FitState, Placement, RejectionCode, Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 
 MiB = 2**20

@@ -27,16 +27,9 @@ from typing import NamedTuple
 import pytest
 import pytest_asyncio
 
+from gpulayerd.net.announcement import TXT_ITEM_MAX_BYTES, TXT_TOTAL_MAX_BYTES, Announcement, decode_txt, encode_txt
 from gpulayerd.net.interfaces import interface_for_address, lan_addresses
-from gpulayerd.net.mdns import (
-    TXT_ITEM_MAX_BYTES,
-    TXT_TOTAL_MAX_BYTES,
-    Announcement,
-    MdnsService,
-    MdnsUnavailable,
-    decode_txt,
-    encode_txt,
-)
+from gpulayerd.net.mdns import MdnsService, MdnsUnavailable
 
 NODE_A = "A" * 52
 NODE_B = "MFRGGZDFMZTWQ2LKNNWG23TPOBYXE43UOV3HO6DZPIYTEMZUGU3D"  # base32, 52 characters
@@ -445,7 +438,8 @@ async def test_address_without_multicast_is_unavailable() -> None:
 _HELD_5353 = """
 import asyncio, socket, subprocess, sys
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-from gpulayerd.net.mdns import Announcement, MdnsService, MdnsUnavailable
+from gpulayerd.net.announcement import Announcement
+from gpulayerd.net.mdns import MdnsService, MdnsUnavailable
 blocker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # no SO_REUSEADDR/SO_REUSEPORT: not shared
 blocker.bind(("127.0.0.1", 5353))
 a = Announcement(node_id=sys.argv[1], name="ws-01", addresses=("127.0.0.1",), port=7451,

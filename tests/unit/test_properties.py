@@ -18,17 +18,7 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from gpulayerd.core.matching import (
-    FitState,
-    Placement,
-    Verdict,
-    evaluate,
-    explain,
-    explain_many,
-    job_signature,
-    match,
-    validate,
-)
+from gpulayerd.core.matching import evaluate, explain, explain_many, job_signature, match, validate
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -42,6 +32,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     WorkerSnapshot,
 )
+from gpulayerd.core.verdict import FitState, Placement, Verdict
 from gpulayerd.core.versions import is_valid_version
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import (
@@ -524,6 +515,8 @@ def _job_allowed(job: JobRequest) -> bool:
     row = SUPPORT_MATRIX.row(job.accelerator)
     if job.accelerator is Accelerator.ROCM or not row.schedulable:
         return False
+    if job.accelerator is not Accelerator.CPU and job.gpu_count < 1:
+        return False  # an accelerator job needs at least one device
     if job.distributed is not None:
         if not row.distributed_allowed or job.distributed.backend not in row.distributed_backends:
             return False

@@ -25,12 +25,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulayerd import runner as runner_module
-from gpulayerd.core.matching import Placement
 from gpulayerd.core.types import Accelerator
-from gpulayerd.devicelock import DeviceLocks
+from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
-from gpulayerd.runner import RunHandle, Runner, RunnerError, RunState, RunStatus, build_argv, build_env
+from gpulayerd.runs import runner as runner_module
+from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.runs.launch import build_argv, build_env
+from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunState, RunStatus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = f"pytest{os.getpid()}-"
@@ -319,7 +320,7 @@ def test_extend_deadline_keeps_the_job_alive(runner: Runner) -> None:
 DAEMON = """
 import json, os, sys, time
 from pathlib import Path
-from gpulayerd.runner import Runner
+from gpulayerd.runs.runner import Runner
 runner = Runner(Path(sys.argv[1]), grace_s=0.5, poll_interval_s=0.05)
 job_id, workdir = sys.argv[2], sys.argv[3]
 env = {**os.environ, "GPULAYER_JOB_ID": job_id, "GPULAYER_ATTEMPT": "1"}
@@ -410,7 +411,7 @@ def test_a_broken_launch_file_still_ends_with_exit_json(runner: Runner, tmp_path
     run_dir.mkdir()
     (run_dir / "launch.json").write_text(json.dumps({"argv": [], "env": {}}))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    subprocess.run([sys.executable, "-m", "gpulayerd.watchdog", str(run_dir)], env=env, check=True, timeout=30)
+    subprocess.run([sys.executable, "-m", "gpulayerd.runs.watchdog", str(run_dir)], env=env, check=True, timeout=30)
     wait_until((run_dir / "exit.json").exists, 10, "exit.json")
     status = runner.poll(run_dir)
     assert (status.state, status.exit_code, status.reason) == (RunState.EXITED, None, "error")

@@ -1,4 +1,4 @@
-"""Cluster trust: identity files, join tokens, and mutual TLS over 127.0.0.1 with real crypto."""
+"""Cluster trust (net.identity, net.ca, net.tls): identity files, join tokens, mutual TLS over 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from gpulayerd.cli import main
-from gpulayerd.net import tls
-from gpulayerd.net.tls import Identity, TlsError, TokenError
+from gpulayerd.net import ca, identity, tls
+from gpulayerd.net.ca import TokenError
+from gpulayerd.net.identity import Identity, TlsError
 
 B32 = set("abcdefghijklmnopqrstuvwxyz234567")
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -29,24 +30,24 @@ HANDSHAKE_TIMEOUT_S = 5.0
 @pytest.fixture
 def cluster(tmp_path: Path) -> tuple[Identity, Identity, str]:
     """Two nodes (a made the cluster, b joined it) and the join token."""
-    token = tls.cluster_init(tmp_path / "a", "lab")
-    b = tls.cluster_join(tmp_path / "b", token)
-    return tls.load_or_create_identity(tmp_path / "a"), b, token
+    token = ca.cluster_init(tmp_path / "a", "lab")
+    b = ca.cluster_join(tmp_path / "b", token)
+    return identity.load_or_create_identity(tmp_path / "a"), b, token
 
 
 @pytest.fixture
 def foreign(tmp_path: Path) -> Identity:
     """A node of another cluster."""
-    tls.cluster_init(tmp_path / "c", "other")
-    return tls.load_or_create_identity(tmp_path / "c")
+    ca.cluster_init(tmp_path / "c", "other")
+    return identity.load_or_create_identity(tmp_path / "c")
 
 
 # ---------------------------------------------------------------------- identity files
 
 
 def test_node_id_is_52_base32_characters_and_stable(tmp_path: Path) -> None:
-    first = tls.load_or_create_identity(tmp_path)
-    again = tls.load_or_create_identity(tmp_path)
+    first = identity.load_or_create_identity(tmp_path)
+    again = identity.load_or_create_identity(tmp_path)
     assert len(first.node_id) == 52
     assert set(first.node_id) <= B32
     assert again.node_id == first.node_id
@@ -57,20 +58,20 @@ def test_node_id_is_52_base32_characters_and_stable(tmp_path: Path) -> None:
 def test_node_id_is_sha256_of_the_public_key(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives import serialization
 
-    ident = tls.load_or_create_identity(tmp_path)
+    ident = identity.load_or_create_identity(tmp_path)
     key = serialization.load_pem_private_key(ident.key_path.read_bytes(), password=None)
-    assert tls.node_id_from_public_key(key.public_key()) == ident.node_id
+    assert identity.node_id_from_public_key(key.public_key()) == ident.node_id
 
 
 def test_two_state_dirs_have_different_node_ids(tmp_path: Path) -> None:
-    assert tls.load_or_create_identity(tmp_path / "x").node_id != tls.load_or_create_identity(tmp_path / "y").node_id
+    assert identity.load_or_create_identity(tmp_path / "x").node_id != identity.load_or_create_identity(tmp_path / "y").node_id
 
 
 def test_key_files_are_private_even_with_an_open_umask(tmp_path: Path) -> None:
     old = os.umask(0)
     try:
-        tls.load_or_create_identity(tmp_path)
-        tls.cluster_init(tmp_path, None)
+        identity.load_or_create_identity(tmp_path)
+        ca.cluster_init(tmp_path, None)
     finally:
         os.umask(old)
     idir = tmp_path / "identity"
@@ -85,7 +86,7 @@ def test_key_files_are_private_even_with_an_open_umask(tmp_path: Path) -> None:
 def test_loose_identity_dir_is_tightened(tmp_path: Path) -> None:
     (tmp_path / "identity").mkdir(mode=0o755)
     os.chmod(tmp_path / "identity", 0o755)
-    tls.load_or_create_identity(tmp_path)
+    identity.load_or_create_identity(tmp_path)
     assert stat.S_IMODE((tmp_path / "identity").stat().st_mode) == 0o700
 
 
@@ -116,48 +117,48 @@ def test_node_certificate_names_the_node(cluster: tuple[Identity, Identity, str]
 
 
 def test_joining_keeps_the_node_id(tmp_path: Path) -> None:
-    before = tls.load_or_create_identity(tmp_path / "b").node_id
-    token = tls.cluster_init(tmp_path / "a", None)
-    assert tls.cluster_join(tmp_path / "b", token).node_id == before
+    before = identity.load_or_create_identity(tmp_path / "b").node_id
+    token = ca.cluster_init(tmp_path / "a", None)
+    assert ca.cluster_join(tmp_path / "b", token).node_id == before
 
 
 def test_token_can_be_printed_again_by_any_member(cluster: tuple[Identity, Identity, str]) -> None:
     a, b, token = cluster
-    assert tls.join_token(a.state_dir) == token
-    assert tls.cluster_join(b.state_dir.parent / "d", tls.join_token(b.state_dir)).cluster_id == a.cluster_id
+    assert ca.join_token(a.state_dir) == token
+    assert ca.cluster_join(b.state_dir.parent / "d", ca.join_token(b.state_dir)).cluster_id == a.cluster_id
 
 
 def test_joining_the_same_cluster_again_is_idempotent(cluster: tuple[Identity, Identity, str]) -> None:
     _, b, token = cluster
     assert b.cert_path is not None
     cert = b.cert_path.read_bytes()
-    assert tls.cluster_join(b.state_dir, token) == b
+    assert ca.cluster_join(b.state_dir, token) == b
     assert b.cert_path.read_bytes() == cert
 
 
 def test_joining_a_different_cluster_needs_force(cluster: tuple[Identity, Identity, str], foreign: Identity) -> None:
     _, b, _ = cluster
-    other = tls.join_token(foreign.state_dir)
+    other = ca.join_token(foreign.state_dir)
     with pytest.raises(TlsError, match=r"already in cluster 'lab'.*--force"):
-        tls.cluster_join(b.state_dir, other)
-    assert tls.load_or_create_identity(b.state_dir) == b
-    moved = tls.cluster_join(b.state_dir, other, force=True)
+        ca.cluster_join(b.state_dir, other)
+    assert identity.load_or_create_identity(b.state_dir) == b
+    moved = ca.cluster_join(b.state_dir, other, force=True)
     assert moved.cluster_id == foreign.cluster_id and moved.node_id == b.node_id
 
 
 def test_init_twice_needs_force(cluster: tuple[Identity, Identity, str]) -> None:
     a, _, token = cluster
     with pytest.raises(TlsError, match="already in cluster"):
-        tls.cluster_init(a.state_dir, "again")
-    new = tls.cluster_init(a.state_dir, "again", force=True)
+        ca.cluster_init(a.state_dir, "again")
+    new = ca.cluster_init(a.state_dir, "again", force=True)
     assert new != token
-    assert tls.load_or_create_identity(a.state_dir).cluster_name == "again"
+    assert identity.load_or_create_identity(a.state_dir).cluster_name == "again"
 
 
 def test_not_in_a_cluster_has_no_token_and_no_contexts(tmp_path: Path) -> None:
-    ident = tls.load_or_create_identity(tmp_path)
+    ident = identity.load_or_create_identity(tmp_path)
     with pytest.raises(TlsError, match="cluster init"):
-        tls.join_token(tmp_path)
+        ca.join_token(tmp_path)
     with pytest.raises(TlsError, match="not in a cluster"):
         tls.server_ssl_context(ident)
     with pytest.raises(TlsError, match="not in a cluster"):
@@ -169,7 +170,7 @@ def test_certificate_of_another_key_is_refused(cluster: tuple[Identity, Identity
     assert a.cert_path is not None and b.cert_path is not None
     b.cert_path.write_bytes(a.cert_path.read_bytes())
     with pytest.raises(TlsError, match="does not match this node's key"):
-        tls.load_or_create_identity(b.state_dir)
+        identity.load_or_create_identity(b.state_dir)
 
 
 def test_certificate_not_signed_by_the_ca_is_refused(cluster: tuple[Identity, Identity, str],
@@ -180,9 +181,9 @@ def test_certificate_not_signed_by_the_ca_is_refused(cluster: tuple[Identity, Id
     cluster_json = b.state_dir / "identity" / "cluster.json"
     cluster_json.write_text(json.dumps({"cluster_id": foreign.cluster_id, "name": "x", "created_at": 0}))
     with pytest.raises(TlsError, match="not signed by the cluster CA"):
-        tls.load_or_create_identity(b.state_dir)
+        identity.load_or_create_identity(b.state_dir)
     # A broken install can be repaired by joining again.
-    assert tls.cluster_join(b.state_dir, tls.join_token(foreign.state_dir), force=True).in_cluster
+    assert ca.cluster_join(b.state_dir, ca.join_token(foreign.state_dir), force=True).in_cluster
 
 
 def _token(body: object, prefix: str = "gpl1.") -> str:
@@ -208,11 +209,11 @@ def _token(body: object, prefix: str = "gpl1.") -> str:
          "body-version", "not-object", "missing-fields"],
 )
 def test_bad_token_is_refused_clearly(tmp_path: Path, mangle: object, message: str) -> None:
-    token = tls.cluster_init(tmp_path / "a", "lab")
+    token = ca.cluster_init(tmp_path / "a", "lab")
     assert callable(mangle)
     with pytest.raises(TokenError, match=message):
-        tls.cluster_join(tmp_path / "b", mangle(token))
-    assert not tls.load_or_create_identity(tmp_path / "b").in_cluster
+        ca.cluster_join(tmp_path / "b", mangle(token))
+    assert not identity.load_or_create_identity(tmp_path / "b").in_cluster
 
 
 def test_token_with_mismatched_ca_key_is_refused(cluster: tuple[Identity, Identity, str], foreign: Identity) -> None:
@@ -220,14 +221,14 @@ def test_token_with_mismatched_ca_key_is_refused(cluster: tuple[Identity, Identi
     body = json.loads(zlib.decompress(base64.urlsafe_b64decode(token[5:] + "==")))
     body["ca_key_pem"] = (foreign.state_dir / "identity" / "ca.key").read_text()
     with pytest.raises(TokenError, match="does not match the CA certificate"):
-        tls.cluster_join(foreign.state_dir.parent / "e", _token(body))
+        ca.cluster_join(foreign.state_dir.parent / "e", _token(body))
 
 
 def test_token_with_whitespace_from_copy_paste_is_accepted(cluster: tuple[Identity, Identity, str],
                                                             tmp_path: Path) -> None:
     a, _, token = cluster
     wrapped = "\n".join(token[i:i + 60] for i in range(0, len(token), 60)) + "\n"
-    assert tls.cluster_join(tmp_path / "w", f"  {wrapped}").cluster_id == a.cluster_id
+    assert ca.cluster_join(tmp_path / "w", f"  {wrapped}").cluster_id == a.cluster_id
 
 
 # ------------------------------------------------------------------------ mutual TLS
@@ -415,10 +416,10 @@ def test_cli_init_join_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     code, out, _ = _cli(capsys, "--state-dir", e, "cluster", "show", "--json")
     assert code == 0
     shown = json.loads(out)
-    d_id = tls.load_or_create_identity(d)
+    d_id = identity.load_or_create_identity(d)
     assert shown["in_cluster"] is True
     assert shown["cluster_id"] == d_id.cluster_id and shown["cluster_name"] == "lab"
-    assert shown["node_id"] == tls.load_or_create_identity(e).node_id != d_id.node_id
+    assert shown["node_id"] == identity.load_or_create_identity(e).node_id != d_id.node_id
     assert shown["files"]["node_cert"] == str(e / "identity" / "node.crt")
     assert "token" not in shown
 
@@ -434,7 +435,7 @@ def test_cli_uses_the_state_dir_from_the_environment(tmp_path: Path, capsys: pyt
     monkeypatch.setenv("GPULAYER_STATE_DIR", str(tmp_path / "env"))
     code, _, _ = _cli(capsys, "cluster", "init")
     assert code == 0
-    assert tls.load_or_create_identity(tmp_path / "env").in_cluster
+    assert identity.load_or_create_identity(tmp_path / "env").in_cluster
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,218 @@
+"""The jobs owned here, driven through the pure claim machine (:mod:`gpulayerd.core.claims`).
+
+Every change to a job owned by this daemon goes through :class:`OwnedJobs`: it feeds an
+event to :func:`claims.handle` with the owner's lease view, carries out the actions
+(the store's compare-and-set first; nothing else unless it succeeds), and retries
+from a fresh row when a concurrent change won. Leases are kept in memory (persisted
+leases count as renewed at restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from gpulayerd.app.clock import Clock
+from gpulayerd.app.signals import Signals
+from gpulayerd.core import claims
+from gpulayerd.core.claims import JobRecord, JobStatus
+from gpulayerd.errors import AmbiguousJob, NoSuchJob
+from gpulayerd.models import JobSpec
+from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
+
+__all__ = ["Granted", "OwnedJobs", "RunControl"]
+
+
+class RunControl(Protocol):
+    """Stops attempts: what :class:`OwnedJobs` needs for a ``KillRun`` or ``ReplyStale``."""
+
+    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
+        """Stop ``attempt`` if it runs here; with ``remote``, ask ``worker`` to stop it otherwise."""
+        ...
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A claim the owner granted: ``fresh`` is False when the holder only asked again for its grant."""
+
+    attempt: int
+    lease_s: float
+    fresh: bool
+
+
+class OwnedJobs:
+    """The owner's job state: rows in the store, leases in memory, decisions from ``core.claims``."""
+
+    def __init__(self, *, store: Store, signals: Signals, clock: Clock) -> None:
+        self._store = store
+        self._signals = signals
+        self._clock = clock
+        self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
+        self._specs: dict[str, JobSpec] = {}
+        self._runs: RunControl | None = None
+
+    def bind(self, runs: RunControl) -> None:
+        """Who stops attempts (the worker service; set once at wiring)."""
+        self._runs = runs
+
+    # --- reading
+
+    async def row(self, job_ref: str) -> JobRow:
+        """The job ``job_ref`` names (a full id or a unique prefix).
+
+        Raises:
+            NoSuchJob: nothing matches. AmbiguousJob: the prefix matches several jobs.
+        """
+        try:
+            job_id = await self._store.jobs.resolve_job_id(job_ref)
+        except JobNotFound as e:
+            raise NoSuchJob(f"no job {job_ref!r}") from e
+        except AmbiguousJobId as e:
+            raise AmbiguousJob(str(e)) from e
+        row = await self._store.jobs.get_job(job_id)
+        if row is None:
+            raise NoSuchJob(f"no job {job_ref!r}")
+        return row
+
+    async def get(self, job_id: str) -> JobRow | None:
+        """The job ``job_id`` (exact), or None."""
+        return await self._store.jobs.get_job(job_id)
+
+    def spec(self, row: JobRow) -> JobSpec:
+        """The job's spec (parsed once, then cached)."""
+        spec = self._specs.get(row.id)
+        if spec is None:
+            spec = self._specs[row.id] = JobSpec.model_validate_json(row.spec_json)
+        return spec
+
+    def remember(self, job_id: str, spec: JobSpec) -> None:
+        """Cache the spec of a job just stored."""
+        self._specs[job_id] = spec
+
+    def record(self, row: JobRow) -> JobRecord:
+        """The claim machine's view of ``row``, with the lease as this owner keeps it."""
+        rec = row.record()
+        lease = self._leases.get(row.id)
+        return replace(rec, lease_expires_at=lease) if rec.status in claims.ACTIVE and lease else rec
+
+    # --- leases
+
+    def set_lease(self, job_id: str, expires_at: float) -> None:
+        """The job's lease now ends at ``expires_at`` (owner-monotonic seconds)."""
+        self._leases[job_id] = expires_at
+
+    def drop_lease(self, job_id: str) -> None:
+        """The job holds no lease any more."""
+        self._leases.pop(job_id, None)
+
+    async def check_leases(self, grace_s: float) -> None:
+        """Declare lost every attempt whose lease ran out more than ``grace_s`` ago."""
+        now = self._clock.monotonic()
+        for job_id in list(self._leases):
+            row = await self.get(job_id)
+            if row is None or row.status not in claims.ACTIVE:
+                self._leases.pop(job_id, None)
+                continue
+            actions = claims.handle(self.record(row), claims.LeaseChecked(grace_s), now)
+            if actions and await self.run_actions(job_id, actions):
+                persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+                if persist is not None:
+                    await self._store.jobs.end_attempt(job_id, row.attempt, "lost", None, persist.reason,
+                                                       self._clock.wall())
+                self._leases.pop(job_id, None)
+
+    # --- deciding
+
+    async def run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool:
+        """Carry out ``actions``; False if the leading compare-and-set lost (the caller retries)."""
+        for action in actions:
+            if isinstance(action, claims.PersistJob):
+                same = action.record.status is action.expect_status
+                if not await self._store.jobs.apply(action, self._clock.wall(), kind=kind if same else "state"):
+                    return False
+                self._signals.job_changed(job_id)
+                if action.record.status is JobStatus.QUEUED:
+                    self._signals.wake()
+            elif isinstance(action, claims.ExtendLease):
+                self._leases[job_id] = action.expires_at
+            elif isinstance(action, (claims.KillRun, claims.ReplyStale)) and self._runs is not None:
+                # A stale attempt (ReplyStale) must die just like a killed one.
+                await self._runs.kill_attempt(job_id, action.attempt, action.worker,
+                                              action.reason if isinstance(action, claims.KillRun) else "stale",
+                                              remote=isinstance(action, claims.KillRun))
+        return True
+
+    async def apply(self, job_id: str, event: claims.Event, kind: str = "state") -> list[claims.Action]:
+        """Feed ``event`` to the job's claim machine until its actions are carried out (5 tries).
+
+        Returns:
+            The actions carried out (empty if the job is gone or nothing changed).
+        """
+        for _ in range(5):
+            row = await self.get(job_id)
+            if row is None:
+                return []
+            actions = claims.handle(self.record(row), event, self._clock.monotonic())
+            if await self.run_actions(job_id, actions, kind):
+                return actions
+        return []
+
+    async def grant(self, job_id: str, worker: str, stimulus_id: str, placement_json: str,
+                    grants: Sequence[tuple[str, int, str]] = (), run_dir_of: Callable[[int], str] | None = None,
+                    tries: int = 3) -> Granted | str:
+        """The claim compare-and-set: grant ``worker`` the next attempt of a queued job.
+
+        Args:
+            placement_json: what the worker will use (stored with the attempt).
+            grants: (device uuid, index, kind) device grants on this machine, stored with it.
+            run_dir_of: the run directory of an attempt number, when it runs here.
+
+        Returns:
+            :class:`Granted`, or the reason of the refusal.
+        """
+        for _ in range(tries):
+            row = await self.get(job_id)
+            if row is None:
+                return "no such job"
+            now = self._clock.monotonic()
+            actions = claims.handle(self.record(row), claims.ClaimRequested(worker, stimulus_id), now)
+            persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+            grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+            if grant is None:
+                deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
+                return deny.reason if deny else "denied"
+            if persist is None:  # the holder asked again: the same grant
+                return Granted(grant.attempt, grant.lease_s, fresh=False)
+            run_dir = run_dir_of(grant.attempt) if run_dir_of is not None else ""
+            if await self._store.jobs.claim(persist, worker, placement_json, list(grants), run_dir,
+                                            self._clock.wall()):
+                self._leases[job_id] = now + row.lease_s
+                self._signals.job_changed(job_id)
+                return Granted(grant.attempt, grant.lease_s, fresh=True)
+        return "the job changed meanwhile"
+
+    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str) -> None:
+        """The attempt's processes started on ``worker``."""
+        await self.apply(job_id, claims.RunStarted(attempt, worker, stimulus_id))
+
+    async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
+                     stimulus_id: str = "") -> None:
+        """The attempt ended with ``exit_code``: record it on the attempt, then on the job.
+
+        Args:
+            detail: what the attempt row keeps (the watchdog's words).
+            why: the job's reason for a failure, when it says more than the exit code.
+        """
+        await self._store.jobs.end_attempt(job_id, attempt, "exited", exit_code, detail, self._clock.wall())
+        await self.apply(job_id, claims.RunExited(attempt, exit_code, why, stimulus_id))
+        self.drop_lease(job_id)
+        self._signals.wake()
+
+    async def lost(self, job_id: str, attempt: int, reason: str, *, never_started: bool = False,
+                   stimulus_id: str = "") -> None:
+        """The attempt is gone without an exit status: record it; the job retries as its policy says."""
+        await self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason, self._clock.wall())
+        await self.apply(job_id, claims.RunLost(attempt, reason, never_started, stimulus_id))
+        self.drop_lease(job_id)
+        self._signals.wake()

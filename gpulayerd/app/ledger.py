@@ -1,0 +1,153 @@
+"""What this machine has handed out: attempts starting and running here, and gang holds.
+
+One object shared by the worker, the gang member and the machine snapshot, so that the
+matcher never sees a device or CPU slot as free while an attempt or a hold has it. It
+keeps no store state: grants live in the store; this is what the processes are doing now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+
+from gpulayerd.core.types import Accelerator
+from gpulayerd.core.verdict import Placement
+from gpulayerd.models import JobSpec
+from gpulayerd.runs.runner import RunHandle
+
+__all__ = ["HeldResources", "Ledger", "RunEntry", "RunKey", "cpu_slots_of"]
+
+RunKey = tuple[str, int]
+"""(job id, attempt)."""
+
+
+def cpu_slots_of(spec: JobSpec) -> int:
+    """CPU slots an attempt of ``spec`` takes on one machine: its ranks for a CPU job, else 0."""
+    if spec.requirements.accelerator is not Accelerator.CPU:
+        return 0
+    return spec.distributed.nproc_per_node if spec.distributed is not None else 1
+
+
+@dataclass
+class RunEntry:
+    """One attempt running here.
+
+    Attributes:
+        handle: its watchdog and process group.
+        owner: node id of the job's owner when we run it for a peer (or for our own gang
+            member role); None when this daemon owns the job and runs it locally.
+        lease_s: the lease the owner granted, seconds (renewals move the deadline by it).
+        cpu_slots: CPU slots it takes; gpu: True if it runs on accelerators.
+    """
+
+    handle: RunHandle
+    owner: str | None
+    lease_s: float
+    cpu_slots: int
+    gpu: bool
+
+
+@dataclass
+class HeldResources:
+    """Worker side of a gang: what a hold reserves until commit, release or expiry (monotonic s)."""
+
+    owner: str
+    job_id: str
+    spec: JobSpec
+    placement: Placement
+    fds: list[int]
+    expires_at: float
+    address: str
+    interface: str
+    port: int
+    cpu_slots: int
+
+
+class Ledger:
+    """Attempts starting or running on this machine, and gang holds."""
+
+    def __init__(self) -> None:
+        self._runs: dict[RunKey, RunEntry] = {}
+        self._starting: dict[RunKey, int] = {}  # claimed here, watchdog starting -> CPU slots
+        self._holds: dict[str, HeldResources] = {}
+
+    # --- runs
+
+    def starting(self, key: RunKey, spec: JobSpec) -> None:
+        """An attempt was claimed here and its watchdog is starting."""
+        self._starting[key] = cpu_slots_of(spec)
+
+    def started(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float) -> None:
+        """An attempt runs here now (or was re-adopted after a restart)."""
+        self._starting.pop(key, None)
+        self._runs[key] = RunEntry(handle, owner, lease_s, cpu_slots_of(spec),
+                                   spec.requirements.accelerator is not Accelerator.CPU)
+
+    def not_started(self, key: RunKey) -> None:
+        """A start failed."""
+        self._starting.pop(key, None)
+
+    def ended(self, key: RunKey) -> RunEntry | None:
+        """Forget an attempt that ended; its entry, if it was running."""
+        self._starting.pop(key, None)
+        return self._runs.pop(key, None)
+
+    def get(self, key: RunKey) -> RunEntry | None:
+        """The running attempt ``key``, if any."""
+        return self._runs.get(key)
+
+    def runs(self) -> list[tuple[RunKey, RunEntry]]:
+        """Every running attempt (a copy: safe to change the ledger while iterating)."""
+        return list(self._runs.items())
+
+    def keys(self) -> list[RunKey]:
+        """Keys of every running attempt, sorted."""
+        return sorted(self._runs)
+
+    def runs_for(self, owner: str, job_id: str) -> bool:
+        """True if we run an attempt of ``owner``'s job ``job_id``."""
+        return any(e.owner == owner and k[0] == job_id for k, e in self._runs.items())
+
+    def gpu_runs(self) -> int:
+        """How many running attempts use accelerators."""
+        return sum(1 for e in self._runs.values() if e.gpu)
+
+    def cpu_slots_used(self) -> int:
+        """CPU slots taken by running and starting attempts and by holds."""
+        return (sum(e.cpu_slots for e in self._runs.values()) + sum(self._starting.values())
+                + sum(h.cpu_slots for h in self._holds.values()))
+
+    def our_pids(self) -> set[int]:
+        """Pids of our watchdogs and everything under them (not foreign to the GPU's process list)."""
+        pids: set[int] = set()
+        for e in self._runs.values():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(e.handle.watchdog_pid)
+                pids.add(p.pid)
+                pids.update(c.pid for c in p.children(recursive=True))
+        return pids
+
+    # --- holds
+
+    def hold(self, hold_id: str, held: HeldResources) -> None:
+        """Keep a gang hold."""
+        self._holds[hold_id] = held
+
+    def held(self, hold_id: str) -> HeldResources | None:
+        """The hold ``hold_id``, if kept."""
+        return self._holds.get(hold_id)
+
+    def release(self, hold_id: str) -> HeldResources | None:
+        """Drop a hold; what it held."""
+        return self._holds.pop(hold_id, None)
+
+    def holds(self) -> Iterator[tuple[str, HeldResources]]:
+        """Every hold (a copy)."""
+        return iter(list(self._holds.items()))
+
+    def held_devices(self) -> dict[str, str]:
+        """Device uuid -> ``"<job> (held)"`` for every device a hold reserves."""
+        return {u: f"{h.job_id} (held)" for h in self._holds.values() for u in h.placement.device_uuids if u}

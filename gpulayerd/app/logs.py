@@ -1,0 +1,51 @@
+"""Reading an attempt's log in chunks: whole UTF-8 characters, off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+from gpulayerd.models import LogChunk
+
+__all__ = ["LOG_CHUNK_BYTES", "read_log", "whole_chars"]
+
+LOG_CHUNK_BYTES = 1 << 20
+"""The most one chunk carries (1 MiB)."""
+
+
+def whole_chars(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut at its end (the next chunk starts with it)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b < 0x80:
+            return data  # ASCII: nothing cut
+        if b >= 0xC0:  # a lead byte: is its sequence complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data
+
+
+def _read(path: Path, offset: int, finished: bool) -> tuple[bytes, int]:
+    data, size = b"", 0
+    with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(offset)
+        raw = f.read(LOG_CHUNK_BYTES)
+        # Cut a character only where more may follow: a finished log ends where it ends.
+        data = whole_chars(raw) if not finished or offset + len(raw) < size else raw
+    return data, size
+
+
+async def read_log(path: Path, job_id: str, attempt: int, stream: str, offset: int, finished: bool) -> LogChunk:
+    """Up to :data:`LOG_CHUNK_BYTES` of the log at ``path`` from byte ``offset``.
+
+    Args:
+        finished: the attempt has ended (nothing more will be written): the chunk is
+            ``complete`` when it reaches the end of the file.
+    """
+    data, size = await asyncio.to_thread(_read, path, offset, finished)
+    nxt = offset + len(data)
+    return LogChunk(job_id=job_id, attempt=attempt, stream=stream, offset=offset, next_offset=nxt,
+                    data=data.decode("utf-8", errors="replace"), complete=finished and nxt >= size)

@@ -1,0 +1,280 @@
+"""The owner: the jobs submitted to this daemon, their views, cancel and logs; grants and reports from workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+
+from gpulayerd.api.peer import PeerCallError
+from gpulayerd.app.clock import Clock
+from gpulayerd.app.gang import GangCoordinator
+from gpulayerd.app.jobs import Granted, OwnedJobs
+from gpulayerd.app.logs import read_log
+from gpulayerd.app.machine import Machine
+from gpulayerd.app.names import Names
+from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.app.signals import Signals
+from gpulayerd.app.starter import Starter
+from gpulayerd.core import claims
+from gpulayerd.core.claims import JobStatus
+from gpulayerd.core.matching import explain, validate
+from gpulayerd.core.types import SupportMatrix
+from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerUnreachable
+from gpulayerd.models import (
+    AttemptView,
+    EventView,
+    ExplanationModel,
+    JobList,
+    JobView,
+    LogChunk,
+    PlacementModel,
+    SubmitRequest,
+    job_spec_from_mapping,
+)
+from gpulayerd.net.wire import Claim, ClaimReply, LogRequest, RunReport, RunReportReply
+from gpulayerd.store import JobRow, Store
+
+__all__ = ["OwnerService", "new_job_id"]
+
+log = logging.getLogger(__name__)
+
+_B32 = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_job_id(now_wall: float) -> str:
+    """A 12-character id, sortable by submission time (Crockford base32, lower case)."""
+    n = (int(now_wall * 1000) << 20) | secrets.randbits(20)
+    chars = []
+    for _ in range(12):
+        chars.append(_B32[n & 31])
+        n >>= 5
+    return "".join(reversed(chars))
+
+
+class OwnerService:
+    """Submit, list, show, explain, cancel and read the logs of the jobs owned here; grant claims; take reports."""
+
+    def __init__(self, *, node_id: str, store: Store, jobs: OwnedJobs, gangs: GangCoordinator, machine: Machine,
+                 starter: Starter, transport: PeerTransport, directory: Directory | None, names: Names,
+                 support: SupportMatrix, signals: Signals, clock: Clock) -> None:
+        self.node_id = node_id
+        self._store = store
+        self._jobs = jobs
+        self._gangs = gangs
+        self._machine = machine
+        self._starter = starter
+        self._transport = transport
+        self._directory = directory
+        self._names = names
+        self._support = support
+        self._signals = signals
+        self._clock = clock
+
+    # ------------------------------------------------------------- local API
+
+    async def submit(self, request: SubmitRequest) -> JobView:
+        """Validate and store a job (``queued``, or ``rejected`` with its reasons); wake the scheduler.
+
+        Raises:
+            InvalidSpec: no absolute workdir. SpecError: the spec does not parse.
+        """
+        raw_workdir = request.spec.get("workdir")
+        if not isinstance(raw_workdir, str) or not os.path.isabs(raw_workdir):
+            # The daemon's own working directory means nothing to the submitter.
+            raise InvalidSpec("job spec: workdir: must be an absolute path (the CLI resolves it)")
+        # The workdir is absolute: no base dir is needed (and Path.cwd() would touch the file system).
+        spec = job_spec_from_mapping(request.spec, source="job spec", base_dir="/")
+        now = self._clock.wall()
+        job_id = new_job_id(now)
+        req = spec.to_core(job_id)
+        rejections = validate(req, self._support)
+        status = JobStatus.REJECTED if rejections else JobStatus.QUEUED
+        if rejections:
+            reason = "; ".join(r.message for r in rejections)
+            explanation = ExplanationModel.from_core(explain(req, [], self._support))
+        else:
+            reason, explanation = "waiting for the scheduler", None
+        row = JobRow(
+            id=job_id, name=spec.name, submitted_by=request.submitted_by, spec_json=spec.model_dump_json(),
+            status=status, attempt=0, holder=None, retries_left=spec.policy.retries, lease_s=spec.policy.lease_s,
+            lease_expires_at=None, cancel_requested=False, reason=reason,
+            explanation_json=None if explanation is None else explanation.model_dump_json(),
+            exit_code=None, submitted_at=now, updated_at=now, seq=None,
+        )
+        stored = await self._store.jobs.insert_job(row, reason, stimulus_id=f"submit-{job_id}")
+        self._jobs.remember(job_id, spec)
+        self._signals.job_changed(job_id)
+        self._signals.wake()
+        return self.view(stored)
+
+    async def list_jobs(self, statuses: list[str] | None, limit: int | None, scope: str = "local") -> list[JobView]:
+        """Jobs in submission order, without attempts and history.
+
+        ``scope="cluster"`` adds the jobs every trusted peer that is up owns (asked
+        concurrently; a peer that does not answer in time is left out).
+
+        Raises:
+            BadRequest: a status that is not one of the job states.
+        """
+        wanted = None
+        if statuses:
+            try:
+                wanted = [JobStatus(s) for s in statuses]
+            except ValueError as e:
+                allowed = ", ".join(s.value for s in JobStatus)
+                raise BadRequest(f"status must be one of: {allowed}") from e
+        local = [self.view(r) for r in await self._store.jobs.list_jobs(wanted, limit)]
+        if scope != "cluster" or self._directory is None:
+            return local
+        peers = self._directory.up_ids()
+        path = "/v1/peer/jobs" + ("?" + "&".join(f"status={s}" for s in statuses) if statuses else "")
+        results = await asyncio.gather(*(self._transport.call(p, path, None, JobList) for p in peers),
+                                       return_exceptions=True)
+        merged = list(local)
+        for peer, res in zip(peers, results, strict=True):
+            if isinstance(res, JobList):
+                for j in res.jobs:
+                    j.owner_name = self._directory.name_of(peer)
+                merged.extend(res.jobs)
+        merged.sort(key=lambda j: (j.submitted_at, j.id))
+        return merged[-limit:] if limit else merged
+
+    async def get_job(self, job_ref: str) -> JobView:
+        """One job with its attempts and full history. Raises NoSuchJob, AmbiguousJob."""
+        row = await self._jobs.row(job_ref)
+        attempts = await self._store.jobs.attempts(row.id)
+        events = await self._store.jobs.events(row.id)
+        view = self.view(row)
+        view.attempts = []
+        for a in attempts:
+            raw = json.loads(a.placement_json or "{}")
+            placement = PlacementModel.model_validate(raw) if "worker" in raw else None
+            view.attempts.append(AttemptView(
+                attempt=a.attempt, worker=a.worker, worker_name=self._names.name_of(a.worker), state=a.state,
+                placement=placement, gang=list(raw.get("gang", [])), run_dir=a.run_dir or None,
+                started_at=a.started_at, ended_at=a.ended_at, exit_code=a.exit_code, reason=a.reason,
+            ))
+        view.events = [
+            EventView(seq=e.seq, at=e.at, kind=e.kind, from_status=e.from_status, to_status=e.to_status,
+                      attempt=e.attempt, reason=self._names.readable(e.reason), stimulus_id=e.stimulus_id)
+            for e in events
+        ]
+        return view
+
+    async def explain(self, job_ref: str) -> ExplanationModel:
+        """Explain the job against this machine and every known peer now. Raises NoSuchJob, AmbiguousJob."""
+        row = await self._jobs.row(job_ref)
+        req = self._jobs.spec(row).to_core(row.id)
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
+        remote = self._directory.worker_snapshots() if self._directory is not None else []
+        return ExplanationModel.from_core(explain(req, [worker, *remote], self._support))
+
+    async def cancel(self, job_ref: str) -> JobView:
+        """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL. Raises NoSuchJob."""
+        row = await self._jobs.row(job_ref)
+        await self._jobs.apply(row.id, claims.CancelRequested(stimulus_id=f"cancel-{row.id}"),
+                               kind="cancel requested")
+        return self.view(await self._jobs.row(row.id))
+
+    async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None) -> LogChunk:
+        """Bytes of a job's log from ``offset`` (at most 1 MiB), as text, wherever the attempt ran.
+
+        Raises:
+            NoSuchJob: no such job or attempt. PeerUnreachable: the worker that ran it did not answer.
+        """
+        row = await self._jobs.row(job_ref)
+        if attempt is not None and not 1 <= attempt <= row.attempt:
+            raise NoSuchJob(f"job {row.id} has no attempt {attempt} (attempts: 1 to {row.attempt})"
+                            if row.attempt else f"job {row.id} has not run yet")
+        n = attempt if attempt is not None else row.attempt
+        terminal = row.status in claims.TERMINAL or (attempt is not None and attempt < row.attempt)
+        if n <= 0:
+            return LogChunk(job_id=row.id, attempt=0, stream=stream, offset=0, next_offset=0, data="",
+                            complete=row.status in claims.TERMINAL)
+        if self._directory is not None:
+            worker = next((a.worker for a in await self._store.jobs.attempts(row.id) if a.attempt == n),
+                          self.node_id)
+            if worker != self.node_id:
+                try:
+                    chunk = await self._transport.call(worker, "/v1/peer/logs", LogRequest(
+                        job_id=row.id, attempt=n, stream=stream, offset=offset), LogChunk)
+                except PeerCallError as e:
+                    raise PeerUnreachable(f"cannot read the log on {worker[:12]}: {e}") from e
+                return chunk.model_copy(update={"complete": chunk.complete or (
+                    terminal and chunk.next_offset == chunk.offset)})
+        path = self._starter.run_dir(row.id, n) / f"{stream}.log"
+        return await read_log(path, row.id, n, stream, offset, terminal)
+
+    def view(self, row: JobRow) -> JobView:
+        """The API's view of a job owned here (without attempts and history)."""
+        return JobView(
+            id=row.id, name=row.name, submitted_by=row.submitted_by, owner=self.node_id,
+            owner_name=self._names.hostname, status=row.status.value,
+            attempt=row.attempt, holder=row.holder, holder_name=self._names.name_of(row.holder),
+            retries_left=row.retries_left, cancel_requested=row.cancel_requested,
+            reason=self._names.readable(row.reason), exit_code=row.exit_code,
+            submitted_at=row.submitted_at, updated_at=row.updated_at, spec=self._jobs.spec(row),
+            explanation=(None if row.explanation_json is None
+                         else ExplanationModel.model_validate_json(row.explanation_json)),
+        )
+
+    # ------------------------------------------------------------- peer routes
+
+    async def peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
+        """Peer route: the jobs we own (for a peer's ``gpulayer jobs``)."""
+        return JobList(jobs=await self.list_jobs(statuses, None, scope="local"))
+
+    async def claim(self, worker: str, msg: Claim) -> ClaimReply:
+        """Peer route: a worker claims one of our queued jobs: compare-and-set, then GRANT or DENY."""
+        row = await self._jobs.get(msg.job_id)
+        if row is None:
+            return ClaimReply(granted=False, reason="no such job")
+        granted = await self._jobs.grant(row.id, worker, msg.msg_id, json.dumps(msg.placement or {}))
+        if not isinstance(granted, Granted):
+            self._signals.stats["claim_requests_denied"] += 1
+            return ClaimReply(granted=False, reason=granted)
+        if granted.fresh:
+            self._signals.stats["claim_requests_granted"] += 1
+        return ClaimReply(granted=True, attempt=granted.attempt, lease_s=granted.lease_s,
+                          spec=self._jobs.spec(row).model_dump(mode="json"))
+
+    async def report(self, worker: str, msg: RunReport) -> RunReportReply:
+        """Peer route: a worker reports on an attempt of one of our jobs (started, renew, exited, lost)."""
+        row = await self._jobs.get(msg.job_id)
+        if row is None:
+            return RunReportReply(ok=True, stale=True)
+        gang_reply = await self._gangs.report(row, worker, msg)
+        if gang_reply is not None:
+            return gang_reply
+        event: claims.Event
+        if msg.kind == "started":
+            event = claims.RunStarted(msg.attempt, worker, msg.msg_id)
+        elif msg.kind == "renew":
+            event = claims.LeaseRenewed(msg.attempt, worker, msg.msg_id)
+        elif msg.kind == "exited":
+            event = claims.RunExited(msg.attempt, msg.exit_code, msg.reason if msg.exit_code != 0 else "",
+                                     msg.msg_id)
+        else:
+            event = claims.RunLost(msg.attempt, msg.reason or f"lost on {worker[:12]}", msg.never_started,
+                                   msg.msg_id)
+        if msg.kind in ("exited", "lost") and msg.attempt == row.attempt:
+            await self._store.jobs.end_attempt(row.id, msg.attempt, "exited" if msg.kind == "exited" else "lost",
+                                               msg.exit_code, msg.reason, self._clock.wall())
+        if msg.kind == "started" and msg.attempt == row.attempt:
+            await self._store.jobs.mark_running(row.id, msg.attempt, 0, 0.0, 0, self._clock.wall())
+        actions = await self._jobs.apply(row.id, event)
+        stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
+        if stale is not None:
+            return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
+        if msg.kind in ("exited", "lost"):
+            self._jobs.drop_lease(row.id)
+            self._signals.wake()
+        fresh = await self._jobs.get(row.id)
+        return RunReportReply(ok=True, current_attempt=fresh.attempt if fresh is not None else row.attempt)
+
+    async def check_leases(self, grace_s: float) -> None:
+        """Owner side of the lease tick: attempts whose lease ran out are lost."""
+        await self._jobs.check_leases(grace_s)

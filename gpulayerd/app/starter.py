@@ -1,0 +1,82 @@
+"""The one routine that starts an attempt on this machine: command line, environment, watchdog.
+
+Every start (a local job, a peer's job, one member of a gang) comes through
+:meth:`Starter.start`, so that what a job sees (its argv, its environment, its run
+directory ``runs/<job>/<attempt>/``, its lease deadline) never differs by path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulayerd.app.clock import Clock
+from gpulayerd.config import DaemonConfig
+from gpulayerd.core.verdict import Placement
+from gpulayerd.models import JobSpec
+from gpulayerd.runs.launch import build_argv, build_env, build_gang_argv
+from gpulayerd.runs.runner import RunHandle, Runner
+
+__all__ = ["GangRank", "Starter", "device_grants"]
+
+
+def device_grants(placement: Placement) -> list[tuple[str, int, str]]:
+    """(device uuid, index, accelerator kind) of each device ``placement`` uses (the store's grant rows)."""
+    return [(u, i, placement.accelerator.value)
+            for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
+
+
+@dataclass(frozen=True)
+class GangRank:
+    """This machine's part of a multi-host job: ``node_rank`` of ``nnodes``, the rendezvous, the LAN interface."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    interface: str
+
+
+class Starter:
+    """Starts attempts under their per-job watchdogs."""
+
+    def __init__(self, config: DaemonConfig, runner: Runner, clock: Clock) -> None:
+        self._config = config
+        self._runner = runner
+        self._clock = clock
+
+    def run_dir(self, job_id: str, attempt: int) -> Path:
+        """Where an attempt's logs and watchdog state live: ``<state>/runs/<job>/<attempt>``."""
+        return self._config.runs_dir / job_id / str(attempt)
+
+    async def start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, lease_s: float,
+                    lock_fds: list[int], gang: GangRank | None = None) -> RunHandle:
+        """Start the attempt; return once its processes run (the watchdog start runs in a thread).
+
+        Args:
+            lease_s: the watchdog stops the job this many seconds from now unless a renewal
+                moves its deadline.
+            lock_fds: descriptors holding this machine's device locks (the watchdog inherits them).
+            gang: this machine's rank of a multi-host job, or None.
+
+        Raises:
+            RunnerError: the watchdog or the job could not be started.
+        """
+        run_dir = self.run_dir(job_id, attempt)
+        if gang is None:
+            nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
+            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
+                              log_dir=str(run_dir / "torchrun"))
+        else:
+            argv = build_gang_argv(spec, placement.environment, nnodes=gang.nnodes, node_rank=gang.node_rank,
+                                   master_addr=gang.master_addr, master_port=gang.master_port,
+                                   log_dir=str(run_dir / "torchrun"))
+        env = build_env(os.environ, spec, placement, job_id, attempt, self._config.dist_timeout_s)
+        if gang is not None:
+            env["GLOO_SOCKET_IFNAME"] = gang.interface
+            env["NCCL_SOCKET_IFNAME"] = gang.interface
+        deadline = self._clock.monotonic() + lease_s
+        return await asyncio.to_thread(self._runner.start, job_id, attempt, argv, env, spec.workdir or "/",
+                                       deadline, lock_fds)

@@ -1,0 +1,188 @@
+"""``gpulayer devices``, ``peers`` and ``explain``: what the machines have, and whether a job fits.
+
+``devices`` and ``explain`` work without a daemon too: they then probe this machine directly
+(or read capability JSON files written by ``gpulayer devices --json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpulayerd import text as fmt
+from gpulayerd.cli.client import call_daemon, try_daemon
+from gpulayerd.cli.errors import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from gpulayerd.models import Capabilities
+
+__all__ = ["add_parsers"]
+
+_Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
+
+
+def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
+    """Add ``devices``, ``peers`` and ``explain`` to the ``gpulayer`` subcommands."""
+    d = sub.add_parser(
+        "devices", help="devices, Python environments and probe health: the whole cluster, or this machine",
+        description="With a gpulayerd answering: every known machine's devices (with grant state). Without "
+        "one, or with --local: this machine, probed directly. --json prints capability JSON (a list for the "
+        "cluster, one object for --local), the format 'gpulayer explain --workers DIR' reads.")
+    _add_probe_args(d)
+    d.add_argument("--local", action="store_true", help="probe this machine directly, without the daemon")
+    d.add_argument("--json", action="store_true", help="print capability JSON (for --workers DIR)")
+    d.set_defaults(func=_cmd_devices)
+
+    pe = sub.add_parser("peers", help="the gpulayerd peers this daemon knows: trusted or foreign, last heartbeat")
+    pe.add_argument("--json", action="store_true")
+    pe.set_defaults(func=_cmd_peers)
+
+    e = sub.add_parser(
+        "explain",
+        help="why a job fits or not: the worker x requirement table and the verdict",
+        description="Explain a submitted job (by id, asking the daemon), or a job spec file (TOML) "
+        "against this machine or against the capability JSON files (written by "
+        "'gpulayer devices --json') in --workers DIR, without a daemon.",
+    )
+    e.add_argument("job", metavar="ID|JOB.toml", help="a job id (or unique prefix), or a job spec file")
+    e.add_argument("--workers", metavar="DIR", help="directory of capability JSON files, one per worker")
+    _add_probe_args(e)
+    e.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    e.set_defaults(func=_cmd_explain)
+
+
+def _add_probe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--python", action="append", metavar="PATH", default=None,
+        help="workload interpreter to probe (repeatable; default: this gpulayer's own)",
+    )
+    p.add_argument("--nvidia-smi-timeout-s", type=float, default=20.0, metavar="S",
+                   help="hard timeout for each nvidia-smi call, seconds (default 20)")
+
+
+def _local_capabilities(args: argparse.Namespace) -> Capabilities:
+    from platformdirs import user_cache_dir
+
+    from gpulayerd.capabilities import collect_capabilities
+    from gpulayerd.gpu.discovery import DiscoveryConfig
+    from gpulayerd.gpu.environments import EnvironmentProber
+    from gpulayerd.gpu.support import SUPPORT_MATRIX
+
+    interpreters = args.python or [sys.executable]
+    prober = EnvironmentProber(timeout_s=60.0, cache_dir=Path(user_cache_dir("gpulayer")) / "environments")
+    return collect_capabilities(
+        interpreters, SUPPORT_MATRIX, prober,
+        discovery=DiscoveryConfig(nvidia_smi_timeout_s=args.nvidia_smi_timeout_s),
+    )
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from gpulayerd.cli.render import render_capabilities
+
+    peers = None if args.local or args.python else try_daemon(args, lambda c: c.peers())
+    if peers is None:
+        caps = _local_capabilities(args)
+        if args.json:
+            print(caps.model_dump_json(indent=2))
+            return EXIT_OK
+        print(render_capabilities(caps))
+        return EXIT_OK
+    known = [p.capabilities for p in peers if p.capabilities is not None and p.state != "foreign"]
+    if args.json:
+        print("[" + ",".join(c.model_dump_json(indent=2) for c in known) + "]")
+        return EXIT_OK
+    blocks = []
+    for p in peers:
+        if p.state == "foreign":
+            continue
+        head = f"== {p.name} ({p.node_id[:12]}) {p.state}"
+        body = render_capabilities(p.capabilities) if p.capabilities else "  capabilities not fetched yet"
+        blocks.append(head + "\n" + body)
+    print("\n\n".join(blocks))
+    return EXIT_OK
+
+
+def _cmd_peers(args: argparse.Namespace) -> int:
+    peers = call_daemon(args, lambda c: c.peers())
+    if args.json:
+        print("[" + ",".join(p.model_dump_json(exclude={"capabilities"}) for p in peers) + "]")
+        return EXIT_OK
+    now = time.time()
+    rows = []
+    for p in peers:
+        caps = p.capabilities
+        gpus = fmt.DASH if caps is None else (
+            ", ".join(sorted({f"{sum(1 for d in caps.devices if d.name == n)}x {n}"
+                              for n in {d.name for d in caps.devices if d.name}}))
+            or "cpu only")
+        seen = fmt.ago(p.last_heartbeat_at, now)
+        trust = "self" if p.state == "self" else ("trusted" if p.trusted else "foreign" if p.state == "foreign"
+                                                   else "untrusted")
+        rows.append([p.node_id[:12], p.name, ", ".join(p.addresses) + (f":{p.port}" if p.port else ""),
+                     p.version, trust, p.state, seen, gpus])
+    print(fmt.table(["NODE", "NAME", "ADDRESSES", "VERSION", "TRUST", "STATE", "HEARTBEAT", "DEVICES"], rows))
+    return EXIT_OK
+
+
+def _load_workers(directory: str) -> list[Capabilities]:
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpulayerd.models import Capabilities, format_validation_error
+
+    d = Path(directory)
+    if not d.is_dir():
+        raise UsageError(f"--workers: {d} is not a directory")
+    files = sorted(d.glob("*.json"))
+    if not files:
+        raise UsageError(f"--workers: no *.json capability files in {d}")
+    caps_list = TypeAdapter(list[Capabilities])
+    workers = []
+    for f in files:
+        try:
+            raw = f.read_bytes()
+            if raw.lstrip().startswith(b"["):
+                workers.extend(caps_list.validate_json(raw))
+            else:
+                workers.append(Capabilities.model_validate_json(raw))
+        except ValidationError as e:
+            raise UsageError(f"--workers: {f} is not capability JSON\n{format_validation_error(e)}") from e
+    return workers
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from gpulayerd.cli.render import render_explanation
+    from gpulayerd.core.matching import explain
+    from gpulayerd.gpu.support import SUPPORT_MATRIX
+    from gpulayerd.models import ExplanationModel, SpecError, load_job_spec
+
+    spec_path = Path(args.job)
+    if not spec_path.is_file():
+        if args.workers:
+            raise UsageError(f"--workers needs a job spec file; {args.job} is not a file")
+        explanation = call_daemon(args, lambda c: c.explain(args.job))
+        if args.json:
+            print(explanation.model_dump_json(indent=2))
+        else:
+            print(render_explanation(explanation, title=f"job {explanation.job_id}"))
+        return EXIT_OK
+    try:
+        spec = load_job_spec(spec_path, base_dir=spec_path.resolve().parent)
+    except SpecError as e:
+        raise UsageError(str(e)) from e
+    job = spec.to_core(job_id=spec.name or spec_path.stem)
+    if args.workers:
+        workers = [c.to_core() for c in _load_workers(args.workers)]
+    else:
+        caps = _local_capabilities(args)
+        wd = job.workdir
+        exists = frozenset({wd}) if wd is not None and Path(wd).is_dir() else frozenset()
+        workers = [caps.to_core(existing_paths=exists)]
+    model = ExplanationModel.from_core(explain(job, workers, SUPPORT_MATRIX))
+    if args.json:
+        print(model.model_dump_json(indent=2))
+    else:
+        print(render_explanation(model, title=f"job {job.job_id} ({spec_path})"))
+    return EXIT_OK

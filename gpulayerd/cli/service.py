@@ -1,0 +1,292 @@
+"""``gpulayer service install|uninstall|status``: gpulayerd as a systemd user unit or a launchd agent.
+
+The files and where they go are :mod:`gpulayerd.service`'s (imported when a command runs);
+this module is the command line: what to write or remove, when to refuse, what to print. Nothing
+here runs ``systemctl`` or ``launchctl``: the commands print the exact next command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from gpulayerd.cli.client import socket_path
+from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+
+if TYPE_CHECKING:
+    from gpulayerd.service import OsName, ServiceTarget
+
+__all__ = ["HEALTH_TIMEOUT_S", "add_parser"]
+
+HEALTH_TIMEOUT_S = 2.0
+"""How long ``service status`` waits for the daemon's health answer, seconds."""
+
+_Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
+
+
+def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
+    """Add ``service install|uninstall|status`` to the ``gpulayer`` subcommands."""
+    s = sub.add_parser(
+        "service",
+        help="install gpulayerd as a systemd user service (Linux) or a launchd agent (macOS)",
+        description="Write, remove or inspect the service file that runs this installation's gpulayerd "
+        "at login (Linux: systemd user unit; macOS: LaunchAgent). Never runs systemctl or launchctl: "
+        "prints the exact command to run next.",
+    )
+    ssub = s.add_subparsers(dest="service_command", metavar="ACTION")
+    ssub.required = True
+
+    i = ssub.add_parser("install", help="write the service file (idempotent)",
+                        description="Write the service file for this installation's gpulayerd. Installing "
+                        "again changes nothing; a file changed by hand is replaced only with --force. "
+                        "--dry-run prints the file on stdout (and what would happen on stderr).")
+    i.add_argument("--python", action="append", metavar="PATH", default=None,
+                   help="workload interpreter (repeatable, in preference order; default: gpulayerd's own)")
+    i.add_argument("--dry-run", action="store_true", help="print the file and the next command; write nothing")
+    i.add_argument("--force", action="store_true", help="replace a service file changed by hand")
+    _add_os_arg(i)
+    i.set_defaults(func=_cmd_install)
+
+    u = ssub.add_parser("uninstall", help="remove the service file (stop it first: the command is printed)")
+    u.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    u.add_argument("--force", action="store_true",
+                   help="remove a file changed by hand, or one still enabled (and its enable link)")
+    _add_os_arg(u)
+    u.set_defaults(func=_cmd_uninstall)
+
+    st = ssub.add_parser("status", help="whether the service is installed, enabled and running")
+    st.add_argument("--json", action="store_true")
+    _add_os_arg(st)
+    st.set_defaults(func=_cmd_status)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    from gpulayerd import service as svc
+
+    target = svc.service_target(_os_name(args.os))
+    gpulayerd = _this_gpulayerd()
+    interpreters = list(dict.fromkeys(_absolute_interpreter(p) for p in args.python or []))
+    rendered = target.render(gpulayerd, interpreters)
+    state = svc.file_state(svc.read_service_file(target.path), rendered)
+    next_command = target.start_command(update=state in ("outdated", "modified"))
+
+    if args.dry_run:
+        sys.stdout.write(rendered)
+        doing = {"missing": "would write", "current": "already installed, unchanged:",
+                 "outdated": "would update", "modified": "would replace (changed by hand)"}[state]
+        print(f"dry run, nothing written: {doing} {target.path}", file=sys.stderr)
+        if state == "modified" and not args.force:
+            print("  (only with --force: the file was changed by hand)", file=sys.stderr)
+        print(f"next: {next_command}", file=sys.stderr)
+        return EXIT_OK
+    if state == "current":
+        print(f"already installed: {target.path} (unchanged)")
+        print(f"to start it, if it is not running: {target.start_command()}")
+        return EXIT_OK
+    if state == "modified" and not args.force:
+        raise CommandFailed(
+            f"{target.path} was changed by hand (or not written by gpulayer); not replacing it.\n"
+            f"See what would be written with: gpulayer service install --dry-run{_os_flag(args)}\n"
+            f"Replace it with: gpulayer service install --force{_os_flag(args)}")
+    svc.write_service_file(target, rendered)
+    done = {"missing": "installed", "outdated": "updated", "modified": "replaced"}[state]
+    print(f"{done} {target.kind}: {target.path}")
+    print(f"  runs: {gpulayerd}" + "".join(f" --python {shlex.quote(p)}" for p in interpreters))
+    print("next:")
+    print(f"  {next_command}")
+    if target.os_name == "linux":
+        print("  loginctl enable-linger $USER    # once: keep it running without a login session")
+    return EXIT_OK
+
+
+def _cmd_uninstall(args: argparse.Namespace) -> int:
+    from gpulayerd import service as svc
+
+    target = svc.service_target(_os_name(args.os))
+    text = svc.read_service_file(target.path)
+    link = target.enabled_link
+    linked = link is not None and os.path.lexists(link)
+    if text is None and not linked:
+        print(f"not installed: no {target.path}")
+        return EXIT_OK
+    if text is not None and not svc.is_pristine(text) and not args.force:
+        raise CommandFailed(
+            f"{target.path} was changed by hand (or not written by gpulayer); not removing it.\n"
+            f"Remove it anyway with: gpulayer service uninstall --force{_os_flag(args)}")
+    if linked and not args.force:
+        raise CommandFailed(
+            f"gpulayerd is still enabled ({link}). Stop and disable it first:\n"
+            f"  {target.stop_command()}\n"
+            "then run 'gpulayer service uninstall' again (running jobs keep running; "
+            "--force removes the files anyway)")
+    doomed = [p for p in (target.path if text is not None else None, link if linked else None) if p is not None]
+    if args.dry_run:
+        for p in doomed:
+            print(f"dry run, nothing removed: would remove {p}")
+        return EXIT_OK
+    for p in doomed:
+        p.unlink()
+        print(f"removed {p}")
+    for p in doomed:
+        svc.prune_empty_dirs(p.parent, target.home)
+    if target.logs_dir is not None:
+        if target.logs_dir.is_dir() and any(target.logs_dir.iterdir()):
+            print(f"kept the logs in {target.logs_dir}")
+        else:
+            svc.prune_empty_dirs(target.logs_dir, target.home)
+    if target.os_name == "linux":
+        print("next: systemctl --user daemon-reload")
+        print("  (if gpulayerd still runs: systemctl --user stop gpulayerd; running jobs keep running)")
+    else:
+        print(f"next, if it is still loaded: {target.stop_command()}")
+    return EXIT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    os: OsName
+    kind: str
+    path: str
+    installed: bool
+    file: Literal["missing", "generated", "hand-edited"]
+    gpulayerd: str | None
+    this_installation: bool | None
+    interpreters: list[str]
+    enabled: bool | None
+    running: bool
+    socket: str
+    daemon: dict[str, object] | None
+    problem: str | None
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from gpulayerd import service as svc
+
+    target = svc.service_target(_os_name(args.os))
+    text = svc.read_service_file(target.path)
+    argv = [] if text is None else svc.service_argv(text, target.os_name)
+    this = svc.find_gpulayerd()
+    sock = socket_path(args)
+    health, problem = _health(sock)
+    status = _Status(
+        os=target.os_name,
+        kind=target.kind,
+        path=str(target.path),
+        installed=text is not None,
+        file="missing" if text is None else "generated" if svc.is_pristine(text) else "hand-edited",
+        gpulayerd=argv[0] if argv else None,
+        this_installation=None if not argv or this is None else argv[0] == this,
+        interpreters=[argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--python"],
+        enabled=None if target.enabled_link is None else os.path.lexists(target.enabled_link),
+        running=health is not None,
+        socket=str(sock),
+        daemon=health,
+        problem=problem,
+    )
+    if args.json:
+        print(json.dumps(asdict(status), indent=2))
+    else:
+        print(_render_status(status, target))
+    return EXIT_OK
+
+
+def _render_status(s: _Status, target: ServiceTarget) -> str:
+    from gpulayerd.service import LAUNCHD_LABEL
+
+    if not s.installed:
+        installed = f"no    (gpulayer service install{'' if s.os == 'linux' else ' --os macos'})"
+    else:
+        how = "as written by gpulayer service install" if s.file == "generated" else "changed by hand"
+        whose = ("" if s.this_installation is None else ", this installation's gpulayerd" if s.this_installation
+                 else f", another gpulayerd: {s.gpulayerd}")
+        installed = f"yes   ({how}{whose})"
+    if s.enabled is None:
+        enabled = f"unknown (launchd: launchctl print gui/{os.getuid()}/{LAUNCHD_LABEL})"
+    else:
+        enabled = "yes" if s.enabled else f"no    ({target.start_command()})" if s.installed else "no"
+    if s.daemon is not None:
+        running = f"yes   (gpulayerd {s.daemon.get('version')}, pid {s.daemon.get('pid')}, {s.socket})"
+    else:
+        running = f"no    ({s.problem})"
+    return "\n".join([f"{s.kind}: {s.path}", f"installed: {installed}", f"enabled:   {enabled}",
+                      f"running:   {running}"])
+
+
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _add_os_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--os", choices=["linux", "macos"], default=None,
+                   help="render for this OS instead of the running one (Linux: systemd; macOS: launchd)")
+
+
+def _os_name(requested: str | None) -> OsName:
+    if requested == "linux" or (requested is None and sys.platform.startswith("linux")):
+        return "linux"
+    if requested == "macos" or (requested is None and sys.platform == "darwin"):
+        return "macos"
+    raise UsageError(f"service: {sys.platform} has no supported service manager; give --os linux|macos")
+
+
+def _os_flag(args: argparse.Namespace) -> str:
+    return f" --os {args.os}" if args.os else ""
+
+
+def _this_gpulayerd() -> str:
+    from gpulayerd import service as svc
+
+    found = svc.find_gpulayerd()
+    if found is None:
+        raise CommandFailed(f"cannot find this installation's gpulayerd next to {sys.executable} "
+                            "(reinstall gpulayer with pip)")
+    return found
+
+
+def _absolute_interpreter(text: str) -> str:
+    """``--python`` as an absolute path, symlinks kept (a venv's python is a symlink that must stay one)."""
+    if any(ord(c) < 32 for c in text):
+        raise UsageError(f"--python {text!r}: control characters in a path")
+    if "/" in text:
+        path = os.path.abspath(os.path.expanduser(text))
+    else:
+        found = shutil.which(text)
+        if found is None:
+            raise UsageError(f"--python {text}: not found on PATH")
+        path = os.path.abspath(found)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise UsageError(f"--python {text}: {path} is not an executable file")
+    return path
+
+
+def _health(sock: Path) -> tuple[dict[str, object] | None, str | None]:
+    """Ask the daemon on ``sock`` for its health: (health fields, None) or (None, why not)."""
+    import asyncio
+
+    from gpulayerd.api.client import ApiRequestError, DaemonClient, DaemonUnreachable
+
+    async def ask() -> dict[str, object]:
+        async with DaemonClient(sock, timeout_s=HEALTH_TIMEOUT_S) as client:
+            return (await client.health()).model_dump()
+
+    try:
+        return asyncio.run(ask()), None
+    except DaemonUnreachable as e:
+        return None, str(e)
+    except ApiRequestError as e:
+        return None, f"gpulayerd at {sock} answered with an error: {e}"
+    except (TimeoutError, asyncio.TimeoutError):
+        return None, f"no answer from {sock} within {HEALTH_TIMEOUT_S:g} s"
+    except (OSError, ValueError) as e:
+        return None, f"cannot ask gpulayerd at {sock}: {e}"

@@ -1,0 +1,50 @@
+"""Domain errors of the daemon's services.
+
+The services raise these; the local API (:mod:`gpulayerd.api.server`) maps each
+``code`` to an HTTP status and a stable error body, and the CLI maps the body's code
+to an exit status (``not_found`` and ``bad_request`` are usage errors, exit 2).
+"""
+
+from __future__ import annotations
+
+__all__ = ["AmbiguousJob", "BadRequest", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerUnreachable"]
+
+
+class GpulayerError(Exception):
+    """Base of every domain error: ``code`` is stable, ``message`` is for people."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NoSuchJob(GpulayerError):
+    """No job (or no such attempt of a job) matches the reference given."""
+
+    code = "not_found"
+
+
+class AmbiguousJob(GpulayerError):
+    """A job id prefix matches more than one job."""
+
+    code = "ambiguous_id"
+
+
+class BadRequest(GpulayerError):
+    """A request field has a value outside the allowed ones (the message names both)."""
+
+    code = "bad_request"
+
+
+class InvalidSpec(GpulayerError):
+    """A job spec that cannot be accepted at all (not stored)."""
+
+    code = "invalid_spec"
+
+
+class PeerUnreachable(GpulayerError):
+    """The peer that holds what was asked for did not answer."""
+
+    code = "peer_unreachable"

@@ -1,0 +1,88 @@
+"""pydantic v2 models for everything that crosses a boundary.
+
+Job spec files (TOML), capability JSON (``gpulayer devices --json``), API bodies and
+explanations are parsed here with ``model_validate`` and converted to the frozen
+dataclasses of :mod:`gpulayerd.core.types` with ``to_core()``. Readers tolerate
+unknown fields in capability JSON (it is versioned with ``v``); job specs reject
+unknown fields, naming them.
+
+Modules: :mod:`~gpulayerd.models.spec` (job specs), :mod:`~gpulayerd.models.capabilities`
+(what a worker reports), :mod:`~gpulayerd.models.explanation` (why a job can or cannot run),
+:mod:`~gpulayerd.models.views` (API bodies). Import from this package.
+
+Units: ``*_bytes`` are bytes; ``gpu_memory_gb`` is decimal GB (10^9 bytes).
+"""
+
+from __future__ import annotations
+
+from gpulayerd.models.capabilities import (
+    CAPABILITIES_VERSION,
+    Capabilities,
+    DeviceModel,
+    EnvironmentModel,
+    FrameworkModel,
+    ProbeHealthModel,
+)
+from gpulayerd.models.explanation import (
+    CheckModel,
+    ExplanationModel,
+    PlacementModel,
+    RejectionModel,
+    WorkerExplanationModel,
+)
+from gpulayerd.models.spec import (
+    KNOWN_FRAMEWORKS,
+    DistributedModel,
+    JobSpec,
+    PolicyModel,
+    Requirements,
+    SpecError,
+    format_validation_error,
+    job_spec_from_mapping,
+    load_job_spec,
+    parse_compute_capability,
+)
+from gpulayerd.models.views import (
+    ApiErrorBody,
+    AttemptView,
+    EventView,
+    HealthView,
+    JobList,
+    JobView,
+    LogChunk,
+    PeerView,
+    SubmitRequest,
+)
+
+__all__ = [
+    "CAPABILITIES_VERSION",
+    "KNOWN_FRAMEWORKS",
+    "ApiErrorBody",
+    "AttemptView",
+    "Capabilities",
+    "CheckModel",
+    "DeviceModel",
+    "DistributedModel",
+    "EnvironmentModel",
+    "EventView",
+    "ExplanationModel",
+    "FrameworkModel",
+    "HealthView",
+    "JobList",
+    "JobSpec",
+    "JobView",
+    "LogChunk",
+    "PeerView",
+    "PlacementModel",
+    "PolicyModel",
+    "ProbeHealthModel",
+    "RejectionModel",
+    "Requirements",
+    "SpecError",
+    "SubmitRequest",
+    "WorkerExplanationModel",
+    "format_validation_error",
+    "job_spec_from_mapping",
+    "load_job_spec",
+    "parse_compute_capability",
+]

@@ -1,0 +1,227 @@
+"""What a worker reports about itself (``gpulayer devices --json``), validated with pydantic.
+
+Readers tolerate unknown fields (the JSON is versioned with ``v``). Units: ``*_bytes`` are bytes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpulayerd.core.types import (
+    Accelerator,
+    DeviceSnapshot,
+    EnvironmentSnapshot,
+    FrameworkVersion,
+    MemoryKind,
+    ProbeHealth,
+    ProbeStatus,
+    WorkerSnapshot,
+)
+from gpulayerd.models.spec import parse_compute_capability
+
+__all__ = [
+    "CAPABILITIES_VERSION",
+    "Capabilities",
+    "DeviceModel",
+    "EnvironmentModel",
+    "FrameworkModel",
+    "ProbeHealthModel",
+]
+
+CAPABILITIES_VERSION = 1
+"""Version of the capability JSON written by ``gpulayer devices --json``."""
+
+
+class DeviceModel(BaseModel):
+    """One device in capability JSON (see :class:`gpulayerd.core.types.DeviceSnapshot`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    accelerator: Accelerator
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_kind: MemoryKind | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    execution_supported: bool = False
+    float64: bool | None = None
+    granted_to: str | None = None
+    foreign_pids: list[int] = Field(default_factory=list)
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _cc(cls, v: object) -> object:
+        cc = parse_compute_capability(v)
+        return None if cc is None else f"{cc[0]}.{cc[1]}"
+
+    def to_core(self) -> DeviceSnapshot:
+        """Convert to a :class:`DeviceSnapshot`."""
+        return DeviceSnapshot(
+            accelerator=self.accelerator,
+            index=self.index,
+            uuid=self.uuid,
+            name=self.name,
+            memory_total_bytes=self.memory_total_bytes,
+            memory_used_bytes=self.memory_used_bytes,
+            memory_kind=self.memory_kind,
+            compute_capability=parse_compute_capability(self.compute_capability),
+            driver_version=self.driver_version,
+            execution_supported=self.execution_supported,
+            float64=self.float64,
+            granted_to=self.granted_to,
+            foreign_pids=tuple(self.foreign_pids),
+        )
+
+    @classmethod
+    def from_core(cls, d: DeviceSnapshot) -> DeviceModel:
+        """Build from a :class:`DeviceSnapshot`."""
+        cc = d.compute_capability
+        return cls(
+            accelerator=d.accelerator,
+            index=d.index,
+            uuid=d.uuid,
+            name=d.name,
+            memory_total_bytes=d.memory_total_bytes,
+            memory_used_bytes=d.memory_used_bytes,
+            memory_kind=d.memory_kind,
+            compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}",
+            driver_version=d.driver_version,
+            execution_supported=d.execution_supported,
+            float64=d.float64,
+            granted_to=d.granted_to,
+            foreign_pids=list(d.foreign_pids),
+        )
+
+
+class FrameworkModel(BaseModel):
+    """One installed framework: version as in the metadata and the distribution it came from."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: str
+    distribution: str
+    valid: bool = True
+
+
+class EnvironmentModel(BaseModel):
+    """One workload interpreter (see :class:`gpulayerd.core.types.EnvironmentSnapshot`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    interpreter: str
+    python_version: str | None = None
+    frameworks: dict[str, FrameworkModel] = Field(default_factory=dict)
+    torch_cuda: bool | None = None
+    torch_mps: bool | None = None
+    distributed_backends: list[str] | None = None
+    ok: bool = True
+    notes: list[str] = Field(default_factory=list)
+
+    def to_core(self) -> EnvironmentSnapshot:
+        """Convert to an :class:`EnvironmentSnapshot`."""
+        return EnvironmentSnapshot(
+            interpreter=self.interpreter,
+            python_version=self.python_version,
+            frameworks={
+                k: FrameworkVersion(name=k, version=f.version, distribution=f.distribution, valid=f.valid)
+                for k, f in self.frameworks.items()
+            },
+            torch_cuda=self.torch_cuda,
+            torch_mps=self.torch_mps,
+            distributed_backends=(
+                None if self.distributed_backends is None else tuple(self.distributed_backends)
+            ),
+            ok=self.ok,
+            notes=tuple(self.notes),
+        )
+
+    @classmethod
+    def from_core(cls, e: EnvironmentSnapshot) -> EnvironmentModel:
+        """Build from an :class:`EnvironmentSnapshot`."""
+        return cls(
+            interpreter=e.interpreter,
+            python_version=e.python_version,
+            frameworks={
+                k: FrameworkModel(version=f.version, distribution=f.distribution, valid=f.valid)
+                for k, f in sorted(e.frameworks.items())
+            },
+            torch_cuda=e.torch_cuda,
+            torch_mps=e.torch_mps,
+            distributed_backends=(
+                None if e.distributed_backends is None else list(e.distributed_backends)
+            ),
+            ok=e.ok,
+            notes=list(e.notes),
+        )
+
+
+class ProbeHealthModel(BaseModel):
+    """Health of one probe source (nvidia-smi, rocm-smi, apple, ...)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    source: str
+    status: ProbeStatus
+    message: str = ""
+    path: str | None = None
+
+    def to_core(self) -> ProbeHealth:
+        """Convert to a :class:`ProbeHealth`."""
+        return ProbeHealth(source=self.source, status=self.status, message=self.message, path=self.path)
+
+    @classmethod
+    def from_core(cls, h: ProbeHealth) -> ProbeHealthModel:
+        """Build from a :class:`ProbeHealth`."""
+        return cls(source=h.source, status=h.status, message=h.message, path=h.path)
+
+
+class Capabilities(BaseModel):
+    """What one worker reports about itself: ``gpulayer devices --json``.
+
+    Attributes:
+        v: format version (:data:`CAPABILITIES_VERSION`).
+        node_id: stable id of the worker; ``hostname`` is for people.
+        online: False for a worker that is known but unreachable.
+        cpu_count: logical CPUs (psutil).
+        memory_total_bytes: system RAM in bytes (psutil).
+        taken_at: wall-clock time of the snapshot, seconds since the epoch.
+        cpu_slots_total: CPU processes the daemon runs at once (None: not a daemon's report).
+        cpu_slots_free: of those, free now.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    v: int = CAPABILITIES_VERSION
+    node_id: str
+    hostname: str = ""
+    online: bool = True
+    platform: str | None = None
+    machine: str | None = None
+    cpu_count: int | None = None
+    memory_total_bytes: int | None = None
+    devices: list[DeviceModel] = Field(default_factory=list)
+    environments: list[EnvironmentModel] = Field(default_factory=list)
+    health: list[ProbeHealthModel] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    taken_at: float | None = None
+    cpu_slots_total: int | None = None
+    cpu_slots_free: int | None = None
+
+    def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
+        """Convert to a :class:`WorkerSnapshot` for the matcher."""
+        return WorkerSnapshot(
+            node_id=self.node_id,
+            name=self.hostname or self.node_id,
+            online=self.online,
+            devices=tuple(d.to_core() for d in self.devices),
+            environments=tuple(e.to_core() for e in self.environments),
+            cpu_count=self.cpu_count,
+            memory_total_bytes=self.memory_total_bytes,
+            health=tuple(h.to_core() for h in self.health),
+            existing_paths=existing_paths,
+            cpu_slots_total=self.cpu_slots_total,
+            cpu_slots_free=self.cpu_slots_free,
+        )

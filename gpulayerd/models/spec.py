@@ -1,0 +1,346 @@
+"""Job specs as users write them (TOML files, CLI flags, API bodies), validated with pydantic.
+
+Job specs reject unknown fields, naming them. ``gpu_memory_gb`` is decimal GB (10^9 bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpulayerd.core.types import GB, Accelerator, DistributedRequest, JobRequest, MemoryKind
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "KNOWN_FRAMEWORKS",
+    "DistributedModel",
+    "JobSpec",
+    "PolicyModel",
+    "Requirements",
+    "SpecError",
+    "format_validation_error",
+    "job_spec_from_mapping",
+    "load_job_spec",
+    "parse_compute_capability",
+]
+
+KNOWN_FRAMEWORKS: tuple[str, ...] = (
+    "torch",
+    "jax",
+    "jaxlib",
+    "tensorflow",
+    "mlx",
+    "cupy",
+    "onnxruntime",
+    "tensorrt",
+    "triton",
+    "vllm",
+    "transformers",
+    "numpy",
+)
+"""Framework names a job may put in ``requirements.frameworks``."""
+
+
+class SpecError(ValueError):
+    """A job spec is invalid. The message names each bad field and what is allowed."""
+
+
+def parse_compute_capability(value: object) -> tuple[int, int] | None:
+    """Parse a CUDA compute capability into (major, minor).
+
+    Accepts ``8``, ``8.6``, ``"8.6"``, ``" 9.0"``, ``"12"``; a missing minor is 0.
+    Placeholders (``[N/A]`` and the like), empty strings and None give None.
+
+    Raises:
+        ValueError: if the value is neither a placeholder nor ``major[.minor]`` digits.
+    """
+    if value is None or isinstance(value, bool):
+        if value is None:
+            return None
+        raise ValueError(f"not a compute capability: {value!r}")
+    if isinstance(value, tuple | list) and len(value) == 2:
+        return (int(value[0]), int(value[1]))
+    text = str(value).strip()
+    if not text or text.startswith("[") or text.upper() == "N/A":
+        return None
+    major, _, minor = text.partition(".")
+    if not major.isdigit() or (minor and not minor.isdigit()):
+        raise ValueError(f"not a compute capability: {value!r} (expected e.g. 8.6)")
+    return (int(major), int(minor or "0"))
+
+
+def _enum_values(enum_type: type[Accelerator] | type[MemoryKind]) -> str:
+    return ", ".join(m.value for m in enum_type)
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """Render a pydantic error as lines ``field.path: message`` (one per problem)."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        loc = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "spec")
+        msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{loc}: {msg}")
+    return "\n".join(lines)
+
+
+class Requirements(BaseModel):
+    """``[requirements]`` of a job spec: what a worker must offer.
+
+    ``gpu_count`` defaults to 0 for ``cpu`` and 1 otherwise and counts devices per host.
+    ``gpu_memory_gb`` is per device, decimal GB (10^9 bytes).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerator: Accelerator = Accelerator.CPU
+    gpu_count: int | None = Field(default=None, ge=0, le=64)
+    gpu_memory_gb: float | None = Field(default=None, gt=0, le=100_000)
+    gpu_memory_kind: MemoryKind | None = None
+    min_cuda_compute_capability: str | None = None
+    frameworks: dict[str, str] = Field(default_factory=dict)
+    python: str | None = None
+    requires_float64: bool = False
+
+    @field_validator("accelerator", mode="before")
+    @classmethod
+    def _accelerator(cls, v: object) -> object:
+        if isinstance(v, str) and v.lower() not in {a.value for a in Accelerator}:
+            raise ValueError(f"{v!r} is not one of: {_enum_values(Accelerator)}")
+        return v.lower() if isinstance(v, str) else v
+
+    @field_validator("gpu_memory_kind", mode="before")
+    @classmethod
+    def _memory_kind(cls, v: object) -> object:
+        if isinstance(v, str) and v.lower() not in {k.value for k in MemoryKind}:
+            raise ValueError(f"{v!r} is not one of: {_enum_values(MemoryKind)}")
+        return v.lower() if isinstance(v, str) else v
+
+    @field_validator("min_cuda_compute_capability", mode="before")
+    @classmethod
+    def _cc(cls, v: object) -> object:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise ValueError("must be a number or string like 8.0 or '8.6'")
+        cc = parse_compute_capability(v)
+        if cc is None:
+            raise ValueError(f"{v!r} is not a compute capability (expected e.g. 8.6)")
+        return f"{cc[0]}.{cc[1]}"
+
+    @field_validator("frameworks")
+    @classmethod
+    def _frameworks(cls, v: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, spec in v.items():
+            key = name.strip().lower()
+            if key not in KNOWN_FRAMEWORKS:
+                raise ValueError(
+                    f"unknown framework {name!r}; known: {', '.join(KNOWN_FRAMEWORKS)}"
+                )
+            try:
+                SpecifierSet(spec)
+            except InvalidSpecifier as e:
+                raise ValueError(
+                    f"{name}: {spec!r} is not a PEP 440 specifier (e.g. '>=2.4,<3')"
+                ) from e
+            out[key] = spec.strip()
+        return out
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier as e:
+            raise ValueError(f"{v!r} is not a PEP 440 specifier (e.g. '>=3.10')") from e
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _counts(self) -> Requirements:
+        if self.accelerator is Accelerator.CPU:
+            if self.gpu_count:
+                raise ValueError("gpu_count must be 0 when accelerator is 'cpu'")
+            for name in ("gpu_memory_gb", "gpu_memory_kind", "min_cuda_compute_capability"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} needs a GPU accelerator (cuda, mps, rocm), not cpu")
+        elif self.gpu_count == 0:
+            raise ValueError(f"gpu_count must be at least 1 for accelerator {self.accelerator.value!r}")
+        if self.min_cuda_compute_capability is not None and self.accelerator is not Accelerator.CUDA:
+            raise ValueError("min_cuda_compute_capability applies only to accelerator 'cuda'")
+        return self
+
+    @property
+    def effective_gpu_count(self) -> int:
+        """Devices wanted per host: ``gpu_count``, or its default (0 for cpu, else 1)."""
+        if self.gpu_count is not None:
+            return self.gpu_count
+        return 0 if self.accelerator is Accelerator.CPU else 1
+
+
+class DistributedModel(BaseModel):
+    """``[distributed]`` of a job spec: a torch.distributed job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nnodes: int = Field(default=1, ge=1, le=256)
+    nproc_per_node: int = Field(default=1, ge=1, le=256)
+    backend: Literal["gloo", "nccl"] | None = None
+
+
+class PolicyModel(BaseModel):
+    """``[policy]`` of a job spec: retries after a lost attempt, and the lease length."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retries: int = Field(default=0, ge=0, le=100)
+    lease_s: float = Field(default=30.0, ge=1.0, le=86_400.0)
+
+
+class JobSpec(BaseModel):
+    """A job as a user writes it (TOML file or CLI flags).
+
+    ``command`` is a list of arguments (a string is split with shlex). A leading
+    ``python`` runs with the matched environment's interpreter. ``workdir`` must exist
+    on the worker that runs the job.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = Field(default=None, max_length=200)
+    command: list[str]
+    workdir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    requirements: Requirements = Field(default_factory=Requirements)
+    distributed: DistributedModel | None = None
+    policy: PolicyModel = Field(default_factory=PolicyModel)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = shlex.split(v)
+        if isinstance(v, list) and not v:
+            raise ValueError("must not be empty (e.g. command = [\"python\", \"train.py\"])")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command_items(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("the program (first item) must not be empty")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.strip():
+            raise ValueError("must not be empty")
+        if "\0" in v:
+            raise ValueError("must not contain a NUL byte")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError("must be valid UTF-8 text") from e
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return v
+
+    def to_core(self, job_id: str = "") -> JobRequest:
+        """Convert to the core's :class:`JobRequest`."""
+        r = self.requirements
+        dist = None
+        if self.distributed is not None:
+            backend = self.distributed.backend or (
+                "nccl" if r.accelerator is Accelerator.CUDA else "gloo"
+            )
+            dist = DistributedRequest(
+                nnodes=self.distributed.nnodes,
+                nproc_per_node=self.distributed.nproc_per_node,
+                backend=backend,
+            )
+        return JobRequest(
+            job_id=job_id,
+            accelerator=r.accelerator,
+            gpu_count=r.effective_gpu_count,
+            gpu_memory_bytes=None if r.gpu_memory_gb is None else round(r.gpu_memory_gb * GB),
+            gpu_memory_kind=r.gpu_memory_kind,
+            min_cuda_compute_capability=parse_compute_capability(r.min_cuda_compute_capability),
+            frameworks=dict(r.frameworks),
+            python=r.python,
+            requires_float64=r.requires_float64,
+            distributed=dist,
+            workdir=self.workdir,
+        )
+
+
+def load_job_spec(path: str | Path, base_dir: str | Path | None = None) -> JobSpec:
+    """Load a job spec from a TOML file.
+
+    A relative ``workdir`` is taken relative to ``base_dir`` (default: the current
+    directory); a missing ``workdir`` becomes ``base_dir``. The workdir is not checked
+    for existence here: that is the worker's business (or the submit command's).
+
+    Raises:
+        SpecError: the file cannot be read, is not TOML, or has invalid fields; the
+            message names the file and each bad field.
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{p}: not UTF-8 text: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{p}: malformed TOML: {e}") from e
+    return job_spec_from_mapping(data, source=str(p), base_dir=base_dir)
+
+
+def job_spec_from_mapping(
+    data: Mapping[str, Any], source: str = "spec", base_dir: str | Path | None = None
+) -> JobSpec:
+    """Validate a mapping (parsed TOML or JSON) as a :class:`JobSpec`.
+
+    Raises:
+        SpecError: naming ``source`` and each bad field.
+    """
+    try:
+        spec = JobSpec.model_validate(dict(data))
+    except ValidationError as e:
+        raise SpecError(f"{source}: invalid job spec\n{format_validation_error(e)}") from e
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    workdir = Path(spec.workdir) if spec.workdir else base
+    if spec.workdir and spec.workdir.startswith("~"):
+        expanded = Path(os.path.expanduser(spec.workdir))
+        if str(expanded).startswith("~"):
+            raise SpecError(f"{source}: invalid job spec\nworkdir: cannot expand {spec.workdir!r} (no such user)")
+        workdir = expanded
+    if not workdir.is_absolute():
+        workdir = base / workdir
+    return spec.model_copy(update={"workdir": os.path.normpath(workdir)})

@@ -1,0 +1,174 @@
+"""API bodies: jobs, their attempts and history, logs, errors, health and peers."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpulayerd.models.capabilities import Capabilities
+from gpulayerd.models.explanation import ExplanationModel, PlacementModel
+from gpulayerd.models.spec import JobSpec
+
+__all__ = [
+    "ApiErrorBody",
+    "AttemptView",
+    "EventView",
+    "HealthView",
+    "JobList",
+    "JobView",
+    "LogChunk",
+    "PeerView",
+    "SubmitRequest",
+]
+
+
+class SubmitRequest(BaseModel):
+    """``POST /v1/jobs`` body: a job spec (already resolved: absolute workdir)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any]
+    submitted_by: str = ""
+
+
+class AttemptView(BaseModel):
+    """One attempt of a job: where it ran and how it ended."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    attempt: int
+    worker: str
+    worker_name: str | None = None
+    state: str
+    placement: PlacementModel | None = None
+    gang: list[str] = Field(default_factory=list)
+    """Node ids of a multi-host job's members, by node rank (empty for a one-host job)."""
+    run_dir: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class EventView(BaseModel):
+    """One row of a job's append-only history."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seq: int
+    at: float
+    kind: str
+    from_status: str | None = None
+    to_status: str | None = None
+    attempt: int | None = None
+    reason: str = ""
+    stimulus_id: str = ""
+
+
+class JobView(BaseModel):
+    """A job as the API shows it (``gpulayer show --json``).
+
+    Attributes:
+        status: queued, claimed, running, succeeded, failed, cancelled, lost or rejected.
+        reason: the last state change's reason, or for a waiting job why it waits.
+        holder: node id of the worker running the current attempt.
+        holder_name: that worker's host name, when known.
+        explanation: the last explanation (waiting and rejected jobs).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    name: str | None = None
+    submitted_by: str = ""
+    owner: str | None = None
+    """Node id of the daemon that owns the job (where it was submitted)."""
+    owner_name: str | None = None
+    status: str
+    attempt: int = 0
+    holder: str | None = None
+    holder_name: str | None = None
+    retries_left: int = 0
+    cancel_requested: bool = False
+    reason: str = ""
+    exit_code: int | None = None
+    submitted_at: float
+    updated_at: float
+    spec: JobSpec
+    explanation: ExplanationModel | None = None
+    attempts: list[AttemptView] = Field(default_factory=list)
+    events: list[EventView] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    """A list of jobs (a peer's own jobs, for ``gpulayer jobs`` across the cluster)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    jobs: list[JobView] = Field(default_factory=list)
+
+
+class LogChunk(BaseModel):
+    """``GET /v1/jobs/{id}/logs``: bytes ``[offset, next_offset)`` of one log, as text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    attempt: int
+    stream: Literal["stdout", "stderr"]
+    offset: int
+    next_offset: int
+    data: str
+    complete: bool
+    """True when the job has ended and the chunk reaches the end of the log."""
+
+
+class ApiErrorBody(BaseModel):
+    """The body of every API error: a stable code, a message and details."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class HealthView(BaseModel):
+    """``GET /v1/health``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ok: bool
+    version: str
+    node_id: str
+    hostname: str
+    pid: int
+    state_dir: str
+    counters: dict[str, int] = Field(default_factory=dict)
+    """Protocol counters: offers sent/received, claims sent/granted/denied/failed, ..."""
+
+
+class PeerView(BaseModel):
+    """One gpulayerd this daemon knows of (``gpulayer peers``), itself included.
+
+    Attributes:
+        state: ``self``, ``up``, ``suspect`` (missed heartbeats), ``down``, or ``foreign``
+            (another cluster: listed, never used).
+        trusted: True if it proved membership of our cluster (mutual TLS).
+        last_heartbeat_at: wall-clock time of its last heartbeat (seconds since the epoch).
+        capabilities: its devices and environments, when fetched.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    node_id: str
+    name: str
+    addresses: list[str] = Field(default_factory=list)
+    port: int | None = None
+    version: str | None = None
+    cluster: str | None = None
+    trusted: bool = False
+    state: str = "up"
+    last_heartbeat_at: float | None = None
+    capabilities: Capabilities | None = None

@@ -1,0 +1,159 @@
+"""The command line and environment of a job attempt on this worker.
+
+:func:`build_argv` (one host, optionally under torchrun), :func:`build_gang_argv` (one
+member of a multi-host job) and :func:`build_env` give what
+:meth:`gpulayerd.runs.runner.Runner.start` runs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+from gpulayerd.core.launch import launch_env
+from gpulayerd.core.verdict import Placement
+from gpulayerd.models import JobSpec
+from gpulayerd.runs.runner import RunnerError
+
+__all__ = ["build_argv", "build_env", "build_gang_argv"]
+
+_PYTHON_NAME = re.compile(r"python(3|\d+\.\d+)?")
+
+
+def build_argv(
+    spec: JobSpec,
+    interpreter: str,
+    nproc_per_node: int | None,
+    *,
+    rdzv_timeout_s: float,
+    log_dir: str | None = None,
+) -> list[str]:
+    """The command line of a job on this worker.
+
+    A leading bare ``python``, ``python3`` or ``pythonX.Y`` becomes ``interpreter`` (the
+    matched environment); an explicit path such as ``/usr/bin/python3`` is kept. With
+    ``nproc_per_node`` the job runs under torchrun on this host alone::
+
+        interpreter -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N
+            --max-restarts 0 --monitor-interval 1 --rdzv-conf join_timeout=T SCRIPT ARGS...
+
+    ``--standalone`` gives every job its own c10d rendezvous on a free port with a random
+    run id, so two jobs on one machine never join one rendezvous. ``python -m mod`` passes
+    through as torchrun's ``-m mod``; a command that is not python runs with
+    ``--no-python``. With ``log_dir``, torchrun keeps each rank's output there and
+    copies it to the job's log line by line with a ``[default<rank>]:`` prefix
+    (``--log-dir DIR --tee 3``), so the ranks' lines never interleave mid-line.
+
+    Args:
+        spec: the job.
+        interpreter: absolute path of the environment's python.
+        nproc_per_node: processes for torchrun; None runs the command as it is.
+        rdzv_timeout_s: torchrun's rendezvous join timeout (rounded up to whole seconds).
+        log_dir: directory for torchrun's per-rank logs; None leaves them on the job's output.
+
+    Raises:
+        RunnerError: a multi-host job (those are started by the gang protocol), or a
+            python command torchrun cannot run (no script, or an interpreter option).
+    """
+    command = list(spec.command)
+    is_python = _PYTHON_NAME.fullmatch(command[0]) is not None
+    if nproc_per_node is None:
+        return [interpreter, *command[1:]] if is_python else command
+    nnodes = spec.distributed.nnodes if spec.distributed is not None else 1
+    if nnodes != 1:
+        raise RunnerError(f"a job over {nnodes} hosts is started by the gang protocol, not on one host")
+    if nproc_per_node < 1:
+        raise RunnerError(f"nproc_per_node must be at least 1, not {nproc_per_node}")
+    torchrun = [
+        interpreter, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "1",
+        "--rdzv-conf", f"join_timeout={max(1, math.ceil(rdzv_timeout_s))}",
+    ]
+    if log_dir is not None:
+        torchrun += ["--log-dir", log_dir, "--tee", "3"]
+    if not is_python:
+        return [*torchrun, "--no-python", *command]
+    return [*torchrun, *_script_and_args(command[1:])]
+
+
+def build_gang_argv(
+    spec: JobSpec,
+    interpreter: str,
+    *,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    log_dir: str | None = None,
+) -> list[str]:
+    """The command line of one member (host) of a multi-host torch.distributed job::
+
+        interpreter -m torch.distributed.run --nnodes N --node-rank R --master-addr IP
+            --master-port P --nproc-per-node K --max-restarts 0 --monitor-interval 1 SCRIPT ARGS...
+
+    A static rendezvous at ``master_addr:master_port`` (an IP literal and a port that
+    rank 0's daemon reserved). Ranks of the job's processes are ``R * K + local rank``.
+
+    Raises:
+        RunnerError: a python command torchrun cannot run.
+    """
+    command = list(spec.command)
+    nproc = spec.distributed.nproc_per_node if spec.distributed is not None else 1
+    torchrun = [
+        interpreter, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+        "--master-addr", master_addr, "--master-port", str(master_port), "--nproc-per-node", str(nproc),
+        "--max-restarts", "0", "--monitor-interval", "1",
+    ]
+    if log_dir is not None:
+        torchrun += ["--log-dir", log_dir, "--tee", "3"]
+    if _PYTHON_NAME.fullmatch(command[0]) is None:
+        return [*torchrun, "--no-python", *command]
+    return [*torchrun, *_script_and_args(command[1:])]
+
+
+def build_env(
+    base_env: Mapping[str, str],
+    spec: JobSpec,
+    placement: Placement,
+    job_id: str,
+    attempt: int,
+    dist_timeout_s: float,
+) -> dict[str, str]:
+    """The full environment of a job.
+
+    Layers, later wins: ``base_env`` without ``GPULAYER_*``; ``PYTHONUNBUFFERED=1`` (so
+    logs can be followed; the spec may override it); the spec's ``env`` without
+    ``GPULAYER_*``; gpulayer's variables (:func:`gpulayerd.core.launch.launch_env`:
+    ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``GPULAYER_JOB_ID``,
+    ``GPULAYER_ATTEMPT``) and ``GPULAYER_DIST_TIMEOUT_S``, the collective timeout in
+    seconds that distributed workloads pass to ``init_process_group(timeout=...)``
+    instead of torch's 30-minute default.
+    """
+    # The daemon's own service plumbing (systemd's notify socket and journal stream) is not the job's.
+    env = {k: v for k, v in base_env.items()
+           if not k.startswith("GPULAYER_") and k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: v for k, v in spec.env.items() if not k.startswith("GPULAYER_")})
+    env.update(launch_env(placement.accelerator, placement.device_indices, job_id, attempt))
+    env["GPULAYER_DIST_TIMEOUT_S"] = repr(float(dist_timeout_s))
+    return env
+
+
+def _script_and_args(args: Sequence[str]) -> list[str]:
+    """What follows ``python`` in a command, as torchrun's training_script arguments."""
+    rest = list(args)
+    while rest and rest[0] == "-u":  # unbuffered already: PYTHONUNBUFFERED=1
+        rest.pop(0)
+    if not rest:
+        raise RunnerError("a distributed python command needs a script or -m module")
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            raise RunnerError("python -m needs a module name")
+        return rest
+    if rest[0].startswith("-m"):
+        return ["-m", rest[0][2:], *rest[1:]]
+    if rest[0].startswith("-"):
+        raise RunnerError(f"torchrun cannot pass the python option {rest[0]} through; "
+                          "run a script or -m module")
+    return rest

@@ -1,0 +1,505 @@
+"""Running job attempts: one watchdog per attempt, watched, cancelled and re-adopted.
+
+The daemon never runs a job itself. For each attempt it writes ``launch.json`` into
+``runs_dir/JOB/ATTEMPT/`` (:mod:`gpulayerd.runs.layout`; the command line and environment
+come from :mod:`gpulayerd.runs.launch`) and starts :mod:`gpulayerd.runs.watchdog`, which
+starts the job in a session of its own, holds the device locks, enforces the deadline the
+daemon moves on every lease renewal, and writes ``exit.json``. The watchdog outlives the
+daemon, so a restarted daemon re-adopts it from the files in the run directory (pid +
+start time, safe against pid reuse).
+
+The watchdog detaches by forking once: the process the daemon starts exits within
+milliseconds and is reaped by :meth:`Runner.start`. The daemon therefore never holds a
+long-lived child: no zombie when it forgets to wait, no ``Popen`` to keep (or to warn
+about at exit), and a watchdog started by this daemon and one inherited from a previous
+daemon are watched by exactly the same code. The price is that the watchdog's exit is
+seen through ``exit.json`` and a pidfd (or polling), never through ``waitpid``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulayerd.atomic import write_atomic
+from gpulayerd.runs import layout
+from gpulayerd.runs.layout import (
+    DEADLINE_FILE,
+    EXIT_FILE,
+    JOB_FILE,
+    LAUNCH_FILE,
+    STDERR_LOG,
+    STDOUT_LOG,
+    WATCHDOG_FILE,
+    WATCHDOG_LOG,
+    claim_run_dir,
+    read_json,
+    write_json,
+)
+from gpulayerd.runs.process import is_alive, job_processes, signal_job, signal_process
+
+__all__ = ["RunHandle", "RunState", "RunStatus", "Runner", "RunnerError"]
+
+log = logging.getLogger(__name__)
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RunnerError(Exception):
+    """A job could not be launched (or its command line cannot be built).
+
+    Attributes:
+        status: how the attempt ended when the watchdog recorded it (e.g. exit code 127
+            for a command that was not found), else None.
+    """
+
+    def __init__(self, message: str, status: RunStatus | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RunState(str, enum.Enum):
+    """Where an attempt stands, as seen from its run directory."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    GONE = "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """The state of one attempt.
+
+    Attributes:
+        state: RUNNING (the watchdog lives), EXITED (``exit.json`` says how it ended) or
+            GONE (the watchdog died without writing ``exit.json``).
+        exit_code: the job's exit status; negative N when killed by signal N; None while
+            running, when gone, or when the job never started.
+        reason: ``exited``, ``cancelled``, ``deadline``, ``start_failed``, ``error`` (the
+            watchdog failed) or ``gone``; empty while running.
+        detail: one sentence for people, e.g. "command not found: trian.py".
+        killed_by_watchdog: the watchdog signalled the job (cancel or deadline).
+        ended_at: wall-clock end time (seconds since the epoch), when known.
+    """
+
+    state: RunState
+    exit_code: int | None = None
+    reason: str = ""
+    detail: str = ""
+    killed_by_watchdog: bool = False
+    ended_at: float | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while the watchdog lives and has not recorded an end."""
+        return self.state is RunState.RUNNING
+
+    @property
+    def gone(self) -> bool:
+        """True when the watchdog died without saying how the job ended."""
+        return self.state is RunState.GONE
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    """Everything needed to watch, cancel or re-adopt one attempt.
+
+    Attributes:
+        job_id: the job.
+        attempt: the attempt number (1 for the first run).
+        run_dir: ``runs_dir/JOB/ATTEMPT``.
+        watchdog_pid: the watchdog's pid.
+        watchdog_create_time: its psutil creation time (seconds since the epoch).
+        watchdog_start_ticks: its start in clock ticks since boot (Linux; else None).
+        job_pid: the job's pid; None if the watchdog had not started it yet.
+        job_pgid: the job's process group (= ``job_pid``).
+        job_create_time: the job's psutil creation time.
+        job_start_ticks: the job's start in clock ticks since boot (Linux; else None).
+    """
+
+    job_id: str
+    attempt: int
+    run_dir: Path
+    watchdog_pid: int
+    watchdog_create_time: float
+    watchdog_start_ticks: int | None
+    job_pid: int | None
+    job_pgid: int | None
+    job_create_time: float | None
+    job_start_ticks: int | None
+
+
+# ------------------------------------------------------------------------------ runner
+
+
+class Runner:
+    """Starts, watches, cancels and re-adopts job attempts, each under its own watchdog.
+
+    Args:
+        runs_dir: where ``JOB/ATTEMPT/`` run directories go.
+        python_for_watchdog: the interpreter that runs :mod:`gpulayerd.runs.watchdog` (it
+            needs only the standard library and psutil).
+        grace_s: SIGTERM to SIGKILL delay when stopping a job.
+        poll_interval_s: how often a watchdog re-reads its deadline.
+        start_timeout_s: how long :meth:`start` waits for the watchdog to start the job.
+        kill_timeout_s: how long SIGKILL is repeated until no process of a job is left.
+        wait_interval_s: :meth:`async_wait`'s polling interval where no pidfd is available.
+    """
+
+    def __init__(
+        self,
+        runs_dir: Path,
+        python_for_watchdog: str = sys.executable,
+        *,
+        grace_s: float,
+        poll_interval_s: float,
+        start_timeout_s: float = 5.0,
+        kill_timeout_s: float = 5.0,
+        wait_interval_s: float = 0.2,
+    ) -> None:
+        self._runs_dir = Path(runs_dir)
+        self._python = python_for_watchdog
+        self._grace_s = grace_s
+        self._poll_interval_s = poll_interval_s
+        self._start_timeout_s = start_timeout_s
+        self._kill_timeout_s = kill_timeout_s
+        self._wait_interval_s = wait_interval_s
+
+    def run_dir(self, job_id: str, attempt: int) -> Path:
+        """``runs_dir/JOB/ATTEMPT`` (:func:`gpulayerd.runs.layout.run_dir`).
+
+        Raises:
+            ValueError: ``job_id`` is not a plain name (letters, digits, ``._-``) or
+                ``attempt`` is below 1.
+        """
+        return layout.run_dir(self._runs_dir, job_id, attempt)
+
+    def log_paths(self, job_id: str, attempt: int) -> tuple[Path, Path]:
+        """The job's (stdout, stderr) log files."""
+        run_dir = self.run_dir(job_id, attempt)
+        return run_dir / STDOUT_LOG, run_dir / STDERR_LOG
+
+    def start(
+        self,
+        job_id: str,
+        attempt: int,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | Path | None = None,
+        deadline_monotonic: float | None = None,
+        lock_fds: Sequence[int] = (),
+    ) -> RunHandle:
+        """Start a watchdog that starts the job; return once the job runs (or has run).
+
+        Blocks up to ``start_timeout_s`` (typically a few tens of milliseconds): call it
+        through ``asyncio.to_thread`` from the event loop.
+
+        Args:
+            job_id: the job (a plain name, see :meth:`run_dir`).
+            attempt: the attempt number.
+            argv: the command (:func:`build_argv`); ``argv[0]`` is looked up in the
+                ``PATH`` of ``env``.
+            env: the job's complete environment (:func:`build_env`).
+            cwd: the job's working directory; None keeps the run directory.
+            deadline_monotonic: ``time.monotonic()`` after which the watchdog stops the
+                job unless :meth:`extend_deadline` moved it; None for no deadline.
+            lock_fds: open descriptors holding device locks; the watchdog inherits them
+                and closes them when the job and its leftovers are dead. The caller
+                still owns its own copies and should close them after this returns or
+                raises (:meth:`gpulayerd.runs.devicelock.DeviceLocks.release`).
+
+        Raises:
+            RunnerError: the run directory was used before, the watchdog could not be
+                started or died, or the job could not be started (``status`` then holds
+                what the watchdog recorded, e.g. exit code 127 "command not found: X").
+        """
+        run_dir = self.run_dir(job_id, attempt)
+        if not argv:
+            raise RunnerError(f"job {job_id} attempt {attempt}: empty command")
+        # launch.json holds the job's whole environment (tokens included): owner only.
+        run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        if (run_dir / WATCHDOG_FILE).exists() or (run_dir / EXIT_FILE).exists():
+            raise RunnerError(f"{run_dir} holds an earlier run of job {job_id} attempt {attempt}")
+        write_json(
+            run_dir / LAUNCH_FILE,
+            {
+                "v": 1, "job_id": job_id, "attempt": attempt, "argv": list(argv), "env": dict(env),
+                "cwd": None if cwd is None else str(cwd), "grace_s": self._grace_s,
+                "poll_interval_s": self._poll_interval_s, "kill_timeout_s": self._kill_timeout_s,
+                "lock_fds": list(lock_fds),
+            },
+        )
+        self._write_deadline(run_dir, deadline_monotonic)
+        with open(run_dir / WATCHDOG_LOG, "ab") as watchdog_log:
+            try:
+                launcher = subprocess.Popen(
+                    [self._python, "-m", "gpulayerd.runs.watchdog", str(run_dir)],
+                    env=self._watchdog_env(), cwd=run_dir, stdin=subprocess.DEVNULL,
+                    stdout=watchdog_log, stderr=subprocess.STDOUT,
+                    start_new_session=True, pass_fds=tuple(lock_fds),
+                )
+            except OSError as e:
+                raise RunnerError(f"cannot start the watchdog with {self._python}: {e}") from e
+        try:
+            return self._await_start(job_id, attempt, run_dir, launcher)
+        finally:
+            try:
+                launcher.wait(timeout=self._start_timeout_s)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                launcher.wait()
+
+    def poll(self, target: RunHandle | Path) -> RunStatus:
+        """The attempt's state now, from its run directory and its watchdog's process record.
+
+        A pid counts as the watchdog only if its start time matches the one recorded (a
+        reused pid does not), and a zombie counts as dead.
+        """
+        run_dir = target.run_dir if isinstance(target, RunHandle) else Path(target)
+        status = _exit_status(run_dir)
+        if status is not None:
+            return status
+        handle = target if isinstance(target, RunHandle) else self.adopt(run_dir)
+        if handle is None:
+            return RunStatus(RunState.GONE, reason="gone",
+                             detail=f"no watchdog ever started in {run_dir}")
+        if is_alive(handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks):
+            return RunStatus(RunState.RUNNING)
+        status = _exit_status(run_dir)  # it may have written exit.json and exited just now
+        if status is not None:
+            return status
+        if handle.job_pgid is None:
+            job = "before it started the job"
+        elif job_processes(handle):
+            job = f"its job (process group {handle.job_pgid}) is still running"
+        else:
+            job = "its job is gone too"
+        return RunStatus(RunState.GONE, reason="gone", detail=(
+            f"the watchdog (pid {handle.watchdog_pid}) died without writing {EXIT_FILE}; {job}"
+        ))
+
+    async def async_wait(self, handle: RunHandle) -> RunStatus:
+        """Wait, without blocking the loop, until the attempt is no longer RUNNING.
+
+        Wakes on the watchdog's exit through a pidfd where Linux offers one (checking
+        again every few seconds regardless), and polls every ``wait_interval_s``
+        elsewhere.
+        """
+        loop = asyncio.get_running_loop()
+        pidfd = _open_pidfd(handle)
+        try:
+            while True:
+                status = self.poll(handle)
+                if not status.running:
+                    return status
+                if pidfd is None:
+                    await asyncio.sleep(self._wait_interval_s)
+                    continue
+                exited: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(pidfd, _set_done, exited)
+                try:
+                    await asyncio.wait({exited}, timeout=5.0)
+                finally:
+                    loop.remove_reader(pidfd)
+                    exited.cancel()
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def give_up_if_unstarted(self, run_dir: Path) -> bool:
+        """After a restart, for an attempt without ``watchdog.json``: make sure it never starts.
+
+        Returns:
+            True if no watchdog had claimed the run directory (now none ever will: the
+            attempt never started); False if one has, and is starting (call :meth:`adopt`
+            again shortly).
+        """
+        return claim_run_dir(Path(run_dir), "abandoned")
+
+    def adopt(self, run_dir: Path) -> RunHandle | None:
+        """Rebuild the handle of an attempt from its run directory (after a daemon restart).
+
+        Returns:
+            The handle (its watchdog may have ended since; see :meth:`poll`), or None
+            when ``watchdog.json`` is missing: no watchdog ever started there.
+        """
+        run_dir = Path(run_dir)
+        watchdog = read_json(run_dir / WATCHDOG_FILE)
+        if watchdog is None:
+            return None
+        pid, create_time = watchdog.get("pid"), watchdog.get("create_time")
+        if not isinstance(pid, int) or not isinstance(create_time, int | float):
+            return None
+        launch = read_json(run_dir / LAUNCH_FILE) or {}
+        job_id, attempt = launch.get("job_id"), launch.get("attempt")
+        job = read_json(run_dir / JOB_FILE) or {}
+        job_pid, job_pgid, job_ct = job.get("pid"), job.get("pgid"), job.get("create_time")
+        return RunHandle(
+            job_id=job_id if isinstance(job_id, str) else run_dir.parent.name,
+            attempt=attempt if isinstance(attempt, int) else _int_or(run_dir.name, 0),
+            run_dir=run_dir,
+            watchdog_pid=pid,
+            watchdog_create_time=float(create_time),
+            watchdog_start_ticks=_opt_int(watchdog.get("start_ticks")),
+            job_pid=_opt_int(job_pid),
+            job_pgid=_opt_int(job_pgid),
+            job_create_time=float(job_ct) if isinstance(job_ct, int | float) else None,
+            job_start_ticks=_opt_int(job.get("start_ticks")),
+        )
+
+    def cancel(self, handle: RunHandle) -> None:
+        """Stop the job: SIGTERM to its watchdog, which stops the whole job and reports.
+
+        When the watchdog is gone (killed, or the machine's OOM killer took it), the job's
+        processes are stopped from here: SIGTERM, ``grace_s``, SIGKILL; that path blocks
+        (call it through ``asyncio.to_thread``). No pid is signalled unless its start time
+        matches the one recorded.
+        """
+        if signal_process(handle.watchdog_pid, handle.watchdog_create_time,
+                           handle.watchdog_start_ticks, signal.SIGTERM):
+            log.info("job %s attempt %d: cancel sent to watchdog pid %d",
+                     handle.job_id, handle.attempt, handle.watchdog_pid)
+            return
+        if (handle.run_dir / EXIT_FILE).exists() or handle.job_pgid is None:
+            return
+        log.warning("job %s attempt %d: watchdog pid %d is gone; stopping the job from the daemon",
+                    handle.job_id, handle.attempt, handle.watchdog_pid)
+        signal_job(handle, signal.SIGTERM)
+        end = time.monotonic() + self._grace_s
+        while job_processes(handle) and time.monotonic() < end:
+            time.sleep(0.05)
+        end = time.monotonic() + self._kill_timeout_s
+        while job_processes(handle):
+            signal_job(handle, signal.SIGKILL)
+            if time.monotonic() > end:
+                log.warning("job %s attempt %d: processes survive SIGKILL", handle.job_id, handle.attempt)
+                return
+            time.sleep(0.02)
+
+    def extend_deadline(self, handle: RunHandle, deadline_monotonic: float | None) -> None:
+        """Move the watchdog's deadline (a ``time.monotonic()`` value; None removes it)."""
+        self._write_deadline(handle.run_dir, deadline_monotonic)
+
+    # ---------------------------------------------------------------------- private
+
+    def _await_start(
+        self, job_id: str, attempt: int, run_dir: Path, launcher: subprocess.Popen[bytes]
+    ) -> RunHandle:
+        what = f"job {job_id} attempt {attempt}"
+        end = time.monotonic() + self._start_timeout_s
+        while True:
+            if (run_dir / JOB_FILE).exists():
+                handle = self.adopt(run_dir)
+                if handle is not None and handle.job_pid is not None:
+                    return handle
+            status = _exit_status(run_dir)
+            if status is not None:
+                raise RunnerError(f"{what} did not start: {status.detail}", status)
+            handle = self.adopt(run_dir)
+            if handle is not None and not is_alive(
+                handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks
+            ):
+                if (run_dir / JOB_FILE).exists() or (run_dir / EXIT_FILE).exists():
+                    continue  # it finished everything between our two looks
+                raise RunnerError(f"{what}: the watchdog died before starting the job; "
+                                  f"{_log_tail(run_dir / WATCHDOG_LOG)}")
+            code = launcher.poll()
+            if handle is None and code not in (None, 0):
+                raise RunnerError(f"{what}: the watchdog exited with code {code}; "
+                                  f"{_log_tail(run_dir / WATCHDOG_LOG)}")
+            if time.monotonic() > end:
+                self._abandon(run_dir)
+                raise RunnerError(f"{what}: the watchdog did not start the job within "
+                                  f"{self._start_timeout_s:g} s")
+            time.sleep(0.005)
+
+    def _abandon(self, run_dir: Path) -> None:
+        """Kill a watchdog that failed to start its job in time, and the job if it has one."""
+        if claim_run_dir(run_dir, "abandoned"):
+            return  # the watchdog had not started: now it never will
+        handle = self.adopt(run_dir)
+        if handle is None:
+            return
+        signal_process(handle.watchdog_pid, handle.watchdog_create_time,
+                        handle.watchdog_start_ticks, signal.SIGKILL)
+        handle = self.adopt(run_dir)
+        if handle is not None and handle.job_pgid is not None:
+            signal_job(handle, signal.SIGKILL)
+
+    def _write_deadline(self, run_dir: Path, deadline_monotonic: float | None) -> None:
+        path = run_dir / DEADLINE_FILE
+        if deadline_monotonic is None:
+            path.unlink(missing_ok=True)
+        else:
+            write_atomic(path, f"{deadline_monotonic!r}\n")
+
+    def _watchdog_env(self) -> dict[str, str]:
+        """The daemon's environment, with this gpulayerd importable by the watchdog."""
+        env = dict(os.environ)
+        extra = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(_PACKAGE_ROOT) + (os.pathsep + extra if extra else "")
+        return env
+
+
+def _exit_status(run_dir: Path) -> RunStatus | None:
+    data = read_json(run_dir / EXIT_FILE)
+    if data is None:
+        return None
+    code, reason, detail, ended_at = (data.get(k) for k in ("exit_code", "reason", "detail", "ended_at"))
+    return RunStatus(
+        RunState.EXITED,
+        exit_code=_opt_int(code),
+        reason=reason if isinstance(reason, str) else "error",
+        detail=detail if isinstance(detail, str) else "",
+        killed_by_watchdog=data.get("killed_by_watchdog") is True,
+        ended_at=float(ended_at) if isinstance(ended_at, int | float) else None,
+    )
+
+
+def _open_pidfd(handle: RunHandle) -> int | None:
+    """A pidfd that becomes readable when the watchdog exits; None where unavailable."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fd = os.pidfd_open(handle.watchdog_pid)
+    except OSError:
+        return None
+    if not is_alive(handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _log_tail(path: Path, limit_bytes: int = 2000) -> str:
+    try:
+        data = path.read_bytes()[-limit_bytes:].decode("utf-8", "replace").strip()
+    except OSError:
+        return f"{path} cannot be read"
+    return f"{path}: {data}" if data else f"{path} is empty"
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _int_or(text: str, default: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
+

@@ -1,0 +1,397 @@
+"""Per-job watchdog: starts one job attempt, enforces its deadline, records how it ended.
+
+Run as ``python -m gpulayerd.runs.watchdog RUN_DIR`` by
+:class:`gpulayerd.runs.runner.Runner`; it plays the part of Slurm's slurmstepd or
+HTCondor's starter. It forks once at start and the first process exits, so the daemon
+only ever waits for a short-lived child and the watchdog outlives the daemon (a daemon
+killed with -9 and restarted re-adopts it).
+
+Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
+
+- ``launch.json`` (read): ``argv``, ``env`` (the job's full environment), ``cwd``,
+  ``grace_s``, ``poll_interval_s``, ``kill_timeout_s``, ``lock_fds`` (inherited open
+  file descriptors holding device locks; closed only after the job and every process
+  it left behind are dead).
+- ``watchdog.json`` (written first): ``pid``, ``create_time`` (psutil), ``start_ticks``.
+- ``job.json``: ``pid``, ``pgid`` (= pid: the job leads its own session), ``create_time``,
+  ``start_ticks``.
+- ``deadline`` (read every ``poll_interval_s``): a ``time.monotonic()`` value as text;
+  CLOCK_MONOTONIC is one clock for every process of a machine. Missing means no deadline.
+- ``exit.json`` (written last): ``exit_code`` (negative N: killed by signal N, as
+  ``Popen.returncode``; None if unknown), ``reason`` (``exited``, ``cancelled``,
+  ``deadline``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
+  ``killed_by_watchdog``, ``ended_at`` (wall clock).
+- ``stdout.log`` and ``stderr.log``: the job's output (appended); ``watchdog.log``: ours.
+
+SIGTERM or SIGINT to the watchdog cancels the job. Stopping a job means SIGTERM to its
+process group and to every other descendant, ``grace_s`` for them to exit, then SIGKILL
+until none is left. Descendants matter because a job may start processes in sessions of
+their own (torchrun starts every worker with ``start_new_session=True``); on Linux the
+watchdog is a child subreaper, so such processes stay its descendants even when their
+parent dies, and it reaps them.
+
+Only the standard library and psutil are imported here (and through :mod:`.layout` and
+:mod:`.process`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+from gpulayerd.runs.layout import (
+    DEADLINE_FILE,
+    EXIT_FILE,
+    JOB_FILE,
+    LAUNCH_FILE,
+    STDERR_LOG,
+    STDOUT_LOG,
+    WATCHDOG_FILE,
+    claim_run_dir,
+    read_json,
+    write_json,
+)
+from gpulayerd.runs.process import group_members, record_of
+
+__all__ = ["main"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Detach, then supervise the job described by ``RUN_DIR/launch.json``.
+
+    Returns:
+        0 once ``exit.json`` is written (whatever the job did); 1 if even that failed;
+        2 for a usage error.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m gpulayerd.runs.watchdog RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0]).resolve()
+    # The process the daemon started exits at once: the daemon reaps it within
+    # milliseconds and never holds a long-lived child (no zombie, no Popen to keep),
+    # and a watchdog it started looks exactly like one it re-adopts after a restart.
+    if os.fork() != 0:
+        os._exit(0)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO,
+        format="%(asctime)s watchdog[%(process)d] %(levelname)s %(message)s",
+    )
+    return _Watchdog(run_dir).run()
+
+
+# -------------------------------------------------------------------------- private
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    grace_s: float
+    poll_interval_s: float
+    kill_timeout_s: float
+    lock_fds: list[int]
+
+    @classmethod
+    def load(cls, path: Path) -> _Launch:
+        data = read_json(path)
+        if data is None:
+            raise ValueError(f"{path} is missing or not a JSON object")
+        argv, env, cwd, fds = data.get("argv"), data.get("env"), data.get("cwd"), data.get("lock_fds", [])
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"{path}: argv must be a non-empty list of strings")
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError(f"{path}: env must map strings to strings")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ValueError(f"{path}: cwd must be a string or null")
+        if not isinstance(fds, list) or not all(isinstance(fd, int) for fd in fds):
+            raise ValueError(f"{path}: lock_fds must be a list of integers")
+        return cls(
+            argv=list(argv), env=dict(env), cwd=cwd,
+            grace_s=_number(data, "grace_s", 10.0),
+            poll_interval_s=max(_number(data, "poll_interval_s", 0.5), 0.01),
+            kill_timeout_s=_number(data, "kill_timeout_s", 5.0), lock_fds=list(fds),
+        )
+
+
+class _Watchdog:
+    """One job's supervisor; all state of the watchdog process."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.cancel_requested = False
+        self.killed = False
+        self.subreaper = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.wake_fd = -1
+
+    def run(self) -> int:
+        exit_code: int | None = None
+        reason, detail = "error", ""
+        lock_fds: list[int] = []
+        try:
+            self._install_signals()
+            self.subreaper = _become_subreaper()
+            me = record_of(os.getpid())
+            if me is None:
+                raise RuntimeError("cannot read the watchdog's own process record")
+            if not claim_run_dir(self.run_dir, "watchdog"):
+                reason, detail = "abandoned", "the daemon gave up on this attempt before its watchdog started"
+                return 0
+            write_json(self.run_dir / WATCHDOG_FILE, {**me.to_json(), "started_at": time.time()})
+            launch = _Launch.load(self.run_dir / LAUNCH_FILE)
+            lock_fds = launch.lock_fds
+            exit_code, reason, detail = self._run_job(launch)
+        except BaseException as e:  # never end without exit.json
+            log.exception("watchdog failed")
+            reason, detail = "error", f"watchdog failed: {type(e).__name__}: {e}"
+            with contextlib.suppress(BaseException):
+                self._emergency_kill()
+            if self.proc is not None:
+                exit_code = self.proc.returncode
+        finally:
+            for fd in lock_fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        log.info("job ended: exit_code=%s reason=%s (%s)", exit_code, reason, detail)
+        try:
+            write_json(
+                self.run_dir / EXIT_FILE,
+                {
+                    "exit_code": exit_code, "reason": reason, "detail": detail,
+                    "killed_by_watchdog": self.killed, "ended_at": time.time(),
+                },
+            )
+        except OSError:
+            log.exception("cannot write %s", EXIT_FILE)
+            return 1
+        return 0
+
+    # ---------------------------------------------------------------- the job's life
+
+    def _run_job(self, launch: _Launch) -> tuple[int | None, str, str]:
+        program = launch.argv[0]
+        with open(self.run_dir / STDOUT_LOG, "ab") as out, open(self.run_dir / STDERR_LOG, "ab") as err:
+            try:
+                self.proc = subprocess.Popen(
+                    launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                )
+            except OSError as e:
+                return _start_failure(e, program, launch.cwd)
+        proc = self.proc
+        job = record_of(proc.pid)
+        ticks = None if job is None else job.start_ticks
+        create_time = None if job is None else job.create_time
+        write_json(
+            self.run_dir / JOB_FILE,
+            {"pid": proc.pid, "pgid": proc.pid, "create_time": create_time, "start_ticks": ticks,
+             "started_at": time.time()},
+        )
+        log.info("started job pid %d: %s", proc.pid, launch.argv)
+        reason, detail = self._supervise(proc, launch)
+        if reason != "exited":
+            self.killed = True
+            log.info("%s: SIGTERM to the job, SIGKILL after %.1f s", detail, launch.grace_s)
+            self._terminate(proc, launch.grace_s)
+        elif self._targets(proc.pid):
+            log.info("job exited and left processes behind: stopping them")
+            self._terminate(proc, launch.grace_s)
+        self._kill_leftovers(proc, launch.kill_timeout_s)
+        if proc.returncode is None:
+            detail += "; the job could not be reaped (uninterruptible?)"
+        return proc.returncode, reason, detail
+
+    def _supervise(self, proc: subprocess.Popen[bytes], launch: _Launch) -> tuple[str, str]:
+        """Wait until the job exits, is cancelled, or passes its deadline; say which."""
+        deadline: float | None = None
+        while proc.poll() is None:
+            self._reap_orphans(proc.pid)
+            deadline = _read_deadline(self.run_dir / DEADLINE_FILE, deadline)
+            now = time.monotonic()
+            if self.cancel_requested:
+                return "cancelled", "cancelled: the watchdog was asked to stop the job"
+            if deadline is not None and now > deadline:
+                return "deadline", "deadline passed: the owner's lease was not renewed"
+            wait_s = launch.poll_interval_s
+            if deadline is not None:
+                wait_s = min(wait_s, deadline - now + 0.001)
+            self._sleep(wait_s)
+        return "exited", f"the job exited with code {proc.returncode}"
+
+    def _terminate(self, proc: subprocess.Popen[bytes], grace_s: float) -> None:
+        """SIGTERM the job's processes; wait up to ``grace_s`` for all of them to exit."""
+        self._signal_all(proc.pid, signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end:
+            if proc.poll() is None:
+                self._reap_orphans(proc.pid)
+            else:
+                self._reap_all()
+                if not self._targets(proc.pid):
+                    return
+            self._sleep(min(0.1, max(end - time.monotonic(), 0.0)))
+
+    def _kill_leftovers(self, proc: subprocess.Popen[bytes], kill_timeout_s: float) -> None:
+        """SIGKILL the job and whatever it left until nothing is left (bounded by ``kill_timeout_s``)."""
+        end = time.monotonic() + kill_timeout_s
+        while True:
+            if proc.poll() is not None:
+                self._reap_all()
+                if not self._targets(proc.pid):
+                    return
+            self._signal_all(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.05)
+            if time.monotonic() > end:
+                log.warning("processes of job %d still alive after SIGKILL: %s",
+                            proc.pid, [p.pid for p in self._targets(proc.pid)])
+                return
+            self._sleep(0.01)
+
+    def _emergency_kill(self) -> None:
+        """The watchdog cannot supervise any more: kill the job at once rather than leave it loose."""
+        if self.proc is not None:
+            self._signal_all(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=1.0)
+
+    # ------------------------------------------------------------------- processes
+
+    def _targets(self, pgid: int) -> list[psutil.Process]:
+        """Running processes of the job: its process group and every descendant of ours."""
+        found = {p.pid: p for p in group_members(pgid)}
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.status() != psutil.STATUS_ZOMBIE:
+                        found[child.pid] = child
+        return list(found.values())
+
+    def _signal_all(self, pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.send_signal(sig)
+
+    def _reap_orphans(self, job_pid: int) -> None:
+        """Reap exited processes adopted as subreaper, leaving the job itself to Popen."""
+        if not self.subreaper:
+            return
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == job_pid:
+                return
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
+    def _reap_all(self) -> None:
+        """Reap every exited child (only once the job has been reaped by Popen)."""
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    # --------------------------------------------------------------------- signals
+
+    def _install_signals(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self.wake_fd = read_fd
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_cancel)
+        signal.signal(signal.SIGINT, self._on_cancel)
+        # A Python-level handler makes SIGCHLD write to the wakeup fd: a job's exit wakes us.
+        signal.signal(signal.SIGCHLD, _ignore_signal)
+
+    def _on_cancel(self, signum: int, frame: FrameType | None) -> None:
+        self.cancel_requested = True
+
+    def _sleep(self, timeout_s: float) -> None:
+        """Sleep until a signal arrives or ``timeout_s`` passes."""
+        ready, _, _ = select.select([self.wake_fd], [], [], max(timeout_s, 0.0))
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.wake_fd, 512):
+                    pass
+
+
+def _ignore_signal(signum: int, frame: FrameType | None) -> None:
+    return None
+
+
+def _start_failure(error: OSError, program: str, cwd: str | None) -> tuple[int | None, str, str]:
+    """exit.json values for a job that could not be started (shell conventions: 127, 126)."""
+    if cwd is not None and error.filename == cwd:
+        return None, "start_failed", f"working directory not usable: {cwd} ({error.strerror})"
+    if isinstance(error, FileNotFoundError):
+        return 127, "start_failed", f"command not found: {program}"
+    if isinstance(error, PermissionError):
+        return 126, "start_failed", f"permission denied: {program}"
+    return None, "start_failed", f"cannot start {program}: {error.strerror or error}"
+
+
+def _read_deadline(path: Path, last: float | None) -> float | None:
+    """The deadline in ``path``; None if the file is missing; ``last`` if it is unreadable."""
+    try:
+        return float(path.read_text(encoding="utf-8").strip())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("cannot read %s; keeping the last deadline", path)
+        return last
+
+
+def _number(data: Mapping[str, object], key: str, default: float) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{key} must be a non-negative number, not {value!r}")
+    return float(value)
+
+
+def _become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux), so none escapes or lingers as a zombie."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The daemon's SQLite store: jobs it owns, their attempts and history, devices it granted.
+
+The only package that imports aiosqlite. :class:`Store` owns the one connection
+(:mod:`~gpulayerd.store.db`) and exposes one object per group of tables:
+
+- ``store.jobs`` (:class:`JobsTable`): ``jobs``, ``attempts`` and ``events``;
+- ``store.runs`` (:class:`RunsTable`): ``grants`` and ``remote_runs``;
+- ``store.peers`` (:class:`PeersTable`): ``peers``.
+
+A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
+only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from gpulayerd.store.db import Database
+from gpulayerd.store.jobs import JobsTable
+from gpulayerd.store.peers import PeersTable
+from gpulayerd.store.rows import (
+    AmbiguousJobId,
+    AttemptRow,
+    AttemptState,
+    EventRow,
+    GrantRow,
+    JobNotFound,
+    JobRow,
+    RemoteRunRow,
+    StoreError,
+)
+from gpulayerd.store.runs import RunsTable
+from gpulayerd.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "AmbiguousJobId",
+    "AttemptRow",
+    "AttemptState",
+    "EventRow",
+    "GrantRow",
+    "JobNotFound",
+    "JobRow",
+    "JobsTable",
+    "PeersTable",
+    "RemoteRunRow",
+    "RunsTable",
+    "Store",
+    "StoreError",
+]
+
+
+class Store:
+    """The daemon's durable state. Open with :meth:`open`; close with :meth:`close`.
+
+    Attributes:
+        jobs: jobs this daemon owns, their attempts and history (and :meth:`JobsTable.claim`).
+        runs: device grants and attempts run here for other owners.
+        peers: remembered peers.
+    """
+
+    def __init__(self, db: Database) -> None:
+        """Wrap an open, migrated database; use :meth:`open` instead."""
+        self._db = db
+        self.jobs = JobsTable(db)
+        self.runs = RunsTable(db)
+        self.peers = PeersTable(db)
+
+    @classmethod
+    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0) -> Store:
+        """Open (creating if needed) the store at ``path`` and migrate it to :data:`SCHEMA_VERSION`.
+
+        Args:
+            path: the SQLite file; its directory must exist.
+            busy_timeout_s: how long a statement waits for another process's lock.
+
+        Raises:
+            StoreError: the file cannot be opened or migrated, or it was written by
+                newer code (its schema version is above :data:`SCHEMA_VERSION`).
+        """
+        return cls(await Database.open(path, busy_timeout_s=busy_timeout_s))
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file."""
+        return self._db.path
+
+    async def close(self) -> None:
+        """Close the connection. Safe to call more than once."""
+        await self._db.close()
+
+    async def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check``: "ok" when the file is sound, else its findings."""
+        rows = await self._db.fetch_all("PRAGMA integrity_check", ())
+        return "\n".join(str(r[0]) for r in rows)
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,401 @@
+"""The ``jobs``, ``attempts`` and ``events`` tables: jobs this daemon owns and their history.
+
+A state change is a compare-and-set on (status, attempt, cancel_requested) that appends an
+event row in the same transaction; :meth:`JobsTable.claim` also writes the attempt row and the
+device grants in that transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from typing import Literal
+
+import aiosqlite
+
+from gpulayerd.core.claims import JobStatus, PersistJob
+from gpulayerd.store.db import Database, Rollback
+from gpulayerd.store.rows import (
+    JOB_FIELDS,
+    AmbiguousJobId,
+    AttemptRow,
+    EventRow,
+    JobNotFound,
+    JobRow,
+    StoreError,
+    attempt_row,
+    event_params,
+    event_row,
+    job_params,
+    job_row,
+)
+from gpulayerd.store.runs import INSERT_GRANT, SELECT_GRANTED
+
+__all__ = ["JobsTable"]
+
+logger = logging.getLogger(__name__)
+
+_JOB_COLUMNS = ", ".join(JOB_FIELDS)
+_ATTEMPT_COLUMNS = (
+    "job_id, attempt, worker, placement_json, state, run_dir, watchdog_pid, watchdog_create_time, "
+    "job_pgid, started_at, ended_at, exit_code, reason"
+)
+_EVENT_COLUMNS = "seq, job_id, at, kind, from_status, to_status, attempt, reason, stimulus_id"
+
+_NEXT_SEQ = "(SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs)"
+_INSERT_JOB = (
+    f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES ("
+    + ", ".join(_NEXT_SEQ if name == "seq" else f":{name}" for name in JOB_FIELDS)
+    + ") RETURNING seq"
+)
+_INSERT_EVENT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+_CAS_JOB = """
+UPDATE jobs SET status = :status, attempt = :attempt, holder = :holder, retries_left = :retries_left,
+    lease_expires_at = :lease_expires_at, cancel_requested = :cancel_requested,
+    reason = CASE WHEN :reason = '' THEN reason ELSE :reason END, updated_at = :now
+WHERE id = :id AND status = :expect_status AND attempt = :expect_attempt
+    AND cancel_requested = :expect_cancel_requested"""
+_INSERT_ATTEMPT = """
+INSERT INTO attempts (job_id, attempt, worker, placement_json, state, run_dir)
+VALUES (?, ?, ?, ?, 'claimed', ?)"""
+_MARK_RUNNING = """
+UPDATE attempts SET state = 'running', watchdog_pid = :watchdog_pid,
+    watchdog_create_time = :watchdog_create_time, job_pgid = :job_pgid,
+    started_at = COALESCE(started_at, :now)
+WHERE job_id = :job_id AND attempt = :attempt AND state IN ('claimed', 'running')"""
+_END_ATTEMPT = """
+UPDATE attempts SET state = :state, ended_at = :now, exit_code = :exit_code, reason = :reason
+WHERE job_id = :job_id AND attempt = :attempt AND state IN ('claimed', 'running')"""
+_RELEASE_GRANTS = "DELETE FROM grants WHERE job_id = ? AND attempt = ?"
+_SET_JOB_EXIT = "UPDATE jobs SET exit_code = ? WHERE id = ? AND attempt = ? AND exit_code IS NULL"
+_SET_EXPLANATION = (
+    "UPDATE jobs SET reason = ?, explanation_json = ? WHERE id = ? AND status IN ('queued', 'rejected')"
+)
+_GET_JOB = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?"
+_LIST_JOBS = {
+    (filtered, newest_first): f"SELECT {_JOB_COLUMNS} FROM jobs"
+    + (" WHERE status IN (SELECT value FROM json_each(:statuses))" if filtered else "")
+    + f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT :limit"
+    for filtered in (False, True)
+    for newest_first in (False, True)
+}
+"""SELECT statements by (filtered by status, newest first)."""
+_IDS_FROM = "SELECT id FROM jobs WHERE id >= ? ORDER BY id LIMIT ?"
+_EVENTS = f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq"
+_ATTEMPTS = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt"
+_ACTIVE_ATTEMPTS = (
+    f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state IN ('claimed', 'running') ORDER BY job_id, attempt"
+)
+_COUNTS = "SELECT status, COUNT(*) FROM jobs GROUP BY status"
+
+_AMBIGUOUS_SHOWN = 5
+"""How many matching ids an :class:`AmbiguousJobId` message lists."""
+
+
+class JobsTable:
+    """Jobs this daemon owns, their attempts and their append-only history."""
+
+    def __init__(self, db: Database) -> None:
+        """Work through ``db``, shared with the other table objects."""
+        self._db = db
+
+    # ---------------------------------------------------------------------- jobs
+
+    async def insert_job(self, row: JobRow, reason: str, stimulus_id: str = "") -> JobRow:
+        """Store a new job and its "submitted" event in one transaction.
+
+        ``row.seq`` is ignored: the job gets the next submission number. A job stored
+        as ``rejected`` with an empty ``row.reason`` keeps ``reason`` as its reason.
+
+        Returns:
+            The row as stored (with its ``seq``).
+
+        Raises:
+            StoreError: a job with this id exists already.
+        """
+        stored_reason = row.reason or (reason if row.status is JobStatus.REJECTED else "")
+        async with self._db.transaction() as db:
+            try:
+                seq_rows = await db.execute_fetchall(
+                    _INSERT_JOB, job_params(replace(row, reason=stored_reason))
+                )
+            except sqlite3.IntegrityError as e:
+                raise StoreError(f"job {row.id} already exists") from e
+            await db.execute_fetchall(
+                _INSERT_EVENT,
+                event_params(
+                    row.id, row.submitted_at, "submitted", None, row.status, None, reason, stimulus_id
+                ),
+            )
+        return replace(row, reason=stored_reason, seq=int(next(iter(seq_rows))[0]))
+
+    async def get_job(self, job_id: str) -> JobRow | None:
+        """The job with exactly this id, or None."""
+        rows = await self._db.fetch_all(_GET_JOB, (job_id,))
+        return job_row(rows[0]) if rows else None
+
+    async def list_jobs(
+        self,
+        statuses: Collection[JobStatus] | None = None,
+        limit: int | None = None,
+        *,
+        newest_first: bool = False,
+    ) -> list[JobRow]:
+        """Jobs in submission order (oldest first unless ``newest_first``).
+
+        Args:
+            statuses: only jobs in one of these states; None for all.
+            limit: at most this many rows; None for all.
+        """
+        params = {
+            "statuses": None if statuses is None else json.dumps(sorted(s.value for s in statuses)),
+            "limit": -1 if limit is None else limit,
+        }
+        rows = await self._db.fetch_all(_LIST_JOBS[statuses is not None, newest_first], params)
+        return [job_row(r) for r in rows]
+
+    async def resolve_job_id(self, prefix: str) -> str:
+        """The id of the one job whose id starts with ``prefix`` (an exact id always wins).
+
+        Raises:
+            JobNotFound: no job id starts with ``prefix``.
+            AmbiguousJobId: several do; the message lists up to five of them.
+        """
+        if not prefix:
+            raise JobNotFound("empty job id")
+        # Ids sharing a prefix are contiguous in BINARY order and start at the prefix itself.
+        rows = await self._db.fetch_all(_IDS_FROM, (prefix, _AMBIGUOUS_SHOWN + 1))
+        ids: list[str] = []
+        for (job_id,) in rows:
+            if not str(job_id).startswith(prefix):
+                break
+            ids.append(str(job_id))
+        if not ids:
+            raise JobNotFound(f"no job id starts with {prefix!r}")
+        if len(ids) == 1 or ids[0] == prefix:
+            return ids[0]
+        shown = ", ".join(ids[:_AMBIGUOUS_SHOWN])
+        more = ", ..." if len(ids) > _AMBIGUOUS_SHOWN else ""
+        raise AmbiguousJobId(f"job id prefix {prefix!r} matches several jobs: {shown}{more}")
+
+    async def apply(self, action: PersistJob, now_wall: float, kind: str = "state") -> bool:
+        """Carry out ``action`` as a compare-and-set on (status, attempt), with its event row.
+
+        Every stored change has a reason (a lease renewal is not stored at all: it is
+        :class:`~gpulayerd.core.claims.ExtendLease`, kept in the owner's memory).
+
+        Returns:
+            True if the job still had ``expect_status`` and ``expect_attempt`` and is
+            now stored as ``action.record``; False if it had moved on (nothing written).
+
+        Raises:
+            ValueError: ``action.reason`` is empty.
+        """
+        if not action.reason:
+            raise ValueError(f"job {action.record.job_id}: a stored change needs a reason")
+        try:
+            async with self._db.transaction() as db:
+                await self._cas(db, action, now_wall, kind)
+        except Rollback:
+            return False
+        return True
+
+    async def claim(
+        self,
+        action: PersistJob,
+        worker: str,
+        placement_json: str,
+        grants: Sequence[tuple[str, int, str]],
+        run_dir: str,
+        now_wall: float,
+        kind: str = "state",
+    ) -> bool:
+        """Grant a claim: the queued→claimed compare-and-set, its attempt row and its devices.
+
+        All in one transaction: either everything is written or nothing is.
+
+        Args:
+            action: the core's PersistJob for the claim (new status ``claimed``).
+            worker: node id of the claiming worker.
+            placement_json: the placement the worker will run.
+            grants: (device_uuid, device_index, accelerator) of every device granted.
+            run_dir: where the attempt's logs go.
+            now_wall: wall-clock time of the grant.
+
+        Returns:
+            False, writing nothing, if the job was no longer as expected or any of the
+            devices is already granted (a device is never granted twice).
+
+        Raises:
+            ValueError: ``action`` is not a claim.
+        """
+        rec = action.record
+        if rec.status is not JobStatus.CLAIMED:
+            raise ValueError(f"claim() needs a PersistJob to 'claimed', not {rec.status.value!r}")
+        uuids = [uuid for uuid, _index, _accelerator in grants]
+        if len(set(uuids)) != len(uuids):
+            logger.warning("job_id=%s: claim lists a device twice: %s", rec.job_id, uuids)
+            return False
+        try:
+            async with self._db.transaction() as db:
+                taken = await db.execute_fetchall(SELECT_GRANTED, (json.dumps(uuids),))
+                if taken:
+                    logger.info(
+                        "job_id=%s stimulus_id=%s: claim refused, devices already granted: %s",
+                        rec.job_id,
+                        action.stimulus_id,
+                        ", ".join(str(r[0]) for r in taken),
+                    )
+                    raise Rollback
+                await self._cas(db, action, now_wall, kind)
+                await db.execute(_INSERT_ATTEMPT, (rec.job_id, rec.attempt, worker, placement_json, run_dir))
+                await db.executemany(
+                    INSERT_GRANT,
+                    [(uuid, index, acc, rec.job_id, rec.attempt, now_wall) for uuid, index, acc in grants],
+                )
+        except Rollback:
+            return False
+        return True
+
+    async def set_explanation(self, job_id: str, reason: str, explanation_json: str | None) -> None:
+        """Refresh a waiting job's one-line reason and explanation (no event, no status change).
+
+        Does nothing unless the job is ``queued`` or ``rejected``.
+        """
+        await self._db.write_one(_SET_EXPLANATION, (reason, explanation_json, job_id))
+
+    async def counts(self) -> dict[str, int]:
+        """Number of jobs in each status (every known status present, 0 if none)."""
+        counts = {s.value: 0 for s in JobStatus}
+        for status, n in await self._db.fetch_all(_COUNTS, ()):
+            counts[str(status)] = int(n)
+        return counts
+
+    # ------------------------------------------------------------------ attempts
+
+    async def mark_running(
+        self,
+        job_id: str,
+        attempt: int,
+        watchdog_pid: int | None,
+        watchdog_create_time: float | None,
+        job_pgid: int | None,
+        now_wall: float,
+    ) -> None:
+        """Record that an attempt's processes run (or were re-adopted) under this watchdog.
+
+        Keeps the first ``started_at``. An attempt that already ended is left alone.
+        The job's own status change goes through :meth:`apply`.
+        """
+        params = {
+            "watchdog_pid": watchdog_pid,
+            "watchdog_create_time": watchdog_create_time,
+            "job_pgid": job_pgid,
+            "now": now_wall,
+            "job_id": job_id,
+            "attempt": attempt,
+        }
+        if await self._db.write_one(_MARK_RUNNING, params) == 0:
+            logger.warning("job_id=%s attempt=%d: mark_running for no active attempt", job_id, attempt)
+
+    async def end_attempt(
+        self,
+        job_id: str,
+        attempt: int,
+        state: Literal["exited", "lost"],
+        exit_code: int | None,
+        reason: str,
+        now_wall: float,
+    ) -> None:
+        """End an attempt, release its devices and, if it exited, record the job's exit code.
+
+        One transaction. Idempotent: the first end of an attempt is the one kept.
+        """
+        if state not in ("exited", "lost"):
+            raise ValueError(f"an attempt ends as 'exited' or 'lost', not {state!r}")
+        params = {
+            "state": state,
+            "now": now_wall,
+            "exit_code": exit_code,
+            "reason": reason,
+            "job_id": job_id,
+            "attempt": attempt,
+        }
+        async with self._db.transaction() as db:
+            await db.execute(_END_ATTEMPT, params)
+            await db.execute(_RELEASE_GRANTS, (job_id, attempt))
+            if state == "exited" and exit_code is not None:
+                await db.execute(_SET_JOB_EXIT, (exit_code, job_id, attempt))
+
+    async def attempts(self, job_id: str) -> list[AttemptRow]:
+        """A job's attempts, first attempt first."""
+        return [attempt_row(r) for r in await self._db.fetch_all(_ATTEMPTS, (job_id,))]
+
+    async def active_attempts(self) -> list[AttemptRow]:
+        """Every attempt still claimed or running (to re-adopt or mark lost at restart)."""
+        return [attempt_row(r) for r in await self._db.fetch_all(_ACTIVE_ATTEMPTS, ())]
+
+    # -------------------------------------------------------------------- events
+
+    async def events(self, job_id: str) -> list[EventRow]:
+        """A job's history, oldest first."""
+        return [event_row(r) for r in await self._db.fetch_all(_EVENTS, (job_id,))]
+
+    async def add_event(
+        self,
+        job_id: str,
+        kind: str,
+        reason: str,
+        *,
+        attempt: int | None = None,
+        stimulus_id: str = "",
+        now_wall: float,
+    ) -> EventRow:
+        """Append a history entry that is not a state change (an explain refresh, a log note).
+
+        Returns:
+            The stored event.
+        """
+        params = event_params(job_id, now_wall, kind, None, None, attempt, reason, stimulus_id)
+        rows = await self._db.fetch_all(_INSERT_EVENT, params)
+        seq = int(next(iter(rows))[0])
+        return EventRow(seq, job_id, now_wall, kind, None, None, attempt, reason, stimulus_id)
+
+    # ------------------------------------------------------------------- helpers
+
+    async def _cas(self, db: aiosqlite.Connection, action: PersistJob, now_wall: float, kind: str) -> None:
+        rec = action.record
+        params = {
+            "status": rec.status.value,
+            "attempt": rec.attempt,
+            "holder": rec.holder,
+            "retries_left": rec.retries_left,
+            "lease_expires_at": rec.lease_expires_at,
+            "cancel_requested": int(rec.cancel_requested),
+            "reason": action.reason,
+            "now": now_wall,
+            "id": rec.job_id,
+            "expect_status": action.expect_status.value,
+            "expect_attempt": action.expect_attempt,
+            "expect_cancel_requested": int(action.expect_cancel_requested),
+        }
+        async with db.execute(_CAS_JOB, params) as cur:
+            if cur.rowcount != 1:
+                raise Rollback
+        if action.reason:  # always, through apply(); claim() passes the claim's reason
+            await db.execute_fetchall(
+                _INSERT_EVENT,
+                event_params(
+                    rec.job_id,
+                    now_wall,
+                    kind,
+                    action.expect_status,
+                    rec.status,
+                    rec.attempt,
+                    action.reason,
+                    action.stimulus_id,
+                ),
+            )

@@ -1,0 +1,202 @@
+"""The gpulayer TUI: ``make_app(client).run()``.
+
+The app talks to the local daemon only, through :class:`gpulayerd.api.client.DaemonClient`
+(or anything with its methods, see :class:`gpulayer_tui.api.DaemonApi`). It reads everything once,
+then follows the daemon's server-sent events: a ``job`` change re-reads that one job, a
+``devices`` or ``peers`` change re-reads the peers, ``resync`` re-reads everything. When
+the daemon goes away the screens say so, and the app reconnects every ``retry_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.signal import Signal
+
+from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable
+from gpulayer_tui.screens.confirm import ConfirmCancel
+from gpulayer_tui.screens.detail import JobDetailScreen
+from gpulayer_tui.screens.main import MainScreen
+from gpulayer_tui.state import ClusterState, Connection, ConnectionState
+from gpulayer_tui.widgets.jobs_table import JobsTable
+from gpulayerd.models import JobView, PeerView
+
+__all__ = ["GpulayerApp", "TuiSettings", "make_app"]
+
+
+@dataclass(frozen=True, slots=True)
+class TuiSettings:
+    """Timings and looks of the TUI.
+
+    Attributes:
+        retry_s: seconds between attempts to reach a daemon that went away.
+        log_poll_s: seconds between log reads of a running job shown in detail.
+        age_refresh_s: seconds between updates of ages and "… ago" (0: never, for snapshots).
+        theme: a Textual theme name; None: the default, or ``ansi-dark`` on a 16-colour terminal.
+    """
+
+    retry_s: float = 1.0
+    log_poll_s: float = 0.5
+    age_refresh_s: float = 5.0
+    theme: str | None = None
+
+
+class GpulayerApp(App[None]):
+    """The TUI. Build it with :func:`make_app`."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gpulayer"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit")]
+
+    def __init__(self, client: DaemonApi, *, clock: Callable[[], float], settings: TuiSettings) -> None:
+        """The app; see :func:`make_app`."""
+        super().__init__()
+        self.client = client
+        self.clock = clock
+        self.settings = settings
+        self.state = ClusterState()
+        self.job_updated: Signal[JobView] = Signal(self, "job-updated")
+        self.jobs_reset: Signal[list[JobView]] = Signal(self, "jobs-reset")
+        self.peers_updated: Signal[list[PeerView]] = Signal(self, "peers-updated")
+        self.connection_changed: Signal[Connection] = Signal(self, "connection-changed")
+        self.changes_applied = 0
+        """How many changes from the daemon have been applied (for tests and the benchmark)."""
+
+    # --------------------------------------------------------------- lifecycle
+
+    def on_mount(self) -> None:
+        if self.settings.theme is not None:
+            self.theme = self.settings.theme
+        elif self.console.color_system in ("standard", "windows"):
+            self.theme = "ansi-dark"
+        self.push_screen(MainScreen(self, clock=self.clock, age_refresh_s=self.settings.age_refresh_s))
+        self.follow_daemon()
+
+    async def on_unmount(self) -> None:
+        await self.client.close()
+
+    # ---------------------------------------------------------------- handlers
+
+    @on(JobsTable.OpenRequested)
+    def _open_job(self, event: JobsTable.OpenRequested) -> None:
+        self.push_screen(JobDetailScreen(event.job_id, source=self, client=self.client, clock=self.clock,
+                                         log_poll_s=self.settings.log_poll_s, tab=event.tab))
+
+    @on(JobsTable.CancelRequested)
+    @on(JobDetailScreen.CancelRequested)
+    def _confirm_cancel(self, event: JobsTable.CancelRequested | JobDetailScreen.CancelRequested) -> None:
+        job_id = event.job_id
+        job = self.state.jobs.get(job_id)
+        label = job_id if job is None else f"{job_id}" + (f" ({job.name})" if job.name else "") + f", {job.status}"
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.cancel_job(job_id)
+
+        self.push_screen(ConfirmCancel(job_id, label), answered)
+
+    # ----------------------------------------------------------------- workers
+
+    @work(group="cancel")
+    async def cancel_job(self, job_id: str) -> None:
+        """Ask the daemon to cancel ``job_id`` and show the answer."""
+        try:
+            job = await self.client.cancel(job_id)
+        except (DaemonUnreachable, ApiRequestError) as e:
+            self.notify(f"cannot cancel {job_id}: {e}", severity="error")
+            return
+        self._put_job(job)
+        more = " (stopping)" if job.cancel_requested and job.status == "running" else ""
+        self.notify(f"job {job.id}: {job.status}{more}")
+
+    @work(exclusive=True, group="daemon-feed")
+    async def follow_daemon(self) -> None:
+        """Follow the daemon's changes for as long as the app runs, reconnecting when it goes away."""
+        while True:
+            stream = self.client.events()
+            try:
+                async for change in stream:
+                    await self.apply_change(change)
+                problem = "the daemon closed the connection"
+            except DaemonUnreachable as e:
+                problem = str(e)
+            except ApiRequestError as e:
+                problem = f"the daemon answered {e.status} ({e.code}): {e}"
+            except Exception as e:  # whatever broke, say so and try again
+                problem = f"{type(e).__name__}: {e}"
+            finally:
+                if isinstance(stream, AsyncGenerator):
+                    await stream.aclose()
+            self._set_connection("unreachable", problem)
+            await asyncio.sleep(self.settings.retry_s)
+
+    async def apply_change(self, change: ChangeEvent) -> None:
+        """Re-read what ``change`` says changed and show it.
+
+        Raises:
+            DaemonUnreachable: the daemon went away meanwhile.
+        """
+        if change.kind == "resync":
+            await self._resync()
+        elif change.kind == "job" and change.key:
+            try:
+                job = await self.client.job(change.key)
+            except ApiRequestError as e:
+                if e.status != 404:
+                    raise
+            else:
+                self._put_job(job)
+        elif change.kind in ("devices", "peers"):
+            peers = await self.client.peers()
+            self.state.peers = peers
+            self.peers_updated.publish(peers)
+        self.changes_applied += 1
+
+    # ----------------------------------------------------------------- private
+
+    async def _resync(self) -> None:
+        health = await self.client.health()
+        peers = await self.client.peers()
+        jobs = await self.client.jobs()
+        self.state.daemon = f"{health.hostname} · gpulayerd {health.version}"
+        self.sub_title = self.state.daemon
+        self.state.peers = peers
+        self.state.reset_jobs(jobs)
+        self.peers_updated.publish(peers)
+        self.jobs_reset.publish(jobs)
+        self._set_connection("connected", self.state.daemon)
+
+    def _put_job(self, job: JobView) -> None:
+        self.state.put_job(job)
+        self.job_updated.publish(job)
+
+    def _set_connection(self, state: ConnectionState, message: str) -> None:
+        old = self.state.connection
+        since = old.since if old.state == state else self.clock()
+        new = Connection(state, message, since)
+        if new == old:
+            return
+        self.state.connection = new
+        self.connection_changed.publish(new)
+        if old.state == "unreachable" and state == "connected":
+            self.notify(f"connected again to {message}")
+
+
+def make_app(client: DaemonApi, *, clock: Callable[[], float] = time.time,
+             settings: TuiSettings | None = None) -> GpulayerApp:
+    """The TUI bound to ``client`` (a :class:`gpulayerd.api.client.DaemonClient` or a fake).
+
+    Args:
+        client: the local daemon's API; the app closes it when it exits.
+        clock: wall time now (seconds since the epoch), for ages; tests pass a fixed one.
+        settings: timings and theme (default :class:`TuiSettings`).
+    """
+    return GpulayerApp(client, clock=clock, settings=settings or TuiSettings())

@@ -1,0 +1,212 @@
+"""One job: the spec, why it waits (worker x requirement table), its timeline and its log, following."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+
+from gpulayer_tui.api import ApiRequestError, DaemonApi, DaemonUnreachable
+from gpulayer_tui.state import Connection, StateSource
+from gpulayer_tui.widgets.connection import ConnectionBanner
+from gpulayer_tui.widgets.explanation import ExplanationView
+from gpulayer_tui.widgets.job_summary import JobSummary
+from gpulayer_tui.widgets.log_tail import LogTail
+from gpulayer_tui.widgets.timeline import Timeline
+from gpulayerd.models import JobView
+
+__all__ = ["TABS", "JobDetailScreen"]
+
+TABS: tuple[str, ...] = ("why", "timeline", "log")
+"""Ids of the detail tabs."""
+
+
+class JobDetailScreen(Screen[None]):
+    """The detail of job :attr:`job_id`; follows its changes and its log while shown."""
+
+    DEFAULT_CSS = """
+    JobDetailScreen #detail-tabs {
+        height: 1fr;
+    }
+    JobDetailScreen TabPane {
+        padding: 0;
+    }
+    JobDetailScreen #why-scroll {
+        height: 1fr;
+    }
+    JobDetailScreen #log-tail {
+        height: 1fr;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back"),
+        Binding("w", "show_tab('why')", "Why"),
+        Binding("t", "show_tab('timeline')", "Timeline"),
+        Binding("l", "show_tab('log')", "Log"),
+        Binding("e", "toggle_stream", "stdout/stderr"),
+        Binding("c", "cancel_job", "Cancel"),
+    ]
+
+    class CancelRequested(Message):
+        """The user asked to cancel the job shown (not yet confirmed)."""
+
+        def __init__(self, job_id: str) -> None:
+            super().__init__()
+            self.job_id = job_id
+
+    def __init__(self, job_id: str, *, source: StateSource, client: DaemonApi, clock: Callable[[], float],
+                 log_poll_s: float, tab: str = "why") -> None:
+        """The detail of one job.
+
+        Args:
+            job_id: the job.
+            source: the app's state and change signals.
+            client: the daemon's API.
+            clock: wall time now (seconds since the epoch).
+            log_poll_s: seconds between log reads while no new output arrives.
+            tab: the tab shown first (one of :data:`TABS`).
+        """
+        super().__init__()
+        self.job_id = job_id
+        self._source = source
+        self._client = client
+        self._clock = clock
+        self._log_poll_s = log_poll_s
+        self._tab = tab if tab in TABS else "why"
+        self._stream = "stdout"
+        self._attempt: int | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield ConnectionBanner(id="connection")
+        yield JobSummary(clock=self._clock, id="job-summary")
+        with TabbedContent(initial=self._tab, id="detail-tabs"):
+            with TabPane("Why (w)", id="why"), VerticalScroll(id="why-scroll"):
+                yield ExplanationView(id="explanation")
+            with TabPane("Timeline (t)", id="timeline"):
+                yield Timeline(id="timeline-table")
+            with TabPane("Log (l)", id="log"):
+                yield LogTail(id="log-tail")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.sub_title = f"job {self.job_id}"
+        known = self._source.state.jobs.get(self.job_id)
+        if known is not None:
+            self._show_job(known)
+        self._show_connection(self._source.state.connection)
+        self._source.job_updated.subscribe(self, self._job_updated, immediate=True)
+        self._source.jobs_reset.subscribe(self, self._reread, immediate=True)
+        self._source.peers_updated.subscribe(self, self._devices_changed, immediate=True)
+        self._source.connection_changed.subscribe(self, self._show_connection, immediate=True)
+        self.load_job()
+        self.load_explanation()
+        self.follow_log()
+
+    # ----------------------------------------------------------------- actions
+
+    def action_back(self) -> None:
+        self.dismiss()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_toggle_stream(self) -> None:
+        self._stream = "stderr" if self._stream == "stdout" else "stdout"
+        self.action_show_tab("log")
+        self.follow_log()
+
+    def action_cancel_job(self) -> None:
+        self.post_message(self.CancelRequested(self.job_id))
+
+    # ----------------------------------------------------------------- workers
+
+    @work(exclusive=True, group="detail-job")
+    async def load_job(self) -> None:
+        """Read the job with its history."""
+        try:
+            job = await self._client.job(self.job_id)
+        except (DaemonUnreachable, ApiRequestError) as e:
+            self.query_one(JobSummary).update(f"job {self.job_id}: {e}")
+            return
+        self._show_job(job)
+
+    @work(exclusive=True, group="detail-explain")
+    async def load_explanation(self) -> None:
+        """Ask the daemon why the job runs where it does, or waits."""
+        view = self.query_one(ExplanationView)
+        try:
+            view.explanation = await self._client.explain(self.job_id)
+        except (DaemonUnreachable, ApiRequestError) as e:
+            view.query_one("#verdict", Static).update(Text(f"cannot explain: {e}"))
+
+    @work(exclusive=True, group="detail-log")
+    async def follow_log(self) -> None:
+        """Append the log as it grows, from the start of the latest attempt, until the job ends."""
+        log = self.query_one(LogTail)
+        stream = self._stream
+        log.reset(f"{stream}: reading…")
+        offset = 0
+        attempt: int | None = None
+        while True:
+            try:
+                chunk = await self._client.logs(self.job_id, stream=stream, offset=offset)
+            except DaemonUnreachable:
+                await asyncio.sleep(self._log_poll_s)
+                continue
+            except ApiRequestError as e:
+                log.border_title = f"{stream}: {e}"
+                return
+            if attempt is not None and chunk.attempt != attempt:
+                log.reset(stream)
+                offset, attempt = 0, chunk.attempt
+                continue
+            attempt = chunk.attempt
+            log.append(chunk.data)
+            offset = chunk.next_offset
+            if chunk.attempt == 0:
+                log.border_title = f"{stream}: the job has not started"
+            else:
+                state = "complete" if chunk.complete else "following"
+                log.border_title = f"{stream} of attempt {chunk.attempt} ({state})"
+            if chunk.complete and chunk.next_offset == chunk.offset:
+                return
+            if not chunk.data:
+                await asyncio.sleep(self._log_poll_s)
+
+    # ----------------------------------------------------------------- private
+
+    def _job_updated(self, job: JobView) -> None:
+        if job.id != self.job_id:
+            return
+        self._show_job(job)
+        self.load_explanation()
+        if self._attempt is not None and job.attempt != self._attempt:
+            self.follow_log()
+
+    def _reread(self, _: object) -> None:
+        """Everything was re-read (a reconnect): read this job and its explanation again."""
+        self.load_job()
+        self.load_explanation()
+
+    def _devices_changed(self, _: object) -> None:
+        self.load_explanation()  # what fits where may have changed
+
+    def _show_job(self, job: JobView) -> None:
+        self.query_one(JobSummary).job = job
+        if job.events:
+            self.query_one(Timeline).events = tuple(job.events)
+        self._attempt = job.attempt
+
+    def _show_connection(self, connection: Connection) -> None:
+        self.query_one(ConnectionBanner).connection = connection

@@ -1,0 +1,79 @@
+"""Every gpulayerd this one knows: trusted or foreign, addresses, version, last heartbeat."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from rich.text import Text
+from textual.reactive import reactive
+
+from gpulayer_tui.widgets.keyed_table import Cell, KeyedTable
+from gpulayerd import text as fmt
+from gpulayerd.models import PeerView
+
+__all__ = ["PeersTable", "peer_rows"]
+
+_STATE_STYLES = {"self": "bold", "up": "green", "suspect": "yellow", "down": "red", "foreign": "magenta"}
+
+
+def peer_rows(peers: Sequence[PeerView], now: float) -> dict[str, tuple[Cell, ...]]:
+    """One row per peer, keyed by node id.
+
+    Args:
+        peers: the peers, this daemon first.
+        now: wall time (seconds since the epoch) for "last heartbeat … ago".
+    """
+    rows: dict[str, tuple[Cell, ...]] = {}
+    for p in peers:
+        addresses = ", ".join(f"{a}:{p.port}" if p.port else a for a in p.addresses) or fmt.DASH
+        trust = Text("trusted", style="green") if p.trusted else Text("foreign", style="magenta")
+        heartbeat = fmt.DASH if p.last_heartbeat_at is None else (
+            f"{fmt.clock(p.last_heartbeat_at, with_date=False)} ({fmt.ago(p.last_heartbeat_at, now)})")
+        rows[p.node_id] = (
+            p.name,
+            p.node_id[:12],
+            Text(p.state, style=_STATE_STYLES.get(p.state, "")),
+            trust,
+            addresses,
+            fmt.text(p.version),
+            fmt.text(p.cluster),
+            heartbeat,
+        )
+    return rows
+
+
+class PeersTable(KeyedTable):
+    """The peers in :attr:`peers`, this daemon first."""
+
+    COLUMNS: ClassVar[Sequence[tuple[str, str]]] = (
+        ("name", "NAME"),
+        ("node", "NODE"),
+        ("state", "STATE"),
+        ("trust", "TRUST"),
+        ("addresses", "ADDRESSES"),
+        ("version", "VERSION"),
+        ("cluster", "CLUSTER"),
+        ("heartbeat", "LAST HEARTBEAT"),
+    )
+
+    peers: reactive[tuple[PeerView, ...]] = reactive((), init=False, always_update=True)
+    """The peers shown."""
+
+    def __init__(self, *, clock: Callable[[], float], id: str | None = None, classes: str | None = None) -> None:
+        """A peers table.
+
+        Args:
+            clock: wall time now (seconds since the epoch).
+            id: the widget id.
+            classes: CSS classes.
+        """
+        super().__init__(id=id, classes=classes)
+        self._clock = clock
+
+    def watch_peers(self, peers: tuple[PeerView, ...]) -> None:
+        self.sync_rows(peer_rows(peers, self._clock()))
+
+    def refresh_ages(self) -> None:
+        """Recompute "… ago"."""
+        self.sync_rows(peer_rows(self.peers, self._clock()))
