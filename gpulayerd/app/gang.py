@@ -251,7 +251,7 @@ class GangMember:
         if ev.placement is None:
             return HoldReply(held=False, reason=ev.rejections[0].message if ev.rejections else "does not fit")
         uuids = [u for u in ev.placement.device_uuids if u]
-        fds = self._locks.try_acquire(uuids) if uuids else []
+        fds = await self._locks.async_try_acquire(uuids) if uuids else []
         if fds is None:
             return HoldReply(held=False, reason="a device was taken by another gpulayerd on this machine")
         d = self._directory

@@ -8,7 +8,7 @@ keeps no store state: grants live in the store; this is what the processes are d
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import psutil
@@ -18,7 +18,7 @@ from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
 from gpulayerd.runs.runner import RunHandle
 
-__all__ = ["HeldResources", "Ledger", "RunEntry", "RunKey", "cpu_slots_of"]
+__all__ = ["HeldResources", "Ledger", "RunEntry", "RunKey", "cpu_slots_of", "process_trees"]
 
 RunKey = tuple[str, int]
 """(job id, attempt)."""
@@ -29,6 +29,18 @@ def cpu_slots_of(spec: JobSpec) -> int:
     if spec.requirements.accelerator is not Accelerator.CPU:
         return 0
     return spec.distributed.nproc_per_node if spec.distributed is not None else 1
+
+
+def process_trees(pids: Iterable[int]) -> set[int]:
+    """``pids`` that live and every process under them: our watchdogs' trees are not foreign
+    to a GPU's process list. Reads /proc: call it in a thread."""
+    out: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            out.add(p.pid)
+            out.update(c.pid for c in p.children(recursive=True))
+    return out
 
 
 @dataclass
@@ -120,15 +132,9 @@ class Ledger:
         return (sum(e.cpu_slots for e in self._runs.values()) + sum(self._starting.values())
                 + sum(h.cpu_slots for h in self._holds.values()))
 
-    def our_pids(self) -> set[int]:
-        """Pids of our watchdogs and everything under them (not foreign to the GPU's process list)."""
-        pids: set[int] = set()
-        for e in self._runs.values():
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(e.handle.watchdog_pid)
-                pids.add(p.pid)
-                pids.update(c.pid for c in p.children(recursive=True))
-        return pids
+    def watchdog_pids(self) -> list[int]:
+        """Pids of the watchdogs of every running attempt (see :func:`process_trees`)."""
+        return [e.handle.watchdog_pid for e in self._runs.values()]
 
     # --- holds
 

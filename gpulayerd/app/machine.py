@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from gpulayerd.app.clock import Clock
-from gpulayerd.app.ledger import Ledger
+from gpulayerd.app.ledger import Ledger, process_trees
 from gpulayerd.app.signals import Signals
 from gpulayerd.capabilities import build_capabilities
 from gpulayerd.config import DaemonConfig
@@ -146,15 +146,18 @@ class Machine:
         worker = self._caps.to_core()
         grants = {g.device_uuid: g.job_id for g in await self._store.runs.grants()}
         held = self._ledger.held_devices()
-        ours = self._ledger.our_pids()
+        ours = await asyncio.to_thread(process_trees, self._ledger.watchdog_pids())
         apps = await self._compute_apps(worker) if refresh_apps else None
+        unclaimed = [d.uuid for d in worker.devices
+                     if d.uuid and d.execution_supported and d.uuid not in grants and d.uuid not in held]
+        elsewhere = await self._locks.async_locked_elsewhere(unclaimed) if unclaimed else set()
         devices = []
         for dev in worker.devices:
             d = dev
             if apps is not None and d.accelerator is Accelerator.CUDA:
                 d = replace(d, foreign_pids=apps.get(d.uuid or "", ()))
             granted_to = grants.get(d.uuid or "") or held.get(d.uuid or "")
-            if granted_to is None and d.uuid and d.execution_supported and self._locks.is_locked_elsewhere(d.uuid):
+            if granted_to is None and d.uuid in elsewhere:
                 granted_to = ANOTHER_DAEMON
             foreign = tuple(p for p in d.foreign_pids if p not in ours)
             devices.append(replace(d, granted_to=granted_to, foreign_pids=foreign))

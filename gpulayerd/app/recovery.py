@@ -41,7 +41,10 @@ class Recovery:
         self._clock = clock
 
     async def recover(self) -> None:
-        """Re-adopt or account for every attempt the previous life of this daemon left active."""
+        """Re-adopt or account for every attempt the previous life of this daemon left active.
+
+        Run directories and process records are read in threads.
+        """
         now = self._clock.monotonic()
         for a in await self._store.jobs.active_attempts():
             row = await self._jobs.get(a.job_id)
@@ -57,7 +60,7 @@ class Recovery:
                 await self._jobs.lost(row.id, a.attempt, "the daemon stopped before the job started",
                                       never_started=True, stimulus_id=f"lost-{row.id}-{a.attempt}")
                 continue
-            status = self._runner.poll(handle)
+            status = await asyncio.to_thread(self._runner.poll, handle)
             if a.state == "claimed" and (status.running or status.exit_code is not None):
                 # The daemon died between starting the watchdog and recording it.
                 await self._store.jobs.mark_running(row.id, a.attempt, handle.watchdog_pid,
@@ -76,13 +79,13 @@ class Recovery:
         await self._settle_ended_attempts()
         for r in await self._store.runs.remote_runs(active=True):
             key = (r.job_id, r.attempt)
-            handle = self._runner.adopt(Path(r.run_dir))
+            handle = await asyncio.to_thread(self._runner.adopt, Path(r.run_dir))
             if handle is None:
                 await self._store.runs.end_remote_run(r.owner, r.job_id, r.attempt, "lost", None,
                                                       "the daemon stopped before the job started",
                                                       self._clock.wall())
                 continue
-            status = self._runner.poll(handle)
+            status = await asyncio.to_thread(self._runner.poll, handle)
             if status.running:
                 await asyncio.to_thread(self._runner.extend_deadline, handle, now + r.lease_s)
                 self._worker.track(key, handle, JobSpec.model_validate_json(r.spec_json), r.owner, r.lease_s)
@@ -94,14 +97,14 @@ class Recovery:
         if not run_dir:
             return None
         path = Path(run_dir)
-        handle = self._runner.adopt(path)
-        if handle is not None or self._runner.give_up_if_unstarted(path):
+        handle = await asyncio.to_thread(self._runner.adopt, path)
+        if handle is not None or await asyncio.to_thread(self._runner.give_up_if_unstarted, path):
             return handle
         # A watchdog claimed the run directory and is starting: give it time to say so.
         deadline = self._clock.monotonic() + ADOPT_WAIT_S
         while self._clock.monotonic() < deadline:
             await self._clock.sleep(0.1)
-            handle = self._runner.adopt(path)
+            handle = await asyncio.to_thread(self._runner.adopt, path)
             if handle is not None:
                 return handle
         return None

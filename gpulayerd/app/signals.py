@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import Counter
 from collections.abc import Coroutine
 
 from gpulayerd.feed import Change, ChangeFeed
 
-__all__ = ["Signals"]
+__all__ = ["Signals", "log_failure"]
+
+log = logging.getLogger(__name__)
+
+
+def log_failure(task: asyncio.Task[None]) -> None:
+    """Done callback: log a background task that failed (nobody else awaits its exception)."""
+    if not task.cancelled() and (e := task.exception()) is not None:
+        log.warning("background task %s failed: %s: %s", task.get_name(), type(e).__name__, e, exc_info=e)
 
 
 class Signals:
@@ -56,6 +65,7 @@ class Signals:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(log_failure)
         return task
 
     async def close(self) -> None:

@@ -26,7 +26,7 @@ from gpulayerd.app.ledger import Ledger, RunKey
 from gpulayerd.app.logs import read_log
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.ports import PeerTransport
-from gpulayerd.app.signals import Signals
+from gpulayerd.app.signals import Signals, log_failure
 from gpulayerd.app.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import claims
@@ -86,7 +86,7 @@ class WorkerService:
             taken by another daemon meanwhile, or the job changed).
         """
         uuids = [u for u in placement.device_uuids if u]
-        fds = self._locks.try_acquire(uuids) if uuids else []
+        fds = await self._locks.async_try_acquire(uuids) if uuids else []
         if fds is None:
             self._signals.wake()
             return False  # another daemon on this machine took a device meanwhile
@@ -134,7 +134,9 @@ class WorkerService:
             owner: the owner's node id when we run it for a peer (or a gang), None for a job owned here.
         """
         self._ledger.started(key, handle, spec, owner, lease_s)
-        self._watchers[key] = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
+        task = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
+        task.add_done_callback(log_failure)
+        self._watchers[key] = task
 
     async def _watch(self, key: RunKey, handle: RunHandle) -> None:
         status = await self._runner.async_wait(handle)
@@ -229,7 +231,7 @@ class WorkerService:
 
     async def _claim_remote(self, owner: str, offer: Offer, spec: JobSpec, placement: Placement) -> None:
         uuids = [u for u in placement.device_uuids if u]
-        fds = self._locks.try_acquire(uuids) if uuids else []
+        fds = await self._locks.async_try_acquire(uuids) if uuids else []
         if fds is None:
             return
         stats = self._signals.stats
@@ -370,6 +372,6 @@ class WorkerService:
         for t in watchers:
             t.cancel()
         for t in watchers:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a failure was logged (log_failure)
                 await t
         self._watchers.clear()

@@ -15,6 +15,7 @@ the description for the watchdog too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -80,6 +81,23 @@ class DeviceLocks:
             raise
         return fds
 
+    async def async_try_acquire(self, uuids: Sequence[str]) -> list[int] | None:
+        """:meth:`try_acquire` in a thread (it opens files and may create the lock dir).
+
+        A caller cancelled meanwhile leaks nothing: the locks taken are released when the
+        thread is done.
+        """
+        task = asyncio.ensure_future(asyncio.to_thread(self.try_acquire, uuids))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_result)
+            raise
+
+    def _release_result(self, task: asyncio.Future[list[int] | None]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.release(task.result() or [])
+
     def release(self, fds: Iterable[int]) -> None:
         """Close ``fds``; a device's lock ends when its last descriptor anywhere is closed."""
         for fd in fds:
@@ -102,6 +120,15 @@ class DeviceLocks:
             return False
         finally:
             os.close(fd)
+
+    async def async_locked_elsewhere(self, uuids: Iterable[str]) -> set[str]:
+        """Those of ``uuids`` whose lock some descriptor holds (:meth:`is_locked_elsewhere`, in a thread).
+
+        Raises:
+            DeviceLockError: a lock file cannot be opened.
+        """
+        wanted = list(uuids)
+        return await asyncio.to_thread(lambda: {u for u in wanted if self.is_locked_elsewhere(u)})
 
     def _open(self, uuid: str) -> int:
         self._ensure_dir()

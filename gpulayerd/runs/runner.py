@@ -296,10 +296,11 @@ class Runner:
         elsewhere.
         """
         loop = asyncio.get_running_loop()
-        pidfd = _open_pidfd(handle)
+        # Opening the pidfd and polling read /proc and the run directory: in a thread.
+        pidfd = await asyncio.to_thread(_open_pidfd, handle)
         try:
             while True:
-                status = self.poll(handle)
+                status = await asyncio.to_thread(self.poll, handle)
                 if not status.running:
                     return status
                 if pidfd is None:

@@ -162,6 +162,9 @@ async def test_the_daemon_serves_jobs_without_blocking_its_loop(
         assert health.state_dir == str(config.state_dir)
         devices = await c.devices()
         assert devices.cpu_count >= 1
+        assert await asyncio.to_thread(config.pid_path.read_text) == f"{os.getpid()}\n"
+        with pytest.raises(daemon.DaemonAlreadyRunning):
+            await daemon.run(config, stop=asyncio.Event())  # one daemon per state dir
 
         ok = await c.submit(spec(root, sys.executable, "-c", "print('hi')", name="hi"), submitted_by="test")
         done = await wait_status(c, ok.id, {"succeeded"})
@@ -202,4 +205,4 @@ async def test_a_restarted_daemon_re_adopts_a_running_job_without_blocking_its_l
         await d.client.cancel(job.id)
         await wait_status(d.client, job.id, {"cancelled"})
     assert_no_blocking_error(daemon_log)
-    assert not os.path.exists(config.pid_path)
+    assert not config.pid_path.exists()
