@@ -27,12 +27,13 @@ from gpulayerd import __version__
 from gpulayerd.api.server import make_local_app, start_unix_site
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.cluster import ClusterNode
-from gpulayerd.app.gang import GangCoordinator, GangMember
+from gpulayerd.app.gang import GangCoordinator
 from gpulayerd.app.jobs import OwnedJobs
 from gpulayerd.app.leases import LeaseLoop
 from gpulayerd.app.ledger import Ledger
 from gpulayerd.app.local import LocalApi
 from gpulayerd.app.machine import Machine
+from gpulayerd.app.member import GangMember
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.recovery import Recovery

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from gpulayerd.api.peer import PeerCallError, PeerClient, make_peer_app, start_peer_site
-from gpulayerd.app.gang import GangMember
 from gpulayerd.app.machine import Machine
+from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.worker import WorkerService

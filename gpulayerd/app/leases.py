@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpulayerd.app.clock import Clock
-from gpulayerd.app.gang import GangCoordinator, GangMember
+from gpulayerd.app.gang import GangCoordinator
+from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.worker import WorkerService
 

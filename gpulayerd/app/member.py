@@ -1,0 +1,141 @@
+"""The gang member: the worker side of multi-host jobs (hold, release, commit of one rank).
+
+A hold reserves devices, CPU slots and a port for ``ttl_s`` (kept in the :class:`Ledger`,
+so the matcher sees them as taken); a commit starts this machine's rank under the hold
+through the :class:`Starter`; the run is then watched and renewed by the worker service.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from gpulayerd.app.clock import Clock
+from gpulayerd.app.ledger import HeldResources, Ledger
+from gpulayerd.app.machine import Machine
+from gpulayerd.app.ports import Directory
+from gpulayerd.app.signals import Signals
+from gpulayerd.app.starter import GangRank, Starter, device_grants
+from gpulayerd.app.worker import WorkerService
+from gpulayerd.core.matching import evaluate
+from gpulayerd.core.types import Accelerator, SupportMatrix
+from gpulayerd.models import PlacementModel, SpecError, job_spec_from_mapping
+from gpulayerd.net.wire import Ack, Commit, Hold, HoldReply, Release
+from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.runs.runner import RunnerError
+from gpulayerd.store import RemoteRunRow, Store
+
+__all__ = ["GangMember"]
+
+log = logging.getLogger(__name__)
+
+
+class GangMember:
+    """Worker side of gang placement: holds, release, commit of one rank."""
+
+    def __init__(self, *, node_id: str, store: Store, ledger: Ledger, locks: DeviceLocks, machine: Machine,
+                 starter: Starter, worker: WorkerService, directory: Directory | None, support: SupportMatrix,
+                 signals: Signals, clock: Clock) -> None:
+        self.node_id = node_id
+        self._store = store
+        self._ledger = ledger
+        self._locks = locks
+        self._machine = machine
+        self._starter = starter
+        self._worker = worker
+        self._directory = directory
+        self._support = support
+        self._signals = signals
+        self._clock = clock
+
+    async def hold(self, owner: str, msg: Hold) -> HoldReply:
+        """Peer route: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``."""
+        h = self._ledger.held(msg.hold_id)
+        if h is not None:
+            return HoldReply(held=True, address=h.address, interface=h.interface, port=h.port)
+        try:
+            # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
+            spec = job_spec_from_mapping(msg.spec, source=f"hold for {msg.job_id}", base_dir="/")
+        except SpecError as e:
+            return HoldReply(held=False, reason=str(e))
+        req = spec.to_core(msg.job_id)
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
+        ev = evaluate(req, worker, self._support)
+        if ev.placement is None:
+            return HoldReply(held=False, reason=ev.rejections[0].message if ev.rejections else "does not fit")
+        uuids = [u for u in ev.placement.device_uuids if u]
+        fds = await self._locks.async_try_acquire(uuids) if uuids else []
+        if fds is None:
+            return HoldReply(held=False, reason="a device was taken by another gpulayerd on this machine")
+        d = self._directory
+        address = d.addresses[0] if d is not None and d.addresses else "127.0.0.1"
+        interface = (d.interface if d is not None else None) or "lo"
+        port = _free_port(address)
+        nproc = spec.distributed.nproc_per_node if spec.distributed is not None else 1
+        self._ledger.hold(msg.hold_id, HeldResources(
+            owner=owner, job_id=msg.job_id, spec=spec, placement=ev.placement, fds=fds,
+            expires_at=self._clock.monotonic() + msg.ttl_s, address=address, interface=interface, port=port,
+            cpu_slots=nproc if spec.requirements.accelerator is Accelerator.CPU else 0))
+        return HoldReply(held=True, address=address, interface=interface, port=port)
+
+    async def release(self, owner: str, msg: Release) -> Ack:
+        """Peer route: drop a hold (its devices and slots are free again)."""
+        h = self._ledger.held(msg.hold_id)
+        if h is not None and h.owner == owner:
+            self._ledger.release(msg.hold_id)
+            self._locks.release(h.fds)
+            self._signals.wake()
+        return Ack(ok=True)
+
+    async def commit(self, owner: str, msg: Commit) -> Ack:
+        """Peer route: start our rank of a gang job under the hold."""
+        h = self._ledger.held(msg.hold_id)
+        if h is None or h.owner != owner:
+            return Ack(ok=False, reason="no such hold (expired?)")
+        self._ledger.release(msg.hold_id)
+        spec, placement = h.spec, h.placement
+        key = (msg.job_id, msg.attempt)
+        try:
+            row = RemoteRunRow(owner=owner, job_id=msg.job_id, attempt=msg.attempt,
+                               spec_json=spec.model_dump_json(),
+                               placement_json=PlacementModel.from_core(placement).model_dump_json(),
+                               lease_s=msg.lease_s, run_dir=str(self._starter.run_dir(msg.job_id, msg.attempt)),
+                               state="running", started_at=self._clock.wall())
+            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall()):
+                return Ack(ok=False, reason="devices taken meanwhile")
+            rank = GangRank(nnodes=msg.nnodes, node_rank=msg.node_rank, master_addr=msg.master_addr,
+                            master_port=msg.master_port, interface=h.interface)
+            self._ledger.starting(key, spec)
+            try:
+                handle = await self._starter.start(msg.job_id, msg.attempt, spec, placement, msg.lease_s, h.fds,
+                                                   gang=rank)
+            except RunnerError as e:
+                self._ledger.not_started(key)
+                await self._store.runs.end_remote_run(owner, msg.job_id, msg.attempt, "exited", None, str(e),
+                                                      self._clock.wall())
+                return Ack(ok=False, reason=f"could not start: {e}")
+        finally:
+            self._locks.release(h.fds)
+        self._worker.track(key, handle, spec, owner, msg.lease_s)
+        self._signals.devices_changed()
+        self._signals.spawn(self._report_started(owner, key))
+        return Ack(ok=True)
+
+    async def _report_started(self, owner: str, key: tuple[str, int]) -> None:
+        await self._worker.report(owner, key, "started", None, "")
+
+    def expire_holds(self) -> None:
+        """Drop holds past their TTL."""
+        now = self._clock.monotonic()
+        for hold_id, h in self._ledger.holds():
+            if now > h.expires_at:
+                self._ledger.release(hold_id)
+                self._locks.release(h.fds)
+                log.info("hold %s for job %s expired", hold_id, h.job_id)
+
+
+def _free_port(address: str) -> int:
+    """A TCP port free on ``address`` now (the master of a gang binds it soon after)."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
