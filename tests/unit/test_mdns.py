@@ -332,18 +332,14 @@ class Recorder:
 
 @pytest_asyncio.fixture
 async def loop_guard(caplog: pytest.LogCaptureFixture) -> AsyncIterator[None]:
-    """Debug mode on the test's loop; fails on a slow (blocking) callback and on leftover tasks or threads."""
-    loop = asyncio.get_running_loop()
-    loop.set_debug(True)
-    loop.slow_callback_duration = 0.1
+    """Fails on leftover tasks or threads. (Blocking calls on the loop are caught for every async
+    test by ``no_blocking_calls`` in tests/conftest.py, by call rather than by a timing that a
+    loaded machine would trip.)"""
     threads_before = set(threading.enumerate())
     caplog.set_level(logging.WARNING, logger="asyncio")
     yield
     assert set(threading.enumerate()) <= threads_before
     assert asyncio.all_tasks() == {asyncio.current_task()}
-    records = [*caplog.get_records("setup"), *caplog.get_records("call"), *caplog.records]
-    slow = [r.getMessage() for r in records if r.name == "asyncio" and "took" in r.getMessage()]
-    assert not slow, slow
 
 
 @pytest.mark.asyncio
