@@ -19,7 +19,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -36,6 +36,7 @@ from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
+from gpulayerd.app.ports import Directory, PeerTransport
 from gpulayerd.app.recovery import Recovery
 from gpulayerd.app.scheduler import Scheduler
 from gpulayerd.app.signals import Signals
@@ -48,6 +49,7 @@ from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
+from gpulayerd.models import Capabilities
 from gpulayerd.net.identity import Identity, load_or_create_identity
 from gpulayerd.notify import notify_ready, notify_stopping
 from gpulayerd.runs.devicelock import DeviceLocks
@@ -55,7 +57,7 @@ from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
 from gpulayerd.supervisor import supervise
 
-__all__ = ["DaemonAlreadyRunning", "run"]
+__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "build", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,21 @@ def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
     os.close(lock_fd)
 
 
+class PeerNode(PeerTransport, Directory, Protocol):
+    """This daemon's place in a cluster: how it calls peers, what it knows of them, who answers them.
+
+    :class:`ClusterNode` in production (mDNS, heartbeats, mutual TLS); a loopback one in unit tests.
+    """
+
+    def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
+        """The services that answer the peers' messages (set once, at wiring)."""
+        ...
+
+
+PeerNodeFactory = Callable[[Signals], PeerNode]
+"""Makes the :class:`PeerNode` of a daemon being built, given its :class:`Signals`."""
+
+
 @dataclass
 class Services:
     """The daemon's services, wired (see :func:`build`)."""
@@ -115,23 +132,49 @@ class Services:
     leases: LeaseLoop
     api: LocalApi
     cluster: ClusterNode | None
+    owner: OwnerService
+    jobs: OwnedJobs
+    gangs: GangCoordinator
+    member: GangMember
+    ledger: Ledger
 
 
-def build(config: DaemonConfig, identity: Identity, store: Store, support: SupportMatrix) -> Services:
-    """Build every service and wire them together (no I/O, nothing started)."""
-    clock = Clock()
+def build(config: DaemonConfig, identity: Identity, store: Store, support: SupportMatrix, *,
+          clock: Clock | None = None, rng: random.Random | None = None, runner: Runner | None = None,
+          capabilities: Capabilities | None = None, peers: PeerNodeFactory | None = None,
+          hostname: str | None = None) -> Services:
+    """Build every service and wire them together (no I/O, nothing started).
+
+    The keyword arguments replace the parts that touch the world, for tests that build
+    several daemons in one event loop; left out, each is what the daemon uses.
+
+    Args:
+        clock: the services' time (default: the system's :class:`Clock`).
+        rng: their random source (job ids, gang backoff, the mDNS token; default ``random.SystemRandom``).
+        runner: starts and watches attempts (default: a :class:`Runner` of watchdog processes).
+        capabilities: this machine as given, never probed (default: probed by ``Machine.probe_loop``).
+        peers: makes the cluster part (default: a :class:`ClusterNode` when the identity is in a
+            cluster, else none); :attr:`Services.cluster` is set only for a :class:`ClusterNode`.
+        hostname: this machine's name for people (default: ``socket.gethostname()``).
+    """
+    clock = clock or Clock()
+    rng = rng or random.SystemRandom()
     signals = Signals()
     node_id = identity.node_id
-    hostname = socket.gethostname()
-    cluster = None
-    if identity.in_cluster:
-        cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals, version=__version__,
-                              hostname=hostname)
-    transport = SelfFirstTransport(node_id, cluster)
-    names = Names(node_id, hostname, cluster)
+    hostname = hostname or socket.gethostname()
+    cluster: ClusterNode | None = None
+    node: PeerNode | None = None
+    if peers is not None:
+        node = peers(signals)
+    elif identity.in_cluster:
+        node = cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals,
+                                     version=__version__, hostname=hostname, clock=clock, rng=rng)
+    transport = SelfFirstTransport(node_id, node)
+    names = Names(node_id, hostname, node)
     ledger = Ledger()
     locks = DeviceLocks(config.device_lock_dir)
-    runner = Runner(config.runs_dir, grace_s=config.cancel_grace_s, poll_interval_s=config.watchdog_poll_interval_s)
+    runner = runner or Runner(config.runs_dir, grace_s=config.cancel_grace_s,
+                              poll_interval_s=config.watchdog_poll_interval_s)
     starter = Starter(config, runner, clock)
     machine = Machine(
         config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
@@ -139,37 +182,39 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                                  cache_dir=config.state_dir / "cache" / "environments"),
         discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s), nvidia=NvidiaSmi(),
         support=support, signals=signals, clock=clock)
+    if capabilities is not None:
+        machine.use_capabilities(capabilities)
     jobs = OwnedJobs(store=store, signals=signals, clock=clock)
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
                            signals=signals, clock=clock)
     jobs.bind(worker)
     gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
-                            directory=cluster, names=names, support=support, signals=signals, clock=clock,
-                            rng=random.SystemRandom())
+                            directory=node, names=names, support=support, signals=signals, clock=clock, rng=rng)
     member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,
-                        worker=worker, directory=cluster, support=support, signals=signals, clock=clock)
+                        worker=worker, directory=node, support=support, signals=signals, clock=clock)
     owner = OwnerService(node_id=node_id, store=store, jobs=jobs, gangs=gangs, machine=machine, starter=starter,
-                         transport=transport, directory=cluster, names=names, support=support, signals=signals,
-                         clock=clock)
+                         transport=transport, directory=node, names=names, support=support, signals=signals,
+                         clock=clock, rng=rng)
     routes: dict[str, Callable[[str, Any], Awaitable[BaseModel]]] = {
         "/v1/peer/report": owner.report, "/v1/peer/kill": worker.kill, "/v1/peer/hold": member.hold,
         "/v1/peer/release": member.release, "/v1/peer/commit": member.commit,
     }
     for path, handler in routes.items():
         transport.route(path, handler)
-    if cluster is not None:
-        cluster.bind(machine=machine, owner=owner, worker=worker, member=member)
+    if node is not None:
+        node.bind(machine=machine, owner=owner, worker=worker, member=member)
     return Services(
-        signals=signals, machine=machine, worker=worker, cluster=cluster,
+        signals=signals, machine=machine, worker=worker, cluster=cluster, owner=owner, jobs=jobs, gangs=gangs,
+        member=member, ledger=ledger,
         recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
         scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
-                            gangs=gangs, transport=transport, directory=cluster, support=support, signals=signals,
+                            gangs=gangs, transport=transport, directory=node, support=support, signals=signals,
                             clock=clock),
         leases=LeaseLoop(worker=worker, owner=owner, gangs=gangs, member=member, grace_s=config.lease_grace_s,
                          clock=clock),
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
-                     owner=owner, machine=machine, directory=cluster, signals=signals, clock=clock),
+                     owner=owner, machine=machine, directory=node, signals=signals, clock=clock),
     )
 
 
@@ -198,6 +243,7 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         store = await Store.open(config.db_path)
         services = build(config, identity, store, support)
         await services.recovery.recover()
+        await services.gangs.recover()
         if services.cluster is not None:
             await services.cluster.async_start()
         else:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-import time
+import random
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
 from gpulayerd.api.peer import PeerCallError, PeerClient, make_peer_app, start_peer_site
+from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
@@ -65,7 +65,8 @@ class ClusterNode:
     """Membership and the peer API of one daemon in a cluster."""
 
     def __init__(self, *, config: DaemonConfig, identity: Identity, store: Store, signals: Signals, version: str,
-                 hostname: str) -> None:
+                 hostname: str, clock: Clock, rng: random.Random) -> None:
+        """Args: ``clock`` for heartbeat times and waits; ``rng`` for the mDNS ``ep`` (this life's token)."""
         from gpulayerd.net.tls import client_ssl_context
 
         assert identity.cluster_id is not None
@@ -75,6 +76,7 @@ class ClusterNode:
         self.cluster_id = identity.cluster_id
         self._store = store
         self._signals = signals
+        self._clock = clock
         self._machine: Machine | None = None
         self._owner: OwnerService | None = None
         self._worker: WorkerService | None = None
@@ -87,7 +89,7 @@ class ClusterNode:
         self.port = 0
         self.addresses: list[str] = []
         self.interface: str | None = None
-        self.ep = secrets.token_hex(4)
+        self.ep = f"{rng.getrandbits(32):08x}"
         self._runner: web.AppRunner | None = None
         self._mdns: MdnsService | None = None
         self._seen_msgs: dict[tuple[str, str], object] = {}
@@ -173,7 +175,7 @@ class ClusterNode:
             if targets:
                 await asyncio.gather(*(self._beat(t.key, t.host, t.port, t.node_id) for t in targets))
             await self._maybe_readvertise()
-            await asyncio.sleep(self._config.heartbeat_interval_s)
+            await self._clock.sleep(self._config.heartbeat_interval_s)
 
     async def _maybe_readvertise(self) -> None:
         if self._mdns is None:
@@ -197,7 +199,7 @@ class ClusterNode:
             if was_up:
                 self._signals.peers_changed()
             return
-        p = self.table.heartbeat_ok(key, host, reply, proven, time.monotonic(), time.time())
+        p = self.table.heartbeat_ok(key, host, reply, proven, self._clock.monotonic(), self._clock.wall())
         if p is None:
             return
         if p.caps_digest != p.fetched_digest or p.caps is None:
@@ -210,7 +212,7 @@ class ClusterNode:
             except PeerCallError as e:
                 log.debug("capabilities of %s: %s", proven[:12], e)
         if not was_up:
-            await self._store.peers.save_peer(proven, p.name, p.addresses, p.port, time.time())
+            await self._store.peers.save_peer(proven, p.name, p.addresses, p.port, self._clock.wall())
             log.info("peer %s (%s) is up at %s:%d", p.name, proven[:12], host, port)
             self._signals.wake()
         self._signals.peers_changed()
@@ -219,13 +221,13 @@ class ClusterNode:
         if node_id is None:
             return False
         p = self.table.get(node_id)
-        return p is not None and self.table.state(p, time.monotonic()) == "up"
+        return p is not None and self.table.state(p, self._clock.monotonic()) == "up"
 
     # ------------------------------------------------------------------ queries
 
     def worker_snapshots(self) -> list[WorkerSnapshot]:
         """Every trusted peer with known capabilities, offline ones marked so."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         out = []
         for p in self.table.trusted_peers():
             if p.caps is None:
@@ -246,7 +248,7 @@ class ClusterNode:
 
     def views(self) -> list[PeerView]:
         """Every peer for ``gpulayer peers``."""
-        return self.table.views(time.monotonic())
+        return self.table.views(self._clock.monotonic())
 
     def trusted_ids(self) -> list[str]:
         """Node ids of every trusted peer."""
@@ -254,7 +256,7 @@ class ClusterNode:
 
     def up_ids(self) -> list[str]:
         """Node ids of the trusted peers that answer heartbeats now."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         return [p.key for p in self.table.trusted_peers() if self.table.state(p, now) == "up"]
 
     def address_of(self, node_id: str) -> tuple[str, int] | None:

@@ -1,20 +1,24 @@
 """Gang coordination (owner side) of multi-host torch.distributed jobs; the member side is in :mod:`.member`.
 
-The owner places short holds (with a TTL) on N workers in node-id order, releases them
-all on any refusal and retries with jittered backoff; with all N held it claims the job
+Every decision is :mod:`gpulayerd.core.holds`' or :mod:`gpulayerd.core.gang`'s: this service carries out its actions
+(holds, releases, the job's claim, commits, kills, the verdict) and feeds back what
+happened. The owner places holds on N workers in node-id order, releases them all on
+any refusal and retries with jittered backoff; with all N held it claims the job
 (compare-and-set) and commits every member: rank 0 is the lowest node id, whose address
-and reserved port are the rendezvous. One lease for the gang: a member that fails, is
-lost or stops renewing aborts the attempt everywhere.
+and reserved port are the rendezvous. One lease for the gang; the verdict rule (a member
+lost near the first failure makes the attempt ``lost``, not ``failed``) is the core's.
+
+The attempt's durable state is written to the store's ``gangs`` table on every change,
+so that a restarted owner resumes it (:meth:`GangCoordinator.recover`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from gpulayerd.api.peer import PeerCallError
 from gpulayerd.app.clock import Clock
@@ -23,33 +27,27 @@ from gpulayerd.app.names import Names
 from gpulayerd.app.ports import Directory, PeerTransport
 from gpulayerd.app.signals import Signals
 from gpulayerd.config import DaemonConfig
+from gpulayerd.core import gang as core
+from gpulayerd.core import holds
+from gpulayerd.core.claims import ACTIVE
+from gpulayerd.core.gang import GangAttempt
 from gpulayerd.core.matching import evaluate, explain
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.models import ExplanationModel, JobSpec
 from gpulayerd.net.wire import Ack, Commit, Hold, HoldReply, Kill, Release, RunReport, RunReportReply, new_msg_id
-from gpulayerd.store import JobRow, Store
+from gpulayerd.store import GangRow, JobRow, Store
 
-__all__ = ["Gang", "GangCoordinator"]
+__all__ = ["GangCoordinator", "gang_from_row", "gang_to_row"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Gang:
-    """Owner side: one attempt of a multi-host job, and what each member reported (monotonic s)."""
-
-    job_id: str
-    attempt: int
-    hold_id: str
-    members: list[str]
-    renewed_at: dict[str, float]
-    started: set[str] = field(default_factory=set)
-    exits: dict[str, int | None] = field(default_factory=dict)
-    aborted: bool = False
-
-
 class GangCoordinator:
-    """Owner side of gang placement: hold rounds, commit, reports, one lease, abort."""
+    """Owner side of gang placement: hold rounds, commit, reports, one lease, abort, verdict.
+
+    Args:
+        rng: the random source (hold ids, backoff jitter); tests give a seeded one.
+    """
 
     def __init__(self, *, config: DaemonConfig, node_id: str, store: Store, jobs: OwnedJobs,
                  transport: PeerTransport, directory: Directory | None, names: Names, support: SupportMatrix,
@@ -65,9 +63,16 @@ class GangCoordinator:
         self._signals = signals
         self._clock = clock
         self._rng = rng
-        self._gangs: dict[str, Gang] = {}  # our multi-host jobs being run
+        self._gangs: dict[str, GangAttempt] = {}  # our multi-host jobs' current attempts
+        self._locks: dict[str, asyncio.Lock] = {}  # one event at a time per gang
         self._busy: set[str] = set()  # jobs with a hold round in flight
-        self._backoff: dict[str, tuple[float, int]] = {}  # job -> (not before, failures)
+        self._backoff: dict[str, tuple[float, int]] = {}  # job -> (not before, failed rounds in a row)
+
+    def attempt(self, job_id: str) -> GangAttempt | None:
+        """The gang attempt of ``job_id`` being run, or None."""
+        return self._gangs.get(job_id)
+
+    # ------------------------------------------------------------- placement
 
     async def schedule(self, row: JobRow, spec: JobSpec, req: JobRequest, local: WorkerSnapshot) -> None:
         """Place a queued multi-host job: start a hold round if enough workers fit, else record why not."""
@@ -78,10 +83,9 @@ class GangCoordinator:
             return
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         workers = [local, *remote]
-        fits = [w for w in sorted(workers, key=lambda w: w.node_id)
-                if evaluate(req, w, self._support).placement is not None]
+        fits = [w.node_id for w in workers if evaluate(req, w, self._support).placement is not None]
         n = req.distributed.nnodes
-        if len(fits) < n:
+        if len(set(fits)) < n:
             e = explain(req, workers, self._support)
             if e.summary != row.reason:
                 await self._store.jobs.set_explanation(row.id, e.summary,
@@ -89,122 +93,229 @@ class GangCoordinator:
                 self._signals.job_changed(row.id)
             return
         self._busy.add(row.id)
-        self._signals.spawn(self._round(row, spec, [w.node_id for w in fits[:n]]), name=f"gang-{row.id}")
+        self._signals.spawn(self._round(row, spec, fits, n), name=f"gang-{row.id}")
 
-    async def _round(self, row: JobRow, spec: JobSpec, members: list[str]) -> None:
+    async def _round(self, row: JobRow, spec: JobSpec, candidates: Sequence[str], n: int) -> None:
         try:
-            await self._hold_and_commit(row, spec, members)
+            await self.place(row, spec, candidates, n)
         finally:
             self._busy.discard(row.id)
 
-    async def _hold_and_commit(self, row: JobRow, spec: JobSpec, members: list[str]) -> None:
+    async def place(self, row: JobRow, spec: JobSpec, candidates: Sequence[str], n: int) -> None:
+        """One hold round for ``row`` over the first ``n`` of ``candidates`` in node-id order, to its end.
+
+        On success the gang attempt runs (:meth:`attempt`); on a failed hold the job waits
+        out its backoff before the next round.
+        """
+        failures = self._backoff.get(row.id, (0.0, 0))[1]
         hold_id = f"{self._rng.getrandbits(64):016x}"
-        held: list[tuple[str, HoldReply]] = []
-        failed = ""
-        for m in members:  # node-id order: two owners never deadlock on each other's holds
-            hold = Hold(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, hold_id=hold_id,
-                        spec=spec.model_dump(mode="json"), ttl_s=self._config.hold_ttl_s)
-            try:
-                reply = await self._transport.call(m, "/v1/peer/hold", hold, HoldReply)
-            except PeerCallError as e:
-                failed = f"hold on {m[:12]} failed: {e}"
-                break
-            if not reply.held:
-                failed = f"{self._names.label(m)} refused the hold: {reply.reason}"
-                break
-            held.append((m, reply))
-        if failed:
-            await self._release(hold_id, [m for m, _ in held])
-            _, k = self._backoff.get(row.id, (0.0, 0))
-            delay = min(30.0, 0.5 * 2**k) * (0.5 + self._rng.random())
-            self._backoff[row.id] = (self._clock.monotonic() + delay, k + 1)
-            log.info("job_id=%s: gang hold round failed (%s); retrying in %.1f s", row.id, failed, delay)
-            return
-        master_addr, master_port = held[0][1].address, held[0][1].port
-        placement = json.dumps({"gang": members, "master": f"{master_addr}:{master_port}", "hold_id": hold_id})
-        granted = await self._jobs.grant(row.id, self.node_id, f"gang-{hold_id}", placement, tries=1)
-        if not isinstance(granted, Granted) or not granted.fresh:
-            await self._release(hold_id, members)
-            return
-        self._backoff.pop(row.id, None)
-        attempt = granted.attempt
-        now = self._clock.monotonic()
-        gang = Gang(job_id=row.id, attempt=attempt, hold_id=hold_id, members=list(members),
-                    renewed_at={m: now for m in members})
-        self._gangs[row.id] = gang
-        for rank, m in enumerate(members):
-            commit = Commit(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, hold_id=hold_id,
-                            attempt=attempt, lease_s=row.lease_s, spec=spec.model_dump(mode="json"),
-                            node_rank=rank, nnodes=len(members), master_addr=master_addr, master_port=master_port)
-            try:
-                ack = await self._transport.call(m, "/v1/peer/commit", commit, Ack)
-                ok, why = ack.ok, ack.reason
-            except PeerCallError as e:
-                ok, why = False, str(e)
-            if not ok:
-                await self._abort(gang, f"commit to {self._names.label(m)} failed: {why}")
-                return
+        r, pending = holds.begin_round(row.id, hold_id, candidates, n, failures)
+        body = spec.model_dump(mode="json")
+        while pending:
+            action = pending.pop(0)
+            event: holds.RoundEvent | None = None
+            if isinstance(action, holds.SendHold):
+                event = await self._hold(row.id, hold_id, body, action.member)
+            elif isinstance(action, holds.ReleaseHolds):
+                await self._release(action.hold_id, action.members)
+            elif isinstance(action, holds.RetryAfter):
+                self._backoff[row.id] = (self._clock.monotonic() + action.delay_s, action.failures)
+                log.info("job_id=%s: gang hold round failed (%s); retrying in %.1f s", row.id,
+                         self._names.readable(action.reason), action.delay_s)
+            elif isinstance(action, holds.ClaimJob):
+                placement = json.dumps({"gang": list(action.members),
+                                        "master": f"{action.master_addr}:{action.master_port}",
+                                        "hold_id": action.hold_id})
+                granted = await self._jobs.grant(row.id, self.node_id, f"gang-{hold_id}", placement, tries=1)
+                if isinstance(granted, Granted) and granted.fresh:
+                    event = holds.ClaimGranted(granted.attempt, granted.lease_s, self._config.lease_grace_s)
+                else:
+                    event = holds.ClaimDenied(granted if isinstance(granted, str) else "claimed already")
+            elif isinstance(action, holds.AttemptBegun):
+                self._backoff.pop(row.id, None)
+                self._gangs[row.id] = action.gang
+                await self._save(action.gang)
+            elif isinstance(action, holds.SendCommit):
+                why = await self._commit(row, body, hold_id, action)
+                if why is not None:
+                    # The commits not sent yet never will be: their holds are released.
+                    rest = [a.member for a in pending if isinstance(a, holds.SendCommit)]
+                    pending.clear()
+                    await self.feed(row.id, core.MemberLost(action.member, action.attempt,
+                                                            f"commit failed: {why}"))
+                    await self._release(hold_id, [action.member, *rest])
+            if event is not None:
+                r, more = holds.advance_round(r, event, self._clock.monotonic(), self._rng.random())
+                pending.extend(more)
+
+    async def _hold(self, job_id: str, hold_id: str, body: dict[str, object], member: str) -> holds.RoundEvent:
+        hold = Hold(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, hold_id=hold_id, spec=body,
+                    ttl_s=self._config.hold_ttl_s)
+        try:
+            reply = await self._transport.call(member, "/v1/peer/hold", hold, HoldReply)
+        except PeerCallError as e:
+            return holds.HoldFailed(member, str(e))
+        if not reply.held:
+            return holds.HoldFailed(member, f"refused: {reply.reason}")
+        return holds.HoldGranted(member, reply.address, reply.port)
+
+    async def _commit(self, row: JobRow, body: dict[str, object], hold_id: str, c: holds.SendCommit) -> str | None:
+        """Send one commit; None when the member took it, else why not."""
+        commit = Commit(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, hold_id=hold_id,
+                        attempt=c.attempt, lease_s=row.lease_s, spec=body, node_rank=c.rank, nnodes=c.nnodes,
+                        master_addr=c.master_addr, master_port=c.master_port)
+        try:
+            ack = await self._transport.call(c.member, "/v1/peer/commit", commit, Ack)
+        except PeerCallError as e:
+            return str(e)
+        return None if ack.ok else ack.reason
 
     async def _release(self, hold_id: str, members: Sequence[str]) -> None:
         for m in members:
-            with contextlib.suppress(PeerCallError):
+            try:
                 await self._transport.call(m, "/v1/peer/release", Release(msg_id=new_msg_id(), owner=self.node_id,
                                                                           hold_id=hold_id), Ack)
+            except PeerCallError as e:
+                log.info("release of hold %s on %s failed (it expires): %s", hold_id, m[:12], e)
 
-    async def _abort(self, gang: Gang, reason: str) -> None:
-        """One member lost or failed: stop every member; the attempt is lost (or failed)."""
-        if gang.aborted:
-            return
-        gang.aborted = True
-        log.info("job_id=%s attempt %d: gang abort: %s", gang.job_id, gang.attempt, reason)
-        for m in gang.members:
-            if m in gang.exits:
-                continue
-            kill = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=gang.job_id, attempt=gang.attempt,
-                        reason=f"gang abort: {reason}")
-            with contextlib.suppress(PeerCallError):
-                await self._transport.call(m, "/v1/peer/kill", kill, Ack)
-        failed = [code for code in gang.exits.values() if code not in (0, None)]
-        self._gangs.pop(gang.job_id, None)
-        if failed:
-            await self._jobs.exited(gang.job_id, gang.attempt, failed[0], reason, reason)
+    # ------------------------------------------------------------- the attempt
+
+    async def feed(self, job_id: str, event: core.AttemptEvent) -> list[core.AttemptAction]:
+        """Feed ``event`` to the job's gang attempt and carry out the actions (none if no attempt runs)."""
+        lock = self._locks.setdefault(job_id, asyncio.Lock())
+        async with lock:
+            g = self._gangs.get(job_id)
+            if g is None:
+                return []
+            new, actions = core.handle(g, event, self._clock.monotonic())
+            self._gangs[job_id] = new
+            for action in actions:
+                await self._carry_out(new, action)
+            return actions
+
+    async def _carry_out(self, g: GangAttempt, action: core.AttemptAction) -> None:
+        if isinstance(action, core.PersistGang):
+            await self._save(action.gang)
+        elif isinstance(action, core.MarkStarted):
+            await self._jobs.started(g.job_id, g.attempt, self.node_id, f"gang-start-{g.job_id}-{g.attempt}")
+        elif isinstance(action, core.ExtendGangLease):
+            self._jobs.set_lease(g.job_id, action.expires_at)
+        elif isinstance(action, core.KillMembers):
+            log.info("job_id=%s attempt %d: %s", g.job_id, g.attempt, self._names.readable(action.reason))
+            for m in action.members:
+                self._signals.spawn(self._kill(g, m, action.reason), name=f"gang-kill-{g.job_id}")
+        elif isinstance(action, core.EndAttempt):
+            self._gangs.pop(g.job_id, None)
+            self._locks.pop(g.job_id, None)
+            await self._end(g.job_id, g.attempt, action.verdict)
+
+    async def _end(self, job_id: str, attempt: int, v: core.Verdict) -> None:
+        log.info("job_id=%s attempt %d: gang %s: %s", job_id, attempt, v.status, self._names.readable(v.reason))
+        stimulus = f"gang-end-{job_id}-{attempt}"
+        if v.status == "succeeded":
+            await self._jobs.exited(job_id, attempt, 0, v.reason, "", stimulus)
+        elif v.status == "failed":
+            await self._jobs.exited(job_id, attempt, v.exit_code, v.reason, v.reason, stimulus)
         else:
-            await self._jobs.lost(gang.job_id, gang.attempt, f"gang aborted: {reason}")
+            await self._jobs.lost(job_id, attempt, v.reason, stimulus_id=stimulus)
+        await self._store.gangs.delete(job_id)
+
+    async def _kill(self, g: GangAttempt, member: str, reason: str) -> None:
+        kill = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=g.job_id, attempt=g.attempt, reason=reason)
+        try:
+            await self._transport.call(member, "/v1/peer/kill", kill, Ack)
+        except PeerCallError as e:
+            log.info("job_id=%s: kill of rank %d on %s failed: %s", g.job_id, g.rank(member), member[:12], e)
+
+    async def _save(self, g: GangAttempt) -> None:
+        await self._store.gangs.save(gang_to_row(g, self._clock.wall()))
 
     async def report(self, row: JobRow, worker: str, msg: RunReport) -> RunReportReply | None:
         """A member's report on a gang attempt; None if ``worker`` is not a member of a gang of ``row``."""
-        gang = self._gangs.get(row.id)
-        if gang is None or worker not in gang.members:
+        g = self._gangs.get(row.id)
+        if g is None or worker not in g.members:
             return None
-        if msg.attempt != gang.attempt:
-            return RunReportReply(ok=False, stale=True, current_attempt=gang.attempt)
-        gang.renewed_at[worker] = self._clock.monotonic()
+        event: core.AttemptEvent
         if msg.kind == "started":
-            gang.started.add(worker)
-            if len(gang.started) == 1:
-                await self._jobs.started(row.id, gang.attempt, self.node_id, msg.msg_id)
+            event = core.MemberStarted(worker, msg.attempt)
+        elif msg.kind == "renew":
+            event = core.MemberRenewed(worker, msg.attempt)
         elif msg.kind == "exited":
-            gang.exits[worker] = msg.exit_code
-            if msg.exit_code != 0:
-                await self._abort(gang, f"{self._names.label(worker)} exited {msg.exit_code}: {msg.reason}")
-            elif len(gang.exits) == len(gang.members):
-                self._gangs.pop(row.id, None)
-                await self._jobs.exited(row.id, gang.attempt, 0, "every member exited 0", "", msg.msg_id)
-        elif msg.kind == "lost":
-            gang.exits[worker] = None
-            await self._abort(gang, f"{self._names.label(worker)} lost its rank: {msg.reason}")
-        return RunReportReply(ok=True, current_attempt=gang.attempt)
+            event = core.MemberExited(worker, msg.attempt, msg.exit_code, msg.reason)
+        else:
+            event = core.MemberLost(worker, msg.attempt, msg.reason or "its rank is gone")
+        actions = await self.feed(row.id, event)
+        stale = next((a for a in actions if isinstance(a, core.ReplyStale)), None)
+        if stale is not None:
+            return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
+        return RunReportReply(ok=True, current_attempt=g.attempt)
 
     async def check_leases(self) -> None:
-        """Abort a gang whose member stopped renewing; otherwise its one lease is renewed."""
+        """The lease tick of every gang: silent members are lost, failure windows close, leases renew.
+
+        A cancel requested on the job stops every member. A gang whose job moved on
+        without it (its attempt ended elsewhere) is forgotten.
+        """
+        for job_id, g in list(self._gangs.items()):
+            row = await self._jobs.get(job_id)
+            if row is None or row.attempt != g.attempt or row.status not in ACTIVE:
+                self._gangs.pop(job_id, None)
+                await self._store.gangs.delete(job_id)
+                continue
+            if row.cancel_requested:
+                await self.feed(job_id, core.AbortRequested("cancelled by user"))
+            await self.feed(job_id, core.LeaseTick())
+
+    async def recover(self) -> None:
+        """At start-up: resume the gang attempts of jobs still claimed or running with the same attempt.
+
+        Every member's lease counts as renewed now (as do persisted leases in
+        :mod:`gpulayerd.core.claims`); a verdict stored but not yet applied to its job is applied now.
+        """
         now = self._clock.monotonic()
-        for gang in list(self._gangs.values()):
-            row = await self._jobs.get(gang.job_id)
-            if row is None:
+        for r in await self._store.gangs.all():
+            row = await self._jobs.get(r.job_id)
+            if row is None or row.attempt != r.attempt or row.status not in ACTIVE:
+                await self._store.gangs.delete(r.job_id)
                 continue
-            late = [m for m in gang.members if m not in gang.exits
-                    and now - gang.renewed_at.get(m, 0.0) > row.lease_s + self._config.lease_grace_s]
-            if late:
-                await self._abort(gang, f"no lease renewal from {', '.join(self._names.label(m) for m in late)}")
+            g = gang_from_row(r)
+            if g.verdict is not None:
+                await self._end(g.job_id, g.attempt, g.verdict)
                 continue
-            self._jobs.set_lease(gang.job_id, now + row.lease_s)  # every live member renewed: so does the gang
+            self._gangs[g.job_id] = core.recovered(g, now)
+            self._jobs.set_lease(g.job_id, now + g.lease_s)
+            log.info("job_id=%s: resumed gang attempt %d (%d members)", g.job_id, g.attempt, len(g.members))
+
+
+def gang_to_row(g: GangAttempt, now_wall: float) -> GangRow:
+    """The store row of a gang attempt (its durable state) written at ``now_wall``."""
+    ff = g.first_failure
+    v = g.verdict
+    return GangRow(
+        job_id=g.job_id, attempt=g.attempt, hold_id=g.hold_id, members_json=json.dumps(list(g.members)),
+        master=g.master, lease_s=g.lease_s, grace_s=g.grace_s, started_json=json.dumps(sorted(g.started)),
+        exits_json=json.dumps({m: {"code": e.code, "reason": e.reason, "killed": e.killed}
+                               for m, e in sorted(g.exits.items())}),
+        lost_json=json.dumps({m: loss.reason for m, loss in sorted(g.lost.items())}),
+        first_failure_json=None if ff is None else json.dumps(
+            {"member": ff.member, "code": ff.code, "reason": ff.reason}),
+        killed=g.killed,
+        verdict_json=None if v is None else json.dumps(
+            {"status": v.status, "reason": v.reason, "member": v.member, "exit_code": v.exit_code}),
+        updated_at=now_wall)
+
+
+def gang_from_row(r: GangRow) -> GangAttempt:
+    """A gang attempt from its store row (times are 0: see :func:`gpulayerd.core.gang.recovered`)."""
+    members = tuple(json.loads(r.members_json))
+    ff = json.loads(r.first_failure_json) if r.first_failure_json else None
+    v = json.loads(r.verdict_json) if r.verdict_json else None
+    return GangAttempt(
+        job_id=r.job_id, attempt=r.attempt, hold_id=r.hold_id, members=members, master=r.master,
+        lease_s=r.lease_s, grace_s=r.grace_s, renewed_at={m: 0.0 for m in members},
+        started=frozenset(json.loads(r.started_json)),
+        exits={m: core.Exit(e["code"], 0.0, e["reason"], e["killed"]) for m, e in json.loads(r.exits_json).items()},
+        lost={m: core.Loss(0.0, reason) for m, reason in json.loads(r.lost_json).items()},
+        first_failure=None if ff is None else core.Failure(ff["member"], ff["code"], 0.0, ff["reason"]),
+        killed=r.killed,
+        verdict=None if v is None else core.Verdict(v["status"], v["reason"], v["member"], v["exit_code"]))

@@ -3,6 +3,10 @@
 One object shared by the worker, the gang member and the machine snapshot, so that the
 matcher never sees a device or CPU slot as free while an attempt or a hold has it. It
 keeps no store state: grants live in the store; this is what the processes are doing now.
+
+The decisions about offers, claims, holds, runs, renewals and reports are made by the
+pure :mod:`gpulayerd.core.worker`, whose state the ledger keeps (:meth:`Ledger.apply`);
+beside it, the ledger keeps what the core does not: run handles, specs, lock fds.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from gpulayerd.core import worker as core
 from gpulayerd.core.types import Accelerator
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
@@ -82,9 +87,22 @@ class Ledger:
     """Attempts starting or running on this machine, and gang holds."""
 
     def __init__(self) -> None:
+        self._state = core.WorkerState()
         self._runs: dict[RunKey, RunEntry] = {}
         self._starting: dict[RunKey, int] = {}  # claimed here, watchdog starting -> CPU slots
         self._holds: dict[str, HeldResources] = {}
+
+    # --- the worker core
+
+    @property
+    def state(self) -> core.WorkerState:
+        """The worker core's state now (read-only)."""
+        return self._state
+
+    def apply(self, event: core.Event, now: float) -> list[core.Action]:
+        """Feed ``event`` to the worker core at ``now`` (monotonic s); the actions to carry out."""
+        self._state, actions = core.handle(self._state, event, now)
+        return actions
 
     # --- runs
 
@@ -120,8 +138,8 @@ class Ledger:
         return sorted(self._runs)
 
     def runs_for(self, owner: str, job_id: str) -> bool:
-        """True if we run an attempt of ``owner``'s job ``job_id``."""
-        return any(e.owner == owner and k[0] == job_id for k, e in self._runs.items())
+        """True if an attempt of ``owner``'s job ``job_id`` starts or runs here."""
+        return self._state.runs_for(owner, job_id)
 
     def gpu_runs(self) -> int:
         """How many running attempts use accelerators."""

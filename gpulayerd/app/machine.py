@@ -134,6 +134,14 @@ class Machine:
             self._signals.devices_changed()
             self._signals.wake()
 
+    def use_capabilities(self, caps: Capabilities) -> None:
+        """Take ``caps`` as this machine's probed capabilities (for a machine that is not probed,
+        e.g. one made up by a test); :meth:`probe_loop` would replace them."""
+        self._caps = caps
+        self._ready.set()
+        self._signals.devices_changed()
+        self._signals.wake()
+
     async def snapshot(self, refresh_apps: bool, workdirs: Iterable[str | None] = ()) -> WorkerSnapshot:
         """This machine as the matcher sees it now (after the first probe).
 

@@ -3,6 +3,8 @@
 A hold reserves devices, CPU slots and a port for ``ttl_s`` (kept in the :class:`Ledger`,
 so the matcher sees them as taken); a commit starts this machine's rank under the hold
 through the :class:`Starter`; the run is then watched and renewed by the worker service.
+Whether a hold is kept, released, committed or expired is decided by the pure worker core
+(:mod:`gpulayerd.core.worker`, its state kept by the ledger); this service does the I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from gpulayerd.app.ports import Directory
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.starter import GangRank, Starter, device_grants
 from gpulayerd.app.worker import WorkerService
+from gpulayerd.core import worker as core
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import Accelerator, SupportMatrix
 from gpulayerd.models import PlacementModel, SpecError, job_spec_from_mapping
@@ -70,31 +73,56 @@ class GangMember:
         d = self._directory
         address = d.addresses[0] if d is not None and d.addresses else "127.0.0.1"
         interface = (d.interface if d is not None else None) or "lo"
-        port = _free_port(address)
+        actions = self._ledger.apply(core.HoldPlaced(msg.hold_id, owner, msg.job_id, frozenset(uuids), msg.ttl_s),
+                                     self._clock.monotonic())
+        kept = next((a for a in actions if isinstance(a, core.KeepHold)), None)
+        if kept is None:
+            self._locks.release(fds)
+            refused = next((a.reason for a in actions if isinstance(a, core.RefuseHold)), "refused")
+            return HoldReply(held=False, reason=refused)
+        try:
+            port = _free_port(address)
+        except BaseException:
+            self._drop(self._ledger.apply(core.HoldReleased(msg.hold_id, owner), self._clock.monotonic()), fds)
+            raise
         nproc = spec.distributed.nproc_per_node if spec.distributed is not None else 1
         self._ledger.hold(msg.hold_id, HeldResources(
             owner=owner, job_id=msg.job_id, spec=spec, placement=ev.placement, fds=fds,
-            expires_at=self._clock.monotonic() + msg.ttl_s, address=address, interface=interface, port=port,
+            expires_at=kept.expires_at, address=address, interface=interface, port=port,
             cpu_slots=nproc if spec.requirements.accelerator is Accelerator.CPU else 0))
         return HoldReply(held=True, address=address, interface=interface, port=port)
 
+    def _drop(self, actions: list[core.Action], fds: list[int] | None = None) -> None:
+        """Carry out the core's DropHold actions: forget the hold, unlock its devices."""
+        for a in actions:
+            if isinstance(a, core.DropHold):
+                h = self._ledger.release(a.hold_id)
+                held_fds = h.fds if h is not None else fds or []
+                self._locks.release(held_fds)
+                if a.reason == "expired" and h is not None:
+                    log.info("hold %s for job %s expired", a.hold_id, h.job_id)
+                self._signals.wake()
+
     async def release(self, owner: str, msg: Release) -> Ack:
         """Peer route: drop a hold (its devices and slots are free again)."""
-        h = self._ledger.held(msg.hold_id)
-        if h is not None and h.owner == owner:
-            self._ledger.release(msg.hold_id)
-            self._locks.release(h.fds)
-            self._signals.wake()
+        self._drop(self._ledger.apply(core.HoldReleased(msg.hold_id, owner), self._clock.monotonic()))
         return Ack(ok=True)
 
     async def commit(self, owner: str, msg: Commit) -> Ack:
         """Peer route: start our rank of a gang job under the hold."""
-        h = self._ledger.held(msg.hold_id)
-        if h is None or h.owner != owner:
-            return Ack(ok=False, reason="no such hold (expired?)")
-        self._ledger.release(msg.hold_id)
-        spec, placement = h.spec, h.placement
         key = (msg.job_id, msg.attempt)
+        actions = self._ledger.apply(core.HoldCommitted(msg.hold_id, owner, key, msg.lease_s),
+                                     self._clock.monotonic())
+        self._drop(actions)
+        if not any(isinstance(a, core.StartRun) for a in actions):
+            return Ack(ok=False, reason=next((a.reason for a in actions if isinstance(a, core.RefuseCommit)),
+                                             "no such hold (expired?)"))
+        h = self._ledger.release(msg.hold_id)  # the run has what the hold had
+        if h is None:
+            self._ended(key, owner)
+            return Ack(ok=False, reason="no such hold (expired?)")
+        spec, placement = h.spec, h.placement
+        started = False
         try:
             row = RemoteRunRow(owner=owner, job_id=msg.job_id, attempt=msg.attempt,
                                spec_json=spec.model_dump_json(),
@@ -102,6 +130,7 @@ class GangMember:
                                lease_s=msg.lease_s, run_dir=str(self._starter.run_dir(msg.job_id, msg.attempt)),
                                state="running", started_at=self._clock.wall())
             if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall()):
+                self._ended(key, owner)
                 return Ack(ok=False, reason="devices taken meanwhile")
             rank = GangRank(nnodes=msg.nnodes, node_rank=msg.node_rank, master_addr=msg.master_addr,
                             master_port=msg.master_port, interface=h.interface)
@@ -113,25 +142,29 @@ class GangMember:
                 self._ledger.not_started(key)
                 await self._store.runs.end_remote_run(owner, msg.job_id, msg.attempt, "exited", None, str(e),
                                                       self._clock.wall())
+                self._ended(key, owner)
                 return Ack(ok=False, reason=f"could not start: {e}")
+            started = True
         finally:
             self._locks.release(h.fds)
+            if not started and key in self._ledger.state.runs:  # cancelled or failed on the way
+                self._ledger.not_started(key)
+                self._ended(key, owner)
         self._worker.track(key, handle, spec, owner, msg.lease_s)
         self._signals.devices_changed()
         self._signals.spawn(self._report_started(owner, key))
         return Ack(ok=True)
+
+    def _ended(self, key: tuple[str, int], owner: str) -> None:
+        """A committed rank that did not start: the commit's answer tells the owner (no end report)."""
+        self._ledger.apply(core.RunEnded(key, owner, "exited", report=False), self._clock.monotonic())
 
     async def _report_started(self, owner: str, key: tuple[str, int]) -> None:
         await self._worker.report(owner, key, "started", None, "")
 
     def expire_holds(self) -> None:
         """Drop holds past their TTL."""
-        now = self._clock.monotonic()
-        for hold_id, h in self._ledger.holds():
-            if now > h.expires_at:
-                self._ledger.release(hold_id)
-                self._locks.release(h.fds)
-                log.info("hold %s for job %s expired", hold_id, h.job_id)
+        self._drop(self._ledger.apply(core.HoldsChecked(), self._clock.monotonic()))
 
 
 def _free_port(address: str) -> int:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import os
-import secrets
+import random
 
 from gpulayerd.api.peer import PeerCallError
 from gpulayerd.app.clock import Clock
@@ -44,9 +44,14 @@ log = logging.getLogger(__name__)
 _B32 = "0123456789abcdefghjkmnpqrstvwxyz"
 
 
-def new_job_id(now_wall: float) -> str:
-    """A 12-character id, sortable by submission time (Crockford base32, lower case)."""
-    n = (int(now_wall * 1000) << 20) | secrets.randbits(20)
+def new_job_id(now_wall: float, rng: random.Random) -> str:
+    """A 12-character id, sortable by submission time (Crockford base32, lower case).
+
+    Args:
+        now_wall: seconds since the epoch (the submission time; milliseconds count).
+        rng: where the id's 20 random low bits come from (``random.SystemRandom`` in the daemon).
+    """
+    n = (int(now_wall * 1000) << 20) | rng.getrandbits(20)
     chars = []
     for _ in range(12):
         chars.append(_B32[n & 31])
@@ -59,7 +64,7 @@ class OwnerService:
 
     def __init__(self, *, node_id: str, store: Store, jobs: OwnedJobs, gangs: GangCoordinator, machine: Machine,
                  starter: Starter, transport: PeerTransport, directory: Directory | None, names: Names,
-                 support: SupportMatrix, signals: Signals, clock: Clock) -> None:
+                 support: SupportMatrix, signals: Signals, clock: Clock, rng: random.Random) -> None:
         self.node_id = node_id
         self._store = store
         self._jobs = jobs
@@ -72,6 +77,7 @@ class OwnerService:
         self._support = support
         self._signals = signals
         self._clock = clock
+        self._rng = rng
 
     # ------------------------------------------------------------- local API
 
@@ -88,7 +94,7 @@ class OwnerService:
         # The workdir is absolute: no base dir is needed (and Path.cwd() would touch the file system).
         spec = job_spec_from_mapping(request.spec, source="job spec", base_dir="/")
         now = self._clock.wall()
-        job_id = new_job_id(now)
+        job_id = new_job_id(now, self._rng)
         req = spec.to_core(job_id)
         rejections = validate(req, self._support)
         status = JobStatus.REJECTED if rejections else JobStatus.QUEUED

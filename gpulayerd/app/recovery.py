@@ -8,6 +8,7 @@ its attempt is lost (never started: re-queued for free).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 
@@ -55,6 +56,8 @@ class Recovery:
             self._jobs.set_lease(row.id, now + row.lease_s)
             if a.worker != self.node_id:
                 continue  # runs on a peer: its lease counts as renewed now; it reports when it can
+            if "gang" in json.loads(a.placement_json or "{}"):
+                continue  # a gang's attempt: GangCoordinator.recover resumes it
             handle = await self._adopt_or_give_up(a.run_dir)
             if handle is None:
                 await self._jobs.lost(row.id, a.attempt, "the daemon stopped before the job started",

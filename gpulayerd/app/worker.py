@@ -10,6 +10,10 @@ until the owner acknowledges it.
 Renewals and reports go to each owner concurrently and within a time bound, one round
 in flight per owner: an owner that does not answer (powered off, stopped) delays only
 its own runs, never the renewals of this machine's other jobs.
+
+What to do is decided by the pure worker core (:mod:`gpulayerd.core.worker`, its state
+kept by the :class:`Ledger`); this service does the I/O: locks, the store, the starter,
+the runner, the transport.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Literal
 
 from gpulayerd.api.peer import PeerCallError
@@ -30,6 +35,7 @@ from gpulayerd.app.signals import Signals, log_failure
 from gpulayerd.app.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import claims
+from gpulayerd.core import worker as core
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
@@ -39,14 +45,18 @@ from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
 from gpulayerd.store import JobRow, RemoteRunRow, Store
 
-__all__ = ["ReportKind", "WorkerService"]
+__all__ = ["OFFER_KEPT_S", "ReportKind", "WorkerService"]
 
 log = logging.getLogger(__name__)
 
 ReportKind = Literal["started", "renew", "exited", "lost"]
 
-OFFER_KEPT_S = 60.0
+OFFER_KEPT_S = core.OFFER_KEPT_S
 """An offer not claimed within this long is dropped (the owner offers again while it waits)."""
+
+
+def _devices(placement: Placement) -> list[str]:
+    return [u for u in placement.device_uuids if u]
 
 
 class WorkerService:
@@ -68,9 +78,12 @@ class WorkerService:
         self._support = support
         self._signals = signals
         self._clock = clock
-        self._offers: dict[tuple[str, str], tuple[Offer, float]] = {}  # (owner, job) -> offer, received
+        self._offers: dict[tuple[str, str], Offer] = {}  # (owner, job) -> the offer the core keeps
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
-        self._renewing: dict[str, asyncio.Task[None]] = {}  # owner -> its renewal round in flight
+        self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
+
+    def _apply(self, event: core.Event) -> list[core.Action]:
+        return self._ledger.apply(event, self._clock.monotonic())
 
     # ------------------------------------------------------------- local jobs
 
@@ -85,7 +98,7 @@ class WorkerService:
             True if the attempt was granted (it starts soon), False if not (devices
             taken by another daemon meanwhile, or the job changed).
         """
-        uuids = [u for u in placement.device_uuids if u]
+        uuids = _devices(placement)
         fds = await self._locks.async_try_acquire(uuids) if uuids else []
         if fds is None:
             self._signals.wake()
@@ -101,8 +114,14 @@ class WorkerService:
         if not isinstance(granted, Granted) or not granted.fresh:
             self._locks.release(fds)
             return False
-        self._signals.devices_changed()
         key = (row.id, granted.attempt)
+        if not any(isinstance(a, core.StartLocal)
+                   for a in self._apply(core.LocalClaimed(key, row.lease_s, frozenset(uuids)))):
+            self._locks.release(fds)  # a device is in use here (a hold, a peer's run): nothing ran
+            await self._jobs.lost(row.id, granted.attempt, "a device was in use on this machine",
+                                  never_started=True, stimulus_id=f"lost-{row.id}-{granted.attempt}")
+            return False
+        self._signals.devices_changed()
         self._ledger.starting(key, spec)
         self._signals.spawn(self._start_local(key, spec, placement, row.lease_s, fds), name=f"start-{key}")
         return True
@@ -112,8 +131,11 @@ class WorkerService:
         job_id, attempt = key
         try:
             handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
-        except RunnerError as e:
+        except BaseException as e:
             self._ledger.not_started(key)
+            self._apply(core.RunEnded(key, None, "exited", reason=str(e)))
+            if not isinstance(e, RunnerError):
+                raise
             code = e.status.exit_code if e.status is not None else None
             await self._jobs.exited(job_id, attempt, code, str(e), f"could not start: {e}")
             return
@@ -130,9 +152,13 @@ class WorkerService:
     def track(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float) -> None:
         """Count a running attempt in the ledger and watch it until it exits.
 
+        Its watchdog's deadline is taken to be ``lease_s`` from now (set by the start or
+        the re-adoption).
+
         Args:
             owner: the owner's node id when we run it for a peer (or a gang), None for a job owned here.
         """
+        self._apply(core.RunStarted(key, owner, lease_s))
         self._ledger.started(key, handle, spec, owner, lease_s)
         task = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
         task.add_done_callback(log_failure)
@@ -143,7 +169,7 @@ class WorkerService:
         await self.finished(key, status)
 
     async def finished(self, key: RunKey, status: RunStatus, owner: str | None = None) -> None:
-        """Record the end of an attempt that ran here and tell its owner.
+        """Record the end of an attempt that ran here and tell its owner (once per attempt).
 
         Args:
             owner: for an attempt not tracked (found ended after a restart): its owner
@@ -160,13 +186,16 @@ class WorkerService:
             # declared lost, or a retry would run a second copy beside it.
             await asyncio.to_thread(self._runner.cancel, entry.handle)
             text += "; its processes were stopped"
+        kind: Literal["exited", "lost"] = "lost" if status.gone else "exited"
+        actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text))
+        if not any(isinstance(a, core.RecordEnd) for a in actions):
+            return  # its end was recorded already
         if owner is not None:
-            state = "lost" if status.gone else "exited"
-            await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text,
+            await self._store.runs.end_remote_run(owner, job_id, attempt, kind, status.exit_code, text,
                                                   self._clock.wall())
             self._signals.devices_changed()
             self._signals.wake()
-            self._signals.spawn(self._report_end(owner, job_id, attempt))
+            await self._carry_out(actions)
             return
         if status.gone:
             await self._jobs.lost(job_id, attempt, text or "the job's watchdog is gone",
@@ -176,6 +205,21 @@ class WorkerService:
             why = status.detail if status.reason in ("start_failed", "error", "deadline") else ""
             await self._jobs.exited(job_id, attempt, status.exit_code, text, why, f"exit-{job_id}-{attempt}")
         self._signals.devices_changed()
+
+    async def _carry_out(self, actions: Sequence[core.Action]) -> None:
+        """Carry out the core's run actions: reports (in the background), deadlines, kills."""
+        for a in actions:
+            if isinstance(a, core.SendReport):
+                self._signals.spawn(self._send_report(a.key, a.report), name=f"report-{a.key[0]}-{a.key[1]}")
+            elif isinstance(a, (core.ExtendDeadline, core.KillRun)):
+                entry = self._ledger.get(a.key)
+                if entry is None:
+                    continue
+                if isinstance(a, core.ExtendDeadline):
+                    await asyncio.to_thread(self._runner.extend_deadline, entry.handle, a.deadline)
+                else:
+                    log.info("job_id=%s attempt %d: %s: killing it", a.key[0], a.key[1], a.reason)
+                    await asyncio.to_thread(self._runner.cancel, entry.handle)
 
     async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
         """Stop ``attempt`` of a job owned here: here if it runs here, else (``remote``) on ``worker``."""
@@ -196,10 +240,10 @@ class WorkerService:
 
     def offer(self, owner: str, msg: Offer) -> Ack:
         """Peer route: keep an owner's offer; the next scheduling pass claims it if it fits here now."""
-        if self._ledger.runs_for(owner, msg.job_id):
+        if any(isinstance(a, core.DropOffer) for a in self._apply(core.OfferReceived(owner, msg.job_id))):
             return Ack(ok=True, reason="already running it")  # a late duplicate offer
         self._signals.stats["offers_received"] += 1
-        self._offers[(owner, msg.job_id)] = (msg, self._clock.monotonic())
+        self._offers[(owner, msg.job_id)] = msg
         self._signals.wake()
         return Ack(ok=True)
 
@@ -207,34 +251,50 @@ class WorkerService:
         """Claim every kept offer that fits here now, oldest first; drop stale ones."""
         if not self._offers:
             return
-        now = self._clock.monotonic()
-        for key, (offer, received) in sorted(self._offers.items(), key=lambda kv: kv[1][1]):
-            if now - received > OFFER_KEPT_S:
-                self._offers.pop(key, None)
-                continue
-            try:
-                # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
-                spec = job_spec_from_mapping(offer.spec, source=f"offer of {offer.job_id}", base_dir="/")
-            except SpecError as e:
-                log.warning("job_id=%s: bad offer from %s: %s", offer.job_id, key[0][:12], e)
-                self._offers.pop(key, None)
-                continue
-            req = spec.to_core(offer.job_id)
-            worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
-            ev = evaluate(req, worker, self._support)
-            if ev.placement is None:
-                continue  # keep the offer: claim it when devices free up
-            self._offers.pop(key, None)
-            if self._ledger.runs_for(key[0], offer.job_id):
-                continue
-            await self._claim_remote(key[0], offer, spec, ev.placement)
+        for a in self._apply(core.OffersReviewed()):
+            if isinstance(a, core.DropOffer):
+                self._offers.pop((a.owner, a.job_id), None)
+            elif isinstance(a, core.ConsiderOffer):
+                await self._consider(a.owner, a.job_id)
 
-    async def _claim_remote(self, owner: str, offer: Offer, spec: JobSpec, placement: Placement) -> None:
-        uuids = [u for u in placement.device_uuids if u]
+    def _drop_offers(self, actions: Sequence[core.Action]) -> None:
+        for a in actions:
+            if isinstance(a, core.DropOffer):
+                self._offers.pop((a.owner, a.job_id), None)
+
+    async def _consider(self, owner: str, job_id: str) -> None:
+        offer = self._offers.get((owner, job_id))
+        if offer is None:
+            return
+        try:
+            # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
+            spec = job_spec_from_mapping(offer.spec, source=f"offer of {job_id}", base_dir="/")
+        except SpecError as e:
+            log.warning("job_id=%s: bad offer from %s: %s", job_id, owner[:12], e)
+            self._drop_offers(self._apply(core.OfferRejected(owner, job_id)))
+            return
+        req = spec.to_core(job_id)
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
+        ev = evaluate(req, worker, self._support)
+        if ev.placement is None:
+            return  # keep the offer: claim it when devices free up
+        uuids = _devices(ev.placement)
         fds = await self._locks.async_try_acquire(uuids) if uuids else []
         if fds is None:
             return
+        try:
+            actions = self._apply(core.OfferFits(owner, job_id, frozenset(uuids)))
+            self._drop_offers(actions)
+            if any(isinstance(a, core.SendClaim) for a in actions):
+                await self._claim_remote(owner, offer, spec, ev.placement, fds)
+        finally:
+            if fds:
+                self._locks.release(fds)
+
+    async def _claim_remote(self, owner: str, offer: Offer, spec: JobSpec, placement: Placement,
+                            fds: list[int]) -> None:
         stats = self._signals.stats
+        answer = core.ClaimAnswered(owner, offer.job_id, "failed")
         try:
             claim = Claim(msg_id=new_msg_id(), worker=self.node_id, job_id=offer.job_id,
                           placement=PlacementModel.from_core(placement).model_dump(mode="json"))
@@ -248,33 +308,48 @@ class WorkerService:
             if not reply.granted:
                 stats["claims_denied"] += 1
                 log.debug("job_id=%s: claim denied by %s: %s", offer.job_id, owner[:12], reply.reason)
+                answer = core.ClaimAnswered(owner, offer.job_id, "denied")
                 return
             stats["claims_granted"] += 1
-            await self._start_remote(owner, (offer.job_id, reply.attempt), reply.lease_s, spec, placement, fds)
+            answer = core.ClaimAnswered(owner, offer.job_id, "granted", reply.attempt, reply.lease_s)
         finally:
-            if fds:
-                self._locks.release(fds)
+            actions = self._apply(answer)  # also when cancelled: the claim is never left in flight
+            self._drop_offers(actions)
+        for a in actions:
+            if isinstance(a, core.StartRun):
+                await self._start_remote(owner, a.key, a.lease_s, spec, placement, fds)
 
     async def _start_remote(self, owner: str, key: RunKey, lease_s: float, spec: JobSpec, placement: Placement,
                             fds: list[int]) -> None:
         job_id, attempt = key
-        if self._ledger.get(key) is not None or await self._store.runs.remote_run(owner, job_id, attempt):
-            return  # a duplicate grant of an attempt we already run (or ran)
-        row = RemoteRunRow(owner=owner, job_id=job_id, attempt=attempt, spec_json=spec.model_dump_json(),
-                           placement_json=PlacementModel.from_core(placement).model_dump_json(), lease_s=lease_s,
-                           run_dir=str(self._starter.run_dir(job_id, attempt)), state="running",
-                           started_at=self._clock.wall())
-        if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall()):
-            await self.report(owner, key, "lost", None, "devices taken meanwhile", never_started=True)
-            return
-        self._ledger.starting(key, spec)
+        started = False
         try:
-            handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
-        except RunnerError as e:
-            self._ledger.not_started(key)
-            await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", None, str(e), self._clock.wall())
-            await self.report(owner, key, "exited", None, f"could not start: {e}")
-            return
+            if await self._store.runs.remote_run(owner, job_id, attempt):
+                self._apply(core.RunEnded(key, owner, "exited", report=False))
+                return  # a duplicate grant of an attempt a previous life of this daemon ran
+            row = RemoteRunRow(owner=owner, job_id=job_id, attempt=attempt, spec_json=spec.model_dump_json(),
+                               placement_json=PlacementModel.from_core(placement).model_dump_json(),
+                               lease_s=lease_s, run_dir=str(self._starter.run_dir(job_id, attempt)),
+                               state="running", started_at=self._clock.wall())
+            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall()):
+                await self._carry_out(self._apply(core.RunEnded(key, owner, "lost", None, "devices taken meanwhile",
+                                                                never_started=True)))
+                return
+            self._ledger.starting(key, spec)
+            try:
+                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
+            except RunnerError as e:
+                self._ledger.not_started(key)
+                await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", None, str(e),
+                                                      self._clock.wall())
+                await self._carry_out(self._apply(core.RunEnded(key, owner, "exited", None,
+                                                                f"could not start: {e}")))
+                return
+            started = True
+        finally:
+            if not started and key in self._ledger.state.runs:  # cancelled or failed on the way
+                self._ledger.not_started(key)
+                self._apply(core.RunEnded(key, owner, "lost", report=False))
         self.track(key, handle, spec, owner, lease_s)
         self._signals.devices_changed()
         await self.report(owner, key, "started", None, "")
@@ -290,20 +365,20 @@ class WorkerService:
             log.info("job_id=%s: report %s to %s failed: %s", key[0], kind, owner[:12], e)
             return None
 
-    async def _report_end(self, owner: str, job_id: str, attempt: int) -> None:
-        r = await self._store.runs.remote_run(owner, job_id, attempt)
-        if r is None or r.reported:
-            return
-        reply = await self.report(owner, (job_id, attempt), "lost" if r.state == "lost" else "exited",
-                                  r.exit_code, r.reason)
+    async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
+        reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started)
         if reply is not None:
-            await self._store.runs.mark_remote_reported(owner, job_id, attempt)
+            await self._store.runs.mark_remote_reported(owed.owner, key[0], key[1])
+        self._apply(core.ReportAnswered(key, reply is not None))
 
     async def kill(self, owner: str, msg: Kill) -> Ack:
         """Peer route: the owner stops an attempt we run for it."""
-        entry = self._ledger.get((msg.job_id, msg.attempt))
-        if entry is None or entry.owner != owner:
-            return Ack(ok=False, reason="no such attempt here")
+        key = (msg.job_id, msg.attempt)
+        actions = self._apply(core.KillAsked(key, owner, msg.reason))
+        refused = next((a for a in actions if isinstance(a, core.RefuseKill)), None)
+        entry = self._ledger.get(key)
+        if refused is not None or entry is None:
+            return Ack(ok=False, reason=refused.reason if refused is not None else "no such attempt here")
         await asyncio.to_thread(self._runner.cancel, entry.handle)
         return Ack(ok=True)
 
@@ -322,49 +397,43 @@ class WorkerService:
         renewals and owed end reports, bounded by ``2 × peer_timeout_s``), started only
         when its previous round is over.
         """
+        if not self._owed_loaded:
+            self._owed_loaded = True
+            for r in await self._store.runs.remote_runs(active=False, unreported=True):
+                self._apply(core.ReportOwed((r.job_id, r.attempt), core.OwedReport(
+                    r.owner, "lost" if r.state == "lost" else "exited", r.exit_code, r.reason)))
         now = self._clock.monotonic()
-        rounds: dict[str, tuple[list[RunKey], list[RunKey]]] = {}
-        for key, entry in self._ledger.runs():
-            if entry.owner is None:
-                actions = await self._jobs.apply(key[0], claims.LeaseRenewed(key[1], self.node_id))
-                if any(isinstance(a, claims.ExtendLease) for a in actions):
-                    await asyncio.to_thread(self._runner.extend_deadline, entry.handle, now + entry.lease_s)
-            else:
-                rounds.setdefault(entry.owner, ([], []))[0].append(key)
-        for r in await self._store.runs.remote_runs(active=False, unreported=True):
-            rounds.setdefault(r.owner, ([], []))[1].append((r.job_id, r.attempt))
-        for owner, (running, ended) in rounds.items():
-            task = self._renewing.get(owner)
-            if task is not None and not task.done():
-                continue  # its last round is still waiting for it
-            self._renewing[owner] = self._signals.spawn(self._renew_round(owner, running, ended, now),
-                                                        name=f"renew-{owner[:12]}")
+        for a in self._ledger.apply(core.Tick(), now):
+            if isinstance(a, core.RenewLocal):
+                actions = await self._jobs.apply(a.key[0], claims.LeaseRenewed(a.key[1], self.node_id))
+                answer: Literal["ok", "none"] = (
+                    "ok" if any(isinstance(x, claims.ExtendLease) for x in actions) else "none")
+                await self._carry_out(self._ledger.apply(core.RenewalAnswered(a.key, answer, now), now))
+            elif isinstance(a, core.SendRenewals):
+                self._signals.spawn(self._renew_round(a, now), name=f"renew-{a.owner[:12]}")
 
-    async def _renew_round(self, owner: str, running: list[RunKey], ended: list[RunKey], now: float) -> None:
-        calls = [*(self._renew_one(owner, k, now) for k in running),
-                 *(self._report_end(owner, j, a) for j, a in ended)]
+    async def _renew_round(self, round_: core.SendRenewals, now: float) -> None:
+        owner = round_.owner
+        owed = self._ledger.state.owed
+        calls = [*(self._renew_one(owner, k, now) for k in round_.runs),
+                 *(self._send_report(k, owed[k]) for k in round_.reports if k in owed)]
         bound_s = 2 * self._config.peer_timeout_s
         try:
             results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), bound_s)
         except asyncio.TimeoutError:
             log.info("owner %s did not answer %d renewals/reports within %.0f s", owner[:12], len(calls), bound_s)
             return
+        finally:
+            self._apply(core.RoundEnded(owner))
         for r in results:
             if isinstance(r, Exception):
                 log.warning("renewal with %s failed: %r", owner[:12], r)
 
     async def _renew_one(self, owner: str, key: RunKey, now: float) -> None:
-        entry = self._ledger.get(key)
-        if entry is None:
-            return
         reply = await self.report(owner, key, "renew", None, "")
-        if reply is None:
-            return  # owner unreachable: the deadline stays; the watchdog acts on it
-        if reply.stale:
-            log.info("job_id=%s attempt %d is stale at its owner: killing it", key[0], key[1])
-            await asyncio.to_thread(self._runner.cancel, entry.handle)
-            return
-        await asyncio.to_thread(self._runner.extend_deadline, entry.handle, now + entry.lease_s)
+        # Unanswered: the deadline stays (the watchdog acts on it); stale: kill it.
+        answer: Literal["ok", "stale", "none"] = "none" if reply is None else "stale" if reply.stale else "ok"
+        await self._carry_out(self._ledger.apply(core.RenewalAnswered(key, answer, now), self._clock.monotonic()))
 
     async def close(self) -> None:
         """Stop watching runs (the jobs keep running under their watchdogs)."""

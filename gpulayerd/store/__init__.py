@@ -5,7 +5,8 @@ The only package that imports aiosqlite. :class:`Store` owns the one connection
 
 - ``store.jobs`` (:class:`JobsTable`): ``jobs``, ``attempts`` and ``events``;
 - ``store.runs`` (:class:`RunsTable`): ``grants`` and ``remote_runs``;
-- ``store.peers`` (:class:`PeersTable`): ``peers``.
+- ``store.peers`` (:class:`PeersTable`): ``peers``;
+- ``store.gangs`` (:class:`GangsTable`): ``gangs`` (the owner's multi-host attempts).
 
 A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
 only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gpulayerd.store.db import Database
+from gpulayerd.store.gangs import GangRow, GangsTable
 from gpulayerd.store.jobs import JobsTable
 from gpulayerd.store.peers import PeersTable
 from gpulayerd.store.rows import (
@@ -40,6 +42,8 @@ __all__ = [
     "AttemptRow",
     "AttemptState",
     "EventRow",
+    "GangRow",
+    "GangsTable",
     "GrantRow",
     "JobNotFound",
     "JobRow",
@@ -59,6 +63,7 @@ class Store:
         jobs: jobs this daemon owns, their attempts and history (and :meth:`JobsTable.claim`).
         runs: device grants and attempts run here for other owners.
         peers: remembered peers.
+        gangs: the current attempt of each multi-host job owned here.
     """
 
     def __init__(self, db: Database) -> None:
@@ -67,6 +72,7 @@ class Store:
         self.jobs = JobsTable(db)
         self.runs = RunsTable(db)
         self.peers = PeersTable(db)
+        self.gangs = GangsTable(db)
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0) -> Store:

@@ -119,6 +119,27 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        3,
+        """
+        CREATE TABLE gangs (
+            job_id TEXT PRIMARY KEY NOT NULL,
+            attempt INTEGER NOT NULL,
+            hold_id TEXT NOT NULL,
+            members_json TEXT NOT NULL,  -- node ids in rank order
+            master TEXT NOT NULL,  -- rank 0's address:port
+            lease_s REAL NOT NULL,
+            grace_s REAL NOT NULL,
+            started_json TEXT NOT NULL DEFAULT '[]',
+            exits_json TEXT NOT NULL DEFAULT '{}',
+            lost_json TEXT NOT NULL DEFAULT '{}',
+            first_failure_json TEXT,
+            killed INTEGER NOT NULL DEFAULT 0,
+            verdict_json TEXT,
+            updated_at REAL NOT NULL
+        );
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

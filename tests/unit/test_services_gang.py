@@ -1,0 +1,170 @@
+"""Multi-host jobs (gangs) through the real services, over a loopback network, on a fake clock.
+
+An owner with one CPU slot and workers with two: a gang of ``nnodes = 2`` hosts with two
+ranks each runs on the two lowest worker node ids (w1 = rank 0, w2 = rank 1). The
+expected behaviour is issue 10's: a member lost before, or within ``lease_s`` after, the
+first non-zero exit makes the attempt ``lost`` (naming that member) and the job retries as
+its policy says; gang state is kept in the owner's store, so a restarted owner can still
+abort on a lost member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpulayerd.models import JobView
+from tests.fakes.daemons import GRACE_S, LEASE_S, FakeDaemon, Lab
+
+OWNER = "a" * 52
+W1 = "b" * 52
+W2 = "c" * 52
+W3 = "d" * 52
+
+
+@pytest_asyncio.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
+    lab = Lab(tmp_path)
+    await lab.add("owner", OWNER, cpu_slots=1)
+    await lab.add("w1", W1, cpu_slots=2)
+    await lab.add("w2", W2, cpu_slots=2)
+    await lab.net.heartbeat()
+    try:
+        yield lab
+    finally:
+        await lab.close()
+    assert lab.net.errors == []
+
+
+def d(lab: Lab, name: str) -> FakeDaemon:
+    return lab.daemons[name]
+
+
+async def view(lab: Lab, job_id: str) -> JobView:
+    return await lab.job(d(lab, "owner"), job_id)
+
+
+async def start_gang(lab: Lab, retries: int = 0) -> str:
+    """Submit a 2-host job and step until both ranks run; returns its id."""
+    job = await lab.submit(d(lab, "owner"), nnodes=2, cpus=2, retries=retries)
+
+    async def both_running() -> bool:
+        v = await view(lab, job)
+        return (v.status == "running" and d(lab, "w1").runner.get(job, v.attempt) is not None
+                and d(lab, "w2").runner.get(job, v.attempt) is not None)
+
+    await lab.run_until("both ranks running", both_running, limit_s=10)
+    return job
+
+
+@pytest.mark.asyncio
+async def test_a_gang_runs_rank_0_on_the_lowest_node_id_and_succeeds_when_every_rank_exits_0(lab: Lab) -> None:
+    job = await start_gang(lab)
+    r1, r2 = d(lab, "w1").runner.get(job, 1), d(lab, "w2").runner.get(job, 1)
+    assert r1 is not None and r2 is not None
+    argv1, argv2 = " ".join(r1.argv), " ".join(r2.argv)
+    assert "--node-rank 0" in argv1 or "--node_rank=0" in argv1 or "--node-rank=0" in argv1
+    assert "--node-rank 1" in argv2 or "--node_rank=1" in argv2 or "--node-rank=1" in argv2
+    await lab.run_for(2 * LEASE_S)  # the gang's lease is renewed by its members
+    assert (await view(lab, job)).status == "running"
+    d(lab, "w1").runner.exit(job, 1, 0)
+    await lab.step()
+    assert (await view(lab, job)).status == "running"
+    d(lab, "w2").runner.exit(job, 1, 0)
+    await lab.step()
+    v = await view(lab, job)
+    assert (v.status, v.exit_code) == ("succeeded", 0)
+
+
+@pytest.mark.asyncio
+async def test_member_loss_aborts_the_gang_on_every_member(lab: Lab) -> None:
+    job = await start_gang(lab, retries=0)
+    lab.net.fault(W2, "refuse")  # w2 is cut off: it stops renewing; its rank runs on until its deadline
+    took = await lab.run_until("lost", lambda: _status_is(lab, job, "lost"), limit_s=3 * LEASE_S)
+    assert took <= LEASE_S + GRACE_S + 2.0
+    v = await view(lab, job)
+    assert v.attempts[0].state == "lost"
+    assert _names(v.attempts[0].reason, "w2", W2)
+    r1 = d(lab, "w1").runner.get(job, 1)
+    assert r1 is not None and not r1.status.running  # aborted: the healthy member's rank was stopped
+    assert r1.status.reason in ("cancelled", "deadline")
+
+
+@pytest.mark.asyncio
+async def test_a_crashed_member_host_makes_the_attempt_lost_then_it_is_retried(lab: Lab) -> None:
+    """The measured LAN case: a 2-host job whose member host crashes, ``retries = 1``."""
+    await lab.add("w3", W3, cpu_slots=2)  # room for attempt 2 once w2 is gone
+    await lab.net.heartbeat()
+    job = await start_gang(lab, retries=1)
+    assert {v for v in (await view(lab, job)).attempts[0].model_dump().get("gang", [])} <= {W1, W2}
+
+    await lab.crash_host(d(lab, "w2"))  # daemon, watchdog and job killed; connections reset
+    await lab.step()
+    d(lab, "w1").runner.exit(job, 1, 1)  # the healthy rank's collective fails: exit 1
+    await lab.step()
+
+    async def attempt_1_over() -> bool:
+        v = await view(lab, job)
+        return v.attempt >= 2 or v.status in ("failed", "lost", "succeeded")
+
+    await lab.run_until("attempt 1 ended", attempt_1_over, limit_s=3 * LEASE_S)
+    v = await view(lab, job)
+    a1 = v.attempts[0]
+    assert a1.state == "lost", (a1.state, a1.reason, v.status, v.reason)
+    assert W2 in (a1.reason or "") or "w2" in (a1.reason or "")  # the dead member is named
+    assert v.status != "failed"
+    assert v.retries_left == 0
+
+    async def attempt_2_running() -> bool:
+        x = await view(lab, job)
+        return x.attempt == 2 and x.status == "running"
+
+    await lab.run_until("attempt 2 running", attempt_2_running, limit_s=30)
+    ranks = [w for w in (d(lab, "w1"), d(lab, "w3")) if w.runner.get(job, 2) is not None]
+    assert [w.name for w in ranks] == ["w1", "w3"]
+    for w in ranks:
+        w.runner.exit(job, 2, 0)
+    await lab.step()
+    v = await view(lab, job)
+    assert (v.status, v.exit_code) == ("succeeded", 0)
+    assert [a.state for a in v.attempts] == ["lost", "exited"]
+
+
+@pytest.mark.asyncio
+async def test_owner_restart_during_a_gang_then_both_ranks_exit_0(lab: Lab) -> None:
+    job = await start_gang(lab)
+    await lab.restart(d(lab, "owner"))
+    await lab.run_for(2 * LEASE_S)
+    assert (await view(lab, job)).status == "running"
+    d(lab, "w1").runner.exit(job, 1, 0)
+    d(lab, "w2").runner.exit(job, 1, 0)
+    await lab.step()
+    await lab.step()
+    v = await view(lab, job)
+    assert (v.status, v.exit_code) == ("succeeded", 0)
+
+
+@pytest.mark.asyncio
+async def test_owner_restart_during_a_gang_can_still_abort_on_a_lost_member(lab: Lab) -> None:
+    job = await start_gang(lab)
+    await lab.restart(d(lab, "owner"))
+    await lab.step()
+    lab.net.fault(W2, "refuse")  # after the restart, w2 stops renewing
+    await lab.run_until("lost", lambda: _status_is(lab, job, "lost"), limit_s=3 * LEASE_S)
+    v = await view(lab, job)
+    assert v.attempts[0].state == "lost"
+    assert _names(v.attempts[0].reason, "w2", W2)
+    r1 = d(lab, "w1").runner.get(job, 1)
+    assert r1 is not None and not r1.status.running
+
+
+async def _status_is(lab: Lab, job_id: str, wanted: str) -> bool:
+    return (await view(lab, job_id)).status == wanted
+
+
+def _names(reason: str | None, name: str, node_id: str) -> bool:
+    """The reason names the member (by host name or node id)."""
+    return reason is not None and (name in reason or node_id in reason)
