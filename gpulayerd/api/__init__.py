@@ -1,1 +1,4 @@
-"""The local API (unix socket) and its client: the only importers of aiohttp."""
+"""The local API (unix socket), the peer API (mutual TLS) and their clients: the HTTP layer (aiohttp).
+
+Outside this package aiohttp appears only as a type (``app/cluster.py`` keeps the peer site's runner).
+"""

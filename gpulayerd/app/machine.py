@@ -13,10 +13,11 @@ a frozen daemon.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -42,25 +43,32 @@ ANOTHER_DAEMON = "(another gpulayerd on this machine)"
 class PathChecker:
     """``os.path.isdir`` with a time limit, off the event loop.
 
-    A check that does not answer within ``timeout_s`` is reported as unanswered; it
-    keeps running in its thread and a later check of the same path joins it instead
-    of starting another (a hung mount costs one thread per path, at most ``threads``).
+    Each distinct path is checked in a thread of its own, so a path on a hung mount never
+    delays the check of another. A check that does not answer within ``timeout_s`` is
+    reported as unanswered; it keeps running, and a later check of the same path joins it
+    instead of starting another. At most ``max_pending`` checks run at once: past that a
+    new path is answered "unanswered" at once (the hung ones are what fills it up).
     """
 
-    def __init__(self, clock: Clock, timeout_s: float, threads: int = 4) -> None:
+    def __init__(self, clock: Clock, timeout_s: float, max_pending: int = 64) -> None:
         self._clock = clock
         self.timeout_s = timeout_s
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="path-check")
+        self._max_pending = max_pending
         self._pending: dict[str, tuple[asyncio.Future[bool], float]] = {}
+        self._closed = False
 
     async def is_dir(self, path: str) -> bool | None:
         """True/False as ``os.path.isdir``; None if the file system did not answer in time."""
         now = self._clock.monotonic()
         pending = self._pending.get(path)
         if pending is None:
-            fut = asyncio.get_running_loop().run_in_executor(self._pool, os.path.isdir, path)
+            if self._closed or len(self._pending) >= self._max_pending:
+                return None
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[bool] = loop.create_future()
             self._pending[path] = (fut, now)
             fut.add_done_callback(functools.partial(self._forget, path))
+            threading.Thread(target=_check_dir, args=(loop, fut, path), name="path-check", daemon=True).start()
         else:
             fut, since = pending
             if now - since >= self.timeout_s:
@@ -86,7 +94,19 @@ class PathChecker:
 
     def close(self) -> None:
         """Stop taking checks (threads stuck on a hung mount are left to end on their own)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+
+
+def _check_dir(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool], path: str) -> None:
+    """In a thread: ``os.path.isdir(path)``, handed to ``fut`` on ``loop`` (if it still runs)."""
+    result = os.path.isdir(path)
+
+    def deliver() -> None:
+        if not fut.done():
+            fut.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(deliver)
 
 
 class Machine:
