@@ -54,12 +54,15 @@ def _configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
-    Exit codes: 0 after a clean stop, 1 on a start-up failure, 2 on bad settings.
+    Exit codes: 0 after a clean stop, 1 on a start-up failure (an unsafe directory, a damaged
+    store: one message, no traceback) or when the store's file was removed while running,
+    2 on bad settings.
     """
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
     from gpulayerd.config import ConfigError, DaemonConfig
-    from gpulayerd.daemon import DaemonAlreadyRunning, run
+    from gpulayerd.daemon import DaemonAlreadyRunning, StateLost, run
+    from gpulayerd.store import StoreError
 
     overrides: dict[str, object] = {
         "interpreters": args.interpreters,
@@ -79,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(run(config))
-    except DaemonAlreadyRunning as e:
+    except (DaemonAlreadyRunning, StoreError, StateLost) as e:
         print(f"gpulayerd: {e}", file=sys.stderr)
         return 1
     except OSError as e:

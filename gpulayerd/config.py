@@ -7,6 +7,10 @@ Every duration and size carries its unit in its name. Paths:
   runtime dir, or ``<state dir>/run`` when ``--state-dir`` is given, so that two
   daemons with different state dirs never share a socket;
 - device lock dir: machine-wide (shared by every user's daemon), ``/tmp/gpulayer-locks``.
+
+The daemon makes its state, runs and socket dirs 0700 (and its database files 0600) whatever
+they were, and refuses, unchanged, one owned by another account or writable by anyone
+(:mod:`gpulayerd.privdirs`): ``--runtime-dir /tmp`` is an error, not a chmod of /tmp.
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ class DaemonConfig(BaseModel):
 
     Attributes:
         state_dir: SQLite store and run directories (logs) live here.
-        runtime_dir: the unix socket's directory (0700).
+        runtime_dir: the unix socket's directory (made 0700; refused if another account's or
+            world-writable).
         interpreters: workload interpreters (``--python``), in preference order.
         device_lock_dir: machine-wide per-device lock files (shared by all users).
         cpu_slots: how many CPU processes run at once (a distributed CPU job takes

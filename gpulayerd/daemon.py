@@ -52,12 +52,13 @@ from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import Capabilities
 from gpulayerd.net.identity import Identity, load_or_create_identity
 from gpulayerd.notify import notify_ready, notify_stopping
+from gpulayerd.privdirs import make_private_dirs
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
 from gpulayerd.supervisor import supervise
 
-__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "build", "run"]
+__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "StateLost", "build", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +67,24 @@ class DaemonAlreadyRunning(RuntimeError):
     """Another gpulayerd holds this state dir."""
 
 
+class StateLost(RuntimeError):
+    """The daemon's database was removed or replaced while it ran; it stopped acknowledging and exited."""
+
+
 def _lock_state_dir(config: DaemonConfig) -> int:
     """Create the state dir and lock it (one daemon per state dir). Blocking: call in a thread.
+
+    The state, runs and socket dirs are made private first (0700, whatever they were); an unsafe
+    one (another account's, or world-writable) is refused before anything is created or changed.
 
     Returns:
         The descriptor holding the lock (closed by :func:`_unlock_state_dir`).
 
     Raises:
+        UnsafeDirectory: one of those directories is another account's or world-writable.
         DaemonAlreadyRunning: another daemon holds the lock.
     """
-    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dirs([config.state_dir, config.runs_dir, config.socket_path.parent])
     fd = os.open(config.state_dir / "gpulayerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,6 +112,19 @@ def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
     with contextlib.suppress(OSError):
         config.socket_path.unlink()
     os.close(lock_fd)
+
+
+async def _wait_stop_or_lost(stop: asyncio.Event, store: Store) -> str | None:
+    """Wait for ``stop``, or for the store to find its file gone (returns why; None on ``stop``)."""
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    gone = asyncio.create_task(store.wait_gone(), name="store-gone")
+    try:
+        await asyncio.wait({stopping, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (stopping, gone):
+            t.cancel()
+        await asyncio.gather(stopping, gone, return_exceptions=True)
+    return store.gone
 
 
 class PeerNode(PeerTransport, Directory, Protocol):
@@ -224,6 +246,9 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
 
     Raises:
         DaemonAlreadyRunning: the state dir is locked by another daemon.
+        UnsafeDirectory: the state, runs or socket dir is another account's or world-writable.
+        StoreError: the store cannot be opened (:class:`~gpulayerd.store.StoreDamaged`: damaged).
+        StateLost: the database file was removed or replaced while the daemon ran.
         OSError: the socket or state dir cannot be created.
     """
     # File work (the state dir, its lock, the identity, the pid file) runs in a thread:
@@ -260,7 +285,10 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         if ready is not None:
             ready.set()
         notify_ready(f"serving {config.socket_path}")
-        await stop_event.wait()
+        lost = await _wait_stop_or_lost(stop_event, store)
+        if lost is not None:
+            notify_stopping()
+            raise StateLost(f"{lost}; stopping (restart gpulayerd to start again on a new store)")
         log.info("gpulayerd stopping")
         notify_stopping()
     finally:

@@ -4,11 +4,17 @@ Nothing from the network is trusted until authenticated: the TLS handshake requi
 client certificate signed by our cluster CA (a plain HTTP request or a wrong
 certificate never reaches a handler), and every handler checks that the node id a
 message claims is the node id the certificate proves.
+
+Then the message itself is checked before any service sees it (:func:`request_problem`):
+ids that name files or rows (job and hold ids) must be plain tokens, attempts and log
+offsets in range; anything else is a 400. The services check the sender's role (holder,
+owner): a refusal they raise as :class:`PeerForbidden` is a 403, and changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -36,7 +42,17 @@ from gpulayerd.net.wire import (
     RunReportReply,
 )
 
-__all__ = ["PeerCallError", "PeerClient", "PeerService", "make_peer_app", "start_peer_site"]
+__all__ = [
+    "MAX_LOG_OFFSET",
+    "PeerBadRequest",
+    "PeerCallError",
+    "PeerClient",
+    "PeerForbidden",
+    "PeerService",
+    "make_peer_app",
+    "request_problem",
+    "start_peer_site",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +91,7 @@ class PeerService(Protocol):
         ...
 
     async def async_peer_logs(self, sender: str, msg: LogRequest) -> LogChunk:
-        """An owner reads the log of an attempt we run."""
+        """An owner reads the log of an attempt we run (for it: others get PeerForbidden)."""
         ...
 
     async def async_peer_hold(self, sender: str, msg: Hold) -> HoldReply:
@@ -93,6 +109,43 @@ class PeerService(Protocol):
 
 class PeerCallError(Exception):
     """A call to a peer failed: unreachable, TLS refused, timeout, or an error reply."""
+
+
+class PeerForbidden(Exception):
+    """Raised by a service: the (authenticated) sender may not do this; answered 403, nothing changed."""
+
+
+class PeerBadRequest(Exception):
+    """Raised by a service: the message is malformed (e.g. a log offset out of range); answered 400."""
+
+
+MAX_LOG_OFFSET = 2**53
+"""The largest log offset a peer may ask for (larger ones are a 400, not a failed seek)."""
+
+MAX_ATTEMPT = 2**31 - 1
+"""The largest attempt number a message may name."""
+
+_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
+
+
+def request_problem(msg: BaseModel) -> str | None:
+    """What is wrong with a peer message's ids and numbers, or None if nothing is.
+
+    Checked on every peer message before a service sees it: ``job_id`` and ``hold_id``
+    (which name rows and, for job ids, run directories) must be 1 to 64 letters, digits,
+    ``_`` or ``-`` starting with a letter or digit (no ``/``, ``.``, NUL...);
+    ``attempt`` must be 1 to 2**31 - 1; a log ``offset`` must be 0 to :data:`MAX_LOG_OFFSET`.
+    """
+    for name in ("job_id", "hold_id"):
+        value = getattr(msg, name, None)
+        if isinstance(value, str) and not _ID.fullmatch(value):
+            return f"{name} must be 1 to 64 letters, digits, '_' or '-'"
+    attempt = getattr(msg, "attempt", None)
+    if isinstance(attempt, int) and not 1 <= attempt <= MAX_ATTEMPT:
+        return f"attempt must be 1 to {MAX_ATTEMPT}"
+    if isinstance(msg, LogRequest) and not 0 <= msg.offset <= MAX_LOG_OFFSET:
+        return f"offset must be 0 to {MAX_LOG_OFFSET}"
+    return None
 
 
 def _sender(request: web.Request) -> str:
@@ -126,7 +179,15 @@ def make_peer_app(service: PeerService) -> web.Application:
                 return _bad("bad_request", f"invalid {model.__name__}: {e.error_count()} error(s)")
             if sender_field is not None and getattr(msg, sender_field) != sender:
                 return _bad("forbidden", f"{sender_field} does not match the TLS certificate", status=403)
-            return _reply(await call(sender, msg, request))
+            problem = request_problem(msg)
+            if problem is not None:
+                return _bad("bad_request", f"invalid {model.__name__}: {problem}")
+            try:
+                return _reply(await call(sender, msg, request))
+            except PeerForbidden as e:
+                return _bad("forbidden", str(e), status=403)
+            except PeerBadRequest as e:
+                return _bad("bad_request", str(e))
         return handler
 
     async def caps(request: web.Request) -> web.Response:
@@ -145,6 +206,7 @@ def make_peer_app(service: PeerService) -> web.Application:
     app.router.add_post("/v1/peer/report", route(
         RunReport, lambda s, m, r: service.async_peer_report(s, m), "worker"))
     app.router.add_post("/v1/peer/kill", route(Kill, lambda s, m, r: service.async_peer_kill(s, m), "owner"))
+    # A log request names no sender: the worker serves only the runs it runs for the certificate's node.
     app.router.add_post("/v1/peer/logs", route(LogRequest, lambda s, m, r: service.async_peer_logs(s, m), None))
     app.router.add_post("/v1/peer/hold", route(Hold, lambda s, m, r: service.async_peer_hold(s, m), "owner"))
     app.router.add_post("/v1/peer/release", route(

@@ -32,6 +32,7 @@ from gpulayerd.models import (
     SpecError,
     SubmitRequest,
 )
+from gpulayerd.privdirs import make_private_dirs
 
 __all__ = ["ApiError", "LocalService", "make_local_app", "start_unix_site"]
 
@@ -266,10 +267,10 @@ def _clear_socket_path(socket_path: Path) -> None:
     """Make the socket's directory (0700) and remove a stale socket. Blocking: call in a thread.
 
     Raises:
+        UnsafeDirectory: the directory is another account's or world-writable (left unchanged).
         OSError: the path is not a socket, or another daemon answers on it.
     """
-    socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(socket_path.parent, 0o700)
+    make_private_dirs([socket_path.parent])
     if socket_path.exists() or socket_path.is_symlink():
         if not stat.S_ISSOCK(socket_path.lstat().st_mode):
             raise OSError(f"{socket_path} exists and is not a socket")

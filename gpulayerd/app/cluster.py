@@ -314,8 +314,8 @@ class ClusterNode:
         return await self._services()[2].kill(sender, msg)
 
     async def async_peer_logs(self, sender: str, msg: LogRequest) -> LogChunk:
-        """Read the log of an attempt we run."""
-        return await self._services()[2].logs(msg)
+        """Read the log of an attempt we run for ``sender`` (anyone else: PeerForbidden, a 403)."""
+        return await self._services()[2].logs(sender, msg)
 
     async def async_peer_hold(self, sender: str, msg: Hold) -> HoldReply:
         """Gang: reserve resources for a member."""

@@ -207,17 +207,21 @@ class GangCoordinator:
         elif isinstance(action, core.EndAttempt):
             self._gangs.pop(g.job_id, None)
             self._locks.pop(g.job_id, None)
-            await self._end(g.job_id, g.attempt, action.verdict)
+            await self._end(g.job_id, g.attempt, action.verdict, never_started=not g.started)
 
-    async def _end(self, job_id: str, attempt: int, v: core.Verdict) -> None:
+    async def _end(self, job_id: str, attempt: int, v: core.Verdict, *, never_started: bool = False) -> None:
+        """Apply the verdict to the job. A lost attempt none of whose ranks started (e.g. a
+        commit refused because a hold expired) is re-queued without using a retry."""
         log.info("job_id=%s attempt %d: gang %s: %s", job_id, attempt, v.status, self._names.readable(v.reason))
         stimulus = f"gang-end-{job_id}-{attempt}"
         if v.status == "succeeded":
-            await self._jobs.exited(job_id, attempt, 0, v.reason, "", stimulus)
+            await self._jobs.exited(job_id, attempt, 0, v.reason, "", stimulus, worker=self.node_id)
         elif v.status == "failed":
-            await self._jobs.exited(job_id, attempt, v.exit_code, v.reason, v.reason, stimulus)
+            await self._jobs.exited(job_id, attempt, v.exit_code, v.reason, v.reason, stimulus,
+                                    worker=self.node_id)
         else:
-            await self._jobs.lost(job_id, attempt, v.reason, stimulus_id=stimulus)
+            await self._jobs.lost(job_id, attempt, v.reason, worker=self.node_id, never_started=never_started,
+                                  stimulus_id=stimulus)
         await self._store.gangs.delete(job_id)
 
     async def _kill(self, g: GangAttempt, member: str, reason: str) -> None:

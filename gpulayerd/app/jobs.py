@@ -197,22 +197,28 @@ class OwnedJobs:
         await self.apply(job_id, claims.RunStarted(attempt, worker, stimulus_id))
 
     async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
-                     stimulus_id: str = "") -> None:
+                     stimulus_id: str = "", *, worker: str) -> None:
         """The attempt ended with ``exit_code``: record it on the attempt, then on the job.
+
+        Only for what this daemon saw itself (``worker`` is this node, the holder of a local
+        or gang attempt); a peer's report goes through the owner's report route.
 
         Args:
             detail: what the attempt row keeps (the watchdog's words).
             why: the job's reason for a failure, when it says more than the exit code.
         """
         await self._store.jobs.end_attempt(job_id, attempt, "exited", exit_code, detail, self._clock.wall())
-        await self.apply(job_id, claims.RunExited(attempt, exit_code, why, stimulus_id))
+        await self.apply(job_id, claims.RunExited(attempt, worker, exit_code, why, stimulus_id))
         self.drop_lease(job_id)
         self._signals.wake()
 
-    async def lost(self, job_id: str, attempt: int, reason: str, *, never_started: bool = False,
+    async def lost(self, job_id: str, attempt: int, reason: str, *, worker: str, never_started: bool = False,
                    stimulus_id: str = "") -> None:
-        """The attempt is gone without an exit status: record it; the job retries as its policy says."""
+        """The attempt is gone without an exit status: record it; the job retries as its policy says.
+
+        Like :meth:`exited`, only for what this daemon (``worker``, the attempt's holder) saw itself.
+        """
         await self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason, self._clock.wall())
-        await self.apply(job_id, claims.RunLost(attempt, reason, never_started, stimulus_id))
+        await self.apply(job_id, claims.RunLost(attempt, worker, reason, never_started, stimulus_id))
         self.drop_lease(job_id)
         self._signals.wake()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import socket
 
+from gpulayerd.api.peer import PeerForbidden
+from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.ledger import HeldResources, Ledger
 from gpulayerd.app.machine import Machine
@@ -50,9 +52,27 @@ class GangMember:
         self._support = support
         self._signals = signals
         self._clock = clock
+        self._refusals = Refusals(log, signals.stats)
+
+    def _check_owner(self, owner: str, kind: str, hold_id: str, job_id: str | None = None) -> None:
+        """Refuse (PeerForbidden, logged) a message about a hold that ``owner`` did not place, or for another job."""
+        h = self._ledger.held(hold_id)
+        if h is None:
+            return
+        if h.owner != owner:
+            self._refusals.refuse(owner, kind, f"hold {hold_id} was placed by {h.owner[:12]}")
+            raise PeerForbidden(f"hold {hold_id} is not yours")
+        if job_id is not None and h.job_id != job_id:
+            self._refusals.refuse(owner, kind, f"hold {hold_id} is for job {h.job_id}, not {job_id}")
+            raise PeerForbidden(f"hold {hold_id} is for another job")
 
     async def hold(self, owner: str, msg: Hold) -> HoldReply:
-        """Peer route: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``."""
+        """Peer route: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``.
+
+        Raises:
+            PeerForbidden: ``hold_id`` is another owner's hold (or for another job); nothing changes.
+        """
+        self._check_owner(owner, "hold", msg.hold_id, msg.job_id)
         h = self._ledger.held(msg.hold_id)
         if h is not None:
             return HoldReply(held=True, address=h.address, interface=h.interface, port=h.port)
@@ -104,12 +124,22 @@ class GangMember:
                 self._signals.wake()
 
     async def release(self, owner: str, msg: Release) -> Ack:
-        """Peer route: drop a hold (its devices and slots are free again)."""
+        """Peer route: drop a hold (its devices and slots are free again).
+
+        Raises:
+            PeerForbidden: the hold is another owner's; it is kept.
+        """
+        self._check_owner(owner, "release", msg.hold_id)
         self._drop(self._ledger.apply(core.HoldReleased(msg.hold_id, owner), self._clock.monotonic()))
         return Ack(ok=True)
 
     async def commit(self, owner: str, msg: Commit) -> Ack:
-        """Peer route: start our rank of a gang job under the hold."""
+        """Peer route: start our rank of a gang job under the hold.
+
+        Raises:
+            PeerForbidden: the hold is another owner's, or for another job; nothing starts.
+        """
+        self._check_owner(owner, "commit", msg.hold_id, msg.job_id)
         key = (msg.job_id, msg.attempt)
         actions = self._ledger.apply(core.HoldCommitted(msg.hold_id, owner, key, msg.lease_s),
                                      self._clock.monotonic())

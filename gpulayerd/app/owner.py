@@ -9,6 +9,7 @@ import os
 import random
 
 from gpulayerd.api.peer import PeerCallError
+from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.gang import GangCoordinator
 from gpulayerd.app.jobs import Granted, OwnedJobs
@@ -78,6 +79,7 @@ class OwnerService:
         self._signals = signals
         self._clock = clock
         self._rng = rng
+        self._refusals = Refusals(log, signals.stats)
 
     # ------------------------------------------------------------- local API
 
@@ -230,8 +232,29 @@ class OwnerService:
     # ------------------------------------------------------------- peer routes
 
     async def peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
-        """Peer route: the jobs we own (for a peer's ``gpulayer jobs``)."""
-        return JobList(jobs=await self.list_jobs(statuses, None, scope="local"))
+        """Peer route: the jobs we own (for a peer's ``gpulayer jobs``).
+
+        Environment values go only to the node that runs the job: for every job whose
+        current attempt does not run on ``sender`` (it is not the holder, nor a member of
+        the job's gang), ``spec.env`` keeps its keys and every value is replaced by ``""``.
+        """
+        jobs = await self.list_jobs(statuses, None, scope="local")
+        return JobList(jobs=[self._env_for(sender, j) for j in jobs])
+
+    def _env_for(self, sender: str, job: JobView) -> JobView:
+        spec = job.spec
+        if spec is None or not spec.env or self._runs_on(sender, job):
+            return job
+        return job.model_copy(update={"spec": spec.model_copy(update={"env": dict.fromkeys(spec.env, "")})})
+
+    def _runs_on(self, node: str, job: JobView) -> bool:
+        """True if the current attempt of ``job`` runs on ``node`` (its holder, or a rank of its gang)."""
+        if job.status not in (JobStatus.CLAIMED.value, JobStatus.RUNNING.value):
+            return False
+        g = self._gangs.attempt(job.id)
+        if g is not None and g.attempt == job.attempt and node in g.members:
+            return True
+        return job.holder == node
 
     async def claim(self, worker: str, msg: Claim) -> ClaimReply:
         """Peer route: a worker claims one of our queued jobs: compare-and-set, then GRANT or DENY."""
@@ -248,10 +271,16 @@ class OwnerService:
                           spec=self._jobs.spec(row).model_dump(mode="json"))
 
     async def report(self, worker: str, msg: RunReport) -> RunReportReply:
-        """Peer route: a worker reports on an attempt of one of our jobs (started, renew, exited, lost)."""
+        """Peer route: a worker reports on an attempt of one of our jobs (started, renew, exited, lost).
+
+        Only the attempt's holder (``worker`` is the TLS-proven sender) speaks for it: the claim
+        machine answers anyone else's report "stale", and then nothing is stored (neither the
+        attempt row nor the job), nothing is killed, and the refusal is logged.
+        """
         row = await self._jobs.get(msg.job_id)
         if row is None:
-            return RunReportReply(ok=True, stale=True)
+            self._refusals.refuse(worker, f"report {msg.kind}", f"no job {msg.job_id} here")
+            return RunReportReply(ok=False, stale=True)
         gang_reply = await self._gangs.report(row, worker, msg)
         if gang_reply is not None:
             return gang_reply
@@ -261,21 +290,33 @@ class OwnerService:
         elif msg.kind == "renew":
             event = claims.LeaseRenewed(msg.attempt, worker, msg.msg_id)
         elif msg.kind == "exited":
-            event = claims.RunExited(msg.attempt, msg.exit_code, msg.reason if msg.exit_code != 0 else "",
-                                     msg.msg_id)
+            event = claims.RunExited(msg.attempt, worker, msg.exit_code,
+                                     msg.reason if msg.exit_code != 0 else "", msg.msg_id)
         else:
-            event = claims.RunLost(msg.attempt, msg.reason or f"lost on {worker[:12]}", msg.never_started,
+            event = claims.RunLost(msg.attempt, worker, msg.reason or f"lost on {worker[:12]}", msg.never_started,
                                    msg.msg_id)
-        if msg.kind in ("exited", "lost") and msg.attempt == row.attempt:
-            await self._store.jobs.end_attempt(row.id, msg.attempt, "exited" if msg.kind == "exited" else "lost",
-                                               msg.exit_code, msg.reason, self._clock.wall())
-        if msg.kind == "started" and msg.attempt == row.attempt:
-            await self._store.jobs.mark_running(row.id, msg.attempt, 0, 0.0, 0, self._clock.wall())
+        # Decide first (pure), store after: a report the claim machine refuses writes nothing.
+        record = self._jobs.record(row)
+        preview = claims.handle(record, event, self._clock.monotonic())
+        stale = next((a for a in preview if isinstance(a, claims.ReplyStale)), None)
+        if stale is not None:
+            if msg.attempt == record.attempt and worker != record.holder:
+                self._refusals.refuse(worker, f"report {msg.kind}", f"job {row.id} attempt {msg.attempt} is "
+                                      f"held by {(record.holder or 'nobody')[:12]}")
+            return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
+        if any(isinstance(a, claims.PersistJob) for a in preview):
+            # The holder's own report on its current attempt: the attempt row first (a restart
+            # settles a job whose attempt row ended), then the job.
+            if msg.kind in ("exited", "lost"):
+                await self._store.jobs.end_attempt(row.id, msg.attempt, msg.kind, msg.exit_code, msg.reason,
+                                                   self._clock.wall())
+            elif msg.kind == "started":
+                await self._store.jobs.mark_running(row.id, msg.attempt, 0, 0.0, 0, self._clock.wall())
         actions = await self._jobs.apply(row.id, event)
         stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
-        if msg.kind in ("exited", "lost"):
+        if msg.kind in ("exited", "lost") and msg.attempt == record.attempt and worker == record.holder:
             self._jobs.drop_lease(row.id)
             self._signals.wake()
         fresh = await self._jobs.get(row.id)

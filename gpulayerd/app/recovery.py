@@ -61,7 +61,7 @@ class Recovery:
             handle = await self._adopt_or_give_up(a.run_dir)
             if handle is None:
                 await self._jobs.lost(row.id, a.attempt, "the daemon stopped before the job started",
-                                      never_started=True, stimulus_id=f"lost-{row.id}-{a.attempt}")
+                                      worker=self.node_id, never_started=True, stimulus_id=f"lost-{row.id}-{a.attempt}")
                 continue
             status = await asyncio.to_thread(self._runner.poll, handle)
             if a.state == "claimed" and (status.running or status.exit_code is not None):
@@ -119,8 +119,10 @@ class Recovery:
             attempt = next((a for a in await self._store.jobs.attempts(row.id) if a.attempt == row.attempt), None)
             if attempt is None or attempt.state not in ("exited", "lost"):
                 continue
+            holder = row.holder or ""  # the attempt row was ended by (or for) its holder
             if attempt.state == "exited":
-                event: claims.Event = claims.RunExited(row.attempt, attempt.exit_code, "", f"settle-{row.id}")
+                event: claims.Event = claims.RunExited(row.attempt, holder, attempt.exit_code, "",
+                                                       f"settle-{row.id}")
             else:
-                event = claims.RunLost(row.attempt, attempt.reason or "lost", False, f"settle-{row.id}")
+                event = claims.RunLost(row.attempt, holder, attempt.reason or "lost", False, f"settle-{row.id}")
             await self._jobs.apply(row.id, event)

@@ -22,9 +22,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
-from gpulayerd.api.peer import PeerCallError
+from gpulayerd.api.peer import MAX_LOG_OFFSET, PeerBadRequest, PeerCallError, PeerForbidden
+from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.jobs import Granted, OwnedJobs
 from gpulayerd.app.ledger import Ledger, RunKey
@@ -59,6 +61,18 @@ def _devices(placement: Placement) -> list[str]:
     return [u for u in placement.device_uuids if u]
 
 
+def _granted_spec(granted: dict[str, object] | None, offered: JobSpec, job_id: str) -> JobSpec:
+    """The spec to run: the one the grant carries (the only message that must hold the job's
+    environment values), else the offer's."""
+    if not granted:
+        return offered
+    try:
+        return job_spec_from_mapping(granted, source=f"grant of {job_id}", base_dir="/")
+    except SpecError as e:
+        log.warning("job_id=%s: the grant's spec does not parse (%s); running the offered one", job_id, e)
+        return offered
+
+
 class WorkerService:
     """Runs attempts on this machine; implements the worker side of the peer protocol."""
 
@@ -81,6 +95,7 @@ class WorkerService:
         self._offers: dict[tuple[str, str], Offer] = {}  # (owner, job) -> the offer the core keeps
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
+        self._refusals = Refusals(log, signals.stats)
 
     def _apply(self, event: core.Event) -> list[core.Action]:
         return self._ledger.apply(event, self._clock.monotonic())
@@ -119,7 +134,8 @@ class WorkerService:
                    for a in self._apply(core.LocalClaimed(key, row.lease_s, frozenset(uuids)))):
             self._locks.release(fds)  # a device is in use here (a hold, a peer's run): nothing ran
             await self._jobs.lost(row.id, granted.attempt, "a device was in use on this machine",
-                                  never_started=True, stimulus_id=f"lost-{row.id}-{granted.attempt}")
+                                  worker=self.node_id, never_started=True,
+                                  stimulus_id=f"lost-{row.id}-{granted.attempt}")
             return False
         self._signals.devices_changed()
         self._ledger.starting(key, spec)
@@ -137,7 +153,7 @@ class WorkerService:
             if not isinstance(e, RunnerError):
                 raise
             code = e.status.exit_code if e.status is not None else None
-            await self._jobs.exited(job_id, attempt, code, str(e), f"could not start: {e}")
+            await self._jobs.exited(job_id, attempt, code, str(e), f"could not start: {e}", worker=self.node_id)
             return
         finally:
             if fds:
@@ -186,7 +202,11 @@ class WorkerService:
             # declared lost, or a retry would run a second copy beside it.
             await asyncio.to_thread(self._runner.cancel, entry.handle)
             text += "; its processes were stopped"
-        kind: Literal["exited", "lost"] = "lost" if status.gone else "exited"
+        # A run its watchdog stopped at the lease deadline did not fail: its lease ran out
+        # (the owner, or this daemon, was unreachable), so the attempt is lost and the job
+        # retries as its policy says.
+        lost = status.gone or status.reason == "deadline"
+        kind: Literal["exited", "lost"] = "lost" if lost else "exited"
         actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text))
         if not any(isinstance(a, core.RecordEnd) for a in actions):
             return  # its end was recorded already
@@ -197,13 +217,14 @@ class WorkerService:
             self._signals.wake()
             await self._carry_out(actions)
             return
-        if status.gone:
-            await self._jobs.lost(job_id, attempt, text or "the job's watchdog is gone",
+        if lost:
+            await self._jobs.lost(job_id, attempt, text or "the job's watchdog is gone", worker=self.node_id,
                                   stimulus_id=f"lost-{job_id}-{attempt}")
         else:
             # A start failure or a watchdog error says more than the bare exit code.
-            why = status.detail if status.reason in ("start_failed", "error", "deadline") else ""
-            await self._jobs.exited(job_id, attempt, status.exit_code, text, why, f"exit-{job_id}-{attempt}")
+            why = status.detail if status.reason in ("start_failed", "error") else ""
+            await self._jobs.exited(job_id, attempt, status.exit_code, text, why, f"exit-{job_id}-{attempt}",
+                                    worker=self.node_id)
         self._signals.devices_changed()
 
     async def _carry_out(self, actions: Sequence[core.Action]) -> None:
@@ -222,9 +243,14 @@ class WorkerService:
                     await asyncio.to_thread(self._runner.cancel, entry.handle)
 
     async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
-        """Stop ``attempt`` of a job owned here: here if it runs here, else (``remote``) on ``worker``."""
+        """Stop ``attempt`` of a job owned here: here if it runs here, else (``remote``) on ``worker``.
+
+        Without ``remote`` (a stale reply to ``worker``), only an attempt that ``worker`` runs
+        is stopped: a run here is stopped only when ``worker`` is this node, so that a
+        peer's stale (or forged) report about an attempt running here never kills it.
+        """
         entry = self._ledger.get((job_id, attempt))
-        if entry is not None and entry.owner is None:
+        if entry is not None and entry.owner is None and (remote or worker == self.node_id):
             await asyncio.to_thread(self._runner.cancel, entry.handle)
         elif remote and worker and worker != self.node_id:
             self._signals.spawn(self._send_kill(worker, job_id, attempt, reason))
@@ -317,7 +343,8 @@ class WorkerService:
             self._drop_offers(actions)
         for a in actions:
             if isinstance(a, core.StartRun):
-                await self._start_remote(owner, a.key, a.lease_s, spec, placement, fds)
+                await self._start_remote(owner, a.key, a.lease_s, _granted_spec(reply.spec, spec, offer.job_id),
+                                         placement, fds)
 
     async def _start_remote(self, owner: str, key: RunKey, lease_s: float, spec: JobSpec, placement: Placement,
                             fds: list[int]) -> None:
@@ -372,8 +399,16 @@ class WorkerService:
         self._apply(core.ReportAnswered(key, reply is not None))
 
     async def kill(self, owner: str, msg: Kill) -> Ack:
-        """Peer route: the owner stops an attempt we run for it."""
+        """Peer route: the owner stops an attempt we run for it.
+
+        Raises:
+            PeerForbidden: the attempt runs here for another owner (or for this daemon); nothing is stopped.
+        """
         key = (msg.job_id, msg.attempt)
+        entry = self._ledger.get(key)
+        if entry is not None and entry.owner != owner:
+            self._refusals.refuse(owner, "kill", f"job {msg.job_id} attempt {msg.attempt} is not its run")
+            raise PeerForbidden(f"attempt {msg.attempt} of job {msg.job_id} is not run here for you")
         actions = self._apply(core.KillAsked(key, owner, msg.reason))
         refused = next((a for a in actions if isinstance(a, core.RefuseKill)), None)
         entry = self._ledger.get(key)
@@ -382,11 +417,26 @@ class WorkerService:
         await asyncio.to_thread(self._runner.cancel, entry.handle)
         return Ack(ok=True)
 
-    async def logs(self, msg: LogRequest) -> LogChunk:
-        """Peer route: a chunk of the log of an attempt we run (or ran) for an owner."""
-        path = self._starter.run_dir(msg.job_id, msg.attempt) / f"{msg.stream}.log"
-        finished = self._ledger.get((msg.job_id, msg.attempt)) is None
-        return await read_log(path, msg.job_id, msg.attempt, msg.stream, msg.offset, finished)
+    async def logs(self, owner: str, msg: LogRequest) -> LogChunk:
+        """Peer route: a chunk of the log of an attempt we run (or ran) for ``owner``.
+
+        The file is found from the stored remote run (its run directory), never from the
+        request's text.
+
+        Raises:
+            PeerForbidden: no run of ``owner``'s with that job and attempt is known here.
+            PeerBadRequest: the offset is negative or past :data:`MAX_LOG_OFFSET`.
+        """
+        if not 0 <= msg.offset <= MAX_LOG_OFFSET:
+            raise PeerBadRequest(f"offset must be 0 to {MAX_LOG_OFFSET}")
+        run = await self._store.runs.remote_run(owner, msg.job_id, msg.attempt)
+        if run is None or not run.run_dir:
+            self._refusals.refuse(owner, "logs", f"no run of its job {msg.job_id!r} attempt {msg.attempt} here")
+            raise PeerForbidden(f"no attempt {msg.attempt} of job {msg.job_id!r} runs here for you")
+        path = Path(run.run_dir) / f"{msg.stream}.log"
+        entry = self._ledger.get((run.job_id, run.attempt))
+        finished = run.state != "running" or entry is None or entry.owner != owner
+        return await read_log(path, run.job_id, run.attempt, msg.stream, msg.offset, finished)
 
     # ------------------------------------------------------------- leases
 

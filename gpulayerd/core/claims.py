@@ -16,6 +16,12 @@ States::
 The attempt number is the fencing token: a claim grants ``attempt + 1``; a start,
 renewal or exit that names any other attempt is stale and changes nothing (a
 renewal for a stale attempt is answered so that its worker kills it).
+
+Only the attempt's holder speaks for it: every event about an attempt carries the
+node id of the worker that sent it (the peer API takes it from the sender's TLS
+certificate), and a start, renewal, exit or loss of the current attempt from any
+other node is answered :class:`ReplyStale` and changes nothing, so a member that
+does not hold a job can neither end it nor keep it alive.
 """
 
 from __future__ import annotations
@@ -125,14 +131,16 @@ class LeaseRenewed:
 
 @dataclass(frozen=True, slots=True)
 class RunExited:
-    """The job's processes of ``attempt`` ended.
+    """The job's processes of ``attempt`` ended, as ``worker`` reports.
 
     Attributes:
+        worker: node id of the reporting worker (only the attempt's holder counts).
         exit_code: the process exit status (negative: killed by that signal); None
             if it could not be known.
     """
 
     attempt: int
+    worker: str
     exit_code: int | None
     reason: str = ""
     stimulus_id: str = ""
@@ -140,9 +148,13 @@ class RunExited:
 
 @dataclass(frozen=True, slots=True)
 class RunLost:
-    """The attempt's processes are gone without an exit status (or never started)."""
+    """The attempt's processes are gone without an exit status (or never started), as ``worker`` reports.
+
+    ``worker`` is the reporting node (only the attempt's holder counts).
+    """
 
     attempt: int
+    worker: str
     reason: str
     never_started: bool = False
     stimulus_id: str = ""
@@ -228,7 +240,8 @@ class KillRun:
 
 @dataclass(frozen=True, slots=True)
 class ReplyStale:
-    """Answer a message about a superseded attempt: its worker must kill it."""
+    """Answer a message about a superseded attempt, or about the current one from a node that
+    does not hold it: ``worker`` must kill that attempt if it runs it; nothing else changes."""
 
     worker: str
     attempt: int
@@ -288,6 +301,11 @@ def _stale(job: JobRecord, attempt: int, worker: str) -> bool:
     return attempt != job.attempt or worker != job.holder or job.status not in ACTIVE
 
 
+def _not_holder(job: JobRecord, attempt: int, worker: str) -> bool:
+    """A message about the current, active attempt from a node that does not hold it."""
+    return attempt == job.attempt and job.status in ACTIVE and worker != job.holder
+
+
 def _started(job: JobRecord, ev: RunStarted, now: float) -> list[Action]:
     if _stale(job, ev.attempt, ev.worker):
         if ev.attempt != job.attempt or job.holder != ev.worker:
@@ -309,6 +327,8 @@ def _renewed(job: JobRecord, ev: LeaseRenewed, now: float) -> list[Action]:
 
 
 def _exited(job: JobRecord, ev: RunExited) -> list[Action]:
+    if _not_holder(job, ev.attempt, ev.worker):
+        return [ReplyStale(ev.worker, ev.attempt, job.attempt)]  # refused: changes nothing
     if ev.attempt != job.attempt or job.status not in ACTIVE:
         return []  # stale or duplicate: only the current attempt's exit counts
     if job.cancel_requested:
@@ -331,6 +351,8 @@ def _describe_exit(code: int) -> str:
 
 
 def _lost(job: JobRecord, ev: RunLost) -> list[Action]:
+    if _not_holder(job, ev.attempt, ev.worker):
+        return [ReplyStale(ev.worker, ev.attempt, job.attempt)]  # refused: changes nothing
     if ev.attempt != job.attempt or job.status not in ACTIVE:
         return []
     # "Never started" is only believed while the owner has not recorded a start.

@@ -10,6 +10,8 @@ The only package that imports aiosqlite. :class:`Store` owns the one connection
 
 A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
 only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.
+The files are 0600; a damaged file is refused at open (:class:`StoreDamaged`); a file removed or
+replaced while open is found after the next commit, before its caller is answered (:class:`StoreGone`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from gpulayerd.store.db import Database
+from gpulayerd.store.db import Database, StoreDamaged, StoreGone
 from gpulayerd.store.gangs import GangRow, GangsTable
 from gpulayerd.store.jobs import JobsTable
 from gpulayerd.store.peers import PeersTable
@@ -52,7 +54,9 @@ __all__ = [
     "RemoteRunRow",
     "RunsTable",
     "Store",
+    "StoreDamaged",
     "StoreError",
+    "StoreGone",
 ]
 
 
@@ -83,8 +87,10 @@ class Store:
             busy_timeout_s: how long a statement waits for another process's lock.
 
         Raises:
-            StoreError: the file cannot be opened or migrated, or it was written by
-                newer code (its schema version is above :data:`SCHEMA_VERSION`).
+            StoreDamaged: the file is damaged (``PRAGMA quick_check``), truncated or not SQLite;
+                the message says how to recover it or move it aside.
+            StoreError: the file cannot be opened or migrated, is another account's, or it was
+                written by newer code (its schema version is above :data:`SCHEMA_VERSION`).
         """
         return cls(await Database.open(path, busy_timeout_s=busy_timeout_s))
 
@@ -92,6 +98,16 @@ class Store:
     def path(self) -> Path:
         """The SQLite file."""
         return self._db.path
+
+    @property
+    def gone(self) -> str | None:
+        """Why the file can no longer be trusted (removed or replaced while open), or None."""
+        return self._db.gone
+
+    async def wait_gone(self) -> str:
+        """Wait until a commit finds the file removed or replaced (every call then raises
+        :class:`StoreGone`); returns why, for the daemon to stop with."""
+        return await self._db.wait_gone()
 
     async def close(self) -> None:
         """Close the connection. Safe to call more than once."""

@@ -4,6 +4,13 @@ One writer connection in WAL mode with ``synchronous=FULL``: a method that retur
 committed its write, so a ``kill -9`` at any later moment loses nothing acknowledged. Every
 read-modify-write runs in ``BEGIN IMMEDIATE``; an :class:`asyncio.Lock` keeps coroutines from
 interleaving statements inside one transaction.
+
+Safety of the file itself: it and its ``-wal``/``-shm`` files are made 0600 at open (they hold
+job environments); a damaged file is refused at open (``PRAGMA quick_check``) with
+:class:`StoreDamaged`; and after every commit, before the caller is answered, the file is checked
+to be still the one opened, at its path: once it has been removed (``rm -rf`` of the state dir) or
+replaced, every call raises :class:`StoreGone` and :meth:`Database.wait_gone` returns, so that
+nothing more is acknowledged into a file that vanishes at the next start.
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
+import stat
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +30,7 @@ import aiosqlite
 from gpulayerd.store.rows import StoreError
 from gpulayerd.store.schema import migrate
 
-__all__ = ["Database", "Params", "Rollback"]
+__all__ = ["Database", "Params", "Rollback", "StoreDamaged", "StoreGone"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +39,25 @@ Params = Sequence[object] | Mapping[str, object]
 """SQL parameters: positional (``?``) or named (``:name``)."""
 
 
+_FILE_MODE = 0o600
+_COMPANIONS = ("-wal", "-shm", "-journal")
+_CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+_LINKED_FN = "gpulayer_store_linked"
+
+
 class Rollback(Exception):
     """Raised inside :meth:`Database.transaction` to roll it back without an error."""
+
+
+class StoreDamaged(StoreError):
+    """The SQLite file is damaged (``PRAGMA quick_check`` failed, or SQLite found it malformed).
+
+    The message says which file, what SQLite found, and how to recover or move it aside.
+    """
+
+
+class StoreGone(StoreError):
+    """The SQLite file was removed or replaced while open: nothing more can be stored durably."""
 
 
 class Database:
@@ -42,35 +68,65 @@ class Database:
         self._conn: aiosqlite.Connection | None = conn
         self._path = path
         self._lock = asyncio.Lock()
+        self._gone: str | None = None
+        self._gone_event = asyncio.Event()
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0) -> Database:
-        """Open (creating if needed) the SQLite file at ``path`` and migrate it.
+        """Open (creating if needed) the SQLite file at ``path``, check it and migrate it.
+
+        The file and its ``-wal``/``-shm`` files are made 0600 (created so when missing).
 
         Args:
             path: the SQLite file; its directory must exist.
             busy_timeout_s: how long a statement waits for another process's lock.
 
         Raises:
-            StoreError: the file cannot be opened, configured or migrated, or it was
-                written by newer code.
+            StoreDamaged: the file is damaged (``PRAGMA quick_check``), truncated or not SQLite;
+                the message carries a recovery hint.
+            StoreError: the file cannot be opened, configured or migrated, is another account's,
+                or it was written by newer code.
         """
+        identity = await asyncio.to_thread(_private_files, path)
         try:
             conn = await aiosqlite.connect(path, isolation_level=None)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open store {path}: {e}") from e
+        db = cls(conn, path)
         try:
-            await _configure(conn, path, busy_timeout_s)
-            await migrate(conn, path)
+            try:
+                await _configure(conn, path, busy_timeout_s)
+                await _quick_check(conn, path)
+                await migrate(conn, path)
+            except StoreError as e:
+                if _is_corrupt(e.__cause__):
+                    raise _damaged(path, str(e.__cause__)) from e
+                raise
+            except sqlite3.DatabaseError as e:
+                if _is_corrupt(e):
+                    raise _damaged(path, str(e)) from e
+                raise StoreError(f"cannot open store {path}: {e}") from e
+            await asyncio.to_thread(_private_companions, path)  # the -wal and -shm SQLite has just made
+            await conn.create_function(_LINKED_FN, 0, lambda: _still_linked(path, identity))
         except BaseException:
             await conn.close()
             raise
-        return cls(conn, path)
+        return db
 
     @property
     def path(self) -> Path:
         """The SQLite file."""
         return self._path
+
+    @property
+    def gone(self) -> str | None:
+        """Why the file can no longer be trusted (removed or replaced while open), or None."""
+        return self._gone
+
+    async def wait_gone(self) -> str:
+        """Wait until the file is found removed or replaced after a commit; returns why."""
+        await self._gone_event.wait()
+        return self._gone or "the store is gone"
 
     async def close(self) -> None:
         """Close the connection. Safe to call more than once."""
@@ -102,6 +158,7 @@ class Database:
                 if isinstance(e, sqlite3.Error):
                     raise StoreError(f"store {self._path}: {e}") from e
                 raise
+            await self._check_linked(conn)
 
     async def fetch_all(self, sql: str, params: Params) -> list[Any]:
         """Run one statement on its own (it is its own transaction); every row it returns.
@@ -119,20 +176,41 @@ class Database:
         """Run one statement on its own (it is its own transaction); the number of rows changed.
 
         Raises:
+            StoreGone: the file was removed or replaced (checked after the commit).
             StoreError: the store is closed, or SQLite failed.
         """
         async with self._lock:
             conn = self._open_conn()
             await self._settle(conn)
             async with await self._call(conn.execute(sql, params)) as cur:
-                return int(cur.rowcount)
+                changed = int(cur.rowcount)
+            await self._check_linked(conn)
+            return changed
 
     # ------------------------------------------------------------------- helpers
 
     def _open_conn(self) -> aiosqlite.Connection:
+        if self._gone is not None:
+            raise StoreGone(self._gone)
         if self._conn is None:
             raise StoreError(f"store {self._path} is closed")
         return self._conn
+
+    async def _check_linked(self, conn: aiosqlite.Connection) -> None:
+        """After a commit: raise :class:`StoreGone` (for good) unless the file is still at its path.
+
+        The check (two ``stat`` calls) runs on the connection's thread, never on the event loop.
+        """
+        rows = list(await self._call(conn.execute_fetchall(f"SELECT {_LINKED_FN}()")))
+        problem = str(rows[0][0]) if rows and rows[0][0] else ""
+        if not problem:
+            return
+        if self._gone is None:
+            self._gone = (f"store {self._path}: the database file {problem} while the daemon ran; what "
+                          "was written since is lost, and nothing more is acknowledged")
+            logger.error("%s", self._gone)
+            self._gone_event.set()
+        raise StoreGone(self._gone)
 
     async def _settle(self, conn: aiosqlite.Connection) -> None:
         """Roll back a transaction left open by a coroutine cancelled inside it."""
@@ -165,3 +243,96 @@ async def _configure(conn: aiosqlite.Connection, path: Path, busy_timeout_s: flo
     mode = str(rows[0][0]) if rows else "?"
     if mode.lower() != "wal":
         logger.warning("store %s: journal mode is %s, not wal", path, mode)
+
+
+def _private_files(path: Path) -> tuple[int, int]:
+    """Make the SQLite file (created if missing) and its companions 0600; its (device, inode).
+
+    Blocking: call in a thread. Before SQLite opens the file only: closing a descriptor of a file
+    drops every POSIX lock the process holds on it, SQLite's included.
+
+    Raises:
+        StoreError: one of them is another account's, or cannot be created or changed.
+    """
+    uid = os.geteuid()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+    except OSError as e:
+        raise StoreError(f"cannot open store {path}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        _check_private_file(path, st, uid)
+        if stat.S_IMODE(st.st_mode) != _FILE_MODE:
+            os.fchmod(fd, _FILE_MODE)
+    except OSError as e:
+        raise StoreError(f"cannot make {path} private (0600): {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+    _private_companions(path)
+    return st.st_dev, st.st_ino
+
+
+def _private_companions(path: Path) -> None:
+    """Make the ``-wal``, ``-shm`` and ``-journal`` files next to ``path`` 0600, by path (never opened).
+
+    Blocking: call in a thread. They sit in the daemon's 0700 state dir: no one else can swap them.
+
+    Raises:
+        StoreError: one of them is not a regular file, is another account's, or cannot be changed.
+    """
+    uid = os.geteuid()
+    for suffix in _COMPANIONS:
+        companion = path.with_name(path.name + suffix)
+        try:
+            st = os.lstat(companion)
+            _check_private_file(companion, st, uid)
+            if stat.S_IMODE(st.st_mode) != _FILE_MODE:
+                os.chmod(companion, _FILE_MODE)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise StoreError(f"cannot make {companion} private (0600): {e.strerror or e}") from e
+
+
+def _check_private_file(path: Path, st: os.stat_result, uid: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"refusing store file {path}: it is not a regular file")
+    if st.st_uid != uid:
+        raise StoreError(f"refusing store file {path}: it is owned by uid {st.st_uid}, not by this "
+                         f"daemon's account (uid {uid})")
+
+
+def _still_linked(path: Path, identity: tuple[int, int]) -> str:
+    """Empty if the file at ``path`` is still the one opened (device and inode); else what happened.
+
+    Runs on the connection's thread (an SQL function).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "was removed (was the state dir deleted?)"
+    except OSError as e:
+        return f"cannot be checked ({e.strerror or e})"
+    if (st.st_dev, st.st_ino) != identity:
+        return "was replaced by another file"
+    return ""
+
+
+async def _quick_check(conn: aiosqlite.Connection, path: Path) -> None:
+    """``PRAGMA quick_check``; raises :class:`StoreDamaged` with what SQLite found."""
+    rows = [str(r[0]) for r in await conn.execute_fetchall("PRAGMA quick_check")]
+    if rows != ["ok"]:
+        more = f" (and {len(rows) - 1} more findings)" if len(rows) > 1 else ""
+        raise _damaged(path, f"quick_check: {rows[0] if rows else 'no answer'}{more}")
+
+
+def _is_corrupt(e: BaseException | None) -> bool:
+    return isinstance(e, sqlite3.DatabaseError) and getattr(e, "sqlite_errorcode", None) in _CORRUPT_CODES
+
+
+def _damaged(path: Path, found: str) -> StoreDamaged:
+    return StoreDamaged(
+        f"the store {path} is damaged ({found}); gpulayerd does not start on it. To save what is left: "
+        f"sqlite3 {path} .recover | sqlite3 {path}.recovered, then move {path.name} and its -wal and -shm "
+        f"files aside and rename {path.name}.recovered to {path.name}. Or move those three files aside to "
+        "start with an empty store (its jobs are then forgotten).")

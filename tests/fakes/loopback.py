@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel
 
-from gpulayerd.api.peer import PeerCallError
+from gpulayerd.api.peer import PeerBadRequest, PeerCallError, PeerForbidden, request_problem
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
@@ -162,6 +162,10 @@ class LoopbackNetwork:
         copy = None if body is None else type(body).model_validate_json(body.model_dump_json())
         try:
             answer = await node.dispatch(sender, path, copy)
+        except (PeerForbidden, PeerBadRequest) as e:  # a refusal (403 / 400): an error reply, not a failure
+            status = 403 if isinstance(e, PeerForbidden) else 400
+            self.calls.append(Call(sender, target, path, body, f"{status}: {e}"))
+            raise PeerCallError(f"{path} on {target[:12]}: HTTP {status}: {e}") from e
         except Exception as e:
             self.errors.append(f"{path} on {target[:12]} from {sender[:12]}: {type(e).__name__}: {e}")
             self.calls.append(Call(sender, target, path, body, f"error: {e}"))
@@ -221,12 +225,15 @@ class LoopbackNode:
         for field in ("owner", "worker"):
             if hasattr(body, field) and url.path != "/v1/peer/logs":
                 assert getattr(body, field) == sender, f"{url.path}: {field} is not the sender"
+        problem = request_problem(body)  # as the peer API checks every message
+        if problem is not None:
+            raise PeerBadRequest(problem)
         handlers: dict[str, Callable[[], BaseModel | Awaitable[BaseModel]]] = {
             "/v1/peer/offer": lambda: self._worker_().offer(sender, _as(body, Offer)),
             "/v1/peer/claim": lambda: self._owner_().claim(sender, _as(body, Claim)),
             "/v1/peer/report": lambda: self._owner_().report(sender, _as(body, RunReport)),
             "/v1/peer/kill": lambda: self._worker_().kill(sender, _as(body, Kill)),
-            "/v1/peer/logs": lambda: self._worker_().logs(_as(body, LogRequest)),
+            "/v1/peer/logs": lambda: self._worker_().logs(sender, _as(body, LogRequest)),
             "/v1/peer/hold": lambda: self._member_().hold(sender, _as(body, Hold)),
             "/v1/peer/release": lambda: self._member_().release(sender, _as(body, Release)),
             "/v1/peer/commit": lambda: self._member_().commit(sender, _as(body, Commit)),

@@ -73,12 +73,13 @@ def renewed(attempt: int = 1, worker: str = "w1") -> LeaseRenewed:
     return LeaseRenewed(attempt, worker)
 
 
-def exited(attempt: int = 1, code: int | None = 0, reason: str = "") -> RunExited:
-    return RunExited(attempt, code, reason)
+def exited(attempt: int = 1, code: int | None = 0, reason: str = "", worker: str = "w1") -> RunExited:
+    return RunExited(attempt, worker, code, reason)
 
 
-def lost(attempt: int = 1, reason: str = "worker reports processes gone", never_started: bool = False) -> RunLost:
-    return RunLost(attempt, reason, never_started)
+def lost(attempt: int = 1, reason: str = "worker reports processes gone", never_started: bool = False,
+         worker: str = "w1") -> RunLost:
+    return RunLost(attempt, worker, reason, never_started)
 
 
 def cancel(reason: str = "cancelled by user") -> CancelRequested:
@@ -184,6 +185,11 @@ class Owner:
             attempt = getattr(step.event, "attempt", None)
             if attempt is not None and attempt != step.seen.attempt:
                 assert step.stored is None and not step.refused, f"stale attempt changed the job: {step}"
+            if attempt is not None and getattr(step.event, "worker", None) != step.seen.holder:
+                # Only the holder speaks for an attempt: anyone else's start, renewal, exit or loss
+                # stores nothing, extends nothing, kills nothing, and is answered stale (or not at all).
+                assert step.stored is None and not step.refused, f"a non-holder changed the job: {step}"
+                assert all(isinstance(a, ReplyStale) for a in step.returned), step
             if step.stored is not None and (step.seen.status, step.stored.status) == (R, Q):
                 # A recorded start may still be running somewhere: re-queueing it uses a retry.
                 assert step.stored.retries_left == step.seen.retries_left - 1, step
@@ -350,6 +356,10 @@ def _requeued_and_reclaimed(owner: Owner) -> JobRecord:
         (exited(3, 1), []),
         (lost(1), []),
         (lost(1, never_started=True), []),
+        (exited(2, 0, worker="w1"), [ReplyStale("w1", 2, 2)]),  # right attempt, wrong worker
+        (exited(2, 1, worker="w3"), [ReplyStale("w3", 2, 2)]),
+        (lost(2, worker="w1"), [ReplyStale("w1", 2, 2)]),
+        (lost(2, never_started=True, worker="w3"), [ReplyStale("w3", 2, 2)]),
     ],
     ids=lambda v: repr(v) if not isinstance(v, list) else "",
 )
@@ -541,7 +551,7 @@ def test_lease_expiry_with_a_retry_requeues_and_fences_the_old_attempt(retrying_
     before = owner.record
     assert owner.feed(exited(1, 0), 141.0) == []  # the late exit of attempt 1
     assert owner.record == before
-    owner.feed(exited(2, 0), 150.0)
+    owner.feed(exited(2, 0, worker="w2"), 150.0)
     assert owner.record.status is JobStatus.SUCCEEDED
 
 
@@ -618,6 +628,77 @@ def test_owner_restart_then_the_holder_renews_and_finishes(make_owner: Callable[
     assert o.record.status is JobStatus.SUCCEEDED
 
 
+# ------------------------------------------------------------------ only the holder speaks for an attempt
+
+
+@pytest.mark.parametrize("claimed_only", [False, True], ids=["running", "claimed"])
+@pytest.mark.parametrize(
+    "forged",
+    [
+        exited(1, 0, worker="w2"),
+        exited(1, 1, reason="boom", worker="w2"),
+        exited(1, None, worker="w2"),
+        lost(1, worker="w2"),
+        lost(1, never_started=True, worker="w2"),
+        renewed(1, "w2"),
+        started(1, "w2"),
+    ],
+    ids=lambda v: f"{type(v).__name__}-{getattr(v, 'exit_code', '')}-{getattr(v, 'never_started', '')}",
+)
+def test_a_non_holder_can_neither_end_nor_renew_nor_start_the_current_attempt(
+    make_owner: Callable[..., Owner], forged: Event, claimed_only: bool
+) -> None:
+    """Issue 12: a member that does not hold the job (w2) reports on the attempt w1 runs."""
+    owner = make_owner(job(retries_left=1), now=100.0)
+    owner.feed(claim("w1"))
+    if not claimed_only:
+        owner.feed(started(1, "w1"), 101.0)
+    before = owner.record
+    acts = owner.feed(forged, 102.0)
+    assert acts == [ReplyStale("w2", 1, 1)]
+    assert owner.record == before  # nothing stored, the lease not moved, no retry used
+    # The lease still runs out on the holder's silence alone, and the holder still ends it.
+    assert owner.feed(check(), before.lease_expires_at) == []
+    owner.feed(exited(1, 0, worker="w1"))
+    assert (owner.record.status, owner.record.attempt, owner.record.retries_left) == (JobStatus.SUCCEEDED, 1, 1)
+
+
+def test_a_forged_loss_does_not_start_a_second_copy(make_owner: Callable[..., Owner]) -> None:
+    """Issue 12: with retries left, a forged "lost" re-queued the job while attempt 1 still ran."""
+    owner = make_owner(job(retries_left=1), now=100.0)
+    rec = running(owner, "w1")
+    assert owner.feed(lost(1, "forged", worker="w2"), 110.0) == [ReplyStale("w2", 1, 1)]
+    assert owner.feed(claim("w2"), 111.0) == [DenyClaim("w2", "job is running")]
+    assert owner.record == rec
+    assert [a for a in owner.outbox if isinstance(a, GrantClaim)] == [GrantClaim("w1", 1, LEASE)]
+
+
+def test_a_non_holders_report_after_the_end_or_while_queued_changes_nothing(
+    make_owner: Callable[..., Owner],
+) -> None:
+    owner = make_owner(job(retries_left=1), now=100.0)
+    assert owner.feed(exited(1, 0, worker="w2"), 100.0) == []  # queued: attempt 1 was never granted
+    assert owner.feed(lost(0, worker="w2"), 100.0) == []
+    running(owner, "w1")
+    owner.feed(exited(1, 3, worker="w1"), 110.0)
+    end = owner.record
+    assert end.status is JobStatus.FAILED
+    for ev in (exited(1, 0, worker="w2"), lost(1, worker="w2"), renewed(1, "w2"), started(1, "w2")):
+        assert all(isinstance(a, ReplyStale) for a in owner.feed(ev, 111.0))
+    assert owner.record == end
+
+
+def test_a_non_holder_cannot_end_a_cancelled_attempt_early(make_owner: Callable[..., Owner]) -> None:
+    owner = make_owner(now=100.0)
+    running(owner, "w1")
+    owner.feed(cancel(), 105.0)
+    rec = owner.record
+    assert owner.feed(exited(1, -15, worker="w2"), 106.0) == [ReplyStale("w2", 1, 1)]
+    assert owner.record == rec and rec.cancel_requested and rec.status is R
+    owner.feed(exited(1, -15, worker="w1"), 107.0)
+    assert owner.record.status is JobStatus.CANCELLED
+
+
 # ------------------------------------------------------------------ replays
 
 SCRIPT: list[tuple[float, Event]] = [
@@ -633,7 +714,7 @@ SCRIPT: list[tuple[float, Event]] = [
     (60.0, cancel()),
     (61.0, cancel()),
     (62.0, exited(1, 0)),
-    (63.0, exited(2, -15)),
+    (63.0, exited(2, -15, worker="w3")),
 ]
 
 
@@ -706,9 +787,9 @@ def build(o: Owner, kind: str, offset: int, who: str, extra: int | None) -> Even
     if kind == "renewed":
         return LeaseRenewed(attempt, worker)
     if kind == "exited":
-        return RunExited(attempt, extra)
+        return RunExited(attempt, worker, extra)
     if kind == "lost":
-        return RunLost(attempt, "gone", never_started=extra == 0)
+        return RunLost(attempt, worker, "gone", never_started=extra == 0)
     if kind == "cancel":
         return CancelRequested()
     return LeaseChecked(grace_s=5.0 if extra == 0 else 0.0)

@@ -331,7 +331,7 @@ async def test_events_are_the_history_in_order(store: Store) -> None:
         claims.ClaimRequested("w1", "s1"),
         claims.RunStarted(1, "w1", "s2"),
         claims.CancelRequested(stimulus_id="s3"),
-        claims.RunExited(1, -15, stimulus_id="s4"),
+        claims.RunExited(1, "w1", -15, stimulus_id="s4"),
     ]
     for i, ev in enumerate(steps):
         persist = claims.handle(rec, ev, 100.0 + i)[0]

@@ -1,0 +1,76 @@
+"""Private directories: the daemon's state and socket dirs, 0700, owned by its account.
+
+Blocking file work: call these in a thread (``asyncio.to_thread``).
+
+A directory the daemon owns and keeps its state in is tightened to 0700 whatever its mode was
+(a state dir made 0755 by hand would let other local users read the job environments in the
+database). A directory that is owned by another account, or that anyone may write to (a shared
+runtime dir such as ``/tmp``, mode 1777), is refused with :class:`UnsafeDirectory` and left as it
+was: tightening it would break its other users, and using it would let them swap our files.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["PRIVATE_DIR_MODE", "UnsafeDirectory", "check_private_dir", "make_private_dirs"]
+
+PRIVATE_DIR_MODE = 0o700
+
+
+class UnsafeDirectory(OSError):
+    """A directory the daemon would keep its state in is not safe to use; nothing was changed."""
+
+
+def check_private_dir(path: Path, st: os.stat_result, uid: int) -> None:
+    """Refuse ``path`` (already stat-ed as ``st``) unless it is a directory of ``uid`` that others cannot write.
+
+    Raises:
+        UnsafeDirectory: not a directory, owned by another account, or world-writable.
+    """
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"refusing {path}: it is not a directory")
+    if st.st_uid != uid:
+        raise UnsafeDirectory(
+            f"refusing {path}: it is owned by uid {st.st_uid}, not by this daemon's account (uid {uid}); "
+            "give the daemon a directory of its own (--state-dir / --runtime-dir)")
+    if st.st_mode & stat.S_IWOTH:
+        raise UnsafeDirectory(
+            f"refusing {path}: anyone may write to it (mode {stat.S_IMODE(st.st_mode):04o}), e.g. a shared "
+            "runtime dir; give the daemon a directory of its own (--state-dir / --runtime-dir)")
+
+
+def make_private_dirs(paths: Sequence[Path], *, uid: int | None = None) -> None:
+    """Create the missing ones of ``paths`` (and their parents) and make every one 0700.
+
+    Every existing path is checked first: if one is refused, none is created or changed.
+
+    Args:
+        paths: directories the daemon owns and keeps its state in (state dir, runs dir, socket dir).
+        uid: the account that must own them (default: this process's effective uid).
+
+    Raises:
+        UnsafeDirectory: one of them is not a directory, is owned by another account or is world-writable.
+        OSError: one cannot be created or changed.
+    """
+    owner = os.geteuid() if uid is None else uid
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        check_private_dir(path, st, owner)
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        # Checked again on the open directory itself: what is changed is what was checked.
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            check_private_dir(path, st, owner)
+            if stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+                os.fchmod(fd, PRIVATE_DIR_MODE)
+        finally:
+            os.close(fd)
