@@ -115,8 +115,10 @@ class Scheduler:
         if last is not None and last[0] == target and now - last[1] < self._config.offer_interval_s:
             return True
         self._offered[row.id] = (target, now)
-        offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id,
-                      spec=spec.model_dump(mode="json"), lease_s=row.lease_s)
+        # Environment values (tokens) go only with the grant, to the worker that runs the job.
+        offered = spec.model_dump(mode="json")
+        offered["env"] = dict.fromkeys(spec.env, "")
+        offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, spec=offered, lease_s=row.lease_s)
         self._signals.spawn(self._send_offer(target, offer))
         return True
 

@@ -187,7 +187,8 @@ async def test_a_worker_that_never_answers_is_declared_lost_and_its_run_dies_at_
     await lab.run_for(5)
     assert (await lab.job(owner, job)).status == "lost"
     remote = await w1.store.runs.remote_runs()
-    assert [(r.state, r.reported) for r in remote] == [("exited", True)]
+    # Stopped at its lease deadline: the worker records it lost (its lease ran out), not failed.
+    assert [(r.state, r.reported) for r in remote] == [("lost", True)]
 
 
 # ---------------------------------------------------------------------- owner restart
@@ -217,7 +218,8 @@ async def test_owner_restart_during_a_remote_run_the_worker_reports_when_it_is_b
     assert view.status == "succeeded"
     assert view.attempts[0].state == "exited"
     remote = await w1.store.runs.remote_runs()
-    assert [(r.state, r.reported) for r in remote] == [("exited", True)]
+    # Stopped at its lease deadline: the worker records it lost (its lease ran out), not failed.
+    assert [(r.state, r.reported) for r in remote] == [("lost", True)]
 
 
 @pytest.mark.asyncio

@@ -299,6 +299,12 @@ async def test_environment_values_go_only_to_the_node_that_runs_the_job(lab: Lab
     def envs(jobs: JobList) -> dict[str, dict[str, str]]:
         return {j.id: dict(j.spec.env) for j in jobs.jobs if j.spec is not None}
 
+    # The offer that placed it carried the keys only; the grant to w1 carried the values.
+    offers = [c.body for c in lab.net.calls if c.path == "/v1/peer/offer" and isinstance(c.body, Offer)
+              and c.body.job_id == job]
+    assert offers and all(o.spec["env"] == {"HF_TOKEN": "", "MODE": ""} for o in offers), offers
+    run = w1.runner.get(job, 1)
+    assert run is not None and (run.env["HF_TOKEN"], run.env["MODE"]) == ("s3cret", "fast")
     assert envs(await w1.node.call(OWNER, "/v1/peer/jobs", None, JobList)) == {
         job: {"HF_TOKEN": "s3cret", "MODE": "fast"}, queued: {"API_KEY": ""}}
     assert envs(await w2.node.call(OWNER, "/v1/peer/jobs", None, JobList)) == {
