@@ -218,8 +218,7 @@ async def test_owner_restart_during_a_remote_run_the_worker_reports_when_it_is_b
     assert view.status == "succeeded"
     assert view.attempts[0].state == "exited"
     remote = await w1.store.runs.remote_runs()
-    # Stopped at its lease deadline: the worker records it lost (its lease ran out), not failed.
-    assert [(r.state, r.reported) for r in remote] == [("lost", True)]
+    assert [(r.state, r.reported) for r in remote] == [("exited", True)]
 
 
 @pytest.mark.asyncio
