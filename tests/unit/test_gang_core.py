@@ -251,7 +251,8 @@ class HoldRoundMachine(RuleBasedStateMachine):
             elif isinstance(a, holds.ClaimJob):
                 self.claims += 1
 
-    @rule(grant=st.booleans(), u=st.floats(0, 0.999))
+    # Holds and claims are granted 3 times in 4, so rounds of 2 and 3 members do reach a commit.
+    @rule(grant=st.sampled_from([True, True, True, False]), u=st.floats(0, 0.999))
     def answer_hold(self, grant: bool, u: float) -> None:
         asks = [a for a in self.pending if isinstance(a, holds.SendHold)]
         if not asks:
@@ -266,7 +267,7 @@ class HoldRoundMachine(RuleBasedStateMachine):
         self.r, actions = holds.advance_round(self.r, ev, 0.0, u)
         self._absorb(actions)
 
-    @rule(granted=st.booleans())
+    @rule(granted=st.sampled_from([True, True, True, False]))
     def answer_claim(self, granted: bool) -> None:
         claims = [a for a in self.pending if isinstance(a, holds.ClaimJob)]
         if not claims:
@@ -289,6 +290,8 @@ class HoldRoundMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         members = tuple(sorted(MEMBERS)[:self.n])
+        if self.r.phase is holds.RoundPhase.COMMITTED:
+            assert len(self.commits) == self.n, (self.n, self.commits)
         if self.commits:  # all or nothing: every member, each held, ranks in node-id order
             assert [(c.member, c.rank, c.nnodes) for c in self.commits] == [
                 (m, i, self.n) for i, m in enumerate(members)]
@@ -400,6 +403,6 @@ class AttemptMachine(RuleBasedStateMachine):
 
 
 TestHoldRound = HoldRoundMachine.TestCase
-TestHoldRound.settings = settings(max_examples=150, stateful_step_count=12, deadline=None)
+TestHoldRound.settings = settings(max_examples=150, stateful_step_count=25, deadline=None)
 TestAttempt = AttemptMachine.TestCase
 TestAttempt.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
