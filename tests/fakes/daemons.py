@@ -20,7 +20,7 @@ import contextlib
 import functools
 import random
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,16 @@ from .clock import FakeClock
 from .loopback import LoopbackNetwork, LoopbackNode
 from .runner import FakeRunner
 
-__all__ = ["FakeDaemon", "Lab", "caps_for"]
+__all__ = ["OWNER", "W1", "W2", "W3", "FakeDaemon", "Lab", "caps_for", "d", "start_gang", "three_daemons", "view"]
 
 LEASE_S = 10.0
 GRACE_S = 5.0
+
+# Node ids of the usual lab (node-id order: owner < w1 < w2 < w3).
+OWNER = "a" * 52
+W1 = "b" * 52
+W2 = "c" * 52
+W3 = "d" * 52
 
 
 def caps_for(node_id: str, name: str, taken_at: float) -> Capabilities:
@@ -314,3 +320,44 @@ def _future_idle(f: asyncio.Future[Any], idle: set[Any], released: dict[int, asy
     src = released.get(id(f))
     return src is not None and _future_idle(src, idle, released, depth + 1)
 
+
+@contextlib.asynccontextmanager
+async def three_daemons(tmp_path: Path) -> AsyncIterator[Lab]:
+    """The usual lab: an owner with 1 CPU slot and workers w1, w2 with 2 each, all up.
+
+    On exit it closes every daemon and checks that no handler failed (a refusal is an
+    answer, never a handler failure).
+    """
+    lab = Lab(tmp_path)
+    await lab.add("owner", OWNER, cpu_slots=1)
+    await lab.add("w1", W1, cpu_slots=2)
+    await lab.add("w2", W2, cpu_slots=2)
+    await lab.net.heartbeat()
+    try:
+        yield lab
+    finally:
+        await lab.close()
+    assert lab.net.errors == []
+
+
+def d(lab: Lab, name: str) -> FakeDaemon:
+    """The daemon called ``name`` in ``lab``."""
+    return lab.daemons[name]
+
+
+async def view(lab: Lab, job_id: str) -> JobView:
+    """The owner's view of ``job_id``."""
+    return await lab.job(d(lab, "owner"), job_id)
+
+
+async def start_gang(lab: Lab, retries: int = 0) -> str:
+    """Submit a 2-host job from the owner and step until both ranks run on w1 and w2; returns its id."""
+    job = await lab.submit(d(lab, "owner"), nnodes=2, cpus=2, retries=retries)
+
+    async def both_running() -> bool:
+        v = await view(lab, job)
+        return (v.status == "running" and d(lab, "w1").runner.get(job, v.attempt) is not None
+                and d(lab, "w2").runner.get(job, v.attempt) is not None)
+
+    await lab.run_until("both ranks running", both_running, limit_s=10)
+    return job

@@ -10,36 +10,11 @@ worker (``cpus=2``); the workers have two slots each.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from gpulayerd.net.wire import Ack, Offer, new_msg_id
-from tests.fakes.daemons import GRACE_S, LEASE_S, FakeDaemon, Lab
-
-OWNER = "a" * 52
-W1 = "b" * 52
-W2 = "c" * 52
-
-
-@pytest_asyncio.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
-    lab = Lab(tmp_path)
-    await lab.add("owner", OWNER, cpu_slots=1)
-    await lab.add("w1", W1, cpu_slots=2)
-    await lab.add("w2", W2, cpu_slots=2)
-    await lab.net.heartbeat()
-    try:
-        yield lab
-    finally:
-        await lab.close()
-    assert lab.net.errors == []
-
-
-def d(lab: Lab, name: str) -> FakeDaemon:
-    return lab.daemons[name]
+from tests.fakes.daemons import GRACE_S, LEASE_S, OWNER, W1, W2, Lab, d
 
 
 async def status(lab: Lab, job_id: str) -> str:

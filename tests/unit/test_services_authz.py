@@ -10,11 +10,9 @@ counted and logged once per peer and kind.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from gpulayerd.api.peer import MAX_LOG_OFFSET, PeerCallError, request_problem
 from gpulayerd.app.authz import REFUSED_STAT
@@ -32,29 +30,7 @@ from gpulayerd.net.wire import (
     RunReportReply,
     new_msg_id,
 )
-from tests.fakes.daemons import LEASE_S, FakeDaemon, Lab
-
-OWNER = "a" * 52
-W1 = "b" * 52
-W2 = "c" * 52
-
-
-@pytest_asyncio.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
-    lab = Lab(tmp_path)
-    await lab.add("owner", OWNER, cpu_slots=1)
-    await lab.add("w1", W1, cpu_slots=2)
-    await lab.add("w2", W2, cpu_slots=2)
-    await lab.net.heartbeat()
-    try:
-        yield lab
-    finally:
-        await lab.close()
-    assert lab.net.errors == []  # a refusal is an answer (stale, 403, 400), never a handler failure
-
-
-def d(lab: Lab, name: str) -> FakeDaemon:
-    return lab.daemons[name]
+from tests.fakes.daemons import LEASE_S, OWNER, W1, W2, Lab, d
 
 
 async def running_on_w1(lab: Lab, retries: int = 0, env: dict[str, str] | None = None) -> str:

@@ -4,52 +4,10 @@ Each runs the real services of several daemons over the loopback fakes (fake clo
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
-import pytest_asyncio
 
 from gpulayerd.models import JobView
-from tests.fakes.daemons import GRACE_S, LEASE_S, FakeDaemon, Lab
-
-OWNER = "a" * 52
-W1 = "b" * 52
-W2 = "c" * 52
-W3 = "d" * 52
-
-
-@pytest_asyncio.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
-    lab = Lab(tmp_path)
-    await lab.add("owner", OWNER, cpu_slots=1)
-    await lab.add("w1", W1, cpu_slots=2)
-    await lab.add("w2", W2, cpu_slots=2)
-    await lab.net.heartbeat()
-    try:
-        yield lab
-    finally:
-        await lab.close()
-
-
-def d(lab: Lab, name: str) -> FakeDaemon:
-    return lab.daemons[name]
-
-
-async def view(lab: Lab, job_id: str) -> JobView:
-    return await lab.job(d(lab, "owner"), job_id)
-
-
-async def start_gang(lab: Lab, retries: int = 0) -> str:
-    job = await lab.submit(d(lab, "owner"), nnodes=2, cpus=2, retries=retries)
-
-    async def both_running() -> bool:
-        v = await view(lab, job)
-        return (v.status == "running" and d(lab, "w1").runner.get(job, v.attempt) is not None
-                and d(lab, "w2").runner.get(job, v.attempt) is not None)
-
-    await lab.run_until("both ranks running", both_running, limit_s=10)
-    return job
+from tests.fakes.daemons import GRACE_S, LEASE_S, W2, W3, Lab, d, start_gang, view
 
 
 def dump(v: JobView) -> str:

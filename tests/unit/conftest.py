@@ -1,0 +1,17 @@
+"""Fixtures of the unit tests that drive several daemons' services over the loopback fakes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from tests.fakes.daemons import Lab, three_daemons
+
+
+@pytest_asyncio.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
+    """An owner (1 CPU slot) and workers w1, w2 (2 each), up (see :func:`three_daemons`)."""
+    async with three_daemons(tmp_path) as lab:
+        yield lab
