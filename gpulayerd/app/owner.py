@@ -213,7 +213,7 @@ class OwnerService:
                     raise PeerUnreachable(f"cannot read the log on {worker[:12]}: {e}") from e
                 return chunk.model_copy(update={"complete": chunk.complete or (
                     terminal and chunk.next_offset == chunk.offset)})
-        path = self._starter.run_dir(row.id, n) / f"{stream}.log"
+        path = self._starter.log_path(row.id, n, stream)
         return await read_log(path, row.id, n, stream, offset, terminal)
 
     def view(self, row: JobRow) -> JobView:

@@ -16,6 +16,7 @@ from gpulayerd.app.clock import Clock
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
+from gpulayerd.runs import layout
 from gpulayerd.runs.launch import build_argv, build_env, build_gang_argv
 from gpulayerd.runs.runner import RunHandle, Runner
 
@@ -48,8 +49,16 @@ class Starter:
         self._clock = clock
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
-        """Where an attempt's logs and watchdog state live: ``<state>/runs/<job>/<attempt>``."""
-        return self._config.runs_dir / job_id / str(attempt)
+        """Where an attempt's logs and watchdog state live: ``<state>/runs/<job>/<attempt>``.
+
+        Raises:
+            ValueError: ``job_id`` is not a plain name (see :func:`gpulayerd.runs.layout.run_dir`).
+        """
+        return layout.run_dir(self._config.runs_dir, job_id, attempt)
+
+    def log_path(self, job_id: str, attempt: int, stream: str) -> Path:
+        """An attempt's ``stdout`` or ``stderr`` log (see :func:`gpulayerd.runs.layout.log_path`)."""
+        return layout.log_path(self._config.runs_dir, job_id, attempt, stream)
 
     async def start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, lease_s: float,
                     lock_fds: list[int], gang: GangRank | None = None) -> RunHandle:
