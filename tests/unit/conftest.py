@@ -1,4 +1,4 @@
-"""Fixtures of the unit tests that drive several daemons' services over the loopback fakes."""
+"""Fixtures of the unit tests: a fresh store, and several daemons' services over the loopback fakes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
+from gpulayerd.store import Store
 from tests.fakes.daemons import Lab, three_daemons
 
 
@@ -15,3 +16,14 @@ async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
     """An owner (1 CPU slot) and workers w1, w2 (2 each), up (see :func:`three_daemons`)."""
     async with three_daemons(tmp_path) as lab:
         yield lab
+
+
+@pytest_asyncio.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A fresh store in ``tmp_path``; at the end it must pass SQLite's integrity check."""
+    s = await Store.open(tmp_path / "gpulayer.db")
+    try:
+        yield s
+        assert await s.integrity_check() == "ok"
+    finally:
+        await s.close()

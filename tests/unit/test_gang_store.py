@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from gpulayerd.app.gang import gang_from_row, gang_to_row
 from gpulayerd.core import gang
 from gpulayerd.core.gang import Exit, Failure, GangAttempt, Loss, Verdict
 from gpulayerd.store import SCHEMA_VERSION, Store
-
-
-@pytest_asyncio.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(tmp_path / "gpulayer.db")
-    try:
-        yield s
-        assert await s.integrity_check() == "ok"
-    finally:
-        await s.close()
 
 
 def running() -> GangAttempt:

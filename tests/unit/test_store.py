@@ -10,12 +10,10 @@ import signal
 import sqlite3
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from gpulayerd.core import claims
 from gpulayerd.core.claims import JobRecord, JobStatus, PersistJob
@@ -61,16 +59,6 @@ def user_version(path: Path) -> int:
         return int(con.execute("PRAGMA user_version").fetchone()[0])
     finally:
         con.close()
-
-
-@pytest_asyncio.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(tmp_path / "gpulayer.db")
-    try:
-        yield s
-        assert await s.integrity_check() == "ok"
-    finally:
-        await s.close()
 
 
 # ------------------------------------------------------------------------ migrations
