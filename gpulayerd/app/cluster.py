@@ -92,7 +92,6 @@ class ClusterNode:
         self.ep = f"{rng.getrandbits(32):08x}"
         self._runner: web.AppRunner | None = None
         self._mdns: MdnsService | None = None
-        self._seen_msgs: dict[tuple[str, str], object] = {}
         self._announced: tuple[int | None, int | None] = (None, None)
 
     def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:

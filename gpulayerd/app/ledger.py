@@ -12,7 +12,7 @@ beside it, the ledger keeps what the core does not: run handles, specs, lock fds
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -167,10 +167,6 @@ class Ledger:
     def release(self, hold_id: str) -> HeldResources | None:
         """Drop a hold; what it held."""
         return self._holds.pop(hold_id, None)
-
-    def holds(self) -> Iterator[tuple[str, HeldResources]]:
-        """Every hold (a copy)."""
-        return iter(list(self._holds.items()))
 
     def held_devices(self) -> dict[str, str]:
         """Device uuid -> ``"<job> (held)"`` for every device a hold reserves."""
