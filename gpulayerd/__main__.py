@@ -19,7 +19,9 @@ def _parser() -> argparse.ArgumentParser:
         description="The gpulayer daemon: probes this machine, keeps its job queue in SQLite, runs jobs "
         "and serves the local API on a unix socket. Runs in the foreground (the service files run it).",
     )
-    p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file (keys as in gpulayerd.config)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="TOML settings file: each flag as a key with _ for - (e.g. cpu_slots = 4), "
+                   "plus workdir_timeout_s and the other settings the README lists")
     p.add_argument("--python", action="append", metavar="PATH", dest="interpreters",
                    help="workload interpreter (repeatable, in preference order; default: this one)")
     env_state = os.environ.get("GPULAYER_STATE_DIR")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -52,7 +53,11 @@ def default_runtime_dir() -> Path:
     """
     from platformdirs import user_runtime_dir
 
-    d = Path(user_runtime_dir("gpulayer"))
+    with warnings.catch_warnings():
+        # Without XDG_RUNTIME_DIR (no login session, e.g. a container or root in CI) platformdirs
+        # warns and falls back to /tmp/runtime-<uid>: a fine answer, not the user's concern.
+        warnings.simplefilter("ignore")
+        d = Path(user_runtime_dir("gpulayer"))
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return d
