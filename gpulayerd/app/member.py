@@ -10,6 +10,7 @@ Whether a hold is kept, released, committed or expired is decided by the pure wo
 from __future__ import annotations
 
 import logging
+import random
 import socket
 
 from gpulayerd.api.peer import PeerForbidden
@@ -198,7 +199,44 @@ class GangMember:
 
 
 def _free_port(address: str) -> int:
-    """A TCP port free on ``address`` now (the master of a gang binds it soon after)."""
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
+    """A TCP port free on ``address`` now, outside the ephemeral range (a gang's master binds it soon after).
+
+    A port from the ephemeral range (``bind(0)``) may be taken, before torchrun binds it, as the
+    local port of any outgoing connection of this host (heartbeats, offers): the master then
+    fails with EADDRINUSE and the whole gang with it. So the port is drawn at random from
+    ``_MASTER_PORTS`` minus the range in ``/proc/sys/net/ipv4/ip_local_port_range``, and
+    checked by binding it; ``bind(0)`` is the fallback when no drawn port is free.
+
+    Raises:
+        OSError: ``address`` cannot be bound at all.
+    """
+    low, high = _EPHEMERAL
+    candidates = [p for p in range(*_MASTER_PORTS) if not low <= p <= high]
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    for port in _RANDOM.sample(candidates, min(32, len(candidates))):
+        with socket.socket(family) as sock:
+            try:
+                sock.bind((address, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
+
+
+_MASTER_PORTS = (20000, 32768)  # half-open; below Linux's default ephemeral range 32768-60999
+_RANDOM = random.SystemRandom()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux ``ip_local_port_range``); macOS's default elsewhere."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+_EPHEMERAL = _ephemeral_range()  # read once at import, not on the event loop

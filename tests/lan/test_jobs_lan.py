@@ -204,6 +204,16 @@ def test_300_concurrent_jobs_each_run_exactly_once(cluster3: Lan) -> None:
           f"(owner, worker) -> jobs: {dict(ran_on)}")
 
 
+def _member_logs(lan: Lan, job_id: str) -> dict[str, str]:
+    """Every file a host keeps for ``job_id`` (its output and torchrun's per-rank logs), tail-trimmed."""
+    found = {}
+    for h in lan.hosts:
+        for path in sorted((h.state_dir / "runs" / job_id).rglob("*")):
+            if path.is_file():
+                found[f"{h.name}:{path.relative_to(h.state_dir)}"] = path.read_text(errors="replace")[-3000:]
+    return found
+
+
 def test_two_host_gloo_job(cluster3: Lan) -> None:
     h1 = cluster3.host(1)
     by_id = {h.node_id: h for h in cluster3.hosts}
@@ -213,7 +223,8 @@ def test_two_host_gloo_job(cluster3: Lan) -> None:
     job = h1.submit(spec)
     view = h1.wait_job(job.id, timeout_s=120, interval_s=0.3)
     attempt = view.attempts[-1] if view.attempts else None
-    assert view.status == "succeeded", (view.reason, attempt, [e.reason for e in view.events])
+    assert view.status == "succeeded", (view.reason, attempt, [e.reason for e in view.events],
+                                         _member_logs(cluster3, job.id))
     assert attempt is not None and len(attempt.gang) == 2 and len(set(attempt.gang)) == 2, attempt
     checksums = {}
     for rank, node in enumerate(attempt.gang):
