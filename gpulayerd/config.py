@@ -19,6 +19,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -119,6 +120,18 @@ class DaemonConfig(BaseModel):
         peer_timeout_s: limit for one call to a peer.
         offer_interval_s: a queued job is offered to the same worker again after this long.
         hold_ttl_s: how long a gang hold lasts without a commit.
+        mode: ``personal`` (the daemon serves and runs the jobs of its own account only; socket
+            0600 in a 0700 directory) or ``system`` (runs as root for every local account;
+            socket 0666 in a 0755 directory; each request's user from the kernel).
+        admin_group: members of this group (and root) may cancel any job and read any job's
+            logs and environment (system mode).
+        allow_root_jobs: in system mode, whether jobs of root run here at all.
+        fairshare_half_life_s: half-life of a user's decayed usage (GPU-seconds and
+            CPU-slot-seconds) for fair share, seconds (default one day).
+        max_gpus_per_user: at most this many GPUs of this worker held by one user's jobs at
+            once; None = no cap.
+        log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
+            bytes; the rest is dropped with a note (the state disk is shared).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -148,6 +161,12 @@ class DaemonConfig(BaseModel):
     peer_timeout_s: float = Field(default=3.0, gt=0)
     offer_interval_s: float = Field(default=2.0, gt=0)
     hold_ttl_s: float = Field(default=10.0, gt=0)
+    mode: Literal["personal", "system"] = "personal"
+    admin_group: str = "gpulayer-admin"
+    allow_root_jobs: bool = False
+    fairshare_half_life_s: float = Field(default=86400.0, gt=0)
+    max_gpus_per_user: int | None = Field(default=None, ge=0)
+    log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
 
     @field_validator("listen")
     @classmethod

@@ -252,6 +252,12 @@ class WorkerSnapshot:
         path_timeout_s: the time limit of one path check, seconds.
         cpu_slots_total: CPU processes the worker runs at once; None = no limit.
         cpu_slots_free: of those, how many are free now; None = no limit.
+        mode: ``personal`` (runs only ``user``'s jobs) or ``system`` (runs each job as its user).
+        user: a personal-mode worker's account; "" in system mode.
+        allow_root_jobs: a system-mode worker runs jobs of root.
+        missing_accounts: user names this worker was asked to run and has no account for.
+        max_gpus_per_user: the most GPUs of this worker one user may hold; None = no cap.
+        gpus_held_by_user: user name -> GPUs of this worker that user's jobs hold now.
     """
 
     node_id: str
@@ -267,6 +273,12 @@ class WorkerSnapshot:
     path_timeout_s: float = 0.0
     cpu_slots_total: int | None = None
     cpu_slots_free: int | None = None
+    mode: str = "personal"
+    user: str = ""
+    allow_root_jobs: bool = False
+    missing_accounts: frozenset[str] = frozenset()
+    max_gpus_per_user: int | None = None
+    gpus_held_by_user: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +312,7 @@ class JobRequest:
         requires_float64: the job computes in float64 on the device.
         distributed: torch.distributed shape, None for a plain job.
         workdir: the directory the job runs in; must exist on the worker.
+        user: the account the job runs as ("" = not known: a job from before users).
     """
 
     job_id: str = ""
@@ -313,3 +326,4 @@ class JobRequest:
     requires_float64: bool = False
     distributed: DistributedRequest | None = None
     workdir: str | None = None
+    user: str = ""

@@ -51,9 +51,16 @@ class RejectionCode(str, enum.Enum):
     RESERVED = "RESERVED"
     FOREIGN_PROCESS = "FOREIGN_PROCESS"
     WORKER_OFFLINE = "WORKER_OFFLINE"
+    NO_ACCOUNT = "NO_ACCOUNT"
+    OTHER_USERS_WORKER = "OTHER_USERS_WORKER"
+    ROOT_JOBS_NOT_ALLOWED = "ROOT_JOBS_NOT_ALLOWED"
+    USER_NOT_VOUCHED = "USER_NOT_VOUCHED"
+    USER_GPU_CAP = "USER_GPU_CAP"
+    FAIR_SHARE = "FAIR_SHARE"
 
 
-BUSY_CODES = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS})
+BUSY_CODES = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS, RejectionCode.USER_GPU_CAP,
+                        RejectionCode.FAIR_SHARE})
 """Codes that mean "fits, but not now"."""
 
 

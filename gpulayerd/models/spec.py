@@ -231,6 +231,11 @@ class JobSpec(BaseModel):
     requirements: Requirements = Field(default_factory=Requirements)
     distributed: DistributedModel | None = None
     policy: PolicyModel = Field(default_factory=PolicyModel)
+    user: str | None = Field(default=None, max_length=64)
+    """The account the job runs as. Set by the owner daemon from the submitter's kernel
+    credentials (``SO_PEERCRED``); a value in a submitted spec is replaced."""
+    path: str | None = Field(default=None, max_length=8192)
+    """The submitter's ``PATH``, captured by the CLI at submit; the job's ``PATH``."""
 
     @field_validator("command", mode="before")
     @classmethod
@@ -296,6 +301,7 @@ class JobSpec(BaseModel):
             requires_float64=r.requires_float64,
             distributed=dist,
             workdir=self.workdir,
+            user=self.user or "",
         )
 
 

@@ -30,6 +30,9 @@ class SubmitRequest(BaseModel):
 
     spec: dict[str, Any]
     submitted_by: str = ""
+    """Ignored: the daemon takes the user from the kernel (``SO_PEERCRED``)."""
+    path: str = ""
+    """The submitter's ``PATH`` (the CLI captures it); the job runs with it."""
 
 
 class AttemptView(BaseModel):
