@@ -29,3 +29,7 @@ def no_blocking_calls(request: pytest.FixtureRequest) -> Iterator[None]:
         for name in ("os.path.abspath", "os.stat"):
             bb.functions[name].can_block_in("textual/_path.py", {"_make_path_object_relative"})
         yield
+
+
+# Real local accounts and gpulayer runnable by them (tests/fakes/accounts.py).
+from tests.fakes.accounts import accounts, shared_python  # noqa: E402, F401

@@ -1,0 +1,164 @@
+"""Real local accounts for tests (``useradd``/``userdel``), and gpulayer runnable by them.
+
+Tests run as root (CI is root). :func:`accounts` makes throwaway users and groups with
+names unique to the run and removes them afterwards, even when the test fails.
+
+A virtual environment whose interpreter lives under ``/root`` (pyenv, the usual CI
+layout) cannot be run by another account, so :func:`shared_python` copies gpulayer and
+the libraries its CLI needs into a world-readable directory under ``/tmp`` and runs them
+with the system's ``/usr/bin/python3`` (same minor version, so compiled extensions
+load). :meth:`SharedPython.cli` runs ``gpulayer`` as a given account through it.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Big packages the CLI never imports; everything else of the test venv is copied.
+_SKIP = ("torch", "nvidia", "triton", "sympy", "networkx", "mypy", "pip", "setuptools", "hypothesis",
+         "functorch", "torchgen", "_pytest", "pytest", "ruff", "jinja2", "mpmath", "fsspec", "filelock")
+
+
+@dataclass(frozen=True)
+class Account:
+    """One throwaway account: ``name``, ``uid``, primary ``gid``, ``home`` (created, owned by it)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    @property
+    def groups(self) -> list[int]:
+        """The account's group ids (primary first), from the user database."""
+        return os.getgrouplist(self.name, self.gid)
+
+
+@dataclass
+class Accounts:
+    """Makes accounts and groups for one test; :meth:`remove_all` deletes them."""
+
+    run: str = field(default_factory=lambda: secrets.token_hex(3))
+    users: list[str] = field(default_factory=list)
+    group_names: list[str] = field(default_factory=list)
+
+    def group(self, role: str) -> str:
+        """A new group named ``gl<run>-<role>``; returns its name."""
+        name = f"gl{self.run}-{role}"[:32]
+        subprocess.run(["groupadd", name], check=True, capture_output=True)
+        self.group_names.append(name)
+        return name
+
+    def user(self, role: str, groups: Sequence[str] = ()) -> Account:
+        """A new account ``gl<run>-<role>`` with a home directory, in the extra ``groups``."""
+        name = f"gl{self.run}-{role}"[:32]
+        argv = ["useradd", "--create-home", "--shell", "/bin/sh", "--user-group"]
+        if groups:
+            argv += ["--groups", ",".join(groups)]
+        subprocess.run([*argv, name], check=True, capture_output=True)
+        self.users.append(name)
+        pw = pwd.getpwnam(name)
+        return Account(name=name, uid=pw.pw_uid, gid=pw.pw_gid, home=Path(pw.pw_dir))
+
+    def remove_all(self) -> None:
+        """Delete every account (with its home) and group made here; errors are ignored."""
+        for name in reversed(self.users):
+            subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
+            subprocess.run(["userdel", "--remove", "--force", name], check=False, capture_output=True)
+        for name in reversed(self.group_names):
+            try:
+                grp.getgrnam(name)
+            except KeyError:
+                continue
+            subprocess.run(["groupdel", name], check=False, capture_output=True)
+        self.users.clear()
+        self.group_names.clear()
+
+
+@pytest.fixture
+def accounts() -> Iterator[Accounts]:
+    """Throwaway accounts and groups, removed after the test whatever its outcome."""
+    made = Accounts()
+    try:
+        yield made
+    finally:
+        made.remove_all()
+
+
+@dataclass(frozen=True)
+class SharedPython:
+    """gpulayer importable by every account: ``python`` (the system interpreter) + ``path``."""
+
+    python: str
+    path: Path
+
+    def env(self, account: Account | None = None, **extra: str) -> dict[str, str]:
+        """A minimal environment that runs gpulayer from :attr:`path` (as ``account``, if given)."""
+        env = {"PYTHONPATH": str(self.path), "PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        if account is not None:
+            env.update(HOME=str(account.home), USER=account.name, LOGNAME=account.name)
+        env.update(extra)
+        return env
+
+    def cli(self, account: Account | None, *args: str, timeout_s: float = 60.0,
+            env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``gpulayer ARGS`` as ``account`` (None: as root); output captured as text."""
+        full_env = self.env(account)
+        full_env.update(env or {})
+        user = account.name if account is not None else None
+        return subprocess.run([self.python, "-m", "gpulayerd.cli", *args], check=False, env=full_env, user=user,
+                              cwd=str(cwd or (account.home if account else "/")), capture_output=True,
+                              text=True, timeout=timeout_s)
+
+
+def _interpreter() -> str:
+    """A system interpreter of this minor version that every account may run."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise RuntimeError(f"no system python{version} under /usr/bin or /usr/local/bin for other accounts to run")
+
+
+@pytest.fixture(scope="session")
+def shared_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedPython]:
+    """gpulayer and its libraries copied to a world-readable directory (see the module docstring)."""
+    root = Path(f"/tmp/gpulayer-shared-{secrets.token_hex(3)}")
+    site = root / "site"
+    try:
+        site.mkdir(parents=True)
+        purelib = Path(sysconfig.get_paths()["purelib"])
+        for entry in purelib.iterdir():
+            if entry.name.startswith(_SKIP) or entry.name.endswith((".pth", ".egg-link")) \
+                    or entry.name.startswith("__editable__") or entry.name == "__pycache__":
+                continue
+            target = site / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(entry, target)
+        for package in ("gpulayerd", "tui/gpulayer_tui"):
+            shutil.copytree(REPO_ROOT / package, site / Path(package).name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        for d, _dirs, files in os.walk(root):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o644 | (os.stat(os.path.join(d, f)).st_mode & 0o111))
+        yield SharedPython(python=_interpreter(), path=site)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
