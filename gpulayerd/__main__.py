@@ -19,6 +19,10 @@ def _parser() -> argparse.ArgumentParser:
         description="The gpulayer daemon: probes this machine, keeps its job queue in SQLite, runs jobs "
         "and serves the local API on a unix socket. Runs in the foreground (the service files run it).",
     )
+    p.add_argument("--system", action="store_const", const="system", dest="mode", default=None,
+                   help="system mode, the lab install (same as mode = \"system\" in --config): run as root for "
+                   "every local account, state in /var/lib/gpulayer, socket /run/gpulayer/gpulayerd.sock (0666; "
+                   "each request's user comes from the kernel); --state-dir and --runtime-dir still win")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="TOML settings file: each flag as a key with _ for - (e.g. cpu_slots = 4), "
                    "plus workdir_timeout_s and the other settings the README lists")
@@ -30,8 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime-dir", type=Path, metavar="DIR",
                    help="directory of the local API socket (default: <state-dir>/run when --state-dir is "
                    "given, else the platform's user runtime dir)")
-    p.add_argument("--device-lock-dir", type=Path, metavar="DIR",
-                   help="machine-wide device lock files shared by every user's daemon (default /tmp/gpulayer-locks)")
+    env_locks = os.environ.get("GPULAYER_DEVICE_LOCK_DIR")
+    p.add_argument("--device-lock-dir", type=Path, metavar="DIR", default=Path(env_locks) if env_locks else None,
+                   help="machine-wide lock files: one per device, and gpulayerd.lock (one daemon per machine, "
+                   "whatever its mode); every daemon of the machine must use the same one "
+                   "(env GPULAYER_DEVICE_LOCK_DIR; default /tmp/gpulayer-locks)")
     p.add_argument("--cpu-slots", type=int, metavar="N", help="CPU processes run at once (default: logical CPUs)")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="the peer API (mutual TLS; only once in a cluster), default 0.0.0.0:7171")
@@ -53,12 +60,30 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("aiosqlite").setLevel(max(logging.INFO, logging.getLevelName(level)))
 
 
+def _raise_file_limit() -> None:
+    """Raise the soft limit on open files to the hard one (peers, jobs and clients each hold some)."""
+    import resource
+
+    log = logging.getLogger("gpulayerd")
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == hard:
+            log.info("open files limit: %s (already the hard limit)", soft)
+            return
+        # macOS refuses more than OPEN_MAX (10240) as the soft limit even when the hard one is unlimited.
+        target = hard if hard != resource.RLIM_INFINITY else (10240 if sys.platform == "darwin" else 1 << 20)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("open files limit raised from %s to %d", soft, target)
+    except (ValueError, OSError) as e:
+        log.warning("cannot raise the open files limit: %s", e)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
-    Exit codes: 0 after a clean stop, 1 on a start-up failure (an unsafe directory, a damaged
-    store: one message, no traceback) or when the store's file was removed while running,
-    2 on bad settings.
+    Exit codes: 0 after a clean stop, 1 on a start-up failure (another gpulayerd runs on this
+    machine, an unsafe directory, a damaged store: one message, no traceback) or when the
+    store's file was removed while running, 2 on bad settings (system mode when not root too).
     """
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
@@ -76,12 +101,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "peers": args.peers,
         "mdns": args.mdns,
         "interface": args.interface,
+        "mode": args.mode,
     }
     try:
         config = DaemonConfig.load(args.config, overrides)
     except ConfigError as e:
         print(f"gpulayerd: {e}", file=sys.stderr)
         return 2
+    if config.mode == "system" and os.geteuid() != 0:
+        print(f"gpulayerd: system mode runs as root (it starts each job as its user); this is uid {os.geteuid()}. "
+              "Run it as a system service (sudo gpulayer service install --system), or leave out --system "
+              "(and mode = \"system\") for a personal daemon", file=sys.stderr)
+        return 2
+    _raise_file_limit()
     try:
         asyncio.run(run(config))
     except (DaemonAlreadyRunning, StoreError, StateLost) as e:

@@ -6,7 +6,12 @@ Every duration and size carries its unit in its name. Paths:
 - runtime dir (the local API's unix socket, directory mode 0700): platformdirs' user
   runtime dir, or ``<state dir>/run`` when ``--state-dir`` is given, so that two
   daemons with different state dirs never share a socket;
-- device lock dir: machine-wide (shared by every user's daemon), ``/tmp/gpulayer-locks``.
+- device lock dir: machine-wide (shared by every daemon of the machine, whatever its mode),
+  ``/tmp/gpulayer-locks``; it also holds ``gpulayerd.lock``, one daemon per machine;
+- system mode (``--system`` or ``mode = "system"``): state in ``/var/lib/gpulayer`` and the
+  socket in ``/run/gpulayer`` (0755, socket 0666), unless ``--state-dir`` / ``--runtime-dir``
+  say otherwise (a state dir given alone keeps the socket in ``<state dir>/run``, which only
+  root can reach: give ``--runtime-dir`` too).
 
 The daemon makes its state, runs and socket dirs 0700 (and its database files 0600) whatever
 they were, and refuses, unchanged, one owned by another account or writable by anyone
@@ -21,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpulayerd.models import format_validation_error
 
@@ -30,9 +35,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["ConfigError", "DaemonConfig", "default_runtime_dir", "default_state_dir", "socket_path_for"]
+__all__ = ["SYSTEM_RUNTIME_DIR", "SYSTEM_SOCKET_PATH", "SYSTEM_STATE_DIR", "ConfigError", "DaemonConfig",
+           "default_runtime_dir", "default_state_dir", "socket_path_for"]
 
 SOCKET_NAME = "gpulayerd.sock"
+SYSTEM_STATE_DIR = Path("/var/lib/gpulayer")
+"""System mode's state dir (0700, root's)."""
+SYSTEM_RUNTIME_DIR = Path("/run/gpulayer")
+"""System mode's socket dir (0755, root's; the socket is 0666)."""
+SYSTEM_SOCKET_PATH = SYSTEM_RUNTIME_DIR / SOCKET_NAME
+"""Where the CLI looks for the system daemon when no personal one answers."""
 
 
 class ConfigError(ValueError):
@@ -95,7 +107,8 @@ class DaemonConfig(BaseModel):
         runtime_dir: the unix socket's directory (made 0700; refused if another account's or
             world-writable).
         interpreters: workload interpreters (``--python``), in preference order.
-        device_lock_dir: machine-wide per-device lock files (shared by all users).
+        device_lock_dir: machine-wide per-device lock files and ``gpulayerd.lock`` (one daemon per
+            machine); the same for every daemon of the machine, whatever its mode.
         cpu_slots: how many CPU processes run at once (a distributed CPU job takes
             ``nproc_per_node``); default: the number of logical CPUs.
         probe_interval_s: how often hardware is probed again.
@@ -180,6 +193,16 @@ class DaemonConfig(BaseModel):
         for entry in v:
             _host_port(entry, "peer")
         return v
+
+    @model_validator(mode="after")
+    def _system_defaults(self) -> DaemonConfig:
+        # Set past pydantic's __setattr__: these are defaults, not settings given (model_fields_set).
+        if self.mode == "system":
+            if "state_dir" not in self.model_fields_set:
+                object.__setattr__(self, "state_dir", SYSTEM_STATE_DIR)
+            if self.runtime_dir is None and "state_dir" not in self.model_fields_set:
+                object.__setattr__(self, "runtime_dir", SYSTEM_RUNTIME_DIR)
+        return self
 
     @property
     def socket_path(self) -> Path:

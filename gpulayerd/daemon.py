@@ -1,10 +1,13 @@
 """The composition root of gpulayerd: builds every part, runs the loops, shuts down in order.
 
-Start-up: lock the state dir (one daemon per state dir), open the store, re-adopt or
-account for the runs of the previous life, serve the local API, then run the loops
-(probe, schedule, lease) under one supervisor. Shutdown (SIGTERM/SIGINT): stop the
-API, cancel the loops, close the store, remove the pid file. Jobs keep running under
-their watchdogs; a daemon restarted before their lease deadline re-adopts them.
+Start-up: take the machine lock (one daemon per machine, :mod:`gpulayerd.machinelock`;
+before anything is created or changed, so a second daemon leaves the first one's socket
+and state alone), lock the state dir, open the store, re-adopt or account for the runs of
+the previous life, serve the local API, then run the loops (probe, schedule, lease, and
+the socket check that re-creates a deleted socket) under one supervisor. Shutdown
+(SIGTERM/SIGINT): stop the API, cancel the loops, close the store, remove the pid file.
+Jobs keep running under their watchdogs; a daemon restarted before their lease deadline
+re-adopts them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from gpulayerd import __version__
-from gpulayerd.api.server import make_local_app, start_unix_site
+from gpulayerd.api.server import LocalSocket, make_local_app, start_unix_site
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.cluster import ClusterNode
 from gpulayerd.app.gang import GangCoordinator
@@ -42,6 +45,7 @@ from gpulayerd.app.scheduler import Scheduler
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.starter import Starter
 from gpulayerd.app.transport import SelfFirstTransport
+from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.types import SupportMatrix
@@ -49,10 +53,12 @@ from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
+from gpulayerd.machinelock import Holder, MachineLocked, acquire_machine_lock, release_machine_lock
 from gpulayerd.models import Capabilities
-from gpulayerd.net.identity import Identity, load_or_create_identity
+from gpulayerd.net.identity import Identity, check_mode, load_or_create_identity
 from gpulayerd.notify import notify_ready, notify_stopping
 from gpulayerd.privdirs import make_private_dirs
+from gpulayerd.requester import Requesters
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
@@ -64,7 +70,7 @@ log = logging.getLogger(__name__)
 
 
 class DaemonAlreadyRunning(RuntimeError):
-    """Another gpulayerd holds this state dir."""
+    """Another gpulayerd runs on this machine (the machine lock) or holds this state dir."""
 
 
 class StateLost(RuntimeError):
@@ -84,7 +90,10 @@ def _lock_state_dir(config: DaemonConfig) -> int:
         UnsafeDirectory: one of those directories is another account's or world-writable.
         DaemonAlreadyRunning: another daemon holds the lock.
     """
-    make_private_dirs([config.state_dir, config.runs_dir, config.socket_path.parent])
+    private = [config.state_dir, config.runs_dir]
+    if config.mode != "system":  # system mode: a 0755 socket dir, made with the socket (start_unix_site)
+        private.append(config.socket_path.parent)
+    make_private_dirs(private)
     fd = os.open(config.state_dir / "gpulayerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -99,6 +108,24 @@ def _lock_state_dir(config: DaemonConfig) -> int:
     return fd
 
 
+def _lock_machine(config: DaemonConfig) -> int:
+    """Take the machine lock (``<device_lock_dir>/gpulayerd.lock``). Blocking: call in a thread.
+
+    Returns:
+        The descriptor holding it (closed by :func:`~gpulayerd.machinelock.release_machine_lock`).
+
+    Raises:
+        DaemonAlreadyRunning: another gpulayerd runs on this machine (the message names it and its socket).
+        OSError: the lock dir or file cannot be made or opened.
+    """
+    me = Holder(pid=os.getpid(), mode=config.mode, socket=str(config.socket_path.absolute()),
+                state_dir=str(config.state_dir.absolute()), uid=os.geteuid())
+    try:
+        return acquire_machine_lock(config.device_lock_dir, me)
+    except MachineLocked as e:
+        raise DaemonAlreadyRunning(str(e)) from e
+
+
 def _prepare_state_dir(config: DaemonConfig) -> Identity:
     """The runs dir, and this node's identity (created on first start). Blocking: call in a thread."""
     config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -106,11 +133,12 @@ def _prepare_state_dir(config: DaemonConfig) -> Identity:
 
 
 def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
-    """Remove the pid file and the socket, then release the state dir. Blocking: call in a thread."""
+    """Remove the pid file, then release the state dir. Blocking: call in a thread.
+
+    The socket is removed by :meth:`LocalSocket.close`, and only if it is this daemon's.
+    """
     with contextlib.suppress(OSError):
         config.pid_path.unlink()
-    with contextlib.suppress(OSError):
-        config.socket_path.unlink()
     os.close(lock_fd)
 
 
@@ -159,6 +187,7 @@ class Services:
     gangs: GangCoordinator
     member: GangMember
     ledger: Ledger
+    usage: UsageService | None = None
 
 
 def build(config: DaemonConfig, identity: Identity, store: Store, support: SupportMatrix, *,
@@ -194,9 +223,12 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     transport = SelfFirstTransport(node_id, node)
     names = Names(node_id, hostname, node)
     ledger = Ledger()
+    # Fair share: a peer's report counts for a few heartbeats (a peer that stops answering stops counting).
+    usage = UsageService(node_id=node_id, ledger=ledger, clock=clock, half_life_s=config.fairshare_half_life_s,
+                         stale_after_s=max(30.0, 3 * config.down_after_s))
     locks = DeviceLocks(config.device_lock_dir)
     runner = runner or Runner(config.runs_dir, grace_s=config.cancel_grace_s,
-                              poll_interval_s=config.watchdog_poll_interval_s)
+                              poll_interval_s=config.watchdog_poll_interval_s, log_cap_bytes=config.log_cap_bytes)
     starter = Starter(config, runner, clock)
     machine = Machine(
         config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
@@ -209,7 +241,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     jobs = OwnedJobs(store=store, signals=signals, clock=clock)
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
-                           signals=signals, clock=clock)
+                           signals=signals, clock=clock, usage=usage)
     jobs.bind(worker)
     gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
                             directory=node, names=names, support=support, signals=signals, clock=clock, rng=rng)
@@ -226,18 +258,23 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         transport.route(path, handler)
     if node is not None:
         node.bind(machine=machine, owner=owner, worker=worker, member=member)
-    return Services(
+    if cluster is not None:
+        cluster.bind_usage(usage)
+    services = Services(
         signals=signals, machine=machine, worker=worker, cluster=cluster, owner=owner, jobs=jobs, gangs=gangs,
-        member=member, ledger=ledger,
+        member=member, ledger=ledger, usage=usage,
         recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
         scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
                             gangs=gangs, transport=transport, directory=node, support=support, signals=signals,
-                            clock=clock),
+                            clock=clock, usage=usage),
         leases=LeaseLoop(worker=worker, owner=owner, gangs=gangs, member=member, grace_s=config.lease_grace_s,
-                         clock=clock),
+                         clock=clock, usage=usage),
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
-                     owner=owner, machine=machine, directory=node, signals=signals, clock=clock),
+                     owner=owner, machine=machine, directory=node, signals=signals, clock=clock,
+                     requesters=Requesters(mode=config.mode, admin_group=config.admin_group)),
     )
+    services.api.bind_usage(usage, names)
+    return services
 
 
 async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
@@ -245,26 +282,34 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None).
 
     Raises:
-        DaemonAlreadyRunning: the state dir is locked by another daemon.
+        DaemonAlreadyRunning: another daemon runs on this machine (machine lock) or holds the state dir.
         UnsafeDirectory: the state, runs or socket dir is another account's or world-writable.
         StoreError: the store cannot be opened (:class:`~gpulayerd.store.StoreDamaged`: damaged).
         StateLost: the database file was removed or replaced while the daemon ran.
+        ModeMismatch: this node's certificate was enrolled in another mode than ``config.mode``.
         OSError: the socket or state dir cannot be created.
     """
     # File work (the state dir, its lock, the identity, the pid file) runs in a thread:
-    # nothing blocks the event loop, not even at start-up.
-    lock_fd = await asyncio.to_thread(_lock_state_dir, config)
+    # nothing blocks the event loop, not even at start-up. The machine lock comes first:
+    # a second daemon stops before it creates or changes anything.
+    machine_fd = await asyncio.to_thread(_lock_machine, config)
+    try:
+        lock_fd = await asyncio.to_thread(_lock_state_dir, config)
+    except BaseException:
+        await asyncio.to_thread(release_machine_lock, machine_fd)
+        raise
     stop_event = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if stop is None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop_event.set)
     store: Store | None = None
-    api_runner = None
+    api_socket: LocalSocket | None = None
     tasks: list[asyncio.Task[None]] = []
     services: Services | None = None
     try:
         identity = await asyncio.to_thread(_prepare_state_dir, config)
+        check_mode(identity, config.mode)  # ModeMismatch (a ValueError): enrolled in another mode
         store = await Store.open(config.db_path)
         services = build(config, identity, store, support)
         await services.recovery.recover()
@@ -273,12 +318,13 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             await services.cluster.async_start()
         else:
             log.info("not in a cluster (gpulayer cluster init / join): this machine only")
-        api_runner = await start_unix_site(make_local_app(services.api), config.socket_path)
+        api_socket = await start_unix_site(make_local_app(services.api), config.socket_path,
+                                           public=config.mode == "system")
         await asyncio.to_thread(config.pid_path.write_text, f"{os.getpid()}\n")
         log.info("gpulayerd %s node %s serving %s", __version__, identity.node_id[:12], config.socket_path)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("probe", services.machine.probe_loop), ("schedule", services.scheduler.loop),
-            ("lease", services.leases.loop)]
+            ("lease", services.leases.loop), ("socket", api_socket.keep)]
         if services.cluster is not None:
             loops.append(("heartbeat", services.cluster.async_heartbeat_loop))
         tasks = [asyncio.create_task(supervise(name, fn), name=name) for name, fn in loops]
@@ -294,8 +340,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     finally:
         # Shutdown order: stop taking requests, stop the loops, stop watching runs
         # (the jobs go on under their watchdogs), close the store.
-        if api_runner is not None:
-            await api_runner.cleanup()
+        if api_socket is not None:
+            await api_socket.close()
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -313,3 +359,4 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
         await asyncio.to_thread(_unlock_state_dir, config, lock_fd)
+        await asyncio.to_thread(release_machine_lock, machine_fd)

@@ -7,7 +7,7 @@ to an exit status (``not_found`` and ``bad_request`` are usage errors, exit 2).
 
 from __future__ import annotations
 
-__all__ = ["AmbiguousJob", "BadRequest", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerUnreachable"]
+__all__ = ["AmbiguousJob", "BadRequest", "Forbidden", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerUnreachable"]
 
 
 class GpulayerError(Exception):
@@ -42,6 +42,12 @@ class InvalidSpec(GpulayerError):
     """A job spec that cannot be accepted at all (not stored)."""
 
     code = "invalid_spec"
+
+
+class Forbidden(GpulayerError):
+    """The requester may not do this (another user's job, another account's personal daemon)."""
+
+    code = "forbidden"
 
 
 class PeerUnreachable(GpulayerError):

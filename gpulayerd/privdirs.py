@@ -1,4 +1,5 @@
-"""Private directories: the daemon's state and socket dirs, 0700, owned by its account.
+"""Private directories: the daemon's state and socket dirs, 0700, owned by its account (the
+system-mode socket dir: 0755, :func:`make_public_dir`).
 
 Blocking file work: call these in a thread (``asyncio.to_thread``).
 
@@ -11,14 +12,17 @@ was: tightening it would break its other users, and using it would let them swap
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["PRIVATE_DIR_MODE", "UnsafeDirectory", "check_private_dir", "make_private_dirs"]
+__all__ = ["PRIVATE_DIR_MODE", "PUBLIC_DIR_MODE", "UnsafeDirectory", "check_private_dir", "make_private_dirs",
+           "make_public_dir"]
 
 PRIVATE_DIR_MODE = 0o700
+PUBLIC_DIR_MODE = 0o755
 
 
 class UnsafeDirectory(OSError):
@@ -74,3 +78,32 @@ def make_private_dirs(paths: Sequence[Path], *, uid: int | None = None) -> None:
                 os.fchmod(fd, PRIVATE_DIR_MODE)
         finally:
             os.close(fd)
+
+
+def make_public_dir(path: Path, *, uid: int | None = None) -> None:
+    """Create ``path`` (and its parents) if missing and make it 0755: everyone may enter, only its owner write.
+
+    The system-mode socket's directory (``/run/gpulayer``): every local account must reach the
+    socket, nobody but the daemon's account may replace it. Checked like :func:`make_private_dirs`
+    (an existing directory of another account, or one anyone may write to, is refused unchanged).
+
+    Args:
+        path: the directory.
+        uid: the account that must own it (default: this process's effective uid).
+
+    Raises:
+        UnsafeDirectory: it is not a directory, is owned by another account or is world-writable.
+        OSError: it cannot be created or changed.
+    """
+    owner = os.geteuid() if uid is None else uid
+    with contextlib.suppress(FileNotFoundError):
+        check_private_dir(path, os.stat(path), owner)
+    path.mkdir(parents=True, exist_ok=True, mode=PUBLIC_DIR_MODE)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        check_private_dir(path, st, owner)
+        if stat.S_IMODE(st.st_mode) != PUBLIC_DIR_MODE:
+            os.fchmod(fd, PUBLIC_DIR_MODE)
+    finally:
+        os.close(fd)

@@ -1,5 +1,8 @@
 """gpulayerd as a systemd user unit or a launchd agent: the files, where they go, how they are written.
 
+System mode (the lab install, run as root) has its own renderings in :mod:`gpulayerd.service_system`
+and its targets here (:func:`system_service_target`).
+
 Linux gets a systemd *user* unit (``~/.config/systemd/user/gpulayerd.service``, or under
 ``$XDG_CONFIG_HOME``), macOS a LaunchAgent (``~/Library/LaunchAgents/io.gpulayer.gpulayerd.plist``).
 Both run this installation's ``gpulayerd`` (found next to ``sys.executable``) with the
@@ -25,13 +28,21 @@ import shlex
 import shutil
 import sys
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from xml.sax.saxutils import escape
 
 from gpulayerd.atomic import write_atomic
+from gpulayerd.service_system import (
+    LAUNCHD_LABEL,
+    render_launchd_daemon,
+    render_systemd_system_unit,
+    set_system_owner,
+)
+from gpulayerd.service_system import seal as _seal
+from gpulayerd.service_system import systemd_arg as _systemd_arg
 
 __all__ = [
     "LAUNCHD_LABEL",
@@ -50,6 +61,7 @@ __all__ = [
     "render_systemd_unit",
     "service_argv",
     "service_target",
+    "system_service_target",
     "write_service_file",
 ]
 
@@ -59,12 +71,10 @@ FileState = Literal["missing", "current", "outdated", "modified"]
 but rendered for other paths; ``modified``: changed by hand (or never ours)."""
 
 SYSTEMD_UNIT_NAME = "gpulayerd.service"
-LAUNCHD_LABEL = "io.gpulayer.gpulayerd"
 PLACEHOLDER_GPULAYERD = "/usr/local/bin/gpulayerd"
 PLACEHOLDER_HOME = "/Users/you"
 
 _DIGEST_RE = re.compile(r"gpulayer-sha256: ([0-9a-f]{64})")
-_SYSTEMD_PLAIN_ARG = re.compile(r"[A-Za-z0-9_@%$+=:,./-]+")
 
 _SYSTEMD_UNIT = """\
 # gpulayerd as a systemd *user* service: one daemon per user, running as that user.
@@ -95,6 +105,9 @@ RestartSec=5s
 # stops (logout without linger, shutdown).
 KillMode=process
 TimeoutStopSec=30s
+# Room for many peers, clients and jobs: a file limit (soft and hard) above the usual 1024;
+# gpulayerd raises its soft limit to the hard one at start.
+LimitNOFILE=65536
 # journald timestamps every line; gpulayerd leaves out its own when JOURNAL_STREAM is set.
 # Read with: journalctl --user -u gpulayerd
 StandardOutput=journal
@@ -158,6 +171,17 @@ _LAUNCHD_PLIST = """\
 \t<!-- Unspecified, launchd throttles the CPU and I/O of the agent and of the jobs it starts. -->
 \t<key>ProcessType</key>
 \t<string>Standard</string>
+\t<!-- Room for many peers, clients and jobs: launchd starts agents with 256 open files. -->
+\t<key>SoftResourceLimits</key>
+\t<dict>
+\t\t<key>NumberOfFiles</key>
+\t\t<integer>10240</integer>
+\t</dict>
+\t<key>HardResourceLimits</key>
+\t<dict>
+\t\t<key>NumberOfFiles</key>
+\t\t<integer>10240</integer>
+\t</dict>
 \t<!-- No journal here: one file, and gpulayerd writes its own timestamps. -->
 \t<key>StandardOutPath</key>
 \t<string>{log_path}</string>
@@ -180,6 +204,8 @@ class ServiceTarget:
         enabled_link: systemd's ``default.target.wants`` symlink that ``systemctl --user
             enable`` creates; None for launchd (only ``launchctl`` knows).
         logs_dir: launchd's log directory (the agent's stdout/stderr); None for systemd.
+        system: a system-mode service (systemd system unit, LaunchDaemon) rather than a user's.
+        root: the tree the paths are under (``/`` but for packaging and tests).
     """
 
     os_name: OsName
@@ -187,14 +213,27 @@ class ServiceTarget:
     path: Path
     enabled_link: Path | None
     logs_dir: Path | None
+    system: bool = False
+    root: Path = Path("/")
 
     @property
     def kind(self) -> str:
-        """``systemd user unit`` or ``launchd agent``."""
+        """``systemd user unit``, ``launchd agent``, ``systemd system unit`` or ``launchd daemon``."""
+        if self.system:
+            return "systemd system unit" if self.os_name == "linux" else "launchd daemon"
         return "systemd user unit" if self.os_name == "linux" else "launchd agent"
+
+    def live(self, path: Path) -> Path:
+        """Where ``path`` (under :attr:`root`) is once the tree is in place, e.g. in printed commands."""
+        return Path("/") / path.relative_to(self.root)
 
     def render(self, gpulayerd: str, interpreters: Sequence[str]) -> str:
         """The file's text for these absolute paths."""
+        if self.system:
+            if self.os_name == "linux":
+                return render_systemd_system_unit(gpulayerd, interpreters)
+            assert self.logs_dir is not None
+            return render_launchd_daemon(gpulayerd, interpreters, str(self.live(self.logs_dir) / "gpulayerd.log"))
         if self.os_name == "linux":
             return render_systemd_unit(gpulayerd, interpreters)
         assert self.logs_dir is not None
@@ -202,6 +241,12 @@ class ServiceTarget:
 
     def start_command(self, *, update: bool = False) -> str:
         """The command that (re)loads and starts the service after the file was written."""
+        if self.system:
+            if self.os_name == "linux":
+                action = "restart gpulayerd" if update else "enable --now gpulayerd"
+                return f"sudo systemctl daemon-reload && sudo systemctl {action}"
+            bootstrap = f"sudo launchctl bootstrap system {shlex.quote(str(self.live(self.path)))}"
+            return f"sudo launchctl bootout system/{LAUNCHD_LABEL}; {bootstrap}" if update else bootstrap
         if self.os_name == "linux":
             action = "restart gpulayerd" if update else "enable --now gpulayerd"
             return f"systemctl --user daemon-reload && systemctl --user {action}"
@@ -210,6 +255,10 @@ class ServiceTarget:
 
     def stop_command(self) -> str:
         """The command that stops the service (running jobs go on)."""
+        if self.system:
+            if self.os_name == "linux":
+                return "sudo systemctl disable --now gpulayerd"
+            return f"sudo launchctl bootout system/{LAUNCHD_LABEL}"
         if self.os_name == "linux":
             return "systemctl --user disable --now gpulayerd"
         return f"launchctl bootout gui/{os.getuid()}/{LAUNCHD_LABEL}"
@@ -229,6 +278,20 @@ def service_target(os_name: OsName, environ: Mapping[str, str] | None = None) ->
                              unit_dir / "default.target.wants" / SYSTEMD_UNIT_NAME, None)
     return ServiceTarget("macos", home, home / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist", None,
                          home / "Library" / "Logs" / "gpulayer")
+
+
+def system_service_target(os_name: OsName, root: Path = Path("/")) -> ServiceTarget:
+    """The system-mode service file's location (``/etc/systemd/system``, ``/Library/LaunchDaemons``) under ``root``.
+
+    ``root`` is ``/`` except to build a tree for packaging (``--root``) or in tests.
+    """
+    if os_name == "linux":
+        unit_dir = root / "etc" / "systemd" / "system"
+        return ServiceTarget("linux", unit_dir, unit_dir / SYSTEMD_UNIT_NAME,
+                             unit_dir / "multi-user.target.wants" / SYSTEMD_UNIT_NAME, None, True, root)
+    daemons = root / "Library" / "LaunchDaemons"
+    return ServiceTarget("macos", daemons, daemons / f"{LAUNCHD_LABEL}.plist", None,
+                         root / "Library" / "Logs" / "gpulayer", True, root)
 
 
 def render_systemd_unit(gpulayerd: str, interpreters: Sequence[str]) -> str:
@@ -298,12 +361,18 @@ def read_service_file(path: Path) -> str | None:
 def write_service_file(target: ServiceTarget, text: str) -> None:
     """Write ``text`` as ``target``'s service file (mode 0644), atomically, creating its directories.
 
-    For launchd also creates the log directory (launchd does not). Raises ``OSError``.
+    For launchd also creates the log directory (launchd does not). A system target's file
+    (and log directory) is made root's (:func:`~gpulayerd.service_system.set_system_owner`).
+    Raises ``OSError``.
     """
     target.path.parent.mkdir(parents=True, exist_ok=True)
     if target.logs_dir is not None:
         target.logs_dir.mkdir(parents=True, exist_ok=True)  # launchd does not create it
     write_atomic(target.path, text, mode=0o644)
+    if target.system:
+        set_system_owner(target.path)
+        if target.logs_dir is not None:
+            set_system_owner(target.logs_dir, 0o755)
 
 
 def prune_empty_dirs(start: Path, stop: Path) -> None:
@@ -334,18 +403,3 @@ def service_argv(text: str, os_name: OsName) -> list[str]:
             except ValueError:
                 return []
     return []
-
-
-def _systemd_arg(arg: str) -> str:
-    """One ExecStart word: specifiers (%) and variables ($) doubled, quoted when needed."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if _SYSTEMD_PLAIN_ARG.fullmatch(escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _seal(body: str, line_index: int, header: Callable[[str], str]) -> str:
-    """``body`` with the header line (made from its SHA-256) inserted at ``line_index``."""
-    lines = body.splitlines(keepends=True)
-    lines.insert(line_index, header(hashlib.sha256(body.encode("utf-8")).hexdigest()))
-    return "".join(lines)

@@ -25,12 +25,14 @@ from gpulayerd.models import (
     LogChunk,
     PeerView,
     SubmitRequest,
+    UserUsageView,
 )
 
 __all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable"]
 
 _JOBS = TypeAdapter(list[JobView])
 _PEERS = TypeAdapter(list[PeerView])
+_USERS = TypeAdapter(list[UserUsageView])
 
 
 class DaemonUnreachable(Exception):
@@ -134,9 +136,19 @@ class DaemonClient:
         """``GET /v1/peers``: every gpulayerd known, this one first, with capabilities."""
         return _PEERS.validate_json(await self._request("GET", "/v1/peers"))
 
-    async def submit(self, spec: dict[str, Any], submitted_by: str = "") -> JobView:
-        """``POST /v1/jobs``; the spec as a mapping (TOML or flags, workdir resolved)."""
-        req = SubmitRequest(spec=spec, submitted_by=submitted_by)
+    async def users(self) -> list[UserUsageView]:
+        """``GET /v1/users``: fair share, every user known in priority order, with what each holds now."""
+        return _USERS.validate_json(await self._request("GET", "/v1/users"))
+
+    async def submit(self, spec: dict[str, Any], submitted_by: str = "", path: str = "") -> JobView:
+        """``POST /v1/jobs``; the spec as a mapping (TOML or flags, workdir resolved).
+
+        Args:
+            spec: the job spec.
+            submitted_by: ignored by the daemon (it takes the user from the kernel); kept for old callers.
+            path: the submitter's ``PATH``, which the job runs with (empty: the daemon's safe default).
+        """
+        req = SubmitRequest(spec=spec, submitted_by=submitted_by, path=path)
         return JobView.model_validate_json(await self._request("POST", "/v1/jobs", req))
 
     async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,

@@ -3,7 +3,8 @@
 Nothing from the network is trusted until authenticated: the TLS handshake requires a
 client certificate signed by our cluster CA (a plain HTTP request or a wrong
 certificate never reaches a handler), and every handler checks that the node id a
-message claims is the node id the certificate proves.
+message claims is the node id the certificate proves. Offers and holds also get the
+sender's mode and bound user from its certificate (who it vouches for, DESIGN §9).
 
 Then the message itself is checked before any service sees it (:func:`request_problem`):
 ids that name files or rows (job and hold ids) must be plain tokens, attempts and log
@@ -24,7 +25,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gpulayerd.models import ApiErrorBody, Capabilities, JobList, LogChunk
-from gpulayerd.net.tls import peer_node_id
+from gpulayerd.net.tls import PeerIdentity, peer_identity, peer_node_id
 from gpulayerd.net.wire import (
     Ack,
     Claim,
@@ -74,8 +75,8 @@ class PeerService(Protocol):
         """The jobs we own."""
         ...
 
-    async def async_peer_offer(self, sender: str, msg: Offer) -> Ack:
-        """An owner offers a job."""
+    async def async_peer_offer(self, sender: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
+        """An owner offers a job; its certificate says it is in ``sender_mode``, bound to ``sender_user``."""
         ...
 
     async def async_peer_claim(self, sender: str, msg: Claim) -> ClaimReply:
@@ -94,8 +95,8 @@ class PeerService(Protocol):
         """An owner reads the log of an attempt we run (for it: others get PeerForbidden)."""
         ...
 
-    async def async_peer_hold(self, sender: str, msg: Hold) -> HoldReply:
-        """Gang: reserve resources for a member."""
+    async def async_peer_hold(self, sender: str, msg: Hold, sender_mode: str, sender_user: str) -> HoldReply:
+        """Gang: reserve resources for a member (the sender's mode and bound user as for offers)."""
         ...
 
     async def async_peer_release(self, sender: str, msg: Release) -> Ack:
@@ -148,12 +149,13 @@ def request_problem(msg: BaseModel) -> str | None:
     return None
 
 
-def _sender(request: web.Request) -> str:
+def _sender(request: web.Request) -> PeerIdentity:
+    """The TLS-proven node id, mode and bound user of the request's sender."""
     ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
     der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
     if not der:
         raise web.HTTPUnauthorized(text="client certificate required")
-    return peer_node_id(der)
+    return peer_identity(der)
 
 
 def _reply(model: BaseModel) -> web.Response:
@@ -169,10 +171,11 @@ def make_peer_app(service: PeerService) -> web.Application:
     """The peer API application bound to ``service``."""
     app = web.Application(client_max_size=4 * 2**20)
 
-    def route(model: type[_M], call: Callable[[str, _M, web.Request], Awaitable[BaseModel]],
+    def route(model: type[_M], call: Callable[[PeerIdentity, _M, web.Request], Awaitable[BaseModel]],
               sender_field: str | None) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
-            sender = _sender(request)
+            who = _sender(request)
+            sender = who.node_id
             try:
                 msg = model.model_validate_json(await request.read())
             except ValidationError as e:
@@ -183,7 +186,7 @@ def make_peer_app(service: PeerService) -> web.Application:
             if problem is not None:
                 return _bad("bad_request", f"invalid {model.__name__}: {problem}")
             try:
-                return _reply(await call(sender, msg, request))
+                return _reply(await call(who, msg, request))
             except PeerForbidden as e:
                 return _bad("forbidden", str(e), status=403)
             except PeerBadRequest as e:
@@ -191,27 +194,33 @@ def make_peer_app(service: PeerService) -> web.Application:
         return handler
 
     async def caps(request: web.Request) -> web.Response:
-        return _reply(await service.async_peer_capabilities(_sender(request)))
+        return _reply(await service.async_peer_capabilities(_sender(request).node_id))
 
     async def jobs(request: web.Request) -> web.Response:
-        sender = _sender(request)
+        sender = _sender(request).node_id
         return _reply(await service.async_peer_jobs(sender, request.query.getall("status", []) or None))
 
     app.router.add_post("/v1/peer/heartbeat", route(
-        Heartbeat, lambda s, m, r: service.async_peer_heartbeat(s, m, r.remote or ""), "node_id"))
+        Heartbeat, lambda s, m, r: service.async_peer_heartbeat(s.node_id, m, r.remote or ""), "node_id"))
     app.router.add_get("/v1/peer/capabilities", caps)
     app.router.add_get("/v1/peer/jobs", jobs)
-    app.router.add_post("/v1/peer/offer", route(Offer, lambda s, m, r: service.async_peer_offer(s, m), "owner"))
-    app.router.add_post("/v1/peer/claim", route(Claim, lambda s, m, r: service.async_peer_claim(s, m), "worker"))
+    app.router.add_post("/v1/peer/offer", route(
+        Offer, lambda s, m, r: service.async_peer_offer(s.node_id, m, s.mode, s.user), "owner"))
+    app.router.add_post("/v1/peer/claim", route(
+        Claim, lambda s, m, r: service.async_peer_claim(s.node_id, m), "worker"))
     app.router.add_post("/v1/peer/report", route(
-        RunReport, lambda s, m, r: service.async_peer_report(s, m), "worker"))
-    app.router.add_post("/v1/peer/kill", route(Kill, lambda s, m, r: service.async_peer_kill(s, m), "owner"))
+        RunReport, lambda s, m, r: service.async_peer_report(s.node_id, m), "worker"))
+    app.router.add_post("/v1/peer/kill", route(
+        Kill, lambda s, m, r: service.async_peer_kill(s.node_id, m), "owner"))
     # A log request names no sender: the worker serves only the runs it runs for the certificate's node.
-    app.router.add_post("/v1/peer/logs", route(LogRequest, lambda s, m, r: service.async_peer_logs(s, m), None))
-    app.router.add_post("/v1/peer/hold", route(Hold, lambda s, m, r: service.async_peer_hold(s, m), "owner"))
+    app.router.add_post("/v1/peer/logs", route(
+        LogRequest, lambda s, m, r: service.async_peer_logs(s.node_id, m), None))
+    app.router.add_post("/v1/peer/hold", route(
+        Hold, lambda s, m, r: service.async_peer_hold(s.node_id, m, s.mode, s.user), "owner"))
     app.router.add_post("/v1/peer/release", route(
-        Release, lambda s, m, r: service.async_peer_release(s, m), "owner"))
-    app.router.add_post("/v1/peer/commit", route(Commit, lambda s, m, r: service.async_peer_commit(s, m), "owner"))
+        Release, lambda s, m, r: service.async_peer_release(s.node_id, m), "owner"))
+    app.router.add_post("/v1/peer/commit", route(
+        Commit, lambda s, m, r: service.async_peer_commit(s.node_id, m), "owner"))
     return app
 
 

@@ -1,24 +1,32 @@
-"""The local API: aiohttp on a unix socket (directory 0700, socket 0600), ``/v1/``.
+"""The local API: aiohttp on a unix socket (directory 0700, socket 0600; system mode 0755 and 0666), ``/v1/``.
 
-Handlers are thin: they parse the request, call the daemon's :class:`LocalService`
-and serialise its pydantic answer. Errors have a stable body
+The socket itself (modes, re-creation) is :mod:`gpulayerd.api.unixsite`. Handlers are
+thin: they parse the request, call the daemon's :class:`LocalService` and serialise its
+pydantic answer. Errors have a stable body
 ``{code, message, detail}`` (:class:`gpulayerd.models.ApiErrorBody`).
+
+Who asks comes from the kernel, never from the request: a middleware reads the connecting
+process's credentials from the socket (:func:`gpulayerd.requester.peer_credentials`), asks
+the service who that is (:meth:`LocalService.async_requester`, which refuses other accounts
+of a personal daemon with 403 ``forbidden``) and keeps the :class:`~gpulayerd.requester.Requester`
+for the handlers (a context variable set around each handler). A connection without peer
+credentials (not a unix socket) is refused with 403.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
-import os
-import stat
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from pydantic import BaseModel
 
+from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.errors import GpulayerError
 from gpulayerd.feed import Change, ChangeFeed
 from gpulayerd.models import (
@@ -31,10 +39,11 @@ from gpulayerd.models import (
     PeerView,
     SpecError,
     SubmitRequest,
+    UserUsageView,
 )
-from gpulayerd.privdirs import make_private_dirs
+from gpulayerd.requester import PeerCredentials, Requester, peer_credentials
 
-__all__ = ["ApiError", "LocalService", "make_local_app", "start_unix_site"]
+__all__ = ["ApiError", "LocalService", "LocalSocket", "make_local_app", "start_unix_site"]
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +79,48 @@ class LocalService(Protocol):
         """Every gpulayerd known (this one first), with their capabilities."""
         ...
 
-    async def async_submit(self, request: SubmitRequest) -> JobView:
-        """Validate and store a job. Raises SpecError for an invalid spec."""
+    async def async_requester(self, creds: PeerCredentials) -> Requester:
+        """Who the connecting process is. Raises Forbidden when this daemon does not serve that account."""
+        ...
+
+    async def async_submit(self, request: SubmitRequest, requester: Requester) -> JobView:
+        """Validate and store a job of ``requester``. Raises SpecError for an invalid spec."""
         ...
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
-                              scope: str = "local") -> list[JobView]:
-        """Jobs in submission order (without history); ``scope="cluster"`` adds the peers' jobs."""
+                              scope: str = "local", requester: Requester | None = None) -> list[JobView]:
+        """Jobs in submission order (without history); ``scope="cluster"`` adds the peers' jobs.
+
+        Every user's jobs; the spec of one that is not ``requester``'s is concealed.
+        """
         ...
 
-    async def async_get_job(self, job_ref: str) -> JobView:
-        """One job with attempts and history; ``job_ref`` may be a unique id prefix."""
+    async def async_get_job(self, job_ref: str, requester: Requester | None = None) -> JobView:
+        """One job with attempts and history (spec concealed unless ``requester``'s); a unique id prefix works."""
         ...
 
     async def async_explain(self, job_ref: str) -> ExplanationModel:
         """A fresh explanation of the job against every known worker."""
         ...
 
-    async def async_cancel(self, job_ref: str) -> JobView:
-        """Cancel a job (queued: at once; running: SIGTERM, grace, SIGKILL)."""
+    async def async_cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
+        """Cancel a job (queued: at once; running: SIGTERM, grace, SIGKILL). Raises Forbidden: not ``requester``'s."""
         ...
 
-    async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None) -> LogChunk:
-        """A chunk of a job's log from byte ``offset``."""
+    async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
+                         requester: Requester | None = None) -> LogChunk:
+        """A chunk of a job's log from byte ``offset``. Raises Forbidden: not ``requester``'s."""
+        ...
+
+    async def async_users(self) -> list[UserUsageView]:
+        """Fair share: every user known, in priority order, with usage and what each holds now."""
         ...
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_STATUS = {"not_found": 404, "ambiguous_id": 400, "bad_request": 400, "invalid_spec": 400, "peer_unreachable": 502}
+_STATUS = {"not_found": 404, "ambiguous_id": 400, "bad_request": 400, "invalid_spec": 400, "peer_unreachable": 502,
+           "forbidden": 403}
 """HTTP status of each domain error code (:mod:`gpulayerd.errors`)."""
 
 MAX_LIMIT = 100_000
@@ -133,6 +155,33 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(500, "internal", f"internal error: {type(e).__name__}: {e}")
 
 
+def _who_asks(service: LocalService) -> Middleware:
+    """The middleware that puts the kernel's answer to "who is asking" where the handlers find it."""
+
+    @web.middleware
+    async def who(request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        creds = peer_credentials(None if transport is None else transport.get_extra_info("socket"))
+        if creds is None:
+            raise ApiError(403, "forbidden", "cannot tell who is asking: the local API answers only on its "
+                           "unix socket, where the kernel names the connecting user")
+        token = _REQUESTER.set(await service.async_requester(creds))
+        try:
+            return await handler(request)
+        finally:
+            _REQUESTER.reset(token)
+
+    return who
+
+
+_REQUESTER: contextvars.ContextVar[Requester] = contextvars.ContextVar("gpulayerd_requester")
+"""The requester of the request being handled (set by :func:`_who_asks` around the handler, in its task)."""
+
+
+def _requester(_: web.Request) -> Requester:
+    return _REQUESTER.get()
+
+
 def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> web.Application:
     """The aiohttp application of the local API, bound to ``service``.
 
@@ -141,7 +190,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         events_keepalive_s: seconds between keep-alive comments on an idle ``/v1/events`` stream
             (they also notice a client that went away).
     """
-    app = web.Application(middlewares=[_errors], client_max_size=4 * 2**20)
+    app = web.Application(middlewares=[_errors, _who_asks(service)], client_max_size=4 * 2**20)
     closing = asyncio.Event()
 
     async def health(_: web.Request) -> web.Response:
@@ -158,7 +207,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             body = SubmitRequest.model_validate_json(await request.read())
         except ValueError as e:
             raise ApiError(400, "bad_request", f"invalid request body: {e}") from e
-        return _json(await service.async_submit(body), status=201)
+        return _json(await service.async_submit(body, _requester(request)), status=201)
 
     async def list_jobs(request: web.Request) -> web.Response:
         statuses = request.query.getall("status", []) or None
@@ -166,16 +215,16 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         scope = request.query.get("scope", "local")
         if scope not in ("local", "cluster"):
             raise ApiError(400, "bad_request", "scope must be one of: local, cluster")
-        return _json(await service.async_list_jobs(statuses, limit, scope))
+        return _json(await service.async_list_jobs(statuses, limit, scope, _requester(request)))
 
     async def get_job(request: web.Request) -> web.Response:
-        return _json(await service.async_get_job(request.match_info["job"]))
+        return _json(await service.async_get_job(request.match_info["job"], _requester(request)))
 
     async def explain(request: web.Request) -> web.Response:
         return _json(await service.async_explain(request.match_info["job"]))
 
     async def cancel(request: web.Request) -> web.Response:
-        return _json(await service.async_cancel(request.match_info["job"]))
+        return _json(await service.async_cancel(request.match_info["job"], _requester(request)))
 
     async def logs(request: web.Request) -> web.Response:
         stream = request.query.get("stream", "stdout")
@@ -183,7 +232,11 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             raise ApiError(400, "bad_request", "stream must be one of: stdout, stderr")
         offset = _int_param(request, "offset", 0) or 0
         attempt = _int_param(request, "attempt", None)
-        return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt))
+        return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt,
+                                              _requester(request)))
+
+    async def users(_: web.Request) -> web.Response:
+        return _json(await service.async_users())
 
     async def events(request: web.Request) -> web.StreamResponse:
         # Server-sent events: the first is always ``resync`` (the subscription is live: read
@@ -229,6 +282,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     app.router.add_post("/v1/jobs/{job}/cancel", cancel)
     app.router.add_get("/v1/jobs/{job}/logs", logs)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/users", users)
     return app
 
 
@@ -248,51 +302,3 @@ def _int_param(request: web.Request, name: str, default: int | None) -> int | No
     if value < 0 or value > (MAX_LIMIT if name == "limit" else 2**62):
         raise ApiError(400, "bad_request", f"{name} out of range: {value}")
     return value
-
-
-def _answers(socket_path: Path) -> bool:
-    """True if something accepts connections on the unix socket."""
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        try:
-            sock.connect(str(socket_path))
-        except OSError:
-            return False
-    return True
-
-
-def _clear_socket_path(socket_path: Path) -> None:
-    """Make the socket's directory (0700) and remove a stale socket. Blocking: call in a thread.
-
-    Raises:
-        UnsafeDirectory: the directory is another account's or world-writable (left unchanged).
-        OSError: the path is not a socket, or another daemon answers on it.
-    """
-    make_private_dirs([socket_path.parent])
-    if socket_path.exists() or socket_path.is_symlink():
-        if not stat.S_ISSOCK(socket_path.lstat().st_mode):
-            raise OSError(f"{socket_path} exists and is not a socket")
-        if _answers(socket_path):
-            raise OSError(f"another gpulayerd serves on {socket_path}")
-        socket_path.unlink()  # left behind by a daemon that died
-
-
-async def start_unix_site(app: web.Application, socket_path: Path) -> web.AppRunner:
-    """Serve ``app`` on ``socket_path``: directory 0700, socket 0600, stale socket replaced.
-
-    Returns:
-        The runner; ``await runner.cleanup()`` stops serving and removes the socket.
-    """
-    await asyncio.to_thread(_clear_socket_path, socket_path)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    old_umask = os.umask(0o177)
-    try:
-        site = web.UnixSite(runner, str(socket_path))
-        await site.start()
-    finally:
-        os.umask(old_umask)
-    await asyncio.to_thread(os.chmod, socket_path, 0o600)
-    return runner

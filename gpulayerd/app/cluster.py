@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from typing import TYPE_CHECKING, TypeVar
@@ -23,6 +24,7 @@ from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.signals import Signals
+from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.models import Capabilities, JobList, LogChunk, PeerView
@@ -81,6 +83,7 @@ class ClusterNode:
         self._owner: OwnerService | None = None
         self._worker: WorkerService | None = None
         self._member: GangMember | None = None
+        self._usage: UsageService | None = None  # fair share (bind_usage)
         self._version = version
         self._hostname = hostname
         self.table = PeerTable(identity.node_id, identity.cluster_id,
@@ -97,6 +100,13 @@ class ClusterNode:
     def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
         """The services that answer peer messages (set once at wiring, before :meth:`async_start`)."""
         self._machine, self._owner, self._worker, self._member = machine, owner, worker, member
+
+    def bind_usage(self, usage: UsageService) -> None:
+        """Fair share: heartbeats carry this node's holdings and feed the peers' into ``usage``."""
+        self._usage = usage
+
+    def _holdings(self) -> dict[str, tuple[int, int]] | None:
+        return self._usage.own_holdings() if self._usage is not None else None
 
     def _services(self) -> tuple[Machine, OwnerService, WorkerService, GangMember]:
         assert self._machine and self._owner and self._worker and self._member, "ClusterNode.bind() not called"
@@ -187,7 +197,7 @@ class ClusterNode:
     async def _beat(self, key: str, host: str, port: int, node_id: str | None) -> None:
         msg = Heartbeat(msg_id=new_msg_id(), node_id=self.node_id, name=self._hostname, version=self._version,
                         cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,
-                        caps_digest=self._services()[0].caps_digest())
+                        caps_digest=self._services()[0].caps_digest(), holdings=self._holdings())
         was_up = self._is_up(node_id)
         try:
             reply, proven = await self.client.call(host, port, "/v1/peer/heartbeat", msg, HeartbeatReply,
@@ -201,6 +211,8 @@ class ClusterNode:
         p = self.table.heartbeat_ok(key, host, reply, proven, self._clock.monotonic(), self._clock.wall())
         if p is None:
             return
+        if self._usage is not None and reply.cluster == self.cluster_id:
+            self._usage.report(proven, reply.holdings, p.name)  # only what the proven sender holds itself
         if p.caps_digest != p.fetched_digest or p.caps is None:
             try:
                 caps, _ = await self.client.call(host, port, "/v1/peer/capabilities", None, Capabilities,
@@ -231,13 +243,9 @@ class ClusterNode:
         for p in self.table.trusted_peers():
             if p.caps is None:
                 continue
-            w = p.caps.to_core()
-            out.append(WorkerSnapshot(
-                node_id=p.key, name=p.name, online=self.table.state(p, now) == "up",
-                devices=w.devices, environments=w.environments, cpu_count=w.cpu_count,
-                memory_total_bytes=w.memory_total_bytes, health=w.health,
-                cpu_slots_total=w.cpu_slots_total, cpu_slots_free=w.cpu_slots_free,
-            ))
+            # Everything the peer reports (its user fields too), under the name and id we know it by.
+            out.append(dataclasses.replace(p.caps.to_core(), node_id=p.key, name=p.name,
+                                           online=self.table.state(p, now) == "up"))
         return out
 
     def name_of(self, node_id: str) -> str | None:
@@ -284,9 +292,11 @@ class ClusterNode:
         if msg.cluster == self.cluster_id:
             addrs = [remote_ip, *msg.addresses] if remote_ip else list(msg.addresses)
             self.table.seen_mdns(sender, msg.name, addrs, msg.port, msg.cluster, msg.version, msg.ep)
+            if self._usage is not None:
+                self._usage.report(sender, msg.holdings, msg.name)  # only what the TLS-proven sender holds
         return HeartbeatReply(node_id=self.node_id, name=self._hostname, version=self._version,
                               cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,
-                              caps_digest=self._services()[0].caps_digest())
+                              caps_digest=self._services()[0].caps_digest(), holdings=self._holdings())
 
     async def async_peer_capabilities(self, sender: str) -> Capabilities:
         """Our capabilities with grant state."""
@@ -296,9 +306,10 @@ class ClusterNode:
         """The jobs we own (for a peer's ``gpulayer jobs``)."""
         return await self._services()[1].peer_jobs(sender, statuses)
 
-    async def async_peer_offer(self, sender: str, msg: Offer) -> Ack:
-        """Keep an owner's offer; the scheduler claims it when it fits here now."""
-        return self._services()[2].offer(sender, msg)
+    async def async_peer_offer(self, sender: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
+        """Keep an owner's offer (if its certificate vouches for the job's user and the account is
+        here); the scheduler claims it when it fits here now."""
+        return await self._services()[2].offer(sender, msg, sender_mode, sender_user)
 
     async def async_peer_claim(self, sender: str, msg: Claim) -> ClaimReply:
         """A worker claims one of our jobs: the owner's compare-and-set decides."""
@@ -316,9 +327,9 @@ class ClusterNode:
         """Read the log of an attempt we run for ``sender`` (anyone else: PeerForbidden, a 403)."""
         return await self._services()[2].logs(sender, msg)
 
-    async def async_peer_hold(self, sender: str, msg: Hold) -> HoldReply:
-        """Gang: reserve resources for a member."""
-        return await self._services()[3].hold(sender, msg)
+    async def async_peer_hold(self, sender: str, msg: Hold, sender_mode: str, sender_user: str) -> HoldReply:
+        """Gang: reserve resources for a member (the sender vouching for the job's user, as for offers)."""
+        return await self._services()[3].hold(sender, msg, sender_mode, sender_user)
 
     async def async_peer_release(self, sender: str, msg: Release) -> Ack:
         """Gang: drop a hold."""

@@ -1,4 +1,5 @@
-"""The lease tick: every second, renew what runs here, expire the owner's leases and the gang holds."""
+"""The lease tick: every second, renew what runs here, expire the owner's leases and the gang holds,
+and accrue this machine's fair-share usage."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from gpulayerd.app.clock import Clock
 from gpulayerd.app.gang import GangCoordinator
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
+from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
 
 __all__ = ["LeaseLoop"]
@@ -17,13 +19,14 @@ class LeaseLoop:
     """Drives the lease-related work of the worker, the owner and both sides of gangs."""
 
     def __init__(self, *, worker: WorkerService, owner: OwnerService, gangs: GangCoordinator, member: GangMember,
-                 grace_s: float, clock: Clock) -> None:
+                 grace_s: float, clock: Clock, usage: UsageService | None = None) -> None:
         self._worker = worker
         self._owner = owner
         self._gangs = gangs
         self._member = member
         self._grace_s = grace_s
         self._clock = clock
+        self._usage = usage
 
     async def loop(self) -> None:
         """Tick every second until cancelled."""
@@ -37,3 +40,5 @@ class LeaseLoop:
         await self._owner.check_leases(self._grace_s)
         self._member.expire_holds()
         await self._gangs.check_leases()
+        if self._usage is not None:
+            self._usage.tick()  # fair share: accrue what this machine holds now

@@ -36,6 +36,12 @@ def cpu_slots_of(spec: JobSpec) -> int:
     return spec.distributed.nproc_per_node if spec.distributed is not None else 1
 
 
+def _holding_of(spec: JobSpec) -> tuple[str, int, int]:
+    """(user, GPUs, CPU slots) an attempt of ``spec`` holds on one machine (fair share)."""
+    gpus = 0 if spec.requirements.accelerator is Accelerator.CPU else spec.requirements.effective_gpu_count
+    return spec.user or "", gpus, cpu_slots_of(spec)
+
+
 def process_trees(pids: Iterable[int]) -> set[int]:
     """``pids`` that live and every process under them: our watchdogs' trees are not foreign
     to a GPU's process list. Reads /proc: call it in a thread."""
@@ -91,6 +97,7 @@ class Ledger:
         self._runs: dict[RunKey, RunEntry] = {}
         self._starting: dict[RunKey, int] = {}  # claimed here, watchdog starting -> CPU slots
         self._holds: dict[str, HeldResources] = {}
+        self._users: dict[RunKey, tuple[str, int, int]] = {}  # starting or running -> (user, GPUs, CPU slots)
 
     # --- the worker core
 
@@ -109,20 +116,24 @@ class Ledger:
     def starting(self, key: RunKey, spec: JobSpec) -> None:
         """An attempt was claimed here and its watchdog is starting."""
         self._starting[key] = cpu_slots_of(spec)
+        self._users[key] = _holding_of(spec)
 
     def started(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float) -> None:
         """An attempt runs here now (or was re-adopted after a restart)."""
         self._starting.pop(key, None)
+        self._users[key] = _holding_of(spec)
         self._runs[key] = RunEntry(handle, owner, lease_s, cpu_slots_of(spec),
                                    spec.requirements.accelerator is not Accelerator.CPU)
 
     def not_started(self, key: RunKey) -> None:
         """A start failed."""
         self._starting.pop(key, None)
+        self._users.pop(key, None)
 
     def ended(self, key: RunKey) -> RunEntry | None:
         """Forget an attempt that ended; its entry, if it was running."""
         self._starting.pop(key, None)
+        self._users.pop(key, None)
         return self._runs.pop(key, None)
 
     def get(self, key: RunKey) -> RunEntry | None:
@@ -171,3 +182,15 @@ class Ledger:
     def held_devices(self) -> dict[str, str]:
         """Device uuid -> ``"<job> (held)"`` for every device a hold reserves."""
         return {u: f"{h.job_id} (held)" for h in self._holds.values() for u in h.placement.device_uuids if u}
+
+    # --- fair share
+
+    def holdings(self) -> dict[str, tuple[int, int]]:
+        """User -> (GPUs, CPU slots) held on this machine now by attempts starting or running
+        here and by gang holds (what this node reports for fair share)."""
+        out: dict[str, tuple[int, int]] = {}
+        held = [*self._users.values(), *(_holding_of(h.spec) for h in self._holds.values())]
+        for user, gpus, slots in held:
+            g, c = out.get(user, (0, 0))
+            out[user] = (g + gpus, c + slots)
+        return out

@@ -6,11 +6,23 @@ import os
 
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
+from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.ports import Directory
 from gpulayerd.app.signals import Signals
+from gpulayerd.app.usage import UsageService
 from gpulayerd.feed import ChangeFeed
-from gpulayerd.models import Capabilities, ExplanationModel, HealthView, JobView, LogChunk, PeerView, SubmitRequest
+from gpulayerd.models import (
+    Capabilities,
+    ExplanationModel,
+    HealthView,
+    JobView,
+    LogChunk,
+    PeerView,
+    SubmitRequest,
+    UserUsageView,
+)
+from gpulayerd.requester import PeerCredentials, Requester, Requesters
 
 __all__ = ["LocalApi"]
 
@@ -19,7 +31,8 @@ class LocalApi:
     """Implements :class:`gpulayerd.api.server.LocalService` over the owner, the machine and the cluster."""
 
     def __init__(self, *, node_id: str, hostname: str, version: str, state_dir: str, owner: OwnerService,
-                 machine: Machine, directory: Directory | None, signals: Signals, clock: Clock) -> None:
+                 machine: Machine, directory: Directory | None, signals: Signals, clock: Clock,
+                 requesters: Requesters | None = None) -> None:
         self._node_id = node_id
         self._hostname = hostname
         self._version = version
@@ -29,6 +42,7 @@ class LocalApi:
         self._directory = directory
         self._signals = signals
         self._clock = clock
+        self._requesters = requesters or Requesters(mode="personal", admin_group="")
 
     @property
     def feed(self) -> ChangeFeed:
@@ -56,27 +70,53 @@ class LocalApi:
         me.cluster = self._directory.cluster_id
         return [me, *self._directory.views()]
 
-    async def async_submit(self, request: SubmitRequest) -> JobView:
+    async def async_requester(self, creds: PeerCredentials) -> Requester:
+        """Who ``creds`` (the kernel's answer for the connecting process) is; see :meth:`Requesters.resolve`.
+
+        Raises:
+            Forbidden: personal mode, and another account than the daemon's.
+        """
+        return await self._requesters.resolve(creds)
+
+    async def async_submit(self, request: SubmitRequest, requester: Requester) -> JobView:
         """See :meth:`OwnerService.submit`."""
-        return await self._owner.submit(request)
+        return await self._owner.submit(request, requester)
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
-                              scope: str = "local") -> list[JobView]:
+                              scope: str = "local", requester: Requester | None = None) -> list[JobView]:
         """See :meth:`OwnerService.list_jobs`."""
-        return await self._owner.list_jobs(statuses, limit, scope)
+        return await self._owner.list_jobs(statuses, limit, scope, requester)
 
-    async def async_get_job(self, job_ref: str) -> JobView:
+    async def async_get_job(self, job_ref: str, requester: Requester | None = None) -> JobView:
         """See :meth:`OwnerService.get_job`."""
-        return await self._owner.get_job(job_ref)
+        return await self._owner.get_job(job_ref, requester)
 
     async def async_explain(self, job_ref: str) -> ExplanationModel:
         """See :meth:`OwnerService.explain`."""
         return await self._owner.explain(job_ref)
 
-    async def async_cancel(self, job_ref: str) -> JobView:
+    async def async_cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
         """See :meth:`OwnerService.cancel`."""
-        return await self._owner.cancel(job_ref)
+        return await self._owner.cancel(job_ref, requester)
 
-    async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None) -> LogChunk:
+    async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
+                         requester: Requester | None = None) -> LogChunk:
         """See :meth:`OwnerService.logs`."""
-        return await self._owner.logs(job_ref, stream, offset, attempt)
+        return await self._owner.logs(job_ref, stream, offset, attempt, requester)
+
+    # ------------------------------------------------------------------ fair share (GET /v1/users)
+
+    def bind_usage(self, usage: UsageService, names: Names) -> None:
+        """The fair-share book that ``GET /v1/users`` reads (set once, at wiring)."""
+        self._usage: UsageService | None = usage
+        self._names: Names | None = names
+
+    async def async_users(self) -> list[UserUsageView]:
+        """Every user known to fair share, in priority order (see :meth:`UsageService.views`)."""
+        usage: UsageService | None = getattr(self, "_usage", None)
+        if usage is None:
+            return []
+        jobs = await self._owner.list_jobs(["queued", "running"], None)
+        names = self._names
+        return usage.views([(j.submitted_by or "", j.status) for j in jobs],
+                           names.name_of if names is not None else lambda _n: None)

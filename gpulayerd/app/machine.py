@@ -7,7 +7,7 @@ locked by another gpulayerd on this machine, and processes on a GPU that are not
 
 Paths (job workdirs) are checked off the event loop, in a small thread pool, with a
 time limit: a hung network mount makes a workdir "did not answer within N s", never
-a frozen daemon.
+a frozen daemon. A workdir is checked as the job's user (:class:`PathChecker`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
 import os
+import subprocess
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from gpulayerd.app.accounts import Accounts, own_account
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.ledger import Ledger, process_trees
 from gpulayerd.app.signals import Signals
@@ -33,63 +36,101 @@ from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi, query_compute_apps
 from gpulayerd.models import Capabilities, DeviceModel
 from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.runs.identity import lookup_user
 from gpulayerd.store import Store
 
 __all__ = ["ANOTHER_DAEMON", "Machine", "PathChecker"]
 
 ANOTHER_DAEMON = "(another gpulayerd on this machine)"
 
+log = logging.getLogger(__name__)
+
 
 class PathChecker:
-    """``os.path.isdir`` with a time limit, off the event loop.
+    """Whether a job's workdir can be entered, with a time limit, off the event loop.
 
-    Each distinct path is checked in a thread of its own, so a path on a hung mount never
-    delays the check of another. A check that does not answer within ``timeout_s`` is
-    reported as unanswered; it keeps running, and a later check of the same path joins it
-    instead of starting another. At most ``max_pending`` checks run at once: past that a
-    new path is answered "unanswered" at once (the hung ones are what fills it up).
+    A check is keyed by (user, path). With a user and a daemon running as root, the
+    directory is entered as that user in a forked helper (``/bin/sh -c 'cd -- DIR'`` with
+    the user's groups, gid and uid): root cannot check for the user on NFS with root
+    squash, and a directory the user cannot enter must not pass because root can. Without
+    a user (or as root, or when the daemon is not root: it runs only its own jobs) the
+    daemon checks itself (``os.path.isdir``).
+
+    Each distinct (user, path) is checked in a thread of its own, so a path on a hung mount
+    never delays the check of another. A check that does not answer within ``timeout_s``
+    is reported as unanswered; it keeps running, and a later check of the same key joins
+    it instead of starting another. At most ``max_pending`` checks run at once: past that a
+    new key is answered "unanswered" at once (the hung ones are what fills it up).
     """
 
     def __init__(self, clock: Clock, timeout_s: float, max_pending: int = 64) -> None:
         self._clock = clock
         self.timeout_s = timeout_s
         self._max_pending = max_pending
-        self._pending: dict[str, tuple[asyncio.Future[bool], float]] = {}
+        self._pending: dict[tuple[str | None, str], tuple[asyncio.Future[str], float]] = {}
         self._closed = False
 
-    async def is_dir(self, path: str) -> bool | None:
-        """True/False as ``os.path.isdir``; None if the file system did not answer in time."""
+    async def check(self, path: str, user: str | None = None) -> str | None:
+        """``"ok"`` (a directory ``user`` can enter), ``"missing"``, ``"denied"`` (it exists but
+        ``user`` cannot enter it), or None if the file system did not answer in time.
+
+        Args:
+            path: the directory.
+            user: the account the job runs as; None or "" checks as the daemon.
+        """
+        key = (user or None, path)
         now = self._clock.monotonic()
-        pending = self._pending.get(path)
+        pending = self._pending.get(key)
         if pending is None:
             if self._closed or len(self._pending) >= self._max_pending:
                 return None
             loop = asyncio.get_running_loop()
-            fut: asyncio.Future[bool] = loop.create_future()
-            self._pending[path] = (fut, now)
-            fut.add_done_callback(functools.partial(self._forget, path))
-            threading.Thread(target=_check_dir, args=(loop, fut, path), name="path-check", daemon=True).start()
+            fut: asyncio.Future[str] = loop.create_future()
+            self._pending[key] = (fut, now)
+            fut.add_done_callback(functools.partial(self._forget, key))
+            threading.Thread(target=_check_dir, args=(loop, fut, path, key[0], self.timeout_s),
+                             name="path-check", daemon=True).start()
         else:
             fut, since = pending
             if now - since >= self.timeout_s:
                 return None  # already known not to answer: do not wait again
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
+            answer = await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
         except asyncio.TimeoutError:
             return None
+        return None if answer == "unanswered" else answer
 
-    def _forget(self, path: str, fut: asyncio.Future[bool]) -> None:
-        if self._pending.get(path, (None, 0.0))[0] is fut:
-            del self._pending[path]
+    async def is_dir(self, path: str, user: str | None = None) -> bool | None:
+        """True if :meth:`check` says ``"ok"``, False for missing or denied, None unanswered."""
+        answer = await self.check(path, user)
+        return None if answer is None else answer == "ok"
 
-    async def with_paths(self, worker: WorkerSnapshot, paths: Iterable[str | None]) -> WorkerSnapshot:
-        """``worker`` with ``existing_paths``/``unanswered_paths`` filled in for ``paths``."""
-        wanted = sorted({p for p in paths if p})
+    def _forget(self, key: tuple[str | None, str], fut: asyncio.Future[str]) -> None:
+        if self._pending.get(key, (None, 0.0))[0] is fut:
+            del self._pending[key]
+
+    async def with_paths(self, worker: WorkerSnapshot,
+                         checks: Iterable[tuple[str | None, str | None]]) -> WorkerSnapshot:
+        """``worker`` with ``existing_paths``, ``denied_paths`` and ``unanswered_paths`` for ``checks``.
+
+        Args:
+            worker: the snapshot to complete.
+            checks: (user, workdir) of each job to check; a None workdir is skipped, a
+                None or "" user checks as the daemon.
+
+        Returns:
+            ``existing_paths``: paths some check could enter; ``denied_paths``: (user, path)
+            pairs that exist but that user cannot enter; ``unanswered_paths``: paths a
+            check of which did not answer in time.
+        """
+        wanted = sorted({(u or "", p) for u, p in checks if p})
         if not wanted:
             return worker
-        answers = await asyncio.gather(*(self.is_dir(p) for p in wanted))
-        return replace(worker, existing_paths=frozenset(p for p, ok in zip(wanted, answers, strict=True) if ok),
-                       unanswered_paths=frozenset(p for p, ok in zip(wanted, answers, strict=True) if ok is None),
+        answers = await asyncio.gather(*(self.check(p, u) for u, p in wanted))
+        pairs = list(zip(wanted, answers, strict=True))
+        return replace(worker, existing_paths=frozenset(p for (_, p), a in pairs if a == "ok"),
+                       denied_paths=frozenset(k for k, a in pairs if a == "denied"),
+                       unanswered_paths=frozenset(p for (_, p), a in pairs if a is None),
                        path_timeout_s=self.timeout_s)
 
     def close(self) -> None:
@@ -97,9 +138,16 @@ class PathChecker:
         self._closed = True
 
 
-def _check_dir(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool], path: str) -> None:
-    """In a thread: ``os.path.isdir(path)``, handed to ``fut`` on ``loop`` (if it still runs)."""
-    result = os.path.isdir(path)
+# As the job's user: 0 entered; 3 a directory it can see but not enter; 2 nothing it can see.
+_ENTER_SCRIPT = 'cd -- "$1" 2>/dev/null && exit 0; [ -d "$1" ] && exit 3; exit 2'
+
+
+def _check_dir(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[str], path: str, user: str | None,
+               timeout_s: float) -> None:
+    """In a thread: check ``path`` (as ``user`` where that needs a helper), hand the answer to ``fut``."""
+    result = _enter_as(path, user, timeout_s) if user and user != "root" and os.geteuid() == 0 else None
+    if result is None:
+        result = "ok" if os.path.isdir(path) else "missing"
 
     def deliver() -> None:
         if not fut.done():
@@ -107,6 +155,40 @@ def _check_dir(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool], path:
 
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
         loop.call_soon_threadsafe(deliver)
+
+
+def _enter_as(path: str, user: str, timeout_s: float) -> str | None:
+    """Blocking: ``ok``, ``denied``, ``missing`` or ``unanswered`` for ``user`` entering ``path``, in a forked helper.
+
+    None when there is no such account (the matcher rejects the job for that) or the helper
+    cannot be started: the caller then checks as the daemon. A helper that does not answer
+    within ``timeout_s`` is killed; if it cannot even be killed (a hung mount), this waits
+    for it, like ``os.path.isdir`` would, and :class:`PathChecker` reports it unanswered.
+    """
+    try:
+        account = lookup_user(user)
+    except LookupError:
+        return None
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", _ENTER_SCRIPT, "sh", path], cwd="/",
+                                env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, user=account.uid,
+                                group=account.gid, extra_groups=list(account.groups), close_fds=True)
+    except OSError:
+        log.warning("cannot start the workdir check of %s as %s", path, user, exc_info=True)
+        return None
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "unanswered"
+    if code == 0:
+        return "ok"
+    if code == 3:
+        return "denied"
+    # The user sees nothing there: a directory root can see is one the user cannot reach.
+    return "denied" if os.path.isdir(path) else "missing"
 
 
 class Machine:
@@ -129,6 +211,9 @@ class Machine:
         self._caps: Capabilities | None = None
         self._ready = asyncio.Event()
         self.paths = PathChecker(clock, config.workdir_timeout_s)
+        # Whose jobs run here (DESIGN §9): a personal worker runs its own account's only.
+        self.accounts = Accounts(clock, mode=config.mode, user=own_account() if config.mode == "personal" else "",
+                                 allow_root_jobs=config.allow_root_jobs)
 
     async def wait_ready(self) -> None:
         """Wait for the first probe."""
@@ -162,13 +247,20 @@ class Machine:
         self._signals.devices_changed()
         self._signals.wake()
 
-    async def snapshot(self, refresh_apps: bool, workdirs: Iterable[str | None] = ()) -> WorkerSnapshot:
+    async def snapshot(self, refresh_apps: bool,
+                       workdirs: Iterable[tuple[str | None, str | None]] = ()) -> WorkerSnapshot:
         """This machine as the matcher sees it now (after the first probe).
 
         Args:
             refresh_apps: ask nvidia-smi for the processes on each GPU now.
-            workdirs: paths to check (see :class:`PathChecker`).
+            workdirs: (user, workdir) of each job to check (see :meth:`PathChecker.with_paths`);
+                in system mode each user's account is looked up too (a missing one is in
+                ``missing_accounts``, so the matcher rejects its jobs here).
         """
+        workdirs = list(workdirs)
+        if self.accounts.mode == "system":
+            for user in sorted({u for u, _ in workdirs if u}):
+                await self.accounts.exists(user)
         await self._ready.wait()
         assert self._caps is not None
         worker = self._caps.to_core()
@@ -192,6 +284,12 @@ class Machine:
         total = self._config.effective_cpu_slots
         free = max(0, total - self._ledger.cpu_slots_used())
         snap = replace(worker, devices=tuple(devices), cpu_slots_free=free, cpu_slots_total=total)
+        # Fair share: what each user holds here now, against this worker's max_gpus_per_user.
+        snap = replace(snap, max_gpus_per_user=self._config.max_gpus_per_user,
+                       gpus_held_by_user={u: g for u, (g, _) in self._ledger.holdings().items() if g})
+        # Whose jobs run here: the matcher's account rules (gpulayerd.core.users).
+        snap = replace(snap, mode=self.accounts.mode, user=self.accounts.user,
+                       allow_root_jobs=self.accounts.allow_root_jobs, missing_accounts=self.accounts.missing())
         return await self.paths.with_paths(snap, workdirs)
 
     async def capabilities(self) -> Capabilities:
@@ -202,6 +300,11 @@ class Machine:
         caps.devices = [DeviceModel.from_core(d) for d in worker.devices]
         caps.cpu_slots_total = worker.cpu_slots_total
         caps.cpu_slots_free = worker.cpu_slots_free
+        caps.mode = "system" if worker.mode == "system" else "personal"
+        caps.user = worker.user
+        caps.allow_root_jobs = worker.allow_root_jobs
+        caps.missing_accounts = sorted(worker.missing_accounts)
+        caps.max_gpus_per_user = worker.max_gpus_per_user
         return caps
 
     async def _compute_apps(self, worker: WorkerSnapshot) -> Mapping[str, tuple[int, ...]] | None:
@@ -223,11 +326,12 @@ class Machine:
         return len(devs), max(0, len(devs) - self._ledger.gpu_runs()) if devs else 0
 
     def caps_digest(self) -> str:
-        """Changes whenever what peers see of us (devices, grants, CPU slots) changes."""
+        """Changes whenever what peers see of us (devices, grants, CPU slots, missing accounts) changes."""
         if self._caps is None:
             return ""
         runs = self._ledger.keys()
-        return hashlib.sha256(repr((_hardware_key(self._caps), runs)).encode()).hexdigest()[:16]
+        users = (self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())))
+        return hashlib.sha256(repr((_hardware_key(self._caps), runs, users)).encode()).hexdigest()[:16]
 
     def close(self) -> None:
         """Release the path-check threads."""

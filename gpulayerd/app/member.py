@@ -67,8 +67,17 @@ class GangMember:
             self._refusals.refuse(owner, kind, f"hold {hold_id} is for job {h.job_id}, not {job_id}")
             raise PeerForbidden(f"hold {hold_id} is for another job")
 
-    async def hold(self, owner: str, msg: Hold) -> HoldReply:
+    async def hold(self, owner: str, msg: Hold, sender_mode: str | None = None,
+                   sender_user: str | None = None) -> HoldReply:
         """Peer route: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``.
+
+        Args:
+            owner: the gang owner's node id (from its certificate; this node for its own gangs).
+            msg: the hold.
+            sender_mode, sender_user: the owner's mode and bound user (from its certificate);
+                None only for this node itself (then its own). A hold is refused
+                (``held=False``, nothing kept, logged once per owner) unless the owner vouches
+                for the job's user and that user's jobs run here, as for offers.
 
         Raises:
             PeerForbidden: ``hold_id`` is another owner's hold (or for another job); nothing changes.
@@ -77,13 +86,21 @@ class GangMember:
         h = self._ledger.held(msg.hold_id)
         if h is not None:
             return HoldReply(held=True, address=h.address, interface=h.interface, port=h.port)
+        accounts = self._machine.accounts
+        if sender_mode is None or sender_user is None:
+            # Only this node's own calls come without a certificate's word (SelfFirstTransport).
+            sender_mode, sender_user = (accounts.mode, accounts.user) if owner == self.node_id else ("", "")
+        checked, refused = await accounts.vet(msg.spec, sender_mode, sender_user, f"node {owner[:12]}")
+        if refused is not None:
+            self._refusals.refuse(owner, "hold", f"job {msg.job_id}: {refused}")
+            return HoldReply(held=False, reason=refused)
         try:
             # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
-            spec = job_spec_from_mapping(msg.spec, source=f"hold for {msg.job_id}", base_dir="/")
+            spec = job_spec_from_mapping(checked, source=f"hold for {msg.job_id}", base_dir="/")
         except SpecError as e:
             return HoldReply(held=False, reason=str(e))
         req = spec.to_core(msg.job_id)
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
         ev = evaluate(req, worker, self._support)
         if ev.placement is None:
             return HoldReply(held=False, reason=ev.rejections[0].message if ev.rejections else "does not fit")

@@ -36,6 +36,7 @@ from gpulayerd.models import (
     job_spec_from_mapping,
 )
 from gpulayerd.net.wire import Claim, ClaimReply, LogRequest, RunReport, RunReportReply
+from gpulayerd.requester import DEFAULT_JOB_PATH, Requester, conceal, forbid
 from gpulayerd.store import JobRow, Store
 
 __all__ = ["OwnerService", "new_job_id"]
@@ -83,18 +84,33 @@ class OwnerService:
 
     # ------------------------------------------------------------- local API
 
-    async def submit(self, request: SubmitRequest) -> JobView:
+    async def submit(self, request: SubmitRequest, requester: Requester | None = None) -> JobView:
         """Validate and store a job (``queued``, or ``rejected`` with its reasons); wake the scheduler.
 
+        The job belongs to ``requester``: ``spec.user`` and ``submitted_by`` become its user
+        name whatever the body said, and ``spec.path`` is ``request.path`` (empty:
+        :data:`~gpulayerd.requester.DEFAULT_JOB_PATH`). ``requester`` None is the daemon
+        itself (in-process callers and tests): the body's ``submitted_by`` and ``spec.user``
+        are kept as given.
+
         Raises:
-            InvalidSpec: no absolute workdir. SpecError: the spec does not parse.
+            InvalidSpec: no absolute workdir, or a PATH with a NUL byte. SpecError: the spec does not parse.
         """
         raw_workdir = request.spec.get("workdir")
         if not isinstance(raw_workdir, str) or not os.path.isabs(raw_workdir):
             # The daemon's own working directory means nothing to the submitter.
             raise InvalidSpec("job spec: workdir: must be an absolute path (the CLI resolves it)")
+        if "\0" in request.path:
+            raise InvalidSpec("path: must not contain a NUL byte")
+        data = dict(request.spec)
+        submitted_by = request.submitted_by
+        if requester is not None:
+            data["user"] = submitted_by = requester.user
+            data["path"] = request.path or DEFAULT_JOB_PATH
+        else:
+            data["path"] = request.path or data.get("path") or DEFAULT_JOB_PATH
         # The workdir is absolute: no base dir is needed (and Path.cwd() would touch the file system).
-        spec = job_spec_from_mapping(request.spec, source="job spec", base_dir="/")
+        spec = job_spec_from_mapping(data, source="job spec", base_dir="/")
         now = self._clock.wall()
         job_id = new_job_id(now, self._rng)
         req = spec.to_core(job_id)
@@ -106,7 +122,7 @@ class OwnerService:
         else:
             reason, explanation = "waiting for the scheduler", None
         row = JobRow(
-            id=job_id, name=spec.name, submitted_by=request.submitted_by, spec_json=spec.model_dump_json(),
+            id=job_id, name=spec.name, submitted_by=submitted_by, spec_json=spec.model_dump_json(),
             status=status, attempt=0, holder=None, retries_left=spec.policy.retries, lease_s=spec.policy.lease_s,
             lease_expires_at=None, cancel_requested=False, reason=reason,
             explanation_json=None if explanation is None else explanation.model_dump_json(),
@@ -118,11 +134,14 @@ class OwnerService:
         self._signals.wake()
         return self.view(stored)
 
-    async def list_jobs(self, statuses: list[str] | None, limit: int | None, scope: str = "local") -> list[JobView]:
+    async def list_jobs(self, statuses: list[str] | None, limit: int | None, scope: str = "local",
+                        requester: Requester | None = None) -> list[JobView]:
         """Jobs in submission order, without attempts and history.
 
         ``scope="cluster"`` adds the jobs every trusted peer that is up owns (asked
-        concurrently; a peer that does not answer in time is left out).
+        concurrently; a peer that does not answer in time is left out). Every user's jobs are
+        listed; the spec of a job that is not ``requester``'s is concealed
+        (:func:`~gpulayerd.requester.conceal`; None: the daemon itself sees everything).
 
         Raises:
             BadRequest: a status that is not one of the job states.
@@ -134,7 +153,7 @@ class OwnerService:
             except ValueError as e:
                 allowed = ", ".join(s.value for s in JobStatus)
                 raise BadRequest(f"status must be one of: {allowed}") from e
-        local = [self.view(r) for r in await self._store.jobs.list_jobs(wanted, limit)]
+        local = [conceal(self.view(r), requester) for r in await self._store.jobs.list_jobs(wanted, limit)]
         if scope != "cluster" or self._directory is None:
             return local
         peers = self._directory.up_ids()
@@ -146,12 +165,16 @@ class OwnerService:
             if isinstance(res, JobList):
                 for j in res.jobs:
                     j.owner_name = self._directory.name_of(peer)
-                merged.extend(res.jobs)
+                merged.extend(conceal(j, requester) for j in res.jobs)
         merged.sort(key=lambda j: (j.submitted_at, j.id))
         return merged[-limit:] if limit else merged
 
-    async def get_job(self, job_ref: str) -> JobView:
-        """One job with its attempts and full history. Raises NoSuchJob, AmbiguousJob."""
+    async def get_job(self, job_ref: str, requester: Requester | None = None) -> JobView:
+        """One job with its attempts and full history; its spec concealed unless it is ``requester``'s.
+
+        Raises:
+            NoSuchJob, AmbiguousJob.
+        """
         row = await self._jobs.row(job_ref)
         attempts = await self._store.jobs.attempts(row.id)
         events = await self._store.jobs.events(row.id)
@@ -170,30 +193,42 @@ class OwnerService:
                       attempt=e.attempt, reason=self._names.readable(e.reason), stimulus_id=e.stimulus_id)
             for e in events
         ]
-        return view
+        return conceal(view, requester)
 
     async def explain(self, job_ref: str) -> ExplanationModel:
         """Explain the job against this machine and every known peer now. Raises NoSuchJob, AmbiguousJob."""
         row = await self._jobs.row(job_ref)
         req = self._jobs.spec(row).to_core(row.id)
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         return ExplanationModel.from_core(explain(req, [worker, *remote], self._support))
 
-    async def cancel(self, job_ref: str) -> JobView:
-        """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL. Raises NoSuchJob."""
+    async def cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
+        """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL.
+
+        Only the job's user and admins may (``requester`` None: the daemon itself).
+
+        Raises:
+            NoSuchJob, AmbiguousJob. Forbidden: the job is another user's (``job <id> belongs to <user>``).
+        """
         row = await self._jobs.row(job_ref)
+        forbid(requester, row.id, self.user_of(row))
         await self._jobs.apply(row.id, claims.CancelRequested(stimulus_id=f"cancel-{row.id}"),
                                kind="cancel requested")
         return self.view(await self._jobs.row(row.id))
 
-    async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None) -> LogChunk:
+    async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
+                   requester: Requester | None = None) -> LogChunk:
         """Bytes of a job's log from ``offset`` (at most 1 MiB), as text, wherever the attempt ran.
+
+        Only the job's user and admins may read them (``requester`` None: the daemon itself).
 
         Raises:
             NoSuchJob: no such job or attempt. PeerUnreachable: the worker that ran it did not answer.
+            Forbidden: the job is another user's (``job <id> belongs to <user>``).
         """
         row = await self._jobs.row(job_ref)
+        forbid(requester, row.id, self.user_of(row))
         if attempt is not None and not 1 <= attempt <= row.attempt:
             raise NoSuchJob(f"job {row.id} has no attempt {attempt} (attempts: 1 to {row.attempt})"
                             if row.attempt else f"job {row.id} has not run yet")
@@ -215,6 +250,10 @@ class OwnerService:
                     terminal and chunk.next_offset == chunk.offset)})
         path = self._starter.log_path(row.id, n, stream)
         return await read_log(path, row.id, n, stream, offset, terminal)
+
+    def user_of(self, row: JobRow) -> str:
+        """The user a job owned here belongs to: its spec's ``user``, else (older jobs) ``submitted_by``."""
+        return self._jobs.spec(row).user or row.submitted_by or ""
 
     def view(self, row: JobRow) -> JobView:
         """The API's view of a job owned here (without attempts and history)."""

@@ -35,9 +35,11 @@ from gpulayerd.app.machine import Machine
 from gpulayerd.app.ports import PeerTransport
 from gpulayerd.app.signals import Signals, log_failure
 from gpulayerd.app.starter import Starter, device_grants
+from gpulayerd.app.usage import UsageService
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import claims
 from gpulayerd.core import worker as core
+from gpulayerd.core.fairshare import Candidate
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
@@ -63,14 +65,20 @@ def _devices(placement: Placement) -> list[str]:
 
 def _granted_spec(granted: dict[str, object] | None, offered: JobSpec, job_id: str) -> JobSpec:
     """The spec to run: the one the grant carries (the only message that must hold the job's
-    environment values), else the offer's."""
+    environment values), else the offer's; as the offer's user either way (the one vetted)."""
     if not granted:
         return offered
     try:
-        return job_spec_from_mapping(granted, source=f"grant of {job_id}", base_dir="/")
+        spec = job_spec_from_mapping(granted, source=f"grant of {job_id}", base_dir="/")
     except SpecError as e:
         log.warning("job_id=%s: the grant's spec does not parse (%s); running the offered one", job_id, e)
         return offered
+    if spec.user != offered.user:
+        if spec.user:  # (a grant that names no user is an older owner's: its offer's user was vetted)
+            log.warning("job_id=%s: the grant names user %r, the offer %r: running it as %r", job_id, spec.user,
+                        offered.user, offered.user)
+        spec = spec.model_copy(update={"user": offered.user})
+    return spec
 
 
 class WorkerService:
@@ -78,7 +86,7 @@ class WorkerService:
 
     def __init__(self, *, config: DaemonConfig, node_id: str, store: Store, runner: Runner, starter: Starter,
                  ledger: Ledger, locks: DeviceLocks, machine: Machine, jobs: OwnedJobs, transport: PeerTransport,
-                 support: SupportMatrix, signals: Signals, clock: Clock) -> None:
+                 support: SupportMatrix, signals: Signals, clock: Clock, usage: UsageService | None = None) -> None:
         self._config = config
         self.node_id = node_id
         self._store = store
@@ -96,6 +104,7 @@ class WorkerService:
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._refusals = Refusals(log, signals.stats)
+        self._usage = usage  # fair share: the order in which kept offers are claimed
 
     def _apply(self, event: core.Event) -> list[core.Action]:
         return self._ledger.apply(event, self._clock.monotonic())
@@ -264,8 +273,25 @@ class WorkerService:
 
     # ------------------------------------------------------------- peers' jobs
 
-    def offer(self, owner: str, msg: Offer) -> Ack:
-        """Peer route: keep an owner's offer; the next scheduling pass claims it if it fits here now."""
+    async def offer(self, owner: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
+        """Peer route: keep an owner's offer; the next scheduling pass claims it if it fits here now.
+
+        Args:
+            owner: the owner's node id (from its certificate).
+            msg: the offer.
+            sender_mode, sender_user: the owner's mode and bound user (from its certificate).
+
+        Returns:
+            ``Ack(ok=False, reason=...)``, nothing kept (logged once per owner), unless the
+            owner vouches for the job's user and that user's jobs run here
+            (:meth:`~gpulayerd.app.accounts.Accounts.vet`); a job that names no user is kept
+            as the user the owner is bound to.
+        """
+        spec, refused = await self._machine.accounts.vet(msg.spec, sender_mode, sender_user, f"node {owner[:12]}")
+        if refused is not None:
+            self._refusals.refuse(owner, "offer", f"job {msg.job_id}: {refused}")
+            return Ack(ok=False, reason=refused)
+        msg = msg.model_copy(update={"spec": spec})
         if any(isinstance(a, core.DropOffer) for a in self._apply(core.OfferReceived(owner, msg.job_id))):
             return Ack(ok=True, reason="already running it")  # a late duplicate offer
         self._signals.stats["offers_received"] += 1
@@ -274,14 +300,29 @@ class WorkerService:
         return Ack(ok=True)
 
     async def take_offers(self) -> None:
-        """Claim every kept offer that fits here now, oldest first; drop stale ones."""
+        """Claim every kept offer that fits here now, in fair-share order (the user with the least
+        decayed usage first; within one user, oldest first); drop stale ones."""
         if not self._offers:
             return
+        considered: list[core.ConsiderOffer] = []
         for a in self._apply(core.OffersReviewed()):
             if isinstance(a, core.DropOffer):
                 self._offers.pop((a.owner, a.job_id), None)
             elif isinstance(a, core.ConsiderOffer):
-                await self._consider(a.owner, a.job_id)
+                considered.append(a)
+        for a in self._fair_order(considered):
+            await self._consider(a.owner, a.job_id)
+
+    def _fair_order(self, considered: list[core.ConsiderOffer]) -> list[core.ConsiderOffer]:
+        """The offers to consider (oldest first, as the core gives them) in fair-share order."""
+        if self._usage is None or len(considered) < 2:
+            return considered
+        cands = []
+        for i, a in enumerate(considered):
+            kept = self._offers.get((a.owner, a.job_id))
+            user = kept.spec.get("user") if kept is not None else None
+            cands.append(Candidate(f"{i:08d}", user if isinstance(user, str) else "", float(i)))
+        return [considered[int(c.job_id)] for c in self._usage.order(cands)]
 
     def _drop_offers(self, actions: Sequence[core.Action]) -> None:
         for a in actions:
@@ -300,7 +341,7 @@ class WorkerService:
             self._drop_offers(self._apply(core.OfferRejected(owner, job_id)))
             return
         req = spec.to_core(job_id)
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[req.workdir])
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
         ev = evaluate(req, worker, self._support)
         if ev.placement is None:
             return  # keep the offer: claim it when devices free up

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulayerd import __version__
-from gpulayerd.cli import cluster, devices, jobs, service, tui
+from gpulayerd.cli import cluster, devices, jobs, service, tui, users
 from gpulayerd.cli.client import env_path
 from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
 
@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, metavar="DIR", default=env_path("GPULAYER_STATE_DIR"),
                    help="talk to the gpulayerd using this state dir (env GPULAYER_STATE_DIR)")
     p.add_argument("--socket", type=Path, metavar="PATH", default=env_path("GPULAYER_SOCKET"),
-                   help="the daemon's unix socket (env GPULAYER_SOCKET); default: from --state-dir, "
-                   "else the user runtime dir")
+                   help="the daemon's unix socket (env GPULAYER_SOCKET); default: from --state-dir, else "
+                   "your personal daemon's (user runtime dir) if one answers there, else the system daemon's "
+                   "(/run/gpulayer/gpulayerd.sock) if there is one")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     devices.add_parsers(sub)
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     tui.add_parser(sub)
     cluster.add_parser(sub)
     service.add_parser(sub)
+    users.add_parser(sub)
     return p
 
 

@@ -28,12 +28,37 @@ def env_path(name: str) -> Path | None:
 
 
 def socket_path(args: argparse.Namespace) -> Path:
-    """The daemon's unix socket: ``--socket``, else the one of ``--state-dir`` (or the default state dir)."""
-    from gpulayerd.config import socket_path_for
+    """The daemon's unix socket, in this order:
+
+    1. ``--socket`` (env ``GPULAYER_SOCKET``);
+    2. the one of ``--state-dir`` (env ``GPULAYER_STATE_DIR``): ``<state dir>/run/gpulayerd.sock``;
+    3. this user's personal daemon's (the user runtime dir), if something answers there;
+    4. the system daemon's, ``/run/gpulayer/gpulayerd.sock``, if it exists;
+    5. else the personal one again (so that "not running" names it).
+    """
+    from gpulayerd.config import SYSTEM_SOCKET_PATH, socket_path_for
 
     if args.socket is not None:
         return Path(args.socket)
-    return socket_path_for(args.state_dir)
+    if args.state_dir is not None:
+        return socket_path_for(args.state_dir)
+    personal = socket_path_for(None)
+    if _answers(personal) or not SYSTEM_SOCKET_PATH.exists():
+        return personal
+    return SYSTEM_SOCKET_PATH
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts a connection on the unix socket at ``path`` (one connect, 1 s at most)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def call_daemon(args: argparse.Namespace, call: Callable[[DaemonClient], Awaitable[_T]]) -> _T:
@@ -56,7 +81,13 @@ def call_daemon(args: argparse.Namespace, call: Callable[[DaemonClient], Awaitab
     try:
         return asyncio.run(go())
     except DaemonUnreachable as e:
-        hint = f"gpulayerd --state-dir {args.state_dir} &" if args.state_dir else "gpulayerd &"
+        if args.state_dir or args.socket:
+            hint = f"gpulayerd --state-dir {args.state_dir} &" if args.state_dir else "gpulayerd &"
+        else:
+            from gpulayerd.config import SYSTEM_SOCKET_PATH
+
+            hint = (f"gpulayerd & (a personal daemon), or on a lab machine ask its admin to start the system "
+                    f"one (sudo gpulayer service install --system; socket {SYSTEM_SOCKET_PATH})")
         raise CommandFailed(f"gpulayerd is not running ({e}). Start it with: {hint}") from e
     except ApiRequestError as e:
         if e.status in (400, 404, 422):

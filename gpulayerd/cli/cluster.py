@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -41,17 +42,33 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     i = cs.add_parser("init", help="make a new cluster with this machine in it; prints the join token")
     i.add_argument("--name", type=_cluster_name, help="a name for people (default: the cluster id)")
     i.add_argument("--force", action="store_true", help="replace the cluster this machine is in")
+    i.add_argument("--system", action="store_true", help=_SYSTEM_HELP)
     i.set_defaults(func=_cmd_init)
 
     j = cs.add_parser("join", help="join the cluster of a token printed by 'gpulayer cluster init'")
     j.add_argument("token", metavar="TOKEN")
     j.add_argument("--force", action="store_true", help="leave the cluster this machine is in for this one")
+    j.add_argument("--system", action="store_true", help=_SYSTEM_HELP)
     j.set_defaults(func=_cmd_join)
 
     s = cs.add_parser("show", help="node id, cluster and identity files")
     s.add_argument("--token", action="store_true", help="print the join token (a secret)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_show)
+
+
+_SYSTEM_HELP = ("enroll this machine's system-mode daemon (root only): its certificate vouches for every "
+                "user's jobs; without it the certificate is personal, bound to the user running this command")
+
+
+def _mode(args: argparse.Namespace) -> str:
+    """``system`` (root only) or ``personal``, from ``--system``."""
+    if not args.system:
+        return "personal"
+    if os.geteuid() != 0:
+        raise CommandFailed(f"cluster {args.cluster_command} --system: only root may enroll a system-mode "
+                            "node (run it with sudo)")
+    return "system"
 
 
 def _cluster_name(text: str) -> str:
@@ -101,9 +118,10 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from gpulayerd.net import ca, identity
 
     state_dir = _state_dir(args)
-    token = _run(lambda: ca.cluster_init(state_dir, args.name, force=args.force))
+    mode = _mode(args)
+    token = _run(lambda: ca.cluster_init(state_dir, args.name, force=args.force, mode=mode))
     ident = _run(lambda: identity.load_or_create_identity(state_dir))
-    print(f"Created cluster {_label(ident)} with this machine (node {ident.node_id}) in it.")
+    print(f"Created cluster {_label(ident)} with this machine (node {ident.node_id}, {_mode_label(ident)}) in it.")
     print()
     print("Join token (a secret: whoever has it can add machines to this cluster; send it privately):")
     print()
@@ -119,8 +137,9 @@ def _cmd_join(args: argparse.Namespace) -> int:
     from gpulayerd.net import ca
 
     state_dir = _state_dir(args)
-    ident = _run(lambda: ca.cluster_join(state_dir, args.token, force=args.force))
-    print(f"Joined cluster {_label(ident)} as node {ident.node_id}.")
+    mode = _mode(args)
+    ident = _run(lambda: ca.cluster_join(state_dir, args.token, force=args.force, mode=mode))
+    print(f"Joined cluster {_label(ident)} as node {ident.node_id} ({_mode_label(ident)}).")
     print(_restart_hint(args))
     return EXIT_OK
 
@@ -145,6 +164,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"state dir:  {ident.state_dir}")
     if ident.in_cluster:
         print(f"cluster:    {_label(ident)}")
+        print(f"mode:       {_mode_label(ident)}")
     else:
         print("cluster:    none (run 'gpulayer cluster init', or 'gpulayer cluster join TOKEN')")
     print("files:")
@@ -160,6 +180,8 @@ def _show_json(ident: Identity, token: str | None) -> dict[str, object]:
         "in_cluster": ident.in_cluster,
         "cluster_id": ident.cluster_id,
         "cluster_name": ident.cluster_name,
+        "mode": ident.mode if ident.in_cluster else None,
+        "user": (ident.user or None) if ident.in_cluster else None,
         "files": {k: str(p) if p.exists() else None for k, p in _files(ident).items()},
     }
     if token is not None:
@@ -178,6 +200,14 @@ def _files(ident: Identity) -> dict[str, Path]:
         "ca_key": d / identity.CA_KEY,
         "cluster": d / identity.CLUSTER_JSON,
     }
+
+
+def _mode_label(ident: Identity) -> str:
+    if ident.mode == "system":
+        return "system mode: vouches for every user's jobs"
+    if ident.user:
+        return f"personal mode: {ident.user}'s jobs only"
+    return "personal mode, bound to no user (an old certificate: re-join to vouch for your jobs)"
 
 
 def _label(ident: Identity) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import getpass
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,11 +56,14 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     sb.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     sb.set_defaults(func=_cmd_submit)
 
-    j = sub.add_parser("jobs", help="the job queue: id, name, state, where, age, reason")
+    j = sub.add_parser("jobs", help="the job queue of every user: id, name, user, state, where, age, reason")
     j.add_argument("--all", action="store_true", help="also every finished job (default: the 20 latest)")
     j.add_argument("--here", action="store_true",
                    help="only the jobs submitted to this daemon (default: every trusted peer's too)")
     j.add_argument("--state", action="append", metavar="STATE", help="only jobs in STATE (repeatable)")
+    who = j.add_mutually_exclusive_group()
+    who.add_argument("--user", metavar="USER", help="only USER's jobs")
+    who.add_argument("--mine", action="store_true", help="only my own jobs")
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=_cmd_jobs)
 
@@ -147,7 +150,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if not Path(wd).is_dir():
         raise UsageError(f"workdir: {wd} does not exist or is not a directory")
     body = spec.model_dump(mode="json", exclude_none=True)
-    job = call_daemon(args, lambda c: c.submit(body, submitted_by=getpass.getuser()))
+    # The daemon takes the user from the kernel; the job runs with this shell's PATH.
+    path = os.environ.get("PATH") or ""
+    job = call_daemon(args, lambda c: c.submit(body, path=path))
     if args.json:
         print(job.model_dump_json(indent=2))
     else:
@@ -161,6 +166,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 def _cmd_jobs(args: argparse.Namespace) -> int:
     scope = "local" if args.here else "cluster"
     jobs = call_daemon(args, lambda c: c.jobs(statuses=args.state, scope=scope))
+    user = _my_name() if args.mine else args.user
+    if user is not None:
+        jobs = [j for j in jobs if _user_of(j) == user]
     if not args.all and not args.state:
         done = [j for j in jobs if j.status in _TERMINAL]
         keep = {j.id for j in done[-20:]}
@@ -171,14 +179,29 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
     now = time.time()
     owners = {j.owner for j in jobs}
     if len(owners) > 1:
-        rows = [[j.id, j.name, j.owner_name, j.status, _where(j), fmt.age(now - j.submitted_at),
-                 fmt.one_line(j.reason)] for j in jobs]
-        print(fmt.table(["ID", "NAME", "OWNER", "STATE", "WHERE", "AGE", "REASON"], rows))
+        rows = [[j.id, j.name, _user_of(j) or None, j.owner_name, j.status, _where(j),
+                 fmt.age(now - j.submitted_at), fmt.one_line(j.reason)] for j in jobs]
+        print(fmt.table(["ID", "NAME", "USER", "OWNER", "STATE", "WHERE", "AGE", "REASON"], rows))
         return EXIT_OK
-    rows = [[j.id, j.name, j.status, _where(j), fmt.age(now - j.submitted_at), fmt.one_line(j.reason)]
-            for j in jobs]
-    print(fmt.table(["ID", "NAME", "STATE", "WHERE", "AGE", "REASON"], rows))
+    rows = [[j.id, j.name, _user_of(j) or None, j.status, _where(j), fmt.age(now - j.submitted_at),
+             fmt.one_line(j.reason)] for j in jobs]
+    print(fmt.table(["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"], rows))
     return EXIT_OK
+
+
+def _user_of(j: JobView) -> str:
+    """The user a job belongs to (its spec's ``user``; jobs from before users: ``submitted_by``)."""
+    return j.spec.user or j.submitted_by
+
+
+def _my_name() -> str:
+    """This process's user name, from the user database (``$USER`` is not asked)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"  # what the daemon calls an account without a name
 
 
 def _where(j: JobView) -> str | None:

@@ -95,14 +95,24 @@ def render_explanation(e: ExplanationModel, title: str) -> str:
 
 
 def render_job(job: JobView) -> str:
-    """``gpulayer show``: state, spec, attempts, history and (waiting) the explanation."""
+    """``gpulayer show``: user, state, spec, attempts, history and (waiting) the explanation.
+
+    Another user's job (``spec_hidden``) shows no command, workdir or environment.
+    """
     r = job.spec.requirements
+    user = job.spec.user or job.submitted_by
+    if job.spec_hidden:
+        hidden = f"(hidden: only {user or 'its user'} and admins see it)"
+        command, workdir = hidden, hidden
+    else:
+        command, workdir = shlex.join(job.spec.command), fmt.text(job.spec.workdir)
     out = [
         f"job {job.id}" + (f" ({job.name})" if job.name else ""),
+        f"  user:      {user or fmt.DASH}",
         f"  state:     {job.status}" + (" (cancel requested)" if job.cancel_requested else ""),
         f"  reason:    {job.reason or fmt.DASH}",
-        f"  command:   {shlex.join(job.spec.command)}",
-        f"  workdir:   {fmt.text(job.spec.workdir)}",
+        f"  command:   {command}",
+        f"  workdir:   {workdir}",
         f"  wants:     {r.accelerator.value}"
         + (f" x{r.effective_gpu_count}" if r.effective_gpu_count else "")
         + (f", >= {r.gpu_memory_gb:g} GB" if r.gpu_memory_gb else "")

@@ -1,5 +1,8 @@
 """``gpulayer service install|uninstall|status``: gpulayerd as a systemd user unit or a launchd agent.
 
+With ``--system`` (run with sudo): the lab install, a systemd system unit or a LaunchDaemon running
+``gpulayerd --system`` as root.
+
 The files and where they go are :mod:`gpulayerd.service`'s (imported when a command runs);
 this module is the command line: what to write or remove, when to refuse, what to print. Nothing
 here runs ``systemctl`` or ``launchctl``: the commands print the exact next command.
@@ -35,10 +38,13 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     """Add ``service install|uninstall|status`` to the ``gpulayer`` subcommands."""
     s = sub.add_parser(
         "service",
-        help="install gpulayerd as a systemd user service (Linux) or a launchd agent (macOS)",
+        help="install gpulayerd as a systemd user service (Linux) or a launchd agent (macOS); "
+        "--system: as the machine's system service (lab install)",
         description="Write, remove or inspect the service file that runs this installation's gpulayerd "
-        "at login (Linux: systemd user unit; macOS: LaunchAgent). Never runs systemctl or launchctl: "
-        "prints the exact command to run next.",
+        "at login (Linux: systemd user unit; macOS: LaunchAgent), or with --system (run with sudo) at boot "
+        "as root in system mode, one daemon for every account of the machine (Linux: "
+        "/etc/systemd/system/gpulayerd.service; macOS: /Library/LaunchDaemons). Never runs systemctl or "
+        "launchctl: prints the exact command to run next.",
     )
     ssub = s.add_subparsers(dest="service_command", metavar="ACTION")
     ssub.required = True
@@ -73,8 +79,10 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
 def _cmd_install(args: argparse.Namespace) -> int:
     from gpulayerd import service as svc
 
-    target = svc.service_target(_os_name(args.os))
+    target = _target(args)
     gpulayerd = _this_gpulayerd()
+    if target.system and not args.dry_run:
+        _need_root(args, "install")
     interpreters = list(dict.fromkeys(_absolute_interpreter(p) for p in args.python or []))
     rendered = target.render(gpulayerd, interpreters)
     state = svc.file_state(svc.read_service_file(target.path), rendered)
@@ -101,10 +109,17 @@ def _cmd_install(args: argparse.Namespace) -> int:
     svc.write_service_file(target, rendered)
     done = {"missing": "installed", "outdated": "updated", "modified": "replaced"}[state]
     print(f"{done} {target.kind}: {target.path}")
-    print(f"  runs: {gpulayerd}" + "".join(f" --python {shlex.quote(p)}" for p in interpreters))
+    system = " --system" if target.system else ""
+    print(f"  runs: {gpulayerd}{system}" + "".join(f" --python {shlex.quote(p)}" for p in interpreters))
     print("next:")
     print(f"  {next_command}")
-    if target.os_name == "linux":
+    if target.system:
+        print("  then, once per cluster: sudo gpulayer cluster init --system (or cluster join --system on the others)")
+        hidden = _not_runnable_by_others(gpulayerd)
+        if hidden is not None:
+            print(f"note: other accounts cannot run this gpulayer ({hidden} is closed to them); install it where "
+                  "every account can, e.g. a venv in /opt/gpulayer (README: Lab install)")
+    elif target.os_name == "linux":
         print("  loginctl enable-linger $USER    # once: keep it running without a login session")
     return EXIT_OK
 
@@ -112,7 +127,9 @@ def _cmd_install(args: argparse.Namespace) -> int:
 def _cmd_uninstall(args: argparse.Namespace) -> int:
     from gpulayerd import service as svc
 
-    target = svc.service_target(_os_name(args.os))
+    target = _target(args)
+    if target.system and not args.dry_run:
+        _need_root(args, "uninstall")
     text = svc.read_service_file(target.path)
     link = target.enabled_link
     linked = link is not None and os.path.lexists(link)
@@ -144,7 +161,10 @@ def _cmd_uninstall(args: argparse.Namespace) -> int:
             print(f"kept the logs in {target.logs_dir}")
         else:
             svc.prune_empty_dirs(target.logs_dir, target.home)
-    if target.os_name == "linux":
+    if target.system and target.os_name == "linux":
+        print("next: sudo systemctl daemon-reload")
+        print("  (if gpulayerd still runs: sudo systemctl stop gpulayerd; running jobs keep running)")
+    elif target.os_name == "linux":
         print("next: systemctl --user daemon-reload")
         print("  (if gpulayerd still runs: systemctl --user stop gpulayerd; running jobs keep running)")
     else:
@@ -171,12 +191,13 @@ class _Status:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from gpulayerd import service as svc
+    from gpulayerd.config import SYSTEM_SOCKET_PATH
 
-    target = svc.service_target(_os_name(args.os))
+    target = _target(args)
     text = svc.read_service_file(target.path)
     argv = [] if text is None else svc.service_argv(text, target.os_name)
     this = svc.find_gpulayerd()
-    sock = socket_path(args)
+    sock = SYSTEM_SOCKET_PATH if target.system and args.socket is None else socket_path(args)
     health, problem = _health(sock)
     status = _Status(
         os=target.os_name,
@@ -204,14 +225,16 @@ def _render_status(s: _Status, target: ServiceTarget) -> str:
     from gpulayerd.service import LAUNCHD_LABEL
 
     if not s.installed:
-        installed = f"no    (gpulayer service install{'' if s.os == 'linux' else ' --os macos'})"
+        sudo, system = ("sudo ", " --system") if target.system else ("", "")
+        installed = f"no    ({sudo}gpulayer service install{system}{'' if s.os == 'linux' else ' --os macos'})"
     else:
         how = "as written by gpulayer service install" if s.file == "generated" else "changed by hand"
         whose = ("" if s.this_installation is None else ", this installation's gpulayerd" if s.this_installation
                  else f", another gpulayerd: {s.gpulayerd}")
         installed = f"yes   ({how}{whose})"
     if s.enabled is None:
-        enabled = f"unknown (launchd: launchctl print gui/{os.getuid()}/{LAUNCHD_LABEL})"
+        domain = "system" if target.system else f"gui/{os.getuid()}"
+        enabled = f"unknown (launchd: launchctl print {domain}/{LAUNCHD_LABEL})"
     else:
         enabled = "yes" if s.enabled else f"no    ({target.start_command()})" if s.installed else "no"
     if s.daemon is not None:
@@ -230,6 +253,43 @@ def _render_status(s: _Status, target: ServiceTarget) -> str:
 def _add_os_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--os", choices=["linux", "macos"], default=None,
                    help="render for this OS instead of the running one (Linux: systemd; macOS: launchd)")
+    p.add_argument("--system", action="store_true",
+                   help="the machine's system service (run with sudo): gpulayerd --system as root, for every "
+                   "account (/etc/systemd/system/gpulayerd.service; macOS: "
+                   "/Library/LaunchDaemons/io.gpulayer.gpulayerd.plist, root:wheel 0644)")
+    p.add_argument("--root", type=Path, metavar="DIR", default=Path("/"),
+                   help="with --system: the tree to write into instead of / (for packaging)")
+
+
+def _target(args: argparse.Namespace) -> ServiceTarget:
+    """The service file's place: the user's (HOME), or with ``--system`` the machine's (under ``--root``)."""
+    from gpulayerd import service as svc
+
+    os_name = _os_name(args.os)
+    if args.system:
+        return svc.system_service_target(os_name, Path(args.root).absolute())
+    if args.root != Path("/"):
+        raise UsageError("service: --root goes with --system (a user's service lives in their HOME)")
+    return svc.service_target(os_name)
+
+
+def _need_root(args: argparse.Namespace, action: str) -> None:
+    if os.geteuid() != 0:
+        raise CommandFailed(f"service {action} --system changes the machine's service files, owned by root: run "
+                            f"it with sudo (sudo {shlex.quote(sys.argv[0]) if sys.argv else 'gpulayer'} "
+                            f"service {action} --system)")
+
+
+def _not_runnable_by_others(path: str) -> str | None:
+    """The first directory on the way to ``path`` that other accounts cannot enter, or None."""
+    p = Path(path).parent
+    for d in [*reversed(p.parents), p]:
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                return str(d)
+        except OSError:
+            return str(d)
+    return None
 
 
 def _os_name(requested: str | None) -> OsName:
@@ -241,7 +301,10 @@ def _os_name(requested: str | None) -> OsName:
 
 
 def _os_flag(args: argparse.Namespace) -> str:
-    return f" --os {args.os}" if args.os else ""
+    flags = f" --os {args.os}" if args.os else ""
+    if args.system:
+        flags += " --system" + (f" --root {shlex.quote(str(args.root))}" if args.root != Path("/") else "")
+    return flags
 
 
 def _this_gpulayerd() -> str:

@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from gpulayerd.core.fairshare import gpu_cap_rejection, gpus_of
 from gpulayerd.core.requirements import check_workdir, choose_devices, choose_environment
 from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import (
     Check,
     Explanation,
@@ -113,9 +115,17 @@ def evaluate(job: JobRequest, worker: WorkerSnapshot, support: SupportMatrix) ->
     chosen, dev_static, dev_busy = choose_devices(job, worker, checks)
     static.extend(dev_static)
     busy.extend(dev_busy)
+    cap = gpu_cap_rejection(job.user, gpus_of(job), worker)  # fair share: max_gpus_per_user
+    if cap is not None:
+        busy.append(cap)
     env, env_rejs = choose_environment(job, worker, checks)
     static.extend(env_rejs)
     static.extend(check_workdir(job, worker, checks))
+    if job.user:  # whose account the job runs as here (gpulayerd.core.users)
+        account = account_rejection(job.user, worker)
+        checks.append(Check("user", job.user, "ok" if account is None else account.found, account is None))
+        if account is not None:
+            static.append(account)
 
     checks.append(Check("online", "yes", "yes" if worker.online else "no (offline)", worker.online))
     if static:
@@ -192,6 +202,7 @@ def job_signature(job: JobRequest) -> tuple[object, ...]:
         job.requires_float64,
         job.distributed,
         job.workdir,
+        job.user,
     )
 
 

@@ -428,12 +428,14 @@ def _device_value(requirement: str, d: DeviceSnapshot) -> str:
 
 
 def check_workdir(job: JobRequest, worker: WorkerSnapshot, checks: list[Check]) -> list[Rejection]:
-    """Check that ``job.workdir`` exists on ``worker``, as far as the worker has answered.
+    """Check that ``job.workdir`` exists on ``worker`` and the job's user can enter it, as far as
+    the worker has answered.
 
     Appends a workdir row to ``checks`` (ok None when the worker checks only at claim).
 
     Returns:
-        A WORKDIR_MISSING or WORKDIR_UNANSWERED rejection, or nothing.
+        A WORKDIR_MISSING, WORKDIR_DENIED ("alice cannot enter /x on ws-1") or
+        WORKDIR_UNANSWERED rejection, or nothing.
     """
     if job.workdir is None:
         return []
@@ -446,6 +448,11 @@ def check_workdir(job: JobRequest, worker: WorkerSnapshot, checks: list[Check]) 
         return [Rejection(RejectionCode.WORKDIR_UNANSWERED, "workdir", job.workdir, found, worker.node_id,
                           f"workdir {job.workdir} did not answer within {worker.path_timeout_s:g} s on "
                           f"{worker.name or worker.node_id}")]
+    if job.user and (job.user, job.workdir) in worker.denied_paths:
+        found = f"{job.user} cannot enter it"
+        checks.append(Check("workdir", job.workdir, found, False))
+        return [Rejection(RejectionCode.WORKDIR_DENIED, "workdir", job.workdir, found, worker.node_id,
+                          f"{job.user} cannot enter {job.workdir} on {worker.name or worker.node_id}")]
     if job.workdir in worker.existing_paths:
         checks.append(Check("workdir", job.workdir, "exists", True))
         return []

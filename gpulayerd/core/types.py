@@ -247,6 +247,8 @@ class WorkerSnapshot:
         health: one entry per probe source.
         existing_paths: paths known to exist on the worker (for ``workdir``);
             None means the worker has not said, which matching treats as unchecked.
+        denied_paths: (user, path) pairs of a directory that exists but that user cannot
+            enter (checked as the user): a workdir among them is rejected for that user's jobs.
         unanswered_paths: paths whose check did not answer within ``path_timeout_s``
             seconds (a hung network mount): a workdir among them cannot be used now.
         path_timeout_s: the time limit of one path check, seconds.
@@ -269,6 +271,7 @@ class WorkerSnapshot:
     memory_total_bytes: int | None = None
     health: tuple[ProbeHealth, ...] = ()
     existing_paths: frozenset[str] | None = None
+    denied_paths: frozenset[tuple[str, str]] = frozenset()
     unanswered_paths: frozenset[str] = frozenset()
     path_timeout_s: float = 0.0
     cpu_slots_total: int | None = None

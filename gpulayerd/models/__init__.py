@@ -52,6 +52,8 @@ from gpulayerd.models.views import (
     LogChunk,
     PeerView,
     SubmitRequest,
+    UserHoldingView,
+    UserUsageView,
 )
 
 __all__ = [
@@ -80,6 +82,8 @@ __all__ = [
     "Requirements",
     "SpecError",
     "SubmitRequest",
+    "UserHoldingView",
+    "UserUsageView",
     "WorkerExplanationModel",
     "format_validation_error",
     "job_spec_from_mapping",

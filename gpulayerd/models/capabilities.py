@@ -5,6 +5,8 @@ Readers tolerate unknown fields (the JSON is versioned with ``v``). Units: ``*_b
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpulayerd.core.types import (
@@ -190,6 +192,12 @@ class Capabilities(BaseModel):
         taken_at: wall-clock time of the snapshot, seconds since the epoch.
         cpu_slots_total: CPU processes the daemon runs at once (None: not a daemon's report).
         cpu_slots_free: of those, free now.
+        mode: ``personal`` (runs only ``user``'s jobs) or ``system`` (runs each job as its user);
+            a report without it (an older daemon) reads as personal.
+        user: a personal-mode worker's account ("" in system mode, or not said).
+        allow_root_jobs: a system-mode worker runs root's jobs.
+        missing_accounts: user names this worker was asked to run lately and has no account for.
+        max_gpus_per_user: the most GPUs of this worker one user may hold; None = no cap.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -209,6 +217,11 @@ class Capabilities(BaseModel):
     taken_at: float | None = None
     cpu_slots_total: int | None = None
     cpu_slots_free: int | None = None
+    mode: Literal["personal", "system"] = "personal"
+    user: str = Field(default="", max_length=64)
+    allow_root_jobs: bool = False
+    missing_accounts: list[str] = Field(default_factory=list, max_length=256)
+    max_gpus_per_user: int | None = Field(default=None, ge=0)
 
     def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
         """Convert to a :class:`WorkerSnapshot` for the matcher."""
@@ -224,4 +237,9 @@ class Capabilities(BaseModel):
             existing_paths=existing_paths,
             cpu_slots_total=self.cpu_slots_total,
             cpu_slots_free=self.cpu_slots_free,
+            mode=self.mode,
+            user=self.user,
+            allow_root_jobs=self.allow_root_jobs,
+            missing_accounts=frozenset(self.missing_accounts),
+            max_gpus_per_user=self.max_gpus_per_user,
         )

@@ -20,6 +20,8 @@ __all__ = [
     "LogChunk",
     "PeerView",
     "SubmitRequest",
+    "UserHoldingView",
+    "UserUsageView",
 ]
 
 
@@ -72,12 +74,20 @@ class EventView(BaseModel):
 class JobView(BaseModel):
     """A job as the API shows it (``gpulayer show --json``).
 
+    Everyone sees every job's id, name, user, state, place and reason. The job's command,
+    environment, workdir and PATH are for its user and admins only: anyone else gets the
+    view with ``spec_hidden`` true and a spec that keeps ``name``, ``requirements``,
+    ``distributed``, ``policy`` and ``user`` while ``command`` is ``["<hidden>"]``, ``env``
+    is empty and ``workdir`` and ``path`` are null (:func:`gpulayerd.requester.conceal`).
+
     Attributes:
+        submitted_by: the user the job belongs to (its submitter's account, from the kernel).
         status: queued, claimed, running, succeeded, failed, cancelled, lost or rejected.
         reason: the last state change's reason, or for a waiting job why it waits.
         holder: node id of the worker running the current attempt.
         holder_name: that worker's host name, when known.
         explanation: the last explanation (waiting and rejected jobs).
+        spec_hidden: True when the requester is neither the job's user nor an admin (see above).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -99,6 +109,7 @@ class JobView(BaseModel):
     submitted_at: float
     updated_at: float
     spec: JobSpec
+    spec_hidden: bool = False
     explanation: ExplanationModel | None = None
     attempts: list[AttemptView] = Field(default_factory=list)
     events: list[EventView] = Field(default_factory=list)
@@ -175,3 +186,38 @@ class PeerView(BaseModel):
     state: str = "up"
     last_heartbeat_at: float | None = None
     capabilities: Capabilities | None = None
+
+
+class UserHoldingView(BaseModel):
+    """What one user's runs hold on one host now (fair share)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node_id: str
+    host: str
+    gpus: int = 0
+    cpu_slots: int = 0
+
+
+class UserUsageView(BaseModel):
+    """One user known to this daemon's fair-share book (``GET /v1/users``, ``gpulayer users``).
+
+    Attributes:
+        gpu_hours: decayed GPU-seconds / 3600 (half-life ``fairshare_half_life_s``).
+        cpu_slot_hours: decayed CPU-slot-seconds / 3600.
+        score: ``gpu-seconds + 0.1 × CPU-slot-seconds`` (lower is served first).
+        rank: 1 for the user served first; users with equal scores share a rank.
+        jobs_queued / jobs_running: this daemon's jobs of the user in those states.
+        holding: what the user's runs hold now, per host (as each host last reported).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    user: str
+    gpu_hours: float = 0.0
+    cpu_slot_hours: float = 0.0
+    score: float = 0.0
+    rank: int = 1
+    jobs_queued: int = 0
+    jobs_running: int = 0
+    holding: list[UserHoldingView] = Field(default_factory=list)

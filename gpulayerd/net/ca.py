@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import time
 import zlib
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from gpulayerd.net.identity import (
     CLOCK_SKEW,
     CLUSTER_JSON,
     IDENTITY_DIR,
+    MODES,
     NODE_CERT,
     Identity,
     TlsError,
@@ -51,7 +53,8 @@ from gpulayerd.net.identity import (
     write_file,
 )
 
-__all__ = ["CA_VALIDITY", "TOKEN_PREFIX", "TOKEN_VERSION", "TokenError", "cluster_init", "cluster_join", "join_token"]
+__all__ = ["CA_VALIDITY", "TOKEN_PREFIX", "TOKEN_VERSION", "TokenError", "cluster_init", "cluster_join", "join_token",
+           "this_user"]
 
 TOKEN_PREFIX = "gpl1."
 TOKEN_VERSION = 1
@@ -64,7 +67,30 @@ class TokenError(TlsError):
     """A join token is garbled, truncated, of an unknown version or inconsistent (bad user input)."""
 
 
-def cluster_init(state_dir: Path, name: str | None, *, force: bool = False) -> str:
+def this_user() -> str:
+    """The name of this process's real user (``os.getuid()``): who a personal-mode node is bound to.
+
+    Raises:
+        TlsError: the uid has no entry in the user database.
+    """
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError as e:
+        raise TlsError(f"uid {uid} has no entry in the user database: a personal-mode node is bound to "
+                       "a user name") from e
+
+
+def _mode_user(mode: str, user: str | None) -> tuple[str, str]:
+    if mode not in MODES:
+        raise TlsError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "system":
+        return mode, ""
+    return mode, this_user() if user is None else user
+
+
+def cluster_init(state_dir: Path, name: str | None, *, force: bool = False, mode: str = "personal",
+                 user: str | None = None) -> str:
     """Create a new cluster with this node as its first member; returns the join token.
 
     Args:
@@ -72,15 +98,19 @@ def cluster_init(state_dir: Path, name: str | None, *, force: bool = False) -> s
         name: a human name for the cluster (at most 64 printable characters); None uses
             the cluster id.
         force: replace the cluster this node is in (it then leaves that cluster).
+        mode: ``personal`` or ``system``, recorded in this node's certificate.
+        user: the user a personal-mode certificate is bound to (None: :func:`this_user`);
+            ignored in system mode.
 
     Returns:
         The join token (a secret, see :func:`join_token`).
 
     Raises:
-        TlsError: already in a cluster and not ``force``, or a bad name.
+        TlsError: already in a cluster and not ``force``, a bad name, mode or user.
     """
     if name is not None:
         _check_name(name)
+    mode, user = _mode_user(mode, user)
     idir = identity_dir(state_dir)
     with _locked(idir):
         key = load_or_create_key(idir)
@@ -92,19 +122,26 @@ def cluster_init(state_dir: Path, name: str | None, *, force: bool = False) -> s
         ca_key = ec.generate_private_key(ec.SECP256R1())
         cluster_id = b32(hashlib.sha256(spki(ca_key.public_key())).digest())[:16]
         ca = _make_ca_cert(ca_key, cluster_id, name or cluster_id)
-        _install(idir, key, ca, ca_key, name or cluster_id)
+        _install(idir, key, ca, ca_key, name or cluster_id, mode, user)
     return join_token(state_dir)
 
 
-def cluster_join(state_dir: Path, token: str, *, force: bool = False) -> Identity:
+def cluster_join(state_dir: Path, token: str, *, force: bool = False, mode: str = "personal",
+                 user: str | None = None) -> Identity:
     """Join the cluster of ``token``: install its CA and sign this node's own certificate.
 
-    Joining the cluster this node is already in changes nothing.
+    Joining the cluster this node is already in, in the same mode for the same user,
+    changes nothing; in another mode (or for another user) it signs a new certificate.
+
+    Args:
+        mode: ``personal`` or ``system``, recorded in this node's certificate.
+        user: the user a personal-mode certificate is bound to (None: :func:`this_user`).
 
     Raises:
         TokenError: the token is garbled, truncated or of an unsupported version.
-        TlsError: already in a different cluster and not ``force``.
+        TlsError: already in a different cluster and not ``force``; a bad mode or user.
     """
+    mode, user = _mode_user(mode, user)
     cluster_id, name, ca, ca_key = _decode_token(token)
     idir = identity_dir(state_dir)
     with _locked(idir):
@@ -112,11 +149,13 @@ def cluster_join(state_dir: Path, token: str, *, force: bool = False) -> Identit
         current = _current_cluster(state_dir)
         if current is not None and current[0] == cluster_id:
             with contextlib.suppress(TlsError):
-                return load_or_create_identity(state_dir)
+                ident = load_or_create_identity(state_dir)
+                if (ident.mode, ident.user) == (mode, user):
+                    return ident
         elif current is not None and not force:
             raise TlsError(f"this node is already in cluster {_label(*current)}; joining cluster "
                            f"{_label(cluster_id, name)} would make it leave. Use --force to switch clusters")
-        _install(idir, key, ca, ca_key, name)
+        _install(idir, key, ca, ca_key, name, mode, user)
     return load_or_create_identity(state_dir)
 
 
@@ -150,15 +189,15 @@ def join_token(state_dir: Path) -> str:
 
 
 def _install(idir: Path, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate,
-             ca_key: ec.EllipticCurvePrivateKey, name: str) -> None:
+             ca_key: ec.EllipticCurvePrivateKey, name: str, mode: str, user: str) -> None:
     """Write the cluster files; cluster.json goes last, so an interrupted run leaves no cluster."""
+    node_cert = make_node_cert(key, ca, ca_key, node_id_from_public_key(key.public_key()), mode, user)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(idir / CLUSTER_JSON)
     fsync_dir(idir)
-    node_id = node_id_from_public_key(key.public_key())
     write_file(idir / CA_KEY, key_pem(ca_key))
     write_file(idir / CA_CERT, ca.public_bytes(serialization.Encoding.PEM))
-    write_file(idir / NODE_CERT, make_node_cert(key, ca, ca_key, node_id).public_bytes(serialization.Encoding.PEM))
+    write_file(idir / NODE_CERT, node_cert.public_bytes(serialization.Encoding.PEM))
     info = {"cluster_id": cluster_id_of(ca), "name": name, "created_at": time.time()}
     write_file(idir / CLUSTER_JSON, (json.dumps(info, indent=2) + "\n").encode())
 

@@ -6,7 +6,9 @@ never readable by others, not even while being written):
 
 - ``node.key``: this daemon's private key (EC P-256, PEM). Created on first use; the node
   id is derived from its public key, so it never changes while the key stays.
-- ``node.crt``: this daemon's certificate, signed by the cluster CA (in a cluster only).
+- ``node.crt``: this daemon's certificate, signed by the cluster CA (in a cluster only). It
+  records the node's mode and, in personal mode, the one user it is bound to (see
+  :func:`make_node_cert`): who a peer vouches for is read from its certificate.
 - ``ca.crt`` and ``ca.key``: the cluster CA (in a cluster only; see :mod:`gpulayerd.net.ca`).
 - ``cluster.json``: ``{cluster_id, name, created_at}``; written last, so a node is in a
   cluster exactly when this file exists (an interrupted init or join leaves it out).
@@ -26,6 +28,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -42,13 +45,18 @@ __all__ = [
     "CLOCK_SKEW",
     "CLUSTER_JSON",
     "IDENTITY_DIR",
+    "MODES",
     "NODE_CERT",
     "NODE_KEY",
     "NODE_VALIDITY",
     "RENEW_BEFORE",
     "Identity",
+    "ModeMismatch",
+    "PeerIdentity",
     "TlsError",
     "b32",
+    "cert_mode_user",
+    "check_mode",
     "cluster_id_of",
     "identity_dir",
     "key_pem",
@@ -57,6 +65,7 @@ __all__ = [
     "make_node_cert",
     "node_id_from_cert_der",
     "node_id_from_public_key",
+    "peer_identity_from_cert_der",
     "read_cluster_json",
     "spki",
     "utc_now",
@@ -79,8 +88,38 @@ CA_KEY = "ca.key"
 CLUSTER_JSON = "cluster.json"
 
 
+MODES = ("personal", "system")
+"""A node's modes: ``personal`` (one user's daemon) or ``system`` (root's daemon, each job as its user)."""
+
+# How a node certificate records its mode and user (subject attributes, read with the x509 API):
+# one OU attribute that is exactly one of these values, and, for a personal node, one
+# USER_ID (0.9.2342.19200300.100.1.1) attribute with the user name bound at enrollment.
+_MODE_OU = {"personal": "gpulayer-mode=personal", "system": "gpulayer-mode=system"}
+_OU_MODE = {v: k for k, v in _MODE_OU.items()}
+
+
 class TlsError(Exception):
     """The identity or cluster files are missing, invalid or inconsistent; the message says which."""
+
+
+class ModeMismatch(TlsError, ValueError):
+    """This node's certificate was enrolled in another mode than the daemon is configured for."""
+
+
+class PeerIdentity(NamedTuple):
+    """Who a node certificate says its node is.
+
+    Attributes:
+        node_id: SHA-256 of the certificate's public key (:func:`node_id_from_public_key`).
+        mode: ``personal`` or ``system``.
+        user: the user name a personal-mode certificate is bound to; "" for a system-mode
+            one, and for a certificate made before modes were recorded (which then counts
+            as personal and vouches for no user name).
+    """
+
+    node_id: str
+    mode: str
+    user: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +134,9 @@ class Identity:
         ca_path: the cluster CA certificate; None before joining a cluster.
         cluster_id: 16 base32 characters derived from the CA key; None outside a cluster.
         cluster_name: the name given at ``cluster init``; None outside a cluster.
+        mode: the mode ``node.crt`` records (``personal`` outside a cluster, and for a
+            certificate made before modes were recorded).
+        user: the user a personal-mode ``node.crt`` is bound to ("" if none).
     """
 
     node_id: str
@@ -104,6 +146,8 @@ class Identity:
     ca_path: Path | None = None
     cluster_id: str | None = None
     cluster_name: str | None = None
+    mode: str = "personal"
+    user: str = ""
 
     @property
     def in_cluster(self) -> bool:
@@ -123,6 +167,58 @@ def node_id_from_cert_der(der: bytes) -> str:
         ValueError: ``der`` is not a DER certificate.
     """
     return node_id_from_public_key(x509.load_der_x509_certificate(der).public_key())
+
+
+def peer_identity_from_cert_der(der: bytes) -> PeerIdentity:
+    """Node id, mode and bound user of a DER node certificate (see :func:`cert_mode_user`).
+
+    Raises:
+        ValueError: ``der`` is not a DER certificate.
+    """
+    cert = x509.load_der_x509_certificate(der)
+    mode, user = cert_mode_user(cert)
+    return PeerIdentity(node_id_from_public_key(cert.public_key()), mode, user)
+
+
+def cert_mode_user(cert: x509.Certificate) -> tuple[str, str]:
+    """(mode, user) recorded in a node certificate's subject.
+
+    The subject holds one OU attribute ``gpulayer-mode=personal`` or ``gpulayer-mode=system``
+    and, in personal mode, one USER_ID attribute (the user name bound at enrollment).
+    Anything else (no OU: a certificate made before modes were recorded; an unknown or
+    repeated value; a system certificate naming a user) reads as ``("personal", "")``: a
+    node that vouches for no user name.
+    """
+    ous = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)]
+    users = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.USER_ID)]
+    modes = [_OU_MODE[v] for v in ous if isinstance(v, str) and v in _OU_MODE]
+    if len(modes) != 1 or len(users) > 1:
+        return "personal", ""
+    user = users[0] if users else ""
+    if not isinstance(user, str):
+        return "personal", ""
+    if modes[0] == "system":
+        return ("system", "") if not user else ("personal", "")
+    return ("personal", user) if _valid_user(user) else ("personal", "")
+
+
+def check_mode(identity: Identity, mode: str) -> None:
+    """Check that a node in a cluster was enrolled in ``mode`` (the daemon's configured mode).
+
+    Raises:
+        ModeMismatch: its certificate records another mode (the message says how to re-join).
+    """
+    if not identity.in_cluster or identity.mode == mode:
+        return
+    how = ("as root: 'sudo gpulayer cluster join TOKEN --force --system'" if mode == "system"
+           else "as the daemon's user, without --system: 'gpulayer cluster join TOKEN --force'")
+    raise ModeMismatch(f"this node's certificate {identity.cert_path} was enrolled in {identity.mode} mode "
+                       f"but gpulayerd is configured for {mode} mode; re-join the cluster {how}")
+
+
+def _valid_user(name: str) -> bool:
+    """A user name a certificate may carry: 1 to 64 printable characters, no spaces or ':'."""
+    return 0 < len(name) <= 64 and name.isprintable() and not any(c.isspace() or c in ":/" for c in name)
 
 
 def load_or_create_identity(state_dir: Path) -> Identity:
@@ -155,23 +251,42 @@ def load_or_create_identity(state_dir: Path) -> Identity:
     except (ValueError, TypeError, InvalidSignature) as e:
         raise TlsError(f"{idir / NODE_CERT} is not signed by the cluster CA {idir / CA_CERT}; "
                        "run 'gpulayer cluster join TOKEN --force' to sign a new certificate") from e
+    mode, user = cert_mode_user(cert)
     if cert.not_valid_after_utc - utc_now() < RENEW_BEFORE:
-        _renew_node_cert(idir, key, ca, node_id)
+        _renew_node_cert(idir, key, ca, node_id, mode, user)
     return Identity(node_id=node_id, state_dir=state_dir, key_path=idir / NODE_KEY, cert_path=idir / NODE_CERT,
-                    ca_path=idir / CA_CERT, cluster_id=cluster_id, cluster_name=name)
+                    ca_path=idir / CA_CERT, cluster_id=cluster_id, cluster_name=name, mode=mode, user=user)
 
 
 def make_node_cert(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
-                    node_id: str) -> x509.Certificate:
+                    node_id: str, mode: str, user: str) -> x509.Certificate:
     """A node certificate for ``key``, signed with the cluster CA's key ``ca_key``.
 
-    Subject CN and DNS SAN are ``node_id``; valid from :data:`CLOCK_SKEW` ago for
-    :data:`NODE_VALIDITY` (never past the CA's end); for TLS server and client auth.
+    Subject CN and DNS SAN are ``node_id``; the subject also records ``mode`` (an OU
+    attribute ``gpulayer-mode=<mode>``) and, in personal mode, the bound ``user`` (a
+    USER_ID attribute), read back by :func:`cert_mode_user`. Valid from
+    :data:`CLOCK_SKEW` ago for :data:`NODE_VALIDITY` (never past the CA's end); for TLS
+    server and client auth.
+
+    Raises:
+        TlsError: ``mode`` is not one of :data:`MODES`; a personal ``user`` that is not 1 to
+            64 printable characters without spaces, ':' or '/'; a system mode with a user.
     """
+    if mode not in _MODE_OU:
+        raise TlsError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "personal" and not _valid_user(user):
+        raise TlsError(f"user {user!r}: a personal-mode certificate needs a user name of 1 to 64 printable "
+                       "characters without spaces, ':' or '/'")
+    if mode == "system" and user:
+        raise TlsError(f"user {user!r}: a system-mode certificate is bound to no user")
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, node_id),
+             x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, _MODE_OU[mode])]
+    if user:
+        attrs.append(x509.NameAttribute(NameOID.USER_ID, user))
     now = utc_now()
     return (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
+        .subject_name(x509.Name(attrs))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -313,12 +428,17 @@ def _create_exclusive(path: Path, data: bytes) -> bool:
         raise TlsError(f"{path}: cannot write: {e.strerror or e}") from e
 
 
-def _renew_node_cert(idir: Path, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, node_id: str) -> None:
+def _renew_node_cert(idir: Path, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, node_id: str,
+                     mode: str, user: str) -> None:
     try:
         ca_key = _read_key(idir / CA_KEY)
     except TlsError as e:
         log.warning("node certificate %s expires soon and cannot be renewed: %s", idir / NODE_CERT, e)
         return
-    cert = make_node_cert(key, ca, ca_key, node_id)
+    if mode == "personal" and not user:
+        log.warning("node certificate %s expires soon and records no user: re-join the cluster to renew it",
+                    idir / NODE_CERT)
+        return
+    cert = make_node_cert(key, ca, ca_key, node_id, mode, user)
     write_file(idir / NODE_CERT, cert.public_bytes(serialization.Encoding.PEM))
     log.info("renewed node certificate %s (valid until %s)", idir / NODE_CERT, cert.not_valid_after_utc)

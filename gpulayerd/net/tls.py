@@ -2,7 +2,8 @@
 
 Peers are identified by node id, not by host name: contexts accept any certificate signed
 by the cluster CA (:mod:`gpulayerd.net.ca`), and the caller checks :func:`peer_node_id`
-after the handshake. The certificate and key are this node's
+after the handshake (:func:`peer_identity` also gives the mode and bound user its
+certificate records: who the peer vouches for). The certificate and key are this node's
 (:mod:`gpulayerd.net.identity`).
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import ssl
 
-from gpulayerd.net.identity import Identity, TlsError, node_id_from_cert_der
+from gpulayerd.net.identity import Identity, PeerIdentity, TlsError, node_id_from_cert_der, peer_identity_from_cert_der
 
-__all__ = ["client_ssl_context", "peer_node_id", "server_ssl_context"]
+__all__ = ["PeerIdentity", "client_ssl_context", "peer_identity", "peer_node_id", "server_ssl_context"]
 
 
 def server_ssl_context(identity: Identity) -> ssl.SSLContext:
@@ -46,19 +47,40 @@ def peer_node_id(ssl_object_or_der: ssl.SSLObject | ssl.SSLSocket | bytes) -> st
     Raises:
         TlsError: the peer sent no certificate, or it does not parse.
     """
-    if isinstance(ssl_object_or_der, bytes):
-        der: bytes | None = ssl_object_or_der
-    else:
-        der = ssl_object_or_der.getpeercert(binary_form=True)
-    if not der:
-        raise TlsError("the peer sent no certificate")
+    der = _peer_der(ssl_object_or_der)
     try:
         return node_id_from_cert_der(der)
     except ValueError as e:
         raise TlsError(f"the peer's certificate does not parse: {e}") from e
 
 
+def peer_identity(ssl_object_or_der: ssl.SSLObject | ssl.SSLSocket | bytes) -> PeerIdentity:
+    """(node id, mode, bound user) of the peer of a verified TLS connection (or of a DER certificate).
+
+    A certificate made before modes were recorded reads as personal mode bound to no user
+    (it vouches for no user name); see :func:`gpulayerd.net.identity.cert_mode_user`.
+
+    Raises:
+        TlsError: the peer sent no certificate, or it does not parse.
+    """
+    der = _peer_der(ssl_object_or_der)
+    try:
+        return peer_identity_from_cert_der(der)
+    except ValueError as e:
+        raise TlsError(f"the peer's certificate does not parse: {e}") from e
+
+
 # ------------------------------------------------------------------------- private
+
+
+def _peer_der(ssl_object_or_der: ssl.SSLObject | ssl.SSLSocket | bytes) -> bytes:
+    if isinstance(ssl_object_or_der, bytes):
+        der: bytes | None = ssl_object_or_der
+    else:
+        der = ssl_object_or_der.getpeercert(binary_form=True)
+    if not der:
+        raise TlsError("the peer sent no certificate")
+    return der
 
 
 def _configure(ctx: ssl.SSLContext, identity: Identity) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "MAX_HOLDINGS_USERS",
     "Ack",
     "Claim",
     "ClaimReply",
@@ -29,6 +30,10 @@ __all__ = [
     "RunReportReply",
     "new_msg_id",
 ]
+
+
+MAX_HOLDINGS_USERS = 256
+"""The most users a heartbeat's ``holdings`` may name."""
 
 
 def new_msg_id() -> str:
@@ -55,6 +60,23 @@ class HeartbeatReply(_Msg):
     addresses: list[str] = Field(default_factory=list)
     ep: str = ""
     caps_digest: str = ""
+    holdings: dict[str, tuple[int, int]] | None = None
+    """Fair share: what the SENDER holds now, user -> (GPUs, CPU slots) of the attempts
+    starting or running on it; at most :data:`MAX_HOLDINGS_USERS` users. None: not sent."""
+
+    @field_validator("holdings")
+    @classmethod
+    def _bounded(cls, v: dict[str, tuple[int, int]] | None) -> dict[str, tuple[int, int]] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_HOLDINGS_USERS:
+            raise ValueError(f"holdings: at most {MAX_HOLDINGS_USERS} users, not {len(v)}")
+        for user, (gpus, slots) in v.items():
+            if len(user) > 256:
+                raise ValueError("holdings: a user name is at most 256 characters")
+            if not (0 <= gpus <= 1_000_000 and 0 <= slots <= 1_000_000):
+                raise ValueError(f"holdings of {user[:32]!r}: GPUs and CPU slots must be 0 to 1000000")
+        return v
 
 
 class Heartbeat(HeartbeatReply):

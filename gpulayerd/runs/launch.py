@@ -1,22 +1,30 @@
-"""The command line and environment of a job attempt on this worker.
+"""The command line, environment and account of a job attempt on this worker.
 
 :func:`build_argv` (one host, optionally under torchrun), :func:`build_gang_argv` (one
-member of a multi-host job) and :func:`build_env` give what
+member of a multi-host job), :func:`build_env` and :func:`resolve_job_user` give what
 :meth:`gpulayerd.runs.runner.Runner.start` runs.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from gpulayerd.core.launch import launch_env
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
+from gpulayerd.runs.identity import JobUser, lookup_user, this_user
 from gpulayerd.runs.runner import RunnerError
 
-__all__ = ["build_argv", "build_env", "build_gang_argv"]
+__all__ = ["DEFAULT_PATH", "build_argv", "build_env", "build_gang_argv", "resolve_job_user"]
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""A job's PATH when it runs as its user and the submitter's PATH is not known."""
+
+_FALLBACK_LANG = "C.UTF-8"
 
 _PYTHON_NAME = re.compile(r"python(3|\d+\.\d+)?")
 
@@ -119,25 +127,90 @@ def build_env(
     job_id: str,
     attempt: int,
     dist_timeout_s: float,
+    user: JobUser | None = None,
 ) -> dict[str, str]:
     """The full environment of a job.
 
-    Layers, later wins: ``base_env`` without ``GPULAYER_*``; ``PYTHONUNBUFFERED=1`` (so
-    logs can be followed; the spec may override it); the spec's ``env`` without
-    ``GPULAYER_*``; gpulayer's variables (:func:`gpulayerd.core.launch.launch_env`:
-    ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``GPULAYER_JOB_ID``,
-    ``GPULAYER_ATTEMPT``) and ``GPULAYER_DIST_TIMEOUT_S``, the collective timeout in
-    seconds that distributed workloads pass to ``init_process_group(timeout=...)``
-    instead of torch's 30-minute default.
+    Without ``user`` (a job from before users, or a test), layers, later wins:
+    ``base_env`` without ``GPULAYER_*`` (and the service plumbing ``NOTIFY_SOCKET``,
+    ``JOURNAL_STREAM``); ``PATH`` = ``spec.path`` when the CLI captured it;
+    ``PYTHONUNBUFFERED=1``; the spec's ``env``; gpulayer's variables.
+
+    With ``user`` (the job runs as that account) the environment is clean: nothing of
+    ``base_env`` but the locale (``LANG``, ``LANGUAGE``, ``LC_*``; ``LANG=C.UTF-8`` when it
+    has none); ``HOME``, ``SHELL``, ``USER`` and ``LOGNAME`` of the account; ``PATH`` =
+    ``spec.path`` (the submitter's PATH, captured by the CLI at submit) or
+    :data:`DEFAULT_PATH`; ``PYTHONUNBUFFERED=1``; the spec's ``env`` (which may override any
+    of these but ``USER`` and ``LOGNAME``, which always name the account); gpulayer's
+    variables.
+
+    The spec's ``GPULAYER_*`` variables are always dropped. gpulayer's variables, last:
+    :func:`gpulayerd.core.launch.launch_env` (``CUDA_VISIBLE_DEVICES``,
+    ``CUDA_DEVICE_ORDER``, ``GPULAYER_JOB_ID``, ``GPULAYER_ATTEMPT``) and
+    ``GPULAYER_DIST_TIMEOUT_S``, the collective timeout in seconds that distributed
+    workloads pass to ``init_process_group(timeout=...)`` instead of torch's 30-minute
+    default. (A gang member adds ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.)
     """
-    # The daemon's own service plumbing (systemd's notify socket and journal stream) is not the job's.
-    env = {k: v for k, v in base_env.items()
-           if not k.startswith("GPULAYER_") and k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")}
+    if user is None:
+        # The daemon's own service plumbing (systemd's notify socket and journal stream) is not the job's.
+        env = {k: v for k, v in base_env.items()
+               if not k.startswith("GPULAYER_") and k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")}
+        if spec.path:
+            env["PATH"] = spec.path
+    else:
+        env = {k: v for k, v in base_env.items() if k in ("LANG", "LANGUAGE") or k.startswith("LC_")}
+        if not env:
+            env["LANG"] = _FALLBACK_LANG
+        env.update(HOME=user.home, SHELL=user.shell, USER=user.name, LOGNAME=user.name,
+                   PATH=spec.path or DEFAULT_PATH)
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: v for k, v in spec.env.items() if not k.startswith("GPULAYER_")})
+    if user is not None:
+        env.update(USER=user.name, LOGNAME=user.name)
     env.update(launch_env(placement.accelerator, placement.device_indices, job_id, attempt))
     env["GPULAYER_DIST_TIMEOUT_S"] = repr(float(dist_timeout_s))
     return env
+
+
+def resolve_job_user(
+    spec_user: str | None,
+    mode: Literal["personal", "system"],
+    allow_root_jobs: bool,
+) -> JobUser | None:
+    """The account a job runs as on this machine; None runs it as the daemon's account, as before users.
+
+    The rule (blocking: reads the user database):
+
+    - no ``spec_user`` (a job from before users, a test): None.
+    - the daemon runs as root, system mode: the job runs as ``spec_user``; a job of root
+      only when ``allow_root_jobs``.
+    - the daemon runs as root, personal mode: it runs only its own user's jobs, so
+      ``spec_user`` must be ``root``.
+    - the daemon does not run as root: it cannot switch accounts, so ``spec_user`` must be
+      the daemon's own user; the job then runs as it, with the clean environment of
+      :func:`build_env`.
+
+    Raises:
+        RunnerError: ``spec_user`` has no account here, is root where root jobs are not
+            allowed, or is not the daemon's user where the daemon can run only its own.
+    """
+    if not spec_user:
+        return None
+    if os.geteuid() == 0 and mode == "system":
+        if spec_user == "root" and not allow_root_jobs:
+            raise RunnerError("jobs of root do not run on this worker (allow_root_jobs = false)")
+        try:
+            return lookup_user(spec_user)
+        except LookupError as e:
+            raise RunnerError(str(e)) from None
+    try:
+        me = this_user()
+    except LookupError as e:
+        raise RunnerError(f"cannot run a job of {spec_user!r}: {e}") from None
+    if spec_user != me.name:
+        raise RunnerError(f"this {mode}-mode daemon runs as {me.name!r} and runs only that user's jobs, "
+                          f"not {spec_user!r}'s")
+    return me
 
 
 def _script_and_args(args: Sequence[str]) -> list[str]:

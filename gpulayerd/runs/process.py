@@ -162,9 +162,10 @@ class JobProcesses(Protocol):
 def job_processes(job: JobProcesses) -> list[psutil.Process]:
     """Running processes of a job whose watchdog is gone.
 
-    Its process group (unless the pgid was reused), and processes of this user that carry
-    its ``GPULAYER_JOB_ID``/``GPULAYER_ATTEMPT`` but left the group: torchrun starts each
-    worker in a session of its own. Slow (reads every process's environment): only for the
+    Its process group (unless the pgid was reused), and processes that carry its
+    ``GPULAYER_JOB_ID``/``GPULAYER_ATTEMPT`` but left the group (torchrun starts each
+    worker in a session of its own): processes of any account when this process is root
+    (jobs run as their users), else of this process's own user. Slow (reads every process's environment): only for the
     rare path where the watchdog cannot do this itself.
     """
     found: dict[int, psutil.Process] = {}
@@ -176,7 +177,7 @@ def job_processes(job: JobProcesses) -> list[psutil.Process]:
         if proc.pid in found:
             continue
         with contextlib.suppress(psutil.Error):
-            if proc.uids().real != uid or proc.status() == psutil.STATUS_ZOMBIE:
+            if (uid != 0 and proc.uids().real != uid) or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             env = proc.environ()
             if all(env.get(k) == v for k, v in tag.items()):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gpulayerd.atomic import write_atomic
 from gpulayerd.runs import layout
+from gpulayerd.runs.identity import JobUser
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
     EXIT_FILE,
@@ -153,6 +154,9 @@ class Runner:
         start_timeout_s: how long :meth:`start` waits for the watchdog to start the job.
         kill_timeout_s: how long SIGKILL is repeated until no process of a job is left.
         wait_interval_s: :meth:`async_wait`'s polling interval where no pidfd is available.
+        log_cap_bytes: the most of each output stream (stdout, stderr) of one attempt kept on
+            disk; the watchdog drops the rest and appends ``[gpulayer: log capped at N bytes]``.
+            None keeps everything.
     """
 
     def __init__(
@@ -165,6 +169,7 @@ class Runner:
         start_timeout_s: float = 5.0,
         kill_timeout_s: float = 5.0,
         wait_interval_s: float = 0.2,
+        log_cap_bytes: int | None = None,
     ) -> None:
         self._runs_dir = Path(runs_dir)
         self._python = python_for_watchdog
@@ -173,6 +178,7 @@ class Runner:
         self._start_timeout_s = start_timeout_s
         self._kill_timeout_s = kill_timeout_s
         self._wait_interval_s = wait_interval_s
+        self._log_cap_bytes = log_cap_bytes
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
         """``runs_dir/JOB/ATTEMPT`` (:func:`gpulayerd.runs.layout.run_dir`).
@@ -197,6 +203,7 @@ class Runner:
         cwd: str | Path | None = None,
         deadline_monotonic: float | None = None,
         lock_fds: Sequence[int] = (),
+        user: JobUser | None = None,
     ) -> RunHandle:
         """Start a watchdog that starts the job; return once the job runs (or has run).
 
@@ -216,6 +223,8 @@ class Runner:
                 and closes them when the job and its leftovers are dead. The caller
                 still owns its own copies and should close them after this returns or
                 raises (:meth:`gpulayerd.runs.devicelock.DeviceLocks.release`).
+            user: the account the job runs as (the watchdog switches to it before ``exec``
+                and enters ``cwd`` as it); None runs it as this process's account.
 
         Raises:
             RunnerError: the run directory was used before, the watchdog could not be
@@ -236,7 +245,8 @@ class Runner:
                 "v": 1, "job_id": job_id, "attempt": attempt, "argv": list(argv), "env": dict(env),
                 "cwd": None if cwd is None else str(cwd), "grace_s": self._grace_s,
                 "poll_interval_s": self._poll_interval_s, "kill_timeout_s": self._kill_timeout_s,
-                "lock_fds": list(lock_fds),
+                "lock_fds": list(lock_fds), "user": None if user is None else user.to_json(),
+                "log_cap_bytes": self._log_cap_bytes,
             },
         )
         self._write_deadline(run_dir, deadline_monotonic)

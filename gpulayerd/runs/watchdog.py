@@ -11,17 +11,27 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
 - ``launch.json`` (read): ``argv``, ``env`` (the job's full environment), ``cwd``,
   ``grace_s``, ``poll_interval_s``, ``kill_timeout_s``, ``lock_fds`` (inherited open
   file descriptors holding device locks; closed only after the job and every process
-  it left behind are dead).
+  it left behind are dead), ``user`` (the account the job runs as: ``name``, ``uid``,
+  ``gid``, ``groups``, ``home``, ``shell``; null or missing runs it as the watchdog's
+  own account), ``log_cap_bytes`` (the most of each output stream kept; null keeps all).
 - ``watchdog.json`` (written first): ``pid``, ``create_time`` (psutil), ``start_ticks``.
 - ``job.json``: ``pid``, ``pgid`` (= pid: the job leads its own session), ``create_time``,
-  ``start_ticks``.
+  ``start_ticks``, ``started_at`` (wall clock), ``spawn_s`` (seconds the start took: fork,
+  account switch, chdir, exec).
 - ``deadline`` (read every ``poll_interval_s``): a ``time.monotonic()`` value as text;
   CLOCK_MONOTONIC is one clock for every process of a machine. Missing means no deadline.
 - ``exit.json`` (written last): ``exit_code`` (negative N: killed by signal N, as
   ``Popen.returncode``; None if unknown), ``reason`` (``exited``, ``cancelled``,
   ``deadline``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
   ``killed_by_watchdog``, ``ended_at`` (wall clock).
-- ``stdout.log`` and ``stderr.log``: the job's output (appended); ``watchdog.log``: ours.
+- ``stdout.log`` and ``stderr.log``: the job's output (appended), copied from pipes by the
+  watchdog up to ``log_cap_bytes`` each (:mod:`.logcopy`); ``watchdog.log``: ours.
+
+With a ``user``, the watchdog (which stays root: it must signal and reap the job) checks
+right before the start that the uid still names that account, then starts the job with
+its supplementary groups, gid and uid (setgroups, setgid, setuid in the child) and only
+then enters ``cwd``, so the working directory is entered with the user's rights (a
+directory the user cannot enter fails the start, even though root could).
 
 SIGTERM or SIGINT to the watchdog cancels the job. Stopping a job means SIGTERM to its
 process group and to every other descendant, ``grace_s`` for them to exit, then SIGKILL
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import select
@@ -52,6 +63,7 @@ from types import FrameType
 
 import psutil
 
+from gpulayerd.runs.identity import JobUser, check_still_maps
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
     EXIT_FILE,
@@ -64,6 +76,7 @@ from gpulayerd.runs.layout import (
     read_json,
     write_json,
 )
+from gpulayerd.runs.logcopy import CappedLog
 from gpulayerd.runs.process import group_members, record_of
 
 __all__ = ["main"]
@@ -112,6 +125,8 @@ class _Launch:
     poll_interval_s: float
     kill_timeout_s: float
     lock_fds: list[int]
+    user: JobUser | None
+    log_cap_bytes: int | None
 
     @classmethod
     def load(cls, path: Path) -> _Launch:
@@ -129,11 +144,17 @@ class _Launch:
             raise ValueError(f"{path}: cwd must be a string or null")
         if not isinstance(fds, list) or not all(isinstance(fd, int) for fd in fds):
             raise ValueError(f"{path}: lock_fds must be a list of integers")
+        user, cap = data.get("user"), data.get("log_cap_bytes")
+        if user is not None and not isinstance(user, dict):
+            raise ValueError(f"{path}: user must be an object or null")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise ValueError(f"{path}: log_cap_bytes must be a non-negative integer or null, not {cap!r}")
         return cls(
             argv=list(argv), env=dict(env), cwd=cwd,
             grace_s=_number(data, "grace_s", 10.0),
             poll_interval_s=max(_number(data, "poll_interval_s", 0.5), 0.01),
             kill_timeout_s=_number(data, "kill_timeout_s", 5.0), lock_fds=list(fds),
+            user=None if user is None else JobUser.from_json(user), log_cap_bytes=cap,
         )
 
 
@@ -147,6 +168,7 @@ class _Watchdog:
         self.subreaper = False
         self.proc: subprocess.Popen[bytes] | None = None
         self.wake_fd = -1
+        self.logs: list[CappedLog] = []
 
     def run(self) -> int:
         exit_code: int | None = None
@@ -173,6 +195,7 @@ class _Watchdog:
             if self.proc is not None:
                 exit_code = self.proc.returncode
         finally:
+            self._close_logs()
             for fd in lock_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -194,22 +217,37 @@ class _Watchdog:
 
     def _run_job(self, launch: _Launch) -> tuple[int | None, str, str]:
         program = launch.argv[0]
-        with open(self.run_dir / STDOUT_LOG, "ab") as out, open(self.run_dir / STDERR_LOG, "ab") as err:
-            try:
-                self.proc = subprocess.Popen(
-                    launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                )
-            except OSError as e:
-                return _start_failure(e, program, launch.cwd)
+        user = launch.user
+        if user is not None:
+            problem = check_still_maps(user)
+            if problem is None and user.uid != os.geteuid() and os.geteuid() != 0:
+                problem = f"the watchdog runs as uid {os.geteuid()} and cannot start a job as {user.name!r}"
+            if problem is not None:
+                return None, "start_failed", problem
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.logs = [CappedLog(out_r, self.run_dir / STDOUT_LOG, launch.log_cap_bytes),
+                     CappedLog(err_r, self.run_dir / STDERR_LOG, launch.log_cap_bytes)]
+        spawn_start = time.monotonic()
+        try:
+            self.proc = _popen(launch, out_w, err_w)
+        except OSError as e:
+            return _start_failure(e, program, launch.cwd)
+        except subprocess.SubprocessError:  # only the chdir runs in preexec_fn
+            assert user is not None
+            return None, "start_failed", f"working directory not usable: {user.name} cannot enter {launch.cwd}"
+        finally:
+            os.close(out_w)
+            os.close(err_w)
         proc = self.proc
+        spawn_s = time.monotonic() - spawn_start  # fork, account switch, chdir, exec: bench/users.py reads it
         job = record_of(proc.pid)
         ticks = None if job is None else job.start_ticks
         create_time = None if job is None else job.create_time
         write_json(
             self.run_dir / JOB_FILE,
             {"pid": proc.pid, "pgid": proc.pid, "create_time": create_time, "start_ticks": ticks,
-             "started_at": time.time()},
+             "started_at": time.time(), "spawn_s": spawn_s},
         )
         log.info("started job pid %d: %s", proc.pid, launch.argv)
         reason, detail = self._supervise(proc, launch)
@@ -341,16 +379,50 @@ class _Watchdog:
         self.cancel_requested = True
 
     def _sleep(self, timeout_s: float) -> None:
-        """Sleep until a signal arrives or ``timeout_s`` passes."""
-        ready, _, _ = select.select([self.wake_fd], [], [], max(timeout_s, 0.0))
-        if ready:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self.wake_fd, 512):
-                    pass
+        """Sleep until a signal arrives or ``timeout_s`` passes, copying the job's output meanwhile."""
+        end = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            pipes = {c.fd: c for c in self.logs if c.open}
+            ready, _, _ = select.select([self.wake_fd, *pipes], [], [], max(end - time.monotonic(), 0.0))
+            for fd in ready:
+                if fd in pipes:
+                    pipes[fd].pump()
+            if self.wake_fd in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_fd, 512):
+                        pass
+                return
+            if not ready or time.monotonic() >= end:
+                return
+
+    def _close_logs(self) -> None:
+        for capped in self.logs:
+            with contextlib.suppress(OSError):
+                capped.close()
 
 
 def _ignore_signal(signum: int, frame: FrameType | None) -> None:
     return None
+
+
+def _popen(launch: _Launch, out: int, err: int) -> subprocess.Popen[bytes]:
+    """Start the job (as ``launch.user`` when it names an account to switch to).
+
+    CPython enters ``cwd`` before it switches ids; for a job of another account the
+    directory is entered afterwards instead, in ``preexec_fn`` (the watchdog runs no
+    threads, so ``preexec_fn`` is safe here), so that it is entered with the user's rights.
+    """
+    user = launch.user
+    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0):
+        return subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, start_new_session=True, close_fds=True)
+    cwd = launch.cwd
+    return subprocess.Popen(
+        launch.argv, env=launch.env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        start_new_session=True, close_fds=True, user=user.uid, group=user.gid,
+        extra_groups=list(user.groups),
+        preexec_fn=None if cwd is None else functools.partial(os.chdir, cwd),  # noqa: PLW1509 (no threads)
+    )
 
 
 def _start_failure(error: OSError, program: str, cwd: str | None) -> tuple[int | None, str, str]:

@@ -123,6 +123,8 @@ class Lab:
             capabilities=caps_for(node_id, name, self.clock.wall()), peers=peers, hostname=name)
         d = FakeDaemon(name=name, node_id=node_id, config=config, runner=runner, store=store, node=nodes[0],
                        services=services)
+        # Its certificate's word: enrolled in its configured mode, bound to the daemon's own user.
+        d.node.mode, d.node.user = services.machine.accounts.mode, services.machine.accounts.user
         # What daemon.run() does before serving: recover the runs, then the gangs (once they persist).
         await services.recovery.recover()
         recover_gangs = getattr(services.gangs, "recover", None)

@@ -3,8 +3,9 @@
 A :class:`LoopbackNetwork` joins the daemons of one test (one event loop). Each daemon's
 :class:`LoopbackNode` is its peer transport, its directory and its peer API: a call to
 another node id is delivered to that daemon's services, as the mutual-TLS peer API would
-(``sender`` is the caller's node id; the message and the reply go through JSON so that
-nothing is shared). Faults, per node, for calls to and from it:
+(``sender`` is the caller's node id, and offers and holds get the caller's ``mode`` and
+``user`` as its certificate would give them; the message and the reply go through JSON so
+that nothing is shared). Faults, per node, for calls to and from it:
 
 - ``refuse``: the call fails at once (a host that is down: connection refused);
 - ``hang``: the call is never answered; it fails with a timeout once the fake clock has
@@ -160,8 +161,10 @@ class LoopbackNetwork:
             raise AssertionError("a hung call is never answered")  # pragma: no cover
         node = self.nodes[target]
         copy = None if body is None else type(body).model_validate_json(body.model_dump_json())
+        caller = self.nodes.get(sender)
+        who = (caller.mode, caller.user) if caller is not None else ("personal", "")
         try:
-            answer = await node.dispatch(sender, path, copy)
+            answer = await node.dispatch(sender, path, copy, *who)
         except (PeerForbidden, PeerBadRequest) as e:  # a refusal (403 / 400): an error reply, not a failure
             status = 403 if isinstance(e, PeerForbidden) else 400
             self.calls.append(Call(sender, target, path, body, f"{status}: {e}"))
@@ -189,6 +192,9 @@ class LoopbackNode:
         self.node_id = node_id
         self.name = name
         self.seen: dict[str, tuple[Capabilities, str, float]] = {}  # peer -> caps, name, when (monotonic)
+        # What this node's certificate would say: its mode and (personal) bound user.
+        self.mode = "personal"
+        self.user = ""
         self.machine: Machine | None = None
         self._owner: OwnerService | None = None
         self._worker: WorkerService | None = None
@@ -206,8 +212,10 @@ class LoopbackNode:
 
     # ------------------------------------------------------------------ peer API
 
-    async def dispatch(self, sender: str, path: str, body: BaseModel | None) -> BaseModel:
-        """Answer one peer message as the peer API does.
+    async def dispatch(self, sender: str, path: str, body: BaseModel | None, sender_mode: str = "personal",
+                       sender_user: str = "") -> BaseModel:
+        """Answer one peer message as the peer API does (``sender_mode``/``sender_user``: the
+        caller's certificate's mode and bound user).
 
         Raises:
             LookupError: no such path. Whatever the handler raises.
@@ -229,12 +237,12 @@ class LoopbackNode:
         if problem is not None:
             raise PeerBadRequest(problem)
         handlers: dict[str, Callable[[], BaseModel | Awaitable[BaseModel]]] = {
-            "/v1/peer/offer": lambda: self._worker_().offer(sender, _as(body, Offer)),
+            "/v1/peer/offer": lambda: self._worker_().offer(sender, _as(body, Offer), sender_mode, sender_user),
             "/v1/peer/claim": lambda: self._owner_().claim(sender, _as(body, Claim)),
             "/v1/peer/report": lambda: self._owner_().report(sender, _as(body, RunReport)),
             "/v1/peer/kill": lambda: self._worker_().kill(sender, _as(body, Kill)),
             "/v1/peer/logs": lambda: self._worker_().logs(sender, _as(body, LogRequest)),
-            "/v1/peer/hold": lambda: self._member_().hold(sender, _as(body, Hold)),
+            "/v1/peer/hold": lambda: self._member_().hold(sender, _as(body, Hold), sender_mode, sender_user),
             "/v1/peer/release": lambda: self._member_().release(sender, _as(body, Release)),
             "/v1/peer/commit": lambda: self._member_().commit(sender, _as(body, Commit)),
         }

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulayerd.runs.identity import JobUser
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunState, RunStatus
 
 from .clock import FakeClock
@@ -40,6 +41,7 @@ class FakeRun:
     env: dict[str, str]
     cwd: str | None
     deadline: float | None
+    user: JobUser | None = None
     status: RunStatus = field(default_factory=lambda: RunStatus(RunState.RUNNING))
     deadlines: list[float | None] = field(default_factory=list)  # every deadline it was given, in order
     cancels: int = 0
@@ -74,7 +76,7 @@ class FakeRunner(Runner):
 
     def start(self, job_id: str, attempt: int, argv: Sequence[str], env: Mapping[str, str],
               cwd: str | Path | None = None, deadline_monotonic: float | None = None,
-              lock_fds: Sequence[int] = ()) -> RunHandle:
+              lock_fds: Sequence[int] = (), user: JobUser | None = None) -> RunHandle:
         """Record a run that is running now (see :meth:`Runner.start`).
 
         Raises:
@@ -94,7 +96,7 @@ class FakeRunner(Runner):
                                job_pid=pid + 1, job_pgid=pid + 1, job_create_time=self._clock.wall(),
                                job_start_ticks=None)
             run = FakeRun(handle=handle, argv=list(argv), env=dict(env), cwd=None if cwd is None else str(cwd),
-                          deadline=deadline_monotonic, deadlines=[deadline_monotonic])
+                          deadline=deadline_monotonic, deadlines=[deadline_monotonic], user=user)
             self._runs[(job_id, attempt)] = run
             self._by_dir[run_dir] = run
         return handle

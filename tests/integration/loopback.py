@@ -45,10 +45,13 @@ def loopback_cluster(
     """
     port = free_port()
     common: dict[str, Any] = {"mdns": "false", **(settings or {})}  # "false": TOML has no bare False in repr
-    founder = lab.daemon(cpu_slots=cpu_slots[0], start=False, listen=f"{LOOPBACK}:{port}", **common)
+    # Each daemon stands for a machine of its own: its own lock dir (one gpulayerd per machine).
+    founder = lab.daemon(cpu_slots=cpu_slots[0], start=False, listen=f"{LOOPBACK}:{port}",
+                         lock_dir=lab.root / "locks-0", **common)
     others = [
-        lab.daemon(cpu_slots=n, start=False, listen=f"{LOOPBACK}:0", peers=[f"{LOOPBACK}:{port}"], **common)
-        for n in cpu_slots[1:]
+        lab.daemon(cpu_slots=n, start=False, listen=f"{LOOPBACK}:0", peers=[f"{LOOPBACK}:{port}"],
+                   lock_dir=lab.root / f"locks-{i}", **common)
+        for i, n in enumerate(cpu_slots[1:], start=1)
     ]
     daemons = [founder, *others]
     for d in daemons:

@@ -85,7 +85,9 @@ def box() -> Iterator[Box]:
     env = {k: v for k, v in clean_env().items()
            if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM") and not k.startswith("XDG_")}
     env.update(HOME=str(home), XDG_RUNTIME_DIR=str(runtime), XDG_STATE_HOME=str(home / ".local" / "state"),
-               XDG_CACHE_HOME=str(home / ".cache"))
+               XDG_CACHE_HOME=str(home / ".cache"),
+               # Not the machine's /tmp/gpulayer-locks: its gpulayerd.lock allows one daemon per machine.
+               GPULAYER_DEVICE_LOCK_DIR=str(root / "locks"))
     notify_path = root / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:

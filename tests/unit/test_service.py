@@ -169,6 +169,7 @@ def test_unit_keeps_jobs_on_stop_and_leaves_gpus_tmp_and_home_reachable() -> Non
     assert service["Restart"] == "on-failure"
     assert service["KillMode"] == "process"  # jobs survive "systemctl --user restart gpulayerd"
     assert service["PrivateTmp"] == "no"  # device locks in /tmp/gpulayer-locks are machine-wide
+    assert service["LimitNOFILE"] == "65536"
     for key in ("NoNewPrivileges", "RestrictRealtime", "LockPersonality"):
         assert service[key] == "yes"
     for key in ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectSystem", "ProtectHome",
@@ -222,7 +223,9 @@ def test_rendered_plist_loads_and_every_path_is_absolute(home: Path, capsys: pyt
     with plist_path(home).open("rb") as f:
         data = plistlib.load(f)
     assert set(data) == {"Label", "ProgramArguments", "RunAtLoad", "KeepAlive", "AbandonProcessGroup",
-                         "ProcessType", "StandardOutPath", "StandardErrorPath"}
+                         "ProcessType", "StandardOutPath", "StandardErrorPath", "SoftResourceLimits",
+                         "HardResourceLimits"}
+    assert data["SoftResourceLimits"] == data["HardResourceLimits"] == {"NumberOfFiles": 10240}
     assert data["Label"] == LAUNCHD_LABEL
     assert data["ProgramArguments"] == [this_gpulayerd(), "--python", sys.executable, "--python", str(odd)]
     assert data["RunAtLoad"] is True

@@ -59,7 +59,7 @@ class JobSummary(Static):
     def watch_job(self, job: JobView | None) -> None:
         if job is None:
             return
-        _, name, owner, state, where, age, _ = job_cells(job, self._clock())
+        _, name, user, state, where, age, _ = job_cells(job, self._clock())
         spec = job.spec
         text = Text()
         text.append(f"job {job.id}", style="bold")
@@ -67,11 +67,14 @@ class JobSummary(Static):
             text.append(f" ({name})")
         text.append("  ")
         text.append(state, style=STATE_STYLES.get(state, ""))
-        text.append(f"  by {owner}  on {where}  age {age}")
+        text.append(f"  by {user}  on {where}  age {age}")
         if job.exit_code is not None:
             text.append(f"  exit {job.exit_code}")
-        text.append(f"\ncommand: {shlex.join(spec.command)}")
-        text.append(f"\nworkdir: {fmt.text(spec.workdir)}")
+        if job.spec_hidden:  # another user's job: no command, workdir or environment
+            text.append(f"\ncommand: (hidden: only {user} and admins see it)")
+        else:
+            text.append(f"\ncommand: {shlex.join(spec.command)}")
+            text.append(f"\nworkdir: {fmt.text(spec.workdir)}")
         text.append(f"\nwants:   {wants(spec.requirements)}")
         if spec.distributed is not None:
             d = spec.distributed

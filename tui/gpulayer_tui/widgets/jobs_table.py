@@ -38,7 +38,7 @@ __all__ = ["COLUMNS", "SORTS", "STATE_STYLES", "JobsTable", "job_cells"]
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("id", "ID", 12),
     ("name", "NAME", 14),
-    ("owner", "OWNER", 8),
+    ("user", "USER", 8),
     ("state", "STATE", 10),
     ("where", "WHERE", 10),
     ("age", "AGE", 4),
@@ -46,7 +46,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
 )
 """(key, header, width) of each column, in order; REASON is at least this wide and takes the rest."""
 
-SORTS: tuple[str, ...] = ("submitted", "state", "owner", "name", "where")
+SORTS: tuple[str, ...] = ("submitted", "state", "user", "name", "where")
 """Sort orders that ``s`` cycles through; ties keep submission order."""
 
 STATE_STYLES: dict[str, str] = {
@@ -85,7 +85,7 @@ def job_cells(job: JobView, now: float) -> Cells:
     return (
         job.id,
         fmt.text(job.name),
-        job.submitted_by or fmt.DASH,
+        job.spec.user or job.submitted_by or fmt.DASH,
         state,
         fmt.text(where),
         fmt.age(now - job.submitted_at),

@@ -1,0 +1,61 @@
+"""``gpulayer users``: fair share, every user the daemon knows with usage, priority and what each holds now."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gpulayerd import text as fmt
+from gpulayerd.cli.client import call_daemon
+from gpulayerd.cli.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from gpulayerd.models import UserUsageView
+
+__all__ = ["add_parser", "render_users"]
+
+_Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
+
+
+def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
+    """Add ``users`` to the ``gpulayer`` subcommands."""
+    u = sub.add_parser(
+        "users", help="fair share: each user's decayed usage, priority, jobs and what they hold now",
+        description="One row per user known to this daemon's fair-share book, the next served first. "
+        "Usage is decayed (half-life fairshare_half_life_s, a day by default) and learned from every "
+        "node's heartbeat; priority 1 is served first. GPU-H and SLOT-H are decayed GPU- and "
+        "CPU-slot-hours; QUEUED and RUNNING count this daemon's jobs; HOLDS is what the user's runs "
+        "hold now, per host.")
+    u.add_argument("--json", action="store_true", help="print the rows as JSON")
+    u.set_defaults(func=_cmd_users)
+
+
+def _cmd_users(args: argparse.Namespace) -> int:
+    users = call_daemon(args, lambda c: c.users())
+    if args.json:
+        print("[" + ",".join(u.model_dump_json() for u in users) + "]")
+        return EXIT_OK
+    print(render_users(users))
+    return EXIT_OK
+
+
+def render_users(users: Sequence[UserUsageView]) -> str:
+    """The ``gpulayer users`` table (a line saying so when no user is known)."""
+    if not users:
+        return "no users known yet (usage is learned from the runs on each machine)"
+    rows = []
+    for u in users:
+        holds = ", ".join(f"{fmt.escape(h.host)}: " + _held(h.gpus, h.cpu_slots) for h in u.holding) or fmt.DASH
+        rows.append([fmt.escape(u.user) or "(unknown)", u.rank, f"{u.gpu_hours:.1f}", f"{u.cpu_slot_hours:.1f}",
+                     u.jobs_queued, u.jobs_running, holds])
+    return fmt.table(["USER", "PRIORITY", "GPU-H", "SLOT-H", "QUEUED", "RUNNING", "HOLDS"], rows)
+
+
+def _held(gpus: int, slots: int) -> str:
+    parts = []
+    if gpus:
+        parts.append(f"{gpus} GPU" + ("s" if gpus != 1 else ""))
+    if slots:
+        parts.append(f"{slots} slot" + ("s" if slots != 1 else ""))
+    return " + ".join(parts) or "0"

@@ -1,0 +1,177 @@
+"""One gpulayerd per machine: ``<device_lock_dir>/gpulayerd.lock``, held for the daemon's life.
+
+The lock dir is the machine-wide one of the device locks (:mod:`gpulayerd.runs.devicelock`,
+default ``/tmp/gpulayer-locks``, sticky and world-writable like /tmp), so a system-mode daemon
+(root) and every user's personal one meet on the same file. The file is 0666 like the device
+lock files: any account's daemon must be able to open it, lock it and write who it is.
+
+Who holds it is written into the file as one JSON object (pid, mode, socket, state dir, uid),
+so that a second daemon can say which one runs and how to reach it. The file is only opened
+with ``O_NOFOLLOW``, must be a regular file with one link, and is never created over an
+existing one (``O_EXCL``: a file of another account in a sticky directory cannot be opened with
+``O_CREAT`` under ``fs.protected_regular``). Any local account can hold the lock or scribble in
+the file; it is a guard against mistakes, as the device locks are, not against a hostile user.
+
+Blocking file work: call these in a thread (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LOCK_NAME", "Holder", "MachineLocked", "acquire_machine_lock", "read_holder", "release_machine_lock"]
+
+LOCK_NAME = "gpulayerd.lock"
+_LOCK_DIR_MODE = 0o1777
+_LOCK_FILE_MODE = 0o666
+_MAX_INFO_BYTES = 64 * 1024
+
+
+class MachineLocked(RuntimeError):
+    """Another gpulayerd holds the machine lock; the message names it and how to reach it.
+
+    Attributes:
+        holder: what the running daemon wrote about itself (None when unreadable).
+    """
+
+    def __init__(self, message: str, holder: Holder | None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The daemon holding the machine lock, as it describes itself.
+
+    Attributes:
+        pid: its process id.
+        mode: ``personal`` or ``system``.
+        socket: its local API's unix socket (absolute path).
+        state_dir: its state dir.
+        uid: the account it runs as.
+    """
+
+    pid: int
+    mode: str
+    socket: str
+    state_dir: str
+    uid: int
+
+    def describe(self) -> str:
+        """``pid 1234, system mode, socket /run/gpulayer/gpulayerd.sock``."""
+        return f"pid {self.pid}, {self.mode} mode, socket {self.socket}"
+
+
+def _ensure_dir(lock_dir: Path) -> None:
+    if lock_dir.is_dir():
+        return
+    lock_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock_dir.mkdir(mode=_LOCK_DIR_MODE)
+    except FileExistsError:
+        return
+    os.chmod(lock_dir, _LOCK_DIR_MODE)  # mkdir's mode is cut by the umask
+
+
+def _open(path: Path) -> tuple[int, bool]:
+    """Open (or create) the lock file: (descriptor, whether it was opened for writing)."""
+    base = os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(5):
+        try:
+            return os.open(path, os.O_RDWR | base), True
+        except PermissionError:
+            return os.open(path, os.O_RDONLY | base), False  # someone else's file, not writable: lock only
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | base, _LOCK_FILE_MODE)
+        except FileExistsError:
+            continue  # another daemon made it first: open theirs
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, _LOCK_FILE_MODE)  # the umask cut it down; other accounts must open it
+        return fd, True
+    raise OSError(errno.EAGAIN, f"cannot open {path}: it keeps appearing and disappearing")
+
+
+def read_holder(path: Path) -> Holder | None:
+    """What the holder of the lock file at ``path`` wrote about itself, or None (missing, empty, garbled)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _parse(os.read(fd, _MAX_INFO_BYTES))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _parse(raw: bytes) -> Holder | None:
+    try:
+        data: Any = json.loads(raw.decode("utf-8"))
+        return Holder(pid=int(data["pid"]), mode=str(data["mode"]), socket=str(data["socket"]),
+                      state_dir=str(data["state_dir"]), uid=int(data["uid"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def acquire_machine_lock(lock_dir: Path, me: Holder) -> int:
+    """Take this machine's gpulayerd lock in ``lock_dir`` without waiting, and write ``me`` into it.
+
+    Args:
+        lock_dir: the machine-wide device lock dir (created 1777 if missing).
+        me: this daemon, as the next one to start will be told.
+
+    Returns:
+        The descriptor holding the lock; close it (:func:`release_machine_lock`) to let go.
+
+    Raises:
+        MachineLocked: another daemon holds it (message: which one, how to reach it).
+        OSError: the lock dir or file cannot be made or opened, or the file is not a plain file.
+    """
+    _ensure_dir(lock_dir)
+    path = lock_dir / LOCK_NAME
+    try:
+        fd, writable = _open(path)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot open the machine lock {path}: {e.strerror or e} (every gpulayerd "
+                      "on this machine must be able to open it: check the mode of its directory)") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(errno.EINVAL, f"refusing the machine lock {path}: not a plain file with one link; "
+                          "remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
+            who = holder.describe() if holder is not None else f"its details are not in {path}"
+            raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it "
+                                "first", holder) from e
+        if writable:
+            body = json.dumps(asdict(me), separators=(",", ":")).encode() + b"\n"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, body, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release_machine_lock(fd: int) -> None:
+    """Clear what this daemon wrote (when it may) and let go of the lock."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+    with contextlib.suppress(OSError):
+        os.close(fd)

@@ -1,0 +1,49 @@
+"""CappedLog: a job's stream copied from its pipe, cut at the cap with one marker line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpulayerd.runs.logcopy import CappedLog
+
+
+def test_everything_under_the_cap_is_kept(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    log = CappedLog(r, tmp_path / "out.log", 100)
+    os.write(w, b"hello\n")
+    log.pump()
+    os.write(w, b"world\n")
+    os.close(w)
+    log.close()
+    assert (tmp_path / "out.log").read_bytes() == b"hello\nworld\n"
+    assert not log.capped
+
+
+def test_past_the_cap_the_rest_is_dropped_and_one_line_says_so(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    log = CappedLog(r, tmp_path / "out.log", 10)
+    os.write(w, b"12345678")
+    log.pump()
+    os.write(w, b"abcdef")
+    log.pump()
+    os.write(w, b"more and more\n")
+    os.close(w)
+    log.close()
+    assert (tmp_path / "out.log").read_bytes() == b"12345678ab\n[gpulayer: log capped at 10 bytes]\n"
+    assert log.capped and not log.open
+
+
+def test_a_cut_on_a_line_end_adds_no_blank_line_and_no_cap_keeps_all(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    log = CappedLog(r, tmp_path / "a.log", 4)
+    os.write(w, b"abc\nd")
+    os.close(w)
+    log.close()
+    assert (tmp_path / "a.log").read_bytes() == b"abc\n[gpulayer: log capped at 4 bytes]\n"
+    r, w = os.pipe()
+    log = CappedLog(r, tmp_path / "b.log", None)
+    os.write(w, b"x" * 50_000)
+    os.close(w)
+    log.close()
+    assert (tmp_path / "b.log").read_bytes() == b"x" * 50_000

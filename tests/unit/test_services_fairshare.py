@@ -1,0 +1,174 @@
+"""Fair share through the real services (loopback lab, fake clock, fake runner, fake GPUs).
+
+Done-when of issue 11: alice queues 20 one-GPU jobs on a 2-GPU worker, then bob queues 2;
+when a GPU frees, bob's job starts before alice's next one, and alice's waiting jobs show
+the fair-share reason. ``max_gpus_per_user = 1`` keeps alice to one GPU there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpulayerd.models import DeviceModel, SubmitRequest
+from gpulayerd.net.wire import Heartbeat
+from tests.fakes.accounts import Account, Accounts
+from tests.fakes.daemons import OWNER, W1, FakeDaemon, Lab, caps_for
+
+LONG_LEASE_S = 3600.0  # the runs outlive the minutes the test steps through
+
+
+def _two_gpus(d: FakeDaemon, lab: Lab) -> None:
+    caps = caps_for(d.node_id, d.name, lab.clock.wall())
+    caps.devices = [DeviceModel(accelerator="cuda", index=i, uuid=f"GPU-{d.name}-{i}", name="RTX 4090",
+                                memory_total_bytes=24 * 10**9, execution_supported=True) for i in range(2)]
+    d.services.machine.use_capabilities(caps)
+
+
+@pytest_asyncio.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
+    lab = Lab(tmp_path)
+    try:
+        yield lab
+    finally:
+        await lab.close()
+    assert lab.net.errors == []
+
+
+@pytest.fixture
+def people(accounts: Accounts) -> tuple[Account, Account]:
+    """Two real accounts (system mode runs each job as its user): alice and bob."""
+    return accounts.user("alice"), accounts.user("bob")
+
+
+async def _submit(lab: Lab, d: FakeDaemon, who: Account, n: int) -> list[str]:
+    ids = []
+    user = who.name
+    for i in range(n):
+        spec: dict[str, Any] = {"command": ["/bin/sh", "-c", "true"], "workdir": str(who.home), "user": user,
+                                "name": f"{user}-{i}", "requirements": {"accelerator": "cuda", "gpu_count": 1},
+                                "policy": {"lease_s": LONG_LEASE_S}}
+        view = await d.owner.submit(SubmitRequest(spec=spec, submitted_by=user))
+        ids.append(view.id)
+    await lab.settle()
+    return ids
+
+
+async def _running(lab: Lab, d: FakeDaemon, ids: list[str]) -> list[str]:
+    return [j for j in ids if (await lab.job(d, j)).status == "running"]
+
+
+async def _end_one(lab: Lab, d: FakeDaemon, job_id: str, on: FakeDaemon | None = None) -> None:
+    """End the run of ``d``'s job ``job_id`` (on the worker ``on``, default ``d``) with exit 0."""
+    view = await lab.job(d, job_id)
+    (on or d).runner.exit(job_id, view.attempt, 0)
+    await lab.settle()
+
+
+@pytest.mark.asyncio
+async def test_bob_goes_before_alices_next_job_and_alice_is_told_why(lab: Lab, people: tuple[Account, Account]) -> None:
+    a, b = people
+    ws = await lab.add("ws-2", W1, mode="system")
+    _two_gpus(ws, lab)
+    alice = await _submit(lab, ws, a, 20)
+    await lab.step()
+    assert await _running(lab, ws, alice) == alice[:2]
+    await lab.run_for(1800, dt=60)  # alice holds both GPUs for half an hour
+    bob = await _submit(lab, ws, b, 2)
+    await lab.step()
+    assert await _running(lab, ws, bob) == []  # nothing is free yet
+
+    await _end_one(lab, ws, alice[0])
+    await lab.step()
+    assert await _running(lab, ws, bob) == [bob[0]]  # bob's first, not alice's third
+    assert await _running(lab, ws, alice) == [alice[1]]
+    usage = {u.user: u for u in await ws.services.api.async_users()}
+    assert usage[a.name].gpu_hours == pytest.approx(1.0, abs=0.05)  # 2 GPUs × 30 min (decay: a day)
+    for j in alice[2:]:
+        reason = (await lab.job(ws, j)).reason
+        assert reason.startswith(f"fits but busy: fair share: {a.name} used 1.0 GPU-h today, {b.name} 0.0"), reason
+
+    await _end_one(lab, ws, alice[1])
+    await lab.step()
+    assert await _running(lab, ws, bob) == bob  # bob's second before alice's third as well
+    assert await _running(lab, ws, alice) == []
+
+    users = await ws.services.api.async_users()
+    assert [(u.user, u.rank, u.jobs_queued, u.jobs_running) for u in users] == [
+        (b.name, 1, 0, 2), (a.name, 2, 18, 0)]
+    assert [(h.host, h.gpus) for h in users[0].holding] == [("ws-2", 2)]
+
+
+@pytest.mark.asyncio
+async def test_max_gpus_per_user_keeps_alice_to_one_gpu(lab: Lab, people: tuple[Account, Account]) -> None:
+    a, b = people
+    ws = await lab.add("ws-2", W1, mode="system", max_gpus_per_user=1)
+    _two_gpus(ws, lab)
+    alice = await _submit(lab, ws, a, 3)
+    await lab.run_for(5)
+    assert await _running(lab, ws, alice) == alice[:1]  # the second GPU stays free
+    for j in alice[1:]:
+        assert (await lab.job(ws, j)).reason == f"fits but busy: fair share: {a.name} holds 1 of max 1 GPUs on ws-2"
+    bob = await _submit(lab, ws, b, 1)
+    await lab.step()
+    assert await _running(lab, ws, bob) == bob
+
+
+@pytest.mark.asyncio
+async def test_a_worker_takes_the_offer_of_the_user_with_less_usage_first(lab: Lab, people: tuple[Account, Account]) -> None:
+    a, b = people
+    owner = await lab.add("owner", OWNER, cpu_slots=1, mode="system")  # no GPU: offers its jobs to ws-2
+    ws = await lab.add("ws-2", W1, mode="system")
+    _two_gpus(ws, lab)
+    await lab.net.heartbeat()
+    alice = await _submit(lab, owner, a, 4)
+    await lab.run_for(3)
+    assert await _running(lab, owner, alice) == alice[:2]
+    await lab.run_for(600, dt=60)
+    bob = await _submit(lab, owner, b, 1)
+    await lab.run_for(3)  # the owner offers everything queued; ws-2 keeps the offers
+    await _end_one(lab, owner, alice[0], on=ws)
+    await lab.run_for(3)
+    assert await _running(lab, owner, bob) == bob
+    assert await _running(lab, owner, alice) == [alice[1]]
+
+
+def test_heartbeat_holdings_are_bounded() -> None:
+    base = {"msg_id": "m", "node_id": "n", "name": "h", "version": "1", "cluster": "c", "port": 1}
+    assert Heartbeat.model_validate({**base, "holdings": {"alice": [1, 2]}}).holdings == {"alice": (1, 2)}
+    with pytest.raises(ValueError, match="at most 256 users"):
+        Heartbeat.model_validate({**base, "holdings": {f"u{i}": [1, 0] for i in range(257)}})
+    with pytest.raises(ValueError, match="must be 0 to 1000000"):
+        Heartbeat.model_validate({**base, "holdings": {"alice": [-1, 0]}})
+
+
+@pytest.mark.asyncio
+async def test_a_peers_report_counts_only_under_its_own_node_id(lab: Lab) -> None:
+    ws = await lab.add("ws-2", W1, mode="system")
+    usage = ws.services.usage
+    assert usage is not None
+    usage.report(OWNER, {"carol": (2, 0)}, "ws-1")
+    usage.report(W1, {"mallory": (8, 0)}, "forged")  # a report "from" this node itself is ignored
+    lab.clock.advance(10)
+    held = usage.held_now()
+    assert held == {"carol": {OWNER: (2, 0)}}
+    assert usage.usage()["carol"].gpu_s == pytest.approx(20.0, rel=1e-3)
+
+
+def test_users_table_names_priority_usage_and_holdings() -> None:
+    from gpulayerd.cli.users import render_users
+    from gpulayerd.models import UserHoldingView, UserUsageView
+
+    rows = [UserUsageView(user="bob", gpu_hours=0.24, rank=1, jobs_running=1,
+                          holding=[UserHoldingView(node_id="n2", host="ws-2", gpus=1)]),
+            UserUsageView(user="alice", gpu_hours=6.1, cpu_slot_hours=2.0, rank=2, jobs_queued=18,
+                          holding=[UserHoldingView(node_id="n2", host="ws-2", gpus=1, cpu_slots=2)])]
+    lines = render_users(rows).splitlines()
+    assert lines[0].split() == ["USER", "PRIORITY", "GPU-H", "SLOT-H", "QUEUED", "RUNNING", "HOLDS"]
+    assert lines[1].split() == ["bob", "1", "0.2", "0.0", "0", "1", "ws-2:", "1", "GPU"]
+    assert lines[2].split() == ["alice", "2", "6.1", "2.0", "18", "0", "ws-2:", "1", "GPU", "+", "2", "slots"]
+    assert render_users([]).startswith("no users known yet")
