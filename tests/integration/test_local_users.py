@@ -6,12 +6,14 @@ user of every request comes from the kernel (``SO_PEERCRED``): bob cannot cancel
 or read its logs (exit 1, ``job <id> belongs to <alice>``), sees no command or environment in
 ``show``, and a raw request that claims to be alice in its body makes a job of bob.
 
-Tests run as root (CI is root). Only what the local API decides is asserted here: where and
-as whom the jobs run is another part's business.
+Tests run as root (CI is root). The last test follows jobs of two users through the one
+socket to their processes: account, groups, HOME, PATH (the submitter's), the owner of a file
+the job writes, and nothing of the daemon's own environment.
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import subprocess
@@ -52,10 +54,10 @@ print(payload.decode())
 def open_to_everyone(d: Daemon) -> Path:
     """Let every account reach the daemon's socket; returns its path.
 
-    Until system mode makes its socket 0666 in a 0755 directory itself (helper E's part of
-    issue 11), the test opens the path by hand after the start: the lab's temporary dirs
-    (0700) become traversable and the socket world-writable. The daemon checks its
-    directories at start only, so this changes nothing else.
+    The lab's daemons keep their socket under their temporary state dir (0700), not in
+    ``/run/gpulayer`` as a lab install does (``--runtime-dir``, 0755 with the socket 0666:
+    tests/integration/test_one_daemon.py checks those modes). So the test makes the path
+    traversable by hand after the start; the daemon checks its directories at start only.
     """
     sock = d.socket_path
     for p in (d.root.parent, d.root, d.state_dir):
@@ -142,3 +144,45 @@ def test_a_body_that_claims_another_user_makes_a_job_of_the_kernels_user(
     # And bob's job is bob's: alice may not cancel it.
     r = cli(shared_python, alice, sock, "cancel", job["id"])
     assert (r.returncode, r.stderr.strip()) == (1, f"gpulayer: job {job['id']} belongs to {bob.name}")
+
+
+# What a job prints about itself; every line "key=value" (env last, one variable per line).
+WHOAMI = 'echo "user=$(id -un)"; echo "groups=$(id -G)"; echo "home=$HOME"; echo "path=$PATH"; ' \
+         'touch "$1/made-by-job"; echo "owner=$(stat -c %U "$1/made-by-job")"; env | sed "s/^/env:/"'
+DAEMON_ONLY = "GPULAYERD_OWN_SECRET_MARKER"
+
+
+def test_jobs_of_two_users_run_as_those_users_with_their_path_and_nothing_of_the_daemon(
+        lab: Lab, accounts: Accounts, shared_python: SharedPython) -> None:
+    team = accounts.group("team")
+    alice, bob = accounts.user("alice", groups=[team]), accounts.user("bob")
+    d = lab.daemon(cpu_slots=2, mode="system", admin_group=accounts.group("admin"),
+                   env={DAEMON_ONLY: "daemon-environment-must-not-reach-jobs"})
+    sock = open_to_everyone(d)
+    seen = {}
+    for who, path in ((alice, "/usr/bin:/bin:/opt/alice-tools/bin"), (bob, "/usr/local/bin:/usr/bin:/bin")):
+        work = who.home / "work"
+        subprocess.run(["install", "-d", "-o", who.name, "-g", str(who.gid), "-m", "0700", str(work)], check=True)
+        r = shared_python.cli(who, "--socket", str(sock), "submit", "--json", "--workdir", str(work), "--",
+                              "/bin/sh", "-c", WHOAMI, "sh", str(work), env={"PATH": path}, cwd=work)
+        job = json.loads(ok(r))
+        view = d.wait_status(job["id"], TERMINAL)
+        assert view.status == "succeeded", (view.status, view.reason)
+        out = ok(shared_python.cli(who, "--socket", str(sock), "logs", job["id"]))
+        lines = out.splitlines()
+        facts = dict(line.split("=", 1) for line in lines if not line.startswith("env:") and "=" in line)
+        env = dict(line[4:].split("=", 1) for line in lines if line.startswith("env:") and "=" in line)
+        seen[who.name] = (facts, env, work)
+        assert facts["user"] == who.name, out
+        assert sorted(int(g) for g in facts["groups"].split()) == sorted(set(who.groups)), (facts, who.groups)
+        assert facts["home"] == str(who.home)
+        assert facts["path"] == path  # the submitter's PATH, captured by the CLI
+        assert facts["owner"] == who.name
+        assert (work / "made-by-job").stat().st_uid == who.uid
+        assert DAEMON_ONLY not in env, sorted(env)
+        allowed = {"HOME", "USER", "LOGNAME", "SHELL", "PATH", "PWD", "SHLVL", "OLDPWD", "_", "PYTHONUNBUFFERED"}
+        extra = {k for k in env if k not in allowed and not k.startswith(("LC_", "LANG", "GPULAYER_", "CUDA_", "HIP_"))}
+        assert extra == set(), sorted(extra)
+    team_gid = grp.getgrnam(team).gr_gid
+    assert team_gid in {int(g) for g in seen[alice.name][0]["groups"].split()}
+    assert team_gid not in {int(g) for g in seen[bob.name][0]["groups"].split()}

@@ -111,7 +111,8 @@ def test_alices_jobs_never_run_where_she_has_no_account(lan_factory: Callable[..
     assert h3.run(["id", "-un", alice.name]).returncode != 0, "h3 must not see alice's account"
     _start_system_daemons(lan)
 
-    jobs = [_submit_as(shared_python, alice, h1, "sleep", "20") for _ in range(3)]
+    whoami = 'id -un > "$HOME/whoami-$GPULAYER_JOB_ID"; sleep 8'
+    jobs = [_submit_as(shared_python, alice, h1, "/bin/sh", "-c", whoami) for _ in range(3)]
 
     def h3_rejects_alice() -> ExplanationModel | None:
         for job in jobs:
@@ -133,6 +134,12 @@ def test_alices_jobs_never_run_where_she_has_no_account(lan_factory: Callable[..
         assert all(a.worker != h3.node_id for a in v.attempts), f"{job} was placed on h3: {v}"
     placed = [a.worker for job in jobs for a in h1.job(job).attempts]
     assert placed and set(placed) == {h2.node_id}, placed
+    # On h2 the job runs as alice: the file it wrote in her home is hers and names her.
+    written = lan.wait(lambda: [p for j in jobs if (p := alice.home / f"whoami-{j}").exists()
+                                and p.read_text().strip()] or None, timeout_s=30, what="a job of alice to run")
+    for p in written:
+        assert p.read_text().strip() == alice.name
+        assert p.stat().st_uid == alice.uid
 
 
 # An owner's offer sent from inside a host's namespace with the certificate of STATE_DIR;
