@@ -12,6 +12,7 @@ Run it through gpulayer (examples/jobs/ddp_cpu.toml), or by hand:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from datetime import timedelta
 
@@ -65,6 +66,12 @@ def main() -> None:
         checksum = sum(float(p.double().sum()) for p in model.parameters())
     say(f"rank {rank} final parameter checksum {checksum:.10f}")
     dist.barrier()
+    # DDP keeps a reference to the process group: drop it (and the optimizer's to the model)
+    # before destroying the group, or gloo's worker threads outlive it into interpreter exit,
+    # where destroying their work aborts the process ("terminate called without an active
+    # exception", exit -6) after a run that succeeded.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

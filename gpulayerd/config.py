@@ -131,6 +131,12 @@ class DaemonConfig(BaseModel):
         suspect_after_s: a peer silent this long is suspect.
         down_after_s: a peer silent this long is down.
         peer_timeout_s: limit for one call to a peer.
+        peer_handshake_timeout_s: a connection to the peer port is closed if its TLS handshake
+            is not done this long after it was accepted (seconds).
+        peer_max_connections: open connections to the peer port, in total (lowered to half the
+            open-files limit if that is smaller); more are reset as they are accepted.
+        peer_max_connections_per_address: open connections to the peer port from one remote
+            address; more are reset as they are accepted.
         offer_interval_s: a queued job is offered to the same worker again after this long.
         hold_ttl_s: how long a gang hold lasts without a commit.
         mode: ``personal`` (the daemon serves and runs the jobs of its own account only; socket
@@ -172,6 +178,9 @@ class DaemonConfig(BaseModel):
     suspect_after_s: float = Field(default=3.0, gt=0)
     down_after_s: float = Field(default=10.0, gt=0)
     peer_timeout_s: float = Field(default=3.0, gt=0)
+    peer_handshake_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    peer_max_connections: int = Field(default=512, ge=1)
+    peer_max_connections_per_address: int = Field(default=64, ge=1)
     offer_interval_s: float = Field(default=2.0, gt=0)
     hold_ttl_s: float = Field(default=10.0, gt=0)
     mode: Literal["personal", "system"] = "personal"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -24,7 +25,9 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from gpulayerd.api.tlssite import start_tls_site
 from gpulayerd.models import ApiErrorBody, Capabilities, JobList, LogChunk
+from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.tls import PeerIdentity, peer_identity, peer_node_id
 from gpulayerd.net.wire import (
     Ack,
@@ -50,6 +53,7 @@ __all__ = [
     "PeerClient",
     "PeerForbidden",
     "PeerService",
+    "close_connections_of",
     "make_peer_app",
     "request_problem",
     "start_peer_site",
@@ -158,6 +162,33 @@ def _sender(request: web.Request) -> PeerIdentity:
     return peer_identity(der)
 
 
+def _revocation_check(is_revoked: Callable[[str], bool] | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def check(request: web.Request,
+                    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if is_revoked is not None and is_revoked(_sender(request).node_id):
+            resp = _bad("revoked", "this node was removed from the cluster", status=403)
+            resp.force_close()
+            return resp
+        return await handler(request)
+    return check
+
+
+def close_connections_of(runner: web.AppRunner, is_revoked: Callable[[str], bool]) -> int:
+    """Close the open connections of ``runner``'s server whose client certificate names a
+    revoked node. Returns how many were closed."""
+    server = runner.server
+    closed = 0
+    for handler in list(getattr(server, "connections", []) if server is not None else []):
+        transport = handler.transport
+        ssl_obj = transport.get_extra_info("ssl_object") if transport is not None else None
+        der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
+        if transport is not None and der and is_revoked(peer_node_id(der)):
+            transport.close()
+            closed += 1
+    return closed
+
+
 def _reply(model: BaseModel) -> web.Response:
     return web.Response(text=model.model_dump_json(), content_type="application/json")
 
@@ -167,9 +198,13 @@ def _bad(code: str, message: str, status: int = 400) -> web.Response:
                         content_type="application/json")
 
 
-def make_peer_app(service: PeerService) -> web.Application:
-    """The peer API application bound to ``service``."""
-    app = web.Application(client_max_size=4 * 2**20)
+def make_peer_app(service: PeerService, is_revoked: Callable[[str], bool] | None = None) -> web.Application:
+    """The peer API application bound to ``service``.
+
+    ``is_revoked(node_id)``: a request whose certificate names a revoked node is answered 403
+    before any route, and its connection is closed (:func:`close_connections_of`).
+    """
+    app = web.Application(client_max_size=4 * 2**20, middlewares=[_revocation_check(is_revoked)])
 
     def route(model: type[_M], call: Callable[[PeerIdentity, _M, web.Request], Awaitable[BaseModel]],
               sender_field: str | None) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -224,22 +259,24 @@ def make_peer_app(service: PeerService) -> web.Application:
     return app
 
 
-async def start_peer_site(app: web.Application, host: str, port: int,
-                          context: ssl.SSLContext) -> tuple[web.AppRunner, int]:
+async def start_peer_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,
+                          handshake_timeout_s: float = 5.0,
+                          limits: ConnectionLimits | None = None) -> tuple[web.AppRunner, int]:
     """Serve ``app`` with mutual TLS on ``host:port`` (port 0 picks a free one).
+
+    Strangers can open connections without a certificate, so: a connection whose TLS handshake
+    is not done within ``handshake_timeout_s`` seconds is closed, and connections over
+    ``limits`` (default: 512 in total, 64 per remote address) are reset as they are accepted.
 
     Returns:
         The runner (``await runner.cleanup()`` stops it) and the bound port.
+
+    Raises:
+        OSError: the address cannot be bound.
     """
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=context, reuse_address=True)
-    await site.start()
-    bound = port
-    for sock in getattr(site._server, "sockets", None) or ():
-        bound = int(sock.getsockname()[1])
-        break
-    return runner, bound
+    if limits is None:
+        limits = ConnectionLimits(512, 64, time.monotonic)
+    return await start_tls_site(app, host, port, context, handshake_timeout_s=handshake_timeout_s, limits=limits)
 
 
 def _ssl_object(resp: aiohttp.ClientResponse) -> ssl.SSLObject | None:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
-from gpulayerd.api.peer import PeerCallError, PeerClient, make_peer_app, start_peer_site
+from gpulayerd.api.peer import PeerCallError, PeerClient, close_connections_of, make_peer_app, start_peer_site
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.signals import Signals
+from gpulayerd.app.trust import Trust
 from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.core.types import WorkerSnapshot
@@ -88,7 +89,10 @@ class ClusterNode:
         self._hostname = hostname
         self.table = PeerTable(identity.node_id, identity.cluster_id,
                                suspect_after_s=config.suspect_after_s, down_after_s=config.down_after_s)
-        self.client = PeerClient(client_ssl_context(identity), timeout_s=config.peer_timeout_s)
+        self._client_ctx = client_ssl_context(identity)
+        self.client = PeerClient(self._client_ctx, timeout_s=config.peer_timeout_s)
+        self.trust = Trust(identity, clock)  # revocations, enrollment listener, certificate renewal
+        self.trust.on_revoked = self._on_revoked
         self.port = 0
         self.addresses: list[str] = []
         self.interface: str | None = None
@@ -117,15 +121,24 @@ class ClusterNode:
     async def async_start(self) -> None:
         """Serve the peer API, advertise over mDNS (unless disabled), add static peers."""
         from gpulayerd.net.interfaces import lan_addresses
+        from gpulayerd.net.limits import ConnectionLimits
         from gpulayerd.net.tls import server_ssl_context
 
         host, _, port = self._config.listen.rpartition(":")
-        app = make_peer_app(self)
-        self._runner, self.port = await start_peer_site(app, host or "0.0.0.0", int(port),
-                                                        server_ssl_context(self.identity))
+        await self.trust.load()
+        app = make_peer_app(self, self.trust.is_revoked)
+        cfg = self._config
+        limits = ConnectionLimits.fitted(cfg.peer_max_connections, cfg.peer_max_connections_per_address,
+                                         self._clock.monotonic)
+        server_ctx = server_ssl_context(self.identity)
+        self.trust.contexts = [server_ctx, self._client_ctx]
+        self._runner, self.port = await start_peer_site(app, host or "0.0.0.0", int(port), server_ctx,
+                                                        handshake_timeout_s=cfg.peer_handshake_timeout_s,
+                                                        limits=limits)
         chosen = lan_addresses(self._config.interface)
         self.addresses = [ip for _, ip in chosen]
         self.interface = chosen[0][0] if chosen else None
+        await self.trust.start_enrollment(host or "0.0.0.0", self.port, self.addresses)
         for entry in self._config.peers:
             h, _, p = entry.rpartition(":")
             self.table.add_static(h.strip("[]"), int(p))
@@ -170,6 +183,7 @@ class ClusterNode:
             with contextlib.suppress(Exception):
                 await self._mdns.async_stop()
             self._mdns = None
+        await self.trust.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -180,7 +194,9 @@ class ClusterNode:
     async def async_heartbeat_loop(self) -> None:
         """Heartbeat every peer every ``heartbeat_interval_s``; fetch changed capabilities."""
         while True:
-            targets = self.table.targets()
+            if await self.trust.refresh():  # new revocations (gossip, or 'gpulayer cluster remove' here)
+                await self._on_revoked()
+            targets = [t for t in self.table.targets() if not self.trust.is_revoked(t.node_id or "")]
             if targets:
                 await asyncio.gather(*(self._beat(t.key, t.host, t.port, t.node_id) for t in targets))
             await self._maybe_readvertise()
@@ -197,7 +213,8 @@ class ClusterNode:
     async def _beat(self, key: str, host: str, port: int, node_id: str | None) -> None:
         msg = Heartbeat(msg_id=new_msg_id(), node_id=self.node_id, name=self._hostname, version=self._version,
                         cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,
-                        caps_digest=self._services()[0].caps_digest(), holdings=self._holdings())
+                        caps_digest=self._services()[0].caps_digest(), holdings=self._holdings(),
+                        revoked=self.trust.entries())
         was_up = self._is_up(node_id)
         try:
             reply, proven = await self.client.call(host, port, "/v1/peer/heartbeat", msg, HeartbeatReply,
@@ -207,6 +224,10 @@ class ClusterNode:
             log.debug("heartbeat to %s (%s:%d) failed: %s", key[:12], host, port, e)
             if was_up:
                 self._signals.peers_changed()
+            return
+        if reply.revoked:
+            self.trust.offer(reply.revoked)
+        if self.trust.is_revoked(proven):
             return
         p = self.table.heartbeat_ok(key, host, reply, proven, self._clock.monotonic(), self._clock.wall())
         if p is None:
@@ -228,6 +249,16 @@ class ClusterNode:
             self._signals.wake()
         self._signals.peers_changed()
 
+    async def _on_revoked(self) -> None:
+        """Newly revoked nodes: close their open connections to our peer port."""
+        if self._runner is not None:
+            n = close_connections_of(self._runner, self.trust.is_revoked)
+            if n:
+                log.info("closed %d connection(s) of revoked node(s)", n)
+        # Pooled client connections to them stay idle until they time out: nothing calls a revoked node.
+        self._signals.peers_changed()
+        self._signals.wake()
+
     def _is_up(self, node_id: str | None) -> bool:
         if node_id is None:
             return False
@@ -241,7 +272,7 @@ class ClusterNode:
         now = self._clock.monotonic()
         out = []
         for p in self.table.trusted_peers():
-            if p.caps is None:
+            if p.caps is None or self.trust.is_revoked(p.key):
                 continue
             # Everything the peer reports (its user fields too), under the name and id we know it by.
             out.append(dataclasses.replace(p.caps.to_core(), node_id=p.key, name=p.name,
@@ -259,12 +290,13 @@ class ClusterNode:
 
     def trusted_ids(self) -> list[str]:
         """Node ids of every trusted peer."""
-        return [p.key for p in self.table.trusted_peers()]
+        return [p.key for p in self.table.trusted_peers() if not self.trust.is_revoked(p.key)]
 
     def up_ids(self) -> list[str]:
         """Node ids of the trusted peers that answer heartbeats now."""
         now = self._clock.monotonic()
-        return [p.key for p in self.table.trusted_peers() if self.table.state(p, now) == "up"]
+        return [p.key for p in self.table.trusted_peers()
+                if self.table.state(p, now) == "up" and not self.trust.is_revoked(p.key)]
 
     def address_of(self, node_id: str) -> tuple[str, int] | None:
         """Where to reach a trusted peer."""
@@ -279,6 +311,8 @@ class ClusterNode:
         Raises:
             PeerCallError: unknown peer or a failed call.
         """
+        if self.trust.is_revoked(node_id):
+            raise PeerCallError(f"peer {node_id[:12]} was removed from the cluster")
         where = self.address_of(node_id)
         if where is None:
             raise PeerCallError(f"peer {node_id[:12]} has no known address")
@@ -289,6 +323,8 @@ class ClusterNode:
 
     async def async_peer_heartbeat(self, sender: str, msg: Heartbeat, remote_ip: str) -> HeartbeatReply:
         """Answer a heartbeat; the sender is now a known, trusted peer."""
+        if msg.revoked:
+            self.trust.offer(msg.revoked)
         if msg.cluster == self.cluster_id:
             addrs = [remote_ip, *msg.addresses] if remote_ip else list(msg.addresses)
             self.table.seen_mdns(sender, msg.name, addrs, msg.port, msg.cluster, msg.version, msg.ep)
@@ -296,7 +332,8 @@ class ClusterNode:
                 self._usage.report(sender, msg.holdings, msg.name)  # only what the TLS-proven sender holds
         return HeartbeatReply(node_id=self.node_id, name=self._hostname, version=self._version,
                               cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,
-                              caps_digest=self._services()[0].caps_digest(), holdings=self._holdings())
+                              caps_digest=self._services()[0].caps_digest(), holdings=self._holdings(),
+                              revoked=self.trust.entries())
 
     async def async_peer_capabilities(self, sender: str) -> Capabilities:
         """Our capabilities with grant state."""

@@ -23,6 +23,7 @@ from gpulayerd.core import claims
 from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import explain, validate
 from gpulayerd.core.types import SupportMatrix
+from gpulayerd.core.verdict import FitState, RejectionCode
 from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerUnreachable
 from gpulayerd.models import (
     AttemptView,
@@ -201,7 +202,8 @@ class OwnerService:
         req = self._jobs.spec(row).to_core(row.id)
         worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
         remote = self._directory.worker_snapshots() if self._directory is not None else []
-        return ExplanationModel.from_core(explain(req, [worker, *remote], self._support))
+        fresh = ExplanationModel.from_core(explain(req, [worker, *remote], self._support))
+        return _keep_fair_share(fresh, row)
 
     async def cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
         """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL.
@@ -364,3 +366,31 @@ class OwnerService:
     async def check_leases(self, grace_s: float) -> None:
         """Owner side of the lease tick: attempts whose lease ran out are lost."""
         await self._jobs.check_leases(grace_s)
+
+
+def _keep_fair_share(fresh: ExplanationModel, row: JobRow) -> ExplanationModel:
+    """``fresh`` with the fair-share rejections of the scheduler's last pass kept.
+
+    ``explain`` recomputes the match, which knows devices, not the queue: that a queued job
+    waits because another user's job went first (FAIR_SHARE, set by the scheduler's pass) is
+    only in the stored explanation. It is carried into each worker row still busy now.
+    """
+    if row.status is not JobStatus.QUEUED or not row.explanation_json:
+        return fresh
+    try:
+        stored = ExplanationModel.model_validate_json(row.explanation_json)
+    except ValueError:
+        return fresh
+    fair = {r.worker: r for w in stored.workers for r in w.rejections if r.code == RejectionCode.FAIR_SHARE.value}
+    if not fair:
+        return fresh
+    for w in fresh.workers:
+        kept = fair.get(w.worker)
+        if kept is not None and w.state == FitState.FITS_BUT_BUSY.value and all(
+                r.code != kept.code for r in w.rejections):
+            w.rejections.insert(0, kept)
+    if any(w.rejections and w.rejections[0].code == RejectionCode.FAIR_SHARE.value for w in fresh.workers):
+        first = next(w.rejections[0] for w in fresh.workers
+                     if w.rejections and w.rejections[0].code == RejectionCode.FAIR_SHARE.value)
+        fresh.summary = f"{fresh.verdict}: {first.message}"
+    return fresh

@@ -46,8 +46,9 @@ from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError, job_spec_from_mapping
 from gpulayerd.net.wire import Ack, Claim, ClaimReply, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.runs.exitnote import retry_delays
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
-from gpulayerd.store import JobRow, RemoteRunRow, Store
+from gpulayerd.store import JobRow, RemoteRunRow, Store, StoreError
 
 __all__ = ["OFFER_KEPT_S", "ReportKind", "WorkerService"]
 
@@ -196,13 +197,16 @@ class WorkerService:
     async def finished(self, key: RunKey, status: RunStatus, owner: str | None = None) -> None:
         """Record the end of an attempt that ran here and tell its owner (once per attempt).
 
+        A store that cannot take the end (a full disk: ``database or disk is full``) is
+        retried with backoff until it can, the attempt's lease renewed meanwhile so that it
+        is not declared lost; then a watchdog that kept the end in memory is told it may go.
+
         Args:
             owner: for an attempt not tracked (found ended after a restart): its owner
                 when it ran for a peer, None when owned here.
         """
         job_id, attempt = key
         entry = self._ledger.ended(key)
-        self._watchers.pop(key, None)
         if entry is not None:
             owner = entry.owner
         text = status.detail or status.reason
@@ -218,15 +222,43 @@ class WorkerService:
         kind: Literal["exited", "lost"] = "lost" if lost else "exited"
         actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text))
         if not any(isinstance(a, core.RecordEnd) for a in actions):
+            self._watchers.pop(key, None)
             return  # its end was recorded already
+        failed = 0
+        for delay in retry_delays(0.1, min(2.0, max(entry.lease_s / 3, 0.1)) if entry is not None else 2.0):
+            try:
+                await self._record_end(key, owner, kind, status, text)
+                break
+            except (StoreError, OSError) as e:
+                if not failed:
+                    log.warning("job_id=%s attempt %d: cannot record its end (%s: %s) yet; retrying until it can",
+                                job_id, attempt, kind, e)
+                failed += 1
+            await self._keep_lease(key, owner, entry.lease_s if entry is not None else None)
+            await self._clock.sleep(delay)
+        if failed:
+            log.info("job_id=%s attempt %d: its end is recorded after %d failed tries", job_id, attempt, failed)
+        self._watchers.pop(key, None)
+        if entry is not None:
+            await asyncio.to_thread(self._runner.recorded, entry.handle)
+        if owner is not None:
+            await self._carry_out(actions)
+
+    async def _record_end(self, key: RunKey, owner: str | None, kind: Literal["exited", "lost"],
+                          status: RunStatus, text: str) -> None:
+        """Write an attempt's end to the store (idempotent: a retry after a failure is safe).
+
+        Raises:
+            StoreError: the store cannot take it (e.g. the disk is full).
+        """
+        job_id, attempt = key
         if owner is not None:
             await self._store.runs.end_remote_run(owner, job_id, attempt, kind, status.exit_code, text,
                                                   self._clock.wall())
             self._signals.devices_changed()
             self._signals.wake()
-            await self._carry_out(actions)
             return
-        if lost:
+        if kind == "lost":
             await self._jobs.lost(job_id, attempt, text or "the job's watchdog is gone", worker=self.node_id,
                                   stimulus_id=f"lost-{job_id}-{attempt}")
         else:
@@ -235,6 +267,15 @@ class WorkerService:
             await self._jobs.exited(job_id, attempt, status.exit_code, text, why, f"exit-{job_id}-{attempt}",
                                     worker=self.node_id)
         self._signals.devices_changed()
+
+    async def _keep_lease(self, key: RunKey, owner: str | None, lease_s: float | None) -> None:
+        """While an ended attempt's end cannot be recorded, keep its lease (so it is not declared lost)."""
+        if lease_s is None:
+            return
+        if owner is None:
+            self._jobs.set_lease(key[0], self._clock.monotonic() + lease_s)
+        else:
+            await self.report(owner, key, "renew", None, "")
 
     async def _carry_out(self, actions: Sequence[core.Action]) -> None:
         """Carry out the core's run actions: reports (in the background), deadlines, kills."""

@@ -1,8 +1,11 @@
-"""``gpulayer cluster init|join|show``: make a cluster, join one, show this node's identity.
+"""``gpulayer cluster init|join|token|remove|signer|show``: make a cluster, join one, manage it.
 
-These commands edit ``<state dir>/identity/`` directly and need no running daemon. The
+These commands edit ``<state dir>/identity/`` directly, under its lock, whether or not the
+daemon runs (``cluster join`` needs a running SIGNER elsewhere: it enrolls online). The
 state dir is the global ``--state-dir`` (env ``GPULAYER_STATE_DIR``), else the default,
-the same rule gpulayerd uses. A running gpulayerd keeps its old identity until restarted.
+the same rule gpulayerd uses. ``cluster token`` and ``cluster remove`` write files the
+running daemon reads when it needs them (tokens at each enrollment, revocations each
+heartbeat round); after init or join, restart gpulayerd.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import argparse
 import json
 import os
 import socket
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -31,10 +36,11 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     """Add ``cluster`` and its subcommands to the ``gpulayer`` parser."""
     c = sub.add_parser(
         "cluster",
-        help="this machine's cluster membership: init, join, show",
-        description="Machines trust each other through a cluster CA: 'cluster init' on one machine "
-        "prints a join token, 'cluster join TOKEN' on each other machine. The token is a secret: "
-        "whoever has it can add machines to the cluster. Restart gpulayerd after init or join.",
+        help="this machine's cluster membership: init, join, token, remove, signer, show",
+        description="Machines trust each other through a cluster CA: 'cluster init' on one machine (a "
+        "signer: it keeps the CA key) prints a one-time join token; with its gpulayerd running, "
+        "'cluster join -' on each other machine reads the token from stdin and enrolls online. "
+        "Restart gpulayerd after init or join.",
     )
     cs = c.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND")
     cs.required = True
@@ -43,22 +49,73 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     i.add_argument("--name", type=_cluster_name, help="a name for people (default: the cluster id)")
     i.add_argument("--force", action="store_true", help="replace the cluster this machine is in")
     i.add_argument("--system", action="store_true", help=_SYSTEM_HELP)
+    _token_options(i)
     i.set_defaults(func=_cmd_init)
 
-    j = cs.add_parser("join", help="join the cluster of a token printed by 'gpulayer cluster init'")
-    j.add_argument("token", metavar="TOKEN")
+    j = cs.add_parser("join", help="join a cluster with a token from 'gpulayer cluster token' (read from stdin "
+                      "or --token-file, never from the command line)")
+    j.add_argument("token", metavar="-", nargs="?", help="'-': read the token from stdin (also the default)")
+    j.add_argument("--token-file", type=Path, metavar="PATH", help="read the token from this file")
     j.add_argument("--force", action="store_true", help="leave the cluster this machine is in for this one")
     j.add_argument("--system", action="store_true", help=_SYSTEM_HELP)
     j.set_defaults(func=_cmd_join)
 
-    s = cs.add_parser("show", help="node id, cluster and identity files")
-    s.add_argument("--token", action="store_true", help="print the join token (a secret)")
+    t = cs.add_parser("token", help="on a signer: make a join token (one-time, expiring), list or revoke them")
+    _token_options(t)
+    t.add_argument("--list", action="store_true", help="list this signer's tokens (never their secrets)")
+    t.add_argument("--revoke", metavar="ID", help="forget token ID: nobody can join with it any more")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_cmd_token)
+
+    r = cs.add_parser("remove", help="on a signer: remove NODE from the cluster (a signed revocation that "
+                      "members pass on; they refuse its connections)")
+    r.add_argument("node", metavar="NODE", help="the whole node id (52 characters, from 'gpulayer peers --json')")
+    r.set_defaults(func=_cmd_remove)
+
+    g = cs.add_parser("signer", help="signers: the nodes that hold the cluster CA key")
+    gs = g.add_subparsers(dest="signer_command", metavar="SUBCOMMAND")
+    gs.required = True
+    ga = gs.add_parser("add", help="print the commands that copy the CA key to NODE (a current member), "
+                       "making it a signer too")
+    ga.add_argument("node", metavar="NODE", help="the member's node id")
+    ga.add_argument("--host", default="NODE-HOST", help="NODE's host name, for the printed commands")
+    ga.set_defaults(func=_cmd_signer_add)
+
+    s = cs.add_parser("show", help="node id, cluster, signer or not, and identity files")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_show)
 
 
-_SYSTEM_HELP = ("enroll this machine's system-mode daemon (root only): its certificate vouches for every "
-                "user's jobs; without it the certificate is personal, bound to the user running this command")
+def _token_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--uses", type=_uses, default=1, help="how many machines may join with the token (default 1)")
+    p.add_argument("--ttl", type=_ttl, default=3600.0, metavar="DURATION",
+                   help="how long the token is valid: 90s, 30m, 1h (default), 2d; at most 30d")
+    p.add_argument("--address", action="append", metavar="HOST:PORT",
+                   help="this signer's enrollment address to put in the token (repeatable; default: what the "
+                   "running daemon serves, else each LAN address with port 7172: the peer port + 1)")
+
+
+def _uses(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a number of 1 to 1000")
+    return int(text)
+
+
+def _ttl(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    num, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(num) * units[unit]
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 30 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a duration of 1s to 30d, e.g. 90s, 30m, 1h, 2d")
+    return value
+
+
+_SYSTEM_HELP = ("enroll this machine's system-mode daemon (root only; its state in /var/lib/gpulayer unless "
+                "--state-dir): its certificate vouches for every user's jobs; without it the certificate is "
+                "personal, bound to the user running this command")
 
 
 def _mode(args: argparse.Namespace) -> str:
@@ -78,9 +135,23 @@ def _cluster_name(text: str) -> str:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    from gpulayerd.config import default_state_dir
+    """The state dir a cluster command works on.
 
-    return Path(args.state_dir) if args.state_dir is not None else default_state_dir()
+    ``--state-dir`` if given; else with ``--system`` the system daemon's (``/var/lib/gpulayer``);
+    else root on a machine whose system daemon is enrolled and whose root has no personal
+    identity also gets the system one (``sudo gpulayer cluster show`` on a lab machine); else
+    the personal default.
+    """
+    from gpulayerd.config import SYSTEM_STATE_DIR, default_state_dir
+
+    if args.state_dir is not None:
+        return Path(args.state_dir)
+    if getattr(args, "system", False):
+        return SYSTEM_STATE_DIR
+    personal = default_state_dir()
+    if os.geteuid() == 0 and not (personal / "identity").exists() and (SYSTEM_STATE_DIR / "identity").exists():
+        return SYSTEM_STATE_DIR
+    return personal
 
 
 def _daemon_running(args: argparse.Namespace) -> bool:
@@ -103,7 +174,7 @@ def _restart_hint(args: argparse.Namespace) -> str:
 
 def _run(action: Callable[[], _R]) -> _R:
     """Run a tls call; a bad token is a usage error (exit 2), anything else a failure (exit 1)."""
-    from gpulayerd.net.ca import TokenError
+    from gpulayerd.net.enroll import TokenError
     from gpulayerd.net.identity import TlsError
 
     try:
@@ -119,18 +190,26 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     mode = _mode(args)
-    token = _run(lambda: ca.cluster_init(state_dir, args.name, force=args.force, mode=mode))
+    token = _run(lambda: ca.cluster_init(state_dir, args.name, force=args.force, mode=mode, uses=args.uses,
+                                         ttl_s=args.ttl, addresses=args.address))
     ident = _run(lambda: identity.load_or_create_identity(state_dir))
     print(f"Created cluster {_label(ident)} with this machine (node {ident.node_id}, {_mode_label(ident)}) in it.")
+    print("This machine is a signer: it keeps the cluster CA key and enrolls the others (gpulayerd must run).")
     print()
-    print("Join token (a secret: whoever has it can add machines to this cluster; send it privately):")
+    _print_token(token, args.uses, args.ttl)
+    print(_restart_hint(args))
+    return EXIT_OK
+
+
+def _print_token(token: str, uses: int, ttl_s: float) -> None:
+    print(f"Join token (a secret until used: {uses} use(s), expires {time.ctime(time.time() + ttl_s)}; "
+          "it holds no CA key):")
     print()
     print(token)
     print()
-    print("Next, on each other machine: gpulayer cluster join TOKEN, then restart gpulayerd there.")
-    print(_restart_hint(args))
-    print("Print the token again with: gpulayer cluster show --token")
-    return EXIT_OK
+    print("On each other machine (with this machine's gpulayerd running), paste it into:")
+    print("  gpulayer cluster join -          (or: gpulayer cluster join --token-file FILE)")
+    print("then restart gpulayerd there. More tokens: gpulayer cluster token [--uses N] [--ttl 1h]")
 
 
 def _cmd_join(args: argparse.Namespace) -> int:
@@ -138,35 +217,112 @@ def _cmd_join(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     mode = _mode(args)
-    ident = _run(lambda: ca.cluster_join(state_dir, args.token, force=args.force, mode=mode))
+    text = _read_token(args)
+    ident = _run(lambda: ca.cluster_join(state_dir, text, force=args.force, mode=mode))
     print(f"Joined cluster {_label(ident)} as node {ident.node_id} ({_mode_label(ident)}).")
     print(_restart_hint(args))
     return EXIT_OK
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
-    from gpulayerd.net import ca, identity
+def _read_token(args: argparse.Namespace) -> str:
+    """The token from ``--token-file`` or stdin; a token given as an argument is refused (``ps`` shows it)."""
+    if args.token not in (None, "-"):
+        raise UsageError("a join token on the command line is visible to every local user (ps): pipe it in "
+                         "('gpulayer cluster join -', then paste it) or use --token-file PATH")
+    if args.token_file is not None:
+        try:
+            return str(args.token_file.read_text(encoding="utf-8", errors="replace"))[:65536]
+        except OSError as e:
+            raise UsageError(f"--token-file {args.token_file}: {e.strerror or e}") from e
+    if sys.stdin.isatty():
+        print("Paste the join token, then press Enter:", file=sys.stderr)
+        return sys.stdin.readline()
+    return sys.stdin.read(65536)
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    from gpulayerd.net import ca, enroll, identity
+
+    state_dir = _state_dir(args)
+    idir = identity.identity_dir(state_dir)
+    if args.revoke is not None:
+        if not _run(lambda: enroll.revoke_token(idir, args.revoke)):
+            raise CommandFailed(f"no token {args.revoke!r} on this signer (see 'gpulayer cluster token --list')")
+        print(f"Token {args.revoke} revoked: nobody can join with it any more.")
+        return EXIT_OK
+    if args.list:
+        rows = _run(lambda: enroll.list_tokens(idir))
+        if args.json:
+            print(json.dumps([{"id": t.token_id, "created": t.created, "expires": t.expires,
+                               "uses_left": t.uses_left, "used": t.used} for t in rows], indent=2))
+            return EXIT_OK
+        now = time.time()
+        print(f"{'ID':<10}{'USES LEFT':>10}{'USED':>6}  EXPIRES")
+        for t in rows:
+            state = "expired" if t.expires <= now else time.ctime(t.expires)
+            print(f"{t.token_id:<10}{t.uses_left:>10}{t.used:>6}  {state}")
+        return EXIT_OK
+    token = _run(lambda: ca.new_token(state_dir, uses=args.uses, ttl_s=args.ttl, addresses=args.address))
+    if args.json:
+        print(json.dumps({"token": token}))
+        return EXIT_OK
+    _print_token(token, args.uses, args.ttl)
+    return EXIT_OK
+
+
+def _cmd_remove(args: argparse.Namespace) -> int:
+    from gpulayerd.net import identity, revocation
 
     state_dir = _state_dir(args)
     ident = _run(lambda: identity.load_or_create_identity(state_dir))
-    token: str | None = None
-    if args.token:
-        if not ident.in_cluster:
-            raise CommandFailed("this machine is not in a cluster: run 'gpulayer cluster init' first")
-        token = _run(lambda: ca.join_token(state_dir))
+    node = args.node.strip().lower()
+    if len(node) != 52 or not node.isalnum():
+        raise UsageError(f"NODE {args.node!r}: give the whole node id (52 letters and digits, from 'gpulayer peers "
+                         "--json' or 'gpulayer cluster show' on that machine)")
+    if node == ident.node_id:
+        raise UsageError("NODE is this machine: remove it from another signer")
+    entry = _run(lambda: revocation.revoke_node(identity.identity_dir(state_dir), node))
+    print(f"Node {node} removed from the cluster (revocation signed at {time.ctime(entry.at)}).")
+    print("The running gpulayerd passes it on with its heartbeats; members then refuse that node's connections.")
+    return EXIT_OK
+
+
+def _cmd_signer_add(args: argparse.Namespace) -> int:
+    from gpulayerd.net import enroll, identity
+
+    state_dir = _state_dir(args)
+    idir = identity.identity_dir(state_dir)
+    if not enroll.is_signer(idir):
+        raise CommandFailed("this machine is not a signer (no CA key here): run it on a signer")
+    key = idir / identity.CA_KEY
+    print(f"Making node {args.node} a signer copies the cluster CA key {key} to it: whoever can read that key")
+    print("can add machines to the cluster. Copy it over a private channel, as the daemon's account on both ends:")
+    print()
+    print(f"  scp -p {key} {args.host}:STATE_DIR/identity/ca.key   # STATE_DIR: that daemon's state dir")
+    print(f"  ssh {args.host} 'chmod 600 STATE_DIR/identity/ca.key'")
+    print()
+    print("then restart gpulayerd there: it serves enrollment (peer port + 1), and "
+          "'gpulayer cluster token' works there.",
+          sep="")
+    return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from gpulayerd.net import identity
+
+    state_dir = _state_dir(args)
+    ident = _run(lambda: identity.load_or_create_identity(state_dir))
     if args.json:
-        print(json.dumps(_show_json(ident, token), indent=2))
-        return EXIT_OK
-    if token is not None:
-        print(token)
+        print(json.dumps(_show_json(ident, None), indent=2))
         return EXIT_OK
     print(f"node id:    {ident.node_id}")
     print(f"state dir:  {ident.state_dir}")
     if ident.in_cluster:
         print(f"cluster:    {_label(ident)}")
         print(f"mode:       {_mode_label(ident)}")
+        print(f"signer:     {'yes (holds the CA key)' if _is_signer(ident) else 'no'}")
     else:
-        print("cluster:    none (run 'gpulayer cluster init', or 'gpulayer cluster join TOKEN')")
+        print("cluster:    none (run 'gpulayer cluster init', or 'gpulayer cluster join -')")
     print("files:")
     for label, path in _files(ident).items():
         print(f"  {label:<15} {path if path.exists() else f'{path} (missing)'}")
@@ -182,11 +338,18 @@ def _show_json(ident: Identity, token: str | None) -> dict[str, object]:
         "cluster_name": ident.cluster_name,
         "mode": ident.mode if ident.in_cluster else None,
         "user": (ident.user or None) if ident.in_cluster else None,
+        "signer": ident.in_cluster and _is_signer(ident),
         "files": {k: str(p) if p.exists() else None for k, p in _files(ident).items()},
     }
     if token is not None:
         out["token"] = token
     return out
+
+
+def _is_signer(ident: Identity) -> bool:
+    from gpulayerd.net.enroll import is_signer
+
+    return is_signer(ident.key_path.parent)
 
 
 def _files(ident: Identity) -> dict[str, Path]:

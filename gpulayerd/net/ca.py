@@ -1,16 +1,14 @@
-"""The cluster CA: making a cluster, joining one, and the join token that carries the CA.
+"""The cluster CA: making a cluster, and joining one through a signer.
 
-``gpulayer cluster init`` makes the CA on one machine and prints a join token;
-``gpulayer cluster join TOKEN`` on every other machine installs the CA and signs that
-machine's own certificate. The token carries the CA's private key: it is a secret, and
-whoever has it can add machines to the cluster. The files are those of
-:mod:`gpulayerd.net.identity`.
+``gpulayer cluster init`` makes the CA on one machine, which becomes a **signer** (it keeps
+``ca.key``, 0600), and prints a join token; ``gpulayer cluster join`` on every other machine
+enrolls it online at a signer (:mod:`gpulayerd.net.enroll`): the token carries the CA
+certificate's SHA-256, the signer's address and a one-time secret, never the CA key, and the
+joined node stores no CA key. The files are those of :mod:`gpulayerd.net.identity`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import datetime as dt
 import fcntl
@@ -19,7 +17,6 @@ import json
 import os
 import pwd
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +26,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpulayerd.atomic import fsync_dir
+from gpulayerd.net.enroll import (
+    DEFAULT_TTL_S,
+    TOKEN_PREFIX,
+    EnrollRefused,
+    TokenError,
+    ca_sha256,
+    decode_token,
+    enroll_signed,
+    make_token,
+)
 from gpulayerd.net.identity import (
     CA_CERT,
     CA_KEY,
@@ -52,19 +59,12 @@ from gpulayerd.net.identity import (
     utc_now,
     write_file,
 )
+from gpulayerd.net.joining import make_csr, online_join
 
-__all__ = ["CA_VALIDITY", "TOKEN_PREFIX", "TOKEN_VERSION", "TokenError", "cluster_init", "cluster_join", "join_token",
-           "this_user"]
+__all__ = ["CA_VALIDITY", "TOKEN_PREFIX", "TokenError", "cluster_init", "cluster_join", "new_token", "this_user"]
 
-TOKEN_PREFIX = "gpl1."
-TOKEN_VERSION = 1
 CA_VALIDITY = dt.timedelta(days=3652)
-_MAX_TOKEN_JSON_BYTES = 64 * 1024
 _MAX_NAME_CHARS = 64
-
-
-class TokenError(TlsError):
-    """A join token is garbled, truncated, of an unknown version or inconsistent (bad user input)."""
 
 
 def this_user() -> str:
@@ -90,8 +90,9 @@ def _mode_user(mode: str, user: str | None) -> tuple[str, str]:
 
 
 def cluster_init(state_dir: Path, name: str | None, *, force: bool = False, mode: str = "personal",
-                 user: str | None = None) -> str:
-    """Create a new cluster with this node as its first member; returns the join token.
+                 user: str | None = None, addresses: list[str] | None = None, uses: int = 1,
+                 ttl_s: float = DEFAULT_TTL_S) -> str:
+    """Create a new cluster with this node as its first member and signer; returns a join token.
 
     Args:
         state_dir: the daemon's state dir.
@@ -101,9 +102,10 @@ def cluster_init(state_dir: Path, name: str | None, *, force: bool = False, mode
         mode: ``personal`` or ``system``, recorded in this node's certificate.
         user: the user a personal-mode certificate is bound to (None: :func:`this_user`);
             ignored in system mode.
+        addresses, uses, ttl_s: of the join token (:func:`gpulayerd.net.enroll.make_token`).
 
     Returns:
-        The join token (a secret, see :func:`join_token`).
+        The join token (a secret until it is used or expires).
 
     Raises:
         TlsError: already in a cluster and not ``force``, a bad name, mode or user.
@@ -122,83 +124,99 @@ def cluster_init(state_dir: Path, name: str | None, *, force: bool = False, mode
         ca_key = ec.generate_private_key(ec.SECP256R1())
         cluster_id = b32(hashlib.sha256(spki(ca_key.public_key())).digest())[:16]
         ca = _make_ca_cert(ca_key, cluster_id, name or cluster_id)
-        _install(idir, key, ca, ca_key, name or cluster_id, mode, user)
-    return join_token(state_dir)
+        node_cert = make_node_cert(key, ca, ca_key, node_id_from_public_key(key.public_key()), mode, user)
+        _install(idir, ca.public_bytes(serialization.Encoding.PEM), node_cert.public_bytes(serialization.Encoding.PEM),
+                 name or cluster_id, [], ca_key=ca_key)
+        tok = make_token(idir, cluster_id, name or cluster_id, uses=uses, ttl_s=ttl_s, addresses=addresses,
+                         lock=False)
+    return tok.encode()
+
+
+def new_token(state_dir: Path, *, uses: int = 1, ttl_s: float = DEFAULT_TTL_S,
+              addresses: list[str] | None = None) -> str:
+    """A new join token of this node's cluster (this node must be a signer).
+
+    Raises:
+        TlsError: not in a cluster, not a signer, bad ``uses``/``ttl_s``/addresses.
+    """
+    ident = load_or_create_identity(state_dir)
+    if not ident.in_cluster or ident.cluster_id is None:
+        raise TlsError(f"no cluster in {state_dir}: run 'gpulayer cluster init' or 'gpulayer cluster join'")
+    return make_token(identity_dir(state_dir), ident.cluster_id, ident.cluster_name or ident.cluster_id, uses=uses,
+                      ttl_s=ttl_s, addresses=addresses).encode()
 
 
 def cluster_join(state_dir: Path, token: str, *, force: bool = False, mode: str = "personal",
-                 user: str | None = None) -> Identity:
-    """Join the cluster of ``token``: install its CA and sign this node's own certificate.
+                 user: str | None = None, signer: Path | None = None) -> Identity:
+    """Join the cluster of ``token``: enroll at its signer and install the CA certificate and
+    this node's new certificate (no CA key).
 
     Joining the cluster this node is already in, in the same mode for the same user,
-    changes nothing; in another mode (or for another user) it signs a new certificate.
+    changes nothing (and uses no token); in another mode (or for another user) it enrolls again.
 
     Args:
         mode: ``personal`` or ``system``, recorded in this node's certificate.
         user: the user a personal-mode certificate is bound to (None: :func:`this_user`).
+        signer: OFFLINE enrollment (an admin or a test harness with access to the signer's
+            files): the signer's state dir; the token is checked and consumed there exactly
+            as the signer's daemon would. None: enroll online at the token's addresses.
 
     Raises:
-        TokenError: the token is garbled, truncated or of an unsupported version.
+        TokenError: the token is garbled, truncated, of an old version, or expired.
+        EnrollRefused: the signer's CA does not match the token (nothing secret sent), or
+            the signer refused (unknown, used or expired token...).
         TlsError: already in a different cluster and not ``force``; a bad mode or user.
     """
     mode, user = _mode_user(mode, user)
-    cluster_id, name, ca, ca_key = _decode_token(token)
+    tok = decode_token(token)
     idir = identity_dir(state_dir)
     with _locked(idir):
         key = load_or_create_key(idir)
         current = _current_cluster(state_dir)
-        if current is not None and current[0] == cluster_id:
+        if current is not None and current[0] == tok.cluster_id:
             with contextlib.suppress(TlsError):
                 ident = load_or_create_identity(state_dir)
                 if (ident.mode, ident.user) == (mode, user):
                     return ident
         elif current is not None and not force:
             raise TlsError(f"this node is already in cluster {_label(*current)}; joining cluster "
-                           f"{_label(cluster_id, name)} would make it leave. Use --force to switch clusters")
-        _install(idir, key, ca, ca_key, name, mode, user)
+                           f"{_label(tok.cluster_id, tok.name)} would make it leave. Use --force to switch clusters")
+        if signer is None:
+            ca_pem, cert_pem, _ = online_join(tok, key, mode, user)
+        else:
+            sdir = signer / IDENTITY_DIR
+            ca_pem = (sdir / CA_CERT).read_bytes()
+            if ca_sha256(ca_pem) != tok.ca_sha256:
+                raise EnrollRefused(f"the CA of {signer} does not match the token: refused before using the secret")
+            cert_pem = enroll_signed(sdir, tok.token_id, tok.secret, make_csr(key), mode, user)
+        ca = x509.load_pem_x509_certificate(ca_pem)
+        if cluster_id_of(ca) != tok.cluster_id:
+            raise EnrollRefused(f"the signer's CA is cluster {cluster_id_of(ca)}, the token says {tok.cluster_id}")
+        _install(idir, ca_pem, cert_pem, tok.name, list(tok.addresses))
     return load_or_create_identity(state_dir)
 
 
-def join_token(state_dir: Path) -> str:
-    """The join token of this node's cluster: ``gpl1.`` + base64url(zlib(JSON)).
+def _install(idir: Path, ca_pem: bytes, cert_pem: bytes, name: str, signers: list[str],
+             ca_key: ec.EllipticCurvePrivateKey | None = None) -> None:
+    """Write the cluster files; cluster.json goes last, so an interrupted run leaves no cluster.
 
-    The token holds the cluster CA's private key. It is a secret: whoever has it can add
-    machines to the cluster (and so run jobs on it and receive its jobs). Send it over a
-    private channel.
-
-    Raises:
-        TlsError: not in a cluster, or the CA files are missing.
+    ``ca.key`` is written only with ``ca_key`` (a new cluster); otherwise any old one is removed.
     """
-    ident = load_or_create_identity(state_dir)
-    if not ident.in_cluster or ident.ca_path is None:
-        raise TlsError(f"no cluster in {state_dir}: run 'gpulayer cluster init' or 'gpulayer cluster join TOKEN'")
-    ca_key_path = ident.ca_path.parent / CA_KEY
-    try:
-        ca_key_pem = ca_key_path.read_text(encoding="ascii")
-    except OSError as e:
-        raise TlsError(f"{ca_key_path}: cannot read the cluster CA key: {e.strerror or e}") from e
-    body = {
-        "v": TOKEN_VERSION,
-        "cluster_id": ident.cluster_id,
-        "name": ident.cluster_name,
-        "ca_cert_pem": ident.ca_path.read_text(encoding="ascii"),
-        "ca_key_pem": ca_key_pem,
-    }
-    packed = zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 9)
-    return TOKEN_PREFIX + base64.urlsafe_b64encode(packed).decode("ascii").rstrip("=")
-
-
-def _install(idir: Path, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate,
-             ca_key: ec.EllipticCurvePrivateKey, name: str, mode: str, user: str) -> None:
-    """Write the cluster files; cluster.json goes last, so an interrupted run leaves no cluster."""
-    node_cert = make_node_cert(key, ca, ca_key, node_id_from_public_key(key.public_key()), mode, user)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(idir / CLUSTER_JSON)
+    if ca_key is None:
+        for stale in (CA_KEY, "tokens.json", "revocations.json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(idir / stale)
     fsync_dir(idir)
-    write_file(idir / CA_KEY, key_pem(ca_key))
-    write_file(idir / CA_CERT, ca.public_bytes(serialization.Encoding.PEM))
-    write_file(idir / NODE_CERT, node_cert.public_bytes(serialization.Encoding.PEM))
-    info = {"cluster_id": cluster_id_of(ca), "name": name, "created_at": time.time()}
+    if ca_key is not None:
+        write_file(idir / CA_KEY, key_pem(ca_key))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(idir / "revocations.json")
+    write_file(idir / CA_CERT, ca_pem)
+    write_file(idir / NODE_CERT, cert_pem)
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    info = {"cluster_id": cluster_id_of(ca), "name": name, "created_at": time.time(), "signers": signers}
     write_file(idir / CLUSTER_JSON, (json.dumps(info, indent=2) + "\n").encode())
 
 
@@ -212,66 +230,6 @@ def _current_cluster(state_dir: Path) -> tuple[str, str] | None:
 
 def _label(cluster_id: str, name: str) -> str:
     return cluster_id if name == cluster_id else f"{name!r} ({cluster_id})"
-
-
-def _decode_token(token: str) -> tuple[str, str, x509.Certificate, ec.EllipticCurvePrivateKey]:
-    text = "".join(token.split())
-    if not text.startswith(TOKEN_PREFIX):
-        head = text.split(".", 1)[0]
-        if "." in text and head.startswith("gpl") and head[3:].isdigit():
-            raise TokenError(f"join token version {head[3:]} is not supported by this gpulayer "
-                             f"(it reads version {TOKEN_VERSION}); upgrade gpulayer or make a new token")
-        raise TokenError(f"not a gpulayer join token (it should start with {TOKEN_PREFIX!r}); "
-                         "copy it again from 'gpulayer cluster show --token'")
-    cut = "the join token is truncated or garbled; copy the whole token again from 'gpulayer cluster show --token'"
-    payload = text[len(TOKEN_PREFIX):]
-    try:
-        packed = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
-    except (binascii.Error, ValueError) as e:
-        raise TokenError(f"{cut} (bad base64: {e})") from e
-    inflate = zlib.decompressobj()
-    try:
-        raw = inflate.decompress(packed, _MAX_TOKEN_JSON_BYTES)
-    except zlib.error as e:
-        raise TokenError(f"{cut} ({e})") from e
-    if not inflate.eof or inflate.unconsumed_tail or inflate.unused_data:
-        raise TokenError(cut)
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise TokenError(f"{cut} (bad JSON: {e})") from e
-    if not isinstance(body, dict):
-        raise TokenError(cut)
-    if body.get("v") != TOKEN_VERSION:
-        raise TokenError(f"join token version {body.get('v')!r} is not supported by this gpulayer "
-                         f"(it reads version {TOKEN_VERSION})")
-    fields = [body.get(k) for k in ("cluster_id", "name", "ca_cert_pem", "ca_key_pem")]
-    if not all(isinstance(f, str) and f for f in fields):
-        raise TokenError(f"{cut} (missing fields)")
-    cluster_id, name, cert_pem, key_pem = (str(f) for f in fields)
-    try:
-        ca = x509.load_pem_x509_certificate(cert_pem.encode())
-        ca_key = serialization.load_pem_private_key(key_pem.encode(), password=None)
-    except (ValueError, TypeError) as e:
-        raise TokenError(f"{cut} (bad CA: {e})") from e
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or spki(ca_key.public_key()) != spki(ca.public_key()):
-        raise TokenError(f"{cut} (the CA key does not match the CA certificate)")
-    if cluster_id_of(ca) != cluster_id:
-        raise TokenError(f"{cut} (cluster id {cluster_id} does not match the CA)")
-    try:
-        bc = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        bc = None
-    if bc is None or not bc.ca:
-        raise TokenError("the join token's certificate is not a CA certificate")
-    if ca.not_valid_after_utc <= utc_now():
-        raise TlsError(f"the cluster CA in this token expired on {ca.not_valid_after_utc:%Y-%m-%d}; "
-                       "make a new cluster with 'gpulayer cluster init --force'")
-    try:
-        _check_name(name)
-    except TlsError as e:
-        raise TokenError(f"the join token's {e}") from e
-    return cluster_id, name, ca, ca_key
 
 
 def _check_name(name: str) -> None:

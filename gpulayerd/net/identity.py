@@ -9,12 +9,19 @@ never readable by others, not even while being written):
 - ``node.crt``: this daemon's certificate, signed by the cluster CA (in a cluster only). It
   records the node's mode and, in personal mode, the one user it is bound to (see
   :func:`make_node_cert`): who a peer vouches for is read from its certificate.
-- ``ca.crt`` and ``ca.key``: the cluster CA (in a cluster only; see :mod:`gpulayerd.net.ca`).
-- ``cluster.json``: ``{cluster_id, name, created_at}``; written last, so a node is in a
-  cluster exactly when this file exists (an interrupted init or join leaves it out).
+- ``ca.crt``: the cluster CA certificate (in a cluster only; see :mod:`gpulayerd.net.ca`).
+- ``ca.key``: the cluster CA's private key, on **signers** only (the node that ran
+  ``cluster init``, and those given it with ``cluster signer add``). Other members never
+  see it: they enroll online (:mod:`gpulayerd.net.enroll`) and renew their certificate
+  through a signer.
+- ``cluster.json``: ``{cluster_id, name, created_at, signers}``; written last, so a node is
+  in a cluster exactly when this file exists (an interrupted init or join leaves it out).
+  ``signers`` lists the HOST:PORT enrollment addresses the node renews its certificate at.
+- ``tokens.json`` and ``revocations.json``: a signer's join tokens (hashed) and the
+  revocation entries this node knows (:mod:`gpulayerd.net.enroll`, :mod:`gpulayerd.net.revocation`).
 
-Every member keeps ``ca.key`` so that it can renew its own certificate
-(:func:`load_or_create_identity` does) and print the join token again.
+A signer renews its own certificate with its CA key (:func:`load_or_create_identity`);
+a member asks a signer (the daemon's renewal loop).
 """
 
 from __future__ import annotations
@@ -74,11 +81,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-NODE_VALIDITY = dt.timedelta(days=730)
+NODE_VALIDITY = dt.timedelta(days=30)
+"""The lifetime of every node certificate a signer issues (members renew before it ends)."""
 # Certificates start this far in the past so that a peer whose clock is a little behind accepts them.
 CLOCK_SKEW = dt.timedelta(hours=1)
-# load_or_create_identity signs a new node certificate when the old one has less than this left.
-RENEW_BEFORE = dt.timedelta(days=30)
+# A node renews its certificate when it has less than this left (a signer itself, in
+# load_or_create_identity; a member, through a signer, in the daemon's renewal loop).
+RENEW_BEFORE = dt.timedelta(days=10)
 
 IDENTITY_DIR = "identity"
 NODE_KEY = "node.key"
@@ -210,8 +219,8 @@ def check_mode(identity: Identity, mode: str) -> None:
     """
     if not identity.in_cluster or identity.mode == mode:
         return
-    how = ("as root: 'sudo gpulayer cluster join TOKEN --force --system'" if mode == "system"
-           else "as the daemon's user, without --system: 'gpulayer cluster join TOKEN --force'")
+    how = ("as root: 'sudo gpulayer cluster join --force --system -'" if mode == "system"
+           else "as the daemon's user, without --system: 'gpulayer cluster join --force -'")
     raise ModeMismatch(f"this node's certificate {identity.cert_path} was enrolled in {identity.mode} mode "
                        f"but gpulayerd is configured for {mode} mode; re-join the cluster {how}")
 
@@ -224,8 +233,8 @@ def _valid_user(name: str) -> bool:
 def load_or_create_identity(state_dir: Path) -> Identity:
     """This daemon's identity: creates the node key on first use, loads the cluster files if any.
 
-    Also renews ``node.crt`` when it expires within :data:`RENEW_BEFORE` (the CA key is on
-    every member).
+    Also renews ``node.crt`` when it expires within :data:`RENEW_BEFORE` on a signer (a node
+    that holds ``ca.key``); other members renew through a signer (the daemon's loop).
 
     Raises:
         TlsError: a file is unreadable or malformed, ``node.crt`` does not belong to
@@ -241,16 +250,16 @@ def load_or_create_identity(state_dir: Path) -> Identity:
     cluster_id, name = info
     if cluster_id_of(ca) != cluster_id:
         raise TlsError(f"{idir / CLUSTER_JSON}: cluster id {cluster_id} does not match {idir / CA_CERT} "
-                       f"(cluster {cluster_id_of(ca)}); run 'gpulayer cluster join TOKEN --force' to repair")
+                       f"(cluster {cluster_id_of(ca)}); run 'gpulayer cluster join --force -' to repair")
     cert = _read_cert(idir / NODE_CERT)
     if spki(cert.public_key()) != spki(key.public_key()):
         raise TlsError(f"{idir / NODE_CERT} does not match this node's key {idir / NODE_KEY}; "
-                       "run 'gpulayer cluster join TOKEN --force' to sign a new certificate")
+                       "run 'gpulayer cluster join --force -' to sign a new certificate")
     try:
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature) as e:
         raise TlsError(f"{idir / NODE_CERT} is not signed by the cluster CA {idir / CA_CERT}; "
-                       "run 'gpulayer cluster join TOKEN --force' to sign a new certificate") from e
+                       "run 'gpulayer cluster join --force -' to sign a new certificate") from e
     mode, user = cert_mode_user(cert)
     if cert.not_valid_after_utc - utc_now() < RENEW_BEFORE:
         _renew_node_cert(idir, key, ca, node_id, mode, user)
@@ -258,9 +267,10 @@ def load_or_create_identity(state_dir: Path) -> Identity:
                     ca_path=idir / CA_CERT, cluster_id=cluster_id, cluster_name=name, mode=mode, user=user)
 
 
-def make_node_cert(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
-                    node_id: str, mode: str, user: str) -> x509.Certificate:
-    """A node certificate for ``key``, signed with the cluster CA's key ``ca_key``.
+def make_node_cert(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey, ca: x509.Certificate,
+                   ca_key: ec.EllipticCurvePrivateKey, node_id: str, mode: str, user: str) -> x509.Certificate:
+    """A node certificate for ``key`` (a node's private key or its public key, e.g. from a
+    CSR), signed with the cluster CA's key ``ca_key``.
 
     Subject CN and DNS SAN are ``node_id``; the subject also records ``mode`` (an OU
     attribute ``gpulayer-mode=<mode>``) and, in personal mode, the bound ``user`` (a
@@ -283,12 +293,13 @@ def make_node_cert(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_key
              x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, _MODE_OU[mode])]
     if user:
         attrs.append(x509.NameAttribute(NameOID.USER_ID, user))
+    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey) else key
     now = utc_now()
     return (
         x509.CertificateBuilder()
         .subject_name(x509.Name(attrs))
         .issuer_name(ca.subject)
-        .public_key(key.public_key())
+        .public_key(pub)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(min(now + NODE_VALIDITY, ca.not_valid_after_utc))
@@ -299,7 +310,7 @@ def make_node_cert(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_key
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                        critical=False)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(node_id)]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -359,7 +370,7 @@ def _read_cert(path: Path) -> x509.Certificate:
         return x509.load_pem_x509_certificate(path.read_bytes())
     except OSError as e:
         raise TlsError(f"{path}: cannot read: {e.strerror or e}; "
-                       "run 'gpulayer cluster join TOKEN --force' to repair") from e
+                       "run 'gpulayer cluster join --force -' to repair") from e
     except ValueError as e:
         raise TlsError(f"{path}: not a PEM certificate: {e}") from e
 
@@ -430,6 +441,8 @@ def _create_exclusive(path: Path, data: bytes) -> bool:
 
 def _renew_node_cert(idir: Path, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, node_id: str,
                      mode: str, user: str) -> None:
+    if not (idir / CA_KEY).exists():
+        return  # not a signer: the daemon's renewal loop asks one
     try:
         ca_key = _read_key(idir / CA_KEY)
     except TlsError as e:

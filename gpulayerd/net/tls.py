@@ -13,7 +13,8 @@ import ssl
 
 from gpulayerd.net.identity import Identity, PeerIdentity, TlsError, node_id_from_cert_der, peer_identity_from_cert_der
 
-__all__ = ["PeerIdentity", "client_ssl_context", "peer_identity", "peer_node_id", "server_ssl_context"]
+__all__ = ["PeerIdentity", "client_ssl_context", "enroll_ssl_context", "peer_identity", "peer_node_id",
+           "reload_identity", "server_ssl_context"]
 
 
 def server_ssl_context(identity: Identity) -> ssl.SSLContext:
@@ -25,6 +26,34 @@ def server_ssl_context(identity: Identity) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     _configure(ctx, identity)
     return ctx
+
+
+def enroll_ssl_context(identity: Identity) -> ssl.SSLContext:
+    """The TLS server context of a signer's enrollment listener: a client certificate is
+    optional (a joining node has none yet), but one that is presented must be signed by the
+    cluster CA (else the handshake fails). Routes that need a member check it themselves.
+
+    Raises:
+        TlsError: the identity is not in a cluster, or the files do not load.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _configure(ctx, identity)
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+def reload_identity(ctx: ssl.SSLContext, identity: Identity) -> None:
+    """Make ``ctx`` present the (renewed) certificate of ``identity`` on new connections.
+
+    Raises:
+        TlsError: the files do not load.
+    """
+    if identity.cert_path is None:
+        raise TlsError("no node certificate to load")
+    try:
+        ctx.load_cert_chain(identity.cert_path, identity.key_path)
+    except (OSError, ssl.SSLError) as e:
+        raise TlsError(f"cannot load the TLS identity in {identity.cert_path.parent}: {e}") from e
 
 
 def client_ssl_context(identity: Identity) -> ssl.SSLContext:
@@ -86,7 +115,7 @@ def _peer_der(ssl_object_or_der: ssl.SSLObject | ssl.SSLSocket | bytes) -> bytes
 def _configure(ctx: ssl.SSLContext, identity: Identity) -> None:
     if not identity.in_cluster or identity.cert_path is None or identity.ca_path is None:
         raise TlsError(f"node {identity.node_id[:12]} is not in a cluster: run 'gpulayer cluster init' "
-                       "or 'gpulayer cluster join TOKEN'")
+                       "or 'gpulayer cluster join -'")
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.verify_flags |= ssl.VERIFY_X509_STRICT

@@ -14,10 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "MAX_HOLDINGS_USERS",
+    "MAX_REVOKED",
     "Ack",
     "Claim",
     "ClaimReply",
     "Commit",
+    "EnrollJoin",
+    "EnrollRenew",
+    "EnrollReply",
     "Heartbeat",
     "HeartbeatReply",
     "Hold",
@@ -26,6 +30,7 @@ __all__ = [
     "LogRequest",
     "Offer",
     "Release",
+    "Revoked",
     "RunReport",
     "RunReportReply",
     "new_msg_id",
@@ -43,6 +48,18 @@ def new_msg_id() -> str:
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+MAX_REVOKED = 256
+"""The most revocation entries one heartbeat carries."""
+
+
+class Revoked(_Msg):
+    """A revocation entry (:mod:`gpulayerd.net.revocation`): verified against the CA by each receiver."""
+
+    node_id: str = Field(max_length=64)
+    at: int
+    sig: str = Field(max_length=200)
 
 
 class HeartbeatReply(_Msg):
@@ -63,6 +80,8 @@ class HeartbeatReply(_Msg):
     holdings: dict[str, tuple[int, int]] | None = None
     """Fair share: what the SENDER holds now, user -> (GPUs, CPU slots) of the attempts
     starting or running on it; at most :data:`MAX_HOLDINGS_USERS` users. None: not sent."""
+    revoked: list[Revoked] | None = Field(default=None, max_length=MAX_REVOKED)
+    """Revocation entries the sender knows (signed by the CA; each receiver verifies them)."""
 
     @field_validator("holdings")
     @classmethod
@@ -204,3 +223,25 @@ class Commit(_Msg):
     nnodes: int
     master_addr: str
     master_port: int
+
+
+class EnrollJoin(_Msg):
+    """Joining node -> signer (enrollment listener): a CSR with the token's id and secret."""
+
+    token_id: str = Field(max_length=64)
+    secret: str = Field(max_length=128)
+    csr_pem: str = Field(max_length=8192)
+    mode: str = Field(max_length=16)
+    user: str = Field(max_length=256)
+
+
+class EnrollRenew(_Msg):
+    """Member -> signer: a CSR for the key of the (valid) client certificate it connects with."""
+
+    csr_pem: str = Field(max_length=8192)
+
+
+class EnrollReply(_Msg):
+    """Signer -> node: the new node certificate (PEM)."""
+
+    cert_pem: str

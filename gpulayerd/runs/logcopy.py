@@ -7,11 +7,16 @@ never blocks on a full pipe, and is never killed for writing too much), and one 
 ``[gpulayer: log capped at N bytes]`` is appended once. A job's output cannot fill the
 state disk that every user shares.
 
+A log that cannot be written (the disk is full) never stops the copy, the job or the
+watchdog: the output is read and dropped, and once writing works again one line
+``[gpulayer: N bytes of output dropped: ...]`` marks the gap.
+
 Standard library only: the watchdog imports this module.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -33,12 +38,17 @@ class CappedLog:
     def __init__(self, read_fd: int, path: Path, cap_bytes: int | None) -> None:
         os.set_blocking(read_fd, False)
         self.fd = read_fd
-        self._file = open(path, "ab")  # noqa: SIM115 (closed in close())
         self._cap = cap_bytes
-        self._written = self._file.tell()
         self._last = b"\n"
         self.capped = False
         self.open = True
+        self.dropped = 0  # bytes not written because the file could not be written
+        self._error = ""
+        try:
+            self._file: io.FileIO | None = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
+            self._written = self._file.tell()
+        except OSError as e:
+            self._file, self._written, self._error = None, 0, e.strerror or str(e)
 
     def pump(self, chunks: int = _CHUNKS_PER_PUMP) -> None:
         """Copy what is readable now (at most ``chunks`` reads of 64 KiB); at end of stream (every
@@ -56,33 +66,61 @@ class CappedLog:
                 self._close_pipe()
                 break
             self._write(data)
-        self._file.flush()
 
     def close(self) -> None:
         """Copy what is left without waiting for more, then close the pipe and the file."""
         if self.open:
             self.pump(chunks=1 << 20)
         self._close_pipe()
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
     def _write(self, data: bytes) -> None:
         if self.capped:
             return
         if self._cap is not None and self._written + len(data) > self._cap:
             kept = data[: max(self._cap - self._written, 0)]
-            if kept:
-                self._file.write(kept)
-                self._last = kept[-1:]
-            newline = b"" if self._last == b"\n" else b"\n"
-            self._file.write(newline + f"[gpulayer: log capped at {self._cap} bytes]\n".encode())
-            self._written += len(kept)
+            newline = b"" if (kept[-1:] or self._last) == b"\n" else b"\n"
+            self._put(kept, newline + f"[gpulayer: log capped at {self._cap} bytes]\n".encode())
             self.capped = True
             return
-        self._file.write(data)
-        self._written += len(data)
-        self._last = data[-1:]
+        self._put(data)
+
+    def _put(self, data: bytes, note: bytes = b"") -> None:
+        """Append ``data`` (the job's bytes) then ``note`` (ours); what cannot be written is dropped and counted."""
+        if self.dropped and self._file is not None:  # the first write that works again marks the gap
+            newline = b"" if self._last == b"\n" else b"\n"
+            gap = newline + f"[gpulayer: {self.dropped} bytes of output dropped: {self._error}]\n".encode()
+            if self._all(gap) == len(gap):
+                self._last, self.dropped = b"\n", 0
+        if self.dropped or self._file is None:
+            self.dropped += len(data)
+            return
+        done = self._all(data)
+        self._written += done
+        if done:
+            self._last = data[done - 1:done]
+        if done < len(data):
+            self.dropped += len(data) - done
+        elif note:
+            self._all(note)
+
+    def _all(self, data: bytes) -> int:
+        """Write ``data``; the number of bytes written (fewer when the file cannot take more)."""
+        assert self._file is not None
+        view = memoryview(data)
+        done = 0
+        while done < len(data):
+            try:
+                n = self._file.write(view[done:])
+            except OSError as e:
+                self._error = e.strerror or str(e)
+                return done
+            done += n or 0
+        return done
 
     def _close_pipe(self) -> None:
         if self.open:
             self.open = False
             os.close(self.fd)
+

@@ -13,7 +13,10 @@ milliseconds and is reaped by :meth:`Runner.start`. The daemon therefore never h
 long-lived child: no zombie when it forgets to wait, no ``Popen`` to keep (or to warn
 about at exit), and a watchdog started by this daemon and one inherited from a previous
 daemon are watched by exactly the same code. The price is that the watchdog's exit is
-seen through ``exit.json`` and a pidfd (or polling), never through ``waitpid``.
+seen through ``exit.json`` and a pidfd (or polling), never through ``waitpid``. When
+``exit.json`` cannot be written (a full disk), the watchdog stays alive and keeps the record
+in memory; :meth:`Runner.poll` asks it over a socket that needs no disk (:mod:`.exitnote`),
+and :meth:`Runner.recorded` lets it go once the daemon has stored the end.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulayerd.atomic import write_atomic
-from gpulayerd.runs import layout
+from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.identity import JobUser
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
@@ -81,7 +84,8 @@ class RunStatus:
     """The state of one attempt.
 
     Attributes:
-        state: RUNNING (the watchdog lives), EXITED (``exit.json`` says how it ended) or
+        state: RUNNING (the watchdog lives), EXITED (``exit.json``, or the record a watchdog
+            keeps in memory on a full disk, says how it ended) or
             GONE (the watchdog died without writing ``exit.json``).
         exit_code: the job's exit status; negative N when killed by signal N; None while
             running, when gone, or when the job never started.
@@ -284,7 +288,9 @@ class Runner:
             return RunStatus(RunState.GONE, reason="gone",
                              detail=f"no watchdog ever started in {run_dir}")
         if is_alive(handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks):
-            return RunStatus(RunState.RUNNING)
+            # Alive without exit.json: running, or ended on a full disk and keeping its record.
+            kept = exitnote.ask(handle.watchdog_pid, handle.watchdog_start_ticks)
+            return RunStatus(RunState.RUNNING) if kept is None else _status_of(kept)
         status = _exit_status(run_dir)  # it may have written exit.json and exited just now
         if status is not None:
             return status
@@ -326,6 +332,15 @@ class Runner:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    def recorded(self, handle: RunHandle) -> None:
+        """The attempt's end is recorded in the store: a watchdog that could not write
+        ``exit.json`` (a full disk) and kept it in memory may exit now (:mod:`.exitnote`).
+
+        Blocks up to a second (call it through ``asyncio.to_thread``); does nothing when the
+        watchdog keeps no record.
+        """
+        exitnote.ask(handle.watchdog_pid, handle.watchdog_start_ticks, ack=True)
 
     def give_up_if_unstarted(self, run_dir: Path) -> bool:
         """After a restart, for an attempt without ``watchdog.json``: make sure it never starts.
@@ -398,8 +413,15 @@ class Runner:
             time.sleep(0.02)
 
     def extend_deadline(self, handle: RunHandle, deadline_monotonic: float | None) -> None:
-        """Move the watchdog's deadline (a ``time.monotonic()`` value; None removes it)."""
-        self._write_deadline(handle.run_dir, deadline_monotonic)
+        """Move the watchdog's deadline (a ``time.monotonic()`` value; None removes it).
+
+        A deadline that cannot be written (a full disk) is logged, not raised: the watchdog
+        keeps the last one, and later renewals try again.
+        """
+        try:
+            self._write_deadline(handle.run_dir, deadline_monotonic)
+        except OSError as e:
+            log.warning("job %s attempt %d: cannot move the deadline: %s", handle.job_id, handle.attempt, e)
 
     # ---------------------------------------------------------------------- private
 
@@ -464,8 +486,11 @@ class Runner:
 
 def _exit_status(run_dir: Path) -> RunStatus | None:
     data = read_json(run_dir / EXIT_FILE)
-    if data is None:
-        return None
+    return None if data is None else _status_of(data)
+
+
+def _status_of(data: Mapping[str, object]) -> RunStatus:
+    """The status an exit record (``exit.json``, or one a watchdog kept in memory) gives."""
     code, reason, detail, ended_at = (data.get(k) for k in ("exit_code", "reason", "detail", "ended_at"))
     return RunStatus(
         RunState.EXITED,

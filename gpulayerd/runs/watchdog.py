@@ -13,7 +13,8 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   file descriptors holding device locks; closed only after the job and every process
   it left behind are dead), ``user`` (the account the job runs as: ``name``, ``uid``,
   ``gid``, ``groups``, ``home``, ``shell``; null or missing runs it as the watchdog's
-  own account), ``log_cap_bytes`` (the most of each output stream kept; null keeps all).
+  own account), ``log_cap_bytes`` (the most of each output stream kept; null keeps all),
+  ``exit_keep_s`` (how long an exit status that cannot be written is kept; see below).
 - ``watchdog.json`` (written first): ``pid``, ``create_time`` (psutil), ``start_ticks``.
 - ``job.json``: ``pid``, ``pgid`` (= pid: the job leads its own session), ``create_time``,
   ``start_ticks``, ``started_at`` (wall clock), ``spawn_s`` (seconds the start took: fork,
@@ -23,7 +24,10 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
 - ``exit.json`` (written last): ``exit_code`` (negative N: killed by signal N, as
   ``Popen.returncode``; None if unknown), ``reason`` (``exited``, ``cancelled``,
   ``deadline``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
-  ``killed_by_watchdog``, ``ended_at`` (wall clock).
+  ``killed_by_watchdog``, ``ended_at`` (wall clock). When it cannot be written (a full
+  disk), the watchdog stays alive with its device locks, retries with backoff and serves
+  the record to the daemon on an abstract socket (:mod:`.exitnote`) until the file is
+  written or the daemon confirms it recorded the end (or ``exit_keep_s`` passed).
 - ``stdout.log`` and ``stderr.log``: the job's output (appended), copied from pipes by the
   watchdog up to ``log_cap_bytes`` each (:mod:`.logcopy`); ``watchdog.log``: ours.
 
@@ -63,6 +67,7 @@ from types import FrameType
 
 import psutil
 
+from gpulayerd.runs.exitnote import KEEP_S, ExitNote, retry_delays, socket_name
 from gpulayerd.runs.identity import JobUser, check_still_maps
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
@@ -93,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Detach, then supervise the job described by ``RUN_DIR/launch.json``.
 
     Returns:
-        0 once ``exit.json`` is written (whatever the job did); 1 if even that failed;
+        0 once ``exit.json`` is written or the daemon recorded the end (whatever the job
+        did); 1 if neither happened within ``exit_keep_s``;
         2 for a usage error.
     """
     args = list(sys.argv[1:] if argv is None else argv)
@@ -127,6 +133,7 @@ class _Launch:
     lock_fds: list[int]
     user: JobUser | None
     log_cap_bytes: int | None
+    exit_keep_s: float
 
     @classmethod
     def load(cls, path: Path) -> _Launch:
@@ -155,6 +162,7 @@ class _Launch:
             poll_interval_s=max(_number(data, "poll_interval_s", 0.5), 0.01),
             kill_timeout_s=_number(data, "kill_timeout_s", 5.0), lock_fds=list(fds),
             user=None if user is None else JobUser.from_json(user), log_cap_bytes=cap,
+            exit_keep_s=_number(data, "exit_keep_s", KEEP_S),
         )
 
 
@@ -169,6 +177,7 @@ class _Watchdog:
         self.proc: subprocess.Popen[bytes] | None = None
         self.wake_fd = -1
         self.logs: list[CappedLog] = []
+        self.keep_s = KEEP_S
 
     def run(self) -> int:
         exit_code: int | None = None
@@ -185,7 +194,7 @@ class _Watchdog:
                 return 0
             write_json(self.run_dir / WATCHDOG_FILE, {**me.to_json(), "started_at": time.time()})
             launch = _Launch.load(self.run_dir / LAUNCH_FILE)
-            lock_fds = launch.lock_fds
+            lock_fds, self.keep_s = launch.lock_fds, launch.exit_keep_s
             exit_code, reason, detail = self._run_job(launch)
         except BaseException as e:  # never end without exit.json
             log.exception("watchdog failed")
@@ -196,22 +205,52 @@ class _Watchdog:
                 exit_code = self.proc.returncode
         finally:
             self._close_logs()
+        log.info("job ended: exit_code=%s reason=%s (%s)", exit_code, reason, detail)
+        try:
+            # The device locks are kept until the end is recorded: until then the daemon counts
+            # the devices as this attempt's.
+            return self._record_exit({
+                "exit_code": exit_code, "reason": reason, "detail": detail,
+                "killed_by_watchdog": self.killed, "ended_at": time.time(),
+            })
+        finally:
             for fd in lock_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        log.info("job ended: exit_code=%s reason=%s (%s)", exit_code, reason, detail)
+
+    def _record_exit(self, record: Mapping[str, object]) -> int:
+        """Write ``exit.json``; while that fails (a full disk), keep ``record`` for the daemon.
+
+        Retries with backoff and serves the record on an abstract socket (:mod:`.exitnote`)
+        until the file is written or the daemon confirms it recorded the end (0), or
+        ``exit_keep_s`` passed (1: the attempt will be seen as gone).
+        """
+        path = self.run_dir / EXIT_FILE
         try:
-            write_json(
-                self.run_dir / EXIT_FILE,
-                {
-                    "exit_code": exit_code, "reason": reason, "detail": detail,
-                    "killed_by_watchdog": self.killed, "ended_at": time.time(),
-                },
-            )
-        except OSError:
-            log.exception("cannot write %s", EXIT_FILE)
-            return 1
-        return 0
+            write_json(path, record)
+            return 0
+        except OSError as e:
+            log.warning("cannot write %s (%s): keeping the exit status until it is recorded", EXIT_FILE, e)
+        me = record_of(os.getpid())
+        note = ExitNote(None if me is None else socket_name(me.pid, me.start_ticks), record)
+        end = time.monotonic() + self.keep_s
+        try:
+            for delay in retry_delays():
+                note.serve(min(delay, max(end - time.monotonic(), 0.0)))
+                if note.recorded:
+                    log.info("the daemon recorded the job's end; %s is not written", EXIT_FILE)
+                    return 0
+                with contextlib.suppress(OSError):
+                    write_json(path, record)
+                    log.info("%s written after all", EXIT_FILE)
+                    return 0
+                if time.monotonic() > end:
+                    log.error("%s still cannot be written after %.0f s and nobody asked for the exit status: "
+                              "giving up", EXIT_FILE, self.keep_s)
+                    return 1
+        finally:
+            note.close()
+        return 1  # (retry_delays never ends)
 
     # ---------------------------------------------------------------- the job's life
 

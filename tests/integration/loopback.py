@@ -3,20 +3,23 @@
 No network namespace and no mDNS: every daemon's peer API listens on 127.0.0.1 on its
 own port, and each one knows the first ("founding") daemon as a static peer (``peers``
 in its config file, what ``--peer`` sets); the founder learns the others from their
-heartbeats. The cluster is made with ``gpulayer cluster init`` on the founder and
-``gpulayer cluster join TOKEN`` on the others, before the daemons start.
+heartbeats. The cluster is made with ``gpulayer cluster init`` on the founder (a signer),
+which then starts; the others enroll ONLINE at its enrollment listener with
+``gpulayer cluster join -`` (the token from ``gpulayer cluster token`` on stdin) and start.
 """
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .conftest import Daemon, Lab, wait_until
+from .conftest import GPULAYER, Daemon, Lab, clean_env, wait_until
 
-__all__ = ["LOOPBACK", "free_port", "loopback_cluster", "node_id", "wait_cluster"]
+__all__ = ["LOOPBACK", "free_port", "join", "loopback_cluster", "node_id", "wait_cluster"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -57,13 +60,22 @@ def loopback_cluster(
     for d in daemons:
         d.work.mkdir(parents=True, exist_ok=True)  # the CLI's working directory
     founder.cli_ok("cluster", "init")
-    token = founder.cli_ok("cluster", "show", "--token").strip()
-    for d in others:
-        d.cli_ok("cluster", "join", token)
-    for d in daemons:
-        d.start()
+    founder.start()
+    if others:
+        token = json.loads(founder.cli_ok("cluster", "token", "--uses", str(len(others)), "--json"))["token"]
+        for d in others:
+            join(d, token)
+            d.start()
     wait_cluster(daemons, timeout_s)
     return daemons
+
+
+def join(d: Daemon, token: str) -> str:
+    """``gpulayer cluster join -`` for ``d`` with ``token`` on stdin (its signer must run); returns stdout."""
+    r = subprocess.run([GPULAYER, "--state-dir", str(d.state_dir), "cluster", "join", "-"], input=token,
+                       cwd=d.work, env=clean_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, f"gpulayer cluster join -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
 
 
 def wait_cluster(daemons: Sequence[Daemon], timeout_s: float = 30.0) -> float:

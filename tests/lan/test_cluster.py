@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulayerd.net.identity import load_or_create_identity
-from tests.lan.harness import FAST_CLUSTER, Host, Lan
+from tests.lan.harness import FAST_CLUSTER, GPULAYER, Host, Lan
 
 PORT = 7171
 MDNS = ["--interface", "eth0"]  # mDNS on (the default), advertised on the LAN interface only
@@ -122,8 +122,19 @@ def _parallel(*calls: Callable[[], object]) -> list[object]:
 def test_mdns_discovery_trust_and_a_foreign_cluster(lan_factory: Callable[..., Lan]) -> None:
     lan = lan_factory(4)
     h1, h2, h3, h4 = lan.hosts
-    token = h1.cluster_init()
-    _parallel(lambda: h2.cluster_join(token), lambda: h3.cluster_join(token), h4.cluster_init)
+    # h1 makes the cluster and, as its signer, enrolls h2 (token on stdin) and h3 (token in a file) ONLINE.
+    token = h1.cluster_init("--uses", "2", "--address", f"{h1.ip}:{PORT + 1}")
+    h4.cluster_init()
+    h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=1, log_level=QUIET)
+    lan.wait((h1.identity_dir / "enroll.json").exists, timeout_s=10, what="h1's enrollment listener")
+    _parallel(lambda: h2.cluster_join(token).stdout, lambda: h3.cluster_join(token, token_file=True).stdout)
+    ca_key = (h1.identity_dir / "ca.key").read_bytes()
+    for h in (h2, h3):  # no CA private key anywhere under a joined node's state
+        assert not (h.identity_dir / "ca.key").exists()
+        assert not [f for f in h.daemon_state_dir.rglob("*") if f.is_file() and ca_key.strip() in f.read_bytes()]
+    # The token is one-time (2 uses): a third join is refused, and nothing is installed.
+    again = h4.run([GPULAYER, "--state-dir", str(h4.root / "third"), "cluster", "join", "-"], input=token)
+    assert again.returncode == 1 and "already used" in again.stderr, again
     ids = {h.name: h.node_id for h in lan.hosts}
     assert len(set(ids.values())) == 4
     cluster_of = {h.name: load_or_create_identity(h.state_dir).cluster_id for h in (h1, h4)}
@@ -132,7 +143,6 @@ def test_mdns_discovery_trust_and_a_foreign_cluster(lan_factory: Callable[..., L
 
     # h1..h3 have one CPU slot each (their jobs overflow); h4, of another cluster, has four.
     h4.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=4, log_level=QUIET)
-    h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=1, log_level=QUIET)
     h2.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=1, log_level=QUIET)
     spawned = time.monotonic()
     h3.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=1, log_level=QUIET)

@@ -223,8 +223,10 @@ def test_two_host_gloo_job(cluster3: Lan) -> None:
     job = h1.submit(spec)
     view = h1.wait_job(job.id, timeout_s=120, interval_s=0.3)
     attempt = view.attempts[-1] if view.attempts else None
-    assert view.status == "succeeded", (view.reason, attempt, [e.reason for e in view.events],
-                                         _member_logs(cluster3, job.id))
+    if view.status != "succeeded":
+        for name, text in _member_logs(cluster3, job.id).items():
+            print(f"===== {name}\n{text}")
+    assert view.status == "succeeded", (view.reason, attempt, [e.reason for e in view.events])
     assert attempt is not None and len(attempt.gang) == 2 and len(set(attempt.gang)) == 2, attempt
     checksums = {}
     for rank, node in enumerate(attempt.gang):

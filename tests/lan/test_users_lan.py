@@ -71,9 +71,9 @@ def etc_without(request: pytest.FixtureRequest) -> Iterator[Callable[[Host, str]
 
 def _start_system_daemons(lan: Lan) -> None:
     h1, h2, h3 = lan.hosts
-    token = cluster_init(h1.daemon_state_dir, None, mode="system")
+    token = cluster_init(h1.daemon_state_dir, None, mode="system", uses=2, addresses=[f"{h1.ip}:7172"])
     for h in (h2, h3):
-        cluster_join(h.daemon_state_dir, token, mode="system")
+        cluster_join(h.daemon_state_dir, token, mode="system", signer=h1.daemon_state_dir)  # offline enrollment
     for h in lan.hosts:
         run = h.root / "run"  # a socket directory other accounts can reach (the system daemon makes it 0755)
         run.mkdir(mode=0o755, exist_ok=True)
@@ -172,9 +172,10 @@ def test_bobs_personal_node_cannot_offer_a_job_as_alice(lan_factory: Callable[..
     alice, bob = accounts.user("alice"), accounts.user("bob")
     lan = lan_factory(2)
     h1, h2 = lan.hosts
-    token = cluster_init(h2.daemon_state_dir, None, mode="system")
-    bobs = cluster_join(h1.root / "bob-state", token, user=bob.name)  # bob's personal node, on h1
-    system = cluster_join(h1.root / "sys-state", token, mode="system")  # a system-mode node, on h1
+    token = cluster_init(h2.daemon_state_dir, None, mode="system", uses=2, addresses=[f"{h2.ip}:7172"])
+    signer = h2.daemon_state_dir  # offline enrollment
+    bobs = cluster_join(h1.root / "bob-state", token, user=bob.name, signer=signer)  # bob's personal node, on h1
+    system = cluster_join(h1.root / "sys-state", token, mode="system", signer=signer)  # a system-mode node, on h1
     assert (bobs.mode, bobs.user, system.mode) == ("personal", bob.name, "system")
     h2.start_daemon(config={**FAST_CLUSTER, "mode": "system"}, cpu_slots=2, log_level=QUIET)
     marker = tmp_path / "forged-ran"

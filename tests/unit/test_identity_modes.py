@@ -38,8 +38,8 @@ def test_default_user_is_the_account_running_the_command(tmp_path: Path) -> None
 
 
 def test_system_certificate_vouches_for_no_single_user(tmp_path: Path) -> None:
-    token = ca.cluster_init(tmp_path / "a", "lab", user="alice")
-    b = ca.cluster_join(tmp_path / "b", token, mode="system")
+    token = ca.cluster_init(tmp_path / "a", "lab", user="alice", addresses=["127.0.0.1:1"])
+    b = ca.cluster_join(tmp_path / "b", token, mode="system", signer=tmp_path / "a")
     assert (b.mode, b.user) == ("system", "")
     assert tls.peer_identity(_cert_der(b)) == (b.node_id, "system", "")
     cert = x509.load_der_x509_certificate(_cert_der(b))
@@ -49,10 +49,11 @@ def test_system_certificate_vouches_for_no_single_user(tmp_path: Path) -> None:
 
 
 def test_rejoining_in_another_mode_signs_a_new_certificate_for_the_same_node(tmp_path: Path) -> None:
-    token = ca.cluster_init(tmp_path / "a", "lab", user="alice")
-    b = ca.cluster_join(tmp_path / "b", token, user="bob")
-    assert ca.cluster_join(tmp_path / "b", token, user="bob") == b  # same mode and user: unchanged
-    s = ca.cluster_join(tmp_path / "b", token, mode="system")
+    token = ca.cluster_init(tmp_path / "a", "lab", user="alice", addresses=["127.0.0.1:1"], uses=2)
+    signer = tmp_path / "a"
+    b = ca.cluster_join(tmp_path / "b", token, user="bob", signer=signer)
+    assert ca.cluster_join(tmp_path / "b", token, user="bob", signer=signer) == b  # same mode and user: unchanged
+    s = ca.cluster_join(tmp_path / "b", token, mode="system", signer=signer)
     assert (s.node_id, s.mode, s.user) == (b.node_id, "system", "")
     assert identity.load_or_create_identity(tmp_path / "b").mode == "system"
 
@@ -104,7 +105,7 @@ def test_daemon_mode_must_match_the_certificate(tmp_path: Path) -> None:
     with pytest.raises(ModeMismatch) as e:
         identity.check_mode(a, "system")
     assert "enrolled in personal mode but gpulayerd is configured for system mode" in str(e.value)
-    assert "sudo gpulayer cluster join TOKEN --force --system" in str(e.value)
+    assert "sudo gpulayer cluster join --force --system -" in str(e.value)
     assert isinstance(e.value, ValueError)  # gpulayerd's main prints it and exits 2
     identity.check_mode(identity.load_or_create_identity(tmp_path / "z"), "system")  # not in a cluster: no check
 
@@ -137,10 +138,10 @@ class _Offers:
 @pytest.fixture
 def three_nodes(tmp_path: Path) -> tuple[Identity, Identity, Identity]:
     """A system-mode worker, bob's personal node and another system-mode node, in one cluster."""
-    token = ca.cluster_init(tmp_path / "w", "lab", mode="system")
+    token = ca.cluster_init(tmp_path / "w", "lab", mode="system", addresses=["127.0.0.1:1"], uses=2)
     worker = identity.load_or_create_identity(tmp_path / "w")
-    return worker, ca.cluster_join(tmp_path / "bob", token, user="bob"), ca.cluster_join(tmp_path / "sys", token,
-                                                                                         mode="system")
+    return (worker, ca.cluster_join(tmp_path / "bob", token, user="bob", signer=tmp_path / "w"),
+            ca.cluster_join(tmp_path / "sys", token, mode="system", signer=tmp_path / "w"))
 
 
 @pytest.mark.asyncio

@@ -47,3 +47,14 @@ def test_a_cut_on_a_line_end_adds_no_blank_line_and_no_cap_keeps_all(tmp_path: P
     os.close(w)
     log.close()
     assert (tmp_path / "b.log").read_bytes() == b"x" * 50_000
+
+
+def test_a_log_that_cannot_be_written_drops_the_output_and_keeps_reading(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    log = CappedLog(r, Path("/dev/full"), None)  # every write: ENOSPC
+    os.write(w, b"x" * 60_000)
+    log.pump()  # no exception: the job's output is read and dropped
+    os.write(w, b"tail\n")
+    os.close(w)
+    log.close()
+    assert (log.dropped, log.open) == (60_005, False)

@@ -91,6 +91,9 @@ async def test_bob_goes_before_alices_next_job_and_alice_is_told_why(lab: Lab, p
     for j in alice[2:]:
         reason = (await lab.job(ws, j)).reason
         assert reason.startswith(f"fits but busy: fair share: {a.name} used 1.0 GPU-h today, {b.name} 0.0"), reason
+    explained = await ws.services.owner.explain(alice[2])  # what `gpulayer explain` shows
+    assert explained.summary.startswith(f"fits but busy: fair share: {a.name} used 1.0 GPU-h"), explained.summary
+    assert [r.code for w in explained.workers for r in w.rejections][:1] == ["FAIR_SHARE"], explained.workers
 
     await _end_one(lab, ws, alice[1])
     await lab.step()

@@ -11,7 +11,6 @@ import socket
 import ssl
 import stat
 import tempfile
-import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from gpulayerd.cli import main
 from gpulayerd.net import ca, identity, tls
-from gpulayerd.net.ca import TokenError
+from gpulayerd.net.enroll import EnrollRefused, TokenError
 from gpulayerd.net.identity import Identity, TlsError
 
 B32 = set("abcdefghijklmnopqrstuvwxyz234567")
@@ -30,8 +29,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 @pytest.fixture
 def cluster(tmp_path: Path) -> tuple[Identity, Identity, str]:
     """Two nodes (a made the cluster, b joined it) and the join token."""
-    token = ca.cluster_init(tmp_path / "a", "lab")
-    b = ca.cluster_join(tmp_path / "b", token)
+    token = ca.cluster_init(tmp_path / "a", "lab", uses=10, addresses=["127.0.0.1:1"])
+    b = ca.cluster_join(tmp_path / "b", token, signer=tmp_path / "a")
     return identity.load_or_create_identity(tmp_path / "a"), b, token
 
 
@@ -118,31 +117,35 @@ def test_node_certificate_names_the_node(cluster: tuple[Identity, Identity, str]
 
 def test_joining_keeps_the_node_id(tmp_path: Path) -> None:
     before = identity.load_or_create_identity(tmp_path / "b").node_id
-    token = ca.cluster_init(tmp_path / "a", None)
-    assert ca.cluster_join(tmp_path / "b", token).node_id == before
+    token = ca.cluster_init(tmp_path / "a", None, addresses=["127.0.0.1:1"])
+    assert ca.cluster_join(tmp_path / "b", token, signer=tmp_path / "a").node_id == before
 
 
-def test_token_can_be_printed_again_by_any_member(cluster: tuple[Identity, Identity, str]) -> None:
+def test_tokens_are_made_by_signers_only_and_members_hold_no_ca_key(cluster: tuple[Identity, Identity, str]) -> None:
     a, b, token = cluster
-    assert ca.join_token(a.state_dir) == token
-    assert ca.cluster_join(b.state_dir.parent / "d", ca.join_token(b.state_dir)).cluster_id == a.cluster_id
+    assert (a.state_dir / "identity" / "ca.key").exists()
+    assert not (b.state_dir / "identity" / "ca.key").exists()
+    again = ca.new_token(a.state_dir, addresses=["127.0.0.1:1"])
+    assert again != token and again.startswith("gpl2.")
+    with pytest.raises(TlsError, match="not a signer"):
+        ca.new_token(b.state_dir, addresses=["127.0.0.1:1"])
 
 
 def test_joining_the_same_cluster_again_is_idempotent(cluster: tuple[Identity, Identity, str]) -> None:
     _, b, token = cluster
     assert b.cert_path is not None
     cert = b.cert_path.read_bytes()
-    assert ca.cluster_join(b.state_dir, token) == b
+    assert ca.cluster_join(b.state_dir, token, signer=a_dir(b)) == b
     assert b.cert_path.read_bytes() == cert
 
 
 def test_joining_a_different_cluster_needs_force(cluster: tuple[Identity, Identity, str], foreign: Identity) -> None:
     _, b, _ = cluster
-    other = ca.join_token(foreign.state_dir)
+    other = ca.new_token(foreign.state_dir, addresses=["127.0.0.1:1"])
     with pytest.raises(TlsError, match=r"already in cluster 'lab'.*--force"):
-        ca.cluster_join(b.state_dir, other)
+        ca.cluster_join(b.state_dir, other, signer=foreign.state_dir)
     assert identity.load_or_create_identity(b.state_dir) == b
-    moved = ca.cluster_join(b.state_dir, other, force=True)
+    moved = ca.cluster_join(b.state_dir, other, force=True, signer=foreign.state_dir)
     assert moved.cluster_id == foreign.cluster_id and moved.node_id == b.node_id
 
 
@@ -158,7 +161,7 @@ def test_init_twice_needs_force(cluster: tuple[Identity, Identity, str]) -> None
 def test_not_in_a_cluster_has_no_token_and_no_contexts(tmp_path: Path) -> None:
     ident = identity.load_or_create_identity(tmp_path)
     with pytest.raises(TlsError, match="cluster init"):
-        ca.join_token(tmp_path)
+        ca.new_token(tmp_path)
     with pytest.raises(TlsError, match="not in a cluster"):
         tls.server_ssl_context(ident)
     with pytest.raises(TlsError, match="not in a cluster"):
@@ -183,12 +186,17 @@ def test_certificate_not_signed_by_the_ca_is_refused(cluster: tuple[Identity, Id
     with pytest.raises(TlsError, match="not signed by the cluster CA"):
         identity.load_or_create_identity(b.state_dir)
     # A broken install can be repaired by joining again.
-    assert ca.cluster_join(b.state_dir, ca.join_token(foreign.state_dir), force=True).in_cluster
+    again = ca.new_token(foreign.state_dir, addresses=["127.0.0.1:1"])
+    assert ca.cluster_join(b.state_dir, again, force=True, signer=foreign.state_dir).in_cluster
 
 
-def _token(body: object, prefix: str = "gpl1.") -> str:
-    raw = zlib.compress(json.dumps(body).encode())
-    return prefix + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+def a_dir(b: Identity) -> Path:
+    """The founding node's state dir next to ``b``'s (the ``cluster`` fixture)."""
+    return b.state_dir.parent / "a"
+
+
+def _token(body: object, prefix: str = "gpl2.") -> str:
+    return prefix + base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
 
 
 @pytest.mark.parametrize(
@@ -198,37 +206,39 @@ def _token(body: object, prefix: str = "gpl1.") -> str:
         (lambda t: t[:-3], "truncated or garbled"),
         (lambda t: t[:40] + "!!!" + t[43:], "truncated or garbled"),
         (lambda t: t[:20] + ("A" if t[20] != "A" else "B") + t[21:], "truncated or garbled"),
-        (lambda t: "gpl1.", "truncated or garbled"),
+        (lambda t: "gpl1.", "old join token"),
         (lambda t: "hello", "not a gpulayer join token"),
-        (lambda t: "gpl2." + t[5:], "version 2 is not supported"),
-        (lambda t: _token({"v": 7}), "version 7 is not supported"),
+        (lambda t: "gpl3." + t[5:], "not a gpulayer join token"),
+        (lambda t: _token({"v": 7}), "truncated or garbled"),
         (lambda t: _token(["not", "an", "object"]), "truncated or garbled"),
-        (lambda t: _token({"v": 1, "cluster_id": "x"}), "missing fields"),
+        (lambda t: _token({"v": 2, "cluster_id": "x"}), "missing fields"),
     ],
     ids=["half", "last-chars", "bad-base64", "flipped-char", "empty", "not-a-token", "prefix-version",
          "body-version", "not-object", "missing-fields"],
 )
 def test_bad_token_is_refused_clearly(tmp_path: Path, mangle: object, message: str) -> None:
-    token = ca.cluster_init(tmp_path / "a", "lab")
+    token = ca.cluster_init(tmp_path / "a", "lab", addresses=["127.0.0.1:1"])
     assert callable(mangle)
     with pytest.raises(TokenError, match=message):
-        ca.cluster_join(tmp_path / "b", mangle(token))
+        ca.cluster_join(tmp_path / "b", mangle(token), signer=tmp_path / "a")
     assert not identity.load_or_create_identity(tmp_path / "b").in_cluster
 
 
-def test_token_with_mismatched_ca_key_is_refused(cluster: tuple[Identity, Identity, str], foreign: Identity) -> None:
+def test_token_holds_no_ca_key_and_a_foreign_signer_is_refused(cluster: tuple[Identity, Identity, str],
+                                                               foreign: Identity) -> None:
     _, _, token = cluster
-    body = json.loads(zlib.decompress(base64.urlsafe_b64decode(token[5:] + "==")))
-    body["ca_key_pem"] = (foreign.state_dir / "identity" / "ca.key").read_text()
-    with pytest.raises(TokenError, match="does not match the CA certificate"):
-        ca.cluster_join(foreign.state_dir.parent / "e", _token(body))
+    body = json.loads(base64.urlsafe_b64decode(token[5:] + "=="))
+    assert "PRIVATE KEY" not in json.dumps(body) and set(body) == {
+        "v", "cluster_id", "name", "ca_sha256", "signer", "addresses", "id", "secret", "exp"}
+    with pytest.raises(EnrollRefused, match="does not match the token"):
+        ca.cluster_join(foreign.state_dir.parent / "e", token, signer=foreign.state_dir)
 
 
 def test_token_with_whitespace_from_copy_paste_is_accepted(cluster: tuple[Identity, Identity, str],
                                                             tmp_path: Path) -> None:
     a, _, token = cluster
     wrapped = "\n".join(token[i:i + 60] for i in range(0, len(token), 60)) + "\n"
-    assert ca.cluster_join(tmp_path / "w", f"  {wrapped}").cluster_id == a.cluster_id
+    assert ca.cluster_join(tmp_path / "w", f"  {wrapped}", signer=a.state_dir).cluster_id == a.cluster_id
 
 
 # ------------------------------------------------------------------------ mutual TLS
@@ -402,32 +412,48 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, st
     return code, out, err
 
 
-def test_cli_init_join_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_init_token_join_show_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d, e = tmp_path / "d", tmp_path / "e"
-    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "init", "--name", "lab")
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "init", "--name", "lab", "--address", "127.0.0.1:1")
     assert code == 0
-    token = next(line for line in out.splitlines() if line.startswith("gpl1."))
-    assert "gpulayer cluster join TOKEN" in out and "secret" in out
+    token = next(line for line in out.splitlines() if line.startswith("gpl2."))
+    assert "gpulayer cluster join -" in out and "signer" in out
 
-    code, out, err = _cli(capsys, "--state-dir", e, "cluster", "join", token)
-    assert code == 0, err
-    assert "Joined cluster 'lab'" in out
+    # The token on the command line is refused (ps shows it); a file works (here: no signer answers).
+    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "join", token)
+    assert code == 2 and "visible to every local user" in err
+    (tmp_path / "tok").write_text(token + "\n")
+    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "join", "--token-file", tmp_path / "tok")
+    assert code == 1 and "no signer address of the token answered" in err and "127.0.0.1:1" in err
+    assert not identity.load_or_create_identity(e).in_cluster
 
-    code, out, _ = _cli(capsys, "--state-dir", e, "cluster", "show", "--json")
-    assert code == 0
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "show", "--json")
     shown = json.loads(out)
-    d_id = identity.load_or_create_identity(d)
-    assert shown["in_cluster"] is True
-    assert shown["cluster_id"] == d_id.cluster_id and shown["cluster_name"] == "lab"
-    assert shown["node_id"] == identity.load_or_create_identity(e).node_id != d_id.node_id
-    assert shown["files"]["node_cert"] == str(e / "identity" / "node.crt")
-    assert "token" not in shown
+    assert code == 0 and shown["signer"] is True and shown["cluster_name"] == "lab"
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "show")
+    assert "signer:     yes" in out
 
-    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "show", "--token")
-    assert (code, out.strip()) == (0, token)
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "token", "--uses", "3", "--ttl", "30m", "--address",
+                        "127.0.0.1:1", "--json")
+    assert code == 0 and json.loads(out)["token"].startswith("gpl2.")
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "token", "--list", "--json")
+    rows = json.loads(out)
+    assert [r["uses_left"] for r in rows] == [1, 3]
+    assert 1700 < rows[1]["expires"] - rows[1]["created"] < 1900
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "token", "--revoke", rows[0]["id"])
+    assert code == 0 and "revoked" in out
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "token", "--list", "--json")
+    assert [r["id"] for r in json.loads(out)] == [rows[1]["id"]]
+    assert _cli(capsys, "--state-dir", d, "cluster", "token", "--uses", "0")[0] == 2
+    assert _cli(capsys, "--state-dir", d, "cluster", "token", "--ttl", "40d")[0] == 2
 
-    code, out, _ = _cli(capsys, "--state-dir", e, "cluster", "show")
-    assert code == 0 and d_id.node_id not in out and "'lab'" in out
+    victim = identity.load_or_create_identity(e).node_id
+    assert _cli(capsys, "--state-dir", d, "cluster", "remove", "abc")[0] == 2
+    code, out, _ = _cli(capsys, "--state-dir", d, "cluster", "remove", victim)
+    assert code == 0 and victim in out
+    from gpulayerd.net.revocation import load_entries
+
+    assert [r.node_id for r in load_entries(d / "identity")] == [victim]
 
 
 def test_cli_uses_the_state_dir_from_the_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -441,16 +467,20 @@ def test_cli_uses_the_state_dir_from_the_environment(tmp_path: Path, capsys: pyt
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d, e, f = tmp_path / "d", tmp_path / "e", tmp_path / "f"
     assert _cli(capsys, "--state-dir", d, "cluster", "init")[0] == 0
-    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "join", "gpl1.garbage")
+    (tmp_path / "garbage").write_text("gpl2.garbage")
+    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "join", "--token-file", tmp_path / "garbage")
     assert code == 2 and "truncated or garbled" in err
     code, _, err = _cli(capsys, "--state-dir", d, "cluster", "init")
     assert code == 1 and "already in cluster" in err and "--force" in err
     assert _cli(capsys, "--state-dir", f, "cluster", "init")[0] == 0
-    code, out, _ = _cli(capsys, "--state-dir", f, "cluster", "show", "--token")
-    code, _, err = _cli(capsys, "--state-dir", d, "cluster", "join", out.strip())
+    code, out, _ = _cli(capsys, "--state-dir", f, "cluster", "token", "--json")
+    (tmp_path / "f-token").write_text(json.loads(out)["token"])
+    code, _, err = _cli(capsys, "--state-dir", d, "cluster", "join", "--token-file", tmp_path / "f-token")
     assert code == 1 and "already in cluster" in err
-    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "show", "--token")
-    assert code == 1 and "not in a cluster" in err
+    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "token")
+    assert code == 1 and "cluster init" in err
+    code, _, err = _cli(capsys, "--state-dir", e, "cluster", "remove", "a" * 52)
+    assert code == 1 and "not a signer" in err
     code, out, _ = _cli(capsys, "--state-dir", e, "cluster", "show", "--json")
     assert code == 0 and json.loads(out)["in_cluster"] is False
     assert _cli(capsys, "--state-dir", e, "cluster", "init", "--name", "")[0] == 2

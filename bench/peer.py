@@ -1,0 +1,227 @@
+"""Figures for the peer port under attack: ``python bench/peer.py`` (the flood part as root).
+
+Prints one line per figure with its target; asserts nothing.
+
+- authorization per peer message, in this process (no network): what a message costs
+  between its TLS handshake and the service's storage: the sender's identity from its
+  certificate (node id, mode, bound user), the message's id and number checks and the
+  sender field against the certificate, and the role check of the owner's claim machine
+  for a report on an attempt (``claims.handle`` on the job's record) from its holder
+  (valid) and from another member (refused, counted and logged once). Target <= 0.1 ms a
+  message; the median of many iterations is compared with it.
+- local API during a flood (root: two hosts as network namespaces, tests/lan/harness.py):
+  h2's daemon (defaults, a cluster of one) answers ``GET /v1/health`` and ``GET /v1/jobs``
+  one at a time over its unix socket, p50/p99, first alone and then (spread over the
+  flood) while h1, which has no
+  certificate, holds 2,000 idle TCP connections to h2's peer port from eight addresses and
+  reopens each one the daemon closes (the flood of tests/lan/test_flood_lan.py). Also the
+  daemon's peak open file descriptors during the flood. The target for the flooded p99 is
+  the unflooded p99 plus 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from gpulayerd.api.client import DaemonClient
+from gpulayerd.api.peer import request_problem
+from gpulayerd.app.authz import Refusals
+from gpulayerd.core import claims
+from gpulayerd.net import ca, identity, tls
+from gpulayerd.net.wire import RunReport, new_msg_id
+
+AUTHZ_TARGET_MS = 0.1
+FLOOD_MARGIN_MS = 50.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def line(label: str, value: float, unit: str, target: float | None = None, *, fmt: str = ".3f") -> None:
+    text = f"{label}: {value:{fmt}}{f' {unit}' if unit else ''}"
+    if target is None:
+        print(f"{text} (no target)", flush=True)
+        return
+    ok = value <= target
+    ratio = value / target if target else math.inf
+    print(f"{text} (target <= {target:g}{f' {unit}' if unit else ''}: {'ok' if ok else 'MISSED'}, "
+          f"{ratio:.2f}x of target)", flush=True)
+
+
+def per_call_ms(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the mean time of one call of ``fn`` over ``n`` calls, in ms."""
+    means = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        means.append((time.perf_counter() - t0) / n * 1000)
+    return percentile(means, 50)
+
+
+# ------------------------------------------------------------------ authorization
+
+
+def bench_authz(n: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="glbench-") as tmp:
+        ca.cluster_init(Path(tmp) / "a", "bench")
+        node = identity.load_or_create_identity(Path(tmp) / "a")
+        assert node.cert_path is not None
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
+        der = x509.load_pem_x509_certificate(node.cert_path.read_bytes()).public_bytes(serialization.Encoding.DER)
+    holder, forger = tls.peer_identity(der).node_id, "f" * 52
+    record = claims.JobRecord("j1", claims.JobStatus.RUNNING, attempt=1, holder=holder, lease_s=30.0,
+                              lease_expires_at=1e9)
+    report = RunReport(msg_id=new_msg_id(), worker=holder, job_id="j1", attempt=1, kind="exited", exit_code=0)
+    valid = claims.RunExited(1, holder, 0, "", report.msg_id)
+    forged = claims.RunExited(1, forger, 0, "", report.msg_id)
+    quiet = logging.getLogger("bench.peer.refusals")
+    quiet.setLevel(logging.WARNING)
+    quiet.propagate = False
+    quiet.addHandler(logging.NullHandler())
+    refusals = Refusals(quiet, Counter())
+    refusals.refuse(forger, "report exited", "warm-up")  # the first one warns; later ones are debug
+
+    def checks() -> None:
+        assert report.worker == holder and request_problem(report) is None
+
+    def role_valid() -> None:
+        actions = claims.handle(record, valid, 100.0)
+        assert not any(isinstance(a, claims.ReplyStale) for a in actions)
+
+    def role_refused() -> None:
+        actions = claims.handle(record, forged, 100.0)
+        assert any(isinstance(a, claims.ReplyStale) for a in actions)
+        refusals.refuse(forger, "report exited", "job j1 attempt 1 is held by someone else")
+
+    ident = per_call_ms(lambda: tls.peer_identity(der), n // 10)
+    check = per_call_ms(checks, n)
+    ok = per_call_ms(role_valid, n)
+    refused = per_call_ms(role_refused, n)
+    print(f"authorization per peer message (in process, median of 5 x {n} calls):")
+    line("  sender identity from its certificate", ident, "ms")
+    line("  id, number and sender-field checks", check, "ms")
+    line("  role check, report from the holder", ok, "ms")
+    line("  role check, forged report (refused, counted)", refused, "ms")
+    line("  authorization of a valid report (all of the above)", ident + check + ok, "ms", AUTHZ_TARGET_MS)
+    line("  authorization of a forged report", ident + check + refused, "ms", AUTHZ_TARGET_MS)
+    line("  without the certificate parse (role and message checks only)", check + refused, "ms",
+         AUTHZ_TARGET_MS)
+
+
+# -------------------------------------------------------------------------- flood
+
+
+async def api_latencies(socket_path: Path, n: int, spread_s: float = 0.0) -> dict[str, list[float]]:
+    """``n`` calls of each kind, one at a time, spread evenly over about ``spread_s`` seconds; ms each."""
+    out: dict[str, list[float]] = {"health": [], "jobs": []}
+    async with DaemonClient(socket_path, timeout_s=15.0) as c:
+        for _ in range(n):
+            for name, call in (("health", c.health), ("jobs", c.jobs)):
+                t0 = time.perf_counter()
+                await call()
+                out[name].append((time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(spread_s / n)
+    return out
+
+
+def bench_flood(n: int, flood_s: float) -> None:
+    from tests.lan.harness import Lan, check_environment
+    from tests.lan.test_flood_lan import FLOOD, PER_SOURCE, SOURCES
+
+    problems = check_environment()
+    if problems:
+        print(f"local API during a flood: skipped ({'; '.join(problems)})", flush=True)
+        return
+    with Lan(2) as lan:
+        h1, h2 = lan.hosts
+        lan.form_cluster(h2)
+        daemon = h2.start_daemon(extra_args=["--no-mdns"], log_level="WARNING")
+        quiet = asyncio.run(api_latencies(h2.socket_path, n))
+        prefix = h1.ip.rsplit(".", 1)[0]
+        sources = [h1.ip] + [f"{prefix}.{200 + i}" for i in range(1, SOURCES)]
+        for address in sources[1:]:
+            h1.run(["ip", "addr", "add", f"{address}/24", "dev", "eth0"], check=True)
+        peak = [0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    peak[0] = max(peak[0], len(os.listdir(f"/proc/{daemon.pid}/fd")))
+                stop.wait(0.05)
+
+        baseline = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+        flood = h1.popen([sys.executable, "-c", FLOOD, h2.ip, "7171", str(flood_s), ",".join(sources),
+                          str(PER_SOURCE)], stdout=subprocess.PIPE, text=True)
+        assert flood.stdout is not None
+        sampler = threading.Thread(target=sample, daemon=True)
+        try:
+            if flood.stdout.readline().strip() != "ready":
+                raise RuntimeError("the flood did not start")
+            sampler.start()
+            flooded = asyncio.run(api_latencies(h2.socket_path, n, spread_s=max(1.0, flood_s - 5.0)))
+            still = flood.poll() is None
+            flood.wait(flood_s + 30)
+            summary = json.loads(flood.stdout.read().strip().splitlines()[-1])
+        finally:
+            stop.set()
+            if flood.poll() is None:
+                flood.kill()
+            flood.wait(10)
+        sampler.join(5)
+    print(f"local API of a daemon (defaults) whose peer port is flooded, {n} calls of each, one at a time:")
+    for name in ("health", "jobs"):
+        q50, q99 = round(percentile(quiet[name], 50), 1), round(percentile(quiet[name], 99), 1)
+        line(f"  GET /v1/{name} p50, no flood", q50, "ms", fmt=".2f")
+        line(f"  GET /v1/{name} p99, no flood", q99, "ms", fmt=".2f")
+        line(f"  GET /v1/{name} p50, flooded", percentile(flooded[name], 50), "ms", q50 + FLOOD_MARGIN_MS, fmt=".2f")
+        line(f"  GET /v1/{name} p99, flooded", percentile(flooded[name], 99), "ms", q99 + FLOOD_MARGIN_MS, fmt=".2f")
+    print(f"  flood: {SOURCES * PER_SOURCE} idle connections from {SOURCES} addresses, "
+          f"{summary['opened']} opened in all, {summary['closed_by_server']} closed by the daemon"
+          f"{'' if still else ' (it ended before the measurement did)'}", flush=True)
+    line("  daemon's open file descriptors, peak during the flood", peak[0], "", baseline + 512 + 100, fmt="d")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iterations", type=int, default=20000, help="calls per authorization figure (default 20000)")
+    p.add_argument("--calls", type=int, default=300, help="local API calls of each kind (default 300)")
+    p.add_argument("--flood-s", type=float, default=15.0,
+                   help="how long the flood lasts, seconds; the flooded calls are spread over all but 5 s of it "
+                   "(default 15)")
+    p.add_argument("--no-flood", action="store_true", help="only the in-process figures (no root needed)")
+    args = p.parse_args(argv)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+          f"Python {platform.python_version()}", flush=True)
+    bench_authz(args.iterations)
+    if not args.no_flood:
+        bench_flood(args.calls, args.flood_s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

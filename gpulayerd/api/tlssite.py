@@ -1,0 +1,91 @@
+"""Serving an aiohttp application over TLS to strangers: a handshake deadline and connection limits.
+
+aiohttp's own sites neither take a TLS handshake timeout (asyncio's default is 60 s, during
+which an idle connection holds a file descriptor) nor limit connections. Here the server is
+made by hand: asyncio's ``create_server`` with ``ssl_handshake_timeout``, on a
+:class:`~gpulayerd.net.limits.LimitedListener` that drops connections over the limits
+before their handshake starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+from aiohttp import web
+
+from gpulayerd.net.limits import ConnectionLimits, LimitedListener
+
+__all__ = ["start_tls_site"]
+
+_BACKLOG = 512
+
+
+class _LimitedTlsSite(web.SockSite):
+    """A TLS site on a listener whose server has a handshake deadline."""
+
+    __slots__ = ("_handshake_timeout_s",)
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, *, ssl_context: ssl.SSLContext,
+                 handshake_timeout_s: float, backlog: int) -> None:
+        super().__init__(runner, sock, ssl_context=ssl_context, backlog=backlog)
+        self._handshake_timeout_s = handshake_timeout_s
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner (whose cleanup() stops it)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server, sock=self._sock, ssl=self._ssl_context, backlog=self._backlog,
+            ssl_handshake_timeout=self._handshake_timeout_s)
+
+
+async def start_tls_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,
+                         handshake_timeout_s: float, limits: ConnectionLimits) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` over TLS on ``host:port`` (port 0 picks a free one), within ``limits``.
+
+    A connection whose TLS handshake has not finished ``handshake_timeout_s`` seconds after it
+    was accepted is closed; one over a limit of ``limits`` is reset as it is accepted.
+
+    Returns:
+        The runner (``await runner.cleanup()`` stops serving) and the bound port.
+
+    Raises:
+        ValueError: ``handshake_timeout_s`` not positive.
+        OSError: ``host`` does not resolve, or the address cannot be bound (e.g. in use).
+    """
+    if not handshake_timeout_s > 0:
+        raise ValueError(f"handshake_timeout_s must be positive, got {handshake_timeout_s}")
+    sock = await _listening_socket(host, port)
+    listener = LimitedListener.wrap(sock, limits)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    try:
+        await runner.setup()
+        site = _LimitedTlsSite(runner, listener, ssl_context=context, handshake_timeout_s=handshake_timeout_s,
+                               backlog=_BACKLOG)
+        await site.start()
+    except BaseException:
+        listener.close()
+        await runner.cleanup()
+        raise
+    return runner, int(listener.getsockname()[1])
+
+
+async def _listening_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening, non-blocking TCP socket on the first address ``host`` resolves to."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)
+    if not infos:
+        raise OSError(f"{host!r} resolves to no address")
+    family, type_, proto, _, address = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

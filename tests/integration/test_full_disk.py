@@ -1,0 +1,113 @@
+"""A full disk while a job exits (issue 12, item 9): the job still ends as "exited 1", never "lost".
+
+A real gpulayerd whose state dir is a small tmpfs (root only: the test mounts it). The job waits for
+a flag file outside the state dir; the test fills the tmpfs to the last byte, lets the job exit with
+code 1, keeps the disk full for a few seconds (longer than the daemon's lease checks need to notice
+a dead watch task), then frees the space.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulayerd.runs.runner import Runner, RunState
+
+from .conftest import TERMINAL, Lab, is_dead, wait_until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str = "8m") -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write a filler file in ``directory`` until the file system has no byte left; its path."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+            block = b"\0" * size
+            while True:
+                try:
+                    f.write(block)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+    return filler
+
+
+def test_a_job_that_exits_while_the_disk_is_full_ends_exited_1(lab: Lab) -> None:
+    d = lab.daemon(start=False, lease_grace_s=1.0)
+    d.state_dir.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(d.state_dir)], check=True)
+    try:
+        d.start()
+        flag = d.work / "go"
+        job_id = d.submit("--lease-s", "3", "--", "sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; echo bye; exit 1")
+        d.wait_status(job_id, {"running"})
+        filler = fill(d.state_dir)
+        flag.touch()
+        # The job exits now; its end cannot be written (exit.json, the database) while the disk is full.
+        time.sleep(6.0)  # several lease periods: a lost watch task would have the attempt declared lost
+        assert d.job(job_id).status not in TERMINAL - {"failed"}, d.log_tail()
+        filler.unlink()
+        wait_until(lambda: d.job(job_id).status in TERMINAL, 20, "the job's end")
+        job = d.job(job_id)
+        assert (job.status, job.exit_code) == ("failed", 1), (job, d.log_tail())
+        assert "exited 1" in (job.reason or "") or "code 1" in (job.reason or ""), job
+        assert d.stop() == 0
+        log = d.log_path.read_text(encoding="utf-8", errors="replace")
+        assert "Task exception was never retrieved" not in log, log[-6000:]
+        assert "background task" not in log, log[-6000:]
+    finally:
+        d.stop()
+        with contextlib.suppress(subprocess.CalledProcessError):
+            subprocess.run(["umount", "-l", str(d.state_dir)], check=True)
+
+
+def test_the_watchdog_keeps_the_exit_status_and_the_output_copy_survives_a_full_disk(lab: Lab) -> None:
+    """Runner + watchdog on a full tmpfs: output written meanwhile is dropped (and the gap marked), the
+    exit status reaches the runner without any disk, and the watchdog goes once told it is recorded."""
+    with small_tmpfs(lab.root / "runs") as runs:
+        runner = Runner(runs, grace_s=0.5, poll_interval_s=0.05)
+        flag1, flag2 = lab.root / "go1", lab.root / "go2"
+        script = (f"echo before; while [ ! -e {flag1} ]; do head -c 8192 /dev/zero | tr '\\0' x; echo; sleep 0.05; done; echo kept;"
+                  f"while [ ! -e {flag2} ]; do sleep 0.05; done; exit 1")
+        handle = runner.start("fulldisk", 1, ["sh", "-c", script], {"PATH": os.environ["PATH"]}, lab.root)
+        stdout = handle.run_dir / "stdout.log"
+        wait_until(lambda: stdout.exists() and b"before" in stdout.read_bytes(), 10, "the job's first line")
+        filler = fill(runs)
+        time.sleep(0.3)  # the job writes lines of 8 KiB into a full disk
+        filler.unlink()
+        flag1.touch()
+        wait_until(lambda: b"kept" in stdout.read_bytes(), 10, "output after the space came back")
+        assert runner.poll(handle).state is RunState.RUNNING
+        filler = fill(runs)
+        flag2.touch()  # the job exits 1; exit.json cannot be written
+        wait_until(lambda: runner.poll(handle).state is not RunState.RUNNING, 10, "the kept exit status")
+        status = runner.poll(handle)
+        assert (status.state, status.exit_code, status.reason) == (RunState.EXITED, 1, "exited")
+        assert not (handle.run_dir / "exit.json").exists()
+        assert not is_dead(handle.watchdog_pid)  # it keeps the status (and its device locks)
+        runner.recorded(handle)
+        wait_until(lambda: is_dead(handle.watchdog_pid), 10, "the watchdog to exit once the end is recorded")
+        filler.unlink()
+        lines = stdout.read_bytes().decode().splitlines()
+        assert lines[0] == "before" and lines[-1] == "kept", lines
+        gap = [x for x in lines if x.startswith("[gpulayer: ")]
+        assert len(gap) == 1 and gap[0].endswith("bytes of output dropped: No space left on device]"), lines

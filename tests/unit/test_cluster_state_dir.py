@@ -1,0 +1,28 @@
+"""Which state dir `gpulayer cluster ...` works on: the system daemon's with --system (issue 11)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+import gpulayerd.config
+from gpulayerd.cli.cluster import _state_dir
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"state_dir": None, "system": False, **kw})
+
+
+def test_system_flag_means_the_system_daemons_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    system, personal = tmp_path / "var-lib-gpulayer", tmp_path / "personal"
+    monkeypatch.setattr(gpulayerd.config, "SYSTEM_STATE_DIR", system)
+    monkeypatch.setattr(gpulayerd.config, "default_state_dir", lambda: personal)
+    assert _state_dir(_args(system=True)) == system
+    assert _state_dir(_args(system=True, state_dir=str(tmp_path / "x"))) == tmp_path / "x"  # --state-dir wins
+    assert _state_dir(_args()) == personal  # no system daemon enrolled here
+    (system / "identity").mkdir(parents=True)
+    assert _state_dir(_args()) == system  # root on an enrolled lab machine: `sudo gpulayer cluster show`
+    (personal / "identity").mkdir(parents=True)
+    assert _state_dir(_args()) == personal  # root's own personal daemon is enrolled: that one

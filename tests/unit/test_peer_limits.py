@@ -1,0 +1,186 @@
+"""The peer port against idle strangers: handshake deadline and connection limits, over real TLS on loopback.
+
+Strangers are plain TCP connections that never start a handshake, from 127.0.0.2 and
+127.0.0.3 (all of 127/8 is the loopback on Linux); the member is a real PeerClient with a
+cluster certificate, from 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpulayerd.api.peer import PeerCallError, PeerClient, start_peer_site
+from gpulayerd.net import ca, identity, tls
+from gpulayerd.net.identity import Identity
+from gpulayerd.net.limits import ConnectionLimits, fitted_total
+from gpulayerd.net.wire import Ack
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_limits_count_per_address_and_total_and_give_slots_back() -> None:
+    limits = ConnectionLimits(total=3, per_address=2, clock=_Clock())
+    assert [limits.try_open("10.0.0.1") for _ in range(3)] == [True, True, False]
+    assert limits.try_open("10.0.0.2") is True
+    assert limits.try_open("10.0.0.3") is False  # total
+    s = limits.stats()
+    assert (s.open_total, s.addresses, s.refused_total, s.refused_per_address) == (3, 2, 2, 1)
+    limits.closed("10.0.0.1")
+    limits.closed("10.0.0.9")  # never opened: ignored
+    assert limits.open_for("10.0.0.1") == 1 and limits.try_open("10.0.0.3") is True
+    for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        limits.closed(address)
+    assert limits.stats().open_total == 0 and limits.stats().addresses == 0
+
+
+def test_refusals_are_logged_once_per_address_per_minute(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    limits = ConnectionLimits(total=10, per_address=1, clock=clock)
+    assert limits.try_open("10.0.0.1") and limits.try_open("10.0.0.2")
+    with caplog.at_level(logging.WARNING, logger="gpulayerd.net.limits"):
+        for _ in range(5):
+            assert not limits.try_open("10.0.0.1")
+        assert not limits.try_open("10.0.0.2")
+        clock.now += 59.0
+        assert not limits.try_open("10.0.0.1")
+        clock.now += 1.0
+        assert not limits.try_open("10.0.0.1")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert "10.0.0.1" in messages[0] and "10.0.0.2" in messages[1]
+    assert "and 5 more" in messages[2]
+    assert limits.stats().refused_total == 8
+
+
+def test_total_stays_at_most_half_the_open_files_limit() -> None:
+    assert fitted_total(512, 1024) == 512
+    assert fitted_total(512, 256) == 128
+    assert fitted_total(512, 1) == 1
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Identity:
+    ca.cluster_init(tmp_path / "a", "lab")
+    return identity.load_or_create_identity(tmp_path / "a")
+
+
+async def _ping(_: web.Request) -> web.Response:
+    return web.Response(text=Ack(ok=True).model_dump_json(), content_type="application/json")
+
+
+@contextlib.asynccontextmanager
+async def _serving(node: Identity, limits: ConnectionLimits, handshake_timeout_s: float) -> AsyncIterator[int]:
+    app = web.Application()
+    app.router.add_get("/v1/peer/ping", _ping)
+    runner, port = await start_peer_site(app, "127.0.0.1", 0, tls.server_ssl_context(node),
+                                         handshake_timeout_s=handshake_timeout_s, limits=limits)
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+async def _idle(port: int, source: str, n: int, opened: list[Conn]) -> list[Conn]:
+    """``n`` plain TCP connections from ``source`` that never send a byte."""
+    new = [await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)) for _ in range(n)]
+    opened.extend(new)
+    return new
+
+
+async def _refused(port: int, source: str, opened: list[Conn]) -> bool:
+    """Whether a new connection from ``source`` is closed by the server at once (or reset while connecting)."""
+    try:
+        (conn,) = await _idle(port, source, 1, opened)
+    except ConnectionResetError:
+        return True
+    return await _closed_by_server(conn, within_s=5.0)
+
+
+async def _closed_by_server(conn: Conn, within_s: float) -> bool:
+    """Whether the server closes ``conn`` (EOF or reset) within ``within_s`` seconds."""
+    try:
+        return await asyncio.wait_for(conn[0].read(1), within_s) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def _until(cond: Callable[[], bool], within_s: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def _ask(node: Identity, port: int) -> Ack:
+    client = PeerClient(tls.client_ssl_context(node), timeout_s=5.0)
+    try:
+        return (await client.call("127.0.0.1", port, "/v1/peer/ping", None, Ack, expect_node=node.node_id))[0]
+    finally:
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_connections_over_the_limits_are_closed_at_once_and_members_still_get_answers(node: Identity
+                                                                                          ) -> None:
+    limits = ConnectionLimits(total=7, per_address=4, clock=_Clock())
+    opened: list[Conn] = []
+    try:
+        async with _serving(node, limits, handshake_timeout_s=30.0) as port:
+            await _idle(port, "127.0.0.2", 4, opened)
+            # Accepted in order: the fifth from the same address is over its limit and reset.
+            assert await _refused(port, "127.0.0.2", opened)
+            assert limits.open_for("127.0.0.2") == 4
+            assert limits.stats().refused_per_address == 1
+            # The four idle ones stay (the handshake deadline is far), and a member is answered beside them.
+            assert (await _ask(node, port)).ok
+            assert not await _closed_by_server(opened[0], within_s=0.05)
+            # Another address fills the total: everyone beyond it is reset, members too.
+            await _idle(port, "127.0.0.3", 3, opened)
+            assert await _refused(port, "127.0.0.3", opened)
+            assert limits.stats().open_total == 7 and limits.stats().refused_total == 2
+            with pytest.raises(PeerCallError):
+                await _ask(node, port)
+            # Closing the idle ones gives their slots back.
+            for _, writer in opened:
+                writer.close()
+            assert await _until(lambda: limits.stats().open_total == 0, within_s=5.0), limits.stats()
+            assert (await _ask(node, port)).ok
+    finally:
+        for _, writer in opened:
+            writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_connection_that_never_handshakes_is_closed_after_the_handshake_timeout(node: Identity) -> None:
+    limits = ConnectionLimits(total=16, per_address=16, clock=_Clock())
+    opened: list[Conn] = []
+    try:
+        async with _serving(node, limits, handshake_timeout_s=0.5) as port:
+            (idle,) = await _idle(port, "127.0.0.2", 1, opened)
+            start = asyncio.get_running_loop().time()
+            assert await _closed_by_server(idle, within_s=5.0)
+            assert asyncio.get_running_loop().time() - start >= 0.4  # not at once: at the deadline
+            assert await _until(lambda: limits.stats().open_total == 0, within_s=5.0), limits.stats()
+            assert (await _ask(node, port)).ok  # a member that handshakes at once is served
+    finally:
+        for _, writer in opened:
+            writer.close()
