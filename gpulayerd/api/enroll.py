@@ -57,7 +57,7 @@ def make_enroll_app(idir: Path, is_revoked: Callable[[str], bool]) -> web.Applic
             return _error("bad_request", f"invalid EnrollJoin: {e.error_count()} error(s)", 400)
         try:
             pem = await asyncio.to_thread(enroll_signed, idir, msg.token_id, msg.secret, msg.csr_pem.encode(),
-                                          msg.mode, msg.user)
+                                          msg.mode, msg.user, is_revoked)
         except EnrollRefused as e:
             log.info("enrollment from %s refused: %s", request.remote, e)
             return _error("refused", str(e), 403)

@@ -35,7 +35,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,8 +273,12 @@ def revoke_token(idir: Path, token_id: str) -> bool:
     return True
 
 
-def enroll_signed(idir: Path, token_id: str, secret: str, csr_pem: bytes, mode: str, user: str) -> bytes:
+def enroll_signed(idir: Path, token_id: str, secret: str, csr_pem: bytes, mode: str, user: str,
+                  is_revoked: Callable[[str], bool] = lambda node_id: False) -> bytes:
     """The signer's side of a join: check the CSR, consume the token atomically, sign.
+
+    A CSR whose key is a removed node's (``is_revoked`` of its node id) is refused before the
+    token is touched: its certificate would be refused everywhere, and the use would be lost.
 
     Returns:
         The new node certificate (PEM).
@@ -284,9 +288,13 @@ def enroll_signed(idir: Path, token_id: str, secret: str, csr_pem: bytes, mode: 
             mode/user (the message says which; nothing is consumed then).
     """
     pub = _csr_key(csr_pem)
+    node_id = node_id_from_public_key(pub)
+    if is_revoked(node_id):
+        raise EnrollRefused(f"node {node_id} was removed from this cluster: a removed machine joins again only "
+                            "with a new key (move its identity directory aside first)")
     ca, ca_key = _load_ca(idir)
     try:
-        cert = make_node_cert(pub, ca, ca_key, node_id_from_public_key(pub), mode, user)
+        cert = make_node_cert(pub, ca, ca_key, node_id, mode, user)
     except TlsError as e:
         raise EnrollRefused(str(e)) from e
     now = time.time()

@@ -251,3 +251,17 @@ async def test_the_daemon_renews_a_members_certificate_through_its_signer(tmp_pa
     assert new.serial_number != x509.load_pem_x509_certificate(old).serial_number
     assert identity.node_id_from_public_key(new.public_key()) == member.node_id
     assert not (b / "identity" / "ca.key").exists()
+
+
+@pytest.mark.asyncio
+async def test_a_removed_nodes_key_cannot_join_again_and_spends_no_token(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    await asyncio.to_thread(ca.cluster_init, a, "lab", addresses=["127.0.0.1:1"])
+    removed = (await asyncio.to_thread(identity.load_or_create_identity, b)).node_id  # b's key, removed
+    async with _signer(a, revoked={removed}) as (port, _):
+        token = await asyncio.to_thread(ca.new_token, a, addresses=[f"127.0.0.1:{port}"])
+        with pytest.raises(EnrollRefused, match="was removed from this cluster"):
+            await asyncio.to_thread(ca.cluster_join, b, token)
+        left = {t.token_id: t.uses_left for t in await asyncio.to_thread(enroll.list_tokens, _idir(a))}
+        assert left[enroll.decode_token(token).token_id] == 1  # not spent
+        await asyncio.to_thread(ca.cluster_join, tmp_path / "c", token)  # a new key joins with it
