@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from gpulayerd import __version__
 from gpulayerd.api.server import LocalSocket, make_local_app, start_unix_site
+from gpulayerd.api.unixsite import socket_answers
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.cluster import ClusterNode
 from gpulayerd.app.gang import GangCoordinator
@@ -41,13 +42,14 @@ from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.ports import Directory, PeerTransport
 from gpulayerd.app.recovery import Recovery
+from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.scheduler import Scheduler
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.starter import Starter
 from gpulayerd.app.transport import SelfFirstTransport
 from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
-from gpulayerd.config import DaemonConfig
+from gpulayerd.config import SYSTEM_SOCKET_PATH, DaemonConfig
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
@@ -120,6 +122,11 @@ def _lock_machine(config: DaemonConfig) -> int:
     """
     me = Holder(pid=os.getpid(), mode=config.mode, socket=str(config.socket_path.absolute()),
                 state_dir=str(config.state_dir.absolute()), uid=os.geteuid())
+    if config.mode == "personal" and config.socket_path != SYSTEM_SOCKET_PATH and SYSTEM_SOCKET_PATH.exists() \
+            and socket_answers(SYSTEM_SOCKET_PATH):
+        # The system daemon may run without the shared lock (a process that is not a gpulayerd held it).
+        raise DaemonAlreadyRunning(f"gpulayerd is already running on this machine (system mode, socket "
+                                   f"{SYSTEM_SOCKET_PATH}); use it, or stop it first")
     try:
         return acquire_machine_lock(config.device_lock_dir, me)
     except MachineLocked as e:
@@ -163,6 +170,10 @@ class PeerNode(PeerTransport, Directory, Protocol):
 
     def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
         """The services that answer the peers' messages (set once, at wiring)."""
+        ...
+
+    def bind_jobs(self, jobs: RemoteJobs) -> None:
+        """Who answers the peers' requests about jobs (``/v1/peer/job/...``; set once, at wiring)."""
         ...
 
 
@@ -274,6 +285,12 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                      requesters=Requesters(mode=config.mode, admin_group=config.admin_group)),
     )
     services.api.bind_usage(usage, names)
+    # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
+    remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
+                             names=names, time_limit_s=min(3.0, config.peer_timeout_s))
+    services.api.bind_remote(remote_jobs)
+    if node is not None:
+        node.bind_jobs(remote_jobs)
     return services
 
 

@@ -9,8 +9,13 @@ Who holds it is written into the file as one JSON object (pid, mode, socket, sta
 so that a second daemon can say which one runs and how to reach it. The file is only opened
 with ``O_NOFOLLOW``, must be a regular file with one link, and is never created over an
 existing one (``O_EXCL``: a file of another account in a sticky directory cannot be opened with
-``O_CREAT`` under ``fs.protected_regular``). Any local account can hold the lock or scribble in
-the file; it is a guard against mistakes, as the device locks are, not against a hostile user.
+``O_CREAT`` under ``fs.protected_regular``). Any local account can open the file and hold the
+lock (``flock`` needs no write access), so a lock is only believed when its holder is a
+gpulayerd: the kernel names the process holding it (``/proc/locks``), and its command line
+must be a gpulayerd's. A system-mode daemon (root) finding the lock held by anything else
+starts anyway, with a warning naming the process: no account can keep the lab's daemon from
+starting by holding a file. (A real personal gpulayerd does stop it, as the issue asks: an
+admin sees which one, and whose, in the message.)
 
 Blocking file work: call these in a thread (``asyncio.to_thread``).
 """
@@ -21,13 +26,17 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCK_NAME", "Holder", "MachineLocked", "acquire_machine_lock", "read_holder", "release_machine_lock"]
+__all__ = ["LOCK_NAME", "Holder", "MachineLocked", "acquire_machine_lock", "lock_holder_pids", "read_holder",
+           "release_machine_lock"]
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = "gpulayerd.lock"
 _LOCK_DIR_MODE = 0o1777
@@ -71,6 +80,14 @@ class Holder:
 
 
 def _ensure_dir(lock_dir: Path) -> None:
+    """Make the lock dir (1777) if missing; refuse a symbolic link there (root would follow it).
+
+    Raises:
+        OSError: ``lock_dir`` is a symbolic link, or cannot be made.
+    """
+    if lock_dir.is_symlink():
+        raise OSError(errno.ELOOP, f"refusing the lock dir {lock_dir}: it is a symbolic link (to "
+                      f"{os.readlink(lock_dir)}); remove it, or set device_lock_dir to a real directory")
     if lock_dir.is_dir():
         return
     lock_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -124,6 +141,48 @@ def _parse(raw: bytes) -> Holder | None:
         return None
 
 
+def lock_holder_pids(fd: int, proc_locks: Path = Path("/proc/locks")) -> list[int]:
+    """Pids of the processes holding a ``flock`` on the file open at ``fd``, from the kernel.
+
+    ``/proc/locks`` lines read ``1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF``: the pid and
+    ``major:minor:inode`` (hex device numbers) of each lock. [] where there is no such file
+    (not Linux) or no lock on this inode.
+    """
+    st = os.fstat(fd)
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        text = proc_locks.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    pids = []
+    for line in text.splitlines():
+        fields = line.split()
+        if "->" in fields:  # a waiter, not a holder
+            continue
+        try:
+            kind_at = fields.index("FLOCK")
+            pid, where = int(fields[kind_at + 3]), fields[kind_at + 4]
+            major, minor, inode = where.split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == want:
+                pids.append(pid)
+        except (ValueError, IndexError):
+            continue
+    return pids
+
+
+def _is_gpulayerd(pid: int) -> bool:
+    """Whether process ``pid`` is a gpulayerd (its command line runs ``gpulayerd``); True when unknowable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except FileNotFoundError:
+        return False  # gone meanwhile
+    except OSError:
+        return True  # cannot tell (not Linux): believe the lock
+    return any(Path(a.decode(errors="replace")).name in ("gpulayerd", "gpulayerd.__main__") or a == b"gpulayerd"
+               for a in argv[:4])
+
+
 def acquire_machine_lock(lock_dir: Path, me: Holder) -> int:
     """Take this machine's gpulayerd lock in ``lock_dir`` without waiting, and write ``me`` into it.
 
@@ -156,6 +215,12 @@ def acquire_machine_lock(lock_dir: Path, me: Holder) -> int:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
+            pids = lock_holder_pids(fd)
+            if me.mode == "system" and pids and not any(_is_gpulayerd(p) for p in pids):
+                log.warning("the machine lock %s is held by pid %s, which is not a gpulayerd: starting anyway "
+                            "(a process holding the file cannot keep the system daemon from starting)",
+                            path, ",".join(map(str, pids)))
+                return fd  # held open without the lock: released like a lock at shutdown
             who = holder.describe() if holder is not None else f"its details are not in {path}"
             raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it "
                                 "first", holder) from e

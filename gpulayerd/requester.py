@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import grp
+import json
 import os
 import pwd
 import socket
@@ -41,6 +42,7 @@ __all__ = [
     "Requesters",
     "conceal",
     "forbid",
+    "hide_path",
     "job_user",
     "peer_credentials",
 ]
@@ -168,7 +170,17 @@ def conceal(job: JobView, requester: Requester | None) -> JobView:
     if requester is None or job.spec_hidden or requester.may_manage(job_user(job)):
         return job
     spec = job.spec.model_copy(update={"command": [HIDDEN], "env": {}, "workdir": None, "path": None})
-    return job.model_copy(update={"spec": spec, "spec_hidden": True})
+    hidden = job.model_copy(update={"spec": spec, "spec_hidden": True})
+    workdir = job.spec.workdir
+    if not workdir or workdir == "/":
+        return hidden
+    # The workdir also shows in the reason, the stored explanation and event reasons: hide it there too.
+    return JobView.model_validate_json(hidden.model_dump_json().replace(json.dumps(workdir)[1:-1], HIDDEN))
+
+
+def hide_path(text: str, path: str | None) -> str:
+    """``text`` with ``path`` (a job's workdir, which only its user and admins see) written ``<hidden>``."""
+    return text.replace(path, HIDDEN) if path and path != "/" else text
 
 
 class Requesters:

@@ -24,8 +24,11 @@ __all__ = [
     "mark",
     "memory",
     "one_line",
+    "peers_down",
+    "size",
     "table",
     "text",
+    "where",
     "width",
 ]
 
@@ -160,3 +163,29 @@ def device_state(granted_to: str | None, foreign_pids: Sequence[int]) -> str:
     if foreign_pids:
         return "busy (pid " + ", ".join(str(p) for p in foreign_pids) + ")"
     return "free"
+
+
+def where(host: str | None, devices: Sequence[int] = (), hosts: Sequence[str] = ()) -> str | None:
+    """A job's WHERE: "ws-2 GPU 0,1", "ws-2" (CPU), "h2+h3" (a multi-host job's hosts by rank), or None."""
+    if hosts:
+        return "+".join(hosts)
+    if host is None:
+        return None
+    return f"{host} GPU {','.join(str(i) for i in devices)}" if devices else host
+
+
+def peers_down(count: int) -> str:
+    """The notice under a job list when ``count`` trusted peers are unreachable ("" for none)."""
+    if count <= 0:
+        return ""
+    return f"{count} peer{'s' if count != 1 else ''} down: their jobs are not listed"
+
+
+def size(n: int) -> str:
+    """A byte count in decimal units: "512 B", "1.2 kB", "3.4 MB", "5.6 GB"."""
+    if n < 1000:
+        return f"{n} B"
+    for unit, scale in (("kB", 10**3), ("MB", 10**6)):
+        if n < scale * 1000:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 10**9:.1f} GB"

@@ -174,11 +174,13 @@ class DaemonClient:
         return JobView.model_validate_json(await self._request("POST", f"/v1/jobs/{job_ref}/cancel"))
 
     async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
-                   attempt: int | None = None) -> LogChunk:
-        """``GET /v1/jobs/{id}/logs``: text from byte ``offset``."""
+                   attempt: int | None = None, rank: int | None = None) -> LogChunk:
+        """``GET /v1/jobs/{id}/logs``: text from byte ``offset`` (``rank``: a multi-host job's node rank)."""
         params = {"stream": stream, "offset": str(offset)}
         if attempt is not None:
             params["attempt"] = str(attempt)
+        if rank is not None:
+            params["rank"] = str(rank)
         raw = await self._request("GET", f"/v1/jobs/{job_ref}/logs", params=params)
         return LogChunk.model_validate_json(raw)
 

@@ -3,8 +3,9 @@
 Nothing from the network is trusted until authenticated: the TLS handshake requires a
 client certificate signed by our cluster CA (a plain HTTP request or a wrong
 certificate never reaches a handler), and every handler checks that the node id a
-message claims is the node id the certificate proves. Offers and holds also get the
-sender's mode and bound user from its certificate (who it vouches for, DESIGN §9).
+message claims is the node id the certificate proves. Offers, holds and job requests
+(``/v1/peer/job/...``) also get the sender's mode and bound user from its certificate (who
+it vouches for, DESIGN §9).
 
 Then the message itself is checked before any service sees it (:func:`request_problem`):
 ids that name files or rows (job and hold ids) must be plain tokens, attempts and log
@@ -30,6 +31,7 @@ from gpulayerd.models import ApiErrorBody, Capabilities, JobList, LogChunk
 from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.tls import PeerIdentity, peer_identity, peer_node_id
 from gpulayerd.net.wire import (
+    JOB_ACTIONS,
     Ack,
     Claim,
     ClaimReply,
@@ -38,6 +40,9 @@ from gpulayerd.net.wire import (
     HeartbeatReply,
     Hold,
     HoldReply,
+    JobMatches,
+    JobReply,
+    JobRequest,
     Kill,
     LogRequest,
     Offer,
@@ -109,6 +114,16 @@ class PeerService(Protocol):
 
     async def async_peer_commit(self, sender: str, msg: Commit) -> Ack:
         """Gang: run a rank."""
+        ...
+
+    async def async_peer_job_find(self, sender: str, msg: JobRequest) -> JobMatches:
+        """Which jobs we own (or runs we hold) have ids starting with ``msg.job_id``."""
+        ...
+
+    async def async_peer_job(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
+                             sender_user: str) -> JobReply:
+        """Show, explain, read the logs of or cancel a job for a person on ``sender`` (``msg.user``,
+        believed as far as the sender's certificate, ``sender_mode`` and ``sender_user``, vouches)."""
         ...
 
 
@@ -256,7 +271,20 @@ def make_peer_app(service: PeerService, is_revoked: Callable[[str], bool] | None
         Release, lambda s, m, r: service.async_peer_release(s.node_id, m), "owner"))
     app.router.add_post("/v1/peer/commit", route(
         Commit, lambda s, m, r: service.async_peer_commit(s.node_id, m), "owner"))
+    # Cluster-wide job control: a request names no sender; who asks is the certificate's node
+    # (and, as far as its mode and bound user vouch, the user the message names).
+    app.router.add_post("/v1/peer/job/find", route(
+        JobRequest, lambda s, m, r: service.async_peer_job_find(s.node_id, m), None))
+    for action in JOB_ACTIONS:
+        app.router.add_post(f"/v1/peer/job/{action}", route(JobRequest, _job_call(service, action), None))
     return app
+
+
+def _job_call(service: PeerService, action: str) -> Callable[[PeerIdentity, JobRequest, web.Request],
+                                                            Awaitable[BaseModel]]:
+    def call(s: PeerIdentity, m: JobRequest, r: web.Request) -> Awaitable[BaseModel]:
+        return service.async_peer_job(s.node_id, action, m, s.mode, s.user)
+    return call
 
 
 async def start_peer_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,

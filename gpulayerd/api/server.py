@@ -99,8 +99,11 @@ class LocalService(Protocol):
         """One job with attempts and history (spec concealed unless ``requester``'s); a unique id prefix works."""
         ...
 
-    async def async_explain(self, job_ref: str) -> ExplanationModel:
-        """A fresh explanation of the job against every known worker."""
+    async def async_explain(self, job_ref: str, requester: Requester | None = None) -> ExplanationModel:
+        """Why the job is where it is: queued, judged against every known worker; otherwise its state.
+
+        A failed job's stderr tail only for ``requester`` if it is the job's user or an admin.
+        """
         ...
 
     async def async_cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
@@ -108,8 +111,11 @@ class LocalService(Protocol):
         ...
 
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
-                         requester: Requester | None = None) -> LogChunk:
-        """A chunk of a job's log from byte ``offset``. Raises Forbidden: not ``requester``'s."""
+                         requester: Requester | None = None, rank: int | None = None) -> LogChunk:
+        """A chunk of a job's log from byte ``offset`` (``rank``: a multi-host job's node rank).
+
+        Raises Forbidden: not ``requester``'s; BadRequest: no such rank.
+        """
         ...
 
     async def async_users(self) -> list[UserUsageView]:
@@ -221,7 +227,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         return _json(await service.async_get_job(request.match_info["job"], _requester(request)))
 
     async def explain(request: web.Request) -> web.Response:
-        return _json(await service.async_explain(request.match_info["job"]))
+        return _json(await service.async_explain(request.match_info["job"], _requester(request)))
 
     async def cancel(request: web.Request) -> web.Response:
         return _json(await service.async_cancel(request.match_info["job"], _requester(request)))
@@ -232,6 +238,10 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             raise ApiError(400, "bad_request", "stream must be one of: stdout, stderr")
         offset = _int_param(request, "offset", 0) or 0
         attempt = _int_param(request, "attempt", None)
+        rank = _int_param(request, "rank", None)
+        if rank is not None:  # only then: services from before ranks take no ``rank``
+            return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt,
+                                                  _requester(request), rank=rank))
         return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt,
                                               _requester(request)))
 

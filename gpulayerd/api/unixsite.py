@@ -25,7 +25,7 @@ __all__ = ["LocalSocket", "start_unix_site"]
 log = logging.getLogger("gpulayerd.api.server")
 
 
-def _answers(socket_path: Path) -> bool:
+def socket_answers(socket_path: Path) -> bool:
     """True unless the unix socket at ``socket_path`` is certainly dead (nothing listens: refused, or gone).
 
     A socket whose backlog is full (``EAGAIN``), that we may not connect to (``EACCES``: another
@@ -64,7 +64,7 @@ def _clear_socket_path(socket_path: Path, public: bool = False) -> None:
             return False
         if not stat.S_ISSOCK(st.st_mode):
             raise OSError(f"{socket_path} exists and is not a socket")
-        if _answers(socket_path):
+        if socket_answers(socket_path):
             raise OSError(f"another gpulayerd serves on {socket_path}")
         return True
 

@@ -23,6 +23,7 @@ from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
+from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.trust import Trust
 from gpulayerd.app.usage import UsageService
@@ -39,6 +40,9 @@ from gpulayerd.net.wire import (
     HeartbeatReply,
     Hold,
     HoldReply,
+    JobMatches,
+    JobReply,
+    JobRequest,
     Kill,
     LogRequest,
     Offer,
@@ -85,6 +89,7 @@ class ClusterNode:
         self._worker: WorkerService | None = None
         self._member: GangMember | None = None
         self._usage: UsageService | None = None  # fair share (bind_usage)
+        self._jobs: RemoteJobs | None = None  # peers' requests about jobs (bind_jobs)
         self._version = version
         self._hostname = hostname
         self.table = PeerTable(identity.node_id, identity.cluster_id,
@@ -108,6 +113,10 @@ class ClusterNode:
     def bind_usage(self, usage: UsageService) -> None:
         """Fair share: heartbeats carry this node's holdings and feed the peers' into ``usage``."""
         self._usage = usage
+
+    def bind_jobs(self, jobs: RemoteJobs) -> None:
+        """Who answers peers' requests about jobs (``/v1/peer/job/...``; set once, at wiring)."""
+        self._jobs = jobs
 
     def _holdings(self) -> dict[str, tuple[int, int]] | None:
         return self._usage.own_holdings() if self._usage is not None else None
@@ -375,3 +384,17 @@ class ClusterNode:
     async def async_peer_commit(self, sender: str, msg: Commit) -> Ack:
         """Gang: start our rank."""
         return await self._services()[3].commit(sender, msg)
+
+    def _remote_jobs(self) -> RemoteJobs:
+        assert self._jobs is not None, "ClusterNode.bind_jobs() not called"
+        return self._jobs
+
+    async def async_peer_job_find(self, sender: str, msg: JobRequest) -> JobMatches:
+        """Which jobs we own, and runs we hold, have ids starting with ``msg.job_id``."""
+        return await self._remote_jobs().find(sender, msg)
+
+    async def async_peer_job(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
+                             sender_user: str) -> JobReply:
+        """A person on ``sender`` asks about a job (see :meth:`RemoteJobs.answer`: the name is
+        believed as far as the sender's certificate vouches)."""
+        return await self._remote_jobs().answer(sender, action, msg, sender_mode, sender_user)

@@ -32,6 +32,7 @@ from gpulayerd.core import holds
 from gpulayerd.core.claims import ACTIVE
 from gpulayerd.core.gang import GangAttempt
 from gpulayerd.core.matching import evaluate, explain
+from gpulayerd.core.reasons import reason_text
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.models import ExplanationModel, JobSpec
 from gpulayerd.net.wire import Ack, Commit, Hold, HoldReply, Kill, Release, RunReport, RunReportReply, new_msg_id
@@ -87,9 +88,9 @@ class GangCoordinator:
         n = req.distributed.nnodes
         if len(set(fits)) < n:
             e = explain(req, workers, self._support)
-            if e.summary != row.reason:
-                await self._store.jobs.set_explanation(row.id, e.summary,
-                                                       ExplanationModel.from_core(e).model_dump_json())
+            text = reason_text(e)  # "<Code>: <words>" (gpulayerd.core.reasons)
+            if text != row.reason:
+                await self._store.jobs.set_explanation(row.id, text, ExplanationModel.from_core(e).model_dump_json())
                 self._signals.job_changed(row.id)
             return
         self._busy.add(row.id)

@@ -9,6 +9,7 @@ from gpulayerd.app.machine import Machine
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.ports import Directory
+from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.usage import UsageService
 from gpulayerd.feed import ChangeFeed
@@ -87,22 +88,46 @@ class LocalApi:
         """See :meth:`OwnerService.list_jobs`."""
         return await self._owner.list_jobs(statuses, limit, scope, requester)
 
+    # Any job of the cluster (RemoteJobs): a job owned elsewhere is asked of its owner, or of a
+    # worker that holds a run of it when the owner does not answer.
+
+    def bind_remote(self, remote: RemoteJobs) -> None:
+        """Where ``show``/``explain``/``logs``/``cancel`` of any job id of the cluster go (set once, at
+        wiring; unbound, only the jobs owned here are known)."""
+        self._remote: RemoteJobs | None = remote
+
+    def _remote_jobs(self) -> RemoteJobs | None:
+        remote: RemoteJobs | None = getattr(self, "_remote", None)
+        return remote
+
     async def async_get_job(self, job_ref: str, requester: Requester | None = None) -> JobView:
-        """See :meth:`OwnerService.get_job`."""
+        """See :meth:`OwnerService.get_job` and :meth:`RemoteJobs.show` (any job of the cluster)."""
+        remote = self._remote_jobs()
+        if remote is not None:
+            return await remote.show(job_ref, requester)
         return await self._owner.get_job(job_ref, requester)
 
-    async def async_explain(self, job_ref: str) -> ExplanationModel:
-        """See :meth:`OwnerService.explain`."""
-        return await self._owner.explain(job_ref)
+    async def async_explain(self, job_ref: str, requester: Requester | None = None) -> ExplanationModel:
+        """See :meth:`OwnerService.explain` and :meth:`RemoteJobs.explain` (any job of the cluster)."""
+        remote = self._remote_jobs()
+        if remote is not None:
+            return await remote.explain(job_ref, requester)
+        return await self._owner.explain(job_ref, requester)
 
     async def async_cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
-        """See :meth:`OwnerService.cancel`."""
+        """See :meth:`OwnerService.cancel` and :meth:`RemoteJobs.cancel` (any job of the cluster)."""
+        remote = self._remote_jobs()
+        if remote is not None:
+            return await remote.cancel(job_ref, requester)
         return await self._owner.cancel(job_ref, requester)
 
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
-                         requester: Requester | None = None) -> LogChunk:
-        """See :meth:`OwnerService.logs`."""
-        return await self._owner.logs(job_ref, stream, offset, attempt, requester)
+                         requester: Requester | None = None, rank: int | None = None) -> LogChunk:
+        """See :meth:`OwnerService.logs` and :meth:`RemoteJobs.logs` (any job of the cluster)."""
+        remote = self._remote_jobs()
+        if remote is not None:
+            return await remote.logs(job_ref, stream, offset, attempt, requester, rank=rank)
+        return await self._owner.logs(job_ref, stream, offset, attempt, requester, rank=rank)
 
     # ------------------------------------------------------------------ fair share (GET /v1/users)
 

@@ -48,4 +48,5 @@ async def read_log(path: Path, job_id: str, attempt: int, stream: str, offset: i
     data, size = await asyncio.to_thread(_read, path, offset, finished)
     nxt = offset + len(data)
     return LogChunk(job_id=job_id, attempt=attempt, stream=stream, offset=offset, next_offset=nxt,
-                    data=data.decode("utf-8", errors="replace"), complete=finished and nxt >= size)
+                    data=data.decode("utf-8", errors="replace"), complete=finished and nxt >= size,
+                    size=size)

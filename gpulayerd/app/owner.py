@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import random
 
 from gpulayerd.api.peer import PeerCallError
+from gpulayerd.app import explainer
 from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.gang import GangCoordinator
@@ -37,8 +39,8 @@ from gpulayerd.models import (
     job_spec_from_mapping,
 )
 from gpulayerd.net.wire import Claim, ClaimReply, LogRequest, RunReport, RunReportReply
-from gpulayerd.requester import DEFAULT_JOB_PATH, Requester, conceal, forbid
-from gpulayerd.store import JobRow, Store
+from gpulayerd.requester import DEFAULT_JOB_PATH, HIDDEN, Requester, conceal, forbid
+from gpulayerd.store import AttemptRow, JobRow, Store
 
 __all__ = ["OwnerService", "new_job_id"]
 
@@ -154,7 +156,9 @@ class OwnerService:
             except ValueError as e:
                 allowed = ", ".join(s.value for s in JobStatus)
                 raise BadRequest(f"status must be one of: {allowed}") from e
-        local = [conceal(self.view(r), requester) for r in await self._store.jobs.list_jobs(wanted, limit)]
+        rows = await self._store.jobs.list_jobs(wanted, limit)
+        latest = await self._store.jobs.latest_attempts([r.id for r in rows if r.attempt > 0])
+        local = [conceal(self._placed(self.view(r), latest.get(r.id)), requester) for r in rows]
         if scope != "cluster" or self._directory is None:
             return local
         peers = self._directory.up_ids()
@@ -189,6 +193,7 @@ class OwnerService:
                 placement=placement, gang=list(raw.get("gang", [])), run_dir=a.run_dir or None,
                 started_at=a.started_at, ended_at=a.ended_at, exit_code=a.exit_code, reason=a.reason,
             ))
+        self._placed(view, next((a for a in attempts if a.attempt == row.attempt), None))
         view.events = [
             EventView(seq=e.seq, at=e.at, kind=e.kind, from_status=e.from_status, to_status=e.to_status,
                       attempt=e.attempt, reason=self._names.readable(e.reason), stimulus_id=e.stimulus_id)
@@ -196,14 +201,62 @@ class OwnerService:
         ]
         return conceal(view, requester)
 
-    async def explain(self, job_ref: str) -> ExplanationModel:
-        """Explain the job against this machine and every known peer now. Raises NoSuchJob, AmbiguousJob."""
+    async def explain(self, job_ref: str, requester: Requester | None = None) -> ExplanationModel:
+        """Why the job is where it is.
+
+        A queued job is judged against this machine and every known peer now (the worker x
+        requirement table and a verdict). Any other job gets its ``state`` (see
+        :mod:`gpulayerd.app.explainer`): where it runs or ran, how it ended, why and by
+        whom; a failed job's stderr tail only for its user and admins (``requester`` None:
+        the daemon itself).
+
+        Raises:
+            NoSuchJob, AmbiguousJob.
+        """
         row = await self._jobs.row(job_ref)
+        if row.status is not JobStatus.QUEUED:
+            return await self._explain_state(row, requester)
         req = self._jobs.spec(row).to_core(row.id)
         worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
         remote = self._directory.worker_snapshots() if self._directory is not None else []
-        fresh = ExplanationModel.from_core(explain(req, [worker, *remote], self._support))
-        return _keep_fair_share(fresh, row)
+        fresh = _keep_fair_share(ExplanationModel.from_core(explain(req, [worker, *remote], self._support)), row)
+        if requester is not None and req.workdir not in (None, "", "/") and not requester.may_manage(self.user_of(row)):
+            # The workdir is the job's user's (and admins') to see, like the rest of its spec.
+            fresh = ExplanationModel.model_validate_json(
+                fresh.model_dump_json().replace(json.dumps(req.workdir)[1:-1], HIDDEN))
+        return fresh
+
+    async def _explain_state(self, row: JobRow, requester: Requester | None) -> ExplanationModel:
+        """``explain`` of a job that is not queued: its state section (see :func:`explainer.build_state`)."""
+        attempts = await self._store.jobs.attempts(row.id)
+        events = await self._store.jobs.events(row.id)
+        lease = self._jobs.record(row).lease_expires_at
+        lease_wall = None if lease is None else self._clock.wall() + (lease - self._clock.monotonic())
+        tail = None
+        if row.status is JobStatus.FAILED and row.attempt > 0:
+            tail = await self._stderr_tail(row, attempts, requester)
+        state = explainer.build_state(row, attempts, events, owner_name=self._names.hostname,
+                                      name_of=self._names.name_of, readable=self._names.readable,
+                                      lease_expires_at=lease_wall, tail=tail)
+        base = None
+        if row.status is JobStatus.REJECTED and row.explanation_json:
+            with contextlib.suppress(ValueError):
+                base = ExplanationModel.model_validate_json(row.explanation_json)
+        return explainer.state_explanation(row.id, state, base)
+
+    async def _stderr_tail(self, row: JobRow, attempts: list[AttemptRow],
+                           requester: Requester | None) -> explainer.Tail:
+        """The end of the last attempt's stderr, where it ran; none for who may not read the job's logs."""
+        user = self.user_of(row)
+        if requester is not None and not requester.may_manage(user):
+            return explainer.Tail(None, f"hidden: only {user or 'its user'} and admins see its stderr")
+        worker = next((a.worker for a in attempts if a.attempt == row.attempt), self.node_id)
+        try:
+            if self._directory is not None and worker != self.node_id:
+                return await explainer.remote_tail(lambda offset: self.logs(row.id, "stderr", offset, row.attempt))
+            return await explainer.local_tail(self._starter.log_path(row.id, row.attempt, "stderr"))
+        except (PeerUnreachable, NoSuchJob) as e:
+            return explainer.Tail(None, f"cannot read stderr: {e}")
 
     async def cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
         """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL.
@@ -215,19 +268,25 @@ class OwnerService:
         """
         row = await self._jobs.row(job_ref)
         forbid(requester, row.id, self.user_of(row))
-        await self._jobs.apply(row.id, claims.CancelRequested(stimulus_id=f"cancel-{row.id}"),
-                               kind="cancel requested")
+        who = f" by {requester.user}" if requester is not None else ""  # explain's "by whom"
+        await self._jobs.apply(row.id, claims.CancelRequested(reason=f"cancelled{who or ' by user'}",
+                                                              stimulus_id=f"cancel-{row.id}"),
+                               kind=f"cancel requested{who}")
         return self.view(await self._jobs.row(row.id))
 
     async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
-                   requester: Requester | None = None) -> LogChunk:
+                   requester: Requester | None = None, rank: int | None = None) -> LogChunk:
         """Bytes of a job's log from ``offset`` (at most 1 MiB), as text, wherever the attempt ran.
 
         Only the job's user and admins may read them (``requester`` None: the daemon itself).
+        ``rank``: of a multi-host job, node rank ``rank``'s log, read from the member that ran
+        it (None: the log on the attempt's worker, for a multi-host job this owner's own rank);
+        a one-host job has only rank 0.
 
         Raises:
             NoSuchJob: no such job or attempt. PeerUnreachable: the worker that ran it did not answer.
             Forbidden: the job is another user's (``job <id> belongs to <user>``).
+            BadRequest: no such rank.
         """
         row = await self._jobs.row(job_ref)
         forbid(requester, row.id, self.user_of(row))
@@ -239,9 +298,11 @@ class OwnerService:
         if n <= 0:
             return LogChunk(job_id=row.id, attempt=0, stream=stream, offset=0, next_offset=0, data="",
                             complete=row.status in claims.TERMINAL)
-        if self._directory is not None:
-            worker = next((a.worker for a in await self._store.jobs.attempts(row.id) if a.attempt == n),
-                          self.node_id)
+        if self._directory is not None or rank is not None:
+            tried = next((a for a in await self._store.jobs.attempts(row.id) if a.attempt == n), None)
+            worker = tried.worker if tried is not None else self.node_id
+            if rank is not None:
+                worker = _rank_member(row.id, n, tried, rank) or worker
             if worker != self.node_id:
                 try:
                     chunk = await self._transport.call(worker, "/v1/peer/logs", LogRequest(
@@ -252,6 +313,24 @@ class OwnerService:
                     terminal and chunk.next_offset == chunk.offset)})
         path = self._starter.log_path(row.id, n, stream)
         return await read_log(path, row.id, n, stream, offset, terminal)
+
+    def _placed(self, view: JobView, latest: AttemptRow | None) -> JobView:
+        """``view`` with WHERE (``where_*``) from its current attempt's row; none while it waits."""
+        if latest is None or view.status in (JobStatus.QUEUED.value, JobStatus.REJECTED.value):
+            return view
+        try:
+            raw = json.loads(latest.placement_json or "{}")
+        except ValueError:
+            raw = {}
+        raw = raw if isinstance(raw, dict) else {}
+        view.where_node = latest.worker
+        view.where_name = self._names.name_of(latest.worker)
+        gang = [m for m in raw.get("gang", []) if isinstance(m, str)]
+        view.where_hosts = [self._names.name_of(m) or m[:12] for m in gang]
+        devices = raw.get("device_indices", [])
+        if not gang and isinstance(devices, list):
+            view.where_devices = [i for i in devices if isinstance(i, int)]
+        return view
 
     def user_of(self, row: JobRow) -> str:
         """The user a job owned here belongs to: its spec's ``user``, else (older jobs) ``submitted_by``."""
@@ -366,6 +445,27 @@ class OwnerService:
     async def check_leases(self, grace_s: float) -> None:
         """Owner side of the lease tick: attempts whose lease ran out are lost."""
         await self._jobs.check_leases(grace_s)
+
+
+def _rank_member(job_id: str, attempt: int, tried: AttemptRow | None, rank: int) -> str | None:
+    """The node that ran node rank ``rank`` of the attempt (None: a one-host job's rank 0).
+
+    Raises:
+        BadRequest: the attempt has no such rank.
+    """
+    try:
+        raw = json.loads(tried.placement_json or "{}") if tried is not None else {}
+    except ValueError:
+        raw = {}
+    gang = raw.get("gang", []) if isinstance(raw, dict) else []
+    if not isinstance(gang, list) or not gang:
+        if rank == 0:
+            return None
+        raise BadRequest(f"job {job_id} attempt {attempt} ran on one host: it has only rank 0")
+    if not 0 <= rank < len(gang) or not isinstance(gang[rank], str):
+        raise BadRequest(f"job {job_id} attempt {attempt} has ranks 0 to {len(gang) - 1}")
+    member: str = gang[rank]
+    return member
 
 
 def _keep_fair_share(fresh: ExplanationModel, row: JobRow) -> ExplanationModel:

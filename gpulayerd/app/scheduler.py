@@ -3,10 +3,15 @@
 In fair-share order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fairshare`;
 within one user, submission order): a job that fits here now is claimed and started here; one that
 fits only a peer is offered to the best such peer; a multi-host job goes to the gang
-coordinator; anything else records why it waits. Identical jobs behind one that did
-not fit are not matched again in the same pass. Then the worker claims the peers'
-offers that fit here now. A job that waits here while a user with less usage holds a
-device here (or waits ahead of it) says so: ``fair share: alice used 6.1 GPU-h today, bob 0.2``.
+coordinator. Identical jobs behind one that did not fit here are not matched again
+in the same pass. Then every one-host job still queued gets its current reason, judged
+against this machine as the pass left it and the peers' last snapshots (identical jobs
+share the judgement, each job's row is written when its reason changed): a short code
+and the deciding words (:mod:`gpulayerd.core.reasons`), e.g. ``Busy: cpu slots 1 free
+of 2 on ws-1 (needs 2)``; one that fits only a peer now is offered to it (``Ready``).
+A job that waits here while a user with less usage holds a device here (or waits ahead
+of it) says so: ``FairShare: fair share: alice used 6.1 GPU-h today, bob 0.2``. Then the
+worker claims the peers' offers that fit here now.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from gpulayerd.config import DaemonConfig
 from gpulayerd.core import fairshare
 from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import evaluate, explain, job_signature
+from gpulayerd.core.reasons import reason_text
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
 from gpulayerd.models import ExplanationModel, JobSpec
@@ -79,32 +85,53 @@ class Scheduler:
         specs = self._fair_order([(row, self._jobs.spec(row)) for row in queued])
         workdirs = [(spec.user, spec.workdir) for _, spec in specs]
         worker = await self._machine.snapshot(refresh_apps=True, workdirs=workdirs)
-        seen: dict[tuple[object, ...], Explanation | None] = {}
-        usage = self._usage.usage() if self._usage is not None else {}
-        waiting: list[str] = []  # users of the jobs that wait in this pass, in order
+        blocked: set[tuple[object, ...]] = set()  # signatures that did not fit here since the last claim
+        left: list[tuple[JobRow, JobSpec, JobRequest]] = []  # one-host jobs still queued after placing
         for row, spec in specs:
             req = spec.to_core(row.id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 await self._gangs.schedule(row, spec, req, worker)
                 continue
             sig = job_signature(req)
-            if sig in seen:  # an identical job already did not fit in this pass: the same reason
-                same = seen[sig]
-                if same is not None:
-                    await self._set_reason(row, replace(same, job_id=row.id))
-                continue
-            ev = evaluate(req, worker, self._support)
-            if ev.placement is None:
-                if self._offer_elsewhere(row, req, spec):
+            if sig not in blocked:  # an identical job did not fit: neither does this one
+                ev = evaluate(req, worker, self._support)
+                if ev.placement is None:
+                    blocked.add(sig)
+                elif await self._worker.claim_local(row, spec, ev.placement):
+                    fresh = await self._machine.snapshot(refresh_apps=False)
+                    worker = replace(fresh, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
+                                     unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
+                    blocked.clear()
                     continue
-                seen[sig] = await self._record_wait(row, req, worker, usage, waiting)
+            left.append((row, spec, req))
+        await self._reasons(left, worker)
+
+    async def _reasons(self, left: list[tuple[JobRow, JobSpec, JobRequest]], worker: WorkerSnapshot) -> None:
+        """Offer each job that fits only a peer now to it; every other job records why it waits.
+
+        Judged against ``worker`` as the placing left it (after this pass's claims) and the
+        peers' last snapshots: identical jobs share one explanation (the fair-share part is
+        each job's own), and each job's row is updated when its reason changed.
+        """
+        remote = self._directory.worker_snapshots() if self._directory is not None else []
+        usage = self._usage.usage() if self._usage is not None else {}
+        shared: dict[tuple[object, ...], Explanation] = {}
+        waiting: list[str] = []  # users of the jobs that wait in this pass, in order
+        offers: list[tuple[JobRow, JobSpec, str]] = []
+        for row, spec, req in left:
+            sig = job_signature(req)
+            e = shared.get(sig)
+            if e is None:
+                e = shared[sig] = explain(req, [worker, *remote], self._support)
+            e = replace(e, job_id=row.id)
+            if e.placement is not None and e.placement.worker != self.node_id:
+                offers.append((row, spec, e.placement.worker))
+            else:
+                e = _with_fair_share(e, req, worker, usage, waiting)
                 waiting.append(req.user)
-                continue
-            if await self._worker.claim_local(row, spec, ev.placement):
-                fresh = await self._machine.snapshot(refresh_apps=False)
-                worker = replace(fresh, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
-                                 unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
-                seen.clear()
+            await self._set_reason(row, e)
+        for row, spec, target in offers:  # together, after the writes: a peer sees the pass's offers at once
+            self._offer(row, spec, target)
 
     def _fair_order(self, specs: list[tuple[JobRow, JobSpec]]) -> list[tuple[JobRow, JobSpec]]:
         """``specs`` in fair-share order (submission order without a usage book)."""
@@ -115,41 +142,25 @@ class Scheduler:
                  for i, (row, spec) in enumerate(specs)]
         return [by_id[c.job_id] for c in self._usage.order(cands)]
 
-    async def _record_wait(self, row: JobRow, req: JobRequest, worker: WorkerSnapshot,
-                           usage: dict[str, fairshare.Usage] | None = None,
-                           ahead: list[str] | None = None) -> Explanation:
-        remote = self._directory.worker_snapshots() if self._directory is not None else []
-        e = explain(req, [worker, *remote], self._support)
-        e = _with_fair_share(e, req, worker, usage or {}, ahead or [])
-        await self._set_reason(row, e)
-        return e
-
     async def _set_reason(self, row: JobRow, e: Explanation) -> None:
-        summary = _summary(e)
-        if summary != row.reason:
-            await self._store.jobs.set_explanation(row.id, summary, ExplanationModel.from_core(e).model_dump_json())
+        """Store ``e`` and its reason line (:func:`gpulayerd.core.reasons.reason_text`) when the line changed."""
+        text = reason_text(e)
+        if text != row.reason:
+            await self._store.jobs.set_explanation(row.id, text, ExplanationModel.from_core(e).model_dump_json())
             self._signals.job_changed(row.id)
 
-    def _offer_elsewhere(self, row: JobRow, req: JobRequest, spec: JobSpec) -> bool:
-        """Offer a job that does not fit here to the best peer that fits now; True if offered."""
-        remote = self._directory.worker_snapshots() if self._directory is not None else []
-        if not remote:
-            return False
-        e = explain(req, remote, self._support)
-        if e.placement is None:
-            return False
-        target = e.placement.worker
+    def _offer(self, row: JobRow, spec: JobSpec, target: str) -> None:
+        """Offer a job that fits the peer ``target`` now to it (at most every ``offer_interval_s``)."""
         last = self._offered.get(row.id)
         now = self._clock.monotonic()
         if last is not None and last[0] == target and now - last[1] < self._config.offer_interval_s:
-            return True
+            return
         self._offered[row.id] = (target, now)
         # Environment values (tokens) go only with the grant, to the worker that runs the job.
         offered = spec.model_dump(mode="json")
         offered["env"] = dict.fromkeys(spec.env, "")
         offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, spec=offered, lease_s=row.lease_s)
         self._signals.spawn(self._send_offer(target, offer))
-        return True
 
     async def _send_offer(self, worker: str, offer: Offer) -> None:
         row = await self._jobs.get(offer.job_id)
@@ -180,16 +191,8 @@ def _with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, us
     winner = fairshare.passed_over_by(req.user, others, usage)
     if winner is None:
         return e
-    text = fairshare.fair_share_reason(req.user, winner, usage)
+    text = fairshare.fair_share_reason(req.user, winner, usage, gpus=fairshare.gpus_of(req) > 0)
     rej = Rejection(RejectionCode.FAIR_SHARE, "fair_share", req.user or "(unknown user)", winner, worker.node_id,
                     text)
     rows[i] = replace(rows[i], rejections=(rej, *rows[i].rejections))
     return replace(e, workers=tuple(rows))
-
-
-def _summary(e: Explanation) -> str:
-    """The one-line reason: a fair-share wait names it first, else :attr:`Explanation.summary`."""
-    fair = next((r for w in e.workers for r in w.rejections if r.code is RejectionCode.FAIR_SHARE), None)
-    if fair is not None:
-        return f"{e.verdict.value}: {fair.message}"
-    return e.summary

@@ -29,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``gpulayer`` argument parser: global flags and every subcommand (each sets ``func``)."""
     p = argparse.ArgumentParser(
         prog="gpulayer",
-        description="GPU compute sharing for a lab's workstations: what this machine has, "
-        "and whether a job fits.",
+        description="GPU compute sharing for a lab's workstations: submit jobs that run on any machine of "
+        "the cluster that fits, see every device, job and user, and why a job waits, runs where it does, or "
+        "how it ended.",
+        allow_abbrev=False,
     )
     p.add_argument("--version", action="version", version=f"gpulayer {__version__}")
     p.add_argument("--state-dir", type=Path, metavar="DIR", default=env_path("GPULAYER_STATE_DIR"),
@@ -47,7 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_parser(sub)
     service.add_parser(sub)
     users.add_parser(sub)
+    _no_abbreviations(p)
     return p
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Turn off argparse's prefix matching everywhere: ``--token`` must not silently mean
+    ``--token-file`` (and echo a secret in an error)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _no_abbreviations(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from gpulayerd.cli.client import socket_path
 from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.text import escape as fmt_escape
 
 if TYPE_CHECKING:
     from gpulayerd.net.identity import Identity
@@ -60,8 +61,15 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     j.add_argument("--system", action="store_true", help=_SYSTEM_HELP)
     j.set_defaults(func=_cmd_join)
 
-    t = cs.add_parser("token", help="on a signer: make a join token (one-time, expiring), list or revoke them")
+    t = cs.add_parser("token", help="on a signer: make a join token (one-time, expiring), list or revoke them",
+                      description="Make a join token. The token fixes what the machine joining with it will be: "
+                      "a system-mode node (--system: it vouches for every user's jobs, so give such tokens only "
+                      "to machines an admin runs) or a personal-mode node of one user (--user NAME). Default: "
+                      "this signer's own mode (and user).")
     _token_options(t)
+    who = t.add_mutually_exclusive_group()
+    who.add_argument("--system", action="store_true", help="the token enrolls a system-mode node")
+    who.add_argument("--user", metavar="NAME", help="the token enrolls a personal-mode node bound to user NAME")
     t.add_argument("--list", action="store_true", help="list this signer's tokens (never their secrets)")
     t.add_argument("--revoke", metavar="ID", help="forget token ID: nobody can join with it any more")
     t.add_argument("--json", action="store_true")
@@ -119,8 +127,15 @@ _SYSTEM_HELP = ("enroll this machine's system-mode daemon (root only; its state 
 
 
 def _mode(args: argparse.Namespace) -> str:
-    """``system`` (root only) or ``personal``, from ``--system``."""
-    if not args.system:
+    """``system`` (root only) or ``personal``, from ``--system``.
+
+    Without ``--system``, root working on the system daemon's state dir (``_state_dir``'s
+    fallback on a lab machine) enrolls it in system mode too: a personal certificate there
+    would keep the system daemon from starting.
+    """
+    from gpulayerd.config import SYSTEM_STATE_DIR
+
+    if not args.system and not (os.geteuid() == 0 and _state_dir(args) == SYSTEM_STATE_DIR):
         return "personal"
     if os.geteuid() != 0:
         raise CommandFailed(f"cluster {args.cluster_command} --system: only root may enroll a system-mode "
@@ -167,9 +182,12 @@ def _daemon_running(args: argparse.Namespace) -> bool:
 
 
 def _restart_hint(args: argparse.Namespace) -> str:
+    from gpulayerd.config import SYSTEM_STATE_DIR
+
+    service = " (sudo systemctl restart gpulayerd)" if _state_dir(args) == SYSTEM_STATE_DIR else ""
     if _daemon_running(args):
-        return "gpulayerd is running on this state dir: restart it to use the new identity."
-    return "Start (or restart) gpulayerd on this machine to use it."
+        return f"gpulayerd is running on this state dir: restart it to use the new identity{service}."
+    return f"Start (or restart) gpulayerd on this machine to use it{service}."
 
 
 def _run(action: Callable[[], _R]) -> _R:
@@ -183,6 +201,9 @@ def _run(action: Callable[[], _R]) -> _R:
         raise UsageError(str(e)) from e
     except TlsError as e:
         raise CommandFailed(str(e)) from e
+    except OSError as e:  # e.g. another account's state dir
+        where = f"{e.filename}: " if e.filename else ""
+        raise CommandFailed(f"{where}{e.strerror or e} (is this the right --state-dir, and your account's?)") from e
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -196,19 +217,20 @@ def _cmd_init(args: argparse.Namespace) -> int:
     print(f"Created cluster {_label(ident)} with this machine (node {ident.node_id}, {_mode_label(ident)}) in it.")
     print("This machine is a signer: it keeps the cluster CA key and enrolls the others (gpulayerd must run).")
     print()
-    _print_token(token, args.uses, args.ttl)
+    _print_token(token, args.uses, args.ttl, system=mode == "system")
     print(_restart_hint(args))
     return EXIT_OK
 
 
-def _print_token(token: str, uses: int, ttl_s: float) -> None:
+def _print_token(token: str, uses: int, ttl_s: float, *, system: bool = False) -> None:
     print(f"Join token (a secret until used: {uses} use(s), expires {time.ctime(time.time() + ttl_s)}; "
           "it holds no CA key):")
     print()
     print(token)
     print()
+    join = "sudo gpulayer cluster join --system" if system else "gpulayer cluster join"
     print("On each other machine (with this machine's gpulayerd running), paste it into:")
-    print("  gpulayer cluster join -          (or: gpulayer cluster join --token-file FILE)")
+    print(f"  {join} -          (or: {join} --token-file FILE)")
     print("then restart gpulayerd there. More tokens: gpulayer cluster token [--uses N] [--ttl 1h]")
 
 
@@ -244,7 +266,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
     from gpulayerd.net import ca, enroll, identity
 
     state_dir = _state_dir(args)
-    idir = identity.identity_dir(state_dir)
+    idir = _run(lambda: identity.identity_dir(state_dir))
     if args.revoke is not None:
         if not _run(lambda: enroll.revoke_token(idir, args.revoke)):
             raise CommandFailed(f"no token {args.revoke!r} on this signer (see 'gpulayer cluster token --list')")
@@ -254,15 +276,19 @@ def _cmd_token(args: argparse.Namespace) -> int:
         rows = _run(lambda: enroll.list_tokens(idir))
         if args.json:
             print(json.dumps([{"id": t.token_id, "created": t.created, "expires": t.expires,
-                               "uses_left": t.uses_left, "used": t.used} for t in rows], indent=2))
+                               "uses_left": t.uses_left, "used": t.used, "mode": t.mode, "user": t.user}
+                              for t in rows], indent=2))
             return EXIT_OK
         now = time.time()
-        print(f"{'ID':<10}{'USES LEFT':>10}{'USED':>6}  EXPIRES")
+        print(f"{'ID':<10}{'USES LEFT':>10}{'USED':>6}  {'ENROLLS':<24}EXPIRES")
         for t in rows:
             state = "expired" if t.expires <= now else time.ctime(t.expires)
-            print(f"{t.token_id:<10}{t.uses_left:>10}{t.used:>6}  {state}")
+            what = "system node" if t.mode == "system" else f"personal: {t.user}" if t.mode else "-"
+            print(f"{t.token_id:<10}{t.uses_left:>10}{t.used:>6}  {fmt_escape(what):<24}{state}")
         return EXIT_OK
-    token = _run(lambda: ca.new_token(state_dir, uses=args.uses, ttl_s=args.ttl, addresses=args.address))
+    mode = "system" if args.system else "personal" if args.user else None
+    token = _run(lambda: ca.new_token(state_dir, uses=args.uses, ttl_s=args.ttl, addresses=args.address,
+                                      mode=mode, user=args.user))
     if args.json:
         print(json.dumps({"token": token}))
         return EXIT_OK
@@ -291,7 +317,7 @@ def _cmd_signer_add(args: argparse.Namespace) -> int:
     from gpulayerd.net import enroll, identity
 
     state_dir = _state_dir(args)
-    idir = identity.identity_dir(state_dir)
+    idir = _run(lambda: identity.identity_dir(state_dir))
     if not enroll.is_signer(idir):
         raise CommandFailed("this machine is not a signer (no CA key here): run it on a signer")
     key = idir / identity.CA_KEY

@@ -72,11 +72,17 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=_cmd_show)
 
-    lg = sub.add_parser("logs", help="a job's output")
+    lg = sub.add_parser(
+        "logs", help="a job's output",
+        description="A job's stdout, then its stderr when stdout is empty (else how much stderr holds). "
+        "A multi-host job: every rank's lines prefixed with [rank N], or --rank N. With -f: until the "
+        "job ends, saying why it waits; the last line (on stderr) says how it ended, and the exit "
+        "status is 0 when it succeeded, 1 otherwise.")
     lg.add_argument("job", metavar="ID")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.add_argument("--stderr", action="store_true", help="the standard error log instead of stdout")
     lg.add_argument("--attempt", type=int, metavar="N", help="an earlier attempt (default: the latest)")
+    lg.add_argument("--rank", type=int, metavar="R", help="node rank R of a multi-host job (0: the first host)")
     lg.set_defaults(func=_cmd_logs)
 
     c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM, grace, SIGKILL to its process group)")
@@ -147,7 +153,11 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     except SpecError as e:
         raise UsageError(str(e)) from e
     wd = spec.workdir or ""
-    if not Path(wd).is_dir():
+    try:
+        is_dir = Path(wd).is_dir()
+    except OSError as e:  # e.g. a directory under another account's 0700 home
+        raise UsageError(f"workdir: {wd}: {e.strerror or e}") from e
+    if not is_dir:
         raise UsageError(f"workdir: {wd} does not exist or is not a directory")
     body = spec.model_dump(mode="json", exclude_none=True)
     # The daemon takes the user from the kernel; the job runs with this shell's PATH.
@@ -164,8 +174,20 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_jobs(args: argparse.Namespace) -> int:
+    from gpulayerd.cli.render import reason_cell
+
     scope = "local" if args.here else "cluster"
-    jobs = call_daemon(args, lambda c: c.jobs(statuses=args.state, scope=scope))
+
+    async def listed(c: DaemonClient) -> tuple[list[JobView], int]:
+        jobs = await c.jobs(statuses=args.state, scope=scope)
+        if scope != "cluster":
+            return jobs, 0
+        # Trusted peers that miss heartbeats were not asked (or did not answer): say so.
+        return jobs, sum(1 for p in await c.peers() if p.trusted and p.state in ("suspect", "down"))
+
+    jobs, down = call_daemon(args, listed)
+    if down:
+        print(fmt.peers_down(down), file=sys.stderr)
     user = _my_name() if args.mine else args.user
     if user is not None:
         jobs = [j for j in jobs if _user_of(j) == user]
@@ -180,11 +202,11 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
     owners = {j.owner for j in jobs}
     if len(owners) > 1:
         rows = [[j.id, j.name, _user_of(j) or None, j.owner_name, j.status, _where(j),
-                 fmt.age(now - j.submitted_at), fmt.one_line(j.reason)] for j in jobs]
+                 fmt.age(now - j.submitted_at), reason_cell(j)] for j in jobs]
         print(fmt.table(["ID", "NAME", "USER", "OWNER", "STATE", "WHERE", "AGE", "REASON"], rows))
         return EXIT_OK
     rows = [[j.id, j.name, _user_of(j) or None, j.status, _where(j), fmt.age(now - j.submitted_at),
-             fmt.one_line(j.reason)] for j in jobs]
+             reason_cell(j)] for j in jobs]
     print(fmt.table(["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"], rows))
     return EXIT_OK
 
@@ -205,6 +227,9 @@ def _my_name() -> str:
 
 
 def _where(j: JobView) -> str | None:
+    """WHERE: the latest attempt's host and GPUs (kept after the job ends), else its holder."""
+    if j.where_node is not None or j.where_hosts:
+        return fmt.where(j.where_name or (j.where_node or "")[:12], j.where_devices, j.where_hosts)
     return j.holder_name or (j.holder[:12] if j.holder else None)
 
 
@@ -220,25 +245,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    import asyncio
+    from gpulayerd.cli.logs import follow_logs
 
-    stream = "stderr" if args.stderr else "stdout"
-
-    async def go(c: DaemonClient) -> int:
-        offset = 0
-        while True:
-            chunk = await c.logs(args.job, stream=stream, offset=offset, attempt=args.attempt)
-            if chunk.data:
-                sys.stdout.write(chunk.data)
-                sys.stdout.flush()
-            offset = chunk.next_offset
-            if chunk.data:
-                continue  # more may be waiting: read on without pausing
-            if not args.follow or chunk.complete:
-                return EXIT_OK
-            await asyncio.sleep(0.3)
-
-    return call_daemon(args, go)
+    if args.rank is not None and args.rank < 0:
+        raise UsageError("logs: --rank must be 0 or more")
+    return call_daemon(args, lambda c: follow_logs(c, args))
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from gpulayerd import text as fmt
 
 if TYPE_CHECKING:
-    from gpulayerd.models import Capabilities, ExplanationModel, JobView
+    from gpulayerd.models import AttemptView, Capabilities, ExplanationModel, JobView
 
-__all__ = ["render_capabilities", "render_explanation", "render_job"]
+__all__ = ["reason_cell", "render_capabilities", "render_explanation", "render_job"]
 
 
 def render_capabilities(caps: Capabilities) -> str:
@@ -69,8 +69,20 @@ def _backends(v: Sequence[str] | None) -> str:
 
 
 def render_explanation(e: ExplanationModel, title: str) -> str:
-    """The human-readable explanation: per worker, each requirement observed vs wanted, then the verdict."""
+    """The human-readable explanation: per worker, each requirement observed vs wanted, then the verdict.
+
+    A job that is not waiting (``e.state``) shows where it runs or ran and how it ended
+    instead, with a failed job's stderr tail when there is one.
+    """
     out = [title, ""]
+    if e.state is not None:
+        pairs = e.state.rows()
+        wide = max(len(label) for label, _ in pairs) + 1
+        out += [f"  {label + ':':<{wide}} {value}" for label, value in pairs]
+        tail = e.state.stderr_lines()
+        if tail:
+            out += ["", "stderr (last lines):", *(f"  {line}" for line in tail)]
+        out.append("")
     if e.rejections:
         out.append("Rejected before matching (no worker can ever run it):")
         out += [f"  ✗ {r.requirement}: {r.message}" for r in e.rejections]
@@ -122,21 +134,17 @@ def render_job(job: JobView) -> str:
         f"  submitted: {fmt.clock(job.submitted_at)} by {job.submitted_by or fmt.DASH}",
         f"  exit code: {fmt.text(job.exit_code)}",
     ]
+    where = _job_where(job)
+    if where is not None:
+        out.insert(next(i for i, line in enumerate(out) if line.startswith("  reason:")) + 1,
+                   f"  where:     {where}")
     if job.spec.distributed is not None:
         d = job.spec.distributed
         out.append(f"  torch.distributed: nnodes {d.nnodes}, nproc_per_node {d.nproc_per_node}, "
                    f"backend {d.backend or 'default'}")
     if job.attempts:
         out.append("attempts:")
-        for a in job.attempts:
-            devs = ",".join(str(i) for i in a.placement.device_indices) if a.placement else ""
-            where = a.worker_name or a.worker[:12]
-            if a.gang:
-                where = "hosts " + ", ".join(m[:12] for m in a.gang) + " (node ranks in this order)"
-            out.append(f"  #{a.attempt} on {where} {a.state}" + (f" GPU {devs}" if devs else "")
-                       + f", exit {fmt.text(a.exit_code)}" + (f" ({a.reason})" if a.reason else ""))
-            if a.run_dir:
-                out.append(f"     logs: {a.run_dir}")
+        out += [line for a in job.attempts for line in _attempt_lines(job, a)]
     if job.events:
         out.append("history:")
         for e in job.events:
@@ -145,3 +153,46 @@ def render_job(job: JobView) -> str:
     if job.explanation is not None and job.status in ("queued", "rejected"):
         out += ["", render_explanation(job.explanation, title="why it waits:")]
     return "\n".join(out)
+
+
+def _job_where(job: JobView) -> str | None:
+    """Where the job's latest attempt ran or runs: host and GPUs, or a multi-host job's hosts."""
+    if job.where_node is None and not job.where_hosts:
+        return None
+    return fmt.where(job.where_name or (job.where_node or "")[:12], job.where_devices, job.where_hosts)
+
+
+def _attempt_lines(job: JobView, a: AttemptView) -> list[str]:
+    """One attempt of ``gpulayer show``: "#1 on ws-2 GPU 0,1 exited 0 after 12s", then its log directory."""
+    devs = [str(i) for i in a.placement.device_indices] if a.placement else []
+    where = a.worker_name or a.worker[:12]
+    if a.gang:
+        hosts = job.where_hosts if a.attempt == job.attempt and len(job.where_hosts) == len(a.gang) else [
+            m[:12] for m in a.gang]
+        where = "hosts " + ", ".join(hosts) + " (node ranks in this order)"
+    elif devs:
+        where += " GPU " + ",".join(devs)
+    if a.state == "exited":
+        how = f"exited {fmt.text(a.exit_code)}"
+    elif a.state == "running" and a.started_at is not None:
+        how = f"running since {fmt.clock(a.started_at)}"
+    else:
+        how = a.state
+    if a.started_at is not None and a.ended_at is not None:
+        how += f" after {fmt.age(a.ended_at - a.started_at)}"
+    lines = [f"  #{a.attempt} on {where} {how}" + (f" ({a.reason})" if a.reason else "")]
+    if a.run_dir:
+        lines.append(f"     logs: {a.run_dir}")
+    return lines
+
+
+def reason_cell(job: JobView, width: int = 90) -> str:
+    """REASON of ``gpulayer jobs``: ``"<Code>: <words>"`` on one line, cut to ``width`` characters.
+
+    A reason stored without its code (a queued job not judged yet, a rejected job, an older
+    daemon's reason) gets the view's ``reason_code`` in front; other states' reasons as they are.
+    """
+    reason, code = job.reason, job.reason_code
+    if code and not reason.startswith(f"{code}:"):
+        reason = f"{code}: {reason}" if reason else code
+    return fmt.one_line(reason, width)

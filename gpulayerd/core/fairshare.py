@@ -224,14 +224,21 @@ def gpu_cap_rejection(job_user: str, job_gpus: int, worker: WorkerSnapshot) -> R
                      worker.node_id, message)
 
 
-def fair_share_reason(waiting_user: str, ahead_user: str, usage: Mapping[str, Usage]) -> str:
-    """The wait reason: ``fair share: alice used 6.1 GPU-h today, bob 0.2`` (GPU-hours, one decimal)."""
-    def gpu_h(user: str) -> float:
-        u = usage.get(user)
-        return u.gpu_hours if u is not None else 0.0
+def fair_share_reason(waiting_user: str, ahead_user: str, usage: Mapping[str, Usage], *, gpus: bool = True) -> str:
+    """The wait reason: ``fair share: alice used 6.1 GPU-h today, bob 0.2`` (GPU-hours, one decimal).
 
-    return (f"fair share: {waiting_user or '(unknown user)'} used {gpu_h(waiting_user):.1f} GPU-h today, "
-            f"{ahead_user or '(unknown user)'} {gpu_h(ahead_user):.1f}")
+    "today" is the decayed usage (half-life a day by default). For a CPU job (``gpus`` False)
+    CPU-slot-hours are named too, since they decided: ``... 0.0 GPU-h and 3.5 slot-h today, bob 0.0 and 0.4``.
+    """
+    def hours(user: str) -> tuple[float, float]:
+        u = usage.get(user)
+        return (u.gpu_hours, u.cpu_slot_hours) if u is not None else (0.0, 0.0)
+
+    me, other = waiting_user or "(unknown user)", ahead_user or "(unknown user)"
+    (mg, ms), (og, os_) = hours(waiting_user), hours(ahead_user)
+    if gpus:
+        return f"fair share: {me} used {mg:.1f} GPU-h today, {other} {og:.1f}"
+    return f"fair share: {me} used {mg:.1f} GPU-h and {ms:.1f} slot-h today, {other} {og:.1f} and {os_:.1f}"
 
 
 def passed_over_by(job_user: str, others: Sequence[str], usage: Mapping[str, Usage]) -> str | None:

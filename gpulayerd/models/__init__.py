@@ -26,6 +26,7 @@ from gpulayerd.models.capabilities import (
 from gpulayerd.models.explanation import (
     CheckModel,
     ExplanationModel,
+    JobStateModel,
     PlacementModel,
     RejectionModel,
     WorkerExplanationModel,
@@ -72,6 +73,7 @@ __all__ = [
     "HealthView",
     "JobList",
     "JobSpec",
+    "JobStateModel",
     "JobView",
     "LogChunk",
     "PeerView",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpulayerd import text as fmt
 from gpulayerd.core.types import Accelerator
 from gpulayerd.core.verdict import Explanation, Placement, Rejection
 
 __all__ = [
     "CheckModel",
     "ExplanationModel",
+    "JobStateModel",
     "PlacementModel",
     "RejectionModel",
     "WorkerExplanationModel",
@@ -84,8 +86,111 @@ class WorkerExplanationModel(BaseModel):
     placement: PlacementModel | None = None
 
 
+class JobStateModel(BaseModel):
+    """Where a job that is not waiting stands (``explain``'s ``state``; absent for a queued job).
+
+    Times are wall-clock seconds since the epoch; ``duration_s`` is seconds. Every field but
+    ``status`` is optional: what the state has (claimed/running: where, since, attempt,
+    lease; finished: outcome, exit code or signal, where it ran, duration, stderr tail for a
+    failure; cancelled/lost/rejected: why and by whom).
+
+    Attributes:
+        status: the job's state (``claimed``, ``running``, ``succeeded``, ...).
+        attempt: the current (or last) attempt, 0 if it never ran.
+        node, node_name: the worker holding (or that ran) the attempt: id and host name.
+        gang: a multi-host attempt's members, in node-rank order (empty otherwise).
+        gpus: the device indices the attempt holds (or held); empty on CPU.
+        environment: the Python interpreter the attempt runs with.
+        since: when the job entered ``status``.
+        started_at, ended_at: when the attempt's processes started and ended.
+        duration_s: ``ended_at - started_at`` (finished jobs).
+        lease_expires_at: when the attempt's lease runs out unless renewed.
+        cancel_requested: a cancel was asked for and the attempt is being stopped.
+        outcome: how it ended (``exited 0``, ``exited 3``, ``killed by signal 9``, ...).
+        exit_code: the exit status (None: unknown, or killed by a signal).
+        signal: the signal that killed it, if one did.
+        reason: why it is in this state (the daemon's words).
+        by: who or what brought it there (a user for a cancel, a node for a loss).
+        stderr_tail: the last lines of a failed attempt's stderr (at most 20 lines / 4 KiB);
+            None when not read (see ``stderr_note``).
+        stderr_note: why there is no tail, or how much of stderr it is.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: str
+    attempt: int = 0
+    node: str | None = None
+    node_name: str | None = None
+    gang: list[str] = Field(default_factory=list)
+    gpus: list[int] = Field(default_factory=list)
+    environment: str | None = None
+    since: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    duration_s: float | None = None
+    lease_expires_at: float | None = None
+    cancel_requested: bool = False
+    outcome: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    by: str | None = None
+    stderr_tail: list[str] | None = None
+    stderr_note: str | None = None
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) lines for people (``gpulayer explain``, the TUI's Why tab), without the stderr tail.
+
+        Only what the state has; times in local clock time, unknown values "—", text from
+        jobs and peers with control characters made visible.
+        """
+        where = fmt.where(self.node_name or (self.node[:12] if self.node else None), self.gpus,
+                          [m[:12] for m in self.gang] if len(self.gang) > 1 else ())
+        out: list[tuple[str, str]] = [("state", self.status + (" (cancel requested)" if self.cancel_requested
+                                                                else ""))]
+        if self.outcome and self.outcome != self.status:
+            out.append(("outcome", fmt.escape(self.outcome)))
+        if self.signal is not None:
+            out.append(("signal", str(self.signal)))
+        elif self.exit_code is not None:
+            out.append(("exit code", str(self.exit_code)))
+        if self.attempt:
+            out.append(("attempt", str(self.attempt)))
+        if where:
+            out.append(("on" if self.status in ("claimed", "running") else "ran on", fmt.escape(where)))
+        if self.node and self.node_name:
+            out.append(("node", self.node[:12]))
+        if self.environment:
+            out.append(("environment", fmt.escape(self.environment)))
+        if self.since is not None and self.since not in (self.started_at, self.ended_at):
+            out.append(("since", fmt.clock(self.since)))
+        if self.started_at is not None:
+            out.append(("started", fmt.clock(self.started_at)))
+        if self.ended_at is not None:
+            out.append(("ended", fmt.clock(self.ended_at)))
+        if self.duration_s is not None:
+            out.append(("duration", f"{self.duration_s:.1f} s"))
+        if self.lease_expires_at is not None:
+            out.append(("lease until", fmt.clock(self.lease_expires_at)))
+        if self.reason and self.reason != self.outcome:
+            out.append(("why", fmt.escape(self.reason)))
+        if self.by:
+            out.append(("by", fmt.escape(self.by)))
+        return out
+
+    def stderr_lines(self) -> list[str]:
+        """The stderr tail for people: its note, then the lines (control characters made visible); [] for none."""
+        out = [f"({fmt.escape(self.stderr_note)})"] if self.stderr_note else []
+        return out + [fmt.escape(line) for line in self.stderr_tail or []]
+
+
 class ExplanationModel(BaseModel):
-    """``gpulayer explain --json``: verdict, placement and the worker x requirement table."""
+    """``gpulayer explain --json``: verdict, placement and the worker x requirement table.
+
+    A queued job has the table; any other job has ``state`` (where it runs or ran, how it
+    ended) and a verdict naming its state (``running``, ``failed: exited 3``, ...).
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -96,6 +201,7 @@ class ExplanationModel(BaseModel):
     placement: PlacementModel | None = None
     rejections: list[RejectionModel] = Field(default_factory=list)
     workers: list[WorkerExplanationModel] = Field(default_factory=list)
+    state: JobStateModel | None = None
 
     @classmethod
     def from_core(cls, e: Explanation) -> ExplanationModel:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from gpulayerd.core.reasons import code_for
 from gpulayerd.models.capabilities import Capabilities
 from gpulayerd.models.explanation import ExplanationModel, PlacementModel
 from gpulayerd.models.spec import JobSpec
@@ -83,10 +84,15 @@ class JobView(BaseModel):
     Attributes:
         submitted_by: the user the job belongs to (its submitter's account, from the kernel).
         status: queued, claimed, running, succeeded, failed, cancelled, lost or rejected.
-        reason: the last state change's reason, or for a waiting job why it waits.
+        reason: the last state change's reason, or for a waiting job why it waits:
+            ``"<Code>: <words>"`` (:mod:`gpulayerd.core.reasons`).
+        reason_code: the code of ``reason`` (``Busy``, ``Framework``, ...; ``Pending`` for a
+            queued job not judged yet, ``Rejected`` for a rejected one, ``""`` for other states).
         holder: node id of the worker running the current attempt.
         holder_name: that worker's host name, when known.
         explanation: the last explanation (waiting and rejected jobs).
+        where_*: where the latest attempt ran or runs (node, host name, device indices,
+            a multi-host job's hosts): WHERE of ``gpulayer jobs``, kept for finished jobs.
         spec_hidden: True when the requester is neither the job's user nor an admin (see above).
     """
 
@@ -114,6 +120,22 @@ class JobView(BaseModel):
     attempts: list[AttemptView] = Field(default_factory=list)
     events: list[EventView] = Field(default_factory=list)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reason_code(self) -> str:
+        """The short code ``reason`` starts with (see the class docstring); in ``--json``."""
+        return code_for(self.status, self.reason)
+    where_node: str | None = None
+    """Node id of the worker of the job's latest attempt, kept after the job ends (None: it
+    has not run, or it waits again for a retry). A multi-host job: the owner; see ``where_hosts``."""
+    where_name: str | None = None
+    """That worker's host name, when known."""
+    where_devices: list[int] = Field(default_factory=list)
+    """Device (GPU) indices the latest attempt was given on ``where_node`` (empty: CPU only, or a
+    multi-host job, whose devices each member chose)."""
+    where_hosts: list[str] = Field(default_factory=list)
+    """A multi-host job's hosts (names, else node ids) by node rank; empty for a one-host job."""
+
 
 class JobList(BaseModel):
     """A list of jobs (a peer's own jobs, for ``gpulayer jobs`` across the cluster)."""
@@ -136,6 +158,8 @@ class LogChunk(BaseModel):
     data: str
     complete: bool
     """True when the job has ended and the chunk reaches the end of the log."""
+    size: int | None = None
+    """The log's whole size in bytes when it was read (None: not told, by an older daemon)."""
 
 
 class ApiErrorBody(BaseModel):

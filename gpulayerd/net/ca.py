@@ -29,6 +29,7 @@ from gpulayerd.atomic import fsync_dir
 from gpulayerd.net.enroll import (
     DEFAULT_TTL_S,
     TOKEN_PREFIX,
+    TOKENS_JSON,
     EnrollRefused,
     TokenError,
     ca_sha256,
@@ -127,23 +128,31 @@ def cluster_init(state_dir: Path, name: str | None, *, force: bool = False, mode
         node_cert = make_node_cert(key, ca, ca_key, node_id_from_public_key(key.public_key()), mode, user)
         _install(idir, ca.public_bytes(serialization.Encoding.PEM), node_cert.public_bytes(serialization.Encoding.PEM),
                  name or cluster_id, [], ca_key=ca_key)
+        (idir / TOKENS_JSON).unlink(missing_ok=True)  # an old cluster's tokens: its CA is gone
         tok = make_token(idir, cluster_id, name or cluster_id, uses=uses, ttl_s=ttl_s, addresses=addresses,
-                         lock=False)
+                         lock=False, mode=mode, user=user or "")
     return tok.encode()
 
 
 def new_token(state_dir: Path, *, uses: int = 1, ttl_s: float = DEFAULT_TTL_S,
-              addresses: list[str] | None = None) -> str:
+              addresses: list[str] | None = None, mode: str | None = None, user: str | None = None) -> str:
     """A new join token of this node's cluster (this node must be a signer).
 
+    ``mode``/``user``: what the enrolled node will be (see :func:`gpulayerd.net.enroll.make_token`);
+    None: this signer's own mode and, in personal mode, its own user.
+
     Raises:
-        TlsError: not in a cluster, not a signer, bad ``uses``/``ttl_s``/addresses.
+        TlsError: not in a cluster, not a signer, bad ``uses``/``ttl_s``/addresses/mode/user.
     """
     ident = load_or_create_identity(state_dir)
     if not ident.in_cluster or ident.cluster_id is None:
         raise TlsError(f"no cluster in {state_dir}: run 'gpulayer cluster init' or 'gpulayer cluster join'")
+    if mode is None:
+        mode = "personal" if user else ident.mode
+    if user is None:
+        user = (ident.user or "") if mode == "personal" else ""
     return make_token(identity_dir(state_dir), ident.cluster_id, ident.cluster_name or ident.cluster_id, uses=uses,
-                      ttl_s=ttl_s, addresses=addresses).encode()
+                      ttl_s=ttl_s, addresses=addresses, mode=mode, user=user).encode()
 
 
 def cluster_join(state_dir: Path, token: str, *, force: bool = False, mode: str = "personal",
@@ -169,6 +178,11 @@ def cluster_join(state_dir: Path, token: str, *, force: bool = False, mode: str 
     """
     mode, user = _mode_user(mode, user)
     tok = decode_token(token)
+    if (tok.mode, tok.user if tok.mode == "personal" else "") != (mode, user if mode == "personal" else ""):
+        made = "a system-mode node (join with --system, as root)" if tok.mode == "system" else \
+            f"a personal-mode node of {tok.user!r} (join as {tok.user}, without --system)"
+        raise TokenError(f"this token enrolls {made}; ask the signer's admin for a token made for this node "
+                         "('gpulayer cluster token --system' or '--user NAME')")
     idir = identity_dir(state_dir)
     with _locked(idir):
         key = load_or_create_key(idir)

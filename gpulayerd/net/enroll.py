@@ -102,7 +102,13 @@ class EnrollRefused(TlsError):
 
 @dataclass(frozen=True, slots=True)
 class JoinToken:
-    """What a join token holds (no CA key). ``expires`` is a unix time; ``secret`` 32 random bytes, base64url."""
+    """What a join token holds (no CA key). ``expires`` is a unix time; ``secret`` 32 random bytes, base64url.
+
+    ``mode`` and ``user`` are what the signer's admin chose for the nodes it enrolls: a
+    ``system`` node (vouches for every user: a token only for machines an admin runs) or a
+    ``personal`` node bound to ``user``. The signer enforces its own record of them (the
+    copy in the token only lets the joining side say what it is for); nobody joining picks.
+    """
 
     cluster_id: str
     name: str
@@ -112,12 +118,14 @@ class JoinToken:
     token_id: str
     secret: str
     expires: float
+    mode: str = "personal"
+    user: str = ""
 
     def encode(self) -> str:
         """The token text: ``gpl2.`` + base64url(JSON), no padding."""
         body = {"v": TOKEN_VERSION, "cluster_id": self.cluster_id, "name": self.name, "ca_sha256": self.ca_sha256,
                 "signer": self.signer, "addresses": list(self.addresses), "id": self.token_id,
-                "secret": self.secret, "exp": int(self.expires)}
+                "secret": self.secret, "exp": int(self.expires), "mode": self.mode, "user": self.user}
         raw = json.dumps(body, separators=(",", ":")).encode()
         return TOKEN_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
@@ -131,6 +139,8 @@ class TokenInfo:
     expires: float
     uses_left: int
     used: int
+    mode: str = ""
+    user: str = ""
 
 
 def ca_sha256(ca_pem_or_der: bytes) -> str:
@@ -214,7 +224,7 @@ def default_addresses(idir: Path) -> list[str]:
 
 
 def make_token(idir: Path, cluster_id: str, name: str, *, uses: int = 1, ttl_s: float = DEFAULT_TTL_S,
-               addresses: list[str] | None = None, lock: bool = True) -> JoinToken:
+               addresses: list[str] | None = None, lock: bool = True, mode: str, user: str = "") -> JoinToken:
     """Make a join token on a signer and store its secret's SHA-256 in ``tokens.json``.
 
     Args:
@@ -223,10 +233,17 @@ def make_token(idir: Path, cluster_id: str, name: str, *, uses: int = 1, ttl_s: 
         ttl_s: seconds until it expires (1 to 30 days).
         addresses: HOST:PORT of this signer's enrollment listener (default: :func:`default_addresses`).
         lock: take the identity lock (False when the caller holds it).
+        mode, user: what the nodes it enrolls are: ``system`` (``user`` ""), or ``personal``
+            bound to ``user`` (required). The signer refuses a join asking for anything else.
 
     Raises:
-        TlsError: not a signer; bad ``uses``, ``ttl_s`` or addresses; the file cannot be written.
+        TlsError: not a signer; bad ``uses``, ``ttl_s``, addresses, mode or user; the file cannot be written.
     """
+    if mode not in ("personal", "system"):
+        raise TlsError(f"mode {mode!r}: use 'personal' or 'system'")
+    if (mode == "personal") != bool(user) or not user.isprintable() or len(user) > 64:
+        raise TlsError("a personal-mode token names the one user its node is bound to (--user NAME); "
+                       "a system-mode token names none")
     if not 1 <= uses <= MAX_USES:
         raise TlsError(f"uses {uses}: use 1 to {MAX_USES}")
     if not 1 <= ttl_s <= MAX_TTL_S:
@@ -242,8 +259,10 @@ def make_token(idir: Path, cluster_id: str, name: str, *, uses: int = 1, ttl_s: 
     token_id = secrets.token_hex(4)
     secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode("ascii").rstrip("=")
     now = time.time()
-    tok = JoinToken(cluster_id, name, ca_sha256(ca_pem), signer, tuple(addrs), token_id, secret, now + ttl_s)
-    entry = {"hash": _hash(secret), "created": now, "expires": tok.expires, "uses_left": uses, "used": 0}
+    tok = JoinToken(cluster_id, name, ca_sha256(ca_pem), signer, tuple(addrs), token_id, secret, now + ttl_s,
+                    mode, user)
+    entry = {"hash": _hash(secret), "created": now, "expires": tok.expires, "uses_left": uses, "used": 0,
+             "mode": mode, "user": user}
     with locked(idir) if lock else contextlib.nullcontext():
         table = _read_tokens(idir)
         table = {k: v for k, v in table.items() if v.get("expires", 0) > now - 7 * 86400}  # forget old ones
@@ -255,7 +274,8 @@ def make_token(idir: Path, cluster_id: str, name: str, *, uses: int = 1, ttl_s: 
 def list_tokens(idir: Path) -> list[TokenInfo]:
     """The tokens this signer made (expired and used ones too, for a week), oldest first."""
     out = [TokenInfo(k, float(v.get("created", 0)), float(v.get("expires", 0)), int(v.get("uses_left", 0)),
-                     int(v.get("used", 0))) for k, v in _read_tokens(idir).items()]
+                     int(v.get("used", 0)), str(v.get("mode", "")), str(v.get("user", "")))
+           for k, v in _read_tokens(idir).items()]
     return sorted(out, key=lambda t: t.created)
 
 
@@ -309,6 +329,13 @@ def enroll_signed(idir: Path, token_id: str, secret: str, csr_pem: bytes, mode: 
         if float(entry.get("expires", 0)) <= now:
             raise EnrollRefused(f"join token {token_id!r} expired at {time.ctime(float(entry['expires']))}: "
                                 "make a new one with 'gpulayer cluster token' on a signer")
+        if (entry.get("mode"), entry.get("user") or "") != (mode, user if mode == "personal" else ""):
+            made = ("system-mode nodes" if entry.get("mode") == "system"
+                    else f"personal-mode nodes of {entry.get('user')!r}" if entry.get("mode") == "personal"
+                    else "nothing (it predates per-token modes)")
+            asked = "a system-mode node" if mode == "system" else f"a personal-mode node of {user!r}"
+            raise EnrollRefused(f"join token {token_id!r} enrolls {made}, not {asked}: ask the signer's admin for a "
+                                "token made for it ('gpulayer cluster token --system' or '--user NAME')")
         if int(entry.get("uses_left", 0)) <= 0:
             raise EnrollRefused(f"join token {token_id!r} was already used (tokens are one-time): make a new one "
                                 "with 'gpulayer cluster token' on a signer")
@@ -373,10 +400,13 @@ def decode_token(text: str) -> JoinToken:
     for a in addrs:
         split_address(a)
     cluster_id, name, digest, signer, token_id, secret = (str(f) for f in strs)
+    mode, user = body.get("mode", "personal"), body.get("user", "")
+    if mode not in ("personal", "system") or not isinstance(user, str) or not user.isprintable():
+        raise TokenError(f"{cut} (mode)")
     if exp <= time.time():
         raise TokenError(f"join token {token_id!r} expired at {time.ctime(exp)}: make a new one with "
                          "'gpulayer cluster token' on a signer")
-    return JoinToken(cluster_id, name, digest, signer, tuple(addrs), token_id, secret, float(exp))
+    return JoinToken(cluster_id, name, digest, signer, tuple(addrs), token_id, secret, float(exp), mode, user)
 
 
 # ---------------------------------------------------------------- private

@@ -13,7 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "JOB_ACTIONS",
     "MAX_HOLDINGS_USERS",
+    "MAX_JOB_MATCHES",
     "MAX_REVOKED",
     "Ack",
     "Claim",
@@ -26,6 +28,9 @@ __all__ = [
     "HeartbeatReply",
     "Hold",
     "HoldReply",
+    "JobMatches",
+    "JobReply",
+    "JobRequest",
     "Kill",
     "LogRequest",
     "Offer",
@@ -178,6 +183,59 @@ class LogRequest(_Msg):
     attempt: int
     stream: Literal["stdout", "stderr"] = "stdout"
     offset: int = 0
+
+
+JOB_ACTIONS = ("show", "explain", "logs", "cancel")
+"""What a node may ask of another about a job (``/v1/peer/job/<action>``)."""
+
+MAX_JOB_MATCHES = 16
+"""The most job ids a :class:`JobMatches` names (in ``owned``, and in ``held``)."""
+
+
+class JobRequest(_Msg):
+    """Any node -> a job's owner (or a worker that runs it): a person's request about a job.
+
+    ``/v1/peer/job/find`` takes ``job_id`` as an id prefix; ``/v1/peer/job/<action>`` (one of
+    :data:`JOB_ACTIONS`) as an id. ``user`` and ``admin`` are who asks on the sending node:
+    the receiver believes the name only when the sender's certificate vouches for it
+    (:func:`gpulayerd.core.users.vouches`), and ``admin`` only from a system-mode node.
+    ``stream``, ``offset``, ``attempt`` and ``rank`` are for ``logs``.
+    """
+
+    msg_id: str
+    job_id: str = Field(max_length=64)
+    user: str = Field(default="", max_length=256)
+    admin: bool = False
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = Field(default=0, ge=0, le=2**53)
+    attempt: int | None = None
+    rank: int | None = Field(default=None, ge=0, le=4096)
+
+
+class JobMatches(_Msg):
+    """The answer to ``/v1/peer/job/find``: the jobs the answering node owns whose id starts
+    with the prefix (``owned``), and the runs it holds for other owners (``held``: job id ->
+    owner node id), at most :data:`MAX_JOB_MATCHES` of each."""
+
+    owned: list[str] = Field(default_factory=list, max_length=MAX_JOB_MATCHES)
+    held: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("held")
+    @classmethod
+    def _few(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_JOB_MATCHES:
+            raise ValueError(f"held: at most {MAX_JOB_MATCHES} runs, not {len(v)}")
+        return v
+
+
+class JobReply(_Msg):
+    """The answer to ``/v1/peer/job/<action>``: ``body`` (a JobView, ExplanationModel or
+    LogChunk as JSON) when ``error`` is empty; else ``error`` is the domain error's code
+    (``not_found``, ``forbidden``, ``peer_unreachable``, ...) and ``message`` its words."""
+
+    error: str = Field(default="", max_length=64)
+    message: str = Field(default="", max_length=4096)
+    body: dict[str, Any] | None = None
 
 
 class Hold(_Msg):

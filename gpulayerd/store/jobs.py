@@ -86,6 +86,10 @@ _LIST_JOBS = {
 _IDS_FROM = "SELECT id FROM jobs WHERE id >= ? ORDER BY id LIMIT ?"
 _EVENTS = f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq"
 _ATTEMPTS = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt"
+_LATEST_ATTEMPTS = (
+    f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE (job_id, attempt) IN "
+    "(SELECT id, attempt FROM jobs WHERE id IN (SELECT value FROM json_each(?)))"
+)
 _ACTIVE_ATTEMPTS = (
     f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state IN ('claimed', 'running') ORDER BY job_id, attempt"
 )
@@ -333,6 +337,13 @@ class JobsTable:
     async def attempts(self, job_id: str) -> list[AttemptRow]:
         """A job's attempts, first attempt first."""
         return [attempt_row(r) for r in await self._db.fetch_all(_ATTEMPTS, (job_id,))]
+
+    async def latest_attempts(self, job_ids: Collection[str]) -> dict[str, AttemptRow]:
+        """The row of each job's current attempt (``jobs.attempt``), by job id; jobs not run yet are absent."""
+        if not job_ids:
+            return {}
+        rows = await self._db.fetch_all(_LATEST_ATTEMPTS, (json.dumps(sorted(job_ids)),))
+        return {a.job_id: a for a in (attempt_row(r) for r in rows)}
 
     async def active_attempts(self) -> list[AttemptRow]:
         """Every attempt still claimed or running (to re-adopt or mark lost at restart)."""

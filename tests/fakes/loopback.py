@@ -3,8 +3,8 @@
 A :class:`LoopbackNetwork` joins the daemons of one test (one event loop). Each daemon's
 :class:`LoopbackNode` is its peer transport, its directory and its peer API: a call to
 another node id is delivered to that daemon's services, as the mutual-TLS peer API would
-(``sender`` is the caller's node id, and offers and holds get the caller's ``mode`` and
-``user`` as its certificate would give them; the message and the reply go through JSON so
+(``sender`` is the caller's node id, and offers, holds and job requests get the caller's
+``mode`` and ``user`` as its certificate would give them; the message and the reply go through JSON so
 that nothing is shared). Faults, per node, for calls to and from it:
 
 - ``refuse``: the call fails at once (a host that is down: connection refused);
@@ -21,6 +21,7 @@ while its last answered heartbeat is at most ``suspect_after_s`` old.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,10 +34,11 @@ from gpulayerd.api.peer import PeerBadRequest, PeerCallError, PeerForbidden, req
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
 from gpulayerd.app.owner import OwnerService
+from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.models import Capabilities, PeerView
-from gpulayerd.net.wire import Claim, Commit, Hold, Kill, LogRequest, Offer, Release, RunReport
+from gpulayerd.net.wire import JOB_ACTIONS, Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
 
 from .clock import FakeClock
 
@@ -49,6 +51,7 @@ Fault = Literal["refuse", "hang"]
 _BODIES: dict[str, type[BaseModel]] = {
     "/v1/peer/offer": Offer, "/v1/peer/claim": Claim, "/v1/peer/report": RunReport, "/v1/peer/kill": Kill,
     "/v1/peer/logs": LogRequest, "/v1/peer/hold": Hold, "/v1/peer/release": Release, "/v1/peer/commit": Commit,
+    "/v1/peer/job/find": JobRequest, **{f"/v1/peer/job/{a}": JobRequest for a in JOB_ACTIONS},
 }
 
 
@@ -199,6 +202,11 @@ class LoopbackNode:
         self._owner: OwnerService | None = None
         self._worker: WorkerService | None = None
         self._member: GangMember | None = None
+        self._jobs: RemoteJobs | None = None
+
+    def bind_jobs(self, jobs: RemoteJobs) -> None:
+        """Who answers this node's ``/v1/peer/job/...`` routes."""
+        self._jobs = jobs
 
     def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
         """The services that answer this node's peer API."""
@@ -246,6 +254,12 @@ class LoopbackNode:
             "/v1/peer/release": lambda: self._member_().release(sender, _as(body, Release)),
             "/v1/peer/commit": lambda: self._member_().commit(sender, _as(body, Commit)),
         }
+        jobs = self._jobs
+        if jobs is not None and isinstance(body, JobRequest):
+            handlers["/v1/peer/job/find"] = lambda: jobs.find(sender, _as(body, JobRequest))
+            for action in JOB_ACTIONS:
+                handlers[f"/v1/peer/job/{action}"] = functools.partial(
+                    jobs.answer, sender, action, _as(body, JobRequest), sender_mode, sender_user)
         answer = handlers[url.path]()
         return await answer if inspect.isawaitable(answer) else answer
 

@@ -64,9 +64,12 @@ def test_exit_0_succeeds_and_logs_print_stdout_and_stderr(cpu_daemon: Daemon) ->
     assert [a.exit_code for a in job.attempts] == [0]
 
     r = d.cli("logs", job_id)
-    assert (r.returncode, r.stdout, r.stderr) == (0, "hello\nworld\n", "")
-    assert d.cli_ok("logs", "--stderr", job_id) == "oops\n"
-    assert d.cli_ok("logs", "-f", job_id) == "hello\nworld\n"  # ended: -f returns at once
+    note = f"(stderr: 5 B: gpulayer logs --stderr {job_id})\n"  # stdout was not empty: stderr's size
+    assert (r.returncode, r.stdout, r.stderr) == (0, "hello\nworld\n", note)
+    r = d.cli("logs", "--stderr", job_id)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "oops\n", "")
+    r = d.cli("logs", "-f", job_id)  # ended: -f returns at once, saying how it ended
+    assert (r.returncode, r.stdout, r.stderr) == (0, "hello\nworld\n", f"{note}job {job_id} succeeded\n")
 
     text = d.cli_ok("show", job_id)
     assert "job " + job_id + " (hello)" in text
@@ -85,6 +88,27 @@ def test_exit_3_fails_with_exit_code_3(cpu_daemon: Daemon) -> None:
     assert (shown["status"], shown["exit_code"]) == ("failed", 3)
     assert [a["exit_code"] for a in shown["attempts"]] == [3]
     assert d.cli_ok("logs", job_id) == "about to fail\n"
+
+
+def test_failed_job_logs_show_stderr_where_it_ran_and_how_it_ended(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    job_id = d.submit("--", "sh", "-c", "echo 'Traceback: boom' >&2; exit 3")
+    assert d.wait_status(job_id, TERMINAL).status == "failed"
+    # stdout is empty: the job's stderr follows (on stderr).
+    r = d.cli("logs", job_id)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "Traceback: boom\n")
+    r = d.cli("logs", "-f", job_id)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Traceback: boom\njob {job_id} failed: exited 3\n")
+    # WHERE is kept once the job ended: the API, the jobs table and show.
+    health = d.call(lambda c: c.health())
+    (listed,) = [j for j in d.all_jobs() if j["id"] == job_id]
+    assert (listed["where_node"], listed["where_name"], listed["where_devices"]) == (
+        health.node_id, health.hostname, [])
+    row = next(line for line in d.cli_ok("jobs", "--all").splitlines() if line.startswith(job_id)).split()
+    assert "failed" in row and health.hostname in row, row
+    text = d.cli_ok("show", job_id)
+    assert f"  where:     {health.hostname}\n" in text
+    assert f"  #1 on {health.hostname} exited 3 after " in text
 
 
 def test_killed_by_a_signal_fails_with_negative_exit_code(cpu_daemon: Daemon) -> None:
@@ -139,8 +163,36 @@ def test_logs_follow_prints_until_the_job_ends(cpu_daemon: Daemon) -> None:
         if follow.poll() is None:
             follow.kill()
             follow.communicate()
-    assert (follow.returncode, out, err) == (0, "first\nsecond\n", "")
+    assert (follow.returncode, out) == (0, "first\nsecond\n")
+    assert err.endswith(f"job {job_id} succeeded\n"), err
     assert d.job(job_id).status == "succeeded"
+
+
+def test_logs_follow_says_why_a_job_waits(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon  # two CPU slots: both held, a third job waits
+    holders = [d.submit(*hold("release-waits", "true")) for _ in range(2)]
+    for h in holders:
+        d.wait_status(h, {"running"})
+    job_id = d.submit("--", "sh", "-c", "echo done")
+    follow = subprocess.Popen([GPULAYER, "--state-dir", str(d.state_dir), "logs", "-f", job_id],
+                              cwd=d.work, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        waiting = d.wait_reason(job_id, lambda j: j.reason != "waiting for the scheduler")
+        assert waiting.status == "queued", waiting
+        time.sleep(1.0)  # logs -f polls every 0.3 s
+        assert follow.poll() is None, "logs -f returned while the job waited"
+        (d.work / "release-waits").touch()
+        out, err = follow.communicate(timeout=30)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    lines = err.splitlines()
+    assert (follow.returncode, out, lines[-1]) == (0, "done\n", f"job {job_id} succeeded"), err
+    said = [line for line in lines[:-1] if line.startswith(f"job {job_id} queued: ")]
+    assert f"job {job_id} queued: {waiting.reason}" in said, err
+    assert len(said) == len(set(said)) == len(lines) - 1, err  # each reason once, nothing else
 
 
 # --------------------------------------------------------------------------------- cancel
@@ -271,7 +323,7 @@ def test_two_cuda_jobs_never_share_a_gpu_on_one_gpu_host(lab: Lab) -> None:
     second = d.submit("--accelerator", "cuda", "--name", "second", *hold("release-2"))
     waiting = d.wait_reason(second, lambda j: j.reason != "waiting for the scheduler")
     assert waiting.status == "queued"
-    assert "busy" in waiting.reason and "granted" in waiting.reason and first in waiting.reason, waiting.reason
+    assert waiting.reason.startswith("Busy: GPU 0 is granted to job ") and first in waiting.reason, waiting.reason
     assert waiting.attempts == []
 
     # gpulayer jobs / show say why it waits.
@@ -325,6 +377,10 @@ def test_two_cuda_jobs_on_two_gpus_get_different_devices(lab: Lab) -> None:
     (d.work / "release").touch()
     assert d.wait_status(a, TERMINAL).status == "succeeded"
     assert d.wait_status(b, TERMINAL).status == "succeeded"
+    # WHERE keeps each finished job's GPU.
+    listed = {j["id"]: j["where_devices"] for j in d.all_jobs()}
+    assert (listed[a], listed[b]) == ([ia], [ib])
+    assert f" GPU {ia} exited 0 after " in d.cli_ok("show", a)
 
 
 def test_gpu_with_a_foreign_process_is_busy(lab: Lab) -> None:

@@ -42,3 +42,16 @@ def test_usage_of_a_run_on_a_peer_is_learned_from_its_heartbeats(lab: Lab) -> No
     assert [r["user"] for r in rows] == [me]
     assert rows[0]["jobs_running"] == 2
     (owner.work / "release").touch()
+    for job in (blocker, remote):
+        assert owner.wait_status(job.id, {"succeeded"}, timeout_s=30).status == "succeeded"
+    # WHERE stays on the finished job that ran on the worker.
+    where = {j["id"]: j["where_node"] for j in json.loads(owner.cli_ok("jobs", "--json", "--all"))}
+    assert (where[blocker.id], where[remote.id]) == (node_id(owner), node_id(worker))
+
+    # With the worker gone, the owner's job list says that a peer's jobs are missing.
+    assert "peers down" not in owner.cli("jobs").stderr
+    worker.stop()
+    wait_until(lambda: any(p["state"] in ("suspect", "down") for p in json.loads(owner.cli_ok("peers", "--json"))
+                           if p["state"] != "self"), 20, "the owner to miss the worker's heartbeats", interval_s=0.2)
+    r = owner.cli("jobs")
+    assert r.returncode == 0 and r.stderr == "1 peer down: their jobs are not listed\n", r

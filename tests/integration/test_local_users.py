@@ -118,6 +118,13 @@ def test_only_the_user_and_admins_may_cancel_read_logs_and_see_the_spec(
     assert job_id in ok(cli(shared_python, bob, sock, "jobs", "--user", alice.name))
     assert job_id not in ok(cli(shared_python, bob, sock, "jobs", "--user", carol.name))
 
+    # A job that waits: its reason and explanation name its workdir, which only alice and admins see.
+    queued = json.loads(ok(cli(shared_python, alice, sock, "submit", "--json", "--workdir", str(alice.home),
+                               "--accelerator", "cuda", "--gpus", "1", "--", "true")))["id"]
+    assert str(alice.home) in ok(cli(shared_python, alice, sock, "explain", queued))
+    for args in (("explain", queued), ("explain", "--json", queued), ("jobs", "--json"), ("show", queued)):
+        assert str(alice.home) not in ok(cli(shared_python, bob, sock, *args)), args
+
     before = d.job(job_id).status
     out = ok(cli(shared_python, carol, sock, "cancel", job_id))  # a member of the admin group
     assert job_id in out

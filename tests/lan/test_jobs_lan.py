@@ -2,7 +2,9 @@
 multi-host gangs, and what happens when a worker daemon dies.
 
 The first three tests share one three-host cluster (starting daemons costs seconds on a
-small machine); the failure tests kill daemons and get a LAN of their own.
+small machine); the failure tests kill daemons and get a LAN of their own. The cluster-wide
+job control test, at the end of the module, also uses the shared cluster and stops its h1
+last of all (keep it the last test that uses ``cluster3``).
 """
 
 from __future__ import annotations
@@ -86,22 +88,32 @@ def test_cuda_job_runs_where_its_requirements_hold(cluster3: Lan) -> None:
     out = h1.cli_ok("logs", job.id)
     assert out == f"CUDA_VISIBLE_DEVICES={','.join(map(str, indices))} on {h3.hostname}\n", out
 
-    # Why not h1 or h2: explain works on any job id, against the cluster as it is now.
-    e = h1.api(lambda c: c.explain(job.id))
+    # explain of the finished job says where it ran and how it ended, never whether it "fits".
+    done = h1.api(lambda c: c.explain(job.id))
+    assert done.state is not None and done.verdict == "succeeded", done
+    assert (done.state.node, done.state.node_name, done.state.gpus) == (h3.node_id, h3.hostname, indices)
+    assert "fits" not in done.model_dump_json()
+
+    # Why not h1 or h2: explain of a waiting job (three such GPUs: none has them), against the cluster now.
+    more = h1.submit({"command": ["true"], "requirements": {
+        "accelerator": "cuda", "gpu_count": 3, "gpu_memory_gb": 40, "min_cuda_compute_capability": "8.0"}})
+    e = h1.api(lambda c: c.explain(more.id))
     rows = {w.worker: w for w in e.workers}
     assert set(rows) == {h1.node_id, h2.node_id, h3.node_id}
-    assert rows[h3.node_id].state == "fits_now" and e.placement is not None and e.placement.worker == h3.node_id
-    assert rows[h1.node_id].state == "no_fit" and rows[h2.node_id].state == "no_fit"
+    assert e.state is None and all(w.state == "no_fit" for w in rows.values()), e
     msgs1 = " | ".join(r.message for r in rows[h1.node_id].rejections)
     msgs2 = " | ".join(r.message for r in rows[h2.node_id].rejections)
     assert "no cuda device" in msgs1, msgs1
     assert re.search(r"17\.2 GB < 40 GB", msgs2) and "compute capability 7.5 < 8.0" in msgs2, msgs2
     codes2 = {r.code for r in rows[h2.node_id].rejections}
     assert {"INSUFFICIENT_MEMORY", "COMPUTE_CAPABILITY_TOO_LOW"} <= codes2, codes2
-    text = h1.cli_ok("explain", job.id)
+    text = h1.cli_ok("explain", more.id)
     for needle in (h1.hostname, h2.hostname, h3.hostname, "no cuda device", "17.2 GB < 40 GB",
                    "compute capability 7.5 < 8.0"):
         assert needle in text, f"{needle!r} not in:\n{text}"
+    h1.api(lambda c: c.cancel(more.id))  # a waiting job's cancel is at once, and says by whom
+    gone = h1.api(lambda c: c.explain(more.id))
+    assert gone.state is not None and (gone.verdict, gone.state.by) == ("cancelled", "root"), gone
 
 
 async def _submit_all(hosts: list[Host], spec_of: dict[str, dict[str, Any]], per_host: int) -> dict[str, list[str]]:
@@ -237,7 +249,18 @@ def test_two_host_gloo_job(cluster3: Lan) -> None:
         assert found, f"{member.name} ({log}):\n{text}"
         assert len(found) == 1 and int(found[0][0]) == rank, found
         checksums[member.name] = found[0][1]
+        # logs --rank R: rank R's log, fetched from the member that ran it (h1 may be neither).
+        r = h1.cli("logs", "--rank", str(rank), job.id)
+        assert (r.returncode, r.stdout) == (0, text), (rank, r.stdout, r.stderr)
     assert len(set(checksums.values())) == 1, checksums
+    # Without --rank: every rank's lines, each prefixed with its rank.
+    lines = h1.cli_ok("logs", job.id).splitlines()
+    for rank in range(2):
+        assert any(line.startswith(f"[rank {rank}] ") and f"rank {rank} final parameter checksum " in line
+                   for line in lines), lines
+    assert all(re.match(r"\[rank [01]\] ", line) for line in lines), lines
+    r = h1.cli("logs", "--rank", "2", job.id)
+    assert r.returncode != 0 and "ranks 0 to 1" in r.stderr, r
 
 
 def test_jobs_offered_in_quick_succession_run_once_and_are_never_lost(lan_factory: Callable[..., Lan]) -> None:
@@ -366,3 +389,61 @@ def test_worker_killed_attempt_lost_then_retried_elsewhere(lan_factory: Callable
     assert a.attempts[0].ended_at is not None and "no lease renewal" in a.attempts[0].reason, a.attempts[0]
     assert [(x.attempt, x.state) for x in b.attempts] == [(1, "lost")], b.attempts
     assert b.attempts[0].ended_at is not None and "no lease renewal" in b.attempts[0].reason, b.attempts[0]
+
+
+# ---------------------------------------------------------------------- any job id on any host
+# This test stops h1's daemon: it must stay the LAST test of the module that uses ``cluster3``
+# (pytest runs a module's tests in file order; the tests after it get LANs of their own).
+
+def _out(h: Host, *args: str) -> tuple[int, str]:
+    r = h.cli(*args)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"not {what} within {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def test_any_job_id_works_on_any_host_and_an_owner_down_is_said_so(cluster3: Lan) -> None:
+    h1, h2, h3 = cluster3.hosts
+    on_h3 = {"command": ["sh", "-c", 'echo "hello from $(hostname)"; sleep 120'],
+             "requirements": {"accelerator": "cuda", "gpu_memory_gb": 40}}  # only h3 has such GPUs
+    job = h1.submit(on_h3).id
+    view = h1.wait_job(job, states=["running"], timeout_s=30)
+    assert view.holder == h3.node_id, view
+    _wait_for("the job's output on h3", lambda: h1.cli("logs", job).stdout == f"hello from {h3.hostname}\n")
+
+    for h in (h2, h3):  # a bystander, and the worker that runs it
+        shown = json.loads(h.cli_ok("show", "--json", job))
+        assert (shown["id"], shown["owner"], shown["status"], shown["holder"]) == (
+            job, h1.node_id, "running", h3.node_id), (h.name, shown)
+        assert shown["spec"]["command"][0] == "sh"
+        assert h.cli_ok("show", job[:8]).count(job) >= 1
+        assert h.cli_ok("logs", job) == f"hello from {h3.hostname}\n", h.name
+        assert h.cli_ok("explain", job).strip(), h.name
+    rc, text = _out(h2, "show", "zzzzzzzzzzzz")
+    assert (rc, "no job 'zzzzzzzzzzzz'" in text) == (2, True), (rc, text)
+
+    h2.cli_ok("cancel", job)
+    assert h1.wait_job(job, timeout_s=30).status == "cancelled"
+
+    # The owner goes down: the worker answers for its run, everybody says the owner is unreachable.
+    second = h1.submit(on_h3).id
+    assert h1.wait_job(second, states=["running"], timeout_s=30).holder == h3.node_id
+    _wait_for("the second job's output", lambda: h3.cli("logs", second).stdout.startswith("hello"))
+    nowhere = h1.submit({"command": ["true"], "requirements": {"accelerator": "cuda", "gpu_memory_gb": 4000}}).id
+    h1.stop_daemon()
+    unreachable = f"owner {h1.hostname} unreachable"
+    for h in (h3, h2):
+        rc, text = _out(h, "show", second)
+        assert rc == 0 and unreachable in text and h3.hostname in text, (h.name, rc, text)
+        rc, text = _out(h, "logs", second)
+        assert (rc, text) == (0, f"hello from {h3.hostname}\n"), (h.name, rc, text)
+        rc, text = _out(h, "cancel", second)
+        assert rc == 1 and unreachable in text, (h.name, rc, text)
+        rc, text = _out(h, "show", nowhere)  # nobody but h1 knows it
+        assert rc == 1 and unreachable in text and "no job" not in text, (h.name, rc, text)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from gpulayerd.models import ExplanationModel
-from gpulayerd.net.ca import cluster_init, cluster_join
+from gpulayerd.net.ca import cluster_init, cluster_join, new_token
 from tests.fakes.accounts import Account, Accounts, SharedPython
 from tests.lan.harness import FAST_CLUSTER, Host, Lan
 
@@ -111,7 +111,7 @@ def test_alices_jobs_never_run_where_she_has_no_account(lan_factory: Callable[..
     assert h3.run(["id", "-un", alice.name]).returncode != 0, "h3 must not see alice's account"
     _start_system_daemons(lan)
 
-    whoami = 'id -un > "$HOME/whoami-$GPULAYER_JOB_ID"; sleep 8'
+    whoami = 'id -un > "$HOME/whoami-$GPULAYER_JOB_ID"; sleep 30'  # the others wait queued meanwhile
     jobs = [_submit_as(shared_python, alice, h1, "/bin/sh", "-c", whoami) for _ in range(3)]
 
     def h3_rejects_alice() -> ExplanationModel | None:
@@ -122,7 +122,7 @@ def test_alices_jobs_never_run_where_she_has_no_account(lan_factory: Callable[..
                 return e
         return None
 
-    e = lan.wait(h3_rejects_alice, timeout_s=20, what="explain to show that h3 has no account for alice")
+    e = lan.wait(h3_rejects_alice, timeout_s=40, what="explain to show that h3 has no account for alice")
     row = _row(e, h3)
     assert [r.message for r in row.rejections if r.code == "NO_ACCOUNT"] == [
         f"no account '{alice.name}' on {h3.hostname}"]
@@ -174,7 +174,8 @@ def test_bobs_personal_node_cannot_offer_a_job_as_alice(lan_factory: Callable[..
     h1, h2 = lan.hosts
     token = cluster_init(h2.daemon_state_dir, None, mode="system", uses=2, addresses=[f"{h2.ip}:7172"])
     signer = h2.daemon_state_dir  # offline enrollment
-    bobs = cluster_join(h1.root / "bob-state", token, user=bob.name, signer=signer)  # bob's personal node, on h1
+    bobs_token = new_token(signer, user=bob.name, addresses=[f"{h2.ip}:7172"])  # the signer's admin made it for bob
+    bobs = cluster_join(h1.root / "bob-state", bobs_token, user=bob.name, signer=signer)  # bob's node, on h1
     system = cluster_join(h1.root / "sys-state", token, mode="system", signer=signer)  # a system-mode node, on h1
     assert (bobs.mode, bobs.user, system.mode) == ("personal", bob.name, "system")
     h2.start_daemon(config={**FAST_CLUSTER, "mode": "system"}, cpu_slots=2, log_level=QUIET)

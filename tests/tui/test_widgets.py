@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 from textual.widget import Widget
+from textual.widgets import Static
 
 from gpulayer_tui.state import Connection
 from gpulayer_tui.widgets.connection import ConnectionBanner
@@ -14,6 +15,7 @@ from gpulayer_tui.widgets.devices_table import DevicesTable
 from gpulayer_tui.widgets.explanation import ExplanationView, RequirementTable
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayer_tui.widgets.peers_table import PeersTable
+from gpulayerd.models import ExplanationModel, JobStateModel
 from tests.tui.fake_client import NOW, make_job, make_peer, waiting_explanation
 
 
@@ -208,3 +210,36 @@ async def test_explanation_view_shows_every_rejection_word_for_word() -> None:
                 assert r.message in view.reasons_text
         marks = [row[1] for row in view.query_one("#checks", RequirementTable).plain_rows()]
         assert marks == ["✓", "✗", "✓", "✓", "✗", "?"]
+
+
+@pytest.mark.asyncio
+async def test_explanation_view_shows_a_failed_jobs_state_instead_of_the_table() -> None:
+    view = ExplanationView(id="explanation")
+    failed = ExplanationModel(job_id="d0000002", verdict="failed: exited 3", summary="exited 3 on gpu-box GPU 1",
+                              state=JobStateModel(status="failed", attempt=2, node="n" * 40, node_name="gpu-box",
+                                                  gpus=[1], outcome="exited 3", exit_code=3, reason="exited 3",
+                                                  stderr_tail=["Traceback", "boom\x1b[2J"]))
+    async with Harness(view).run_test(size=(120, 30)) as pilot:
+        view.explanation = failed
+        await pilot.pause()
+        shown = str(view.query_one("#state", Static).render())
+        for words in ("state:     failed", "exit code: 3", "attempt:   2", "ran on", "gpu-box GPU 1", "boom\\x1b[2J"):
+            assert words in shown, shown
+        assert view.query_one("#state").display and not view.query_one("#checks").display
+        assert "verdict: failed: exited 3" in str(view.query_one("#verdict", Static).render())
+
+        view.explanation = waiting_explanation("d0000001")  # a waiting job: the table again, no state
+        await pilot.pause()
+        assert not view.query_one("#state").display and view.query_one("#checks").display
+
+
+def test_where_of_a_finished_job_keeps_its_host_and_gpus() -> None:
+    from gpulayer_tui.widgets.jobs_table import COLUMNS, job_cells
+
+    where = [k for k, _, _ in COLUMNS].index("where")
+    done = make_job("j1", "failed").model_copy(update={"where_node": "n" * 52, "where_name": "ws-2",
+                                                       "where_devices": [0, 1]})
+    assert job_cells(done, NOW)[where] == "ws-2 GPU 0,1"
+    gang = make_job("j2", "succeeded").model_copy(update={"where_node": "n" * 52, "where_hosts": ["h2", "h3"]})
+    assert job_cells(gang, NOW)[where] == "h2+h3"
+    assert job_cells(make_job("j3", "running", holder_name="ws-9"), NOW)[where] == "ws-9"

@@ -166,6 +166,13 @@ def test_bob_goes_before_alice_who_used_more() -> None:
     assert passed_over_by("bob", ["alice"], usage) is None
 
 
+def test_a_cpu_jobs_reason_names_the_slot_hours_that_decided() -> None:
+    usage = {"alice": Usage(0, 3.5 * 3600), "bob": Usage(0, 0.4 * 3600)}
+    assert passed_over_by("alice", ["bob"], usage) == "bob"
+    assert fair_share_reason("alice", "bob", usage, gpus=False) == (
+        "fair share: alice used 0.0 GPU-h and 3.5 slot-h today, bob 0.0 and 0.4")
+
+
 # ------------------------------------------------------------------ the per-user GPU cap
 
 

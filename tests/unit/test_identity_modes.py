@@ -13,9 +13,10 @@ from cryptography.x509.oid import NameOID
 
 from gpulayerd.api.peer import PeerClient, PeerService, make_peer_app, start_peer_site
 from gpulayerd.cli import main
-from gpulayerd.net import ca, identity, tls
+from gpulayerd.net import ca, enroll, identity, tls
+from gpulayerd.net.enroll import TokenError
 from gpulayerd.net.identity import Identity, ModeMismatch, TlsError
-from gpulayerd.net.wire import Ack, Offer, new_msg_id
+from gpulayerd.net.wire import Ack, JobReply, JobRequest, Offer, new_msg_id
 
 
 def _cert_der(ident: Identity) -> bytes:
@@ -38,7 +39,8 @@ def test_default_user_is_the_account_running_the_command(tmp_path: Path) -> None
 
 
 def test_system_certificate_vouches_for_no_single_user(tmp_path: Path) -> None:
-    token = ca.cluster_init(tmp_path / "a", "lab", user="alice", addresses=["127.0.0.1:1"])
+    ca.cluster_init(tmp_path / "a", "lab", user="alice", addresses=["127.0.0.1:1"])
+    token = ca.new_token(tmp_path / "a", mode="system", addresses=["127.0.0.1:1"])  # the signer chooses
     b = ca.cluster_join(tmp_path / "b", token, mode="system", signer=tmp_path / "a")
     assert (b.mode, b.user) == ("system", "")
     assert tls.peer_identity(_cert_der(b)) == (b.node_id, "system", "")
@@ -49,11 +51,13 @@ def test_system_certificate_vouches_for_no_single_user(tmp_path: Path) -> None:
 
 
 def test_rejoining_in_another_mode_signs_a_new_certificate_for_the_same_node(tmp_path: Path) -> None:
-    token = ca.cluster_init(tmp_path / "a", "lab", user="alice", addresses=["127.0.0.1:1"], uses=2)
+    ca.cluster_init(tmp_path / "a", "lab", user="alice", addresses=["127.0.0.1:1"])
     signer = tmp_path / "a"
+    token = ca.new_token(signer, user="bob", addresses=["127.0.0.1:1"])
     b = ca.cluster_join(tmp_path / "b", token, user="bob", signer=signer)
     assert ca.cluster_join(tmp_path / "b", token, user="bob", signer=signer) == b  # same mode and user: unchanged
-    s = ca.cluster_join(tmp_path / "b", token, mode="system", signer=signer)
+    system_token = ca.new_token(signer, mode="system", addresses=["127.0.0.1:1"])
+    s = ca.cluster_join(tmp_path / "b", system_token, mode="system", signer=signer)
     assert (s.node_id, s.mode, s.user) == (b.node_id, "system", "")
     assert identity.load_or_create_identity(tmp_path / "b").mode == "system"
 
@@ -138,9 +142,10 @@ class _Offers:
 @pytest.fixture
 def three_nodes(tmp_path: Path) -> tuple[Identity, Identity, Identity]:
     """A system-mode worker, bob's personal node and another system-mode node, in one cluster."""
-    token = ca.cluster_init(tmp_path / "w", "lab", mode="system", addresses=["127.0.0.1:1"], uses=2)
+    token = ca.cluster_init(tmp_path / "w", "lab", mode="system", addresses=["127.0.0.1:1"])
     worker = identity.load_or_create_identity(tmp_path / "w")
-    return (worker, ca.cluster_join(tmp_path / "bob", token, user="bob", signer=tmp_path / "w"),
+    bobs = ca.new_token(tmp_path / "w", user="bob", addresses=["127.0.0.1:1"])
+    return (worker, ca.cluster_join(tmp_path / "bob", bobs, user="bob", signer=tmp_path / "w"),
             ca.cluster_join(tmp_path / "sys", token, mode="system", signer=tmp_path / "w"))
 
 
@@ -165,3 +170,53 @@ async def test_peer_api_gives_offers_the_senders_mode_and_user(three_nodes: tupl
     finally:
         await runner.cleanup()
     assert service.seen == [(bob.node_id, "personal", "bob"), (root.node_id, "system", "")]
+
+
+class _JobDesk:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str, str]] = []
+
+    async def async_peer_job(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
+                             sender_user: str) -> JobReply:
+        self.seen.append((sender, action, sender_mode, sender_user, msg.user))
+        return JobReply(error="forbidden", message="no")
+
+
+@pytest.mark.asyncio
+async def test_peer_api_gives_job_requests_the_senders_mode_and_user(
+        three_nodes: tuple[Identity, Identity, Identity]) -> None:
+    worker, bob, root = three_nodes
+    service = _JobDesk()
+    runner, port = await start_peer_site(make_peer_app(cast(PeerService, service)), "127.0.0.1", 0,
+                                         tls.server_ssl_context(worker))
+    try:
+        for sender, action in ((bob, "logs"), (root, "cancel")):
+            client = PeerClient(tls.client_ssl_context(sender))
+            try:
+                msg = JobRequest(msg_id=new_msg_id(), job_id="j1", user="alice", admin=True)
+                reply, _ = await client.call("127.0.0.1", port, f"/v1/peer/job/{action}", msg, JobReply,
+                                             expect_node=worker.node_id)
+                assert (reply.error, reply.message) == ("forbidden", "no")
+            finally:
+                await client.close()
+    finally:
+        await runner.cleanup()
+    assert service.seen == [(bob.node_id, "logs", "personal", "bob", "alice"),
+                            (root.node_id, "cancel", "system", "", "alice")]
+
+
+def test_the_signer_not_the_joiner_chooses_mode_and_user(tmp_path: Path) -> None:
+    """A token for bob's personal node cannot enroll a system-mode node or alice's (both sides check)."""
+    ca.cluster_init(tmp_path / "w", "lab", mode="system", addresses=["127.0.0.1:1"])
+    bobs = ca.new_token(tmp_path / "w", user="bob", addresses=["127.0.0.1:1"])
+    with pytest.raises(TokenError, match="personal-mode node of 'bob'"):
+        ca.cluster_join(tmp_path / "x", bobs, mode="system", signer=tmp_path / "w")
+    with pytest.raises(TokenError, match="personal-mode node of 'bob'"):
+        ca.cluster_join(tmp_path / "x", bobs, user="alice", signer=tmp_path / "w")
+    # A joiner that edits its copy of the token is refused by the signer's own record, and spends nothing.
+    forged = enroll.decode_token(bobs)
+    forged = enroll.JoinToken(**{**{f: getattr(forged, f) for f in forged.__slots__}, "mode": "system", "user": ""})
+    with pytest.raises(enroll.EnrollRefused, match="enrolls personal-mode nodes of 'bob', not a system-mode node"):
+        ca.cluster_join(tmp_path / "x", forged.encode(), mode="system", signer=tmp_path / "w")
+    assert [t.uses_left for t in enroll.list_tokens(identity.identity_dir(tmp_path / "w")) if t.user == "bob"] == [1]
+    assert ca.cluster_join(tmp_path / "b", bobs, user="bob", signer=tmp_path / "w").user == "bob"

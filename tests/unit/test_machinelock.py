@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,13 +20,15 @@ import pytest
 from aiohttp import ClientSession, UnixConnector, web
 
 from gpulayerd import __main__ as daemon_main
-from gpulayerd.api.unixsite import _answers, _clear_socket_path, start_unix_site
+from gpulayerd.api.unixsite import _clear_socket_path, start_unix_site
+from gpulayerd.api.unixsite import socket_answers as _answers
 from gpulayerd.config import SYSTEM_RUNTIME_DIR, SYSTEM_STATE_DIR, DaemonConfig
 from gpulayerd.machinelock import (
     LOCK_NAME,
     Holder,
     MachineLocked,
     acquire_machine_lock,
+    lock_holder_pids,
     read_holder,
     release_machine_lock,
 )
@@ -292,3 +295,62 @@ def test_the_cli_finds_the_system_socket_when_no_personal_daemon_answers(
         assert socket_path(argparse.Namespace(socket=tmp_path / "x.sock", state_dir=None)) == tmp_path / "x.sock"
         assert socket_path(argparse.Namespace(socket=None, state_dir=tmp_path / "s")) == (
             tmp_path / "s" / "run" / "gpulayerd.sock")
+
+
+# A process that opens the lock file read-only, holds a flock on it, says "locked" and waits.
+_SQUAT = ("import fcntl, os, sys, time; fd = os.open(sys.argv[-1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+          "print('locked', flush=True); time.sleep(60)")
+
+
+def _squat(path: Path, *extra: str) -> subprocess.Popen[str]:
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", _SQUAT, *extra, str(path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+    return p
+
+
+def _stop(p: subprocess.Popen[str]) -> None:
+    p.kill()
+    p.wait()
+    if p.stdout is not None:
+        p.stdout.close()
+
+
+def test_a_process_that_is_not_gpulayerd_cannot_keep_the_system_daemon_from_starting(tmp_path: Path) -> None:
+    lock_dir = tmp_path / "locks"
+    fd = acquire_machine_lock(lock_dir, OTHER)  # made the file; let go of it
+    release_machine_lock(fd)
+    squatter = _squat(lock_dir / LOCK_NAME)
+    try:
+        probe = os.open(lock_dir / LOCK_NAME, os.O_RDONLY)
+        try:
+            assert lock_holder_pids(probe) == [squatter.pid]  # the kernel's answer (/proc/locks)
+        finally:
+            os.close(probe)
+        with pytest.raises(MachineLocked):  # a personal daemon believes any lock
+            acquire_machine_lock(lock_dir, OTHER)
+        fd = acquire_machine_lock(lock_dir, ME)  # the system daemon starts anyway
+        release_machine_lock(fd)
+    finally:
+        _stop(squatter)
+
+
+def test_a_gpulayerd_holding_the_lock_stops_the_system_daemon(tmp_path: Path) -> None:
+    lock_dir = tmp_path / "locks"
+    release_machine_lock(acquire_machine_lock(lock_dir, OTHER))
+    daemon_like = _squat(lock_dir / LOCK_NAME, "gpulayerd")  # its command line names gpulayerd
+    try:
+        with pytest.raises(MachineLocked, match="already running"):
+            acquire_machine_lock(lock_dir, ME)
+    finally:
+        _stop(daemon_like)
+
+
+def test_a_lock_dir_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "root-owned"
+    target.mkdir()
+    (tmp_path / "locks").symlink_to(target)
+    with pytest.raises(OSError, match="symbolic link"):
+        acquire_machine_lock(tmp_path / "locks", ME)
+    assert list(target.iterdir()) == []  # nothing made through the link

@@ -90,7 +90,7 @@ async def test_bob_goes_before_alices_next_job_and_alice_is_told_why(lab: Lab, p
     assert usage[a.name].gpu_hours == pytest.approx(1.0, abs=0.05)  # 2 GPUs × 30 min (decay: a day)
     for j in alice[2:]:
         reason = (await lab.job(ws, j)).reason
-        assert reason.startswith(f"fits but busy: fair share: {a.name} used 1.0 GPU-h today, {b.name} 0.0"), reason
+        assert reason.startswith(f"FairShare: fair share: {a.name} used 1.0 GPU-h today, {b.name} 0.0"), reason
     explained = await ws.services.owner.explain(alice[2])  # what `gpulayer explain` shows
     assert explained.summary.startswith(f"fits but busy: fair share: {a.name} used 1.0 GPU-h"), explained.summary
     assert [r.code for w in explained.workers for r in w.rejections][:1] == ["FAIR_SHARE"], explained.workers
@@ -115,7 +115,7 @@ async def test_max_gpus_per_user_keeps_alice_to_one_gpu(lab: Lab, people: tuple[
     await lab.run_for(5)
     assert await _running(lab, ws, alice) == alice[:1]  # the second GPU stays free
     for j in alice[1:]:
-        assert (await lab.job(ws, j)).reason == f"fits but busy: fair share: {a.name} holds 1 of max 1 GPUs on ws-2"
+        assert (await lab.job(ws, j)).reason == f"UserCap: fair share: {a.name} holds 1 of max 1 GPUs on ws-2"
     bob = await _submit(lab, ws, b, 1)
     await lab.step()
     assert await _running(lab, ws, bob) == bob

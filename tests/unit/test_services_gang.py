@@ -123,3 +123,30 @@ async def _status_is(lab: Lab, job_id: str, wanted: str) -> bool:
 def _names(reason: str | None, name: str, node_id: str) -> bool:
     """The reason names the member (by host name or node id)."""
     return reason is not None and (name in reason or node_id in reason)
+
+
+@pytest.mark.asyncio
+async def test_logs_of_each_rank_come_from_the_member_that_ran_it_and_where_names_the_hosts(lab: Lab) -> None:
+    import asyncio
+
+    from gpulayerd.errors import BadRequest
+
+    job = await start_gang(lab)
+    for name, text in (("w1", "rank 0 says\n"), ("w2", "rank 1 says\n")):
+        run_dir = d(lab, name).config.runs_dir / job / "1"
+        await asyncio.to_thread(lambda p=run_dir, t=text: (p.mkdir(parents=True, exist_ok=True),
+                                                            (p / "stdout.log").write_text(t)))
+    owner = d(lab, "owner").owner
+    got = [(await owner.logs(job, "stdout", 0, None, rank=r)).data for r in (0, 1)]
+    assert got == ["rank 0 says\n", "rank 1 says\n"]
+    chunk = await owner.logs(job, "stdout", 0, None, rank=1)
+    assert chunk.size == len("rank 1 says\n")
+    with pytest.raises(BadRequest, match="ranks 0 to 1"):
+        await owner.logs(job, "stdout", 0, None, rank=2)
+    d(lab, "w1").runner.exit(job, 1, 0)
+    d(lab, "w2").runner.exit(job, 1, 0)
+    await lab.step()
+    (listed,) = [j for j in await owner.list_jobs(None, None) if j.id == job]
+    assert listed.status == "succeeded"
+    assert (listed.where_node, listed.where_devices) == (d(lab, "owner").node_id, [])
+    assert listed.where_hosts == (await view(lab, job)).where_hosts == ["w1", "w2"]  # by node rank

@@ -447,6 +447,12 @@ async def test_mark_running_then_end_attempt_releases_grants_idempotently(store:
     assert stored is not None
     assert stored.exit_code == 3
 
+    # The ended attempt keeps where it ran (WHERE of a finished job); jobs not run yet are absent.
+    await store.jobs.insert_job(job("k"), "submitted")
+    latest = await store.jobs.latest_attempts(["j", "k", "nope"])
+    assert list(latest) == ["j"] and (latest["j"].worker, latest["j"].placement_json) == ("w1", "{}")
+    assert await store.jobs.latest_attempts([]) == {}
+
     await store.jobs.mark_running("j", 1, 1, 1.0, 1, T0 + 20)  # an ended attempt stays ended
     assert (await store.jobs.attempts("j"))[0].state == "exited"
     with pytest.raises(ValueError, match="exited"):

@@ -43,3 +43,15 @@ def test_short_forms() -> None:
     assert text.memory(16 * 10**9, None, "unified") == "16.0 GB unified (system RAM)"
     assert text.device_state(None, [1, 2]) == "busy (pid 1, 2)"
     assert text.mark(None) == "?"
+
+
+def test_where_size_and_the_peers_down_notice() -> None:
+    assert text.where("ws-2", [0, 1]) == "ws-2 GPU 0,1"
+    assert text.where("ws-2") == "ws-2"
+    assert text.where("h1", [0], ["h2", "h3"]) == "h2+h3"  # a multi-host job: its hosts by rank
+    assert text.where(None) is None
+    assert [text.size(n) for n in (0, 999, 1234, 5_600_000, 7 * 10**9)] == ["0 B", "999 B", "1.2 kB", "5.6 MB",
+                                                                            "7.0 GB"]
+    assert text.peers_down(0) == ""
+    assert text.peers_down(1) == "1 peer down: their jobs are not listed"
+    assert text.peers_down(2) == "2 peers down: their jobs are not listed"

@@ -229,7 +229,7 @@ def test_token_holds_no_ca_key_and_a_foreign_signer_is_refused(cluster: tuple[Id
     _, _, token = cluster
     body = json.loads(base64.urlsafe_b64decode(token[5:] + "=="))
     assert "PRIVATE KEY" not in json.dumps(body) and set(body) == {
-        "v", "cluster_id", "name", "ca_sha256", "signer", "addresses", "id", "secret", "exp"}
+        "v", "cluster_id", "name", "ca_sha256", "signer", "addresses", "id", "secret", "exp", "mode", "user"}
     with pytest.raises(EnrollRefused, match="does not match the token"):
         ca.cluster_join(foreign.state_dir.parent / "e", token, signer=foreign.state_dir)
 

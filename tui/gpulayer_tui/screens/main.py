@@ -177,6 +177,7 @@ class MainScreen(Screen[None]):
     def _show_peers(self, peers: list[PeerView]) -> None:
         self.query_one(DevicesTable).peers = tuple(peers)
         self.query_one(PeersTable).peers = tuple(peers)
+        self._update_status()
 
     def _show_connection(self, connection: Connection) -> None:
         self.query_one(ConnectionBanner).connection = connection
@@ -186,4 +187,7 @@ class MainScreen(Screen[None]):
         total = len(table.jobs)
         shown = table.row_count
         counts = f"{total} jobs" if shown == total else f"{shown} of {total} jobs (filter: {table.filter_text})"
-        self.query_one("#jobs-status", Static).update(f"{counts} · sort: {table.sort_by} (s)")
+        # Trusted peers that miss heartbeats: whatever they run is not in this list.
+        down = fmt.peers_down(sum(1 for p in self._source.state.peers if p.trusted and p.state in ("suspect", "down")))
+        self.query_one("#jobs-status", Static).update(f"{counts} · sort: {table.sort_by} (s)"
+                                                      + (f" · {down}" if down else ""))

@@ -1,5 +1,8 @@
 """Why a job runs where it does, or waits: the verdict, the worker x requirement table, the reasons.
 
+A job that is not waiting shows its state instead of the table: where it runs or ran, how
+it ended, why and by whom, a failed job's stderr tail (:func:`state_lines`).
+
 The reasons are the daemon's rejection messages word for word (what ``gpulayer explain``
 prints).
 """
@@ -19,7 +22,7 @@ from gpulayer_tui.widgets.keyed_table import Cell, KeyedTable
 from gpulayerd import text as fmt
 from gpulayerd.models import ExplanationModel
 
-__all__ = ["ExplanationView", "RequirementTable", "check_rows", "reason_lines", "verdict_text"]
+__all__ = ["ExplanationView", "RequirementTable", "check_rows", "reason_lines", "state_lines", "verdict_text"]
 
 
 def _mark(ok: bool | None) -> Cell:
@@ -45,6 +48,17 @@ def verdict_text(e: ExplanationModel) -> str:
         name = next((w.name for w in e.workers if w.worker == e.placement.worker), e.placement.worker)
         verdict += f" -> {name}" + (f" GPU {devs}" if devs else "")
     return f"{verdict}\n{e.summary}" if e.summary else verdict
+
+
+def state_lines(e: ExplanationModel) -> list[str]:
+    """Where a job that is not waiting runs or ran and how it ended ([] for a waiting job), then its stderr tail."""
+    if e.state is None:
+        return []
+    rows = e.state.rows()
+    wide = max(len(label) for label, _ in rows) + 1
+    lines = [f"{label + ':':<{wide}} {value}" for label, value in rows]
+    tail = e.state.stderr_lines()
+    return lines + (["", "stderr (last lines):", *tail] if tail else [])
 
 
 def reason_lines(e: ExplanationModel) -> list[str]:
@@ -77,7 +91,7 @@ class ExplanationView(Vertical):
     ExplanationView {
         height: auto;
     }
-    ExplanationView > #verdict, ExplanationView > #reasons {
+    ExplanationView > #verdict, ExplanationView > #state, ExplanationView > #reasons {
         height: auto;
         padding: 0 1;
     }
@@ -92,6 +106,9 @@ class ExplanationView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("asking the daemon…", id="verdict")
+        state = Static("", id="state")
+        state.display = False
+        yield state
         yield RequirementTable(id="checks")
         yield Static("", id="reasons")
 
@@ -99,7 +116,12 @@ class ExplanationView(Vertical):
         if e is None:
             return
         self.query_one("#verdict", Static).update(Text(verdict_text(e)))
-        self.query_one("#checks", RequirementTable).sync_rows(check_rows(e))
+        state = self.query_one("#state", Static)
+        state.update(Text("\n".join(state_lines(e))))
+        state.display = e.state is not None
+        checks = self.query_one("#checks", RequirementTable)
+        checks.sync_rows(check_rows(e))
+        checks.display = e.state is None or bool(e.workers)
         self.query_one("#reasons", Static).update(Text("\n".join(reason_lines(e))))
 
     @property

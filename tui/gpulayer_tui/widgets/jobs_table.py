@@ -81,7 +81,10 @@ def job_cells(job: JobView, now: float) -> Cells:
         now: wall time (seconds since the epoch) the age is measured to.
     """
     state = "cancelling" if job.cancel_requested and job.status not in TERMINAL else job.status
-    where = job.holder_name or (job.holder[:12] if job.holder else None)
+    if job.where_node is not None or job.where_hosts:  # kept after the job ends
+        where = fmt.where(job.where_name or (job.where_node or "")[:12], job.where_devices, job.where_hosts)
+    else:
+        where = job.holder_name or (job.holder[:12] if job.holder else None)
     return (
         job.id,
         fmt.text(job.name),

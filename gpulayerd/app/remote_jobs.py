@@ -1,0 +1,396 @@
+"""Cluster-wide job control: ``show``, ``explain``, ``logs`` and ``cancel`` of any job id on any machine.
+
+A job lives on its owner (the daemon it was submitted to). :class:`RemoteJobs` answers the
+local API's requests about a job wherever it lives:
+
+- Finding (:meth:`RemoteJobs.locate`): a full id owned here is answered here at once.
+  Otherwise every trusted peer is asked at once, within ``time_limit_s``, which jobs it owns
+  whose id starts with the reference and which runs of other owners' jobs it holds
+  (``/v1/peer/job/find``); the runs held here count too (only peers that are up are asked
+  when the reference also matches a job owned here). One match: the request goes to its
+  owner (``/v1/peer/job/<action>``) with the requesting user's name. Several:
+  :class:`~gpulayerd.errors.AmbiguousJob` listing each id with its owner. None:
+  :class:`~gpulayerd.errors.NoSuchJob`, or :class:`~gpulayerd.errors.PeerUnreachable`
+  ("owner h1 unreachable") when a peer did not answer (it may own the job).
+- The rules on the owner (:meth:`RemoteJobs.answer`): the user name a peer sends is believed
+  only when the peer's certificate vouches for it (:func:`~gpulayerd.core.users.vouches`: a
+  system-mode node for any name, a personal-mode node for its bound user only), and an
+  admin claim is honoured only from a system-mode node (a personal node's own user is admin
+  of that node alone). Then the local rules apply (:mod:`gpulayerd.requester`): everyone
+  sees and explains the job with its spec concealed; only its user and admins see the
+  spec, read the logs or cancel it. A name that is not vouched for is nobody: the spec
+  stays concealed, and logs and cancel are refused saying why.
+- A worker answers for the runs it holds: when the owner does not answer, ``show`` and
+  ``explain`` say what the worker knows of the run (running there since, attempt) and that
+  the owner is unreachable; ``logs`` are read from the run's directory (the same rule, with
+  the user of the run's spec). ``cancel`` needs the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from gpulayerd.api.peer import PeerCallError
+from gpulayerd.app.logs import read_log
+from gpulayerd.app.names import Names
+from gpulayerd.app.owner import OwnerService
+from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.core.users import PERSONAL, SYSTEM, vouches
+from gpulayerd.errors import (
+    AmbiguousJob,
+    BadRequest,
+    Forbidden,
+    GpulayerError,
+    InvalidSpec,
+    NoSuchJob,
+    PeerUnreachable,
+)
+from gpulayerd.models import ExplanationModel, JobSpec, JobView, LogChunk
+from gpulayerd.net.wire import JOB_ACTIONS, MAX_JOB_MATCHES, JobMatches, JobReply, JobRequest, new_msg_id
+from gpulayerd.requester import Requester, conceal, forbid
+from gpulayerd.store import AmbiguousJobId, JobNotFound, RemoteRunRow, Store
+
+__all__ = ["JOB_ID_LEN", "Located", "RemoteJobs", "peer_requester"]
+
+log = logging.getLogger(__name__)
+
+JOB_ID_LEN = 12
+"""Length of a full job id (:func:`gpulayerd.app.owner.new_job_id`)."""
+
+_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # what the peer API accepts as a job id (or prefix)
+_ERRORS: dict[str, type[GpulayerError]] = {
+    cls.code: cls for cls in (NoSuchJob, AmbiguousJob, BadRequest, InvalidSpec, Forbidden, PeerUnreachable)}
+_SHOWN = 10  # matches listed in an ambiguity message
+
+T = TypeVar("T", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where a job is: its full id, its owner's node id, and the nodes that hold a run of it."""
+
+    job_id: str
+    owner: str
+    holders: tuple[str, ...] = ()
+
+
+def peer_requester(sender_mode: str, sender_user: str, user: str, admin: bool) -> Requester:
+    """Who a peer's request is made by, as far as the peer's certificate vouches.
+
+    Args:
+        sender_mode, sender_user: the sending node's mode and bound user, from its certificate.
+        user, admin: what the request claims.
+
+    Returns:
+        A requester named ``user`` if the sender vouches for it (else named ``""``: nobody's
+        jobs), admin only if ``admin`` is claimed by a system-mode node. Its uid is -1.
+    """
+    vouched = vouches(sender_mode, sender_user, user)
+    return Requester(uid=-1, user=user if vouched else "", admin=admin and sender_mode == SYSTEM)
+
+
+def _vouch_refusal(sender_name: str, sender_mode: str, sender_user: str, user: str) -> str:
+    if not user:
+        return f"{sender_name} named no user"
+    if sender_mode == PERSONAL and sender_user:
+        return (f"{sender_name} is {sender_user}'s personal-mode node: it speaks only for {sender_user}, "
+                f"not for {user!r} (only a system-mode node vouches for other users)")
+    return f"{sender_name}'s certificate vouches for no user: it cannot ask for {user!r}"
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class RemoteJobs:
+    """Finds a job's owner in the cluster and forwards requests to it; answers peers' requests.
+
+    Args:
+        node_id: this daemon's node id.
+        owner: the jobs owned here.
+        store: the runs held here (``store.runs``) and the jobs owned here.
+        transport: calls to peers; ``directory``: who they are (None outside a cluster: only
+            the jobs owned here exist).
+        names: node ids to host names.
+        time_limit_s: how long a peer may take to say which jobs it has (seconds).
+    """
+
+    def __init__(self, *, node_id: str, owner: OwnerService, store: Store, transport: PeerTransport,
+                 directory: Directory | None, names: Names, time_limit_s: float = 3.0) -> None:
+        self.node_id = node_id
+        self._owner = owner
+        self._store = store
+        self._transport = transport
+        self._directory = directory
+        self._names = names
+        self._time_limit_s = time_limit_s
+
+    # ------------------------------------------------------------------ the local API's requests
+
+    async def show(self, job_ref: str, requester: Requester | None) -> JobView:
+        """The job as ``requester`` may see it, from its owner (or, owner unreachable, a worker of it).
+
+        Raises:
+            NoSuchJob, AmbiguousJob, PeerUnreachable (the owner did not answer and no holder of
+            a run of it did either).
+        """
+        where = await self.locate(job_ref)
+        if where.owner == self.node_id:
+            return await self._owner.get_job(where.job_id, requester)
+        return await self._forward(where, "show", requester, JobView)
+
+    async def explain(self, job_ref: str, requester: Requester | None) -> ExplanationModel:
+        """The job's explanation from its owner (see :meth:`show` for the errors)."""
+        where = await self.locate(job_ref)
+        if where.owner == self.node_id:
+            return await self._owner.explain(where.job_id, requester)
+        return await self._forward(where, "explain", requester, ExplanationModel)
+
+    async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None, requester: Requester | None,
+                   rank: int | None = None) -> LogChunk:
+        """A chunk of the job's log (see :meth:`OwnerService.logs`), from its owner; owner
+        unreachable, from a run of it held here (or by a peer that answers).
+
+        Raises:
+            NoSuchJob, AmbiguousJob, Forbidden (not the job's user nor an admin), PeerUnreachable.
+        """
+        where = await self.locate(job_ref)
+        if where.owner == self.node_id:
+            return await self._owner.logs(where.job_id, stream, offset, attempt, requester, rank=rank)
+        return await self._forward(where, "logs", requester, LogChunk, stream=stream, offset=offset,
+                                   attempt=attempt, rank=rank)
+
+    async def cancel(self, job_ref: str, requester: Requester | None) -> JobView:
+        """Cancel the job on its owner.
+
+        Raises:
+            NoSuchJob, AmbiguousJob, Forbidden, PeerUnreachable (the owner did not answer).
+        """
+        where = await self.locate(job_ref)
+        if where.owner == self.node_id:
+            return await self._owner.cancel(where.job_id, requester)
+        return await self._forward(where, "cancel", requester, JobView)
+
+    # ------------------------------------------------------------------ finding a job
+
+    async def locate(self, job_ref: str) -> Located:
+        """The one job ``job_ref`` (a full id or an id prefix) names in the cluster.
+
+        Raises:
+            NoSuchJob: no machine that answered knows it, and every peer answered.
+            AmbiguousJob: the prefix matches several jobs (the message lists ids and owners).
+            PeerUnreachable: nothing that answered knows it, and some peers did not answer
+                (``owner <name> unreachable``, naming them).
+        """
+        owned = await self._owned_matches(job_ref)
+        if self._directory is None or not _ID.fullmatch(job_ref) or (
+                job_ref in owned and len(job_ref) >= JOB_ID_LEN):
+            return self._only(job_ref, dict.fromkeys(owned, self.node_id), {}, [])
+        peers = self._directory.up_ids() if owned else self._directory.trusted_ids()
+        peers = [p for p in peers if p != self.node_id]
+        answers = await asyncio.gather(*(self._find(p, job_ref) for p in peers), return_exceptions=True)
+        owners: dict[str, str] = dict.fromkeys(owned, self.node_id)
+        holders: dict[str, list[str]] = {}
+        silent: list[str] = []
+        for peer, answer in zip(peers, answers, strict=True):
+            if isinstance(answer, JobMatches):
+                for job_id in answer.owned:  # an owner's own word wins over what holders say
+                    if job_id.startswith(job_ref) and _ID.fullmatch(job_id):
+                        owners[job_id] = peer
+            elif isinstance(answer, Exception):
+                silent.append(peer)
+            else:
+                raise answer
+        for job_id, owner in (await self._held_matches(job_ref)).items():
+            owners.setdefault(job_id, owner)
+            holders.setdefault(job_id, []).append(self.node_id)
+        for peer, answer in zip(peers, answers, strict=True):
+            if isinstance(answer, JobMatches):
+                for job_id, owner in answer.held.items():
+                    if job_id.startswith(job_ref) and _ID.fullmatch(job_id) and owner != peer:
+                        owners.setdefault(job_id, owner)
+                        holders.setdefault(job_id, []).append(peer)
+        return self._only(job_ref, owners, holders, silent)
+
+    def _only(self, job_ref: str, owners: dict[str, str], holders: dict[str, list[str]],
+              silent: list[str]) -> Located:
+        if job_ref in owners:  # an exact id always wins
+            return Located(job_ref, owners[job_ref], tuple(holders.get(job_ref, ())))
+        if len(owners) == 1:
+            ((job_id, owner),) = owners.items()
+            return Located(job_id, owner, tuple(holders.get(job_id, ())))
+        if owners:
+            ids = sorted(owners)
+            shown = ", ".join(f"{i} (owner {self._names.name_of(owners[i])})" for i in ids[:_SHOWN])
+            more = f", and {len(ids) - _SHOWN} more" if len(ids) > _SHOWN else ""
+            raise AmbiguousJob(f"job id prefix {job_ref!r} matches several jobs: {shown}{more}")
+        if silent:
+            names = " or ".join(sorted(str(self._names.name_of(p)) for p in silent))
+            raise PeerUnreachable(f"job {job_ref!r}: owner {names} unreachable (no machine that answered knows it)")
+        raise NoSuchJob(f"no job {job_ref!r}")
+
+    async def _find(self, peer: str, job_ref: str) -> JobMatches:
+        msg = JobRequest(msg_id=new_msg_id(), job_id=job_ref)
+        return await asyncio.wait_for(self._transport.call(peer, "/v1/peer/job/find", msg, JobMatches),
+                                      self._time_limit_s)
+
+    async def _owned_matches(self, prefix: str) -> list[str]:
+        """Ids of the jobs owned here that start with ``prefix`` (an exact id alone), at most 16."""
+        try:
+            return [await self._store.jobs.resolve_job_id(prefix)]
+        except JobNotFound:
+            return []
+        except AmbiguousJobId:  # rare: every job is read to list them all
+            rows = await self._store.jobs.list_jobs(None, None)
+            return sorted(r.id for r in rows if r.id.startswith(prefix))[:MAX_JOB_MATCHES]
+
+    async def _held_matches(self, prefix: str) -> dict[str, str]:
+        """Job id -> owner of the runs held here for other owners whose job id starts with ``prefix``."""
+        out: dict[str, str] = {}
+        for r in await self._store.runs.remote_runs():
+            if r.job_id.startswith(prefix) and r.owner != self.node_id:
+                out[r.job_id] = r.owner
+        return dict(sorted(out.items())[:MAX_JOB_MATCHES])
+
+    async def _held_run(self, job_id: str) -> RemoteRunRow | None:
+        """The latest run of ``job_id`` held here for another owner."""
+        runs = [r for r in await self._store.runs.remote_runs() if r.job_id == job_id and r.owner != self.node_id]
+        return max(runs, key=lambda r: r.attempt) if runs else None
+
+    # ------------------------------------------------------------------ forwarding
+
+    async def _forward(self, where: Located, action: str, requester: Requester | None, reply: type[T],
+                       **extra: Any) -> T:
+        owner_name = self._names.name_of(where.owner)
+        try:
+            return await self._ask(where.owner, action, where.job_id, requester, reply, **extra)
+        except PeerCallError as e:
+            failure = e
+        why = f"owner {owner_name} unreachable"
+        log.info("job %s: %s (%s)", where.job_id, why, failure)
+        if action != "cancel":
+            for holder in where.holders:
+                if holder == self.node_id:
+                    body = await self._held_answer(action, where.job_id, requester, why, **extra)
+                    return reply.model_validate(body.model_dump(mode="json"))
+                try:
+                    return await self._ask(holder, action, where.job_id, requester, reply, **extra)
+                except PeerCallError:
+                    continue
+        raise PeerUnreachable(f"job {where.job_id}: {why} ({failure})")
+
+    async def _ask(self, node: str, action: str, job_id: str, requester: Requester | None, reply: type[T],
+                   **extra: Any) -> T:
+        """Ask ``node`` to do ``action`` on ``job_id`` for ``requester``.
+
+        Raises:
+            PeerCallError: it did not answer. The domain error it answered with (Forbidden, ...).
+        """
+        user, admin = _who(requester)
+        msg = JobRequest(msg_id=new_msg_id(), job_id=job_id, user=user, admin=admin,
+                         **{k: v for k, v in extra.items() if v is not None})
+        answer = await self._transport.call(node, f"/v1/peer/job/{action}", msg, JobReply)
+        if answer.error:
+            raise _ERRORS.get(answer.error, GpulayerError)(answer.message)
+        try:
+            return reply.model_validate(answer.body or {})
+        except ValidationError as e:
+            raise PeerCallError(f"{self._names.name_of(node)} answered an invalid {reply.__name__}") from e
+
+    # ------------------------------------------------------------------ peers' requests
+
+    async def find(self, sender: str, msg: JobRequest) -> JobMatches:
+        """Peer route ``/v1/peer/job/find``: the jobs owned here and runs held here whose id starts
+        with ``msg.job_id`` (at most :data:`~gpulayerd.net.wire.MAX_JOB_MATCHES` each)."""
+        return JobMatches(owned=await self._owned_matches(msg.job_id), held=await self._held_matches(msg.job_id))
+
+    async def answer(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
+                     sender_user: str) -> JobReply:
+        """Peer route ``/v1/peer/job/<action>``: do ``action`` on a job owned here (or, not owned
+        here, answer from a run of it held here) for the user ``msg`` names, under the rules of
+        the module docstring. Every refusal is an answer (``JobReply.error``), never an exception."""
+        try:
+            if action not in JOB_ACTIONS:
+                raise BadRequest(f"action must be one of: {', '.join(JOB_ACTIONS)}")
+            requester = peer_requester(sender_mode, sender_user, msg.user, msg.admin)
+            if action in ("logs", "cancel") and not requester.user and not requester.admin:
+                raise Forbidden(_vouch_refusal(str(self._names.name_of(sender)), sender_mode, sender_user,
+                                               msg.user))
+            body = await self._answer(sender, action, msg, requester)
+        except GpulayerError as e:
+            return JobReply(error=e.code, message=e.message)
+        return JobReply(body=body.model_dump(mode="json"))
+
+    async def _answer(self, sender: str, action: str, msg: JobRequest, requester: Requester) -> BaseModel:
+        if msg.job_id in await self._owned_matches(msg.job_id):
+            calls: dict[str, Callable[[], Awaitable[BaseModel]]] = {
+                "show": lambda: self._owner.get_job(msg.job_id, requester),
+                "explain": lambda: self._owner.explain(msg.job_id, requester),
+                "cancel": lambda: self._owner.cancel(msg.job_id, requester),
+                "logs": lambda: self._owner.logs(msg.job_id, msg.stream, msg.offset, msg.attempt, requester,
+                                                 rank=msg.rank),
+            }
+            return await calls[action]()
+        if action == "cancel":
+            raise NoSuchJob(f"no job {msg.job_id!r} owned by {self._names.hostname}")
+        run = await self._held_run(msg.job_id)
+        why = (f"owner {self._names.name_of(run.owner)} unreachable from {self._names.name_of(sender)}"
+               if run is not None else "")
+        return await self._held_answer(action, msg.job_id, requester, why, stream=msg.stream, offset=msg.offset,
+                                       attempt=msg.attempt, rank=msg.rank)
+
+    async def _held_answer(self, action: str, job_id: str, requester: Requester | None, why: str, *,
+                           stream: str = "stdout", offset: int = 0, attempt: int | None = None,
+                           rank: int | None = None) -> BaseModel:
+        """What this worker knows of ``job_id`` from the latest run of it held here.
+
+        ``rank`` is ignored: the log held here is this worker's rank's.
+
+        Raises:
+            NoSuchJob: no run of it is held here (or not that attempt). Forbidden: logs of another user's job.
+        """
+        del rank
+        run = await self._held_run(job_id)
+        me = self._names.hostname
+        if run is None or (attempt is not None and attempt != run.attempt):
+            raise NoSuchJob(f"no job {job_id!r} on {me}" if run is None
+                            else f"{me} holds attempt {run.attempt} of job {job_id}, not {attempt}")
+        spec = JobSpec.model_validate_json(run.spec_json)
+        user = spec.user or ""
+        if run.state == "running":
+            state, status = f"attempt {run.attempt} running on {me} since {_when(run.started_at)}", "running"
+        else:
+            how = "lost" if run.state == "lost" else f"exited {run.exit_code}"
+            state = f"attempt {run.attempt} {how} on {me} at {_when(run.ended_at)}"
+            status = "lost" if run.state == "lost" else ("succeeded" if run.exit_code == 0 else "failed")
+        knows = f"{why}: what {me} knows: {state}"
+        if action == "logs":
+            forbid(requester, job_id, user)
+            return await read_log(Path(run.run_dir) / f"{stream}.log", job_id, run.attempt, stream, offset,
+                                  run.state != "running")
+        if action == "explain":
+            return ExplanationModel(job_id=job_id, verdict=status, summary=knows)
+        view = JobView(id=job_id, name=spec.name, submitted_by=user, owner=run.owner,
+                       owner_name=self._names.name_of(run.owner), status=status, attempt=run.attempt,
+                       holder=self.node_id, holder_name=me, reason=knows, exit_code=run.exit_code,
+                       submitted_at=run.started_at or 0.0, updated_at=run.ended_at or run.started_at or 0.0,
+                       spec=spec)
+        return conceal(view, requester)
+
+
+def _who(requester: Requester | None) -> tuple[str, bool]:
+    """The user name and admin claim a request of ``requester`` carries (None: the daemon itself, an admin)."""
+    if requester is None:
+        return "", True
+    return requester.user, requester.admin

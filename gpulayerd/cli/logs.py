@@ -1,0 +1,164 @@
+"""``gpulayer logs``: a job's output, every rank of a multi-host job, and how the job ended.
+
+Without ``--stderr`` the job's stdout is printed; then, when stdout was empty, its stderr
+(on stderr), else one line on stderr saying how much stderr holds and how to read it. A
+multi-host job's ranks are each read from the member that ran them (the owner asks it);
+without ``--rank`` every rank's lines are printed with a ``[rank N] `` prefix. ``-f`` follows
+the job to its end, prints while it waits why it waits (once, and again when that changes),
+and ends with one line on stderr stating the outcome: exit 0 when the job succeeded, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO
+
+from gpulayerd import text as fmt
+from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_OK
+
+if TYPE_CHECKING:
+    from gpulayerd.api.client import DaemonClient
+    from gpulayerd.models import JobView
+
+__all__ = ["POLL_S", "follow_logs", "outcome"]
+
+POLL_S = 0.3
+"""Seconds between reads while following a job that has nothing new."""
+
+_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
+
+
+@dataclass
+class _Tail:
+    """What has been read of one rank's log (``rank`` None: a one-host job)."""
+
+    rank: int | None
+    prefix: str
+    offset: int = 0
+    attempt: int | None = None
+    printed: int = 0
+    partial: str = ""
+
+    def emit(self, data: str, out: TextIO) -> None:
+        """Write ``data``: as is, or line by line after the prefix (a cut line waits for its end)."""
+        self.printed += len(data)
+        if not self.prefix:
+            out.write(data)
+        else:
+            *lines, self.partial = (self.partial + data).split("\n")
+            out.write("".join(f"{self.prefix}{line}\n" for line in lines))
+        out.flush()
+
+    def flush(self, out: TextIO) -> None:
+        """Write a last line that has no newline."""
+        if self.partial:
+            out.write(f"{self.prefix}{self.partial}\n")
+            out.flush()
+            self.partial = ""
+
+
+def outcome(job: JobView) -> str:
+    """How a finished job ended, in one line: "job X succeeded", "job X failed: exited 3", ..."""
+    if job.status == "succeeded":
+        return f"job {job.id} succeeded"
+    if job.status == "failed" and job.exit_code is not None and job.exit_code >= 0:
+        return f"job {job.id} failed: exited {job.exit_code}"
+    why = fmt.escape(fmt.one_line(job.reason, 300))  # the reason may quote a job's or a peer's text
+    return f"job {job.id} {job.status}" + (f": {why}" if why else "")
+
+
+def _ranks(job: JobView, attempt: int | None, rank: int | None) -> list[int | None]:
+    """The ranks to read: ``[rank]`` when asked, every rank of a multi-host attempt, else ``[None]``."""
+    if rank is not None:
+        return [rank]
+    n = attempt if attempt is not None else job.attempt
+    tried = next((a for a in job.attempts if a.attempt == n), None)
+    if tried is not None and len(tried.gang) > 1:
+        return list(range(len(tried.gang)))
+    return [None]
+
+
+def _tails(ranks: list[int | None], asked: int | None) -> list[_Tail]:
+    many = asked is None and len(ranks) > 1
+    return [_Tail(r, f"[rank {r}] " if many else "") for r in ranks]
+
+
+async def _drain(c: DaemonClient, job_id: str, t: _Tail, stream: str, attempt: int | None, out: TextIO) -> bool:
+    """Print what is new in ``t``'s log; True when the log is complete (the attempt ended)."""
+    while True:
+        chunk = await c.logs(job_id, stream=stream, offset=t.offset, attempt=attempt, rank=t.rank)
+        if t.attempt is not None and chunk.attempt != t.attempt:
+            # A new attempt (a retry) began: its log starts at byte 0.
+            t.flush(out)
+            t.attempt, t.offset = chunk.attempt, 0
+            continue
+        t.attempt = chunk.attempt
+        if chunk.data:
+            t.emit(chunk.data, out)
+            t.offset = chunk.next_offset
+            continue
+        return chunk.complete
+
+
+async def _stderr_note(c: DaemonClient, job_id: str, t: _Tail, args: argparse.Namespace) -> None:
+    """After a rank's stdout: its stderr when stdout was empty, else how many bytes stderr holds."""
+    if t.printed == 0:
+        err = _Tail(t.rank, t.prefix)
+        await _drain(c, job_id, err, "stderr", args.attempt, sys.stderr)
+        err.flush(sys.stderr)
+        return
+    chunk = await c.logs(job_id, stream="stderr", offset=0, attempt=args.attempt, rank=t.rank)
+    size = chunk.size if chunk.size is not None else len(chunk.data.encode())
+    if size <= 0:
+        return
+    flags = "--stderr" + (f" --rank {t.rank}" if t.rank is not None else "") + (
+        f" --attempt {args.attempt}" if args.attempt is not None else "")
+    who = f"rank {t.rank} stderr" if t.rank is not None and t.prefix else "stderr"
+    print(f"({who}: {fmt.size(size)}: gpulayer logs {flags} {job_id})", file=sys.stderr)
+
+
+async def follow_logs(c: DaemonClient, args: argparse.Namespace) -> int:
+    """``gpulayer logs``: print the log(s) of ``args.job``; with ``args.follow`` until the job ends.
+
+    Returns:
+        0, or with ``-f`` 0 when the job succeeded and 1 when it ended otherwise.
+    """
+    job = await c.job(args.job)
+    stream = "stderr" if args.stderr else "stdout"
+    tails = _tails(_ranks(job, args.attempt, args.rank), args.rank)
+    waited = ""
+    while True:
+        complete = True
+        for t in tails:
+            complete = await _drain(c, job.id, t, stream, args.attempt, sys.stdout) and complete
+        if not args.follow:
+            break
+        ended = job.status in _TERMINAL
+        if complete and (ended or args.attempt is not None):
+            break
+        if ended:
+            break  # the job ended and every log was read once more after it
+        await asyncio.sleep(POLL_S)
+        job = await c.job(job.id)
+        if job.status == "queued" and job.reason and job.reason != waited:
+            waited = job.reason
+            print(f"job {job.id} {job.status}: {fmt.escape(fmt.one_line(job.reason, 300))}", file=sys.stderr)
+        ranks = _ranks(job, args.attempt, args.rank)
+        if ranks != [t.rank for t in tails]:
+            for t in tails:
+                t.flush(sys.stdout)
+            tails = _tails(ranks, args.rank)  # it started on several hosts (or on other ones)
+    for t in tails:
+        t.flush(sys.stdout)
+    if stream == "stdout":
+        for t in tails:
+            await _stderr_note(c, job.id, t, args)
+    if not args.follow:
+        return EXIT_OK
+    if job.status not in _TERMINAL:
+        return EXIT_OK  # an earlier attempt's log, read to its end
+    print(outcome(job), file=sys.stderr)
+    return EXIT_OK if job.status == "succeeded" else EXIT_FAILURE

@@ -1,0 +1,227 @@
+"""Why a job waits, in one line that starts with a short code, like squeue's REASON column.
+
+A waiting job's reason reads ``<Code>: <words>``, e.g. ``Busy: cpu slots 1 free of 2 on ws-1
+(needs 2)``: the code says what kind of wait it is (the same for every job waiting for the
+same kind of thing), the words the deciding numbers, file paths last (a cut line keeps the
+meaning). :func:`reason_of` maps an :class:`~gpulayerd.core.verdict.Explanation` to its
+reason; :data:`MEANINGS` documents every code. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict, WorkerExplanation
+
+__all__ = ["MEANINGS", "Reason", "ReasonCode", "code_for", "code_of", "reason_of", "reason_text", "split"]
+
+
+class ReasonCode(str, enum.Enum):
+    """The short code a waiting job's reason starts with (see :data:`MEANINGS`)."""
+
+    PENDING = "Pending"
+    READY = "Ready"
+    BUSY = "Busy"
+    IN_USE = "InUse"
+    FAIR_SHARE = "FairShare"
+    USER_CAP = "UserCap"
+    HOSTS = "Hosts"
+    OFFLINE = "Offline"
+    NO_WORKER = "NoWorker"
+    REJECTED = "Rejected"
+    RESOURCES = "Resources"
+    ACCELERATOR = "Accelerator"
+    MEMORY = "Memory"
+    COMPUTE_CAPABILITY = "ComputeCapability"
+    FLOAT64 = "Float64"
+    UNKNOWN = "Unknown"
+    PROBE = "Probe"
+    ENVIRONMENT = "Environment"
+    PYTHON = "Python"
+    FRAMEWORK = "Framework"
+    WORKDIR = "Workdir"
+    NO_ACCOUNT = "NoAccount"
+    NOT_ALLOWED = "NotAllowed"
+
+
+MEANINGS: dict[ReasonCode, str] = {
+    ReasonCode.PENDING: "not judged yet (just submitted or requeued): the next scheduling pass says",
+    ReasonCode.READY: "fits a worker now: being started there (or offered to it)",
+    ReasonCode.BUSY: "fits, but the devices or CPU slots are held by other gpulayer jobs",
+    ReasonCode.IN_USE: "fits, but a device is used by processes gpulayer did not start",
+    ReasonCode.FAIR_SHARE: "fits, but a user with less recent usage goes first",
+    ReasonCode.USER_CAP: "fits, but the user holds max_gpus_per_user GPUs there already",
+    ReasonCode.HOSTS: "a multi-host job: fewer workers fit than it needs hosts",
+    ReasonCode.OFFLINE: "fits only workers that are offline",
+    ReasonCode.NO_WORKER: "no worker is known",
+    ReasonCode.REJECTED: "no worker can ever run it (checked at submit)",
+    ReasonCode.RESOURCES: "no worker has enough qualifying devices or CPU slots in all",
+    ReasonCode.ACCELERATOR: "no worker has a device of the wanted kind that gpulayer runs jobs on",
+    ReasonCode.MEMORY: "the devices have too little memory, or the wrong kind",
+    ReasonCode.COMPUTE_CAPABILITY: "the CUDA compute capability is too low",
+    ReasonCode.FLOAT64: "the devices have no 64-bit floats",
+    ReasonCode.UNKNOWN: "a value the job needs is unknown (not probed), so the fit cannot be confirmed",
+    ReasonCode.PROBE: "the device probe failed",
+    ReasonCode.ENVIRONMENT: "no working Python environment",
+    ReasonCode.PYTHON: "no environment has the wanted Python version",
+    ReasonCode.FRAMEWORK: "a framework (torch, ...) is missing, of another version, or lacks a backend",
+    ReasonCode.WORKDIR: "the workdir is missing, cannot be entered by the user, or did not answer",
+    ReasonCode.NO_ACCOUNT: "the job's user has no account on the worker",
+    ReasonCode.NOT_ALLOWED: "the worker does not run this user's jobs (personal worker, root jobs off, not vouched)",
+}
+"""Every code and what it means (docs/architecture.md, "Reasons", shows the same table)."""
+
+_BY_REJECTION: dict[RejectionCode, ReasonCode] = {
+    RejectionCode.UNSUPPORTED_ACCELERATOR: ReasonCode.REJECTED,
+    RejectionCode.DISTRIBUTED_UNSUPPORTED: ReasonCode.REJECTED,
+    RejectionCode.BACKEND_MISMATCH: ReasonCode.FRAMEWORK,
+    RejectionCode.ACCELERATOR_MISMATCH: ReasonCode.ACCELERATOR,
+    RejectionCode.EXECUTION_UNSUPPORTED: ReasonCode.ACCELERATOR,
+    RejectionCode.PROBE_UNHEALTHY: ReasonCode.PROBE,
+    RejectionCode.NOT_ENOUGH_DEVICES: ReasonCode.RESOURCES,
+    RejectionCode.INSUFFICIENT_MEMORY: ReasonCode.MEMORY,
+    RejectionCode.MEMORY_KIND_MISMATCH: ReasonCode.MEMORY,
+    RejectionCode.COMPUTE_CAPABILITY_TOO_LOW: ReasonCode.COMPUTE_CAPABILITY,
+    RejectionCode.FLOAT64_UNSUPPORTED: ReasonCode.FLOAT64,
+    RejectionCode.UNKNOWN_METRIC: ReasonCode.UNKNOWN,
+    RejectionCode.ENVIRONMENT_BROKEN: ReasonCode.ENVIRONMENT,
+    RejectionCode.PYTHON_VERSION: ReasonCode.PYTHON,
+    RejectionCode.FRAMEWORK_MISSING: ReasonCode.FRAMEWORK,
+    RejectionCode.FRAMEWORK_VERSION: ReasonCode.FRAMEWORK,
+    RejectionCode.INVALID_VERSION: ReasonCode.FRAMEWORK,
+    RejectionCode.TORCH_BACKEND_UNAVAILABLE: ReasonCode.FRAMEWORK,
+    RejectionCode.WORKDIR_MISSING: ReasonCode.WORKDIR,
+    RejectionCode.WORKDIR_UNANSWERED: ReasonCode.WORKDIR,
+    RejectionCode.WORKDIR_DENIED: ReasonCode.WORKDIR,
+    RejectionCode.RESERVED: ReasonCode.BUSY,
+    RejectionCode.FOREIGN_PROCESS: ReasonCode.IN_USE,
+    RejectionCode.WORKER_OFFLINE: ReasonCode.OFFLINE,
+    RejectionCode.NO_ACCOUNT: ReasonCode.NO_ACCOUNT,
+    RejectionCode.OTHER_USERS_WORKER: ReasonCode.NOT_ALLOWED,
+    RejectionCode.ROOT_JOBS_NOT_ALLOWED: ReasonCode.NOT_ALLOWED,
+    RejectionCode.USER_NOT_VOUCHED: ReasonCode.NOT_ALLOWED,
+    RejectionCode.USER_GPU_CAP: ReasonCode.USER_CAP,
+    RejectionCode.FAIR_SHARE: ReasonCode.FAIR_SHARE,
+}
+
+# Among the rejections of the rows that decide, these win over the first one (in this order):
+# the fair-share wait and the per-user cap hold even when the devices free up.
+_FIRST = (RejectionCode.FAIR_SHARE, RejectionCode.USER_GPU_CAP)
+
+_PREFIX = re.compile(r"^([A-Za-z0-9]+): ")
+_KNOWN = {c.value for c in ReasonCode}
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """A waiting job's reason: its code and the deciding words."""
+
+    code: ReasonCode
+    words: str
+
+    @property
+    def text(self) -> str:
+        """``"<Code>: <words>"``, as stored and shown."""
+        return f"{self.code.value}: {self.words}"
+
+
+def reason_of(e: Explanation) -> Reason:
+    """The reason a job waits, from its explanation (verdict, rows and rejections).
+
+    Job-level rejections give ``Rejected``; "fits now" gives ``Ready``; no worker gives
+    ``NoWorker``. Otherwise the rows of the verdict's state decide (the busy rows for
+    "fits but busy", the offline rows, else the rows that do not fit): a fair-share or
+    per-user-cap rejection there, else the first rejection of the first such row (rows in
+    node-id order). A multi-host job's words start with how many hosts fit now.
+    """
+    if e.rejections:
+        return Reason(ReasonCode.REJECTED, "; ".join(r.message for r in e.rejections))
+    if e.verdict is Verdict.FITS_NOW:
+        return Reason(ReasonCode.READY, _fits_now(e))
+    if not e.workers:
+        return Reason(ReasonCode.NO_WORKER, "no worker known")
+    state = {Verdict.FITS_BUT_BUSY: FitState.FITS_BUT_BUSY,
+             Verdict.FITS_ONLY_OFFLINE: FitState.FITS_OFFLINE}.get(e.verdict, FitState.NO_FIT)
+    rows = [w for w in e.workers if w.state is state and w.rejections]
+    hosts = ""
+    if e.hosts_needed > 1:
+        now = sum(1 for w in e.workers if w.state is FitState.FITS_NOW)
+        hosts = f"needs {e.hosts_needed} hosts at once, {now} fit now"
+    deciding = _deciding(rows)
+    if deciding is None:  # a multi-host job with too few workers (or a row without a rejection)
+        return Reason(ReasonCode.HOSTS if hosts else ReasonCode.NO_WORKER, hosts or e.verdict.value)
+    row, rej = deciding
+    words = _words(rej, row)
+    return Reason(_BY_REJECTION.get(rej.code, ReasonCode.RESOURCES), f"{hosts}; {words}" if hosts else words)
+
+
+def reason_text(e: Explanation) -> str:
+    """``reason_of(e).text``: the line stored as a waiting job's reason."""
+    return reason_of(e).text
+
+
+def split(text: str) -> tuple[str, str]:
+    """``(code, words)`` of a stored reason; ``("", text)`` when it starts with no known code."""
+    m = _PREFIX.match(text)
+    if m is None or m.group(1) not in _KNOWN:
+        return "", text
+    return m.group(1), text[m.end():]
+
+
+def code_of(text: str) -> str:
+    """The code a reason starts with, or ``""`` (see :func:`split`)."""
+    return split(text)[0]
+
+
+def code_for(status: str, reason: str) -> str:
+    """The code of a job in ``status`` with ``reason``: the reason's own code; else ``Pending``
+    for a queued job (not judged since it was submitted or requeued), ``Rejected`` for a
+    rejected one, ``""`` for any other state."""
+    code = code_of(reason)
+    if code:
+        return code
+    return {"queued": ReasonCode.PENDING.value, "rejected": ReasonCode.REJECTED.value}.get(status, "")
+
+
+# -------------------------------------------------------------------------- internals
+
+
+def _fits_now(e: Explanation) -> str:
+    if e.hosts_needed > 1:
+        return f"fits now on {e.hosts_needed} hosts"
+    p = e.placement
+    if p is None:
+        return "fits now"
+    name = next((w.name for w in e.workers if w.worker == p.worker), "") or p.worker
+    devs = ",".join(str(i) for i in p.device_indices)
+    return f"fits now on {name}" + (f" GPU {devs}" if devs else "")
+
+
+def _deciding(rows: list[WorkerExplanation]) -> tuple[WorkerExplanation, Rejection] | None:
+    for code in _FIRST:
+        for w in rows:
+            for r in w.rejections:
+                if r.code is code:
+                    return w, r
+    return (rows[0], rows[0].rejections[0]) if rows else None
+
+
+def _words(r: Rejection, row: WorkerExplanation) -> str:
+    """The rejection's words: the numbers first, the worker, file paths last."""
+    name = row.name or row.worker
+    if r.code is RejectionCode.RESERVED and r.device is None:  # CPU slots
+        have = next((c.found for c in row.checks if c.requirement == r.requirement), r.found)
+        return f"{r.requirement} {have} on {name} (needs {r.wanted})"
+    if r.code in (RejectionCode.WORKDIR_MISSING, RejectionCode.WORKDIR_DENIED, RejectionCode.WORKDIR_UNANSWERED):
+        path = r.wanted
+        text = r.message.replace(f"enter {path}", "enter the workdir").replace(f"workdir {path}", "workdir")
+        return f"{text}: {path}"
+    if r.environment:
+        env = r.environment
+        text = r.message.replace(f" in {env}", "").replace(f"environment {env}", "environment")
+        return f"{text} on {name} in {env}"
+    if r.device is not None:
+        return f"{r.message} (on {name})"
+    return r.message
