@@ -288,13 +288,14 @@ def _job_call(service: PeerService, action: str) -> Callable[[PeerIdentity, JobR
 
 
 async def start_peer_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,
-                          handshake_timeout_s: float = 5.0,
-                          limits: ConnectionLimits | None = None) -> tuple[web.AppRunner, int]:
+                          handshake_timeout_s: float = 5.0, limits: ConnectionLimits | None = None,
+                          max_connection_s: float | None = None) -> tuple[web.AppRunner, int]:
     """Serve ``app`` with mutual TLS on ``host:port`` (port 0 picks a free one).
 
     Strangers can open connections without a certificate, so: a connection whose TLS handshake
     is not done within ``handshake_timeout_s`` seconds is closed, and connections over
-    ``limits`` (default: 512 in total, 64 per remote address) are reset as they are accepted.
+    ``limits`` (default: 512 in total, 64 per remote address) are reset as they are accepted;
+    ``max_connection_s`` (None: no limit) bounds how long any one connection stays open.
 
     Returns:
         The runner (``await runner.cleanup()`` stops it) and the bound port.
@@ -304,7 +305,8 @@ async def start_peer_site(app: web.Application, host: str, port: int, context: s
     """
     if limits is None:
         limits = ConnectionLimits(512, 64, time.monotonic)
-    return await start_tls_site(app, host, port, context, handshake_timeout_s=handshake_timeout_s, limits=limits)
+    return await start_tls_site(app, host, port, context, handshake_timeout_s=handshake_timeout_s, limits=limits,
+                                max_connection_s=max_connection_s)
 
 
 def _ssl_object(resp: aiohttp.ClientResponse) -> ssl.SSLObject | None:

@@ -42,11 +42,13 @@ class _LimitedTlsSite(web.SockSite):
 
 
 async def start_tls_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,
-                         handshake_timeout_s: float, limits: ConnectionLimits) -> tuple[web.AppRunner, int]:
+                         handshake_timeout_s: float, limits: ConnectionLimits,
+                         max_connection_s: float | None = None) -> tuple[web.AppRunner, int]:
     """Serve ``app`` over TLS on ``host:port`` (port 0 picks a free one), within ``limits``.
 
     A connection whose TLS handshake has not finished ``handshake_timeout_s`` seconds after it
-    was accepted is closed; one over a limit of ``limits`` is reset as it is accepted.
+    was accepted is closed; one over a limit of ``limits`` is reset as it is accepted; with
+    ``max_connection_s``, every connection is shut down that long after it was accepted.
 
     Returns:
         The runner (``await runner.cleanup()`` stops serving) and the bound port.
@@ -58,7 +60,7 @@ async def start_tls_site(app: web.Application, host: str, port: int, context: ss
     if not handshake_timeout_s > 0:
         raise ValueError(f"handshake_timeout_s must be positive, got {handshake_timeout_s}")
     sock = await _listening_socket(host, port)
-    listener = LimitedListener.wrap(sock, limits)
+    listener = LimitedListener.wrap(sock, limits, max_connection_s)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     try:
         await runner.setup()

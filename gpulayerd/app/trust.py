@@ -22,10 +22,12 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from gpulayerd.net.identity import Identity, TlsError
+from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.wire import MAX_REVOKED, Revoked
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ __all__ = ["RENEW_CHECK_S", "Trust"]
 log = logging.getLogger(__name__)
 
 RENEW_CHECK_S = 3600.0
+ENROLL_MAX_CONNECTIONS = 128  # the enrollment listener: open connections in all
+ENROLL_MAX_PER_ADDRESS = 8  # ... and from one address
+ENROLL_MAX_CONNECTION_S = 15.0  # no enrollment connection stays open longer (slow or unfinished requests)
 """How often the daemon checks whether its certificate needs renewing (seconds)."""
 
 
@@ -152,11 +157,16 @@ class Trust:
         ctx = enroll_ssl_context(self._identity)
         self.contexts.append(ctx)
         app = make_enroll_app(self._idir, self.is_revoked)
+        # Strangers may connect here (no client certificate): fewer slots per address, and no
+        # connection may hold one longer than an enrollment takes (a slow or unfinished request).
+        limits = ConnectionLimits(ENROLL_MAX_CONNECTIONS, ENROLL_MAX_PER_ADDRESS, time.monotonic)
         try:
-            self._enroll, self.enroll_port = await start_peer_site(app, host, peer_port + ENROLL_PORT_OFFSET, ctx)
+            self._enroll, self.enroll_port = await start_peer_site(
+                app, host, peer_port + ENROLL_PORT_OFFSET, ctx, limits=limits, max_connection_s=ENROLL_MAX_CONNECTION_S)
         except OSError as e:
             log.warning("enrollment port %d: %s; using another one", peer_port + ENROLL_PORT_OFFSET, e)
-            self._enroll, self.enroll_port = await start_peer_site(app, host, 0, ctx)
+            self._enroll, self.enroll_port = await start_peer_site(app, host, 0, ctx, limits=limits,
+                                                                   max_connection_s=ENROLL_MAX_CONNECTION_S)
         hosts = lan if host in ("0.0.0.0", "::", "") else [host]
         addrs = [f"[{h}]:{self.enroll_port}" if ":" in h else f"{h}:{self.enroll_port}" for h in hosts or ["127.0.0.1"]]
         body = json.dumps({"port": self.enroll_port, "addresses": addrs}) + "\n"

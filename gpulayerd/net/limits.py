@@ -13,6 +13,7 @@ kernel reports it). Refusals are counted and logged once per address per minute.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -179,12 +180,21 @@ class LimitedListener(socket.socket):
     """
 
     _limits: ConnectionLimits
+    _max_lifetime_s: float | None
 
     @classmethod
-    def wrap(cls, sock: socket.socket, limits: ConnectionLimits) -> LimitedListener:
-        """Take over ``sock`` (it is detached: use only the returned socket from now on)."""
+    def wrap(cls, sock: socket.socket, limits: ConnectionLimits,
+             max_lifetime_s: float | None = None) -> LimitedListener:
+        """Take over ``sock`` (it is detached: use only the returned socket from now on).
+
+        ``max_lifetime_s``: each admitted connection is shut down this many seconds after it
+        was accepted, whatever it is doing (for a listener whose requests are short, such as
+        enrollment: a client that sends a request slowly, or never finishes it, cannot keep
+        its slot); None: no limit.
+        """
         listener = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
         listener._limits = limits
+        listener._max_lifetime_s = max_lifetime_s
         listener.setblocking(False)
         return listener
 
@@ -202,9 +212,19 @@ class LimitedListener(socket.socket):
             if self._limits.try_open(address):
                 conn = CountedSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
                 conn._release = weakref.finalize(conn, self._limits.closed, address)
+                if self._max_lifetime_s is not None:  # accept() runs on the event loop
+                    asyncio.get_running_loop().call_later(self._max_lifetime_s, _cut, weakref.ref(conn))
                 return conn, addr
             _reset(plain)
         raise BlockingIOError("over-limit connections dropped; more may be pending")
+
+
+def _cut(ref: weakref.ref[CountedSocket]) -> None:
+    """Shut down a connection that outlived its listener's ``max_lifetime_s`` (its transport then closes it)."""
+    conn = ref()
+    if conn is not None and conn.fileno() != -1:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
 
 
 def _reset(conn: socket.socket) -> None:

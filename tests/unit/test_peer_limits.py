@@ -84,11 +84,13 @@ async def _ping(_: web.Request) -> web.Response:
 
 
 @contextlib.asynccontextmanager
-async def _serving(node: Identity, limits: ConnectionLimits, handshake_timeout_s: float) -> AsyncIterator[int]:
+async def _serving(node: Identity, limits: ConnectionLimits, handshake_timeout_s: float,
+                   max_connection_s: float | None = None) -> AsyncIterator[int]:
     app = web.Application()
     app.router.add_get("/v1/peer/ping", _ping)
     runner, port = await start_peer_site(app, "127.0.0.1", 0, tls.server_ssl_context(node),
-                                         handshake_timeout_s=handshake_timeout_s, limits=limits)
+                                         handshake_timeout_s=handshake_timeout_s, limits=limits,
+                                         max_connection_s=max_connection_s)
     try:
         yield port
     finally:
@@ -181,6 +183,24 @@ async def test_a_connection_that_never_handshakes_is_closed_after_the_handshake_
             assert asyncio.get_running_loop().time() - start >= 0.4  # not at once: at the deadline
             assert await _until(lambda: limits.stats().open_total == 0, within_s=5.0), limits.stats()
             assert (await _ask(node, port)).ok  # a member that handshakes at once is served
+    finally:
+        for _, writer in opened:
+            writer.close()
+
+
+@pytest.mark.asyncio
+async def test_no_connection_outlives_the_listeners_max_lifetime(node: Identity) -> None:
+    """The enrollment listener's guard: a client that never finishes (here: never even handshakes,
+    with a handshake timeout far away) loses its slot after ``max_connection_s``."""
+    limits = ConnectionLimits(total=16, per_address=16, clock=_Clock())
+    opened: list[Conn] = []
+    try:
+        async with _serving(node, limits, handshake_timeout_s=30.0, max_connection_s=0.5) as port:
+            (idle,) = await _idle(port, "127.0.0.2", 1, opened)
+            start = asyncio.get_running_loop().time()
+            assert await _closed_by_server(idle, within_s=5.0)
+            assert 0.4 <= asyncio.get_running_loop().time() - start < 5.0
+            assert await _until(lambda: limits.stats().open_total == 0, within_s=5.0), limits.stats()
     finally:
         for _, writer in opened:
             writer.close()
