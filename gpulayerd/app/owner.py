@@ -345,7 +345,10 @@ class OwnerService:
             retries_left=row.retries_left, cancel_requested=row.cancel_requested,
             reason=self._names.readable(row.reason), exit_code=row.exit_code,
             submitted_at=row.submitted_at, updated_at=row.updated_at, spec=self._jobs.spec(row),
+            # The last matching is the answer only while the job waits (or was rejected at submit):
+            # a running or finished job is told by `explain`'s state, never by a stale "fits".
             explanation=(None if row.explanation_json is None
+                         or row.status not in (JobStatus.QUEUED, JobStatus.REJECTED)
                          else ExplanationModel.model_validate_json(row.explanation_json)),
         )
 

@@ -237,7 +237,8 @@ class RemoteJobs:
             raise AmbiguousJob(f"job id prefix {job_ref!r} matches several jobs: {shown}{more}")
         if silent:
             names = " or ".join(sorted(str(self._names.name_of(p)) for p in silent))
-            raise PeerUnreachable(f"job {job_ref!r}: owner {names} unreachable (no machine that answered knows it)")
+            raise PeerUnreachable(f"job {job_ref!r}: no machine that answered knows it, and {names} did not answer "
+                                  "(if it is its owner, ask again when it is back)")
         raise NoSuchJob(f"no job {job_ref!r}")
 
     async def _find(self, peer: str, job_ref: str) -> JobMatches:

@@ -83,6 +83,8 @@ def render_explanation(e: ExplanationModel, title: str) -> str:
         if tail:
             out += ["", "stderr (last lines):", *(f"  {line}" for line in tail)]
         out.append("")
+    if e.state is None and not e.workers and not e.rejections and e.summary:
+        out += [f"  {e.summary}", ""]  # e.g. the owner is unreachable: what the machine running it knows
     if e.rejections:
         out.append("Rejected before matching (no worker can ever run it):")
         out += [f"  ✗ {r.requirement}: {r.message}" for r in e.rejections]

@@ -47,6 +47,8 @@ def test_explain_says_where_a_job_runs_and_how_it_ended(lab: Lab) -> None:
     assert ExplanationModel.model_validate_json(r.stdout).verdict == "succeeded"
     r = d.cli("explain", ok)
     assert r.returncode == 0 and "fits" not in r.stdout and "verdict: succeeded" in r.stdout, r.stdout
+    for args in (("show", "--json", ok), ("show", "--json", failed), ("show", ok)):  # no stale match in the view
+        assert "fits" not in d.cli_ok(*args), args
 
     # Cancelled: by whom (the account that ran gpulayer cancel).
     assert d.cli("cancel", running).returncode == 0
