@@ -85,8 +85,15 @@ class LocalApi:
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
                               scope: str = "local", requester: Requester | None = None) -> list[JobView]:
-        """See :meth:`OwnerService.list_jobs`."""
-        return await self._owner.list_jobs(statuses, limit, scope, requester)
+        """See :meth:`OwnerService.list_jobs`; with ``scope="cluster"`` also the runs held here
+        whose owner did not answer (as this machine knows them), so the machine running a job
+        lists it even while its owner is down."""
+        jobs = await self._owner.list_jobs(statuses, limit, scope, requester)
+        remote = self._remote_jobs()
+        if scope != "cluster" or remote is None:
+            return jobs
+        held = await remote.held_views({j.id for j in jobs}, requester)
+        return jobs + [j for j in held if not statuses or j.status in statuses]
 
     # Any job of the cluster (RemoteJobs): a job owned elsewhere is asked of its owner, or of a
     # worker that holds a run of it when the owner does not answer.

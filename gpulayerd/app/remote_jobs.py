@@ -264,6 +264,19 @@ class RemoteJobs:
                 out[r.job_id] = r.owner
         return dict(sorted(out.items())[:MAX_JOB_MATCHES])
 
+    async def held_views(self, listed: set[str], requester: Requester | None) -> list[JobView]:
+        """Runs held here for another owner that are not in ``listed`` (their owner did not answer
+        the listing): each as this worker knows it ("owner X unreachable: what ws-2 knows: ...")."""
+        out = []
+        for run in await self._store.runs.remote_runs(active=True):
+            if run.owner == self.node_id or run.job_id in listed:
+                continue
+            why = f"owner {self._names.name_of(run.owner)} unreachable"
+            view = await self._held_answer("show", run.job_id, requester, why)
+            if isinstance(view, JobView):
+                out.append(view)
+        return out
+
     async def _held_run(self, job_id: str) -> RemoteRunRow | None:
         """The latest run of ``job_id`` held here for another owner."""
         runs = [r for r in await self._store.runs.remote_runs() if r.job_id == job_id and r.owner != self.node_id]

@@ -146,6 +146,10 @@ async def test_owner_down_the_worker_answers_for_its_run_and_others_say_unreacha
         await w1.async_logs(job, "stdout", 0, None, BOB)
     e = await w1.async_explain(job, ALICE)
     assert (e.verdict, e.summary.split(":")[0]) == ("running", "owner owner unreachable")
+    # `gpulayer jobs` on the machine running it still lists it (the owner's listing is missing).
+    listed = [j for j in await w1.async_list_jobs(None, None, "cluster", BOB) if j.id == job]
+    assert [(j.status, j.holder, j.spec_hidden) for j in listed] == [("running", W1, True)], listed
+    assert [j.id for j in await w1.async_list_jobs(["succeeded"], None, "cluster", ALICE)] == []
     with pytest.raises(PeerUnreachable, match=f"job {job}: owner owner unreachable"):
         await w1.async_cancel(job, ALICE)
 
