@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import math
 import os
 import platform
 import re
@@ -39,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from bench_report import line, percentile
 
 from gpulayerd.api.client import DaemonClient, DaemonUnreachable
 from gpulayerd.config import DaemonConfig
@@ -53,22 +53,6 @@ SETTINGS = {k: _DEFAULTS[k].default for k in (
     "heartbeat_interval_s", "suspect_after_s", "down_after_s", "offer_interval_s", "lease_grace_s")}
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def line(label: str, value: float, unit: str, target: float | None = None, *, fmt: str = ".1f") -> None:
-    text = f"{label}: {value:{fmt}}{f' {unit}' if unit else ''}"
-    if target is None:
-        print(f"{text} (no target)", flush=True)
-        return
-    ok = value <= target
-    ratio = value / target if target else math.inf
-    print(f"{text} (target <= {target:g}{f' {unit}' if unit else ''}: {'ok' if ok else 'MISSED'}, "
-          f"{ratio:.2f}x of target)", flush=True)
 
 
 def start_all(lan: Lan, slots: dict[str, int], log_level: str) -> float:

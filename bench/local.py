@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
 import psutil
+from bench_report import line, percentile
 
 from gpulayerd.api.client import DaemonClient
 
@@ -46,23 +46,6 @@ START_TIMEOUT_S = 30.0
 # -------------------------------------------------------------------------- output
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def line(label: str, value: float, unit: str, target: float | None = None, *, at_most: bool = True,
-         fmt: str = ".1f") -> None:
-    text = f"{label}: {value:{fmt}} {unit}"
-    if target is None:
-        print(f"{text} (no target)")
-        return
-    ok = value <= target if at_most else value >= target
-    ratio = value / target if target else math.inf
-    sign = "<=" if at_most else ">="
-    print(f"{text} (target {sign} {target:g} {unit}: {'ok' if ok else 'MISSED'}, {ratio:.2f}x of target)")
 
 
 # -------------------------------------------------------------------------- daemon

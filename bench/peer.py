@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import platform
 import subprocess
@@ -39,6 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from bench_report import line as report_line
+from bench_report import percentile
 
 from gpulayerd.api.client import DaemonClient
 from gpulayerd.api.peer import request_problem
@@ -51,22 +52,11 @@ AUTHZ_TARGET_MS = 0.1
 FLOOD_MARGIN_MS = 50.0
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def line(label: str, value: float, unit: str, target: float | None = None, *, fmt: str = ".3f") -> None:
-    text = f"{label}: {value:{fmt}}{f' {unit}' if unit else ''}"
-    if target is None:
-        print(f"{text} (no target)", flush=True)
-        return
-    ok = value <= target
-    ratio = value / target if target else math.inf
-    print(f"{text} (target <= {target:g}{f' {unit}' if unit else ''}: {'ok' if ok else 'MISSED'}, "
-          f"{ratio:.2f}x of target)", flush=True)
+    """:func:`bench_report.line` with three decimals by default."""
+    report_line(label, value, unit, target, fmt=fmt)
 
 
 def per_call_ms(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
