@@ -174,8 +174,10 @@ def conceal(job: JobView, requester: Requester | None) -> JobView:
     workdir = job.spec.workdir
     if not workdir or workdir == "/":
         return hidden
-    # The workdir also shows in the reason, the stored explanation and event reasons: hide it there too.
-    return JobView.model_validate_json(hidden.model_dump_json().replace(json.dumps(workdir)[1:-1], HIDDEN))
+    # The workdir also shows in the reason, the stored explanation and event reasons: hide it there too
+    # (parsed again only when it is there: most listed jobs do not name it).
+    dumped, escaped = hidden.model_dump_json(), json.dumps(workdir)[1:-1]
+    return JobView.model_validate_json(dumped.replace(escaped, HIDDEN)) if escaped in dumped else hidden
 
 
 def hide_path(text: str, path: str | None) -> str:
