@@ -29,7 +29,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel
 
 from gpulayerd.errors import Forbidden
 from gpulayerd.models import JobView
@@ -171,18 +173,20 @@ def conceal(job: JobView, requester: Requester | None) -> JobView:
         return job
     spec = job.spec.model_copy(update={"command": [HIDDEN], "env": {}, "workdir": None, "path": None})
     hidden = job.model_copy(update={"spec": spec, "spec_hidden": True})
-    workdir = job.spec.workdir
-    if not workdir or workdir == "/":
-        return hidden
-    # The workdir also shows in the reason, the stored explanation and event reasons: hide it there too
-    # (parsed again only when it is there: most listed jobs do not name it).
-    dumped, escaped = hidden.model_dump_json(), json.dumps(workdir)[1:-1]
-    return JobView.model_validate_json(dumped.replace(escaped, HIDDEN)) if escaped in dumped else hidden
+    # The workdir also shows in the reason, the stored explanation and event reasons: hide it there too.
+    return hide_path(hidden, job.spec.workdir)
 
 
-def hide_path(text: str, path: str | None) -> str:
-    """``text`` with ``path`` (a job's workdir, which only its user and admins see) written ``<hidden>``."""
-    return text.replace(path, HIDDEN) if path and path != "/" else text
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def hide_path(model: _M, path: str | None) -> _M:
+    """``model`` with every occurrence of ``path`` (a job's workdir, which only its user and admins
+    see) in its text written ``<hidden>``; ``model`` itself when the path is not in it (or is "/")."""
+    if not path or path == "/":
+        return model
+    dumped, escaped = model.model_dump_json(), json.dumps(path)[1:-1]
+    return type(model).model_validate_json(dumped.replace(escaped, HIDDEN)) if escaped in dumped else model
 
 
 class Requesters:

@@ -39,7 +39,7 @@ from gpulayerd.models import (
     job_spec_from_mapping,
 )
 from gpulayerd.net.wire import Claim, ClaimReply, LogRequest, RunReport, RunReportReply
-from gpulayerd.requester import DEFAULT_JOB_PATH, HIDDEN, Requester, conceal, forbid
+from gpulayerd.requester import DEFAULT_JOB_PATH, Requester, conceal, forbid, hide_path
 from gpulayerd.store import AttemptRow, JobRow, Store
 
 __all__ = ["OwnerService", "new_job_id"]
@@ -220,10 +220,8 @@ class OwnerService:
         worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         fresh = _keep_fair_share(ExplanationModel.from_core(explain(req, [worker, *remote], self._support)), row)
-        if requester is not None and req.workdir not in (None, "", "/") and not requester.may_manage(self.user_of(row)):
-            # The workdir is the job's user's (and admins') to see, like the rest of its spec.
-            fresh = ExplanationModel.model_validate_json(
-                fresh.model_dump_json().replace(json.dumps(req.workdir)[1:-1], HIDDEN))
+        if requester is not None and not requester.may_manage(self.user_of(row)):
+            fresh = hide_path(fresh, req.workdir)  # the job's user's (and admins') to see, like its spec
         return fresh
 
     async def _explain_state(self, row: JobRow, requester: Requester | None) -> ExplanationModel:
