@@ -3,8 +3,7 @@ multi-host gangs, and what happens when a worker daemon dies.
 
 The first three tests share one three-host cluster (starting daemons costs seconds on a
 small machine); the failure tests kill daemons and get a LAN of their own. The cluster-wide
-job control test, at the end of the module, also uses the shared cluster and stops its h1
-last of all (keep it the last test that uses ``cluster3``).
+job control test also uses the shared cluster: it stops h1 and starts it again at its end.
 """
 
 from __future__ import annotations
@@ -392,8 +391,8 @@ def test_worker_killed_attempt_lost_then_retried_elsewhere(lan_factory: Callable
 
 
 # ---------------------------------------------------------------------- any job id on any host
-# This test stops h1's daemon: it must stay the LAST test of the module that uses ``cluster3``
-# (pytest runs a module's tests in file order; the tests after it get LANs of their own).
+# This test stops h1's daemon and starts it again at its end (even when it fails), so that
+# any test after it can still use ``cluster3``.
 
 def _out(h: Host, *args: str) -> tuple[int, str]:
     r = h.cli(*args)
@@ -424,11 +423,13 @@ def test_any_job_id_works_on_any_host_and_an_owner_down_is_said_so(cluster3: Lan
         assert shown["spec"]["command"][0] == "sh"
         assert h.cli_ok("show", job[:8]).count(job) >= 1
         assert h.cli_ok("logs", job) == f"hello from {h3.hostname}\n", h.name
-        assert h.cli_ok("explain", job).strip(), h.name
+        explained = json.loads(h.cli_ok("explain", "--json", job))
+        assert (explained["verdict"], explained["state"]["node"], explained["state"]["attempt"]) == (
+            "running", h3.node_id, 1), (h.name, explained)
     rc, text = _out(h2, "show", "zzzzzzzzzzzz")
     assert (rc, "no job 'zzzzzzzzzzzz'" in text) == (2, True), (rc, text)
 
-    h2.cli_ok("cancel", job)
+    h3.cli_ok("cancel", job)  # on the worker that runs it
     assert h1.wait_job(job, timeout_s=30).status == "cancelled"
 
     # The owner goes down: the worker answers for its run, everybody says the owner is unreachable.
@@ -437,6 +438,16 @@ def test_any_job_id_works_on_any_host_and_an_owner_down_is_said_so(cluster3: Lan
     _wait_for("the second job's output", lambda: h3.cli("logs", second).stdout.startswith("hello"))
     nowhere = h1.submit({"command": ["true"], "requirements": {"accelerator": "cuda", "gpu_memory_gb": 4000}}).id
     h1.stop_daemon()
+    try:
+        _owner_down(cluster3, second, nowhere)
+    finally:  # later tests of the module use cluster3 with h1 up
+        h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=4, log_level=QUIET)
+        cluster3.wait_cluster(timeout_s=30)
+
+
+def _owner_down(cluster3: Lan, second: str, nowhere: str) -> None:
+    """With h1 (the owner) stopped: h3 answers for its run of ``second``; ``nowhere`` is h1's alone."""
+    h1, h2, h3 = cluster3.hosts
     unreachable = f"owner {h1.hostname} unreachable"
     for h in (h3, h2):
         rc, text = _out(h, "show", second)

@@ -1,9 +1,9 @@
 """Revocation over the real peer port (issue 12): ``gpulayer cluster remove h3`` on the signer h1.
 
-h3 (the only host with a GPU) runs a job before; then h1 removes it. Within a few heartbeat
-rounds h2 (which learns it only from h1's heartbeats) closes the connection h3 held open to
-it and answers h3's new connections 403, h1 does too, and a new GPU job stays queued: it is
-never offered to h3 again.
+h3 (the only host with a GPU) runs a job before; then h1 removes it. Within a heartbeat round
+of h1 (which reads the entry at its next round), h1 and h2 (which learns it only from h1's
+heartbeats) close the connections h3 held open to them and answer h3's new connections 403,
+and a new GPU job stays queued: it is never offered to h3 again.
 """
 
 from __future__ import annotations
@@ -62,23 +62,30 @@ def test_removed_node_is_refused_by_every_member(lan_factory: Callable[..., Lan]
 
     i3 = h3.identity_dir
     files = [str(i3 / "node.crt"), str(i3 / "node.key"), str(i3 / "ca.crt")]
-    hold = h3.popen([sys.executable, "-c", HOLD, h2.ip, str(PORT), *files], stdout=subprocess.PIPE, text=True)
+    holds = {m.name: h3.popen([sys.executable, "-c", HOLD, m.ip, str(PORT), *files], stdout=subprocess.PIPE,
+                              text=True) for m in (h1, h2)}  # h3 keeps a connection open to each member
+    closed_after = {}
     try:
-        assert hold.stdout is not None
-        assert hold.stdout.readline().split() == ["open", "200"]
+        for hold in holds.values():
+            assert hold.stdout is not None
+            assert hold.stdout.readline().split() == ["open", "200"]
         assert _call(h3, h2, "/v1/peer/jobs")[0] == 200
 
         h1.cli_ok("cluster", "remove", h3.node_id)
         removed = time.monotonic()
-        out, _ = hold.communicate(timeout=30)
-        closed_after = time.monotonic() - removed
+        for name, hold in holds.items():
+            out, _ = hold.communicate(timeout=30)
+            assert out.split() == ["closed"], (name, out)
+            closed_after[name] = time.monotonic() - removed
     finally:
-        if hold.poll() is None:
-            hold.kill()
-            hold.wait()
-    print(f"h3's open connection to h2 closed {closed_after:.2f} s after 'cluster remove' returned")
-    assert out.split() == ["closed"], out
-    assert closed_after < 3.0, f"h2 closed h3's connection {closed_after:.2f} s after the removal"
+        for hold in holds.values():
+            if hold.poll() is None:
+                hold.kill()
+                hold.wait()
+    print(f"h3's open connections closed after 'cluster remove' returned: {closed_after}")
+    # h1 reads the entry at its next heartbeat round and sends it with the one after: h2 learns it
+    # within a round of h1 (0.5 s here); 1.5 s = three rounds, leaving room for a loaded machine.
+    assert max(closed_after.values()) < 1.5, f"h3's connections closed {closed_after} s after the removal"
     for member in (h1, h2):
         status, body = _call(h3, member, "/v1/peer/jobs")
         assert status == 403 and "removed from the cluster" in str(body), (member.name, status, body)

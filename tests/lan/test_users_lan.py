@@ -122,7 +122,7 @@ def test_alices_jobs_never_run_where_she_has_no_account(lan_factory: Callable[..
                 return e
         return None
 
-    e = lan.wait(h3_rejects_alice, timeout_s=40, what="explain to show that h3 has no account for alice")
+    e = lan.wait(h3_rejects_alice, timeout_s=90, what="explain to show that h3 has no account for alice")
     row = _row(e, h3)
     assert [r.message for r in row.rejections if r.code == "NO_ACCOUNT"] == [
         f"no account '{alice.name}' on {h3.hostname}"]
