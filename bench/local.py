@@ -10,6 +10,9 @@ stops it and removes the dir. Prints figures against the targets; asserts nothin
 - a burst: the same jobs submitted as fast as possible by several concurrent clients;
   submits per second, job starts per second (jobs / time from the first start to the
   last), and the latency including the wait in the queue.
+- throughput: one client submits ``--throughput-jobs`` (1,000) ``/bin/true`` jobs to a second
+  daemon with ``--cpu-slots 2``, as fast as it is answered; jobs per second from the first
+  submit to the last job's exit (the latest ``ended_at`` of the run directories' ``exit.json``).
 - the idle daemon, after the queue drained: CPU time as % of one core, and RSS.
 
 Ctrl-C stops the daemon and cleans up.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import platform
@@ -179,8 +183,8 @@ async def bench_sequential(d: LocalDaemon, n: int) -> None:
             latencies.append(start - sent)
     ms = [x * 1000 for x in latencies]
     print(f"one job at a time, {n} jobs (no queueing):")
-    line("  submit->start latency p50", percentile(ms, 50), "ms", 50)
-    line("  submit->start latency p99", percentile(ms, 99), "ms", 200)
+    line("  submit->start latency p50 (daemon side)", percentile(ms, 50), "ms", 25)
+    line("  submit->start latency p99 (daemon side)", percentile(ms, 99), "ms", 100)
     line("  submit->start latency max", max(ms), "ms")
 
 
@@ -211,6 +215,53 @@ async def bench_burst(d: LocalDaemon, n: int, n_clients: int) -> None:
     line("  submit->start latency p99 (incl. queueing)", percentile(ms, 99), "ms")
 
 
+async def wait_exits(d: LocalDaemon, job_ids: Sequence[str], timeout_s: float) -> list[float]:
+    """The ``ended_at`` of each job's first attempt, once every one wrote ``exit.json``."""
+    ends: dict[str, float] = {}
+    end = time.monotonic() + timeout_s
+    while len(ends) < len(job_ids) and time.monotonic() < end:
+        for job_id in job_ids:
+            if job_id not in ends:
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    path = d.state_dir / "runs" / job_id / "1" / "exit.json"
+                    ends[job_id] = float(json.loads(path.read_text())["ended_at"])
+        await asyncio.sleep(0.2)
+    return list(ends.values())
+
+
+async def bench_throughput(root: Path, n: int, slurm_jobs_s: float | None = None) -> None:
+    """One client, ``n`` ``/bin/true`` jobs, ``--cpu-slots 2``: first submit to the last exit."""
+    d = LocalDaemon(root, 2)
+    try:
+        await d.start()
+        async with d.client() as c:  # warm-up: the first job waits for the first probe
+            warm = (await c.submit({"command": ["/bin/true"], "workdir": str(d.workdir)})).id
+        await wait_drained(d, 60.0)
+        spec = {"command": ["/bin/true"], "workdir": str(d.workdir)}
+        first = time.time()
+        ids = []
+        async with d.client() as c:
+            for _ in range(n):
+                ids.append((await c.submit(spec)).id)
+        submitted = time.time()
+        ends = await wait_exits(d, ids, 600.0)  # from the run directories: no load on the daemon
+        await wait_drained(d, 60.0)
+        assert d.proc is not None
+        cpu = psutil.Process(d.proc.pid).cpu_times()
+        print(f"throughput, {n} /bin/true jobs from one client, --cpu-slots 2 (warm-up job {warm}):")
+        line("  submits per second", n / (submitted - first), "submits/s")
+        if len(ends) < n:
+            print(f"  {n - len(ends)} jobs have no exit.json", flush=True)
+        if ends:
+            line("  first submit to last exit", len(ends) / (max(ends) - first), "jobs/s", 100, at_most=False)
+            if slurm_jobs_s is not None:
+                line("  anchor: Slurm trivial jobs/s, 2 CPUs (same run)", slurm_jobs_s, "jobs/s")
+        line("  daemon CPU per job (user+system, whole run)", (cpu.user + cpu.system) / (n + 1) * 1000, "ms")
+    finally:
+        d.stop()
+        d.kill_leftovers()
+
+
 async def bench_idle(d: LocalDaemon, idle_s: float) -> None:
     assert d.proc is not None
     proc = psutil.Process(d.proc.pid)
@@ -236,6 +287,9 @@ async def run(args: argparse.Namespace, d: LocalDaemon) -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs"
           f"{f' ({len(os.sched_getaffinity(0))} usable)' if hasattr(os, 'sched_getaffinity') else ''}, "
           f"{platform.system()} {platform.release()}, Python {platform.python_version()} ({sys.executable})")
+    if args.only_throughput:
+        await bench_throughput(d.root / "throughput", args.throughput_jobs, args.slurm_jobs_s)
+        return
     await d.start()
     print(f"gpulayerd pid {d.proc.pid if d.proc else '?'}, --cpu-slots {d.cpu_slots}, state dir {d.state_dir}")
     # Warm up: the first jobs wait for the daemon's first hardware probe.
@@ -248,10 +302,24 @@ async def run(args: argparse.Namespace, d: LocalDaemon) -> None:
     await bench_burst(d, args.jobs, args.clients)
     await wait_drained(d, 120.0)
     await bench_idle(d, args.idle_s)
+    if args.throughput_jobs:
+        await bench_throughput(d.root / "throughput", args.throughput_jobs, args.slurm_jobs_s)
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _slurm_jobs_s() -> float | None:
+    """Slurm's trivial-job throughput on 2 CPUs, measured now (bench/slurm.py), or None with the reason printed."""
+    from slurm import slurm_figures  # bench/ is on sys.path when this script runs
+
+    figures = slurm_figures(n_srun=5, n_sbatch=3, n_jobs=100, cpus=2)
+    if isinstance(figures, str):
+        print(f"Slurm not available: {figures}", flush=True)
+        return None
+    print(f"Slurm {figures.version}: {figures.jobs_per_s:.2f} trivial jobs/s on 2 CPUs", flush=True)
+    return figures.jobs_per_s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,8 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=200, help="jobs per measurement (default 200)")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients in the burst (default 8)")
     p.add_argument("--cpu-slots", type=int, default=8, help="the daemon's --cpu-slots (default 8)")
+    p.add_argument("--throughput-jobs", type=int, default=1000,
+                   help="/bin/true jobs for the --cpu-slots 2 throughput figure (0 skips it; default 1000)")
+    p.add_argument("--only-throughput", action="store_true", help="measure only the throughput figure")
     p.add_argument("--idle-s", type=float, default=60.0, help="idle measurement window, seconds (default 60)")
+    p.add_argument("--slurm", action="store_true",
+                   help="also install (when missing), start and measure Slurm (bench/slurm.py) for the throughput "
+                   "anchor, in this run")
     args = p.parse_args(argv)
+    args.slurm_jobs_s = _slurm_jobs_s() if args.slurm else None
     # SIGTERM (and SIGINT where the shell left it ignored) stop the bench like Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)

@@ -227,6 +227,57 @@ def bench_explain() -> None:
     print("  (16 x 1000 verdicts: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + ")")
 
 
+def _far_shapes() -> list[JobRequest]:
+    """Jobs that fit nowhere (or only busy workers) in :func:`make_workers`, one per kind of hint."""
+    cuda = partial(JobRequest, accelerator=Accelerator.CUDA, gpu_count=1, workdir="/home/ana/proj0")
+    return [
+        cuda(gpu_memory_bytes=200 * GB),  # numeric: no card that large
+        cuda(frameworks={"torch": ">=2.6,<2.9"}),  # version: 2.6.0.dev... is a pre-release of 2.6
+        cuda(frameworks={"torch": "==2.3.*"}),  # version: nobody has 2.3
+        cuda(min_cuda_compute_capability=(11, 0)),  # numeric: no such GPU
+        cuda(gpu_count=16),  # numeric: no host has 16
+        JobRequest(accelerator=Accelerator.MPS, gpu_count=1, requires_float64=True,
+                   workdir="/home/ana/proj0"),  # flag: Apple GPUs have no float64
+        cuda(gpu_memory_kind=MemoryKind.UNIFIED, gpu_memory_bytes=100 * GB),  # kind + numeric
+        cuda(os="darwin"),  # accelerator: only the Mac runs darwin
+        cuda(min_driver_version="590.0"),  # profile item: no driver that new
+        cuda(cuda_runtime=">=13.1"),  # profile item: no build that new
+    ]
+
+
+def bench_hints() -> None:
+    """The cost of nearest-miss hints per job that does not fit now, 64 workers; and the fit-only
+    path (explain_many, what the scheduler's passes use) before and after, which never computes them."""
+    from gpulayerd.core import hints as hints_module
+    from gpulayerd.core.matching import explain
+    from gpulayerd.core.verdict import Verdict
+
+    workers = make_workers(64)
+    queue = distinct_queue(make_queue(1_000, make_shapes(30)))
+    before = min(best_of(partial(explain_many, queue, workers, SUPPORT_MATRIX)))
+    judged = [(j, explain(j, workers, SUPPORT_MATRIX)) for j in [*make_shapes(200, seed=5), *_far_shapes()]]
+    missing = [(j, e) for j, e in judged if e.verdict is not Verdict.FITS_NOW]
+    found: list[int] = []
+
+    def all_hints() -> None:
+        found[:] = [len(hints_module.nearest_misses(j, workers, SUPPORT_MATRIX, e)) for j, e in missing]
+
+    best = min(best_of(all_hints)) / len(missing)
+    worst = max(min(best_of(partial(hints_module.nearest_misses, j, workers, SUPPORT_MATRIX, e), 3, 1.0))
+                for j, e in missing)
+    nowhere = sum(1 for _, e in missing if e.verdict is Verdict.FITS_NOWHERE)
+    print(f"hints 64 workers x {len(missing)} jobs not fitting now ({nowhere} nowhere, "
+          f"{len(missing) - nowhere} busy/offline; {sum(found)} hints, {sum(1 for n in found if n)} jobs with one): "
+          f"{_ms(best)} per job, worst job {_ms(worst)}  {verdict(best, 0.002)}")
+    after = min(best_of(partial(explain_many, queue, workers, SUPPORT_MATRIX)))
+    root = Path(__file__).resolve().parents[1] / "gpulayerd"
+    importers = [p.name for p in (root / "core" / "matching.py", root / "app" / "scheduler.py")
+                 if "core.hints" in p.read_text(encoding="utf-8")]
+    print(f"fit-only path (explain_many 64 workers x 1000 distinct jobs): {_ms(before)} before hints, "
+          f"{_ms(after)} after ({after / before:.2f}x); modules of the fit-only path that use hints: "
+          f"{', '.join(importers) or 'none'}")
+
+
 def bench_probe() -> None:
     try:
         from gpulayerd.gpu.environments import EnvironmentProber
@@ -272,6 +323,7 @@ def main() -> None:
     )
     print(f"timings: time.perf_counter, best of {RUNS} for explain; median shown against probe targets")
     bench_explain()
+    bench_hints()
     bench_probe()
 
 

@@ -19,6 +19,10 @@ def _parser() -> argparse.ArgumentParser:
         description="The gpulayer daemon: probes this machine, keeps its job queue in SQLite, runs jobs "
         "and serves the local API on a unix socket. Runs in the foreground (the service files run it).",
     )
+    from gpulayerd import __version__
+
+    p.add_argument("--version", action="version", version=f"gpulayerd {__version__}",
+                   help="print the version and exit")
     p.add_argument("--system", action="store_const", const="system", dest="mode", default=None,
                    help="system mode, the lab install (same as mode = \"system\" in --config): run as root for "
                    "every local account, state in /var/lib/gpulayer, socket /run/gpulayer/gpulayerd.sock (0666; "
@@ -47,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mdns", action="store_false", dest="mdns", default=None,
                    help="do not advertise or browse over mDNS")
     p.add_argument("--interface", metavar="NAME", help="the LAN interface to advertise (default: all LAN ones)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="how much the daemon logs (stderr; default INFO)")
     return p
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulayerd.core.types import EnvironmentSnapshot, SupportMatrix
+from gpulayerd.gpu.apple import with_recommended_working_set
 from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, NvidiaSmi, discover_host
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.models import (
@@ -63,12 +64,26 @@ def build_capabilities(
         machine=inventory.machine,
         cpu_count=inventory.cpu_count,
         memory_total_bytes=inventory.memory_total_bytes,
-        devices=[DeviceModel.from_core(d) for d in inventory.devices],
+        devices=[DeviceModel.from_core(d) for d in with_recommended_working_set(inventory.devices, environments)],
         environments=[EnvironmentModel.from_core(e) for e in environments],
         health=[ProbeHealthModel.from_core(h) for h in inventory.health],
         notes=notes,
         taken_at=taken_at,
+        driver_cuda=_driver_cuda(inventory),
     )
+
+
+def _driver_cuda(inventory: HostInventory) -> str | None:
+    """The newest CUDA the NVIDIA driver supports: nvidia-smi's header as the probe read it, else the
+    driver -> CUDA table (:func:`gpulayerd.core.cuda_compat.driver_cuda_version`); None without a CUDA device."""
+    from gpulayerd.core.cuda_compat import driver_cuda_version, parse_driver_version
+    from gpulayerd.core.types import Accelerator
+
+    if inventory.driver_cuda is not None:
+        return inventory.driver_cuda
+
+    drivers = [d.driver_version for d in inventory.devices if d.accelerator is Accelerator.CUDA and d.driver_version]
+    return driver_cuda_version(max(drivers, key=lambda v: parse_driver_version(v) or (0,), default=None))
 
 
 def collect_capabilities(

@@ -20,15 +20,20 @@ they were, and refuses, unchanged, one owned by another account or writable by a
 
 from __future__ import annotations
 
-import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.gpu.cpus import default_cpu_slots
 from gpulayerd.models import format_validation_error
+from gpulayerd.sockets import (  # the socket rule, shared with the CLI (which must not import this module)
+    SYSTEM_RUNTIME_DIR,
+    SYSTEM_SOCKET_PATH,
+    default_runtime_dir,
+    socket_path_for,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,13 +43,8 @@ else:  # pragma: no cover
 __all__ = ["SYSTEM_RUNTIME_DIR", "SYSTEM_SOCKET_PATH", "SYSTEM_STATE_DIR", "ConfigError", "DaemonConfig",
            "default_runtime_dir", "default_state_dir", "socket_path_for"]
 
-SOCKET_NAME = "gpulayerd.sock"
 SYSTEM_STATE_DIR = Path("/var/lib/gpulayer")
 """System mode's state dir (0700, root's)."""
-SYSTEM_RUNTIME_DIR = Path("/run/gpulayer")
-"""System mode's socket dir (0755, root's; the socket is 0666)."""
-SYSTEM_SOCKET_PATH = SYSTEM_RUNTIME_DIR / SOCKET_NAME
-"""Where the CLI looks for the system daemon when no personal one answers."""
 
 
 class ConfigError(ValueError):
@@ -56,35 +56,6 @@ def default_state_dir() -> Path:
     from platformdirs import user_state_dir
 
     return Path(user_state_dir("gpulayer"))
-
-
-def default_runtime_dir() -> Path:
-    """platformdirs' user runtime dir (``$XDG_RUNTIME_DIR/gpulayer``), or a private dir in /tmp.
-
-    Falls back to ``/tmp/gpulayer-<uid>`` when the runtime dir cannot be created (no
-    login session, e.g. a container).
-    """
-    from platformdirs import user_runtime_dir
-
-    with warnings.catch_warnings():
-        # Without XDG_RUNTIME_DIR (no login session, e.g. a container or root in CI) platformdirs
-        # warns and falls back to /tmp/runtime-<uid>: a fine answer, not the user's concern.
-        warnings.simplefilter("ignore")
-        d = Path(user_runtime_dir("gpulayer"))
-    try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return d
-    except OSError:
-        return Path(f"/tmp/gpulayer-{os.getuid()}")
-
-
-def socket_path_for(state_dir: Path | None, runtime_dir: Path | None = None) -> Path:
-    """Where the local API socket lives for these settings (the CLI uses the same rule)."""
-    if runtime_dir is not None:
-        return runtime_dir / SOCKET_NAME
-    if state_dir is not None:
-        return state_dir / "run" / SOCKET_NAME
-    return default_runtime_dir() / SOCKET_NAME
 
 
 def _host_port(value: str, what: str) -> tuple[str, int]:
@@ -110,7 +81,8 @@ class DaemonConfig(BaseModel):
         device_lock_dir: machine-wide per-device lock files and ``gpulayerd.lock`` (one daemon per
             machine); the same for every daemon of the machine, whatever its mode.
         cpu_slots: how many CPU processes run at once (a distributed CPU job takes
-            ``nproc_per_node``); default: the number of logical CPUs.
+            ``nproc_per_node``); default: the CPUs this process may use (its affinity mask and
+            its cgroup's CPU quota, rounded down; not the host's count).
         probe_interval_s: how often hardware is probed again.
         nvidia_smi_timeout_s: hard limit for one nvidia-smi call.
         env_probe_timeout_s: hard limit for probing one interpreter.
@@ -236,8 +208,12 @@ class DaemonConfig(BaseModel):
 
     @property
     def effective_cpu_slots(self) -> int:
-        """``cpu_slots`` or the number of logical CPUs."""
-        return self.cpu_slots or os.cpu_count() or 1
+        """``cpu_slots``, else the CPUs this process may use (affinity and cgroup CPU quota).
+
+        See :func:`gpulayerd.gpu.cpus.usable_cpus`; read once per process and cached (the
+        daemon reads it from a thread at start-up).
+        """
+        return self.cpu_slots or default_cpu_slots()
 
     @classmethod
     def load(cls, path: Path | None, overrides: dict[str, object]) -> DaemonConfig:

@@ -38,6 +38,7 @@ from gpulayerd.app.ledger import Ledger
 from gpulayerd.app.local import LocalApi
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.member import GangMember
+from gpulayerd.app.metrics import MetricsService, StoreJobs, nvidia_path
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.ports import Directory, PeerTransport
@@ -199,6 +200,8 @@ class Services:
     member: GangMember
     ledger: Ledger
     usage: UsageService | None = None
+    runner: Runner | None = None
+    metrics: MetricsService | None = None
 
 
 def build(config: DaemonConfig, identity: Identity, store: Store, support: SupportMatrix, *,
@@ -239,7 +242,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                          stale_after_s=max(30.0, 3 * config.down_after_s))
     locks = DeviceLocks(config.device_lock_dir)
     runner = runner or Runner(config.runs_dir, grace_s=config.cancel_grace_s,
-                              poll_interval_s=config.watchdog_poll_interval_s, log_cap_bytes=config.log_cap_bytes)
+                              poll_interval_s=config.watchdog_poll_interval_s, log_cap_bytes=config.log_cap_bytes,
+                              use_zygote=True)
     starter = Starter(config, runner, clock)
     machine = Machine(
         config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
@@ -273,7 +277,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         cluster.bind_usage(usage)
     services = Services(
         signals=signals, machine=machine, worker=worker, cluster=cluster, owner=owner, jobs=jobs, gangs=gangs,
-        member=member, ledger=ledger, usage=usage,
+        member=member, ledger=ledger, usage=usage, runner=runner,
         recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
         scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
                             gangs=gangs, transport=transport, directory=node, support=support, signals=signals,
@@ -285,6 +289,13 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                      requesters=Requesters(mode=config.mode, admin_group=config.admin_group)),
     )
     services.api.bind_usage(usage, names)
+
+    async def locate_nvidia_smi() -> str | None:
+        return nvidia_path(await machine.capabilities())
+
+    # Live GPU metrics (GET /v1/metrics): one nvidia-smi -lms process, only while someone watches.
+    services.metrics = MetricsService(clock=clock, locate=locate_nvidia_smi, jobs=StoreJobs(store, ledger))
+    services.api.bind_metrics(services.metrics)
     # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
     remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
                              names=names, time_limit_s=min(3.0, config.peer_timeout_s))
@@ -326,9 +337,13 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     services: Services | None = None
     try:
         identity = await asyncio.to_thread(_prepare_state_dir, config)
+        await asyncio.to_thread(lambda: config.effective_cpu_slots)  # reads affinity/cgroups once, cached
         check_mode(identity, config.mode)  # ModeMismatch (a ValueError): enrolled in another mode
         store = await Store.open(config.db_path)
         services = build(config, identity, store, support)
+        if services.runner is not None and services.runner.zygote is not None:
+            # Warm before the first job (its Python start-up is paid once, here).
+            await asyncio.to_thread(services.runner.zygote.start)
         await services.recovery.recover()
         await services.gangs.recover()
         if services.cluster is not None:
@@ -368,8 +383,12 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             if services.cluster is not None:
                 await services.cluster.async_close()
             await services.signals.close()
+            if services.metrics is not None:
+                await services.metrics.close()
             await services.worker.close()
             services.machine.close()
+            if services.runner is not None:
+                await asyncio.to_thread(services.runner.close)
         if store is not None:
             await store.close()
         if stop is None:

@@ -9,6 +9,8 @@ import it.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -17,9 +19,11 @@ __all__ = [
     "age",
     "ago",
     "clock",
+    "cut",
     "device_state",
     "escape",
     "gb",
+    "http_error",
     "ljust",
     "mark",
     "memory",
@@ -27,6 +31,7 @@ __all__ = [
     "peers_down",
     "size",
     "table",
+    "terminal_columns",
     "text",
     "where",
     "width",
@@ -66,14 +71,46 @@ def escape(value: str) -> str:
     return "".join(out)
 
 
+_NARROW = frozenset(chr(c) for first, last in (
+    (0xA1, 0xAC), (0xAE, 0xFF), (0x100, 0x24F),  # Latin-1 (no NBSP, no soft hyphen), Latin Extended-A/B
+    (0x391, 0x3A1), (0x3A3, 0x3A9), (0x3B1, 0x3C9), (0x400, 0x45F),  # Greek and Cyrillic letters
+    (0x2010, 0x2027), (0x2030, 0x205E), (0x20AC, 0x20AC),  # dashes, quotes, bullets, "…", "‰", "€"
+    (0x2190, 0x21FF), (0x2200, 0x22FF),  # arrows, mathematical operators ("≈", "≤")
+    (0x2500, 0x259F), (0x25A0, 0x25FC), (0x2713, 0x2718),  # box drawing, blocks, shapes, "✓", "✗"
+) for c in range(first, last + 1))
+"""Characters outside ASCII that take one terminal cell (what ``wcwidth`` says of each: a unit test
+checks): :func:`width` counts text made of them and printable ASCII without importing ``wcwidth``."""
+
+
+def terminal_columns(fallback: int = 80) -> int:
+    """Columns of the terminal: ``COLUMNS`` when it is a positive integer, else the width of the
+    terminal on stdout, else ``fallback`` (what ``shutil.get_terminal_size().columns`` answers,
+    without importing ``shutil``: ~2 ms of every CLI start)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    stdout = sys.__stdout__
+    try:
+        columns = 0 if stdout is None else os.get_terminal_size(stdout.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return columns or fallback
+
+
 def width(value: str) -> int:
     """Terminal cells ``value`` takes: 2 for each wide (e.g. CJK) character, 0 for combining marks.
 
     Control characters count as 0 (escape them first with :func:`escape` to show them).
     """
-    if value.isascii() and value.isprintable():
+    if value.isascii():
+        if value.isprintable():
+            return len(value)
+    elif all(ch in _NARROW or " " <= ch <= "~" for ch in value):  # e.g. "—", "…", "✓", "é": no wcwidth
         return len(value)
-    from wcwidth import wcswidth, wcwidth  # imported on first use: start-up time of the CLI
+    from wcwidth import wcswidth, wcwidth  # imported on first use (~12 ms): start-up time of the CLI
 
     n = wcswidth(value)
     if n >= 0:
@@ -86,6 +123,50 @@ def ljust(value: str, cells: int) -> str:
     return value + " " * max(0, cells - width(value))
 
 
+def cut(value: str, cells: int) -> str:
+    """``value`` cut to at most ``cells`` terminal cells, ending in "…" when cut (wide characters
+    are never split in half); unchanged when it fits."""
+    if width(value) <= cells:
+        return value
+    if cells <= 0:
+        return ""
+    out, used = [], 0
+    for ch in value:
+        w = width(ch)
+        if used + w > cells - 1:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out) + "…"
+
+
+_HTTP_WORDS = {
+    400: "the daemon refused the request as malformed",
+    401: "the daemon did not accept who is asking",
+    403: "the daemon does not allow this",
+    404: "the daemon does not know what was asked for",
+    405: "the daemon does not offer this (an older or newer gpulayerd?)",
+    413: "the request is too large for the daemon (a job spec with a huge command or environment?)",
+    500: "the daemon failed with an internal error (its log says more)",
+    503: "the daemon is not ready (starting or stopping)",
+}
+
+
+def http_error(status: int, body: bytes | str) -> str:
+    """A sentence for an HTTP error whose body is not the API's JSON error, e.g. aiohttp's
+    ``b'Maximum request body size 4194304 exceeded, actual body size 5000000'`` for HTTP 413:
+    "the request is too large for the daemon (...) (HTTP 413: Maximum request body size ...)".
+
+    The body's first line is decoded (UTF-8, bad bytes replaced), cut to 200 characters and
+    escaped: it is shown on a terminal.
+    """
+    raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    detail = escape(one_line(raw.strip(), 200))
+    words = _HTTP_WORDS.get(status) or (
+        "the daemon refused the request" if 400 <= status < 500 else "the daemon failed to answer")
+    return f"{words} (HTTP {status}" + (f": {detail})" if detail else ")")
+
+
 def gb(n_bytes: int | None, digits: int = 1) -> str:
     """Bytes as decimal GB ("24.0 GB"), or "—" when unknown."""
     return DASH if n_bytes is None else f"{n_bytes / GB:.{digits}f} GB"
@@ -94,14 +175,12 @@ def gb(n_bytes: int | None, digits: int = 1) -> str:
 def memory(total_bytes: int | None, used_bytes: int | None, kind: str | None) -> str:
     """Device memory as "used / total GB kind", e.g. "1.2 / 24.0 GB dedicated".
 
-    Unified memory (system RAM shared with the CPU) says "unified (system RAM)".
+    Unified memory (system RAM shared with the CPU) says "unified (system RAM)"; an unknown
+    total is just "—".
     """
     if total_bytes is None:
-        head = f"{DASH} GB"
-    elif used_bytes is None:
-        head = gb(total_bytes)
-    else:
-        head = f"{used_bytes / GB:.1f} / {total_bytes / GB:.1f} GB"
+        return DASH  # not "— GB dedicated": nothing is known
+    head = gb(total_bytes) if used_bytes is None else f"{used_bytes / GB:.1f} / {total_bytes / GB:.1f} GB"
     if kind == "unified":
         return f"{head} unified (system RAM)"
     return f"{head} {kind}" if kind else head
@@ -113,8 +192,11 @@ def mark(ok: bool | None) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> str:
-    """A plain left-aligned text table, columns measured in terminal cells; None cells print as "—"."""
-    cells = [[text(c) for c in r] for r in rows]
+    """A plain left-aligned text table, columns measured in terminal cells; None cells print as "—".
+
+    Every cell goes through :func:`escape` (cells may hold users' or peers' text).
+    """
+    cells = [[escape(text(c)) for c in r] for r in rows]
     widths = [width(h) for h in headers]
     for r in cells:
         for i, c in enumerate(r):

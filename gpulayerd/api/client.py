@@ -27,6 +27,8 @@ from gpulayerd.models import (
     SubmitRequest,
     UserUsageView,
 )
+from gpulayerd.models.metrics import MetricsView
+from gpulayerd.text import http_error
 
 __all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable"]
 
@@ -109,7 +111,7 @@ class DaemonClient:
                     try:
                         err = ApiErrorBody.model_validate_json(raw)
                     except ValidationError:
-                        err = ApiErrorBody(code="http_error", message=f"HTTP {resp.status}: {raw[:200]!r}")
+                        err = ApiErrorBody(code="http_error", message=http_error(resp.status, raw))
                     raise ApiRequestError(resp.status, err)
                 return raw
         except aiohttp.ClientConnectorError as e:
@@ -139,6 +141,12 @@ class DaemonClient:
     async def users(self) -> list[UserUsageView]:
         """``GET /v1/users``: fair share, every user known in priority order, with what each holds now."""
         return _USERS.validate_json(await self._request("GET", "/v1/users"))
+
+    async def metrics(self) -> MetricsView:
+        """``GET /v1/metrics``: this machine's GPUs now (utilisation, memory, temperature, power,
+        processes). Each call keeps the daemon's sampler running a few seconds more: poll it
+        while the metrics are shown, stop when they are not."""
+        return MetricsView.model_validate_json(await self._request("GET", "/v1/metrics"))
 
     async def submit(self, spec: dict[str, Any], submitted_by: str = "", path: str = "") -> JobView:
         """``POST /v1/jobs``; the spec as a mapping (TOML or flags, workdir resolved).
@@ -202,7 +210,7 @@ class DaemonClient:
                     try:
                         err = ApiErrorBody.model_validate_json(raw)
                     except ValidationError:
-                        err = ApiErrorBody(code="http_error", message=f"HTTP {resp.status}: {raw[:200]!r}")
+                        err = ApiErrorBody(code="http_error", message=http_error(resp.status, raw))
                     raise ApiRequestError(resp.status, err)
                 event, data = "", ""
                 async for raw_line in resp.content:

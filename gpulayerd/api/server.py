@@ -29,11 +29,13 @@ from pydantic import BaseModel
 from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.errors import GpulayerError
 from gpulayerd.feed import Change, ChangeFeed
+from gpulayerd.jobs_query import JobsQuery
 from gpulayerd.models import (
     ApiErrorBody,
     Capabilities,
     ExplanationModel,
     HealthView,
+    JobSpec,
     JobView,
     LogChunk,
     PeerView,
@@ -41,6 +43,7 @@ from gpulayerd.models import (
     SubmitRequest,
     UserUsageView,
 )
+from gpulayerd.models.metrics import MetricsView
 from gpulayerd.requester import PeerCredentials, Requester, peer_credentials
 
 __all__ = ["ApiError", "LocalService", "LocalSocket", "make_local_app", "start_unix_site"]
@@ -88,10 +91,13 @@ class LocalService(Protocol):
         ...
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
-                              scope: str = "local", requester: Requester | None = None) -> list[JobView]:
+                              scope: str = "local", requester: Requester | None = None,
+                              query: JobsQuery | None = None) -> list[JobView]:
         """Jobs in submission order (without history); ``scope="cluster"`` adds the peers' jobs.
 
-        Every user's jobs; the spec of one that is not ``requester``'s is concealed.
+        Every user's jobs; the spec of one that is not ``requester``'s is concealed. ``query``:
+        one user's, the latest finished, the last N (it sets ``query.left_out``); the route
+        passes it only when asked, so services without it still serve the plain listing.
         """
         ...
 
@@ -120,6 +126,10 @@ class LocalService(Protocol):
 
     async def async_users(self) -> list[UserUsageView]:
         """Fair share: every user known, in priority order, with usage and what each holds now."""
+        ...
+
+    async def async_metrics(self) -> MetricsView:
+        """Live GPU metrics of this machine; asking renews the watch that keeps the sampler running."""
         ...
 
 
@@ -216,12 +226,33 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         return _json(await service.async_submit(body, _requester(request)), status=201)
 
     async def list_jobs(request: web.Request) -> web.Response:
-        statuses = request.query.getall("status", []) or None
+        # ?state= (or status=, repeatable or comma-separated) &user= &finished=N (the N latest
+        # finished jobs, every other kept) &limit=N (the N latest) &fields=id,status,spec.user
+        # (only these of each job; absent: all). Header X-Gpulayer-Left-Out: how many jobs
+        # finished/limit left out.
+        q = request.query
+        statuses = [s for v in [*q.getall("status", []), *q.getall("state", [])] for s in v.split(",") if s] or None
         limit = _int_param(request, "limit", None)
-        scope = request.query.get("scope", "local")
+        scope = q.get("scope", "local")
         if scope not in ("local", "cluster"):
             raise ApiError(400, "bad_request", "scope must be one of: local, cluster")
-        return _json(await service.async_list_jobs(statuses, limit, scope, _requester(request)))
+        include = _fields_param(q.get("fields"))
+        user, finished = q.get("user"), _int_param(request, "finished", None)
+        if user is None and finished is None and include is None:
+            jobs = await service.async_list_jobs(statuses, limit, scope, _requester(request))
+            left_out = 0
+        else:
+            query = JobsQuery(user=user, finished=finished, limit=limit,
+                              explanations=include is None or "explanation" in include)
+            jobs = await service.async_list_jobs(statuses, None, scope, _requester(request), query=query)
+            left_out = query.left_out
+        headers = {"X-Gpulayer-Left-Out": str(left_out)}
+        if include is None:
+            resp = _json(jobs)
+            resp.headers.update(headers)
+            return resp
+        body = "[" + ",".join(j.model_dump_json(include=include) for j in jobs) + "]"
+        return web.Response(text=body, content_type="application/json", headers=headers)
 
     async def get_job(request: web.Request) -> web.Response:
         return _json(await service.async_get_job(request.match_info["job"], _requester(request)))
@@ -247,6 +278,9 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
 
     async def users(_: web.Request) -> web.Response:
         return _json(await service.async_users())
+
+    async def metrics(_: web.Request) -> web.Response:
+        return _json(await service.async_metrics())
 
     async def events(request: web.Request) -> web.StreamResponse:
         # Server-sent events: the first is always ``resync`` (the subscription is live: read
@@ -293,12 +327,40 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     app.router.add_get("/v1/jobs/{job}/logs", logs)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/users", users)
+    app.router.add_get("/v1/metrics", metrics)
     return app
 
 
 def _sse(change: Change) -> bytes:
     data = json.dumps({"kind": change.kind, "key": change.key}, separators=(",", ":"))
     return f"event: {change.kind}\ndata: {data}\n\n".encode()
+
+
+_JOB_FIELDS = frozenset([*JobView.model_fields, *JobView.model_computed_fields])
+_SPEC_FIELDS = frozenset(JobSpec.model_fields)
+
+
+def _fields_param(raw: str | None) -> dict[str, Any] | None:
+    """``fields=id,status,spec.user`` as pydantic's ``include`` (``id`` always); None when absent.
+
+    Raises:
+        ApiError: 400 naming an unknown field and the known ones.
+    """
+    if raw is None:
+        return None
+    include: dict[str, Any] = {"id": True}
+    for name in (n.strip() for n in raw.split(",")):
+        if not name:
+            continue
+        top, _, sub = name.partition(".")
+        if top not in _JOB_FIELDS or (sub and (top != "spec" or sub not in _SPEC_FIELDS)):
+            raise ApiError(400, "bad_request", f"fields: unknown field {name!r}; fields: "
+                           f"{', '.join(sorted(_JOB_FIELDS))}, spec.<{'|'.join(sorted(_SPEC_FIELDS))}>")
+        if not sub:
+            include[top] = True
+        elif include.get(top) is not True:
+            include.setdefault(top, {})[sub] = True
+    return include
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:

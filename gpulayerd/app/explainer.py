@@ -24,7 +24,11 @@ from pathlib import Path
 
 from gpulayerd import text as fmt
 from gpulayerd.core.claims import JobStatus
-from gpulayerd.models import ExplanationModel, JobStateModel, LogChunk
+from gpulayerd.core.hints import nearest_misses
+from gpulayerd.core.matching import explain
+from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.verdict import Verdict
+from gpulayerd.models import ExplanationModel, HintModel, JobStateModel, LogChunk
 from gpulayerd.store import JobRow
 from gpulayerd.store.rows import AttemptRow, EventRow
 
@@ -35,6 +39,7 @@ __all__ = [
     "Tail",
     "build_state",
     "describe_exit",
+    "explain_with_hints",
     "local_tail",
     "remote_tail",
     "state_explanation",
@@ -257,3 +262,23 @@ def state_explanation(job_id: str, state: JobStateModel, base: ExplanationModel 
     if base is not None and state.status == JobStatus.REJECTED.value:
         out.rejections, out.workers, out.hosts_needed = base.rejections, base.workers, base.hosts_needed
     return out
+
+
+def explain_with_hints(req: JobRequest, workers: Sequence[WorkerSnapshot], support: SupportMatrix, *,
+                       origins: dict[str, str] | None = None) -> ExplanationModel:
+    """The explanation of a queued job (pure), with its nearest-miss hints when it fits nowhere
+    or only a busy or offline worker (:func:`gpulayerd.core.hints.nearest_misses`).
+
+    Only explanations asked for (``explain``, ``show``) compute hints, never a scheduling pass.
+
+    Args:
+        req: the job.
+        workers: this machine's snapshot and the peers'.
+        support: the support matrix.
+        origins: the spec's ``requirement_origins`` (a changed profile item names its profile).
+    """
+    e = explain(req, workers, support)
+    model = ExplanationModel.from_core(e)
+    if e.verdict is not Verdict.FITS_NOW:
+        model.hints = [HintModel.from_core(h) for h in nearest_misses(req, workers, support, e, origins=origins)]
+    return model

@@ -6,6 +6,7 @@ import os
 
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
+from gpulayerd.app.metrics import MetricsService
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.ports import Directory
@@ -13,6 +14,7 @@ from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.usage import UsageService
 from gpulayerd.feed import ChangeFeed
+from gpulayerd.jobs_query import JobsQuery
 from gpulayerd.models import (
     Capabilities,
     ExplanationModel,
@@ -23,6 +25,7 @@ from gpulayerd.models import (
     SubmitRequest,
     UserUsageView,
 )
+from gpulayerd.models.metrics import MetricsView
 from gpulayerd.requester import PeerCredentials, Requester, Requesters
 
 __all__ = ["LocalApi"]
@@ -84,16 +87,19 @@ class LocalApi:
         return await self._owner.submit(request, requester)
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
-                              scope: str = "local", requester: Requester | None = None) -> list[JobView]:
-        """See :meth:`OwnerService.list_jobs`; with ``scope="cluster"`` also the runs held here
-        whose owner did not answer (as this machine knows them), so the machine running a job
-        lists it even while its owner is down."""
-        jobs = await self._owner.list_jobs(statuses, limit, scope, requester)
+                              scope: str = "local", requester: Requester | None = None,
+                              query: JobsQuery | None = None) -> list[JobView]:
+        """See :meth:`OwnerService.list_jobs` (``query``: the daemon-side filters, see there); with
+        ``scope="cluster"`` also the runs held here whose owner did not answer (as this machine
+        knows them), so the machine running a job lists it even while its owner is down."""
+        jobs = await self._owner.list_jobs(statuses, limit, scope, requester, query=query)
         remote = self._remote_jobs()
         if scope != "cluster" or remote is None:
             return jobs
         held = await remote.held_views({j.id for j in jobs}, requester)
-        return jobs + [j for j in held if not statuses or j.status in statuses]
+        held = [j for j in held if (not statuses or j.status in statuses)
+                and (query is None or query.user is None or (j.spec.user or j.submitted_by) == query.user)]
+        return jobs + held
 
     # Any job of the cluster (RemoteJobs): a job owned elsewhere is asked of its owner, or of a
     # worker that holds a run of it when the owner does not answer.
@@ -142,6 +148,19 @@ class LocalApi:
         """The fair-share book that ``GET /v1/users`` reads (set once, at wiring)."""
         self._usage: UsageService | None = usage
         self._names: Names | None = names
+
+    # ------------------------------------------------------------------ live metrics (GET /v1/metrics)
+
+    def bind_metrics(self, metrics: MetricsService) -> None:
+        """The sampler that ``GET /v1/metrics`` reads and keeps running (set once, at wiring)."""
+        self._metrics: MetricsService | None = metrics
+
+    async def async_metrics(self) -> MetricsView:
+        """See :meth:`MetricsService.view`; unbound: no metrics, said so."""
+        metrics: MetricsService | None = getattr(self, "_metrics", None)
+        if metrics is None:
+            return MetricsView(available=False, message="this daemon samples no metrics")
+        return await metrics.view()
 
     async def async_users(self) -> list[UserUsageView]:
         """Every user known to fair share, in priority order (see :meth:`UsageService.views`)."""

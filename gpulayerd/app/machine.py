@@ -20,28 +20,43 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 
 from gpulayerd.app.accounts import Accounts, own_account
 from gpulayerd.app.clock import Clock
+from gpulayerd.app.envchecks import TorchChecks
 from gpulayerd.app.ledger import Ledger, process_trees
 from gpulayerd.app.signals import Signals
 from gpulayerd.capabilities import build_capabilities
 from gpulayerd.config import DaemonConfig
-from gpulayerd.core.types import Accelerator, EnvironmentSnapshot, ProbeStatus, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.types import (
+    Accelerator,
+    DeviceKind,
+    DeviceSnapshot,
+    DeviceState,
+    EnvironmentSnapshot,
+    ProbeHealth,
+    ProbeStatus,
+    SupportMatrix,
+    WorkerSnapshot,
+)
 from gpulayerd.gpu.command import run_command
-from gpulayerd.gpu.discovery import DiscoveryConfig, discover_host
+from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host
 from gpulayerd.gpu.environments import EnvironmentProber
-from gpulayerd.gpu.nvidia import NvidiaSmi, query_compute_apps
+from gpulayerd.gpu.nvidia import ComputeApps, NvidiaSmi, query_compute_apps
 from gpulayerd.models import Capabilities, DeviceModel
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.identity import lookup_user
 from gpulayerd.store import Store
 
-__all__ = ["ANOTHER_DAEMON", "Machine", "PathChecker"]
+__all__ = ["ANOTHER_DAEMON", "REPROBE_AFTER_S", "Machine", "PathChecker"]
 
 ANOTHER_DAEMON = "(another gpulayerd on this machine)"
+
+REPROBE_AFTER_S = 5.0
+"""Before a grant (``snapshot(refresh_apps=True)``), hardware is probed again (in a thread) when
+the last probe is older than this many seconds or failed: a GPU that vanished is not granted."""
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +225,12 @@ class Machine:
         self._clock = clock
         self._caps: Capabilities | None = None
         self._ready = asyncio.Event()
+        self._hw_at: float | None = None  # monotonic time of the last hardware probe; None: never probed
+        self._hw_failed = False
+        self._hw_lock = asyncio.Lock()
+        self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
+        self._env_lock = asyncio.Lock()  # orders a probe pass's environments with a torch check landing
+        self.torch_checks = TorchChecks(prober, signals, self._apply_environment)
         self.paths = PathChecker(clock, config.workdir_timeout_s)
         # Whose jobs run here (DESIGN §9): a personal worker runs its own account's only.
         self.accounts = Accounts(clock, mode=config.mode, user=own_account() if config.mode == "personal" else "",
@@ -227,14 +248,34 @@ class Machine:
 
     async def probe_once(self) -> None:
         """Probe devices (in a thread) and every configured interpreter; publish a change if any."""
-        inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
-        envs: list[EnvironmentSnapshot] = []
-        for interp in self._config.interpreters:
-            envs.append(await self._prober.async_probe(interp))
-        caps = build_capabilities(inventory, envs, self.node_id, self._clock.wall())
-        changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
-        self._caps = caps
+        started = self._clock.monotonic()
+        async with self._hw_lock:
+            inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+        self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
+        self._inventory = inventory
+        async with self._env_lock:
+            # Metadata first (or the cached full answer): torch's import-based check runs in the
+            # background and lands through _apply_environment (TorchChecks).
+            envs = await self.torch_checks.answers(self._config.interpreters)
+            caps = build_capabilities(inventory, envs, self.node_id, self._clock.wall())
+            changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
+            self._caps = caps
         self._ready.set()
+        if changed:
+            self._signals.devices_changed()
+            self._signals.wake()
+
+    async def _apply_environment(self, env: EnvironmentSnapshot) -> None:
+        """Take the full (torch-checked) snapshot of one interpreter, landed from the background:
+        capabilities are rebuilt with it, and the scheduler and peers are told when they changed
+        (a job waiting for the torch check is judged again)."""
+        async with self._env_lock:
+            if self._caps is None or self._inventory is None:
+                return
+            envs = [env if e.interpreter == env.interpreter else e.to_core() for e in self._caps.environments]
+            caps = build_capabilities(self._inventory, envs, self.node_id, self._clock.wall())
+            changed = _hardware_key(self._caps) != _hardware_key(caps)
+            self._caps = caps
         if changed:
             self._signals.devices_changed()
             self._signals.wake()
@@ -262,20 +303,21 @@ class Machine:
             for user in sorted({u for u, _ in workdirs if u}):
                 await self.accounts.exists(user)
         await self._ready.wait()
+        reprobed = await self._refresh_hardware() if refresh_apps else False
         assert self._caps is not None
         worker = self._caps.to_core()
         grants = {g.device_uuid: g.job_id for g in await self._store.runs.grants()}
         held = self._ledger.held_devices()
         ours = await asyncio.to_thread(process_trees, self._ledger.watchdog_pids())
-        apps = await self._compute_apps(worker) if refresh_apps else None
+        apps = await self._compute_apps(worker) if refresh_apps and not reprobed else None
         unclaimed = [d.uuid for d in worker.devices
                      if d.uuid and d.execution_supported and d.uuid not in grants and d.uuid not in held]
         elsewhere = await self._locks.async_locked_elsewhere(unclaimed) if unclaimed else set()
         devices = []
         for dev in worker.devices:
             d = dev
-            if apps is not None and d.accelerator is Accelerator.CUDA:
-                d = replace(d, foreign_pids=apps.get(d.uuid or "", ()))
+            if apps is not None and d.accelerator is Accelerator.CUDA and d.kind is DeviceKind.GPU:
+                d = with_apps(d, apps)
             granted_to = grants.get(d.uuid or "") or held.get(d.uuid or "")
             if granted_to is None and d.uuid in elsewhere:
                 granted_to = ANOTHER_DAEMON
@@ -307,23 +349,53 @@ class Machine:
         caps.max_gpus_per_user = worker.max_gpus_per_user
         return caps
 
-    async def _compute_apps(self, worker: WorkerSnapshot) -> Mapping[str, tuple[int, ...]] | None:
+    async def _compute_apps(self, worker: WorkerSnapshot) -> ComputeApps | None:
         """Fresh ``--query-compute-apps`` (processes come and go faster than the probe interval)."""
         if not any(d.accelerator is Accelerator.CUDA for d in worker.devices):
             return None
         health = next((h for h in worker.health if h.source == "nvidia-smi"), None)
-        if health is None or health.status is not ProbeStatus.OK or health.path is None:
+        if health is None or health.status not in (ProbeStatus.OK, ProbeStatus.DEGRADED) or health.path is None:
             return None
-        apps = await asyncio.to_thread(query_compute_apps, health.path, run_command,
+        return await asyncio.to_thread(query_compute_apps, health.path, run_command,
                                        self._config.nvidia_smi_timeout_s)
-        return apps.pids_by_uuid
+
+    async def _refresh_hardware(self) -> bool:
+        """Probe hardware again (off the event loop) if the last probe is older than
+        :data:`REPROBE_AFTER_S` or failed; True if it did. Environments are kept as they are."""
+        if self._hw_at is None:  # capabilities given by use_capabilities(): nothing to probe
+            return False
+        async with self._hw_lock:
+            started = self._clock.monotonic()
+            if self._hw_at is not None and started - self._hw_at < REPROBE_AFTER_S and not self._hw_failed:
+                return False
+            inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+            self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
+            self._inventory = inventory
+        assert self._caps is not None
+        fresh = build_capabilities(inventory, [], self.node_id, self._clock.wall())
+        caps = self._caps.model_copy(update={"devices": fresh.devices, "health": fresh.health,
+                                             "taken_at": fresh.taken_at})
+        changed = _hardware_key(self._caps) != _hardware_key(caps)
+        self._caps = caps
+        if changed:
+            self._signals.devices_changed()
+        return True
 
     def gpu_counts(self) -> tuple[int | None, int | None]:
-        """(schedulable GPUs, free ones) for the mDNS TXT record; (None, None) before the first probe."""
+        """(schedulable GPUs, free ones) for the mDNS TXT record; (None, None) before the first probe.
+
+        Free GPUs, not GPU jobs: every GPU that this daemon's starting or running attempts and
+        gang holds take (a 4-GPU job takes 4) is not free. A hint for peers: the matcher
+        still decides on the worker's full snapshot.
+        """
         if self._caps is None:
             return None, None
-        devs = [d for d in self._caps.devices if d.execution_supported]
-        return len(devs), max(0, len(devs) - self._ledger.gpu_runs()) if devs else 0
+        devs = [d for d in self._caps.devices if d.execution_supported and d.state is DeviceState.OK
+                and not (d.kind is DeviceKind.GPU and d.mig_enabled)]  # a MIG parent: its instances count
+        if not devs:
+            return 0, 0
+        ours = sum(g for g, _ in self._ledger.holdings().values())
+        return len(devs), max(0, len(devs) - ours)
 
     def caps_digest(self) -> str:
         """Changes whenever what peers see of us (devices, grants, CPU slots, missing accounts) changes."""
@@ -338,10 +410,27 @@ class Machine:
         self.paths.close()
 
 
+def with_apps(d: DeviceSnapshot, apps: ComputeApps) -> DeviceSnapshot:
+    """Whole GPU ``d`` with the processes of a fresh ``--query-compute-apps``: unknown (never free
+    by default) when the query failed and printed no row for it."""
+    if apps.pids_by_uuid is not None:
+        return replace(d, foreign_pids=apps.pids_by_uuid.get(d.uuid or "", ()), processes_known=True)
+    rows = apps.valid_rows.get(d.uuid or "")
+    return replace(d, foreign_pids=rows, processes_known=True) if rows else replace(d, processes_known=False)
+
+
+def _hardware_failed(health: Iterable[ProbeHealth]) -> bool:
+    return any(h.status not in (ProbeStatus.OK, ProbeStatus.NOT_FOUND, ProbeStatus.NO_DEVICES) for h in health)
+
+
 def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
     return (
         tuple((d.uuid, d.index, d.memory_total_bytes, d.compute_capability, d.execution_supported,
-               tuple(d.foreign_pids)) for d in caps.devices),
+               tuple(d.foreign_pids), d.state, d.mig_enabled, d.driver_version) for d in caps.devices),
         tuple((h.source, h.status) for h in caps.health),
-        tuple((e.interpreter, e.ok, tuple(sorted(e.frameworks))) for e in caps.environments),
+        # Every environment fact the matcher reads: a torch check landing or a `pip install` wakes it.
+        tuple((e.interpreter, e.ok, e.python_version,
+               tuple((k, f.version, f.valid) for k, f in sorted(e.frameworks.items())),
+               tuple(sorted(e.cuda_builds.items())), e.torch_pending, e.torch_cuda, e.torch_mps,
+               e.distributed_backends, e.translated) for e in caps.environments),
     )

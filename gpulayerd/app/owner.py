@@ -19,6 +19,7 @@ from gpulayerd.app.logs import read_log
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.names import Names
 from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.app.profiles import expand_at_submit
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.starter import Starter
 from gpulayerd.core import claims
@@ -27,6 +28,7 @@ from gpulayerd.core.matching import explain, validate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import FitState, RejectionCode
 from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerUnreachable
+from gpulayerd.jobs_query import FINISHED_STATES, JobsQuery, select
 from gpulayerd.models import (
     AttemptView,
     EventView,
@@ -96,8 +98,11 @@ class OwnerService:
         itself (in-process callers and tests): the body's ``submitted_by`` and ``spec.user``
         are kept as given.
 
+        ``request.key`` (not empty): the submission key, unique per user; a submission whose key
+        was stored before stores nothing and answers that job (an idempotent retry; durable).
+
         Raises:
-            InvalidSpec: no absolute workdir, or a PATH with a NUL byte. SpecError: the spec does not parse.
+            InvalidSpec: no absolute workdir, a PATH with a NUL byte, a bad key. SpecError: the spec does not parse.
         """
         raw_workdir = request.spec.get("workdir")
         if not isinstance(raw_workdir, str) or not os.path.isabs(raw_workdir):
@@ -105,6 +110,8 @@ class OwnerService:
             raise InvalidSpec("job spec: workdir: must be an absolute path (the CLI resolves it)")
         if "\0" in request.path:
             raise InvalidSpec("path: must not contain a NUL byte")
+        if request.key and (len(request.key) > 128 or not request.key.isascii() or not request.key.isprintable()):
+            raise InvalidSpec("key: at most 128 printable ASCII characters (gpulayer submit makes a uuid4)")
         data = dict(request.spec)
         submitted_by = request.submitted_by
         if requester is not None:
@@ -112,6 +119,7 @@ class OwnerService:
             data["path"] = request.path or DEFAULT_JOB_PATH
         else:
             data["path"] = request.path or data.get("path") or DEFAULT_JOB_PATH
+        data = await expand_at_submit(data, personal=self._machine.accounts.mode == "personal")  # profile
         # The workdir is absolute: no base dir is needed (and Path.cwd() would touch the file system).
         spec = job_spec_from_mapping(data, source="job spec", base_dir="/")
         now = self._clock.wall()
@@ -131,15 +139,23 @@ class OwnerService:
             explanation_json=None if explanation is None else explanation.model_dump_json(),
             exit_code=None, submitted_at=now, updated_at=now, seq=None,
         )
-        stored = await self._store.jobs.insert_job(row, reason, stimulus_id=f"submit-{job_id}")
+        key = (submitted_by, request.key) if request.key else None
+        stored = await self._store.jobs.insert_job(row, reason, stimulus_id=f"submit-{job_id}", key=key)
+        if stored.id != job_id:  # a retry of a submission stored before: that job, as it is now
+            latest = await self._store.jobs.latest_attempts([stored.id] if stored.attempt > 0 else [])
+            return conceal(self._placed(self.view(stored), latest.get(stored.id)), requester)
         self._jobs.remember(job_id, spec)
         self._signals.job_changed(job_id)
         self._signals.wake()
         return self.view(stored)
 
     async def list_jobs(self, statuses: list[str] | None, limit: int | None, scope: str = "local",
-                        requester: Requester | None = None) -> list[JobView]:
+                        requester: Requester | None = None, query: JobsQuery | None = None) -> list[JobView]:
         """Jobs in submission order, without attempts and history.
+
+        ``query`` (:mod:`gpulayerd.jobs_query`): one user's jobs, the latest finished ones, the
+        last ``query.limit`` (then ``limit`` is not used); the stored rows are selected before any
+        view is built, and the merged list of the cluster again. ``query.left_out`` is set.
 
         ``scope="cluster"`` adds the jobs every trusted peer that is up owns (asked
         concurrently; a peer that does not answer in time is left out). Every user's jobs are
@@ -156,9 +172,13 @@ class OwnerService:
             except ValueError as e:
                 allowed = ", ".join(s.value for s in JobStatus)
                 raise BadRequest(f"status must be one of: {allowed}") from e
-        rows = await self._store.jobs.list_jobs(wanted, limit)
+        if query is not None and query.active:
+            rows = await self._select_rows(wanted, query)
+        else:
+            rows = await self._store.jobs.list_jobs(wanted, limit)
         latest = await self._store.jobs.latest_attempts([r.id for r in rows if r.attempt > 0])
-        local = [conceal(self._placed(self.view(r), latest.get(r.id)), requester) for r in rows]
+        explained = query is None or query.explanations
+        local = [conceal(self._placed(self.view(r, explained), latest.get(r.id)), requester) for r in rows]
         if scope != "cluster" or self._directory is None:
             return local
         peers = self._directory.up_ids()
@@ -172,6 +192,11 @@ class OwnerService:
                     j.owner_name = self._directory.name_of(peer)
                 merged.extend(conceal(j, requester) for j in res.jobs)
         merged.sort(key=lambda j: (j.submitted_at, j.id))
+        if query is not None:
+            left_here = query.left_out
+            merged = select(merged, query, _view_user, lambda j: j.status)
+            query.left_out += left_here
+            return merged
         return merged[-limit:] if limit else merged
 
     async def get_job(self, job_ref: str, requester: Requester | None = None) -> JobView:
@@ -184,6 +209,8 @@ class OwnerService:
         attempts = await self._store.jobs.attempts(row.id)
         events = await self._store.jobs.events(row.id)
         view = self.view(row)
+        if row.status is JobStatus.QUEUED and view.explanation is not None and view.explanation.verdict != "fits now":
+            view.explanation.hints = (await self._judge(row)).hints  # show: the ways forward, judged now
         view.attempts = []
         for a in attempts:
             raw = json.loads(a.placement_json or "{}")
@@ -216,13 +243,19 @@ class OwnerService:
         row = await self._jobs.row(job_ref)
         if row.status is not JobStatus.QUEUED:
             return await self._explain_state(row, requester)
+        fresh = _keep_fair_share(await self._judge(row), row)
         req = self._jobs.spec(row).to_core(row.id)
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
-        remote = self._directory.worker_snapshots() if self._directory is not None else []
-        fresh = _keep_fair_share(ExplanationModel.from_core(explain(req, [worker, *remote], self._support)), row)
         if requester is not None and not requester.may_manage(self.user_of(row)):
             fresh = hide_path(fresh, req.workdir)  # the job's user's (and admins') to see, like its spec
         return fresh
+
+    async def _judge(self, row: JobRow) -> ExplanationModel:
+        """A queued job judged against this machine and the peers now, with its nearest-miss hints."""
+        spec = self._jobs.spec(row)
+        req = spec.to_core(row.id)
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
+        remote = self._directory.worker_snapshots() if self._directory is not None else []
+        return explainer.explain_with_hints(req, [worker, *remote], self._support, origins=spec.requirement_origins)
 
     async def _explain_state(self, row: JobRow, requester: Requester | None) -> ExplanationModel:
         """``explain`` of a job that is not queued: its state section (see :func:`explainer.build_state`)."""
@@ -334,8 +367,24 @@ class OwnerService:
         """The user a job owned here belongs to: its spec's ``user``, else (older jobs) ``submitted_by``."""
         return self._jobs.spec(row).user or row.submitted_by or ""
 
-    def view(self, row: JobRow) -> JobView:
-        """The API's view of a job owned here (without attempts and history)."""
+    async def _select_rows(self, wanted: list[JobStatus] | None, query: JobsQuery) -> list[JobRow]:
+        """The stored rows ``query`` keeps (sets ``query.left_out``). Without a user, the latest
+        finished ones are read by SQL (newest first, ``LIMIT``), not every stored job."""
+        if query.user is not None or query.finished is None or query.limit is not None:
+            return select(await self._store.jobs.list_jobs(wanted, None), query, self.user_of, lambda r: r.status.value)
+        states = set(wanted) if wanted is not None else set(JobStatus)
+        done = {s for s in states if s.value in FINISHED_STATES}
+        rows = await self._store.jobs.list_jobs(states - done, None) if states - done else []
+        if done and query.finished > 0:
+            rows += reversed(await self._store.jobs.list_jobs(done, query.finished, newest_first=True))
+        rows.sort(key=lambda r: r.seq or 0)
+        counts = await self._store.jobs.counts()
+        query.left_out = max(0, sum(counts.get(s.value, 0) for s in done) - query.finished)
+        return rows
+
+    def view(self, row: JobRow, explanation: bool = True) -> JobView:
+        """The API's view of a job owned here (without attempts and history; without the last
+        explanation too when ``explanation`` is False: a listing that does not show it)."""
         return JobView(
             id=row.id, name=row.name, submitted_by=row.submitted_by, owner=self.node_id,
             owner_name=self._names.hostname, status=row.status.value,
@@ -345,7 +394,7 @@ class OwnerService:
             submitted_at=row.submitted_at, updated_at=row.updated_at, spec=self._jobs.spec(row),
             # The last matching is the answer only while the job waits (or was rejected at submit):
             # a running or finished job is told by `explain`'s state, never by a stale "fits".
-            explanation=(None if row.explanation_json is None
+            explanation=(None if row.explanation_json is None or not explanation
                          or row.status not in (JobStatus.QUEUED, JobStatus.REJECTED)
                          else ExplanationModel.model_validate_json(row.explanation_json)),
         )
@@ -446,6 +495,11 @@ class OwnerService:
     async def check_leases(self, grace_s: float) -> None:
         """Owner side of the lease tick: attempts whose lease ran out are lost."""
         await self._jobs.check_leases(grace_s)
+
+
+def _view_user(job: JobView) -> str:
+    """The user a listed job belongs to (its spec's ``user``; jobs from before users: ``submitted_by``)."""
+    return job.spec.user or job.submitted_by
 
 
 def _rank_member(job_id: str, attempt: int, tried: AttemptRow | None, rank: int) -> str | None:

@@ -12,11 +12,20 @@ of 2 on ws-1 (needs 2)``; one that fits only a peer now is offered to it (``Read
 A job that waits here while a user with less usage holds a device here (or waits ahead
 of it) says so: ``FairShare: fair share: alice used 6.1 GPU-h today, bob 0.2``. Then the
 worker claims the peers' offers that fit here now.
+
+Incremental: every (shape, worker) row and every shape's explanation is kept in a
+:class:`gpulayerd.core.shapes.ShapeBook` until that worker's snapshot changes, so a pass
+re-judges only what changed. A wake-up by the timer alone (no submit, exit, probe or peer
+change) skips the pass when nothing it reads can have changed (:meth:`Scheduler._idle`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import logging
+from collections import Counter
+from collections.abc import Hashable
 from dataclasses import replace
 
 from gpulayerd.api.peer import PeerCallError
@@ -30,9 +39,8 @@ from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import fairshare
-from gpulayerd.core.claims import JobStatus
-from gpulayerd.core.matching import evaluate, explain, job_signature
-from gpulayerd.core.reasons import reason_text
+from gpulayerd.core.claims import JobStatus, WorkerLoad, choose_target
+from gpulayerd.core.shapes import ShapeBook, freeze
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
 from gpulayerd.models import ExplanationModel, JobSpec
@@ -65,71 +73,273 @@ class Scheduler:
         self._clock = clock
         self._usage = usage
         self._offered: dict[str, tuple[str, float]] = {}  # our job -> (worker, when offered)
+        self.book = ShapeBook(support)  # kept rows and verdicts (gpulayerd.core.shapes)
+        self._reqs: dict[str, JobRequest] = {}  # queued job -> its request (specs never change)
+        self._busy = True  # the last pass left something that needs the timer (see _idle)
+        self._last_inputs: object = None  # peers and fair-share order the last pass saw
+        self.passes_skipped = 0
+        # The queue in memory (the store stays the truth: see _refresh).
+        self._queue: dict[str, JobRow] = {}  # queued job -> its row (without the stored explanation)
+        self._event = -1  # the last event of the store applied to it (-1: reload)
+        self._dropped = 0  # jobs that left the queue since the kept answers were last pruned
+        self._order: tuple[object, list[_Key]] | None = None  # (users' scores, the queue's keys, sorted)
+        self._unordered: list[str] = []  # jobs added since the order was last brought up to date
+        self._workdirs: set[tuple[str | None, str | None]] | None = None  # (user, workdir) pairs to check
+        self._settled: tuple[Hashable, WorkerSnapshot, set[str]] | None = None  # this machine after the last walk
+        self._told: dict[str, Explanation] = {}  # job -> the kept explanation its stored reason came from
+        self._users: Counter[str] = Counter()  # queued jobs per user
+        self._gang: set[str] = set()  # queued multi-host jobs (walked every pass)
 
     async def loop(self) -> None:
         """Pass after pass: at every wake-up, and at least every ``schedule_interval_s``."""
         await self._machine.wait_ready()
+        woken = True
         while True:
             self._signals.clear_wake()
-            await self.run_once()
+            if woken or not self._idle():
+                self._signals.stats["scheduler_passes"] += 1
+                await self.run_once()
+            else:
+                self.passes_skipped += 1
+                self._signals.stats["scheduler_passes_skipped"] += 1
+                await self._worker.take_offers()
             await self._signals.wait_wake(self._config.schedule_interval_s)
+            woken = self._signals.woken()
+
+    def _inputs(self) -> object:
+        """What a pass reads that changes without a wake-up: the peers' snapshots, the users' order."""
+        remote = self._directory.worker_snapshots() if self._directory is not None else []
+        order: list[str] = []
+        if self._usage is not None and self._reqs:
+            users = sorted({r.user for r in self._reqs.values()})
+            order = [c.user for c in self._usage.order(fairshare.Candidate(u, u, 0.0) for u in users)]
+        return (freeze(sorted(remote, key=lambda w: w.node_id)), tuple(order))
+
+    def _idle(self) -> bool:
+        """True when a timer-only pass would decide nothing new: the last pass left no job waiting
+        on a cause no event reports (a missing workdir or account, a process gpulayer did not start,
+        an offer to repeat, a multi-host job, a fair-share figure that decays), and neither the
+        peers' snapshots nor the users' fair-share order changed since."""
+        return not self._busy and self._inputs() == self._last_inputs
 
     async def run_once(self) -> None:
         """One scheduling pass over the queued jobs, then the peers' offers."""
-        queued = await self._store.jobs.list_jobs([JobStatus.QUEUED], None)
-        if queued:
-            await self._place(queued)
+        new = await self._refresh()
+        self._busy = False
+        if self._queue:
+            await self._place(new)
+        if self._dropped > max(64, len(self._queue) // 8):  # forget the shapes only jobs gone had
+            self._dropped = 0
+            self._reqs = {j: r for j, r in self._reqs.items() if j in self._queue}
+            self.book.retain(self._queue)
+        self._last_inputs = self._inputs()
         await self._worker.take_offers()
 
-    async def _place(self, queued: list[JobRow]) -> None:
-        specs = self._fair_order([(row, self._jobs.spec(row)) for row in queued])
-        workdirs = [(spec.user, spec.workdir) for _, spec in specs]
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=workdirs)
-        blocked: set[tuple[object, ...]] = set()  # signatures that did not fit here since the last claim
-        left: list[tuple[JobRow, JobSpec, JobRequest]] = []  # one-host jobs still queued after placing
-        for row, spec in specs:
-            req = spec.to_core(row.id)
+    # ------------------------------------------------------------------ the queue in memory
+
+    async def _refresh(self) -> list[str]:
+        """Bring the in-memory queue up to the store (the truth): the rows of the jobs with an
+        event since the last refresh, or every queued row at the first pass or when the count
+        of queued jobs disagrees. Returns the ids new to the queue, in submission order."""
+        jobs = self._store.jobs
+        if self._event >= 0:
+            head, count, rows = await jobs.queue_changes(self._event)
+            new: list[str] = []
+            for row in rows:
+                self._told.pop(row.id, None)  # its stored reason may have changed with the event
+                if row.status is JobStatus.QUEUED:
+                    if row.id not in self._queue:
+                        new.append(row.id)
+                    self._add(row)
+                else:
+                    self._drop(row.id)
+            self._event = head
+            if len(self._queue) == count:
+                return sorted(new, key=lambda j: self._queue[j].seq or 0)
+        head, _, _ = await jobs.queue_changes(1 << 62)  # changes after head are read again next time
+        queued = await jobs.list_jobs([JobStatus.QUEUED], None)
+        known = self._queue
+        self._dropped += len(known)
+        self._queue, self._users, self._told, self._gang = {}, Counter(), {}, set()
+        for row in queued:
+            self._add(row)
+        self._event, self._order, self._settled, self._workdirs = head, None, None, None
+        self._unordered = []
+        return [row.id for row in queued if row.id not in known]
+
+    def _add(self, row: JobRow) -> None:
+        """Keep ``row`` (queued) in the queue in memory."""
+        if row.id not in self._queue:
+            self._unordered.append(row.id)
+            spec = self._jobs.spec(row)
+            self._users[spec.user or ""] += 1
+            if self._workdirs is not None:
+                self._workdirs.add((spec.user, spec.workdir))
+        self._queue[row.id] = _slim(row)
+
+    def _drop(self, job_id: str) -> None:
+        """``job_id`` left the queue (claimed, cancelled, ...)."""
+        row = self._queue.pop(job_id, None)
+        self._told.pop(job_id, None)
+        self._gang.discard(job_id)
+        if row is not None:
+            self._dropped += 1
+            self._reqs.pop(job_id, None)
+            user = self._jobs.spec(row).user or ""
+            self._users[user] -= 1
+            if self._users[user] <= 0:
+                del self._users[user]
+
+    def _ordered(self) -> list[str]:
+        """The queue in fair-share order: :func:`gpulayerd.core.fairshare.order`'s key, kept sorted
+        while the users' ranking holds (new jobs inserted, jobs gone skipped), re-sorted when it changes."""
+        users = self._users_key()
+        q, spec = self._queue, self._jobs.spec
+        if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
+            scores = {u: sc for sc, u in users}
+            keys = sorted(_order_key(row, spec(row).user or "", scores) for row in q.values())
+            self._order = (users, keys)
+            self._workdirs = {(spec(row).user, spec(row).workdir) for row in q.values()}
+        else:
+            scores = {u: sc for sc, u in users}
+            keys = self._order[1]
+            for j in self._unordered:
+                if j in q:
+                    bisect.insort(keys, _order_key(q[j], spec(q[j]).user or "", scores))
+        self._unordered = []
+        return [k[2] for k in keys if k[2] in q]
+
+    def _users_key(self) -> tuple[tuple[float, str], ...]:
+        """Each user's rank by fair-share score (equal scores, equal ranks; 0 without a usage book):
+        the order of jobs depends on nothing else of the usage."""
+        if self._usage is None:
+            return tuple((0.0, u) for u in sorted(self._users))
+        usage = self._usage.usage()
+        scores = {u: fairshare.score(usage, u) for u in self._users}
+        rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
+        return tuple((rank[scores[u]], u) for u in sorted(self._users))
+
+    def _settled_for(self, worker: WorkerSnapshot) -> bool:
+        """Whether every job the last pass walked still cannot be placed here: this machine is as
+        that pass left it, but for the answers about paths no job of that pass has."""
+        if self._settled is None:
+            return False
+        frozen, old, workdirs = self._settled
+        if _without_paths(worker) != frozen:
+            return False
+        if (worker.existing_paths is None) != (old.existing_paths is None):
+            return False
+        changed = set((worker.existing_paths or frozenset()) ^ (old.existing_paths or frozenset()))
+        changed |= worker.unanswered_paths ^ old.unanswered_paths
+        changed |= {p for _, p in worker.denied_paths ^ old.denied_paths}
+        return not (changed & workdirs)
+
+    # ------------------------------------------------------------------ the pass
+
+    async def _place(self, new: list[str]) -> None:
+        fast_ids = set(new)
+        if self._workdirs is None:
+            self._ordered()
+        assert self._workdirs is not None
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=sorted(self._workdirs, key=_pair_key))
+        remote = self._directory.worker_snapshots() if self._directory is not None else []
+        self.book.observe([worker, *remote])
+        settled = self._settled_for(worker)
+        q, spec = self._queue, self._jobs.spec
+        if settled and new:
+            self._signals.stats["scheduler_new_jobs_first"] += 1
+            # Every job the last pass left here still cannot start here: place the new ones first
+            # (in their fair-share order), before the whole queue is walked for its reasons.
+            first = self._fair_order([(q[j], spec(q[j])) for j in new])
+            worker, placed = await self._walk(first, worker, remote)
+            fast_ids -= placed
+        ids = self._ordered()
+        # Settled: the jobs the last pass left still cannot start here; walk only the new ones, and gangs.
+        ids_walked = [j for j in ids if j in fast_ids or j in self._gang] if settled else ids
+        worker, _ = await self._walk([(q[j], spec(q[j])) for j in ids_walked if j in q], worker, remote)
+        self._settled = (_without_paths(worker), worker, {wd for _, wd in self._workdirs if wd is not None})
+        self._busy = self._busy or self.book.volatile(worker.node_id)
+        await self._reasons(ids, worker, remote)
+
+    async def _walk(self, specs: list[tuple[JobRow, JobSpec]], worker: WorkerSnapshot,
+                    remote: list[WorkerSnapshot]) -> tuple[WorkerSnapshot, set[str]]:
+        """Claim here, in order, each job of ``specs`` that fits here now (multi-host jobs go to
+        the gang coordinator). Returns this machine after the claims and the ids claimed."""
+        blocked: set[int] = set()  # shapes that did not fit here since the last claim
+        placed: set[str] = set()
+        for n, (row, spec) in enumerate(specs):
+            if n % _CHUNK == _CHUNK - 1:
+                await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
+            req = self._reqs.get(row.id)
+            if req is None:
+                req = self._reqs[row.id] = spec.to_core(row.id)
             if req.distributed is not None and req.distributed.nnodes > 1:
+                self._busy = True  # the gang coordinator keeps its own timers
+                self._gang.add(row.id)
                 await self._gangs.schedule(row, spec, req, worker)
                 continue
-            sig = job_signature(req)
-            if sig not in blocked:  # an identical job did not fit: neither does this one
-                ev = evaluate(req, worker, self._support)
-                if ev.placement is None:
-                    blocked.add(sig)
-                elif await self._worker.claim_local(row, spec, ev.placement):
-                    fresh = await self._machine.snapshot(refresh_apps=False)
-                    worker = replace(fresh, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
-                                     unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
-                    blocked.clear()
-                    continue
-            left.append((row, spec, req))
-        await self._reasons(left, worker)
+            sig = self.book.shape_of(req)
+            if sig in blocked:  # an identical job did not fit: neither does this one
+                continue
+            ev = self.book.row(req, worker)  # kept until this machine's snapshot changes
+            if ev.placement is None:
+                blocked.add(sig)
+            elif await self._worker.claim_local(row, spec, ev.placement):
+                placed.add(row.id)
+                self._drop(row.id)
+                fresh = await self._machine.snapshot(refresh_apps=False)
+                worker = replace(fresh, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
+                                 unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
+                self.book.observe([worker, *remote])
+                blocked.clear()
+        return worker, placed
 
-    async def _reasons(self, left: list[tuple[JobRow, JobSpec, JobRequest]], worker: WorkerSnapshot) -> None:
+    async def _reasons(self, ids: list[str], worker: WorkerSnapshot, remote: list[WorkerSnapshot]) -> None:
         """Offer each job that fits only a peer now to it; every other job records why it waits.
 
         Judged against ``worker`` as the placing left it (after this pass's claims) and the
         peers' last snapshots: identical jobs share one explanation (the fair-share part is
         each job's own), and each job's row is updated when its reason changed.
         """
-        remote = self._directory.worker_snapshots() if self._directory is not None else []
         usage = self._usage.usage() if self._usage is not None else {}
-        shared: dict[tuple[object, ...], Explanation] = {}
+        workers = [worker, *remote]  # as last observed by self.book
         waiting: list[str] = []  # users of the jobs that wait in this pass, in order
         offers: list[tuple[JobRow, JobSpec, str]] = []
-        for row, spec, req in left:
-            sig = job_signature(req)
-            e = shared.get(sig)
-            if e is None:
-                e = shared[sig] = explain(req, [worker, *remote], self._support)
-            e = replace(e, job_id=row.id)
+        loads = _peer_loads(remote)  # a burst spreads over every peer that fits (core.claims.choose_target)
+        writes: list[tuple[JobRow, str, Explanation]] = []  # reasons to store, a batch at a time
+        q, gang, reqs = self._queue, self._gang, self._reqs
+        for n, job_id in enumerate(ids):
+            if n % _CHUNK == _CHUNK - 1:
+                if len(writes) >= 256:
+                    await self._write_reasons(writes)
+                await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
+            row = q.get(job_id)
+            if row is None or job_id in gang:
+                continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
+            req = reqs.get(job_id)
+            if req is None:
+                req = reqs[job_id] = self._jobs.spec(row).to_core(job_id)
+            e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
             if e.placement is not None and e.placement.worker != self.node_id:
-                offers.append((row, spec, e.placement.worker))
-            else:
-                e = _with_fair_share(e, req, worker, usage, waiting)
+                spec = self._jobs.spec(row)
+                self._busy = True  # offers are repeated every offer_interval_s
+                e = _spread(e, loads, self._offered.get(row.id, ("", 0.0))[0] or None, self.node_id)
+                offers.append((row, spec, e.placement.worker if e.placement is not None else ""))
+            elif e.verdict is Verdict.FITS_BUT_BUSY:
+                fair = _with_fair_share(e, req, worker, usage, waiting)
+                self._busy = self._busy or fair is not e  # its figures decay with time
+                e = fair
                 waiting.append(req.user)
-            await self._set_reason(row, e)
+                self._told.pop(row.id, None)
+            else:
+                waiting.append(req.user)
+                if self._told.get(row.id) is e:
+                    continue  # the same judgement as when its reason was stored
+                self._told[row.id] = e
+            text = self.book.reason(e)
+            if text != row.reason:
+                writes.append((row, text, e))
+        await self._write_reasons(writes)
         for row, spec, target in offers:  # together, after the writes: a peer sees the pass's offers at once
             self._offer(row, spec, target)
 
@@ -142,12 +352,19 @@ class Scheduler:
                  for i, (row, spec) in enumerate(specs)]
         return [by_id[c.job_id] for c in self._usage.order(cands)]
 
-    async def _set_reason(self, row: JobRow, e: Explanation) -> None:
-        """Store ``e`` and its reason line (:func:`gpulayerd.core.reasons.reason_text`) when the line changed."""
-        text = reason_text(e)
-        if text != row.reason:
-            await self._store.jobs.set_explanation(row.id, text, ExplanationModel.from_core(e).model_dump_json())
+    async def _write_reasons(self, writes: list[tuple[JobRow, str, Explanation]]) -> None:
+        """Store each job's new reason line (:func:`gpulayerd.core.reasons.reason_text` of its
+        explanation) and explanation, in one transaction; empties ``writes``."""
+        if not writes:
+            return
+        items = [(row.id, text, ExplanationModel.from_core(e if e.job_id == row.id else replace(e, job_id=row.id))
+                  .model_dump_json()) for row, text, e in writes]
+        await self._store.jobs.set_explanations(items)
+        for row, text, _ in writes:
+            if row.id in self._queue:
+                self._queue[row.id] = replace(row, reason=text)
             self._signals.job_changed(row.id)
+        writes.clear()
 
     def _offer(self, row: JobRow, spec: JobSpec, target: str) -> None:
         """Offer a job that fits the peer ``target`` now to it (at most every ``offer_interval_s``)."""
@@ -171,6 +388,52 @@ class Scheduler:
             await self._transport.call(worker, "/v1/peer/offer", offer, Ack)
         except PeerCallError as e:
             log.info("job_id=%s: offer to %s failed: %s", offer.job_id, worker[:12], e)
+
+
+def _slim(row: JobRow) -> JobRow:
+    """``row`` as the queue in memory keeps it: without the stored explanation (only writes need it)."""
+    return replace(row, explanation_json=None) if row.explanation_json is not None else row
+
+
+_Key = tuple[float, float, str, str]
+_CHUNK = 128  # jobs judged between two turns of the event loop (about 0.2 ms)
+
+
+def _order_key(row: JobRow, user: str, scores: dict[str, float]) -> _Key:
+    """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
+    return (scores.get(user, 0.0), float(row.seq if row.seq is not None else 0), row.id, user)
+
+
+def _pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
+    return (pair[0] or "", pair[1] or "")
+
+
+def _without_paths(worker: WorkerSnapshot) -> Hashable:
+    """``worker`` frozen, but for its answers about paths."""
+    return freeze(replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset()))
+
+
+def _peer_loads(remote: list[WorkerSnapshot]) -> dict[str, WorkerLoad]:
+    """Each peer's busy CPU slots of its capacity, from its last snapshot."""
+    out: dict[str, WorkerLoad] = {}
+    for w in remote:
+        total = w.cpu_slots_total if w.cpu_slots_total is not None else (w.cpu_count or 1)
+        free = w.cpu_slots_free if w.cpu_slots_free is not None else total
+        out[w.node_id] = WorkerLoad(in_use=max(0, total - free), capacity=max(1, total))
+    return out
+
+
+def _spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None,
+            me: str) -> Explanation:
+    """``e`` placed on the peer :func:`gpulayerd.core.claims.choose_target` picks among the peers
+    (not ``me``) that fit now, counted into ``loads``, instead of always the lowest node id."""
+    rows = {r.worker: r for r in e.workers
+            if r.worker != me and r.state is FitState.FITS_NOW and r.placement is not None}
+    target = choose_target(sorted(rows), loads, previous)
+    if target is None:
+        return e
+    loads[target] = loads.get(target, WorkerLoad()).plus_one()
+    return replace(e, placement=rows[target].placement)
 
 
 def _with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, usage: dict[str, fairshare.Usage],

@@ -56,6 +56,10 @@ class Signals:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout_s)
 
+    def woken(self) -> bool:
+        """Whether a wake-up was asked for since the last :meth:`clear_wake`."""
+        return self._wake.is_set()
+
     def clear_wake(self) -> None:
         """Forget wake-ups asked for before now (a pass is about to start)."""
         self._wake.clear()

@@ -1,24 +1,27 @@
 """How CLI commands reach the local gpulayerd: the socket from the global flags, one call per run.
 
-:mod:`gpulayerd.api.client` (aiohttp) is imported only when a command calls the daemon.
+Commands call the daemon through :mod:`gpulayerd.cli.http` (synchronous, stdlib only): a
+``gpulayer`` process imports no aiohttp, pydantic or asyncio unless its command needs them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
 
 from gpulayerd.cli.errors import CommandFailed, UsageError
 
+TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
-    from gpulayerd.api.client import DaemonClient
+    from typing import TypeVar
+
+    from gpulayerd.cli.http import SyncClient
+
+    _T = TypeVar("_T")
 
 __all__ = ["call_daemon", "env_path", "socket_path", "try_daemon"]
-
-_T = TypeVar("_T")
 
 
 def env_path(name: str) -> Path | None:
@@ -36,7 +39,7 @@ def socket_path(args: argparse.Namespace) -> Path:
     4. the system daemon's, ``/run/gpulayer/gpulayerd.sock``, if it exists;
     5. else the personal one again (so that "not running" names it).
     """
-    from gpulayerd.config import SYSTEM_SOCKET_PATH, socket_path_for
+    from gpulayerd.sockets import SYSTEM_SOCKET_PATH, socket_path_for
 
     if args.socket is not None:
         return Path(args.socket)
@@ -50,52 +53,59 @@ def socket_path(args: argparse.Namespace) -> Path:
 
 def _answers(path: Path) -> bool:
     """Whether something accepts a connection on the unix socket at ``path`` (one connect, 1 s at most)."""
-    import socket
+    import _socket  # the C module: `socket` costs ~3 ms of start-up
 
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         s.settimeout(1.0)
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
     return True
 
 
-def call_daemon(args: argparse.Namespace, call: Callable[[DaemonClient], Awaitable[_T]]) -> _T:
-    """Run one client call against the local daemon and return its result.
+def call_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T], on_timeout: str = "") -> _T:
+    """Run ``call`` with a synchronous client of the local daemon (:mod:`gpulayerd.cli.http`) and return its result.
+
+    ``on_timeout``: what to add to the one-line message when the daemon does not answer in time
+    (default: how to check on it). The timeout is env ``GPULAYER_TIMEOUT`` (seconds, default 30).
 
     Raises:
-        CommandFailed: no daemon answers (with the command that starts one), or it failed the call.
+        CommandFailed: no daemon answers (with the command that starts one), it did not answer in
+            time (one line, never a traceback), or it failed the call.
         UsageError: the daemon refused the request as bad input (HTTP 400, 404, 422).
     """
-    import asyncio
-
-    from gpulayerd.api.client import ApiRequestError, DaemonClient, DaemonUnreachable
+    from gpulayerd.cli.http import ApiRequestError, DaemonTimeout, DaemonUnreachable, SyncClient
 
     sock = socket_path(args)
-
-    async def go() -> _T:
-        async with DaemonClient(sock) as client:
-            return await call(client)
-
     try:
-        return asyncio.run(go())
+        with SyncClient(sock) as client:
+            return call(client)
+    except DaemonTimeout as e:
+        hint = on_timeout or "it may be stopped or overloaded (gpulayer service status), or try again"
+        raise CommandFailed(f"gpulayerd did not answer within {e.timeout_s:g} s; {hint}") from None
     except DaemonUnreachable as e:
         if args.state_dir or args.socket:
             hint = f"gpulayerd --state-dir {args.state_dir} &" if args.state_dir else "gpulayerd &"
         else:
-            from gpulayerd.config import SYSTEM_SOCKET_PATH
+            from gpulayerd.sockets import SYSTEM_SOCKET_PATH
 
             hint = (f"gpulayerd & (a personal daemon), or on a lab machine ask its admin to start the system "
                     f"one (sudo gpulayer service install --system; socket {SYSTEM_SOCKET_PATH})")
-        raise CommandFailed(f"gpulayerd is not running ({e}). Start it with: {hint}") from e
+        raise CommandFailed(f"gpulayerd is not running ({e}). Start it with: {hint}") from None
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogates: JSON/URLs cannot carry them
+        bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+        byte = f" (byte 0x{ord(bad[0]) - 0xDC00:02x})" if bad and 0xDC80 <= ord(bad[0]) <= 0xDCFF else ""
+        raise UsageError(f"an argument is not valid UTF-8 text{byte}: gpulayerd takes UTF-8 only") from None
     except ApiRequestError as e:
         if e.status in (400, 404, 422):
-            raise UsageError(e.body.message) from e
-        raise CommandFailed(e.body.message) from e
+            raise UsageError(e.message) from None
+        raise CommandFailed(e.message) from None
 
 
-def try_daemon(args: argparse.Namespace, call: Callable[[DaemonClient], Awaitable[_T]]) -> _T | None:
+def try_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T]) -> _T | None:
     """Like :func:`call_daemon`, but None when the call fails (e.g. no daemon answers)."""
     try:
         return call_daemon(args, call)

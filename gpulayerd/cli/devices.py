@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.client import call_daemon, try_daemon
-from gpulayerd.cli.errors import EXIT_OK, UsageError
+from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
 
 if TYPE_CHECKING:
-    from gpulayerd.models import Capabilities
+    from gpulayerd.models import Capabilities, PeerView
 
 __all__ = ["add_parsers"]
 
@@ -37,7 +37,7 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     d.set_defaults(func=_cmd_devices)
 
     pe = sub.add_parser("peers", help="the gpulayerd peers this daemon knows: trusted or foreign, last heartbeat")
-    pe.add_argument("--json", action="store_true")
+    pe.add_argument("--json", action="store_true", help="print the peers as JSON (without capabilities)")
     pe.set_defaults(func=_cmd_peers)
 
     e = sub.add_parser(
@@ -82,7 +82,8 @@ def _local_capabilities(args: argparse.Namespace) -> Capabilities:
 def _cmd_devices(args: argparse.Namespace) -> int:
     from gpulayerd.cli.render import render_capabilities
 
-    peers = None if args.local or args.python else try_daemon(args, lambda c: c.peers())
+    raw = None if args.local or args.python else try_daemon(args, lambda c: c.peers())
+    peers = None if raw is None else _peer_views(raw)
     if peers is None:
         caps = _local_capabilities(args)
         if args.json:
@@ -105,10 +106,22 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _peer_views(raw: object) -> list[PeerView]:
+    """The daemon's ``/v1/peers`` answer as models (render_capabilities reads their properties)."""
+    from pydantic import TypeAdapter
+
+    from gpulayerd.models import PeerView
+
+    return TypeAdapter(list[PeerView]).validate_python(raw)
+
+
 def _cmd_peers(args: argparse.Namespace) -> int:
-    peers = call_daemon(args, lambda c: c.peers())
+    peers = call_daemon(args, lambda c: c.peers())  # decoded JSON (cli.http.Record): no models needed
     if args.json:
-        print("[" + ",".join(p.model_dump_json(exclude={"capabilities"}) for p in peers) + "]")
+        import json
+
+        print("[" + ",".join(json.dumps({k: v for k, v in p.items() if k != "capabilities"}, ensure_ascii=False,
+                                        separators=(",", ":")) for p in peers) + "]")
         return EXIT_OK
     now = time.time()
     rows = []
@@ -152,26 +165,50 @@ def _load_workers(directory: str) -> list[Capabilities]:
     return workers
 
 
+def _print_origins(args: argparse.Namespace) -> None:
+    """After ``explain JOB``: where the job's requirements come from, when it names a profile."""
+    from gpulayerd.cli.profiles import origin_lines
+
+    try:
+        spec = call_daemon(args, lambda c: c.job(args.job)).get("spec") or {}
+    except (UsageError, CommandFailed):
+        return
+    lines = origin_lines(spec.get("requirement_origins") or {}, spec.get("profile"))
+    if lines:
+        print("requirements:\n" + "\n".join(lines))
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     from gpulayerd.cli.render import render_explanation
+    from gpulayerd.core.hints import nearest_misses
     from gpulayerd.core.matching import explain
     from gpulayerd.gpu.support import SUPPORT_MATRIX
-    from gpulayerd.models import ExplanationModel, SpecError, load_job_spec
+    from gpulayerd.models import ExplanationModel, HintModel, SpecError, load_job_spec
 
     spec_path = Path(args.job)
     if not spec_path.is_file():
         if args.workers:
             raise UsageError(f"--workers needs a job spec file; {args.job} is not a file")
-        explanation = call_daemon(args, lambda c: c.explain(args.job))
+        explanation = ExplanationModel.model_validate(call_daemon(args, lambda c: c.explain(args.job)))
         if args.json:
             print(explanation.model_dump_json(indent=2))
         else:
             print(render_explanation(explanation, title=f"job {explanation.job_id}"))
+            _print_origins(args)
         return EXIT_OK
     try:
         spec = load_job_spec(spec_path, base_dir=spec_path.resolve().parent)
     except SpecError as e:
         raise UsageError(str(e)) from e
+    if spec.profile and not spec.requirement_origins:  # as submit would: the profile's items
+        from gpulayerd.cli.profiles import expand_spec
+        from gpulayerd.models import job_spec_from_mapping
+
+        try:
+            spec = job_spec_from_mapping(expand_spec(spec.model_dump(mode="json", exclude_none=True)),
+                                         source=str(spec_path), base_dir=spec_path.resolve().parent)
+        except SpecError as e:
+            raise UsageError(str(e)) from e
     job = spec.to_core(job_id=spec.name or spec_path.stem)
     if args.workers:
         workers = [c.to_core() for c in _load_workers(args.workers)]
@@ -180,9 +217,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         wd = job.workdir
         exists = frozenset({wd}) if wd is not None and Path(wd).is_dir() else frozenset()
         workers = [caps.to_core(existing_paths=exists)]
-    model = ExplanationModel.from_core(explain(job, workers, SUPPORT_MATRIX))
+    model = ExplanationModel.from_core(core := explain(job, workers, SUPPORT_MATRIX))
+    model.hints = [HintModel.from_core(h) for h in nearest_misses(job, workers, SUPPORT_MATRIX, core,
+                                                                  origins=spec.requirement_origins)]
     if args.json:
         print(model.model_dump_json(indent=2))
     else:
         print(render_explanation(model, title=f"job {job.job_id} ({spec_path})"))
+        if spec.profile:
+            from gpulayerd.cli.profiles import origin_lines
+
+            print("requirements:\n" + "\n".join(origin_lines(spec.requirement_origins, spec.profile)))
     return EXIT_OK

@@ -5,25 +5,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.client import call_daemon
 from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from gpulayerd.cli.jobs_table import columns_help
 
+TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
-    from gpulayerd.api.client import DaemonClient
+    from typing import Any
+
+    from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import JobView
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "add_spec_flags", "spec_body", "submit_job"]
 
 _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
 
 _TERMINAL = {"succeeded", "failed", "cancelled", "lost", "rejected"}
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
-               "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s")
+               "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
+               "min_driver_version", "cuda_runtime", "os")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -35,28 +38,18 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
         "the matched environment's interpreter. Exit 0 when queued, 1 when rejected (reasons printed), "
         "2 for a bad spec (nothing stored).",
     )
-    sb.add_argument("-f", "--file", type=Path, metavar="JOB.toml", help="job spec file")
-    sb.add_argument("--name")
-    sb.add_argument("--workdir", help="directory the job runs in (default: the current directory)")
-    sb.add_argument("--accelerator", choices=["cpu", "cuda", "mps", "rocm"])
-    sb.add_argument("--gpus", type=int, metavar="N", help="devices per host (default 1 for GPU accelerators)")
-    sb.add_argument("--gpu-memory-gb", type=float, metavar="X", help="per device, decimal GB (10^9 bytes)")
-    sb.add_argument("--gpu-memory-kind", choices=["dedicated", "unified"])
-    sb.add_argument("--min-cc", metavar="X.Y", help="minimum CUDA compute capability, e.g. 8.0")
-    sb.add_argument("--framework", action="append", metavar="SPEC", default=[],
-                    help="framework requirement, e.g. 'torch>=2.4' (repeatable)")
-    sb.add_argument("--requires-python", metavar="SPEC", help="interpreter version, e.g. '>=3.10'")
-    sb.add_argument("--nproc", type=int, metavar="N", help="torch.distributed processes per host")
-    sb.add_argument("--nnodes", type=int, metavar="N", help="hosts for a torch.distributed job")
-    sb.add_argument("--backend", choices=["gloo", "nccl"], help="torch.distributed backend")
-    sb.add_argument("--env", action="append", metavar="K=V", default=[], help="environment variable (repeatable)")
-    sb.add_argument("--retries", type=int, metavar="N", help="re-queue a lost attempt up to N times (default 0)")
-    sb.add_argument("--lease-s", type=float, metavar="S", help="lease length in seconds (default 30)")
+    add_spec_flags(sb)
     sb.add_argument("--json", action="store_true", help="print the stored job as JSON")
-    sb.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    sb.add_argument("--key", metavar="KEY",
+                    help="the submission key (default: a new uuid4): a rerun with the key of a submission that "
+                    "timed out gets the job stored then, never a second one")
     sb.set_defaults(func=_cmd_submit)
 
-    j = sub.add_parser("jobs", help="the job queue of every user: id, name, user, state, where, age, reason")
+    j = sub.add_parser(
+        "jobs", help="the job queue of every user: id, name, user, state, where, age, reason",
+        description="The job queue of every user, on every trusted peer too. Lines fit the terminal (COLUMNS, "
+        "else its width; not cut when piped): NAME and REASON are cut first, REASON keeps its code and "
+        "deciding words. Finished jobs beyond the 20 latest are hidden unless --all.")
     j.add_argument("--all", action="store_true", help="also every finished job (default: the 20 latest)")
     j.add_argument("--here", action="store_true",
                    help="only the jobs submitted to this daemon (default: every trusted peer's too)")
@@ -64,12 +57,15 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     who = j.add_mutually_exclusive_group()
     who.add_argument("--user", metavar="USER", help="only USER's jobs")
     who.add_argument("--mine", action="store_true", help="only my own jobs")
-    j.add_argument("--json", action="store_true")
+    j.add_argument("--wide", action="store_true", help="never cut a cell (lines as long as they need)")
+    j.add_argument("-o", "--format", metavar="COLS",
+                   help="the columns, a comma list like squeue's -o, e.g. id,state,name,reason. " + columns_help())
+    j.add_argument("--json", action="store_true", help="print the jobs as a JSON list (every field)")
     j.set_defaults(func=_cmd_jobs)
 
     sh = sub.add_parser("show", help="one job: spec, state, attempts, history, why it waits")
-    sh.add_argument("job", metavar="ID")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("job", metavar="ID", help="the job's id (gpulayer jobs lists them)")
+    sh.add_argument("--json", action="store_true", help="print the job as JSON (every field)")
     sh.set_defaults(func=_cmd_show)
 
     lg = sub.add_parser(
@@ -78,7 +74,7 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
         "A multi-host job: every rank's lines prefixed with [rank N], or --rank N. With -f: until the "
         "job ends, saying why it waits; the last line (on stderr) says how it ended, and the exit "
         "status is 0 when it succeeded, 1 otherwise.")
-    lg.add_argument("job", metavar="ID")
+    lg.add_argument("job", metavar="ID", help="the job's id")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.add_argument("--stderr", action="store_true", help="the standard error log instead of stdout")
     lg.add_argument("--attempt", type=int, metavar="N", help="an earlier attempt (default: the latest)")
@@ -86,14 +82,43 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     lg.set_defaults(func=_cmd_logs)
 
     c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM, grace, SIGKILL to its process group)")
-    c.add_argument("job", metavar="ID")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("job", metavar="ID", help="the job's id")
+    c.add_argument("--json", action="store_true", help="print the job as JSON after the request")
     c.set_defaults(func=_cmd_cancel)
 
 
-def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
-    from packaging.requirements import InvalidRequirement, Requirement
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """The job spec flags of ``submit`` and ``run``: ``-f JOB.toml``, or the requirement flags and ``-- CMD``."""
+    p.add_argument("-f", "--file", type=Path, metavar="JOB.toml", help="job spec file")
+    p.add_argument("--name", metavar="NAME",
+                   help="a name shown in listings (printable text: control characters are refused)")
+    p.add_argument("--workdir", help="directory the job runs in (default: the current directory)")
+    p.add_argument("--accelerator", choices=["cpu", "cuda", "mps", "rocm"],
+                   help="the device kind the job needs (default: cpu)")
+    p.add_argument("--gpus", type=int, metavar="N", help="devices per host (default 1 for GPU accelerators)")
+    p.add_argument("--gpu-memory-gb", type=float, metavar="X", help="per device, decimal GB (10^9 bytes)")
+    p.add_argument("--gpu-memory-kind", choices=["dedicated", "unified"],
+                   help="dedicated VRAM, or unified memory shared with the CPU (e.g. Apple silicon)")
+    p.add_argument("--min-cc", metavar="X.Y", help="minimum CUDA compute capability, e.g. 8.0")
+    p.add_argument("--framework", action="append", metavar="SPEC", default=[],
+                   help="framework requirement, e.g. 'torch>=2.4' (repeatable)")
+    p.add_argument("--requires-python", metavar="SPEC", help="interpreter version, e.g. '>=3.10'")
+    p.add_argument("--profile", metavar="NAME", help="a runtime profile (gpulayer profiles lists them); "
+                   "the requirements given here win over its items")
+    p.add_argument("--min-driver-version", metavar="X.Y.Z", help="oldest NVIDIA driver, e.g. 525.60.13")
+    p.add_argument("--cuda-runtime", metavar="SPEC", help="torch's CUDA build, e.g. '>=12.1' or '12.4'")
+    p.add_argument("--os", choices=["linux", "darwin"], help="the worker's operating system")
+    p.add_argument("--nproc", type=int, metavar="N", help="torch.distributed processes per host")
+    p.add_argument("--nnodes", type=int, metavar="N", help="hosts for a torch.distributed job")
+    p.add_argument("--backend", choices=["gloo", "nccl"], help="torch.distributed backend")
+    p.add_argument("--env", action="append", metavar="K=V", default=[], help="environment variable (repeatable)")
+    p.add_argument("--retries", type=int, metavar="N", help="re-queue a lost attempt up to N times (default 0)")
+    p.add_argument("--lease-s", type=float, metavar="S", help="lease length in seconds (default 30)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the command to run, after -- (a leading 'python' uses the matched environment)")
 
+
+def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
     if not args.cmd:
         raise UsageError("submit: give -f JOB.toml or a command after --")
     cmd = args.cmd[1:] if args.cmd[0] == "--" else args.cmd
@@ -102,19 +127,29 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
     req: dict[str, object] = {}
     for key, value in (("accelerator", args.accelerator), ("gpu_count", args.gpus),
                        ("gpu_memory_gb", args.gpu_memory_gb), ("gpu_memory_kind", args.gpu_memory_kind),
-                       ("min_cuda_compute_capability", args.min_cc), ("python", args.requires_python)):
+                       ("min_cuda_compute_capability", args.min_cc), ("python", args.requires_python),
+                       ("min_driver_version", args.min_driver_version), ("cuda_runtime", args.cuda_runtime),
+                       ("os", args.os)):
         if value is not None:
             req[key] = value
     frameworks: dict[str, str] = {}
     for text in args.framework:
+        from packaging.requirements import InvalidRequirement, Requirement  # 13 ms: only when asked
+
         try:
             r = Requirement(text)
         except InvalidRequirement as e:
             raise UsageError(f"--framework: {text!r} is not like 'torch>=2.4' ({e})") from e
+        if r.extras:  # refused as in a TOML spec
+            from gpulayerd.models.spec import extras_refusal
+
+            raise UsageError(f"--framework: {extras_refusal(r.name, r.extras, str(r.specifier))}")
         frameworks[r.name] = str(r.specifier)
     if frameworks:
         req["frameworks"] = frameworks
     spec: dict[str, object] = {"command": cmd, "requirements": req}
+    if args.profile:
+        spec["profile"] = args.profile
     if args.name:
         spec["name"] = args.name
     dist = {k: v for k, v in (("nproc_per_node", args.nproc), ("nnodes", args.nnodes),
@@ -137,78 +172,208 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
     return spec
 
 
-def _cmd_submit(args: argparse.Namespace) -> int:
-    from gpulayerd.models import SpecError, job_spec_from_mapping, load_job_spec
+def spec_body(args: argparse.Namespace) -> dict[str, object]:
+    """The spec to submit, from ``-f JOB.toml`` or the flags (:func:`add_spec_flags`), as JSON data,
+    its workdir resolved and checked to be a directory here.
 
-    try:
-        if args.file is not None:
-            if args.cmd and [c for c in args.cmd if c != "--"]:
-                raise UsageError("submit: give either -f JOB.toml or a command, not both")
-            flags = [f"--{k.replace('_', '-')}" for k in _SPEC_FLAGS if getattr(args, k) not in (None, [])]
-            if flags:
-                raise UsageError(f"submit: {', '.join(flags)} cannot be combined with -f; put them in the spec file")
-            spec = load_job_spec(args.file, base_dir=args.file.resolve().parent)
-        else:
-            spec = job_spec_from_mapping(_spec_from_flags(args), source="submit flags", base_dir=Path.cwd())
-    except SpecError as e:
-        raise UsageError(str(e)) from e
-    wd = spec.workdir or ""
+    Raises:
+        UsageError: a bad spec or flag, both -f and a command, or no such workdir.
+    """
+    # No pydantic here (a fast start): the daemon validates the spec and names each bad field.
+    if args.file is not None:
+        if args.cmd and [c for c in args.cmd if c != "--"]:
+            raise UsageError("submit: give either -f JOB.toml or a command, not both")
+        flags = [f"--{k.replace('_', '-')}" for k in _SPEC_FLAGS if getattr(args, k) not in (None, [])]
+        if flags:
+            raise UsageError(f"submit: {', '.join(flags)} cannot be combined with -f; put them in the spec file")
+        spec, base = _read_toml(args.file), args.file.resolve().parent
+    else:
+        spec, base = _spec_from_flags(args), Path.cwd()
+    if spec.get("profile"):  # expanded here, where the user's own profile file is readable
+        from gpulayerd.cli.profiles import expand_spec
+
+        spec = expand_spec(spec)
+    raw = spec.get("workdir")
+    if raw is not None and not isinstance(raw, str):
+        return spec  # the daemon names the bad field
+    wd = _resolve_workdir(raw, base)
+    spec["workdir"] = wd
     try:
         is_dir = Path(wd).is_dir()
     except OSError as e:  # e.g. a directory under another account's 0700 home
         raise UsageError(f"workdir: {wd}: {e.strerror or e}") from e
     if not is_dir:
         raise UsageError(f"workdir: {wd} does not exist or is not a directory")
-    body = spec.model_dump(mode="json", exclude_none=True)
+    return spec
+
+
+def _read_toml(path: Path) -> dict[str, object]:
+    """The spec file as a mapping (tomllib: no validation here).
+
+    Raises:
+        UsageError: it cannot be read, is not UTF-8, or is not TOML (naming the file).
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    try:
+        return dict(tomllib.loads(path.read_text(encoding="utf-8")))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: malformed TOML: {e}") from e
+    except RecursionError:  # tomllib recurses per nesting level: "[[[[...]]]]" would be a traceback
+        raise UsageError(f"{path}: malformed TOML: arrays or tables nested too deeply") from None
+
+
+def _resolve_workdir(raw: str | None, base: Path) -> str:
+    """The absolute workdir: ``raw`` with ``~`` expanded, relative to ``base``; ``base`` when None or empty
+    (the rule of :func:`gpulayerd.models.job_spec_from_mapping`).
+
+    Raises:
+        UsageError: ``~user`` names no user.
+    """
+    if not raw:
+        return os.path.normpath(base)
+    workdir = Path(raw)
+    if raw.startswith("~"):
+        expanded = os.path.expanduser(raw)
+        if expanded.startswith("~"):
+            raise UsageError(f"invalid job spec\nworkdir: cannot expand {raw!r} (no such user)")
+        workdir = Path(expanded)
+    if not workdir.is_absolute():
+        workdir = base / workdir
+    return os.path.normpath(workdir)
+
+
+def _uuid4() -> str:
+    """A new random uuid4 in its usual text form (what ``str(uuid.uuid4())`` gives, without the ~5 ms
+    import of ``uuid``)."""
+    b = bytearray(os.urandom(16))
+    b[6] = b[6] & 0x0F | 0x40  # version 4
+    b[8] = b[8] & 0x3F | 0x80  # RFC 4122 variant
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def submit_job(args: argparse.Namespace, body: dict[str, object]) -> Any:
+    """Submit ``body`` (:func:`spec_body`) with the submitter's ``PATH`` and a submission key
+    (``args.key``, else a new uuid4); the stored job (:class:`gpulayerd.cli.http.Record`).
+
+    When the daemon does not answer in time the one-line message names the key: rerunning with
+    ``--key`` gets that job if it was stored, never a second one (no automatic retry: a daemon
+    that is stopped would make the user wait twice).
+
+    Raises:
+        UsageError: the daemon refused the spec (the message names each bad field).
+        CommandFailed: no daemon, no answer in time, or another failure.
+    """
+    key = getattr(args, "key", None) or _uuid4()
     # The daemon takes the user from the kernel; the job runs with this shell's PATH.
     path = os.environ.get("PATH") or ""
-    job = call_daemon(args, lambda c: c.submit(body, path=path))
+    source = str(args.file) if getattr(args, "file", None) is not None else "submit flags"
+    try:
+        return call_daemon(args, lambda c: c.submit(body, path=path, key=key),
+                           on_timeout=f"the job may be queued: gpulayer jobs (rerun with --key {key} to get it, "
+                           "never a second one)")
+    except KeyboardInterrupt:  # Ctrl-C before the answer: the daemon may have stored the job all the same
+        print(f"gpulayer: interrupted before gpulayerd answered; the job may be queued: gpulayer jobs (rerun with "
+              f"--key {key} to get it, never a second one)", file=sys.stderr)
+        raise
+    except UsageError as e:
+        msg = str(e)
+        if msg.startswith("job spec: "):
+            msg = f"{source}: {msg.removeprefix('job spec: ')}"
+        raise UsageError(msg) from None
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    job = submit_job(args, spec_body(args))
     if args.json:
-        print(job.model_dump_json(indent=2))
+        print(_dumps(job, indent=2))
     else:
-        label = f"{job.id}" + (f" ({job.name})" if job.name else "")
+        label = f"{job.id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
         print(f"submitted job {label}: {job.status}")
         if job.status == "rejected":
-            print(f"  rejected: {job.reason}")
+            print(f"  rejected: {fmt.escape(job.reason)}")
     return EXIT_FAILURE if job.status == "rejected" else EXIT_OK
 
 
 def _cmd_jobs(args: argparse.Namespace) -> int:
-    from gpulayerd.cli.render import reason_cell
+    if args.format:
+        from gpulayerd.cli.jobs_table import parse_columns
+
+        parse_columns(args.format)  # a bad -o is a usage error before any call
 
     scope = "local" if args.here else "cluster"
+    user = _my_name() if args.mine else args.user
+    finished = None if args.all or args.state else 20
+    # The daemon filters (state, user, the 20 latest finished) and sends only the fields printed.
+    fields = None if args.json else _fields_for(args.format)
 
-    async def listed(c: DaemonClient) -> tuple[list[JobView], int]:
-        jobs = await c.jobs(statuses=args.state, scope=scope)
+    def listed(c: SyncClient) -> tuple[list[Any], int, int]:
+        jobs = c.jobs(states=args.state, scope=scope, user=user, finished=finished, fields=fields)
+        hidden = int(c.header("X-Gpulayer-Left-Out") or 0)
         if scope != "cluster":
-            return jobs, 0
+            return jobs, hidden, 0
         # Trusted peers that miss heartbeats were not asked (or did not answer): say so.
-        return jobs, sum(1 for p in await c.peers() if p.trusted and p.state in ("suspect", "down"))
+        return jobs, hidden, sum(1 for p in c.peers() if p.trusted and p.state in ("suspect", "down"))
 
-    jobs, down = call_daemon(args, listed)
+    jobs, hidden, down = call_daemon(args, listed)
     if down:
         print(fmt.peers_down(down), file=sys.stderr)
-    user = _my_name() if args.mine else args.user
-    if user is not None:
-        jobs = [j for j in jobs if _user_of(j) == user]
-    if not args.all and not args.state:
-        done = [j for j in jobs if j.status in _TERMINAL]
-        keep = {j.id for j in done[-20:]}
-        jobs = [j for j in jobs if j.status not in _TERMINAL or j.id in keep]
     if args.json:
-        print("[" + ",".join(j.model_dump_json() for j in jobs) + "]")
+        print("[" + ",".join(_dumps(j) for j in jobs) + "]")
         return EXIT_OK
-    now = time.time()
-    owners = {j.owner for j in jobs}
-    if len(owners) > 1:
-        rows = [[j.id, j.name, _user_of(j) or None, j.owner_name, j.status, _where(j),
-                 fmt.age(now - j.submitted_at), reason_cell(j)] for j in jobs]
-        print(fmt.table(["ID", "NAME", "USER", "OWNER", "STATE", "WHERE", "AGE", "REASON"], rows))
-        return EXIT_OK
-    rows = [[j.id, j.name, _user_of(j) or None, j.status, _where(j), fmt.age(now - j.submitted_at),
-             reason_cell(j)] for j in jobs]
-    print(fmt.table(["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"], rows))
+    print(_table(jobs, args))
+    if hidden:
+        print(f"{hidden} older job{'s' if hidden != 1 else ''} hidden (--all)", file=sys.stderr)
     return EXIT_OK
+
+
+def _table(jobs: list[JobView], args: argparse.Namespace) -> str:
+    """The text table: ``-o`` columns, else the default ones (OWNER when several daemons own jobs)."""
+    from gpulayerd.cli.jobs_table import DEFAULT, line_width, parse_columns, render_jobs
+
+    if args.format:
+        columns = parse_columns(args.format)
+    else:
+        columns = list(DEFAULT)
+        if len({j.owner for j in jobs}) > 1:
+            columns.insert(columns.index("user") + 1, "owner")
+    return render_jobs(jobs, columns, line_width(args.wide))
+
+
+_COLUMN_FIELDS: dict[str, tuple[str, ...]] = {
+    "id": (), "name": ("name",), "user": ("spec.user", "submitted_by"), "owner": ("owner", "owner_name"),
+    "state": ("status",), "where": ("where_node", "where_name", "where_devices", "where_hosts", "holder",
+                                    "holder_name"),
+    "age": ("submitted_at",), "code": ("reason_code",), "reason": ("reason", "reason_code"),
+    "exit": ("exit_code",), "attempt": ("attempt",), "submitted": ("submitted_at",),
+}
+"""The job fields (``GET /v1/jobs?fields=``) each column of ``gpulayer jobs`` reads."""
+
+
+def _fields_for(columns: str | None) -> list[str] | None:
+    """The fields to ask for the table's columns (``-o``, else the default ones and OWNER); None: all
+    (a column this map does not know)."""
+    from gpulayerd.cli.jobs_table import DEFAULT, parse_columns
+
+    names = parse_columns(columns) if columns else [*DEFAULT, "owner"]
+    if any(n not in _COLUMN_FIELDS for n in names):
+        return None
+    return sorted({"owner", "status", *(f for n in names for f in _COLUMN_FIELDS[n])})
+
+
+def _dumps(data: object, indent: int | None = None) -> str:
+    """JSON as the API's models print it (compact, or ``indent``; UTF-8 kept)."""
+    import json
+
+    return json.dumps(data, ensure_ascii=False, indent=indent, separators=None if indent else (",", ":"))
 
 
 def _user_of(j: JobView) -> str:
@@ -226,21 +391,15 @@ def _my_name() -> str:
         return f"uid {os.getuid()}"  # what the daemon calls an account without a name
 
 
-def _where(j: JobView) -> str | None:
-    """WHERE: the latest attempt's host and GPUs (kept after the job ends), else its holder."""
-    if j.where_node is not None or j.where_hosts:
-        return fmt.where(j.where_name or (j.where_node or "")[:12], j.where_devices, j.where_hosts)
-    return j.holder_name or (j.holder[:12] if j.holder else None)
-
-
 def _cmd_show(args: argparse.Namespace) -> int:
     from gpulayerd.cli.render import render_job
+    from gpulayerd.models import JobView  # render_job reads the model's properties
 
-    job = call_daemon(args, lambda c: c.job(args.job))
+    raw = call_daemon(args, lambda c: c.job(args.job))
     if args.json:
-        print(job.model_dump_json(indent=2))
+        print(_dumps(raw, indent=2))
         return EXIT_OK
-    print(render_job(job))
+    print(render_job(JobView.model_validate(raw)))
     return EXIT_OK
 
 
@@ -255,7 +414,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 def _cmd_cancel(args: argparse.Namespace) -> int:
     job = call_daemon(args, lambda c: c.cancel(args.job))
     if args.json:
-        print(job.model_dump_json(indent=2))
+        print(_dumps(job, indent=2))
     elif job.status in _TERMINAL and not job.cancel_requested and job.status != "cancelled":
         print(f"job {job.id} had already ended: {job.status}")
     elif job.cancel_requested and job.status not in _TERMINAL:

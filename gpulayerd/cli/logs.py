@@ -11,8 +11,8 @@ and ends with one line on stderr stating the outcome: exit 0 when the job succee
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
@@ -20,7 +20,7 @@ from gpulayerd import text as fmt
 from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_OK
 
 if TYPE_CHECKING:
-    from gpulayerd.api.client import DaemonClient
+    from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import JobView
 
 __all__ = ["POLL_S", "follow_logs", "outcome"]
@@ -86,10 +86,10 @@ def _tails(ranks: list[int | None], asked: int | None) -> list[_Tail]:
     return [_Tail(r, f"[rank {r}] " if many else "") for r in ranks]
 
 
-async def _drain(c: DaemonClient, job_id: str, t: _Tail, stream: str, attempt: int | None, out: TextIO) -> bool:
+def _drain(c: SyncClient, job_id: str, t: _Tail, stream: str, attempt: int | None, out: TextIO) -> bool:
     """Print what is new in ``t``'s log; True when the log is complete (the attempt ended)."""
     while True:
-        chunk = await c.logs(job_id, stream=stream, offset=t.offset, attempt=attempt, rank=t.rank)
+        chunk = c.logs(job_id, stream=stream, offset=t.offset, attempt=attempt, rank=t.rank)
         if t.attempt is not None and chunk.attempt != t.attempt:
             # A new attempt (a retry) began: its log starts at byte 0.
             t.flush(out)
@@ -100,17 +100,17 @@ async def _drain(c: DaemonClient, job_id: str, t: _Tail, stream: str, attempt: i
             t.emit(chunk.data, out)
             t.offset = chunk.next_offset
             continue
-        return chunk.complete
+        return bool(chunk.complete)
 
 
-async def _stderr_note(c: DaemonClient, job_id: str, t: _Tail, args: argparse.Namespace) -> None:
+def _stderr_note(c: SyncClient, job_id: str, t: _Tail, args: argparse.Namespace) -> None:
     """After a rank's stdout: its stderr when stdout was empty, else how many bytes stderr holds."""
     if t.printed == 0:
         err = _Tail(t.rank, t.prefix)
-        await _drain(c, job_id, err, "stderr", args.attempt, sys.stderr)
+        _drain(c, job_id, err, "stderr", args.attempt, sys.stderr)
         err.flush(sys.stderr)
         return
-    chunk = await c.logs(job_id, stream="stderr", offset=0, attempt=args.attempt, rank=t.rank)
+    chunk = c.logs(job_id, stream="stderr", offset=0, attempt=args.attempt, rank=t.rank)
     size = chunk.size if chunk.size is not None else len(chunk.data.encode())
     if size <= 0:
         return
@@ -120,20 +120,20 @@ async def _stderr_note(c: DaemonClient, job_id: str, t: _Tail, args: argparse.Na
     print(f"({who}: {fmt.size(size)}: gpulayer logs {flags} {job_id})", file=sys.stderr)
 
 
-async def follow_logs(c: DaemonClient, args: argparse.Namespace) -> int:
+def follow_logs(c: SyncClient, args: argparse.Namespace) -> int:
     """``gpulayer logs``: print the log(s) of ``args.job``; with ``args.follow`` until the job ends.
 
     Returns:
         0, or with ``-f`` 0 when the job succeeded and 1 when it ended otherwise.
     """
-    job = await c.job(args.job)
+    job = c.job(args.job)
     stream = "stderr" if args.stderr else "stdout"
     tails = _tails(_ranks(job, args.attempt, args.rank), args.rank)
     waited = ""
     while True:
         complete = True
         for t in tails:
-            complete = await _drain(c, job.id, t, stream, args.attempt, sys.stdout) and complete
+            complete = _drain(c, job.id, t, stream, args.attempt, sys.stdout) and complete
         if not args.follow:
             break
         ended = job.status in _TERMINAL
@@ -141,8 +141,8 @@ async def follow_logs(c: DaemonClient, args: argparse.Namespace) -> int:
             break
         if ended:
             break  # the job ended and every log was read once more after it
-        await asyncio.sleep(POLL_S)
-        job = await c.job(job.id)
+        time.sleep(POLL_S)
+        job = c.job(job.id)
         if job.status == "queued" and job.reason and job.reason != waited:
             waited = job.reason
             print(f"job {job.id} {job.status}: {fmt.escape(fmt.one_line(job.reason, 300))}", file=sys.stderr)
@@ -155,7 +155,7 @@ async def follow_logs(c: DaemonClient, args: argparse.Namespace) -> int:
         t.flush(sys.stdout)
     if stream == "stdout":
         for t in tails:
-            await _stderr_note(c, job.id, t, args)
+            _stderr_note(c, job.id, t, args)
     if not args.follow:
         return EXIT_OK
     if job.status not in _TERMINAL:

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
 
+TYPE_CHECKING = False  # `typing` costs ~2 ms of `gpulayer jobs`; mypy reads this name as true
 if TYPE_CHECKING:
-    from gpulayerd.models import AttemptView, Capabilities, ExplanationModel, JobView
+    from gpulayerd.models import AttemptView, Capabilities, DeviceModel, ExplanationModel, JobView, Requirements
+
+# gpulayerd.core.types (~17 ms with its dataclasses) is imported by the device renderers that use it:
+# `gpulayer jobs` reaches this module only for reason_cell.
 
 __all__ = ["reason_cell", "render_capabilities", "render_explanation", "render_job"]
 
@@ -20,17 +23,18 @@ __all__ = ["reason_cell", "render_capabilities", "render_explanation", "render_j
 def render_capabilities(caps: Capabilities) -> str:
     """The ``gpulayer devices`` report of one machine: devices, probe health, Python environments, notes."""
     out = [
-        f"{caps.hostname}  node {caps.node_id[:12]}  {fmt.text(caps.platform)}/{fmt.text(caps.machine)}",
+        _e(f"{caps.hostname}  node {caps.node_id[:12]}  {fmt.text(caps.platform)}/{fmt.text(caps.machine)}"),
         f"CPU: {fmt.text(caps.cpu_count)} logical cores   RAM: {fmt.gb(caps.memory_total_bytes)}",
         "",
         "Devices:",
     ]
     if caps.devices:
         rows = [
-            [d.index, d.accelerator.value, d.name, fmt.memory(d.memory_total_bytes, d.memory_used_bytes,
-                                                             None if d.memory_kind is None else d.memory_kind.value),
+            [d.index, _kind(d), _name(d), ("≈ " if d.memory_approximate else "")
+             + fmt.memory(d.memory_total_bytes, d.memory_used_bytes,
+                          None if d.memory_kind is None else d.memory_kind.value),
              d.compute_capability, d.driver_version, "yes" if d.execution_supported else "no (detection only)",
-             fmt.device_state(d.granted_to, d.foreign_pids)]
+             _state(d)]
             for d in caps.devices
         ]
         out.append(fmt.table(["IDX", "KIND", "NAME", "MEMORY", "CC", "DRIVER", "SCHEDULED", "STATE"], rows, "  "))
@@ -41,21 +45,68 @@ def render_capabilities(caps: Capabilities) -> str:
                          [[h.source, h.status.value, h.message or None] for h in caps.health], "  "))
     out += ["", "Python environments:"]
     for e in caps.environments:
-        out.append(f"  {e.interpreter}")
+        out.append(f"  {_e(e.interpreter)}")
         if not e.ok:
-            out.append(f"    broken: {'; '.join(e.notes)}")
+            out.append(f"    broken: {_e('; '.join(e.notes))}")
             continue
-        out.append(f"    python {fmt.text(e.python_version)}")
+        arch = "" if e.machine is None else f" ({e.machine}{' under Rosetta' if e.translated else ''})"
+        out.append(f"    python {_e(fmt.text(e.python_version))}{_e(arch)}")
         for name, f in sorted(e.frameworks.items()):
             extra = "" if f.distribution == name else f" (from {f.distribution})"
             bad = "" if f.valid else "  [not a PEP 440 version]"
-            out.append(f"    {name} {f.version}{extra}{bad}")
-        if "torch" in e.frameworks:
+            version = f.version if f.version is not None else f"version unknown ({f.note or 'no metadata'})"
+            conflict = f"  [conflict: also {', '.join(f.others)}]" if f.others else ""
+            out.append(_e(f"    {name} {version}{extra}{bad}{conflict}"))
+        if "torch" in e.frameworks and e.torch_pending:
+            out.append("    torch.cuda, torch.mps, distributed: pending (the torch check is still running)")
+        elif "torch" in e.frameworks:
             out.append(f"    torch.cuda: {_avail(e.torch_cuda)}   torch.mps: {_avail(e.torch_mps)}   "
                        f"distributed: {_backends(e.distributed_backends)}")
     if caps.notes:
-        out += ["", "Notes:", *(f"  - {n}" for n in caps.notes)]
+        out += ["", "Notes:", *(f"  - {_e(n)}" for n in caps.notes)]
     return "\n".join(out)
+
+
+def _runtime_wants(r: Requirements) -> str:
+    """``, cuda_runtime==12.4, driver >= 525.60.13, os linux`` for the runtime requirements that are set."""
+    return ((f", cuda_runtime{r.cuda_runtime}" if r.cuda_runtime else "")
+            + (f", driver >= {r.min_driver_version}" if r.min_driver_version else "")
+            + (f", os {r.os}" if r.os else ""))
+
+
+def _kind(d: DeviceModel) -> str:
+    from gpulayerd.core.types import DeviceKind
+
+    return f"{d.accelerator.value}/mig" if d.kind is DeviceKind.MIG else d.accelerator.value
+
+
+def _name(d: DeviceModel) -> str | None:
+    from gpulayerd.core.types import DeviceKind, DeviceState
+
+    if d.kind is DeviceKind.MIG:
+        return f"{d.name or '?'} MIG {d.mig_profile or '?'} {d.uuid or ''}".rstrip()
+    if d.state is DeviceState.LOST:
+        return f"{d.name or 'GPU'} at {d.pci_bus_id}" if d.pci_bus_id else d.name
+    return d.name
+
+
+def _state(d: DeviceModel) -> str:
+    """STATE of ``gpulayer devices``: lost (with the tool's words), MIG mode, processes unknown, or grants."""
+    from gpulayerd.core.types import DeviceKind, DeviceState
+
+    if d.state is DeviceState.LOST:
+        return f"lost: {d.state_reason}" if d.state_reason else "lost"
+    if d.kind is DeviceKind.GPU and d.mig_enabled:
+        return "MIG mode (only its MIG instances are granted)"
+    state = fmt.device_state(d.granted_to, d.foreign_pids)
+    if not d.processes_known and state == "free":
+        return "processes unknown (busy)" if d.to_core().unknown_use else "processes unknown (idle by memory.used)"
+    return state
+
+
+def _e(value: str) -> str:
+    """Text from the daemon, a job or a peer, made safe for a terminal (:func:`gpulayerd.text.escape`)."""
+    return fmt.escape(value)
 
 
 def _avail(v: bool | None) -> str:
@@ -84,27 +135,30 @@ def render_explanation(e: ExplanationModel, title: str) -> str:
             out += ["", "stderr (last lines):", *(f"  {line}" for line in tail)]
         out.append("")
     if e.state is None and not e.workers and not e.rejections and e.summary:
-        out += [f"  {e.summary}", ""]  # e.g. the owner is unreachable: what the machine running it knows
+        out += [f"  {_e(e.summary)}", ""]  # e.g. the owner is unreachable: what the machine running it knows
     if e.rejections:
         out.append("Rejected before matching (no worker can ever run it):")
-        out += [f"  ✗ {r.requirement}: {r.message}" for r in e.rejections]
+        out += [f"  ✗ {_e(r.requirement)}: {_e(r.message)}" for r in e.rejections]
     for w in e.workers:
         label = w.name if w.name == w.worker else f"{w.name} ({w.worker[:12]})"
-        out.append(f"worker {label}: {w.state.replace('_', ' ')}")
+        out.append(_e(f"worker {label}: {w.state.replace('_', ' ')}"))
         rows = [[fmt.mark(c.ok), c.requirement, c.wanted, c.found] for c in w.checks]
         out.append(fmt.table(["", "REQUIREMENT", "WANTED", "FOUND"], rows, "  "))
         for r in w.rejections:
-            out.append(f"  why: {r.message}")
+            out.append(f"  why: {_e(r.message)}")
         if w.placement is not None:
             devs = ", ".join(str(i) for i in w.placement.device_indices) or "none (CPU)"
-            out.append(f"  would run with {w.placement.environment} on devices: {devs}")
+            out.append(f"  would run with {_e(w.placement.environment)} on devices: {devs}")
         out.append("")
     verdict = f"verdict: {e.verdict}"
     if e.placement is not None:
         devs = ",".join(str(i) for i in e.placement.device_indices)
         name = next((w.name for w in e.workers if w.worker == e.placement.worker), e.placement.worker)
         verdict += f" -> {name}" + (f" GPU {devs}" if devs else "")
-    out.append(verdict)
+    out.append(_e(verdict))
+    if e.hints:
+        out += ["", "smallest changes that make it fit (each re-judged against the workers):"]
+        out += [f"  - {h.line()}" for h in e.hints]
     return "\n".join(out)
 
 
@@ -119,27 +173,33 @@ def render_job(job: JobView) -> str:
         hidden = f"(hidden: only {user or 'its user'} and admins see it)"
         command, workdir = hidden, hidden
     else:
-        command, workdir = shlex.join(job.spec.command), fmt.text(job.spec.workdir)
+        command, workdir = _e(shlex.join(job.spec.command)), _e(fmt.text(job.spec.workdir))
     out = [
-        f"job {job.id}" + (f" ({job.name})" if job.name else ""),
-        f"  user:      {user or fmt.DASH}",
+        f"job {job.id}" + (f" ({_e(job.name)})" if job.name else ""),
+        f"  user:      {_e(user or fmt.DASH)}",
         f"  state:     {job.status}" + (" (cancel requested)" if job.cancel_requested else ""),
-        f"  reason:    {job.reason or fmt.DASH}",
+        f"  reason:    {_e(job.reason or fmt.DASH)}",
         f"  command:   {command}",
         f"  workdir:   {workdir}",
         f"  wants:     {r.accelerator.value}"
         + (f" x{r.effective_gpu_count}" if r.effective_gpu_count else "")
         + (f", >= {r.gpu_memory_gb:g} GB" if r.gpu_memory_gb else "")
         + (f", cc >= {r.min_cuda_compute_capability}" if r.min_cuda_compute_capability else "")
-        + "".join(f", {k}{v}" for k, v in sorted(r.frameworks.items()))
-        + (f", python{r.python}" if r.python else ""),
-        f"  submitted: {fmt.clock(job.submitted_at)} by {job.submitted_by or fmt.DASH}",
+        + _e("".join(f", {k}{v}" for k, v in sorted(r.frameworks.items())))
+        + (f", python{r.python}" if r.python else "")
+        + _e(_runtime_wants(r)),
+        f"  submitted: {fmt.clock(job.submitted_at)} by {_e(job.submitted_by or fmt.DASH)}",
         f"  exit code: {fmt.text(job.exit_code)}",
     ]
+    if not job.spec_hidden and (job.spec.profile or job.spec.requirement_origins):
+        from gpulayerd.cli.profiles import origin_lines
+
+        at = next(i for i, line in enumerate(out) if line.startswith("  wants:")) + 1
+        out[at:at] = origin_lines(job.spec.requirement_origins, job.spec.profile)
     where = _job_where(job)
     if where is not None:
         out.insert(next(i for i, line in enumerate(out) if line.startswith("  reason:")) + 1,
-                   f"  where:     {where}")
+                   f"  where:     {_e(where)}")
     if job.spec.distributed is not None:
         d = job.spec.distributed
         out.append(f"  torch.distributed: nnodes {d.nnodes}, nproc_per_node {d.nproc_per_node}, "
@@ -151,7 +211,7 @@ def render_job(job: JobView) -> str:
         out.append("history:")
         for e in job.events:
             move = f"{e.from_status or ''} -> {e.to_status}" if e.to_status != e.from_status else e.kind
-            out.append(f"  {fmt.clock(e.at)}  {move:<22} {e.reason}")
+            out.append(f"  {fmt.clock(e.at)}  {move:<22} {_e(e.reason)}")
     if job.explanation is not None and job.status in ("queued", "rejected"):
         out += ["", render_explanation(job.explanation, title="why it waits:")]
     return "\n".join(out)
@@ -182,9 +242,9 @@ def _attempt_lines(job: JobView, a: AttemptView) -> list[str]:
         how = a.state
     if a.started_at is not None and a.ended_at is not None:
         how += f" after {fmt.age(a.ended_at - a.started_at)}"
-    lines = [f"  #{a.attempt} on {where} {how}" + (f" ({a.reason})" if a.reason else "")]
+    lines = [_e(f"  #{a.attempt} on {where} {how}" + (f" ({a.reason})" if a.reason else ""))]
     if a.run_dir:
-        lines.append(f"     logs: {a.run_dir}")
+        lines.append(f"     logs: {_e(a.run_dir)}")
     return lines
 
 

@@ -13,17 +13,39 @@ import sys
 from gpulayerd.cli.client import socket_path
 from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
 
-__all__ = ["TUI_MODULE", "add_parser"]
+__all__ = ["KEYS", "TUI_MODULE", "add_parser"]
 
 TUI_MODULE = "gpulayer_tui.launch"
 """The module whose ``run(socket_path)`` runs the TUI (``python -m gpulayer_tui`` starts the same)."""
 
 _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
 
+KEYS: tuple[tuple[str, str], ...] = (
+    ("?, F1", "help: every key of the view shown (again to close)"),
+    ("q, F10, ctrl+c", "quit (ctrl+c copies while the filter box has the focus)"),
+    ("1 2 3 4 (d p e)", "Devices, Jobs, Peers, Environments views; Tab moves the focus"),
+    ("j/k up/down", "move the cursor (PgUp/PgDn, Home/End: by pages, to the ends)"),
+    ("enter, l", "the job's detail (why it waits, timeline), or its log"),
+    ("c, F9", "cancel the job (asks first; only jobs that have not finished)"),
+    ("s, S", "sort by the next column (its header shows ▲/▼), reverse the order"),
+    ("/", "filter: state:queued acc:cuda user:alice code:Busy name: id: where: plus words; esc clears"),
+    ("esc", "back from a detail, clear the filter"),
+    ("w t l e", "in a detail: why, timeline, log, stdout/stderr"),
+)
+"""The TUI's keys as ``gpulayer tui --help`` lists them (tests check them against the app's bindings)."""
+
+_DESCRIPTION = (
+    "The terminal UI: the local daemon's devices, jobs (with why each waits) and peers, live.\n"
+    "Needs a terminal; NO_COLOR and 16-colour terminals are honoured."
+)
+
 
 def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     """Add ``tui`` to the ``gpulayer`` subcommands."""
-    t = sub.add_parser("tui", help="the terminal UI: devices, jobs, job detail, peers, live")
+    keys = "\n".join(f"  {k:<15} {what}" for k, what in KEYS)
+    t = sub.add_parser("tui", help="the terminal UI: devices, jobs, job detail, peers, live",
+                       description=_DESCRIPTION, epilog=f"keys:\n{keys}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     t.set_defaults(func=_cmd_tui)
 
 

@@ -32,9 +32,11 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_users(args: argparse.Namespace) -> int:
-    users = call_daemon(args, lambda c: c.users())
+    users = call_daemon(args, lambda c: c.users())  # decoded JSON (cli.http.Record): no models needed
     if args.json:
-        print("[" + ",".join(u.model_dump_json() for u in users) + "]")
+        import json
+
+        print("[" + ",".join(json.dumps(u, ensure_ascii=False, separators=(",", ":")) for u in users) + "]")
         return EXIT_OK
     print(render_users(users))
     return EXIT_OK

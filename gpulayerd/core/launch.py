@@ -24,23 +24,32 @@ def cuda_visible_devices(indices: Sequence[int]) -> str:
 
 
 def launch_env(
-    accelerator: Accelerator, device_indices: Sequence[int], job_id: str, attempt: int
+    accelerator: Accelerator,
+    device_indices: Sequence[int],
+    job_id: str,
+    attempt: int,
+    device_uuids: Sequence[str | None] = (),
 ) -> dict[str, str]:
     """Variables gpulayer sets for a job (merged over the job's own ``env``).
+
+    A MIG instance is granted by its uuid: when ``device_uuids`` holds a ``MIG-...`` uuid,
+    ``CUDA_VISIBLE_DEVICES`` is that uuid (one MIG instance per process), not an index.
 
     Args:
         accelerator: the accelerator of the placement.
         device_indices: granted nvidia-smi indices (CUDA), empty for CPU jobs.
         job_id: the job's id, exported as ``GPULAYER_JOB_ID``.
         attempt: the attempt number (1 for the first run), as ``GPULAYER_ATTEMPT``.
+        device_uuids: the granted devices' uuids, in the order of ``device_indices`` (optional).
 
     Returns:
         A new dict of environment variables.
     """
     env = {"GPULAYER_JOB_ID": job_id, "GPULAYER_ATTEMPT": str(attempt)}
+    migs = [u for u in device_uuids if u is not None and u.startswith("MIG-")]
     if accelerator is Accelerator.CUDA:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(device_indices)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(migs) if migs else cuda_visible_devices(device_indices)
     else:
         # No GPU granted: hide every CUDA (and ROCm/HIP) device from the job.
         env["CUDA_VISIBLE_DEVICES"] = ""

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from gpulayerd.core.fairshare import gpu_cap_rejection, gpus_of
 from gpulayerd.core.requirements import check_workdir, choose_devices, choose_environment
+from gpulayerd.core.runtime_checks import check_host
 from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import (
@@ -121,6 +122,7 @@ def evaluate(job: JobRequest, worker: WorkerSnapshot, support: SupportMatrix) ->
     env, env_rejs = choose_environment(job, worker, checks)
     static.extend(env_rejs)
     static.extend(check_workdir(job, worker, checks))
+    static.extend(check_host(job, worker, checks))  # os, min_driver_version
     if job.user:  # whose account the job runs as here (gpulayerd.core.users)
         account = account_rejection(job.user, worker)
         checks.append(Check("user", job.user, "ok" if account is None else account.found, account is None))
@@ -203,6 +205,9 @@ def job_signature(job: JobRequest) -> tuple[object, ...]:
         job.distributed,
         job.workdir,
         job.user,
+        job.min_driver_version,
+        job.cuda_runtime,
+        job.os,
     )
 
 

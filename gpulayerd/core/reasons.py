@@ -44,6 +44,8 @@ class ReasonCode(str, enum.Enum):
     WORKDIR = "Workdir"
     NO_ACCOUNT = "NoAccount"
     NOT_ALLOWED = "NotAllowed"
+    DRIVER = "Driver"
+    OS = "OS"
 
 
 MEANINGS: dict[ReasonCode, str] = {
@@ -70,6 +72,8 @@ MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.WORKDIR: "the workdir is missing, cannot be entered by the user, or did not answer",
     ReasonCode.NO_ACCOUNT: "the job's user has no account on the worker",
     ReasonCode.NOT_ALLOWED: "the worker does not run this user's jobs (personal worker, root jobs off, not vouched)",
+    ReasonCode.DRIVER: "the NVIDIA driver is older than required, or too old for the environment's CUDA build",
+    ReasonCode.OS: "no worker runs the wanted operating system",
 }
 """Every code and what it means (docs/architecture.md, "Reasons", shows the same table)."""
 
@@ -104,6 +108,10 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.USER_NOT_VOUCHED: ReasonCode.NOT_ALLOWED,
     RejectionCode.USER_GPU_CAP: ReasonCode.USER_CAP,
     RejectionCode.FAIR_SHARE: ReasonCode.FAIR_SHARE,
+    RejectionCode.OS_MISMATCH: ReasonCode.OS,
+    RejectionCode.DRIVER_TOO_OLD: ReasonCode.DRIVER,
+    RejectionCode.CUDA_DRIVER_INCOMPATIBLE: ReasonCode.DRIVER,
+    RejectionCode.CUDA_RUNTIME_MISMATCH: ReasonCode.FRAMEWORK,
 }
 
 # Among the rejections of the rows that decide, these win over the first one (in this order):

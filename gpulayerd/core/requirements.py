@@ -7,12 +7,16 @@ no clock, no randomness. Memory is compared in bytes; "GB" in messages is 10^9 b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from gpulayerd.core.runtime_checks import env_runtime_rejections, env_runtime_rows
 from gpulayerd.core.types import (
     GB,
+    UNKNOWN_PROCESSES_IDLE_MAX_BYTES,
     Accelerator,
+    DeviceKind,
     DeviceSnapshot,
+    DeviceState,
     EnvironmentSnapshot,
     JobRequest,
     ProbeStatus,
@@ -43,7 +47,12 @@ def _cc(cc: tuple[int, int]) -> str:
     return f"{cc[0]}.{cc[1]}"
 
 
+_Rej = Callable[[RejectionCode, str, str, str, str], None]
+
+
 def _dev_label(d: DeviceSnapshot) -> str:
+    if d.kind is DeviceKind.MIG:
+        return f"MIG {d.mig_profile or '?'} ({d.uuid})"
     return f"GPU {d.index}" if d.accelerator is not Accelerator.MPS else "Apple GPU"
 
 
@@ -72,6 +81,17 @@ def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> l
                 f"environment {where} could not be probed: {why}", environment=where,
             )
         ]
+    if job.accelerator is Accelerator.MPS and env.translated is True:
+        # Rosetta runs x86_64 code only: torch (or any framework) built for x86_64 macOS has no
+        # Metal backend, so such an interpreter never gets the Apple GPU.
+        return [
+            Rejection(
+                RejectionCode.ACCELERATOR_MISMATCH, "environment", "a native arm64 interpreter",
+                f"{env.machine or 'x86_64'} under Rosetta", worker,
+                f"environment {where} is {env.machine or 'x86_64'} code run by Rosetta on Apple silicon: "
+                "it cannot use the Apple GPU (mps)", environment=where,
+            )
+        ]
     out: list[Rejection] = []
     if job.python is not None:
         out.extend(_version_rejection("python", "Python", env.python_version, job.python, worker, where))
@@ -82,6 +102,16 @@ def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> l
                 Rejection(
                     RejectionCode.FRAMEWORK_MISSING, f"frameworks.{name}", spec, "not installed", worker,
                     f"{name} is not installed in {where}", environment=where,
+                )
+            )
+            continue
+        if fw.version is None:
+            why = fw.note or "no version in its metadata"
+            out.append(
+                Rejection(
+                    RejectionCode.UNKNOWN_METRIC, f"frameworks.{name}", spec, "unknown", worker,
+                    f"{name} version in {where} is unknown ({why}), so {spec} cannot be confirmed",
+                    environment=where,
                 )
             )
             continue
@@ -151,8 +181,9 @@ def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) ->
         if avail is None:
             out.append(
                 Rejection(
-                    RejectionCode.UNKNOWN_METRIC, name, "available", "unknown", worker,
-                    f"whether torch can use {acc.value} in {where} is unknown", environment=where,
+                    RejectionCode.UNKNOWN_METRIC, name, "available", _unknown(env), worker,
+                    f"whether torch can use {acc.value} in {where} is unknown{_pending_why(env)}",
+                    environment=where,
                 )
             )
         elif not avail:
@@ -168,8 +199,8 @@ def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) ->
         if have is None:
             out.append(
                 Rejection(
-                    RejectionCode.UNKNOWN_METRIC, "distributed.backend", backend, "unknown", worker,
-                    f"torch.distributed backends in {where} are unknown", environment=where,
+                    RejectionCode.UNKNOWN_METRIC, "distributed.backend", backend, _unknown(env), worker,
+                    f"torch.distributed backends in {where} are unknown{_pending_why(env)}", environment=where,
                 )
             )
         elif backend not in have:
@@ -183,6 +214,17 @@ def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) ->
     return out
 
 
+_ENV_MEMO: dict[tuple[object, ...], tuple[WorkerSnapshot, EnvironmentSnapshot | None, tuple[Rejection, ...],
+                                           tuple[Check, ...]]] = {}
+_ENV_MEMO_MAX = 50_000
+
+
+def _env_key(job: JobRequest, worker: WorkerSnapshot) -> tuple[object, ...]:
+    """What :func:`choose_environment` reads: the worker (by identity) and the job's environment fields."""
+    return (id(worker), job.accelerator, job.python, tuple(sorted(job.frameworks.items())), job.distributed,
+            job.cuda_runtime)
+
+
 def choose_environment(
     job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
 ) -> tuple[EnvironmentSnapshot | None, list[Rejection]]:
@@ -191,10 +233,31 @@ def choose_environment(
     Appends one row to ``checks`` per environment requirement (python, frameworks, torch
     backends), ok if any environment meets it.
 
+    Kept per (worker object, the job's environment fields: :func:`_env_key`), since jobs of
+    every memory or device request judge the same environments the same way; the answer is
+    exactly :func:`_choose_environment`'s (a property test checks this). A kept entry holds its
+    worker, so the id in the key names that object while the entry lives.
+
     Returns:
         ``(environment, [])`` when one qualifies, else ``(None, rejections)`` with every
         environment's rejections.
     """
+    key = _env_key(job, worker)
+    kept = _ENV_MEMO.get(key)
+    if kept is None or kept[0] is not worker:
+        mine: list[Check] = []
+        env, rejs = _choose_environment(job, worker, mine)
+        if len(_ENV_MEMO) >= _ENV_MEMO_MAX:
+            _ENV_MEMO.clear()
+        kept = _ENV_MEMO[key] = (worker, env, tuple(rejs), tuple(mine))
+    checks.extend(kept[3])
+    return kept[1], list(kept[2])
+
+
+def _choose_environment(
+    job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
+) -> tuple[EnvironmentSnapshot | None, list[Rejection]]:
+    """:func:`choose_environment` without the memo."""
     envs = worker.environments
     if not envs:
         checks.append(Check("environment", "a Python environment", "none reported", False))
@@ -204,7 +267,7 @@ def choose_environment(
                 worker.node_id, f"worker {worker.name or worker.node_id} reports no Python environment",
             )
         ]
-    per_env = [(e, _env_rejections(job, e, worker.node_id)) for e in envs]
+    per_env = [(e, _env_rejections(job, e, worker.node_id) + env_runtime_rejections(job, e, worker)) for e in envs]
     chosen = next((e for e, rs in per_env if not rs), None)
     # Table rows: one per environment requirement, ok if any environment meets it.
     for requirement, wanted in [*_env_requirements(job), *_torch_rows(job)]:
@@ -215,6 +278,7 @@ def choose_environment(
             ok = ok or not mine
             found_parts.append(_env_found(requirement, e) + ("" if len(envs) == 1 else f" ({e.interpreter})"))
         checks.append(Check(requirement, wanted, "; ".join(found_parts), ok))
+    checks.extend(env_runtime_rows(job, worker, envs))
     if chosen is not None:
         return chosen, []
     return None, [r for _, rs in per_env for r in rs]
@@ -236,13 +300,22 @@ def _env_found(requirement: str, e: EnvironmentSnapshot) -> str:
         return e.python_version or "unknown"
     if requirement.startswith("frameworks."):
         fw = e.frameworks.get(requirement.split(".", 1)[1])
-        return "not installed" if fw is None else fw.version
+        return "not installed" if fw is None else fw.version or "unknown"
     if requirement in ("torch.cuda", "torch.mps"):
         v = e.torch_cuda if requirement == "torch.cuda" else e.torch_mps
-        return "unknown" if v is None else ("available" if v else "not available")
+        return _unknown(e) if v is None else ("available" if v else "not available")
     if requirement == "distributed.backend":
-        return "unknown" if e.distributed_backends is None else (", ".join(e.distributed_backends) or "none")
+        return _unknown(e) if e.distributed_backends is None else (", ".join(e.distributed_backends) or "none")
     return "—"
+
+
+def _unknown(e: EnvironmentSnapshot) -> str:
+    """How an unknown torch runtime fact is shown: "pending" while the torch check still runs."""
+    return "pending" if e.torch_pending else "unknown"
+
+
+def _pending_why(e: EnvironmentSnapshot) -> str:
+    return " yet: the torch check of this environment is still running" if e.torch_pending else ""
 
 
 # --- devices
@@ -261,6 +334,8 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
             f"{label} ({d.accelerator.value}) is detection-only: gpulayer never schedules on it",
         )
         return out
+    if _mig_or_state_rejections(job, d, label, rej):
+        return out
     if job.gpu_memory_kind is not None:
         want = job.gpu_memory_kind.value
         if d.memory_kind is None:
@@ -275,8 +350,9 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
             rej(RejectionCode.UNKNOWN_METRIC, "gpu_memory_gb", f">= {want}", "unknown",
                 f"{label} memory is unknown, so {want} cannot be confirmed")
         elif d.memory_total_bytes < job.gpu_memory_bytes:
+            approx = " (approximate: Metal's recommended working set)" if d.memory_approximate else ""
             rej(RejectionCode.INSUFFICIENT_MEMORY, "gpu_memory_gb", f">= {want}", _gb(d.memory_total_bytes),
-                f"{label} has {_gb(d.memory_total_bytes)} < {want} required")
+                f"{label} has {_gb(d.memory_total_bytes)}{approx} < {want} required")
     if job.min_cuda_compute_capability is not None:
         want = _cc(job.min_cuda_compute_capability)
         if d.compute_capability is None:
@@ -296,11 +372,36 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
     return out
 
 
+def _mig_or_state_rejections(job: JobRequest, d: DeviceSnapshot, label: str, rej: _Rej) -> bool:
+    """Lost devices, whole GPUs in MIG mode and MIG instances for multi-device jobs; True if rejected."""
+    if d.state is DeviceState.LOST:
+        rej(RejectionCode.PROBE_UNHEALTHY, "device state", "ok", "lost",
+            f"{label}{f' ({d.pci_bus_id})' if d.pci_bus_id else ''} is lost: nvidia-smi said "
+            f"{d.state_reason or 'nothing more'!r}; it is never granted")
+        return True
+    if d.kind is DeviceKind.GPU and d.mig_enabled:
+        rej(RejectionCode.EXECUTION_UNSUPPORTED, "mig", "whole GPU", "MIG mode",
+            f"{label} is in MIG mode: only its MIG instances are granted, never the whole GPU")
+        return True
+    if d.kind is DeviceKind.MIG and job.gpu_count > 1:
+        rej(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(job.gpu_count), "MIG instance",
+            f"{label} is a MIG instance: a process can use only one, so a job asking for "
+            f"gpu_count {job.gpu_count} needs whole GPUs")
+        return True
+    return False
+
+
 def _busy_rejection(d: DeviceSnapshot, worker: str) -> Rejection:
     label = _dev_label(d)
     if d.granted_to is not None:
         return Rejection(RejectionCode.RESERVED, "free devices", "free", f"granted to {d.granted_to}", worker,
                          f"{label} is granted to job {d.granted_to}", device=d.index)
+    if not d.foreign_pids and d.unknown_use:
+        used = "unknown" if d.memory_used_bytes is None else f"{d.memory_used_bytes / 2**20:.0f} MiB"
+        return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", "processes unknown", worker,
+                         f"{label} may be in use: its process list could not be read and its memory.used is "
+                         f"{used} (free only at <= {UNKNOWN_PROCESSES_IDLE_MAX_BYTES // 2**20} MiB)",
+                         device=d.index)
     pids = ", ".join(str(p) for p in d.foreign_pids)
     return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", f"pids {pids}", worker,
                      f"{label} is busy with processes gpulayer did not start (pid {pids})", device=d.index)

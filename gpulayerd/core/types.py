@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "GB",
+    "UNKNOWN_PROCESSES_IDLE_MAX_BYTES",
     "Accelerator",
     "AcceleratorSupport",
+    "DeviceKind",
     "DeviceSnapshot",
+    "DeviceState",
     "DistributedRequest",
     "EnvironmentSnapshot",
     "ExecutionLevel",
@@ -123,6 +126,29 @@ class ProbeStatus(str, enum.Enum):
     DRIVER_LIBRARY_MISMATCH = "driver_library_mismatch"
     TIMEOUT = "timeout"
     ERROR = "error"
+    DEGRADED = "degraded"
+    """Some devices answered and some did not (the tool named them in diagnostic lines)."""
+
+
+class DeviceKind(str, enum.Enum):
+    """What a device entry is: a whole GPU, or one MIG instance of a GPU in MIG mode."""
+
+    GPU = "gpu"
+    MIG = "mig"
+
+
+class DeviceState(str, enum.Enum):
+    """Whether the probe could read a device: ``lost`` devices (named only in a diagnostic
+    line, e.g. ``Unable to determine the device handle for GPU 0000:41:00.0``) are never granted."""
+
+    OK = "ok"
+    LOST = "lost"
+
+
+UNKNOWN_PROCESSES_IDLE_MAX_BYTES = 512 * 2**20
+"""A GPU whose process list is unknown counts as free only if nvidia-smi's ``memory.used`` is
+at most this (512 MiB: an idle datacenter GPU reports a few MiB, a display adds up to a few
+hundred); above it, or with ``memory.used`` unknown, it counts as busy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +188,19 @@ class DeviceSnapshot:
             None if unknown.
         granted_to: id of the job this device is granted to, if any.
         foreign_pids: pids of compute processes on it that gpulayer did not start.
+        kind: a whole GPU, or a MIG instance (granted by its ``MIG-...`` uuid).
+        parent_uuid: a MIG instance's GPU (``GPU-...``); None for a whole GPU.
+        mig_profile: a MIG instance's profile, e.g. ``2g.20gb``; None for a whole GPU.
+        mig_enabled: a whole GPU's current MIG mode (nvidia-smi ``mig.mode.current``); True
+            means it is never granted whole, only its instances are; None if unknown or n/a.
+        pci_bus_id: nvidia-smi ``pci.bus_id`` (``00000000:41:00.0``); None if unknown.
+        state: ``lost`` when nvidia-smi named the GPU only in a diagnostic line.
+        state_reason: the tool's words for a state other than ``ok``.
+        processes_known: False when the process list could not be read for this device:
+            then it is busy unless ``memory_used_bytes`` <= :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`.
+        memory_approximate: ``memory_total_bytes`` is an estimate, not a figure a tool gave:
+            the Apple GPU's schedulable memory (Metal's recommended working set, see
+            :mod:`gpulayerd.gpu.apple`).
     """
 
     accelerator: Accelerator
@@ -177,11 +216,29 @@ class DeviceSnapshot:
     float64: bool | None = None
     granted_to: str | None = None
     foreign_pids: tuple[int, ...] = ()
+    kind: DeviceKind = DeviceKind.GPU
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+    mig_enabled: bool | None = None
+    pci_bus_id: str | None = None
+    state: DeviceState = DeviceState.OK
+    state_reason: str = ""
+    processes_known: bool = True
+    memory_approximate: bool = False
 
     @property
     def busy(self) -> bool:
-        """True if the device is granted to a job or used by a foreign process."""
-        return self.granted_to is not None or bool(self.foreign_pids)
+        """True if the device is granted to a job, used by a foreign process, or its processes
+        are unknown and its ``memory.used`` is unknown or above :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`."""
+        return self.granted_to is not None or bool(self.foreign_pids) or self.unknown_use
+
+    @property
+    def unknown_use(self) -> bool:
+        """True if the process list is unknown and memory use does not show the device idle."""
+        if self.processes_known:
+            return False
+        used = self.memory_used_bytes
+        return used is None or used > UNKNOWN_PROCESSES_IDLE_MAX_BYTES
 
     @property
     def sort_key(self) -> tuple[str, int]:
@@ -195,15 +252,22 @@ class FrameworkVersion:
 
     Attributes:
         name: the framework's canonical name (``tensorflow``), not the distribution.
-        version: the version string exactly as in the metadata.
-        distribution: which distribution supplied it (``tensorflow-macos``).
-        valid: whether ``version`` is a valid PEP 440 version.
+        version: the version string exactly as in the metadata; None when unknown (a
+            ``*.dist-info`` without METADATA: ``note`` says why), never the string "None".
+        distribution: which distribution supplied it (``tensorflow-macos``): the one whose
+            RECORD hashes match the import package's files on disk when several claim them.
+        valid: whether ``version`` is a valid PEP 440 version (True when it is None).
+        others: the other distributions that claim the same framework, as ``"name version"``;
+            non-empty means a conflict (``onnxruntime`` next to ``onnxruntime-gpu``).
+        note: why the version is unknown, or how the distribution was chosen; "" if nothing to say.
     """
 
     name: str
-    version: str
+    version: str | None
     distribution: str
     valid: bool = True
+    others: tuple[str, ...] = ()
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +284,20 @@ class EnvironmentSnapshot:
             None if unknown.
         ok: False if the probe of this interpreter failed (then most fields are None).
         notes: human-readable notes (unknown values, conflicts, errors).
+        cuda_builds: what the frameworks were built for, CUDA version by source (``torch`` ->
+            ``"12.4"`` from torch/version.py; ``cupy``/``jax``/``nvidia-libs`` -> the major,
+            ``"12"``, from distribution names); ``torch`` -> ``""`` is a torch built without
+            CUDA; a source that is absent is unknown (:mod:`gpulayerd.gpu.cuda_build`).
+        machine: the interpreter's ``platform.machine()`` (``arm64``, ``x86_64``); None if unknown.
+        translated: ``sysctl.proc_translated`` of the interpreter on macOS: True for an x86_64
+            interpreter run by Rosetta on Apple silicon (it never gets ``mps``); None off macOS
+            or unknown.
+        mps_recommended_max_bytes: ``torch.mps.recommended_max_memory()`` in bytes (Metal's
+            recommendedMaxWorkingSetSize), None when torch did not say.
+        torch_pending: True while the import-based torch check has not reported yet (the
+            daemon answers from package metadata first): ``torch_cuda``, ``torch_mps``,
+            ``distributed_backends`` and ``mps_recommended_max_bytes`` are then unknown, and a
+            requirement on them is not satisfied until the check lands.
     """
 
     interpreter: str
@@ -230,6 +308,11 @@ class EnvironmentSnapshot:
     distributed_backends: tuple[str, ...] | None = None
     ok: bool = True
     notes: tuple[str, ...] = ()
+    cuda_builds: Mapping[str, str] = field(default_factory=dict)
+    machine: str | None = None
+    translated: bool | None = None
+    mps_recommended_max_bytes: int | None = None
+    torch_pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +343,9 @@ class WorkerSnapshot:
         missing_accounts: user names this worker was asked to run and has no account for.
         max_gpus_per_user: the most GPUs of this worker one user may hold; None = no cap.
         gpus_held_by_user: user name -> GPUs of this worker that user's jobs hold now.
+        os: ``linux`` or ``darwin`` (``platform.system()`` lower-cased); None if unknown.
+        driver_cuda: the newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``
+            or the driver table of :mod:`gpulayerd.core.cuda_compat`); None if unknown.
     """
 
     node_id: str
@@ -282,6 +368,8 @@ class WorkerSnapshot:
     missing_accounts: frozenset[str] = frozenset()
     max_gpus_per_user: int | None = None
     gpus_held_by_user: Mapping[str, int] = field(default_factory=dict)
+    os: str | None = None
+    driver_cuda: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +404,9 @@ class JobRequest:
         distributed: torch.distributed shape, None for a plain job.
         workdir: the directory the job runs in; must exist on the worker.
         user: the account the job runs as ("" = not known: a job from before users).
+        min_driver_version: the oldest NVIDIA driver accepted (``"535.54.03"``); None = any.
+        cuda_runtime: PEP 440 specifier on the environment's torch CUDA build (``">=12.1"``).
+        os: ``linux`` or ``darwin``; None = any.
     """
 
     job_id: str = ""
@@ -330,3 +421,6 @@ class JobRequest:
     distributed: DistributedRequest | None = None
     workdir: str | None = None
     user: str = ""
+    min_driver_version: str | None = None
+    cuda_runtime: str | None = None
+    os: str | None = None

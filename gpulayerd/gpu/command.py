@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["CommandResult", "CommandRunner", "RunOutcome", "run_bounded", "run_command"]
+__all__ = ["CommandResult", "CommandRunner", "RunOutcome", "decisive_line", "run_bounded", "run_command"]
 
 STDERR_TAIL_BYTES = 8192
 """How much of the end of stderr :func:`run_bounded` keeps apart from its head."""
@@ -54,6 +55,7 @@ def run_bounded(
     *,
     env: Mapping[str, str] | None = None,
     max_output_bytes: int | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> RunOutcome:
     """Run ``argv`` in its own process group; kill the group on timeout or too much stdout.
 
@@ -66,6 +68,8 @@ def run_bounded(
         env: the command's complete environment; None inherits this process's.
         max_output_bytes: stdout beyond this many bytes kills the command, and only this
             much of stderr's head is kept; None for no limit.
+        started: called with the process once it runs (its pid is its process group's id),
+            e.g. to kill it early from another thread.
 
     Returns:
         What the command did.
@@ -87,6 +91,8 @@ def run_bounded(
         start_new_session=True,
     )
     try:
+        if started is not None:
+            started(proc)
         if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE always sets them
             raise OSError("no pipes to the subprocess")
         stdout_fd = proc.stdout.fileno()
@@ -214,3 +220,13 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
+
+
+_DECISIVE = re.compile(r"\b(error|errors|failed|failure|fail|unable)\b", re.IGNORECASE)
+
+
+def decisive_line(lines: Sequence[str]) -> str:
+    """The line of a tool's output that says what went wrong: the first non-blank line that
+    says error/failed (or unable), else the first non-blank line; "" when there is none."""
+    kept = [ln.strip() for ln in lines if ln.strip()]
+    return next((ln for ln in kept if _DECISIVE.search(ln)), kept[0] if kept else "")

@@ -143,6 +143,8 @@ class HostInventory:
         platform: ``platform.system()`` (``Linux``, ``Darwin``).
         machine: ``platform.machine()`` (``x86_64``, ``arm64``, ``aarch64``).
         notes: unknown values, skipped output lines, retried queries, in words.
+        driver_cuda: the newest CUDA the NVIDIA driver supports, from nvidia-smi's ``CUDA Version:``
+            header (else the driver -> CUDA table); None without an NVIDIA GPU.
     """
 
     devices: tuple[DeviceSnapshot, ...]
@@ -153,6 +155,7 @@ class HostInventory:
     platform: str
     machine: str
     notes: tuple[str, ...] = ()
+    driver_cuda: str | None = None
 
 
 def discover_host(
@@ -189,6 +192,7 @@ def discover_host(
 
     smi = nvidia if nvidia is not None else NvidiaSmi()
     nvidia_path = find_nvidia_smi(path_env, config.extra_search_dirs)
+    driver_cuda: str | None = None
     try:
         nv = smi.probe(
             nvidia_path,
@@ -201,6 +205,7 @@ def discover_host(
         devices.extend(nv.devices)
         health.append(nv.health)
         notes.extend(nv.notes)
+        driver_cuda = nv.driver_cuda
     except Exception as e:
         logger.exception("nvidia-smi probe failed")
         health.append(ProbeHealth("nvidia-smi", ProbeStatus.ERROR, f"probe failed: {e!r}", nvidia_path))
@@ -245,6 +250,7 @@ def discover_host(
         platform=system,
         machine=machine,
         notes=tuple(notes),
+        driver_cuda=driver_cuda,
     )
 
 

@@ -20,6 +20,7 @@ the environment the jobs will get (a ``PYTHONPATH`` there is kept). ``LC_ALL=C``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,6 +28,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Mapping
@@ -35,6 +37,8 @@ from pathlib import Path
 from gpulayerd.atomic import write_atomic
 from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.command import RunOutcome, run_bounded
+from gpulayerd.gpu.cuda_build import with_cuda_builds
+from gpulayerd.gpu.dist_files import mark_files_on_disk
 from gpulayerd.gpu.probe_report import (
     dir_mtimes,
     excerpt,
@@ -45,12 +49,15 @@ from gpulayerd.gpu.probe_report import (
 )
 from gpulayerd.models import EnvironmentModel
 
-__all__ = ["EnvironmentProber", "default_interpreter"]
+__all__ = ["TORCH_PENDING_NOTE", "EnvironmentProber", "default_interpreter"]
 
 logger = logging.getLogger(__name__)
 
 _PROBE_SCRIPT = Path(__file__).with_name("probe.py")
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 3  # 2: snapshots carry cuda_builds; 3: and torch_pending (never true in the cache)
+_METADATA_ONLY_NOTE = "torch: availability not checked (metadata-only probe)"
+TORCH_PENDING_NOTE = "torch: availability pending: the import-based torch check is still running"
+"""The note of a metadata-first snapshot whose torch check has not landed (``torch_pending``)."""
 _DAEMON_ONLY_VARS = (
     "PYTHONHOME",
     "PYTHONPATH",
@@ -145,6 +152,7 @@ class EnvironmentProber:
         ).hexdigest()[:16]
         self._memory: dict[tuple[str, bool], _CacheEntry] = {}
         self._lock = threading.Lock()
+        self._torch_runs: set[int] = set()  # process groups of torch checks running now
         self._warned: set[str] = set()
 
     def probe(
@@ -168,18 +176,63 @@ class EnvironmentProber:
         Returns:
             The snapshot; on any failure ``ok`` is False and ``notes`` says why.
         """
+        return self._probe(interpreter, use_cache=use_cache, torch_check=torch_check)[0]
+
+    def cached(self, interpreter: str, *, torch_check: bool = True) -> EnvironmentSnapshot | None:
+        """The cached snapshot of ``interpreter`` while it is still valid, else None; runs no Python.
+
+        Costs ``stat`` calls (and a cache file read on a fresh prober): call it off the event loop.
+        """
+        path, problem = _resolve_interpreter(interpreter)
+        return None if problem is not None else self._cached((path, torch_check))
+
+    def metadata_first(self, interpreter: str) -> tuple[EnvironmentSnapshot, bool]:
+        """The fast answer: the full (torch-checked) snapshot when cached, else package metadata only.
+
+        The metadata-only probe reads distributions, versions, CUDA builds (as text), the Python
+        version and platform without importing any framework (tens of ms; cached separately).
+        When torch is installed its runtime facts are unknown then: the snapshot has
+        ``torch_pending`` True and a note saying the torch check is still running, and the
+        caller should run :meth:`probe_full` (in the background) and use its answer instead.
+        Blocks on a cache miss: call it off the event loop.
+
+        Returns:
+            (snapshot, whether the import-based check is still needed).
+        """
+        full = self.cached(interpreter, torch_check=True)
+        if full is not None:
+            return full, False
+        meta = self.probe(interpreter, torch_check=False)
+        if not meta.ok or "torch" not in meta.frameworks:
+            return meta, False  # no torch: the full probe would learn nothing more
+        notes = tuple(n for n in meta.notes if n != _METADATA_ONLY_NOTE)
+        return dataclasses.replace(meta, torch_pending=True, notes=(*notes, TORCH_PENDING_NOTE)), True
+
+    def probe_full(self, interpreter: str) -> tuple[EnvironmentSnapshot, bool]:
+        """Probe with the torch check (see :meth:`probe`); also say whether it completed.
+
+        Returns:
+            (snapshot, True when the probe finished and its answer was cached; False when it
+            failed, timed out or its torch stage did not finish).
+        """
+        return self._probe(interpreter, use_cache=True, torch_check=True)
+
+    def _probe(
+        self, interpreter: str, *, use_cache: bool, torch_check: bool
+    ) -> tuple[EnvironmentSnapshot, bool]:
         path, problem = _resolve_interpreter(interpreter)
         if problem is not None:
             self._warn_once(f"{path}:{problem}", "environment probe of %s: %s", path, problem)
-            return EnvironmentSnapshot(interpreter=path, ok=False, notes=(problem,))
+            return EnvironmentSnapshot(interpreter=path, ok=False, notes=(problem,)), False
         key = (path, torch_check)
         if use_cache:
             cached = self._cached(key)
             if cached is not None:
-                return cached
+                return cached, True
         interpreter_stat = _stat_key(path)
         probe_stat = _stat_key(str(_PROBE_SCRIPT))
         snapshot, dir_mtimes_ns = self._run_probe(path, torch_check)
+        snapshot = with_cuda_builds(snapshot, dir_mtimes_ns)  # torch/version.py, cupy-cuda12x, ...
         if dir_mtimes_ns is not None and interpreter_stat is not None and probe_stat is not None:
             entry = _CacheEntry(
                 interpreter_stat=interpreter_stat,
@@ -191,7 +244,8 @@ class EnvironmentProber:
             with self._lock:
                 self._memory[key] = entry
             self._save(key, entry)
-        return snapshot
+            return snapshot, True
+        return snapshot, False
 
     async def async_probe(
         self, interpreter: str, *, use_cache: bool = True, torch_check: bool = True
@@ -212,13 +266,25 @@ class EnvironmentProber:
         argv = [path, str(_PROBE_SCRIPT)]
         if not torch_check:
             argv.append("--no-torch")
+        runs: list[int] = []
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
+            with self._lock:
+                self._torch_runs.add(proc.pid)
+            runs.append(proc.pid)
+
         try:
-            outcome = run_bounded(argv, self._timeout_s, env=self._env, max_output_bytes=self._max_output_bytes)
+            outcome = run_bounded(argv, self._timeout_s, env=self._env, max_output_bytes=self._max_output_bytes,
+                                  started=started if torch_check else None)
         except OSError as e:
             return self._failed(path, f"cannot run interpreter {path}: {e.strerror or e}"), None
+        finally:
+            with self._lock:
+                self._torch_runs.difference_update(runs)  # reaped: its group id may be reused
         status = _describe_exit(outcome, self._timeout_s)
         report = last_report(outcome.stdout.decode("utf-8", "replace").splitlines())
         if report is not None:
+            mark_files_on_disk(report)  # several distributions of one framework: whose files are there
             snapshot = snapshot_from_report(path, report)
             if outcome.returncode != 0:
                 snapshot = dataclasses.replace(
@@ -228,6 +294,7 @@ class EnvironmentProber:
             return snapshot, dir_mtimes(report.get("path_mtimes_ns"))
         checkpoint = read_checkpoint(outcome.stderr_head.decode("utf-8", "replace").splitlines())
         if checkpoint is not None:
+            mark_files_on_disk(checkpoint)
             reason = f"the torch check {status}"
             if outcome.timed_out:
                 reason += " (importing torch can hang on a broken GPU driver)"
@@ -251,6 +318,21 @@ class EnvironmentProber:
             f"{path}:{message.split(';', maxsplit=1)[0]}", "environment probe failed: %s", message
         )
         return EnvironmentSnapshot(interpreter=path, ok=False, notes=(message,))
+
+    def stop_torch_checks(self) -> int:
+        """Kill the process group of every probe with the torch check running now (the daemon
+        is stopping: a torch import can take seconds or hang). Their :meth:`probe` calls return
+        soon after with a "killed" snapshot, which is not cached. Returns how many were signalled.
+        """
+        with self._lock:
+            groups = list(self._torch_runs)
+            self._torch_runs.clear()
+        signalled = 0
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                signalled += 1
+        return signalled
 
     # -------------------------------------------------------------------- cache
 

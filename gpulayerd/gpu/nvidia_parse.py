@@ -23,6 +23,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     SupportMatrix,
 )
+from gpulayerd.gpu.command import decisive_line
 from gpulayerd.models import parse_compute_capability
 
 __all__ = [
@@ -277,7 +278,7 @@ def classify_nvidia_failure(
         message = f"nvidia-smi timed out{after}; its process group was killed"
         return NvidiaFailure(ProbeStatus.TIMEOUT, message)
     lines = [ln.strip() for ln in (stdout + "\n" + stderr).splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
+    first = decisive_line(lines)
     for line in lines:
         if _UNSUPPORTED_FIELD.search(line):
             rejected = tuple(m.group(1) for ln in lines for m in _FIELD_NAME.finditer(ln))

@@ -14,20 +14,29 @@ Output: exactly one JSON object on stdout, on the last line::
     executable       sys.executable
     python_version   platform.python_version()
     implementation   platform.python_implementation()
-    platform         {system, machine, mac_ver}; mac_ver is null off macOS
+    platform         {system, machine, mac_ver, translated}; mac_ver is null off macOS;
+                     translated is ``sysctl.proc_translated`` (true: this interpreter is an
+                     x86_64 program run by Rosetta on Apple silicon), null off macOS
     site_packages    site-packages directories (user site included when enabled)
     path_mtimes_ns   {directory: st_mtime_ns or null} for every directory that package
                      metadata is read from, taken *before* reading it (a cache key)
-    frameworks       {key: [{distribution, version}, ...]}; the key is the canonical
-                     framework name (``tensorflow``) or, for auxiliary distributions
+    frameworks       {key: [{distribution, version, note}, ...]}; the key is the
+                     canonical framework name (``tensorflow``) or, for auxiliary distributions
                      (``jaxlib``, ``mlx-metal``, ``jax-cuda12-plugin``,
                      ``tensorflow-metal``), the distribution's own normalised name.
-                     More than one entry means several distributions supply it.
+                     More than one entry means several distributions supply it (the
+                     daemon then compares their RECORD hashes with the files on disk,
+                     :mod:`gpulayerd.gpu.dist_files`). A ``*.dist-info`` without METADATA is ignored with a
+                     note, as pip does; when it is the only one for a key its entry has
+                     ``version`` null and ``note`` "metadata file missing".
+    dist_info_paths  {key: {distribution: its ``*.dist-info`` directory}}
     torch_stage      "skipped" (--no-torch), "absent" (torch is not installed) or "ran"
     torch            null, or {version, cuda_built (torch.version.cuda: the CUDA version
                      string, null for a build without CUDA), hip_built (torch.version.hip),
                      cuda_available, cuda_device_count,
-                     mps_built, mps_available, distributed_available,
+                     mps_built, mps_available, mps_recommended_max_memory (bytes,
+                     ``torch.mps.recommended_max_memory()``: Metal's recommendedMaxWorkingSetSize),
+                     distributed_available,
                      backends: {gloo, nccl, mpi}, error}; a field torch could not answer
                      is null and explained in ``notes``; ``error`` is set when
                      ``import torch`` itself failed
@@ -187,13 +196,26 @@ def _dist_name(dist: Any) -> str | None:
     return normalise(name) if name else None
 
 
-def _name_version(dist: Any) -> tuple[str | None, str | None]:
+def _metadata_text(dist: Any) -> str | None:
+    """The METADATA (or PKG-INFO) text of a distribution; None when it has neither file."""
+    for name in ("METADATA", "PKG-INFO"):
+        try:
+            text = dist.read_text(name)
+        except Exception:
+            text = None
+        if text is not None:
+            return str(text)
+    return None
+
+
+def _name_version(dist: Any, text: str | None = None) -> tuple[str | None, str | None]:
     """Name and Version from a distribution's metadata headers.
 
     Reads only the header block instead of parsing the whole file as e-mail (a
     wheel's METADATA carries its long description, which is most of its size).
     """
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if text is None:
+        text = _metadata_text(dist)
     found: dict[str, str] = {}
     if text:
         for line in text.splitlines():
@@ -215,15 +237,25 @@ def _dist_location(dist: Any) -> str:
     return str(path) if path is not None else "?"
 
 
-def read_frameworks(notes: list[str]) -> dict[str, list[dict[str, str]]]:
-    """Find the known frameworks in package metadata, without importing any of them."""
-    frameworks: dict[str, list[dict[str, str]]] = {}
+def read_frameworks(
+    notes: list[str], paths: list[str] | None = None, locations: dict[str, dict[str, str]] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Find the known frameworks in package metadata, without importing any of them.
+
+    Args:
+        notes: where to say what was skipped, shadowed or in conflict.
+        paths: directories to search; None means ``sys.path`` (tests pass a crafted one).
+        locations: when given, filled with {key: {distribution: its ``*.dist-info`` path}}.
+    """
+    frameworks: dict[str, list[dict[str, Any]]] = {}
     md = _metadata_module()
     if md is None:
         notes.append("importlib.metadata is not available (Python < 3.8); framework versions unknown")
         return frameworks
     first_seen: dict[str, tuple[str, str]] = {}
-    for dist in md.distributions():
+    without_metadata: dict[str, list[str]] = {}
+    found = md.distributions() if paths is None else md.distributions(path=paths)
+    for dist in found:
         try:
             name = _dist_name(dist)
             if name is None:
@@ -231,7 +263,14 @@ def read_frameworks(notes: list[str]) -> dict[str, list[dict[str, str]]]:
             key = classify(name)
             if key is None:
                 continue
-            meta_name, version = _name_version(dist)
+            text = _metadata_text(dist)
+            if text is None:
+                # A leftover directory (say, only REQUESTED or RECORD): pip skips it, and
+                # importlib.metadata would report its version as None.
+                notes.append(f"{key}: {_dist_location(dist)} has no METADATA file; ignored, as pip does")
+                without_metadata.setdefault(key, []).append(name)
+                continue
+            meta_name, version = _name_version(dist, text)
             if name in first_seen:
                 shadow_version, shadow_path = first_seen[name]
                 notes.append(
@@ -244,16 +283,27 @@ def read_frameworks(notes: list[str]) -> dict[str, list[dict[str, str]]]:
                 name = normalise(meta_name)
                 key = classify(name) or key
             first_seen[name] = (str(version), _dist_location(dist))
-            frameworks.setdefault(key, []).append({"distribution": name, "version": str(version)})
+            entry: dict[str, Any] = {"distribution": name, "version": version}
+            if locations is not None:
+                locations.setdefault(key, {})[name] = _dist_location(dist)
+            if version is None:
+                entry["note"] = "no Version in its metadata"
+            frameworks.setdefault(key, []).append(entry)
         except Exception as e:
             notes.append(f"unreadable package metadata at {_dist_location(dist)}: {_describe(e)}")
-    _fallback_by_import_name(md, frameworks, notes)
+    for key, names in without_metadata.items():
+        if key not in frameworks:
+            frameworks[key] = [
+                {"distribution": names[0], "version": None, "note": "metadata file missing"}
+            ]
+    if paths is None:
+        _fallback_by_import_name(md, frameworks, notes)
     for entries in frameworks.values():
         entries.sort(key=lambda entry: entry["distribution"])
     return frameworks
 
 
-def _fallback_by_import_name(md: Any, frameworks: dict[str, list[dict[str, str]]], notes: list[str]) -> None:
+def _fallback_by_import_name(md: Any, frameworks: dict[str, list[dict[str, Any]]], notes: list[str]) -> None:
     """Attribute an importable but unrecognised framework to whichever distribution ships it.
 
     ``find_spec`` on a top-level name locates the module without executing it, so this
@@ -286,7 +336,9 @@ def _fallback_by_import_name(md: Any, frameworks: dict[str, list[dict[str, str]]
             except Exception:
                 continue
             name = normalise(dist_name)
-            frameworks.setdefault(canonical, []).append({"distribution": name, "version": str(version)})
+            frameworks.setdefault(canonical, []).append(
+                {"distribution": name, "version": None if version is None else str(version)}
+            )
             notes.append(f"{canonical}: supplied by distribution {name!r}, which is not a known name for it")
             found = True
         if not found:
@@ -296,8 +348,14 @@ def _fallback_by_import_name(md: Any, frameworks: dict[str, list[dict[str, str]]
 
 
 def _describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    """``Type: line`` with the decisive line of the message (the first that says error/failed/unable,
+    else the first; the same rule as ``gpulayerd.gpu.command.decisive_line``, which this standalone
+    script cannot import)."""
+    text = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if not text:
+        return type(e).__name__
+    line = next((ln for ln in text if re.search(r"\b(error|errors|failed|failure|fail|unable)\b", ln, re.I)), text[0])
+    return f"{type(e).__name__}: {line}"
 
 
 def _call(notes: list[str], what: str, fn: Any) -> Any:
@@ -319,6 +377,7 @@ def torch_report(notes: list[str]) -> dict[str, object]:
         "cuda_device_count": None,
         "mps_built": None,
         "mps_available": None,
+        "mps_recommended_max_memory": None,
         "distributed_available": None,
         "backends": {"gloo": None, "nccl": None, "mpi": None},
         "error": None,
@@ -349,6 +408,10 @@ def torch_report(notes: list[str]) -> dict[str, object]:
     report["mps_available"] = _call(
         notes, "torch.backends.mps.is_available()", lambda: bool(torch.backends.mps.is_available())
     )
+    if report["mps_available"] and hasattr(getattr(torch, "mps", None), "recommended_max_memory"):
+        report["mps_recommended_max_memory"] = _call(
+            notes, "torch.mps.recommended_max_memory()", lambda: int(torch.mps.recommended_max_memory())
+        )
     report["distributed_available"] = _call(
         notes, "torch.distributed.is_available()", lambda: bool(torch.distributed.is_available())
     )
@@ -364,7 +427,27 @@ def torch_report(notes: list[str]) -> dict[str, object]:
     return report
 
 
-def _torch_installed(frameworks: dict[str, list[dict[str, str]]]) -> bool:
+def proc_translated() -> bool | None:
+    """``sysctl.proc_translated`` of this process on macOS: True under Rosetta; None off macOS.
+
+    The sysctl does not exist on Intel Macs (ENOENT): that is a native process, False.
+    """
+    if sys.platform != "darwin":
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
+        value = ctypes.c_int(0)
+        size = ctypes.c_size_t(ctypes.sizeof(value))
+        if libc.sysctlbyname(b"sysctl.proc_translated", ctypes.byref(value), ctypes.byref(size), None, 0):
+            return False
+        return value.value == 1
+    except Exception:
+        return None
+
+
+def _torch_installed(frameworks: dict[str, list[dict[str, Any]]]) -> bool:
     if "torch" in frameworks:
         return True
     try:
@@ -399,6 +482,7 @@ def build_report(check_torch: bool) -> dict[str, object]:
             "system": platform.system() or None,
             "machine": platform.machine() or None,
             "mac_ver": platform.mac_ver()[0] or None,
+            "translated": proc_translated(),
         }
     except Exception as e:
         notes.append(f"platform: {_describe(e)}")
@@ -409,7 +493,9 @@ def build_report(check_torch: bool) -> dict[str, object]:
     except Exception as e:
         notes.append(f"site-packages: {_describe(e)}")
     try:
-        frameworks = read_frameworks(notes)
+        locations: dict[str, dict[str, str]] = {}
+        frameworks = read_frameworks(notes, locations=locations)
+        report["dist_info_paths"] = locations
     except Exception as e:
         frameworks = {}
         notes.append(f"package metadata: {_describe(e)}")

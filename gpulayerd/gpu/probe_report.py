@@ -68,6 +68,12 @@ def snapshot_from_report(
     else:
         notes.append("framework versions unknown: the probe reported none")
     torch_cuda, torch_mps, backends = _torch_fields(report, "torch" in frameworks, torch_unfinished, notes)
+    machine, translated = _platform_fields(report)
+    if translated:
+        notes.append(f"this interpreter is {machine or 'x86_64'} code run by Rosetta on Apple silicon: "
+                     "it never gets the Apple GPU (mps)")
+    torch = report.get("torch")
+    mps_bytes = torch.get("mps_recommended_max_memory") if isinstance(torch, Mapping) else None
     return EnvironmentSnapshot(
         interpreter=interpreter,
         python_version=python_version,
@@ -77,7 +83,22 @@ def snapshot_from_report(
         distributed_backends=backends,
         ok=report.get("failed") is not True,
         notes=tuple(notes),
+        machine=machine,
+        translated=translated,
+        mps_recommended_max_bytes=(
+            mps_bytes if isinstance(mps_bytes, int) and not isinstance(mps_bytes, bool) and mps_bytes > 0 else None
+        ),
     )
+
+
+def _platform_fields(report: Mapping[str, object]) -> tuple[str | None, bool | None]:
+    """(``platform.machine()``, ``sysctl.proc_translated``) of the probed interpreter."""
+    plat = report.get("platform")
+    if not isinstance(plat, Mapping):
+        return None, None
+    machine, translated = plat.get("machine"), plat.get("translated")
+    return (machine if isinstance(machine, str) and machine else None,
+            translated if isinstance(translated, bool) else None)
 
 
 
@@ -97,27 +118,43 @@ def _is_pep440(version: str) -> bool:
 
 
 def _choose_distribution(key: str, entries: list[object], notes: list[str]) -> FrameworkVersion | None:
-    """Pick the distribution reported for ``key``: the one named like it, else the first by name."""
-    found: list[FrameworkVersion] = []
+    """Pick the distribution reported for ``key``.
+
+    The one whose RECORD hashes match the files on disk (``files_match``, set by
+    :func:`gpulayerd.gpu.dist_files.mark_files_on_disk`) when the hashes told; else the
+    one named like the framework; else the first by name. The others are listed in
+    ``others`` and a note when they conflict (a meta-package's companion of the same
+    version, such as ``tensorrt-cu12`` next to ``tensorrt``, is no conflict).
+    """
+    found: list[tuple[FrameworkVersion, object]] = []
     for entry in entries:
         if not isinstance(entry, Mapping):
             continue
-        dist, version = entry.get("distribution"), entry.get("version")
-        if not isinstance(dist, str) or not isinstance(version, str):
+        dist, version, note = entry.get("distribution"), entry.get("version"), entry.get("note")
+        if not isinstance(dist, str) or "version" not in entry or not (version is None or isinstance(version, str)):
             notes.append(f"{key}: malformed entry in the probe report: {entry!r}")
             continue
-        valid = _is_pep440(version)
+        if version in ("None", ""):  # an older probe wrote str(None)
+            version = None
+        valid = version is None or _is_pep440(version)
         if not valid:
             notes.append(f"{key}: installed version {version!r} is not PEP 440 (distribution {dist})")
-        found.append(FrameworkVersion(name=key, version=version, distribution=dist, valid=valid))
+        if version is None:
+            why = note if isinstance(note, str) and note else "version unknown"
+            notes.append(f"{key}: version unknown ({why}), distribution {dist}")
+        fw = FrameworkVersion(name=key, version=version, distribution=dist, valid=valid,
+                              note=note if isinstance(note, str) and version is None else "")
+        found.append((fw, entry.get("files_match")))
     if not found:
         return None
-    found.sort(key=lambda f: f.distribution)
-    chosen = next((f for f in found if f.distribution == key), found[0])
+    found.sort(key=lambda f: f[0].distribution)
+    by_files = [f for f, match in found if match is True]
+    named = next((f for f, _ in found if f.distribution == key), found[0][0])
+    chosen = by_files[0] if len(by_files) == 1 else named
     companion = _COMPANIONS.get(key)
     rivals = [
         f
-        for f in found
+        for f, _ in found
         if f is not chosen
         and not (
             chosen.distribution == key
@@ -126,12 +163,19 @@ def _choose_distribution(key: str, entries: list[object], notes: list[str]) -> F
             and f.version == chosen.version
         )
     ]
-    if rivals:
-        listed = ", ".join(f"{f.distribution} {f.version}" for f in found)
-        notes.append(
-            f"{key}: conflicting distributions installed ({listed}); reporting {chosen.distribution}"
-        )
-    return chosen
+    if not rivals:
+        return chosen
+    listed = ", ".join(f"{f.distribution} {f.version or 'version unknown'}" for f, _ in found)
+    how = (
+        f"the files on disk are {chosen.distribution}'s (RECORD hashes match)"
+        if by_files
+        else f"reporting {chosen.distribution} (the files on disk could not tell which)"
+    )
+    notes.append(f"{key}: conflicting distributions installed ({listed}); {how}")
+    others = tuple(f"{f.distribution} {f.version or 'version unknown'}" for f in rivals)
+    note = "RECORD hashes match the files on disk" if by_files else chosen.note
+    return FrameworkVersion(name=key, version=chosen.version, distribution=chosen.distribution,
+                            valid=chosen.valid, others=others, note=note)
 
 
 def _torch_fields(

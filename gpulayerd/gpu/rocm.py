@@ -19,7 +19,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     SupportMatrix,
 )
-from gpulayerd.gpu.command import CommandRunner
+from gpulayerd.gpu.command import CommandRunner, decisive_line
 
 __all__ = ["ROCM_SMI_SEARCH_DIRS", "RocmCard", "RocmProbe", "parse_rocm_product_names", "probe_rocm"]
 
@@ -123,7 +123,7 @@ def probe_rocm(
     cards = parse_rocm_product_names(result.stdout)
     if cards is None:
         lines = [ln.strip() for ln in (result.stdout + "\n" + result.stderr).splitlines() if ln.strip()]
-        first = lines[0] if lines else f"rocm-smi exited with status {result.returncode}"
+        first = decisive_line(lines) or f"rocm-smi exited with status {result.returncode}"
         status = ProbeStatus.NO_DEVICES if any(_NO_DEVICES.search(ln) for ln in lines) else ProbeStatus.ERROR
         return RocmProbe((), ProbeHealth(SOURCE, status, first, path), tuple(notes))
     devices = tuple(

@@ -26,6 +26,7 @@ from gpulayerd.models.capabilities import (
 from gpulayerd.models.explanation import (
     CheckModel,
     ExplanationModel,
+    HintModel,
     JobStateModel,
     PlacementModel,
     RejectionModel,
@@ -71,6 +72,7 @@ __all__ = [
     "ExplanationModel",
     "FrameworkModel",
     "HealthView",
+    "HintModel",
     "JobList",
     "JobSpec",
     "JobStateModel",

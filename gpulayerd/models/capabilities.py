@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpulayerd.core.types import (
     Accelerator,
+    DeviceKind,
     DeviceSnapshot,
+    DeviceState,
     EnvironmentSnapshot,
     FrameworkVersion,
     MemoryKind,
@@ -52,6 +54,16 @@ class DeviceModel(BaseModel):
     float64: bool | None = None
     granted_to: str | None = None
     foreign_pids: list[int] = Field(default_factory=list)
+    kind: DeviceKind = DeviceKind.GPU
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+    mig_enabled: bool | None = None
+    pci_bus_id: str | None = None
+    state: DeviceState = DeviceState.OK
+    state_reason: str = ""
+    processes_known: bool = True
+    memory_approximate: bool = False
+    """``memory_total_bytes`` is an estimate (the Apple GPU's recommended working set), not a tool's figure."""
 
     @field_validator("compute_capability", mode="before")
     @classmethod
@@ -75,6 +87,15 @@ class DeviceModel(BaseModel):
             float64=self.float64,
             granted_to=self.granted_to,
             foreign_pids=tuple(self.foreign_pids),
+            kind=self.kind,
+            parent_uuid=self.parent_uuid,
+            mig_profile=self.mig_profile,
+            mig_enabled=self.mig_enabled,
+            pci_bus_id=self.pci_bus_id,
+            state=self.state,
+            state_reason=self.state_reason,
+            processes_known=self.processes_known,
+            memory_approximate=self.memory_approximate,
         )
 
     @classmethod
@@ -95,17 +116,35 @@ class DeviceModel(BaseModel):
             float64=d.float64,
             granted_to=d.granted_to,
             foreign_pids=list(d.foreign_pids),
+            kind=d.kind,
+            parent_uuid=d.parent_uuid,
+            mig_profile=d.mig_profile,
+            mig_enabled=d.mig_enabled,
+            pci_bus_id=d.pci_bus_id,
+            state=d.state,
+            state_reason=d.state_reason,
+            processes_known=d.processes_known,
+            memory_approximate=d.memory_approximate,
         )
 
 
 class FrameworkModel(BaseModel):
-    """One installed framework: version as in the metadata and the distribution it came from."""
+    """One installed framework: version as in the metadata and the distribution it came from.
+
+    ``version`` is null when unknown (``note`` says why: "metadata file missing"), never
+    the string "None". ``others`` lists the other distributions that claim the same import
+    package (``"onnxruntime 1.19.2"``); then ``conflict`` is true and ``distribution`` is the
+    one whose RECORD hashes match the files on disk, when the hashes could tell.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
-    version: str
+    version: str | None
     distribution: str
     valid: bool = True
+    others: list[str] = Field(default_factory=list, max_length=32)
+    conflict: bool = False
+    note: str = ""
 
 
 class EnvironmentModel(BaseModel):
@@ -121,6 +160,11 @@ class EnvironmentModel(BaseModel):
     distributed_backends: list[str] | None = None
     ok: bool = True
     notes: list[str] = Field(default_factory=list)
+    cuda_builds: dict[str, str] = Field(default_factory=dict, max_length=16)
+    machine: str | None = Field(default=None, max_length=64)
+    translated: bool | None = None
+    mps_recommended_max_bytes: int | None = Field(default=None, ge=0)
+    torch_pending: bool = False
 
     def to_core(self) -> EnvironmentSnapshot:
         """Convert to an :class:`EnvironmentSnapshot`."""
@@ -128,7 +172,8 @@ class EnvironmentModel(BaseModel):
             interpreter=self.interpreter,
             python_version=self.python_version,
             frameworks={
-                k: FrameworkVersion(name=k, version=f.version, distribution=f.distribution, valid=f.valid)
+                k: FrameworkVersion(name=k, version=f.version, distribution=f.distribution, valid=f.valid,
+                                    others=tuple(f.others), note=f.note)
                 for k, f in self.frameworks.items()
             },
             torch_cuda=self.torch_cuda,
@@ -138,6 +183,11 @@ class EnvironmentModel(BaseModel):
             ),
             ok=self.ok,
             notes=tuple(self.notes),
+            cuda_builds=dict(self.cuda_builds),
+            machine=self.machine,
+            translated=self.translated,
+            mps_recommended_max_bytes=self.mps_recommended_max_bytes,
+            torch_pending=self.torch_pending,
         )
 
     @classmethod
@@ -147,7 +197,8 @@ class EnvironmentModel(BaseModel):
             interpreter=e.interpreter,
             python_version=e.python_version,
             frameworks={
-                k: FrameworkModel(version=f.version, distribution=f.distribution, valid=f.valid)
+                k: FrameworkModel(version=f.version, distribution=f.distribution, valid=f.valid,
+                                  others=list(f.others), conflict=bool(f.others), note=f.note)
                 for k, f in sorted(e.frameworks.items())
             },
             torch_cuda=e.torch_cuda,
@@ -157,6 +208,11 @@ class EnvironmentModel(BaseModel):
             ),
             ok=e.ok,
             notes=list(e.notes),
+            cuda_builds=dict(sorted(e.cuda_builds.items())),
+            machine=e.machine,
+            translated=e.translated,
+            mps_recommended_max_bytes=e.mps_recommended_max_bytes,
+            torch_pending=e.torch_pending,
         )
 
 
@@ -198,6 +254,8 @@ class Capabilities(BaseModel):
         allow_root_jobs: a system-mode worker runs root's jobs.
         missing_accounts: user names this worker was asked to run lately and has no account for.
         max_gpus_per_user: the most GPUs of this worker one user may hold; None = no cap.
+        driver_cuda: the newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``,
+            else :func:`gpulayerd.core.cuda_compat.driver_cuda_version` of the driver); None if unknown.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -222,6 +280,7 @@ class Capabilities(BaseModel):
     allow_root_jobs: bool = False
     missing_accounts: list[str] = Field(default_factory=list, max_length=256)
     max_gpus_per_user: int | None = Field(default=None, ge=0)
+    driver_cuda: str | None = Field(default=None, max_length=16)
 
     def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
         """Convert to a :class:`WorkerSnapshot` for the matcher."""
@@ -242,4 +301,6 @@ class Capabilities(BaseModel):
             allow_root_jobs=self.allow_root_jobs,
             missing_accounts=frozenset(self.missing_accounts),
             max_gpus_per_user=self.max_gpus_per_user,
+            os=self.platform.lower() if self.platform else None,
+            driver_cuda=self.driver_cuda,
         )

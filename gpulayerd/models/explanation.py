@@ -5,12 +5,14 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpulayerd import text as fmt
+from gpulayerd.core.hints import Hint
 from gpulayerd.core.types import Accelerator
 from gpulayerd.core.verdict import Explanation, Placement, Rejection
 
 __all__ = [
     "CheckModel",
     "ExplanationModel",
+    "HintModel",
     "JobStateModel",
     "PlacementModel",
     "RejectionModel",
@@ -185,6 +187,27 @@ class JobStateModel(BaseModel):
         return out + [fmt.escape(line) for line in self.stderr_tail or []]
 
 
+class HintModel(BaseModel):
+    """A nearest-miss hint on the wire (:class:`gpulayerd.core.hints.Hint`): a change to the job
+    and the workers (node ids) the changed job fits, re-judged; ``text`` is the whole line."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    change: str
+    fits: list[str]
+    text: str = ""
+    requirements: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def from_core(cls, h: Hint) -> HintModel:
+        """Build from a core hint."""
+        return cls(change=h.change, fits=list(h.fits), text=h.text, requirements=list(h.requirements))
+
+    def line(self) -> str:
+        """The hint for a terminal (escaped: versions and names come from workers)."""
+        return fmt.escape(self.text or f"{self.change} → fits {', '.join(self.fits)}")
+
+
 class ExplanationModel(BaseModel):
     """``gpulayer explain --json``: verdict, placement and the worker x requirement table.
 
@@ -202,6 +225,8 @@ class ExplanationModel(BaseModel):
     rejections: list[RejectionModel] = Field(default_factory=list)
     workers: list[WorkerExplanationModel] = Field(default_factory=list)
     state: JobStateModel | None = None
+    hints: list[HintModel] = Field(default_factory=list)
+    """Nearest-miss hints of a queued job that fits nowhere, or only a busy or offline worker."""
 
     @classmethod
     def from_core(cls, e: Explanation) -> ExplanationModel:

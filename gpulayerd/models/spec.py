@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,14 +24,20 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "KNOWN_FRAMEWORKS",
+    "OS_NAMES",
     "DistributedModel",
     "JobSpec",
     "PolicyModel",
     "Requirements",
     "SpecError",
+    "check_cuda_runtime",
+    "check_driver_version",
+    "check_os",
+    "extras_refusal",
     "format_validation_error",
     "job_spec_from_mapping",
     "load_job_spec",
+    "name_problem",
     "parse_compute_capability",
 ]
 
@@ -56,6 +62,23 @@ class SpecError(ValueError):
     """A job spec is invalid. The message names each bad field and what is allowed."""
 
 
+def extras_refusal(name: str, extras: Iterable[str], spec: str) -> str:
+    """Why a framework requirement with extras (``torch[opt-einsum]>=2.4``) is refused, with the fix.
+
+    Extras are refused in the TOML spec and in ``--framework`` alike: gpulayer checks the
+    installed version of a framework, never which optional dependencies came with it, so
+    accepting ``[opt-einsum]`` would promise a check that is not made. The hint names the
+    base requirement to write instead.
+    """
+    listed = ",".join(sorted(extras))
+    base = name.split("[", 1)[0].strip()
+    return (
+        f"{name if '[' in name else f'{base}[{listed}]'}: extras ([{listed}]) are not checked by gpulayer "
+        f"(it checks the installed version only); write the base name: {base} = {spec.strip()!r} "
+        f"(--framework '{base}{spec.strip()}')"
+    )
+
+
 def parse_compute_capability(value: object) -> tuple[int, int] | None:
     """Parse a CUDA compute capability into (major, minor).
 
@@ -78,6 +101,59 @@ def parse_compute_capability(value: object) -> tuple[int, int] | None:
     if not major.isdigit() or (minor and not minor.isdigit()):
         raise ValueError(f"not a compute capability: {value!r} (expected e.g. 8.6)")
     return (int(major), int(minor or "0"))
+
+
+OS_NAMES: tuple[str, ...] = ("linux", "darwin")
+"""Values of the ``os`` requirement (``platform.system()`` lower-cased)."""
+
+
+def check_driver_version(v: object) -> str | None:
+    """Validate ``min_driver_version``: an NVIDIA driver version like ``"525.60.13"``.
+
+    Raises:
+        ValueError: naming what is allowed.
+    """
+    if v is None:
+        return None
+    text = str(v).strip() if isinstance(v, str | int | float) and not isinstance(v, bool) else ""
+    parts = text.split(".")
+    if not text or len(parts) > 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{v!r} is not an NVIDIA driver version (e.g. '525.60.13')")
+    return text
+
+
+def check_cuda_runtime(v: object) -> str | None:
+    """Validate ``cuda_runtime``: a PEP 440 specifier on the CUDA build (``">=12.1"``);
+    a bare version (``"12.4"``) means ``==12.4``.
+
+    Raises:
+        ValueError: naming what is allowed.
+    """
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"{v!r} is not a version specifier (e.g. '>=12.1' or '==12.4')")
+    text = v.strip()
+    if text[0].isdigit():
+        text = f"=={text}"
+    try:
+        SpecifierSet(text)
+    except InvalidSpecifier as e:
+        raise ValueError(f"{v!r} is not a version specifier (e.g. '>=12.1' or '==12.4')") from e
+    return text
+
+
+def check_os(v: object) -> str | None:
+    """Validate ``os``: one of :data:`OS_NAMES` (case-insensitive).
+
+    Raises:
+        ValueError: naming the allowed values.
+    """
+    if v is None:
+        return None
+    if not isinstance(v, str) or v.strip().lower() not in OS_NAMES:
+        raise ValueError(f"{v!r} is not one of: {', '.join(OS_NAMES)}")
+    return v.strip().lower()
 
 
 def _enum_values(enum_type: type[Accelerator] | type[MemoryKind]) -> str:
@@ -116,6 +192,24 @@ class Requirements(BaseModel):
     frameworks: dict[str, str] = Field(default_factory=dict)
     python: str | None = None
     requires_float64: bool = False
+    min_driver_version: str | None = None
+    cuda_runtime: str | None = None
+    os: str | None = None
+
+    @field_validator("min_driver_version", mode="before")
+    @classmethod
+    def _min_driver(cls, v: object) -> object:
+        return check_driver_version(v)
+
+    @field_validator("cuda_runtime", mode="before")
+    @classmethod
+    def _cuda_runtime(cls, v: object) -> object:
+        return check_cuda_runtime(v)
+
+    @field_validator("os", mode="before")
+    @classmethod
+    def _os(cls, v: object) -> object:
+        return check_os(v)
 
     @field_validator("accelerator", mode="before")
     @classmethod
@@ -149,6 +243,9 @@ class Requirements(BaseModel):
         out: dict[str, str] = {}
         for name, spec in v.items():
             key = name.strip().lower()
+            if "[" in key and key.split("[", 1)[0].strip() in KNOWN_FRAMEWORKS:
+                extras = key.split("[", 1)[1].rstrip("]").split(",")
+                raise ValueError(extras_refusal(name.strip(), [e.strip() for e in extras if e.strip()], spec))
             if key not in KNOWN_FRAMEWORKS:
                 raise ValueError(
                     f"unknown framework {name!r}; known: {', '.join(KNOWN_FRAMEWORKS)}"
@@ -214,6 +311,27 @@ class PolicyModel(BaseModel):
     lease_s: float = Field(default=30.0, ge=1.0, le=86_400.0)
 
 
+def _is_control(ch: str) -> bool:
+    """C0 (incl. newline, tab, ESC), DEL and C1 control characters."""
+    o = ord(ch)
+    return o < 0x20 or 0x7F <= o <= 0x9F
+
+
+def name_problem(name: str | None) -> str | None:
+    """Why ``name`` cannot be a new job's name, or None when it can.
+
+    Names are shown on terminals (every user's, on every machine of the cluster), so a new
+    job's name has no control characters at all: C0 (escape, newline, tab, ...), DEL, C1.
+    Checked at submit (:func:`job_spec_from_mapping`), not when a stored job or a peer's
+    view is read: those are escaped where shown (:func:`gpulayerd.text.escape`).
+    """
+    bad = None if name is None else next((ch for ch in name if _is_control(ch)), None)
+    if bad is None:
+        return None
+    return (f"must not contain control characters (found {bad!a}): escape sequences, newlines "
+            "and tabs are refused")
+
+
 class JobSpec(BaseModel):
     """A job as a user writes it (TOML file or CLI flags).
 
@@ -236,6 +354,12 @@ class JobSpec(BaseModel):
     credentials (``SO_PEERCRED``); a value in a submitted spec is replaced."""
     path: str | None = Field(default=None, max_length=8192)
     """The submitter's ``PATH``, captured by the CLI at submit; the job's ``PATH``."""
+    profile: str | None = Field(default=None, max_length=200)
+    """A named runtime profile (:mod:`gpulayerd.core.profiles`), expanded at submit into
+    ``requirements``."""
+    requirement_origins: dict[str, str] = Field(default_factory=dict, max_length=64)
+    """Set at submit when ``profile`` is expanded: requirement (``frameworks.torch``) -> where its
+    value comes from (``from profile torch-2.4-cu124``, or ``job (profile torch-2.4-cu124 says ...)``)."""
 
     @field_validator("command", mode="before")
     @classmethod
@@ -302,6 +426,9 @@ class JobSpec(BaseModel):
             distributed=dist,
             workdir=self.workdir,
             user=self.user or "",
+            min_driver_version=r.min_driver_version,
+            cuda_runtime=r.cuda_runtime,
+            os=r.os,
         )
 
 
@@ -333,6 +460,8 @@ def job_spec_from_mapping(
 ) -> JobSpec:
     """Validate a mapping (parsed TOML or JSON) as a :class:`JobSpec`.
 
+    A ``name`` with control characters is refused (:func:`name_problem`).
+
     Raises:
         SpecError: naming ``source`` and each bad field.
     """
@@ -340,6 +469,9 @@ def job_spec_from_mapping(
         spec = JobSpec.model_validate(dict(data))
     except ValidationError as e:
         raise SpecError(f"{source}: invalid job spec\n{format_validation_error(e)}") from e
+    problem = name_problem(spec.name)
+    if problem is not None:
+        raise SpecError(f"{source}: invalid job spec\nname: {problem}")
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     workdir = Path(spec.workdir) if spec.workdir else base
     if spec.workdir and spec.workdir.startswith("~"):

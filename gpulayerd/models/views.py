@@ -36,6 +36,10 @@ class SubmitRequest(BaseModel):
     """Ignored: the daemon takes the user from the kernel (``SO_PEERCRED``)."""
     path: str = ""
     """The submitter's ``PATH`` (the CLI captures it); the job runs with it."""
+    key: str = ""
+    """The submission key the client made (``gpulayer submit``: a uuid4; at most 128 printable
+    ASCII characters): unique per user, a retry with the same key gets the job stored the first
+    time, never a second one (empty: no key)."""
 
 
 class AttemptView(BaseModel):

@@ -1,8 +1,18 @@
 """Which local addresses gpulayerd advertises on the LAN, and which interface holds an address.
 
-Container bridges, VPN tunnels and overlay networks are skipped unless named
-explicitly: peers on the LAN cannot reach those addresses, and advertising them
-makes every peer try (and time out on) each one.
+Container and VM bridges, VPN tunnels and overlay networks are skipped unless named
+explicitly (``--interface``): peers on the LAN cannot reach those addresses, and
+advertising them makes every peer try (and time out on) each one, or pick a tunnel
+address at random (recorded case bug-37). An interface is skipped when
+
+- its name starts with one of :data:`SKIPPED_INTERFACE_PREFIXES` (the names OpenVPN,
+  WireGuard, Docker, Podman, libvirt, LXD/LXC/Incus, VMware, VirtualBox, Multipass,
+  Hamachi, ZeroTier, Tailscale, CNI/Flannel/Calico and macOS's ``utun``/``bridge`` use), or
+- it is point-to-point (``pointopoint`` among psutil's interface flags, or an address
+  with a point-to-point peer): tunnels of any VPN, whatever their name.
+
+The link kind (veth, bridge in sysfs) is deliberately not a rule: a host inside a network
+namespace or container reaches the LAN through a veth interface (the test LAN's hosts do).
 """
 
 from __future__ import annotations
@@ -14,22 +24,58 @@ from typing import Protocol
 
 import psutil
 
-__all__ = ["SKIPPED_INTERFACE_PREFIXES", "interface_for_address", "lan_addresses"]
+__all__ = ["SKIPPED_INTERFACE_PREFIXES", "interface_for_address", "is_virtual_interface", "lan_addresses"]
 
 SKIPPED_INTERFACE_PREFIXES: tuple[str, ...] = (
     "lo",
+    # VPN tunnels
+    "tun",
+    "tap",
+    "wg",
+    "utun",
+    "ppp",
+    "ipsec",
+    "ham",
+    "zt",
+    "tailscale",
+    "nebula",
+    "gif",
+    "stf",
+    # container and VM bridges, overlays
     "docker",
     "br-",
     "virbr",
     "veth",
-    "tailscale",
-    "zt",
-    "wg",
+    "vmnet",
+    "vboxnet",
+    "lxdbr",
+    "lxcbr",
+    "incusbr",
+    "mpqemubr",
+    "podman",
     "cni",
     "flannel",
     "cali",
+    "cilium",
+    "kube-",
+    "bridge",
 )
-"""Interface name prefixes never chosen automatically (loopback, containers, VPNs, overlays)."""
+"""Interface name prefixes never chosen automatically (loopback, containers, VMs, VPNs, overlays).
+
+``veth`` matches only the host side of a container's link (``veth1a2b``); a namespace's
+own end is named like a NIC (``eth0``) and is kept.
+"""
+
+
+def is_virtual_interface(name: str, flags: str = "", ptp: bool = False) -> bool:
+    """True when ``name`` is an interface :func:`lan_addresses` skips unless asked for by name.
+
+    Args:
+        name: the interface name.
+        flags: psutil's comma-separated interface flags (``up,pointopoint,running``).
+        ptp: one of its addresses has a point-to-point peer (psutil's ``ptp``).
+    """
+    return name.startswith(SKIPPED_INTERFACE_PREFIXES) or ptp or "pointopoint" in flags.split(",")
 
 
 class NicAddress(Protocol):
@@ -48,6 +94,8 @@ class NicStats(Protocol):
     @property
     def isup(self) -> bool: ...
 
+    # psutil's ``flags`` (``up,pointopoint,running``) is read when present.
+
 
 def lan_addresses(
     interface: str | None = None,
@@ -57,10 +105,11 @@ def lan_addresses(
 ) -> list[tuple[str, str]]:
     """IPv4 addresses to advertise: ``(ifname, address)`` pairs, sorted by interface then address.
 
-    Without ``interface``: every up interface whose name does not start with one of
-    :data:`SKIPPED_INTERFACE_PREFIXES`, minus loopback and link-local (169.254/16)
-    addresses. An interface missing from ``net_if_stats`` counts as up (psutil leaves out
-    interfaces it cannot query). The result may be empty (no LAN; use static peers).
+    Without ``interface``: every up interface that :func:`is_virtual_interface` does not
+    skip (name prefixes in :data:`SKIPPED_INTERFACE_PREFIXES`, point-to-point links),
+    minus loopback and link-local (169.254/16) addresses. An interface missing from
+    ``net_if_stats`` counts as up (psutil leaves out interfaces it cannot query). The result
+    may be empty (no LAN; use static peers).
 
     Args:
         interface: use only this interface (whatever its name and kind), as ``--interface`` does.
@@ -87,7 +136,9 @@ def lan_addresses(
 
     result: list[tuple[str, str]] = []
     for name in sorted(addrs):
-        if name.startswith(SKIPPED_INTERFACE_PREFIXES) or not _is_up(stats, name):
+        flags = getattr(stats.get(name), "flags", "")
+        ptp = any(getattr(a, "ptp", None) for a in addrs[name] if a.family == socket.AF_INET)
+        if is_virtual_interface(name, flags if isinstance(flags, str) else "", ptp) or not _is_up(stats, name):
             continue
         for ip in sorted(_ipv4(addrs[name]), key=ipaddress.IPv4Address):
             parsed = ipaddress.IPv4Address(ip)

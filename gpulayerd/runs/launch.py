@@ -43,11 +43,15 @@ def build_argv(
     matched environment); an explicit path such as ``/usr/bin/python3`` is kept. With
     ``nproc_per_node`` the job runs under torchrun on this host alone::
 
-        interpreter -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N
-            --max-restarts 0 --monitor-interval 1 --rdzv-conf join_timeout=T SCRIPT ARGS...
+        interpreter -m torch.distributed.run --standalone --local-addr 127.0.0.1 --nnodes 1
+            --nproc-per-node N --max-restarts 0 --monitor-interval 1 --rdzv-conf join_timeout=T
+            SCRIPT ARGS...
 
     ``--standalone`` gives every job its own c10d rendezvous on a free port with a random
-    run id, so two jobs on one machine never join one rendezvous. ``python -m mod`` passes
+    run id, so two jobs on one machine never join one rendezvous. ``--local-addr
+    127.0.0.1`` keeps torchrun from publishing this host's name as the store address: on
+    a host whose own name does not resolve (containers, nodes without a DNS entry) the
+    workers would never reach the store and the job would hang (recorded case bug-36). ``python -m mod`` passes
     through as torchrun's ``-m mod``; a command that is not python runs with
     ``--no-python``. With ``log_dir``, torchrun keeps each rank's output there and
     copies it to the job's log line by line with a ``[default<rank>]:`` prefix
@@ -74,8 +78,8 @@ def build_argv(
     if nproc_per_node < 1:
         raise RunnerError(f"nproc_per_node must be at least 1, not {nproc_per_node}")
     torchrun = [
-        interpreter, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "1",
+        interpreter, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+        "--nnodes", "1", "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", "--monitor-interval", "1",
         "--rdzv-conf", f"join_timeout={max(1, math.ceil(rdzv_timeout_s))}",
     ]
     if log_dir is not None:
@@ -167,7 +171,8 @@ def build_env(
     env.update({k: v for k, v in spec.env.items() if not k.startswith("GPULAYER_")})
     if user is not None:
         env.update(USER=user.name, LOGNAME=user.name)
-    env.update(launch_env(placement.accelerator, placement.device_indices, job_id, attempt))
+    env.update(launch_env(placement.accelerator, placement.device_indices, job_id, attempt,
+                          placement.device_uuids))
     env["GPULAYER_DIST_TIMEOUT_S"] = repr(float(dist_timeout_s))
     return env
 

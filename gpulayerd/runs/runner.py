@@ -6,7 +6,9 @@ come from :mod:`gpulayerd.runs.launch`) and starts :mod:`gpulayerd.runs.watchdog
 starts the job in a session of its own, holds the device locks, enforces the deadline the
 daemon moves on every lease renewal, and writes ``exit.json``. The watchdog outlives the
 daemon, so a restarted daemon re-adopts it from the files in the run directory (pid +
-start time, safe against pid reuse).
+start time, safe against pid reuse). With ``use_zygote`` (the daemon's choice) the watchdog
+is forked by a long-lived zygote that holds its imports (:mod:`.zygote`): no Python
+start-up per job; the per-job ``python -m`` start below remains the fallback.
 
 The watchdog detaches by forking once: the process the daemon starts exits within
 milliseconds and is reaped by :meth:`Runner.start`. The daemon therefore never holds a
@@ -29,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +52,7 @@ from gpulayerd.runs.layout import (
     write_json,
 )
 from gpulayerd.runs.process import is_alive, job_processes, signal_job, signal_process
+from gpulayerd.runs.zygote import Zygote, ZygoteRefused
 
 __all__ = ["RunHandle", "RunState", "RunStatus", "Runner", "RunnerError"]
 
@@ -161,6 +164,8 @@ class Runner:
         log_cap_bytes: the most of each output stream (stdout, stderr) of one attempt kept on
             disk; the watchdog drops the rest and appends ``[gpulayer: log capped at N bytes]``.
             None keeps everything.
+        use_zygote: start watchdogs by forking a long-lived zygote (:mod:`.zygote`) instead of
+            a Python start-up per job (falls back to that when no zygote can be started).
     """
 
     def __init__(
@@ -174,6 +179,7 @@ class Runner:
         kill_timeout_s: float = 5.0,
         wait_interval_s: float = 0.2,
         log_cap_bytes: int | None = None,
+        use_zygote: bool = False,
     ) -> None:
         self._runs_dir = Path(runs_dir)
         self._python = python_for_watchdog
@@ -183,6 +189,7 @@ class Runner:
         self._kill_timeout_s = kill_timeout_s
         self._wait_interval_s = wait_interval_s
         self._log_cap_bytes = log_cap_bytes
+        self.zygote = Zygote(self._runs_dir, self._python, self._watchdog_env()) if use_zygote else None
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
         """``runs_dir/JOB/ATTEMPT`` (:func:`gpulayerd.runs.layout.run_dir`).
@@ -254,6 +261,18 @@ class Runner:
             },
         )
         self._write_deadline(run_dir, deadline_monotonic)
+        if self.zygote is not None:
+            try:
+                launch = self.zygote.launch(job_id, attempt, lock_fds)
+            except ZygoteRefused as e:
+                raise RunnerError(f"job {job_id} attempt {attempt}: the zygote refused to start it: {e}") from e
+            if launch is not None:
+                with launch:
+                    handle = self._await_start(job_id, attempt, run_dir, launch.poll, launch.pause, launch.lost)
+                if handle is not None:
+                    return handle
+                log.warning("job %s attempt %d: the zygote died before starting it; starting a watchdog",
+                            job_id, attempt)
         with open(run_dir / WATCHDOG_LOG, "ab") as watchdog_log:
             try:
                 launcher = subprocess.Popen(
@@ -265,7 +284,9 @@ class Runner:
             except OSError as e:
                 raise RunnerError(f"cannot start the watchdog with {self._python}: {e}") from e
         try:
-            return self._await_start(job_id, attempt, run_dir, launcher)
+            handle = self._await_start(job_id, attempt, run_dir, launcher.poll, lambda: time.sleep(0.005))
+            assert handle is not None  # (never lost)
+            return handle
         finally:
             try:
                 launcher.wait(timeout=self._start_timeout_s)
@@ -425,9 +446,16 @@ class Runner:
 
     # ---------------------------------------------------------------------- private
 
+    def close(self) -> None:
+        """Stop the zygote, if any (blocking, briefly); running watchdogs go on."""
+        if self.zygote is not None:
+            self.zygote.close()
+
     def _await_start(
-        self, job_id: str, attempt: int, run_dir: Path, launcher: subprocess.Popen[bytes]
-    ) -> RunHandle:
+        self, job_id: str, attempt: int, run_dir: Path, launcher_poll: Callable[[], int | None],
+        pause: Callable[[], None], lost: Callable[[], bool] = lambda: False,
+    ) -> RunHandle | None:
+        """Wait for the job's start; None when ``lost()`` says no watchdog started or ever will."""
         what = f"job {job_id} attempt {attempt}"
         end = time.monotonic() + self._start_timeout_s
         while True:
@@ -446,7 +474,9 @@ class Runner:
                     continue  # it finished everything between our two looks
                 raise RunnerError(f"{what}: the watchdog died before starting the job; "
                                   f"{_log_tail(run_dir / WATCHDOG_LOG)}")
-            code = launcher.poll()
+            code = launcher_poll()
+            if handle is None and lost():
+                return None
             if handle is None and code not in (None, 0):
                 raise RunnerError(f"{what}: the watchdog exited with code {code}; "
                                   f"{_log_tail(run_dir / WATCHDOG_LOG)}")
@@ -454,7 +484,7 @@ class Runner:
                 self._abandon(run_dir)
                 raise RunnerError(f"{what}: the watchdog did not start the job within "
                                   f"{self._start_timeout_s:g} s")
-            time.sleep(0.005)
+            pause()
 
     def _abandon(self, run_dir: Path) -> None:
         """Kill a watchdog that failed to start its job in time, and the job if it has one."""

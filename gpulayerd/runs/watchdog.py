@@ -84,7 +84,7 @@ from gpulayerd.runs.layout import (
 from gpulayerd.runs.logcopy import CappedLog
 from gpulayerd.runs.process import group_members, record_of
 
-__all__ = ["main"]
+__all__ = ["main", "supervise"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -117,6 +117,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s watchdog[%(process)d] %(levelname)s %(message)s",
     )
     return _Watchdog(run_dir).run()
+
+
+def supervise(run_dir: Path, *, lock_fds: Sequence[int] | None = None, notify_fd: int | None = None) -> int:
+    """Be the watchdog of ``run_dir`` in this (already detached) process: :mod:`.zygote`'s entry.
+
+    Args:
+        run_dir: the attempt's run directory (checked by the caller).
+        lock_fds: the device lock descriptors as this process holds them (they replace
+            ``launch.json``'s ``lock_fds``, the daemon's numbers); closed at the end.
+        notify_fd: closed as soon as ``job.json`` or ``exit.json`` is written (or the
+            watchdog gives up), so the daemon waits on it instead of polling.
+
+    Returns:
+        As :func:`main`.
+    """
+    return _Watchdog(run_dir, lock_fds, notify_fd).run()
 
 
 # -------------------------------------------------------------------------- private
@@ -169,8 +185,10 @@ class _Launch:
 class _Watchdog:
     """One job's supervisor; all state of the watchdog process."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, lock_fds: Sequence[int] | None = None, notify_fd: int | None = None) -> None:
         self.run_dir = run_dir
+        self.lock_fds = None if lock_fds is None else list(lock_fds)
+        self.notify_fd = notify_fd
         self.cancel_requested = False
         self.killed = False
         self.subreaper = False
@@ -182,7 +200,7 @@ class _Watchdog:
     def run(self) -> int:
         exit_code: int | None = None
         reason, detail = "error", ""
-        lock_fds: list[int] = []
+        lock_fds: list[int] = list(self.lock_fds or [])
         try:
             self._install_signals()
             self.subreaper = _become_subreaper()
@@ -194,7 +212,8 @@ class _Watchdog:
                 return 0
             write_json(self.run_dir / WATCHDOG_FILE, {**me.to_json(), "started_at": time.time()})
             launch = _Launch.load(self.run_dir / LAUNCH_FILE)
-            lock_fds, self.keep_s = launch.lock_fds, launch.exit_keep_s
+            lock_fds = launch.lock_fds if self.lock_fds is None else lock_fds
+            self.keep_s = launch.exit_keep_s
             exit_code, reason, detail = self._run_job(launch)
         except BaseException as e:  # never end without exit.json
             log.exception("watchdog failed")
@@ -214,9 +233,17 @@ class _Watchdog:
                 "killed_by_watchdog": self.killed, "ended_at": time.time(),
             })
         finally:
+            self._notify()
             for fd in lock_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    def _notify(self) -> None:
+        """Close the notify pipe (the daemon waits on it): ``job.json`` or ``exit.json`` is written."""
+        fd, self.notify_fd = self.notify_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _record_exit(self, record: Mapping[str, object]) -> int:
         """Write ``exit.json``; while that fails (a full disk), keep ``record`` for the daemon.
@@ -231,6 +258,8 @@ class _Watchdog:
             return 0
         except OSError as e:
             log.warning("cannot write %s (%s): keeping the exit status until it is recorded", EXIT_FILE, e)
+        finally:
+            self._notify()
         me = record_of(os.getpid())
         note = ExitNote(None if me is None else socket_name(me.pid, me.start_ticks), record)
         end = time.monotonic() + self.keep_s
@@ -288,6 +317,7 @@ class _Watchdog:
             {"pid": proc.pid, "pgid": proc.pid, "create_time": create_time, "start_ticks": ticks,
              "started_at": time.time(), "spawn_s": spawn_s},
         )
+        self._notify()
         log.info("started job pid %d: %s", proc.pid, launch.argv)
         reason, detail = self._supervise(proc, launch)
         if reason != "exited":

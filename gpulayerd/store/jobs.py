@@ -94,6 +94,15 @@ _ACTIVE_ATTEMPTS = (
     f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state IN ('claimed', 'running') ORDER BY job_id, attempt"
 )
 _COUNTS = "SELECT status, COUNT(*) FROM jobs GROUP BY status"
+_QUEUE_HEAD = (
+    "SELECT COALESCE((SELECT MAX(seq) FROM events), 0), (SELECT COUNT(*) FROM jobs WHERE status = 'queued')"
+)
+_CHANGED_JOBS = (
+    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id IN (SELECT job_id FROM events WHERE seq > ? AND seq <= ?)"
+)
+_KEY_JOB = "SELECT job_id FROM submission_keys WHERE user = ? AND key = ?"
+_INSERT_KEY = "INSERT INTO submission_keys (user, key, job_id) VALUES (?, ?, ?)"
+_FORGET_KEY = "DELETE FROM submission_keys WHERE user = ? AND key = ?"
 
 _AMBIGUOUS_SHOWN = 5
 """How many matching ids an :class:`AmbiguousJobId` message lists."""
@@ -108,20 +117,31 @@ class JobsTable:
 
     # ---------------------------------------------------------------------- jobs
 
-    async def insert_job(self, row: JobRow, reason: str, stimulus_id: str = "") -> JobRow:
+    async def insert_job(self, row: JobRow, reason: str, stimulus_id: str = "",
+                         key: tuple[str, str] | None = None) -> JobRow:
         """Store a new job and its "submitted" event in one transaction.
 
         ``row.seq`` is ignored: the job gets the next submission number. A job stored
         as ``rejected`` with an empty ``row.reason`` keeps ``reason`` as its reason.
+        ``key``: the submission's ``(user, client key)``, unique: when a job was stored with it
+        already, nothing is stored and that job's row is returned (an idempotent retry).
 
         Returns:
-            The row as stored (with its ``seq``).
+            The row as stored (with its ``seq``), or the one stored before with ``key``.
 
         Raises:
             StoreError: a job with this id exists already.
         """
         stored_reason = row.reason or (reason if row.status is JobStatus.REJECTED else "")
         async with self._db.transaction() as db:
+            if key is not None:
+                before = list(await db.execute_fetchall(_KEY_JOB, key))
+                if before:
+                    found = list(await db.execute_fetchall(_GET_JOB, (before[0][0],)))
+                    if found:
+                        return job_row(found[0])
+                    await db.execute_fetchall(_FORGET_KEY, key)  # its job is gone: a new one
+                await db.execute_fetchall(_INSERT_KEY, (*key, row.id))
             try:
                 seq_rows = await db.execute_fetchall(
                     _INSERT_JOB, job_params(replace(row, reason=stored_reason))
@@ -270,6 +290,30 @@ class JobsTable:
         Does nothing unless the job is ``queued`` or ``rejected``.
         """
         await self._db.write_one(_SET_EXPLANATION, (reason, explanation_json, job_id))
+
+    async def set_explanations(self, items: Sequence[tuple[str, str, str | None]]) -> None:
+        """:meth:`set_explanation` for each ``(job_id, reason, explanation_json)``, in one transaction."""
+        if not items:
+            return
+        async with self._db.transaction() as db:
+            await db.executemany(_SET_EXPLANATION, [(reason, ej, job_id) for job_id, reason, ej in items])
+
+    async def queue_changes(self, after_event: int) -> tuple[int, int, list[JobRow]]:
+        """What changed for the scheduler's in-memory queue since event ``after_event``.
+
+        Returns:
+            ``(head, queued, rows)``: the newest event's seq (0 when none), how many jobs are
+            queued now, and the current row of every job with an event after ``after_event``
+            up to ``head`` (submitted, claimed, requeued, cancelled, ...), in any status. A job's
+            status and reason change only with an event (:meth:`apply`, :meth:`insert_job`);
+            :meth:`set_explanation` writes none.
+        """
+        head_rows = await self._db.fetch_all(_QUEUE_HEAD, ())
+        head, queued = int(head_rows[0][0]), int(head_rows[0][1])
+        if head <= after_event:
+            return head, queued, []
+        rows = await self._db.fetch_all(_CHANGED_JOBS, (after_event, head))
+        return head, queued, [job_row(r) for r in rows]
 
     async def counts(self) -> dict[str, int]:
         """Number of jobs in each status (every known status present, 0 if none)."""

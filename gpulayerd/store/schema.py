@@ -140,6 +140,17 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        4,
+        """
+        CREATE TABLE submission_keys (
+            user TEXT NOT NULL,
+            key TEXT NOT NULL,  -- made by the client (gpulayer submit: a uuid4)
+            job_id TEXT NOT NULL,
+            PRIMARY KEY (user, key)
+        );
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

@@ -17,16 +17,20 @@ from typing import Any
 __all__ = [
     "COMPUTE_APPS_ARGV",
     "FAKE_BIN",
+    "MIG_MODE_ARGV",
     "FakeTool",
     "gpu_query_argv",
     "insert_memory_used",
     "install_fake_tool",
     "response",
+    "smi_header",
 ]
 
 FAKE_BIN = Path(__file__).resolve().parent / "bin"
 FORMAT = "--format=csv,noheader,nounits"
 COMPUTE_APPS_ARGV = ["--query-compute-apps=gpu_uuid,pid,used_memory", FORMAT]
+MIG_MODE_ARGV = ["--query-gpu=index,uuid,pci.bus_id,mig.mode.current", FORMAT]
+"""The MIG-mode query the daemon runs after ``--query-gpu`` (gpulayerd.gpu.nvidia_devices)."""
 
 
 def gpu_query_argv(compute_cap: bool = True, memory_used: bool = True) -> list[str]:
@@ -36,6 +40,18 @@ def gpu_query_argv(compute_cap: bool = True, memory_used: bool = True) -> list[s
     fields += ["compute_cap"] if compute_cap else []
     fields += ["driver_version"]
     return [f"--query-gpu={','.join(fields)}", FORMAT]
+
+
+def smi_header(driver: str = "550.54.15", cuda: str = "12.4") -> dict[str, Any]:
+    """Plain ``nvidia-smi``'s answer (no arguments): its banner with ``CUDA Version:``, which the
+    probe reads once per binary and driver (gpulayerd.gpu.nvidia.query_driver_cuda)."""
+    banner = (
+        "Tue Dec  1 00:00:00 2026       \n"
+        "+-----------------------------------------------------------------------------------------+\n"
+        f"| NVIDIA-SMI {driver:<22} Driver Version: {driver:<14} CUDA Version: {cuda:<9}|\n"
+        "|-----------------------------------------+------------------------+----------------------+\n"
+    )
+    return response([], banner)
 
 
 def response(

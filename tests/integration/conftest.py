@@ -39,7 +39,7 @@ import pytest
 
 from gpulayerd.api.client import DaemonClient
 from gpulayerd.models import JobView
-from tests.fakes import COMPUTE_APPS_ARGV, gpu_query_argv, install_fake_tool, response
+from tests.fakes import COMPUTE_APPS_ARGV, gpu_query_argv, install_fake_tool, response, smi_header
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
@@ -142,6 +142,7 @@ class FakeGpus:
         scenario = {"responses": [
             response(gpu_query_argv(), "".join(g.row() for g in self.gpus)),
             response(COMPUTE_APPS_ARGV, rows),
+            smi_header(),  # plain nvidia-smi: the banner with the driver's CUDA Version
         ]}
         path = self.tool.path.with_name("nvidia-smi.json")
         tmp = path.with_name(".nvidia-smi.json.tmp")
@@ -155,9 +156,11 @@ class FakeGpus:
 class Daemon:
     """One gpulayerd subprocess on its own state dir."""
 
-    def __init__(self, root: Path, *, lock_dir: Path, cpu_slots: int, fake: FakeGpus | None,
-                 settings: dict[str, float], env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *, lock_dir: Path, cpu_slots: int | None, fake: FakeGpus | None,
+                 settings: dict[str, float], env: dict[str, str] | None = None,
+                 wrap: Sequence[str] = ()) -> None:
         self.root = root
+        self.wrap = list(wrap)  # argv prefix (taskset -c 0, unshare ...) the daemon runs under
         self.extra_env = env or {}
         self.state_dir = root / "state"
         self.work = root / "work"
@@ -179,8 +182,9 @@ class Daemon:
         _seed_env_cache(self.state_dir)
         config = self.root / "gpulayerd.toml"
         config.write_text("".join(f"{k} = {v!r}\n" for k, v in self.settings.items()), encoding="utf-8")
-        argv = [GPULAYERD, "--state-dir", str(self.state_dir), "--device-lock-dir", str(self.lock_dir),
-                "--cpu-slots", str(self.cpu_slots), "--config", str(config), "--log-level", "DEBUG"]
+        slots = [] if self.cpu_slots is None else ["--cpu-slots", str(self.cpu_slots)]
+        argv = [*self.wrap, GPULAYERD, "--state-dir", str(self.state_dir), "--device-lock-dir", str(self.lock_dir),
+                *slots, "--config", str(config), "--log-level", "DEBUG"]
         env = {**clean_env(self.fake.bin_dir if self.fake is not None else None), **self.extra_env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, env=env, cwd=self.root, stdin=subprocess.DEVNULL,
@@ -213,6 +217,7 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        _keep_env_cache(self.state_dir)
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -311,6 +316,14 @@ def _seed_env_cache(state_dir: Path) -> None:
 
 def _keep_env_cache(state_dir: Path) -> None:
     source = state_dir / "cache" / "environments"
+    seed_dir = _ENV_CACHE_SEED.get("dir")
+    if seed_dir is not None and source.is_dir():
+        # The torch-checked answer lands after start-up (a background check): add what is new.
+        with contextlib.suppress(OSError):
+            for f in source.iterdir():
+                if not (seed_dir / f.name).exists():
+                    shutil.copy2(f, seed_dir / f.name)
+        return
     if "dir" not in _ENV_CACHE_SEED and source.is_dir() and any(source.iterdir()):
         seed = Path(tempfile.mkdtemp(prefix="glit-envcache-", dir="/tmp")) / "environments"
         try:
@@ -374,11 +387,12 @@ class Lab:
         self._n += 1
         return FakeGpus(self.root / f"fake{self._n}", memories_mib)
 
-    def daemon(self, *, fake: FakeGpus | None = None, cpu_slots: int = 2, lock_dir: Path | None = None,
-               env: dict[str, str] | None = None, start: bool = True, **settings: float) -> Daemon:
+    def daemon(self, *, fake: FakeGpus | None = None, cpu_slots: int | None = 2, lock_dir: Path | None = None,
+               env: dict[str, str] | None = None, start: bool = True, wrap: Sequence[str] = (),
+               **settings: float) -> Daemon:
         self._n += 1
         d = Daemon(self.root / f"d{self._n}", lock_dir=lock_dir or self.lock_dir, cpu_slots=cpu_slots,
-                   fake=fake, settings={**SETTINGS, **settings}, env=env)
+                   fake=fake, settings={**SETTINGS, **settings}, env=env, wrap=wrap)
         self.daemons.append(d)
         return d.start() if start else d
 

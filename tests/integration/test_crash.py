@@ -748,6 +748,13 @@ except OSError:
     _argv = []
 if b"gpulayerd.runs.watchdog" in _argv and os.path.exists({flag!r}):
     time.sleep({delay_s!r})
+if b"gpulayerd.runs.zygote" in _argv:
+    # A zygote forks each watchdog: the watchdog starts slowly.
+    def _after_fork():
+        if os.path.exists({flag!r}):
+            time.sleep({delay_s!r})
+
+    os.register_at_fork(after_in_child=_after_fork)
 '''
 
 

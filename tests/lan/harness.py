@@ -58,7 +58,7 @@ import psutil
 from gpulayerd.api.client import DaemonClient
 from gpulayerd.config import socket_path_for
 from gpulayerd.models import JobView
-from tests.fakes import COMPUTE_APPS_ARGV, FakeTool, gpu_query_argv, install_fake_tool, response
+from tests.fakes import COMPUTE_APPS_ARGV, FakeTool, gpu_query_argv, install_fake_tool, response, smi_header
 
 __all__ = [
     "FAST_CLUSTER",
@@ -322,6 +322,7 @@ class FakeGpus:
         self._write({"responses": [
             response(gpu_query_argv(), "".join(g.row() for g in self.gpus)),
             response(COMPUTE_APPS_ARGV, rows),
+            smi_header(),  # plain nvidia-smi: the banner with the driver's CUDA Version
         ]})
 
     def _write(self, scenario: dict[str, Any]) -> None:
@@ -346,6 +347,14 @@ def _seed_env_cache(state_dir: Path) -> None:
 
 def _keep_env_cache(state_dir: Path) -> None:
     source = state_dir / "cache" / "environments"
+    seed_dir = _ENV_CACHE.get("dir")
+    if seed_dir is not None and source.is_dir():
+        # The torch-checked answer lands after start-up (a background check): add what is new.
+        with contextlib.suppress(OSError):
+            for f in source.iterdir():
+                if not (seed_dir / f.name).exists():
+                    shutil.copy2(f, seed_dir / f.name)
+        return
     if "dir" not in _ENV_CACHE and source.is_dir() and any(source.iterdir()):
         seed = Path(tempfile.mkdtemp(prefix="gl-envcache-")) / "environments"
         shutil.copytree(source, seed)
@@ -526,6 +535,7 @@ class Host:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        _keep_env_cache(self.daemon_state_dir)
         return proc.returncode
 
     def daemon_running(self) -> bool:

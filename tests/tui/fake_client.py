@@ -26,6 +26,7 @@ from gpulayerd.models import (
     RejectionModel,
     WorkerExplanationModel,
 )
+from gpulayerd.models.metrics import GpuMetricsView, GpuProcessView, MetricsView
 
 WORKERS_DIR = Path(__file__).resolve().parents[1] / "data" / "workers"
 NOW = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC: the fixed clock of the TUI tests
@@ -90,11 +91,32 @@ def waiting_explanation(job_id: str) -> ExplanationModel:
     )
 
 
+def lab_metrics() -> MetricsView:
+    """Live metrics of lab-ws-02 (tests/data/workers): GPU 0 runs job j-4711 "sweep-lr-3e-4" of bob,
+    GPU 1 is used by a foreign process of carol; readings include nvidia-smi placeholders (None)."""
+    caps = load_caps("lab-ws-02")
+    uuids = [d.uuid for d in caps.devices]
+    gib = 2**30
+    return MetricsView(available=True, sampling=True, taken_at=NOW, interval_s=1.0, gpus=[
+        GpuMetricsView(index=0, uuid=uuids[0], utilization_pct=87, temperature_c=71, power_draw_w=251.3,
+                       power_limit_w=350, memory_used_bytes=18 * gib, memory_total_bytes=24 * gib,
+                       utilization_history=[10, 40, 75, 90, 87, None, 87],
+                       processes=[GpuProcessView(pid=4242, used_memory_bytes=17 * gib, user="bob", job_id="j-4711",
+                                                 job_name="sweep-lr-3e-4", job_user="bob")],
+                       granted_to="j-4711", granted_name="sweep-lr-3e-4", granted_user="bob"),
+        GpuMetricsView(index=1, uuid=uuids[1], utilization_pct=3, temperature_c=None, power_draw_w=None,
+                       power_limit_w=None, memory_used_bytes=2 * gib, memory_total_bytes=24 * gib,
+                       utilization_history=[0, 3],
+                       processes=[GpuProcessView(pid=31337, used_memory_bytes=gib, user="carol")]),
+    ])
+
+
 class FakeDaemonClient:
     """An in-memory daemon with the DaemonClient methods the TUI uses."""
 
     def __init__(self, *, jobs: Iterable[JobView] = (), peers: Iterable[PeerView] = (),
-                 explanations: dict[str, ExplanationModel] | None = None, hostname: str = "lab-ws-02") -> None:
+                 explanations: dict[str, ExplanationModel] | None = None, hostname: str = "lab-ws-02",
+                 metrics: MetricsView | None = None) -> None:
         self.jobs_by_id: dict[str, JobView] = {j.id: j for j in jobs}
         self.peer_list: list[PeerView] = list(peers)
         self.explanations: dict[str, ExplanationModel] = dict(explanations or {})
@@ -103,6 +125,7 @@ class FakeDaemonClient:
         self.hostname = hostname
         self.reachable = True
         self.calls: list[tuple[str, ...]] = []
+        self.metrics_view = metrics or MetricsView(available=False, message="no working nvidia-smi on this machine")
         self.closed = 0
         self._streams: list[asyncio.Queue[ChangeEvent | None]] = []
 
@@ -197,6 +220,10 @@ class FakeDaemonClient:
         return LogChunk(job_id=job_ref, attempt=max(job.attempt, 1), stream="stderr" if stream == "stderr"
                         else "stdout", offset=offset, next_offset=nxt, data=part.decode(),
                         complete=job_ref in self.complete and nxt >= len(data))
+
+    async def metrics(self) -> MetricsView:
+        self._call("metrics")
+        return self.metrics_view
 
     async def events(self) -> AsyncIterator[ChangeEvent]:
         self._call("events")

@@ -57,7 +57,7 @@ async def test_loads_everything_then_follows_changes_one_job_at_a_time() -> None
         await wait_for(pilot, lambda: "m8aa00000004" in table(app).shown_ids, "the new job's row")
         fake.put_job(make_job("m8aa00000002", "running", name="finetune", holder_name="dgx-spark",
                               reason="started"))
-        await wait_for(pilot, lambda: table(app).cells("m8aa00000002")[3] == "running",
+        await wait_for(pilot, lambda: table(app).cells("m8aa00000002").state == "running",
                        "the job's new state")
         assert fake.count("jobs") == 1
         assert ("job", "m8aa00000004") in fake.calls and ("job", "m8aa00000002") in fake.calls
@@ -77,11 +77,12 @@ async def test_keys_switch_screens_filter_and_quit() -> None:
         await wait_for(pilot, lambda: connected(app) and table(app).row_count == 3, "the first load")
         await wait_for(pilot, lambda: "Detail" in screen_text(app).splitlines()[-1], "the jobs table's keys")
         footer = screen_text(app).splitlines()[-1]
-        for key in ("⏎ Detail", "c Cancel", "l Logs", "/ Filter", "d Devices", "j Jobs", "p Peers", "q Quit"):
+        for key in ("⏎ Detail", "c Cancel", "l Logs", "/ Filter", "1 Devices", "2 Jobs", "3 Peers", "q Quit",
+                    "? Help"):
             assert key in footer, footer
         await pilot.press("d")
         assert main_screen(app).query_one("#devices-table").has_focus
-        assert "130.7 GB unified (system RAM)" in "".join(
+        assert "130.7 GB unified (RAM)" in "".join(
             str(c) for row in main_screen(app).query_one(DevicesTable).plain_rows() for c in row)
         await pilot.press("p")
         assert main_screen(app).query_one("#peers-table").has_focus
@@ -147,7 +148,7 @@ async def test_cancel_asks_first_and_no_means_no() -> None:
         assert fake.count("cancel") == 0 and isinstance(app.screen, MainScreen)
         await pilot.press("c", "y")
         await wait_for(pilot, lambda: fake.count("cancel") == 1, "the cancel call")
-        await wait_for(pilot, lambda: table(app).cells("m8aa00000001")[3] == "cancelled",
+        await wait_for(pilot, lambda: table(app).cells("m8aa00000001").state == "cancelled",
                        "the cancelled state")
 
 

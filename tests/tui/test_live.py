@@ -88,7 +88,7 @@ async def test_cancelling_from_the_tui_cancels_the_job(real_daemon: RealDaemon) 
     async with app.run_test(size=(120, 30)) as pilot, DaemonClient(real_daemon.socket_path) as client:
         await wait_for(pilot, lambda: connected(app), "the connection", timeout_s=10)
         job = await client.submit(spec(real_daemon, "sleep", "100", name="sleeper"))
-        await wait_for(pilot, lambda: job.id in table(app).shown_ids and table(app).cells(job.id)[3] == "running",
+        await wait_for(pilot, lambda: job.id in table(app).shown_ids and table(app).cells(job.id).state == "running",
                        "the job running", timeout_s=15)
         table(app).select_job(job.id)
         await pilot.press("c")
@@ -98,7 +98,7 @@ async def test_cancelling_from_the_tui_cancels_the_job(real_daemon: RealDaemon) 
         while (await client.job(job.id)).status != "cancelled":
             assert time.monotonic() < end, f"not cancelled: {await client.job(job.id)}"
             await pilot.pause(0.1)
-        await wait_for(pilot, lambda: table(app).cells(job.id)[3] == "cancelled", "the cancelled row")
+        await wait_for(pilot, lambda: table(app).cells(job.id).state == "cancelled", "the cancelled row")
 
 
 @pytest.mark.asyncio

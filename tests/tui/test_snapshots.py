@@ -14,8 +14,9 @@ from textual.pilot import Pilot
 from gpulayer_tui.app import GpulayerApp, TuiSettings, make_app
 from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.widgets.explanation import ExplanationView
+from gpulayer_tui.widgets.gpu_metrics import GpuMetricsPanel
 from gpulayer_tui.widgets.jobs_table import JobsTable
-from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer, waiting_explanation
+from tests.tui.fake_client import NOW, FakeDaemonClient, lab_metrics, make_job, make_peer, waiting_explanation
 from tests.tui.helpers import wait_for
 
 SNAPSHOT = TuiSettings(retry_s=0.05, log_poll_s=60.0, age_refresh_s=0, theme="textual-dark")
@@ -30,16 +31,17 @@ def lab_app() -> GpulayerApp:
         make_job("m8nq0a1b2c3d", "running", name="sweep-lr-3e-4", owner="bob", holder_name="lab-ws-02",
                  age_s=4000, reason="started on lab-ws-02 GPU 0", requirements={"accelerator": "cuda"}),
         make_job("m8nq0a1b2c3e", "queued", name="llm-finetune", age_s=900,
-                 reason="fits nowhere we know: no worker has a CUDA GPU with >= 40.0 GB dedicated memory",
+                 reason="Memory: GPU 0 (NVIDIA GeForce RTX 3090) has 24.0 GB, the job needs 40.0 GB (on lab-ws-02)",
                  requirements={"accelerator": "cuda", "gpu_memory_gb": 40, "gpu_memory_kind": "dedicated",
                                "frameworks": {"torch": ">=2.4"}}),
         make_job("m8nq0a1b2c3f", "queued", name="eval-mps", owner="carol", age_s=300,
-                 reason="fits but busy: mac-studio is foreign (another cluster)", requirements={"accelerator": "mps"}),
+                 reason="Framework: torch 2.5.1 has no mps backend on lab-ws-02 in /opt/venvs/torch/bin/python",
+                 requirements={"accelerator": "mps"}),
         make_job("m8nq0a1b2c3g", "succeeded", name="ddp-cpu", owner="alice", age_s=86000, reason="exited 0"),
         make_job("m8nq0a1b2c3h", "failed", name=None, owner="dave", age_s=200000, reason="exited 1"),
         make_job("m8nq0a1b2c3j", "cancelled", name="typo", owner="bob", age_s=45, reason="cancelled by the user"),
     ]
-    fake = FakeDaemonClient(jobs=jobs, peers=peers,
+    fake = FakeDaemonClient(jobs=jobs, peers=peers, metrics=lab_metrics(),
                             explanations={"m8nq0a1b2c3e": waiting_explanation("m8nq0a1b2c3e")})
     return make_app(fake, clock=lambda: NOW, settings=SNAPSHOT)
 
@@ -52,11 +54,21 @@ async def loaded(pilot: Pilot[Any]) -> None:
 
 
 def test_devices_snapshot(snap_compare: SnapCompare) -> None:
-    assert snap_compare(lab_app(), press=["d"], terminal_size=(150, 24), run_before=loaded)
+    async def devices(pilot: Pilot[Any]) -> None:
+        await loaded(pilot)
+        await pilot.press("1")
+        await wait_for(pilot, lambda: pilot.app.screen.query_one(GpuMetricsPanel).polls >= 1, "the live metrics")
+        await pilot.pause()
+
+    assert snap_compare(lab_app(), terminal_size=(120, 30), run_before=devices)
 
 
 def test_jobs_snapshot(snap_compare: SnapCompare) -> None:
     assert snap_compare(lab_app(), press=["down"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_jobs_snapshot_120x40(snap_compare: SnapCompare) -> None:
+    assert snap_compare(lab_app(), press=["j", "j", "s"], terminal_size=(120, 40), run_before=loaded)
 
 
 def test_waiting_job_detail_snapshot(snap_compare: SnapCompare) -> None:

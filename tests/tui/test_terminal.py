@@ -1,7 +1,8 @@
-"""``gpulayer tui`` in a real terminal: tmux, 100x30, against a real gpulayerd."""
+"""``gpulayer tui`` in a real terminal: tmux, 80x24, against a real gpulayerd."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -44,20 +45,40 @@ def wait_screen(tmux: list[str], *wanted: str, timeout_s: float = 20.0) -> str:
         time.sleep(0.1)
 
 
-def test_gpulayer_tui_lists_jobs_switches_views_and_quits(real_daemon: RealDaemon, tmux: list[str]) -> None:
-    job = real_daemon.call(lambda c: c.submit({"command": ["true"], "workdir": str(real_daemon.work),
-                                               "name": "in-tmux"}, submitted_by="tester"))
-    command = f"{tool('gpulayer')} --state-dir {real_daemon.state_dir} tui"
-    env = {**clean_env(), "TERM": "xterm-256color"}
-    subprocess.run([*tmux, "new-session", "-d", "-x", "100", "-y", "30", "-s", "tui", command], env=env,
-                   check=True, timeout=10)
-    # the Jobs view lists the job, and the footer shows the keys
-    wait_screen(tmux, job.id, "in-tmux", "Jobs (j)", "⏎ Detail", "c Cancel", "l Logs", "/ Filter", "q Quit")
-    subprocess.run([*tmux, "send-keys", "-t", "tui", "d"], check=True, timeout=10)
-    wait_screen(tmux, "CPU only")
-    subprocess.run([*tmux, "send-keys", "-t", "tui", "q"], check=True, timeout=10)
-    end = time.monotonic() + 10
-    while subprocess.run([*tmux, "has-session", "-t", "tui"], capture_output=True, timeout=10,
-                         check=False).returncode == 0:
-        assert time.monotonic() < end, f"q did not quit:\n{capture(tmux)}"
-        time.sleep(0.1)
+def submit(daemon: RealDaemon, *args: str) -> str:
+    r = daemon.cli("submit", "--json", *args)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    return str(json.loads(r.stdout)["id"])
+
+
+def send(tmux: list[str], *keys: str) -> None:
+    subprocess.run([*tmux, "send-keys", "-t", "tui", *keys], check=True, timeout=10)
+
+
+def test_gpulayer_tui_shows_a_waiting_jobs_reason_at_80x24_and_quits(real_daemon: RealDaemon,
+                                                                     tmux: list[str]) -> None:
+    # a job holding all 4 CPU slots, and one behind it that waits: "Busy: cpu slots 0 free of 4 …"
+    holder = submit(real_daemon, "--name", "holder", "--nproc", "4", "--", "sleep", "120")
+    waiting = submit(real_daemon, "--name", "in-tmux", "--", "true")
+    try:
+        command = f"{tool('gpulayer')} --state-dir {real_daemon.state_dir} tui"
+        env = {**clean_env(), "TERM": "xterm-256color"}
+        subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", "-s", "tui", command], env=env,
+                       check=True, timeout=10)
+        # the Jobs view shows the reason's code and deciding words in the waiting job's row
+        screen = wait_screen(tmux, "in-tmux", "Busy: cpu slots 0 free of 4", "2 Jobs", "q Quit", "? Help")
+        row = next(line for line in screen.splitlines() if "in-tmux" in line)
+        assert "queued" in row and "Busy: cpu slots 0 free of 4" in row, screen
+        send(tmux, "d")
+        wait_screen(tmux, "CPU only")
+        send(tmux, "2", "?")  # back to the jobs, and the help panel lists the keys
+        wait_screen(tmux, "Reverse sort")
+        send(tmux, "C-c")
+        end = time.monotonic() + 10
+        while subprocess.run([*tmux, "has-session", "-t", "tui"], capture_output=True, timeout=10,
+                             check=False).returncode == 0:
+            assert time.monotonic() < end, f"ctrl+c did not quit:\n{capture(tmux)}"
+            time.sleep(0.1)
+    finally:
+        for job_id in (waiting, holder):
+            real_daemon.cli("cancel", job_id)

@@ -59,7 +59,7 @@ async def test_jobs_table_repaints_only_the_line_that_changed() -> None:
         rebuild = table._rebuild
         table._rebuild = lambda: pytest.fail("an update must not rebuild the table")  # type: ignore[method-assign]
         table.upsert_job(make_job("job00000007", "running", age_s=37, holder_name="lab-ws-02", reason="started"))
-        assert table.cells("job00000007")[3:5] == ("running", "lab-ws-02")
+        assert (table.cells("job00000007").state, table.cells("job00000007").where) == ("running", "lab-ws-02")
         assert len(refreshed) == 1 and refreshed[0][0][0].height == 1  # one line: row 7 under the header
         assert refreshed[0][0][0].y == 8
         refreshed.clear()
@@ -97,7 +97,7 @@ async def test_jobs_table_filter_sort_and_cursor_follow_the_job() -> None:
         await pilot.pause()
         assert table.sort_by == "state"
         assert table.shown_ids == ["a0000001", "a0000002", "a0000003"]
-        await pilot.press("s")  # by owner
+        table.sort_by = "user"  # by user
         await pilot.pause()
         assert table.shown_ids == ["a0000002", "a0000001", "a0000003"]
         assert table.highlighted_id == "a0000003"  # the cursor stays on the same job
@@ -139,10 +139,10 @@ async def test_jobs_table_ages_follow_the_clock() -> None:
     async with Harness(table).run_test() as pilot:
         table.set_jobs([make_job("c0000001", age_s=30), make_job("c0000002", age_s=4000)])
         await pilot.pause()
-        assert [table.cells(k)[5] for k in table.shown_ids] == ["30s", "66m"]
+        assert [table.cells(k).age for k in table.shown_ids] == ["30s", "66m"]
         now[0] += 60
         table.refresh_ages()
-        assert [table.cells(k)[5] for k in table.shown_ids] == ["90s", "67m"]
+        assert [table.cells(k).age for k in table.shown_ids] == ["90s", "67m"]
 
 
 @pytest.mark.asyncio
@@ -154,22 +154,49 @@ async def test_devices_table_says_unified_memory_never_vram_and_unknown_cc_as_da
         await pilot.pause()
         rows = {(r[0], r[1]): r for r in table.plain_rows()}
         spark = rows[("dgx-spark", "0")]
-        assert spark[3] == "130.7 GB unified (system RAM)"
-        assert rows[("lab-ws-02", "0")][3] == "1.3 / 25.8 GB dedicated"
+        assert spark[4] == "130.7 GB unified (RAM)"
+        assert rows[("lab-ws-02", "0")][4] == "1.3/25.8 GB dedicated"
         assert all("VRAM" not in cell for row in rows.values() for cell in row)
-        assert rows[("old-ws-07", "0")][5] == "—"  # compute capability unknown
-        assert rows[("lab-ws-02", "0")][4] == "granted to j-4711"
-        assert rows[("lab-ws-02", "1")][4] == "free"
-        assert rows[("lab-ws-01", "—")][6] == "CPU only"
-        assert rows[("rocm-box", "0")][8] == "no (detection only)"
+        assert rows[("old-ws-07", "0")][7] == "—"  # compute capability unknown
+        assert rows[("lab-ws-02", "0")][5] == "j-4711"  # a job this TUI does not know: its id
+        assert rows[("lab-ws-02", "1")][5] == "free"
+        assert rows[("lab-ws-01", "—")][5] == "CPU only"
+        assert rows[("rocm-box", "0")][5] == "detection only"
         # an update of one device changes that row in place (same keys, same order)
         busy = make_peer("lab-ws-02")
         assert busy.capabilities is not None
         busy.capabilities.devices[1].foreign_pids = [3131]
+        table.labeller = {"j-4711": "sweep (bob)"}.get  # a known job: by its name and user
         table.peers = (make_peer("dgx-spark"), make_peer("old-ws-07"), busy, make_peer("lab-ws-01"),
                        make_peer("rocm-box"))
         await pilot.pause()
-        assert {(r[0], r[1]): r for r in table.plain_rows()}[("lab-ws-02", "1")][4] == "busy (pid 3131)"
+        rows = {(r[0], r[1]): r for r in table.plain_rows()}
+        assert rows[("lab-ws-02", "1")][5] == "busy (pid 3131)"
+        assert rows[("lab-ws-02", "0")][5] == "sweep (bob)"
+
+
+@pytest.mark.asyncio
+async def test_devices_table_never_shows_a_lost_gpu_a_mig_parent_or_unknown_processes_as_free() -> None:
+    from gpulayerd.core.types import DeviceState
+
+    table = DevicesTable(id="devices-table")
+    peer = make_peer("lab-ws-02")
+    assert peer.capabilities is not None
+    gpu0, gpu1 = peer.capabilities.devices[0], peer.capabilities.devices[1]
+    gpu0.granted_to, gpu0.state, gpu0.state_reason = None, DeviceState.LOST, "Unknown Error\x1b[2J"
+    gpu1.mig_enabled = True
+    async with Harness(table).run_test(size=(200, 20)) as pilot:
+        table.peers = (peer,)
+        await pilot.pause()
+        rows = {(r[0], r[1]): r for r in table.plain_rows()}
+        assert rows[("lab-ws-02", "0")][5] == "lost: Unknown Error…"  # cut at 20 cells, the escape never raw
+        assert "\x1b" not in "".join(rows[("lab-ws-02", "0")])
+        assert rows[("lab-ws-02", "1")][5] == "MIG mode"
+        gpu1.mig_enabled, gpu1.processes_known, gpu1.memory_used_bytes = False, False, 8 * 10**9
+        table.peers = (peer.model_copy(deep=True),)
+        await pilot.pause()
+        rows = {(r[0], r[1]): r for r in table.plain_rows()}
+        assert rows[("lab-ws-02", "1")][5] == "procs unknown (busy)"
 
 
 @pytest.mark.asyncio
@@ -236,7 +263,7 @@ async def test_explanation_view_shows_a_failed_jobs_state_instead_of_the_table()
 def test_where_of_a_finished_job_keeps_its_host_and_gpus() -> None:
     from gpulayer_tui.widgets.jobs_table import COLUMNS, job_cells
 
-    where = [k for k, _, _ in COLUMNS].index("where")
+    where = [k for k, _ in COLUMNS].index("where")
     done = make_job("j1", "failed").model_copy(update={"where_node": "n" * 52, "where_name": "ws-2",
                                                        "where_devices": [0, 1]})
     assert job_cells(done, NOW)[where] == "ws-2 GPU 0,1"

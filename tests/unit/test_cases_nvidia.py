@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gpulayerd.core.types import Accelerator, MemoryKind, ProbeHealth, ProbeStatus
+from gpulayerd.core.types import Accelerator, DeviceState, MemoryKind, ProbeHealth, ProbeStatus
 from gpulayerd.gpu.discovery import (
     DiscoveryConfig,
     HostInventory,
@@ -35,11 +35,13 @@ from gpulayerd.gpu.nvidia_parse import nvidia_devices, nvidia_gpus
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from tests.fakes import (
     COMPUTE_APPS_ARGV,
+    MIG_MODE_ARGV,
     FakeTool,
     gpu_query_argv,
     insert_memory_used,
     install_fake_tool,
     response,
+    smi_header,
 )
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
@@ -61,7 +63,7 @@ def query_fields(command: str) -> list[str]:
 
 
 def fake_smi(tmp_path: Path, *responses: dict[str, Any]) -> FakeTool:
-    return install_fake_tool(tmp_path / "bin", "nvidia-smi", [*responses, NO_APPS])
+    return install_fake_tool(tmp_path / "bin", "nvidia-smi", [*responses, NO_APPS, smi_header("580.95.05", "13.0")])
 
 
 def config(tmp_path: Path, **kw: Any) -> DiscoveryConfig:
@@ -117,12 +119,14 @@ def test_bug01_retries_without_compute_cap_and_remembers(tmp_path: Path) -> None
     assert "470.256.02" not in inp["retry_stdout"]  # the banner's tool version is never used
     assert any("compute_cap" in n for n in inv.notes)
     assert any("compute capability unknown" in n for n in inv.notes)
-    assert smi_fake.argvs() == [FULL, NO_CC, COMPUTE_APPS_ARGV]
+    assert smi_fake.argvs() == [FULL, NO_CC, MIG_MODE_ARGV, COMPUTE_APPS_ARGV, []]  # [] = the CUDA header
+    assert inv.driver_cuda == "13.0"
 
-    # Same binary, same NvidiaSmi: straight to the short query.
+    # Same binary, same NvidiaSmi: straight to the short query (the header is known).
     again = discover_host(config(tmp_path), SUPPORT_MATRIX, nvidia=smi)
     assert [d.uuid for d in cuda(again)] == [want["uuid"]]
-    assert smi_fake.argvs()[3:] == [NO_CC, COMPUTE_APPS_ARGV]
+    assert smi_fake.argvs()[5:] == [NO_CC, MIG_MODE_ARGV, COMPUTE_APPS_ARGV]
+    assert again.driver_cuda == "13.0"
     assert any("rejected them before" in n and "compute_cap" in n for n in again.notes)
     assert smi.query_fields(str(smi_fake.path)) == tuple(NO_CC[0].removeprefix("--query-gpu=").split(","))
 
@@ -130,7 +134,7 @@ def test_bug01_retries_without_compute_cap_and_remembers(tmp_path: Path) -> None
     st = smi_fake.path.stat()
     os.utime(smi_fake.path, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))
     discover_host(config(tmp_path), SUPPORT_MATRIX, nvidia=smi)
-    assert smi_fake.argvs()[5:] == [FULL, NO_CC, COMPUTE_APPS_ARGV]
+    assert smi_fake.argvs()[8:] == [FULL, NO_CC, MIG_MODE_ARGV, COMPUTE_APPS_ARGV, []]
 
 
 def test_bug01_first_answer_is_an_unsupported_field_not_zero_gpus() -> None:
@@ -154,7 +158,7 @@ def test_bug01_kind_other_rejected_field_is_dropped_too(tmp_path: Path) -> None:
     (gpu,) = cuda(inv)
     assert (gpu.index, gpu.memory_total_bytes, gpu.memory_used_bytes) == (3, 15360 * MIB, None)
     assert gpu.compute_capability == (7, 5)
-    assert fake.argvs() == [FULL, no_used, COMPUTE_APPS_ARGV]
+    assert fake.argvs() == [FULL, no_used, MIG_MODE_ARGV, COMPUTE_APPS_ARGV, []]
 
 
 # bug-02: placeholders in single fields
@@ -416,7 +420,7 @@ def test_bug11_two_gpus_names_with_spaces_locale_c(tmp_path: Path, monkeypatch: 
         assert gpu.compute_capability == tuple(want["compute_capability"])
         assert gpu.name == "Tesla V100-SXM2-16GB"
         assert gpu.driver_version == "580.126.09"
-    assert [(c["LC_ALL"], c["LANG"]) for c in fake.calls()] == [("C", "C"), ("C", "C")]
+    assert [(c["LC_ALL"], c["LANG"]) for c in fake.calls()] == [("C", "C")] * 4
 
 
 def test_bug11_long_row_with_its_own_fields() -> None:
@@ -447,10 +451,13 @@ def test_bug11_kind_three_part_driver_and_bad_lines(tmp_path: Path) -> None:
         ),
     )
     inv = discover_host(config(tmp_path), SUPPORT_MATRIX)
-    (gpu,) = cuda(inv)
+    gpu, lost = cuda(inv)
     assert gpu.driver_version == "418.87.01"
     assert gpu.name == "GeForce RTX 2080 Ti"
-    assert nvidia_health(inv).status is ProbeStatus.OK
+    # issue 15: the GPU named in the diagnostic line is a lost device, and health is degraded
+    assert (lost.state, lost.pci_bus_id, lost.index) == (DeviceState.LOST, "0000:3b:00.0", 2)
+    assert nvidia_health(inv).status is ProbeStatus.DEGRADED
+    assert "Unable to determine the device handle for GPU 0000:3B:00.0" in nvidia_health(inv).message
     assert "nvidia-smi: 1, GPU-00000000-0000-4000-8000-0000000000e1, GeForce RTX" in inv.notes
     assert any("Unable to determine the device handle" in n for n in inv.notes)
     assert any("status 15" in n for n in inv.notes)

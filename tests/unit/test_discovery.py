@@ -34,7 +34,7 @@ from gpulayerd.gpu.discovery import (
 )
 from gpulayerd.gpu.rocm import parse_rocm_product_names
 from gpulayerd.gpu.support import SUPPORT_MATRIX
-from tests.fakes import COMPUTE_APPS_ARGV, gpu_query_argv, install_fake_tool, response
+from tests.fakes import COMPUTE_APPS_ARGV, MIG_MODE_ARGV, gpu_query_argv, install_fake_tool, response, smi_header
 
 MIB = 2**20
 FULL = gpu_query_argv()
@@ -150,12 +150,12 @@ def test_parse_compute_apps() -> None:
 def test_compute_apps_fill_foreign_pids(tmp_path: Path) -> None:
     apps = "GPU-00000000-0000-4000-8000-000000000102, 777, 1024\nGPU-00000000-0000-4000-8000-000000000102, 42, 8\n"
     fake = install_fake_tool(tmp_path / "bin", "nvidia-smi", [response(FULL, TWO_GPUS),
-                                                             response(COMPUTE_APPS_ARGV, apps)])
+                                                             response(COMPUTE_APPS_ARGV, apps), smi_header()])
     inv = discover_host(config(tmp_path / "bin"), SUPPORT_MATRIX)
     a, b = inv.devices
     assert (a.foreign_pids, a.busy) == ((), False)
     assert (b.foreign_pids, b.busy) == ((42, 777), True)
-    assert fake.argvs() == [FULL, COMPUTE_APPS_ARGV]
+    assert fake.argvs() == [FULL, MIG_MODE_ARGV, COMPUTE_APPS_ARGV, []]  # [] = plain nvidia-smi: the CUDA header
 
 
 def test_compute_apps_failure_is_a_note_not_a_failure(tmp_path: Path) -> None:
@@ -170,10 +170,32 @@ def test_compute_apps_failure_is_a_note_not_a_failure(tmp_path: Path) -> None:
 
 
 def test_compute_apps_can_be_switched_off(tmp_path: Path) -> None:
-    fake = install_fake_tool(tmp_path / "bin", "nvidia-smi", [response(FULL, TWO_GPUS)])
+    fake = install_fake_tool(tmp_path / "bin", "nvidia-smi", [response(FULL, TWO_GPUS), smi_header()])
     inv = discover_host(config(tmp_path / "bin", query_compute_apps=False), SUPPORT_MATRIX)
     assert len(inv.devices) == 2
-    assert fake.argvs() == [FULL]
+    assert fake.argvs() == [FULL, MIG_MODE_ARGV, []]
+
+
+def test_driver_cuda_from_the_header_once_per_driver_else_the_table(tmp_path: Path) -> None:
+    """Hosts report nvidia-smi's ``CUDA Version:`` (here a header that differs from the table's 12.4
+    for 550.54.15, so the source shows); without a header, the driver -> CUDA table."""
+    from gpulayerd.capabilities import build_capabilities
+    from gpulayerd.gpu.nvidia import NvidiaSmi
+
+    fake = install_fake_tool(tmp_path / "bin", "nvidia-smi", [response(FULL, TWO_GPUS),
+                                                             smi_header("550.54.15", "12.5")])
+    smi = NvidiaSmi()
+    inv = discover_host(config(tmp_path / "bin", query_compute_apps=False), SUPPORT_MATRIX, nvidia=smi)
+    assert inv.driver_cuda == "12.5"
+    assert build_capabilities(inv, [], "n1", 0.0).driver_cuda == "12.5"
+    again = discover_host(config(tmp_path / "bin", query_compute_apps=False), SUPPORT_MATRIX, nvidia=smi)
+    assert again.driver_cuda == "12.5"
+    assert fake.argvs().count([]) == 1  # asked once for this binary and driver
+
+    bare = install_fake_tool(tmp_path / "bare", "nvidia-smi", [response(FULL, TWO_GPUS)])  # plain call: exit 99
+    inv = discover_host(config(tmp_path / "bare", query_compute_apps=False), SUPPORT_MATRIX)
+    assert inv.driver_cuda == "12.4"
+    assert bare.argvs() == [FULL, MIG_MODE_ARGV, []]
 
 
 # The command runner
@@ -183,7 +205,7 @@ def test_child_runs_with_c_locale_in_its_own_session(tmp_path: Path, monkeypatch
     monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
     monkeypatch.setenv("LANG", "de_DE.UTF-8")
     fake = install_fake_tool(tmp_path / "bin", "nvidia-smi", [response(FULL, TWO_GPUS),
-                                                             response(COMPUTE_APPS_ARGV, "")])
+                                                             response(COMPUTE_APPS_ARGV, ""), smi_header()])
     discover_host(config(tmp_path / "bin"), SUPPORT_MATRIX)
     for call in fake.calls():
         assert (call["LC_ALL"], call["LANG"]) == ("C", "C")
@@ -257,10 +279,12 @@ def test_apple_silicon_is_one_mps_device_with_unified_memory() -> None:
     calls: list[tuple[str, ...]] = []
     facts = read_apple_facts(recorded(APPLE_M2_MAX, calls), 5.0)
     assert facts == AppleFacts("arm64", True, 68719476736, "Apple M2 Max", "14.5")
-    assert set(calls) == set(APPLE_M2_MAX)
+    assert set(calls) == {*APPLE_M2_MAX, ("sysctl", "-n", "iogpu.wired_limit_mb")}
     (mps,) = apple_devices(facts, SUPPORT_MATRIX)
     assert (mps.accelerator, mps.index, mps.name) == (Accelerator.MPS, 0, "Apple M2 Max")
-    assert (mps.memory_kind, mps.memory_total_bytes) == (MemoryKind.UNIFIED, 68719476736)
+    # 64 GiB of RAM: Metal recommends 3/4 of it for GPU work (tests/unit/test_cases_apple.py)
+    assert (mps.memory_kind, mps.memory_total_bytes, mps.memory_approximate) == (
+        MemoryKind.UNIFIED, 68719476736 * 3 // 4, True)
     assert (mps.float64, mps.execution_supported, mps.compute_capability) == (False, True, None)
     probe = probe_apple(facts, SUPPORT_MATRIX)
     assert probe.health.status is ProbeStatus.OK
@@ -284,6 +308,17 @@ def test_rosetta_process_on_apple_silicon_still_sees_the_gpu() -> None:
     assert any("Rosetta" in n for n in probe.notes)
 
 
+def test_apple_tool_failure_keeps_the_decisive_stderr_line() -> None:
+    """A failing tool's note quotes the line that says what went wrong, not a banner above it."""
+    answers = dict(APPLE_M2_MAX)
+    answers["sysctl", "-n", "hw.memsize", "machdep.cpu.brand_string"] = CommandResult(
+        "", "sysctl: reading kernel state\nsysctl: error: operation not permitted\n", 1)
+    facts = read_apple_facts(recorded(answers, []), 5.0)
+    notes = probe_apple(facts, SUPPORT_MATRIX).notes
+    assert any(n.endswith("sysctl: error: operation not permitted") for n in notes), notes
+    assert not any("reading kernel state" in n for n in notes)
+
+
 def test_apple_memsize_unknown_keeps_the_device_with_none() -> None:
     facts = AppleFacts(machine="arm64", chip="Apple M1")
     (mps,) = apple_devices(facts, SUPPORT_MATRIX)
@@ -303,7 +338,8 @@ def test_darwin_end_to_end_with_fake_sysctl_and_sw_vers(tmp_path: Path) -> None:
     assert health(inv, "apple").status is ProbeStatus.OK
     (mps,) = inv.devices
     assert (mps.accelerator, mps.name, mps.memory_total_bytes, mps.float64) == (
-        Accelerator.MPS, "Apple M2 Max", 68719476736, False)
+        Accelerator.MPS, "Apple M2 Max", 68719476736 * 3 // 4, False)
+    assert inv.memory_total_bytes is not None  # the RAM itself stays the RAM
     assert all((c["LC_ALL"], c["LANG"]) == ("C", "C") for c in sysctl.calls())
 
 

@@ -119,7 +119,9 @@ def test_invalid_version_is_flagged_without_hiding_others(tmp_path: Path) -> Non
 def test_conflicting_distributions_keep_the_canonical_one(tmp_path: Path) -> None:
     python, _ = make_env(tmp_path / "env", {"onnxruntime": "1.19.2", "onnxruntime-gpu": "1.20.1"})
     snap = EnvironmentProber(PROBE_TIMEOUT_S, None).probe(str(python))
-    assert snap.frameworks["onnxruntime"] == FrameworkVersion("onnxruntime", "1.19.2", "onnxruntime")
+    # No RECORD to compare with the files: the canonical name is reported, the other listed.
+    assert snap.frameworks["onnxruntime"] == FrameworkVersion(
+        "onnxruntime", "1.19.2", "onnxruntime", others=("onnxruntime-gpu 1.20.1",))
     (note,) = [n for n in snap.notes if n.startswith("onnxruntime:")]
     assert "onnxruntime 1.19.2" in note
     assert "onnxruntime-gpu 1.20.1" in note

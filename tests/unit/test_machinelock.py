@@ -272,11 +272,11 @@ def test_the_cli_finds_the_system_socket_when_no_personal_daemon_answers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from gpulayerd import config
+    from gpulayerd import config, sockets
     from gpulayerd.cli.client import socket_path
 
     system = tmp_path / "run" / "gpulayerd.sock"
-    monkeypatch.setattr(config, "SYSTEM_SOCKET_PATH", system)
+    monkeypatch.setattr(sockets, "SYSTEM_SOCKET_PATH", system)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     (tmp_path / "xdg").mkdir(mode=0o700)
     personal = config.socket_path_for(None)

@@ -293,6 +293,7 @@ def test_fake_torch_degrades_field_by_field_and_stdout_stays_json(tmp_path: Path
         "cuda_device_count": 0,
         "mps_built": True,
         "mps_available": False,
+        "mps_recommended_max_memory": None,  # asked only when mps is available
         "distributed_available": True,
         "backends": {"gloo": True, "nccl": None, "mpi": False},
         "error": None,

@@ -40,7 +40,8 @@ POLL_S = 0.05
 CPU = Placement("node-a", sys.executable, (), (), Accelerator.CPU)
 CUDA_1_3 = Placement("node-a", sys.executable, (1, 3), ("GPU-1", "GPU-3"), Accelerator.CUDA)
 TORCHRUN = [
-    "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+    "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1", "--nnodes", "1",
+    "--nproc-per-node", "2",
     "--max-restarts", "0", "--monitor-interval", "1", "--rdzv-conf", "join_timeout=60",
 ]
 has_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from gpulayerd.api.client import ApiRequestError, ChangeEvent, DaemonUnreachable
 from gpulayerd.models import ExplanationModel, HealthView, JobView, LogChunk, PeerView
+from gpulayerd.models.metrics import MetricsView
 
 __all__ = ["ApiRequestError", "ChangeEvent", "DaemonApi", "DaemonUnreachable"]
 
@@ -45,6 +46,10 @@ class DaemonApi(Protocol):
     async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
                    attempt: int | None = None) -> LogChunk:
         """A chunk of a job's log from byte ``offset``."""
+        ...
+
+    async def metrics(self) -> MetricsView:
+        """This machine's live GPU metrics; reading them keeps the daemon's sampler running a few seconds."""
         ...
 
     def events(self) -> AsyncIterator[ChangeEvent]:

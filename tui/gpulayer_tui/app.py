@@ -19,6 +19,7 @@ from textual import on, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
+from textual.widgets import HelpPanel, Input
 
 from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable
 from gpulayer_tui.screens.confirm import ConfirmCancel
@@ -26,6 +27,7 @@ from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.screens.main import MainScreen
 from gpulayer_tui.state import ClusterState, Connection, ConnectionState
 from gpulayer_tui.widgets.jobs_table import JobsTable
+from gpulayerd import text as fmt
 from gpulayerd.models import JobView, PeerView
 
 __all__ = ["GpulayerApp", "TuiSettings", "make_app"]
@@ -40,12 +42,15 @@ class TuiSettings:
         log_poll_s: seconds between log reads of a running job shown in detail.
         age_refresh_s: seconds between updates of ages and "… ago" (0: never, for snapshots).
         theme: a Textual theme name; None: the default, or ``ansi-dark`` on a 16-colour terminal.
+        metrics_poll_s: seconds between reads of the live GPU metrics while the Devices view is
+            shown (0: never; the daemon samples only while they are read).
     """
 
     retry_s: float = 1.0
     log_poll_s: float = 0.5
     age_refresh_s: float = 5.0
     theme: str | None = None
+    metrics_poll_s: float = 1.0
 
 
 class GpulayerApp(App[None]):
@@ -54,7 +59,13 @@ class GpulayerApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "gpulayer"
     ENABLE_COMMAND_PALETTE = False
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("f10", "quit", "Quit", show=False),
+        Binding("ctrl+c", "quit_or_copy", "Quit (copy in a text box)", show=False, priority=True),
+        Binding("question_mark", "toggle_help", "Help"),
+        Binding("f1", "toggle_help", "Help", show=False),
+    ]
 
     def __init__(self, client: DaemonApi, *, clock: Callable[[], float], settings: TuiSettings) -> None:
         """The app; see :func:`make_app`."""
@@ -77,11 +88,29 @@ class GpulayerApp(App[None]):
             self.theme = self.settings.theme
         elif self.console.color_system in ("standard", "windows"):
             self.theme = "ansi-dark"
-        self.push_screen(MainScreen(self, clock=self.clock, age_refresh_s=self.settings.age_refresh_s))
+        self.push_screen(MainScreen(self, clock=self.clock, age_refresh_s=self.settings.age_refresh_s,
+                                    metrics=getattr(self.client, "metrics", None),
+                                    metrics_poll_s=self.settings.metrics_poll_s))
         self.follow_daemon()
 
     async def on_unmount(self) -> None:
         await self.client.close()
+
+    # ----------------------------------------------------------------- actions
+
+    def action_quit_or_copy(self) -> None:
+        """ctrl+c: quit, except in a text box, where it copies the selection (Textual's own binding)."""
+        if isinstance(self.focused, Input):
+            self.focused.action_copy()
+        else:
+            self.exit()
+
+    def action_toggle_help(self) -> None:
+        """Show (or hide again) Textual's help panel: every binding of the focused view, hidden ones too."""
+        if self.screen.query(HelpPanel):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
 
     # ---------------------------------------------------------------- handlers
 
@@ -95,7 +124,8 @@ class GpulayerApp(App[None]):
     def _confirm_cancel(self, event: JobsTable.CancelRequested | JobDetailScreen.CancelRequested) -> None:
         job_id = event.job_id
         job = self.state.jobs.get(job_id)
-        label = job_id if job is None else f"{job_id}" + (f" ({job.name})" if job.name else "") + f", {job.status}"
+        label = job_id if job is None else (f"{job_id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
+                                            + f", {job.status}")
 
         def answered(yes: bool | None) -> None:
             if yes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -54,8 +55,8 @@ class ConfirmCancel(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Static(f"Cancel job {self._label}?\n\nA running job gets SIGTERM, then SIGKILL after the "
-                         "grace period.", id="confirm-text")
+            yield Static(Text(f"Cancel job {self._label}?\n\nA running job gets SIGTERM, then SIGKILL after the "
+                              "grace period."), id="confirm-text")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Yes, cancel it (y)", id="confirm-yes", variant="error")
                 yield Button("No (n)", id="confirm-no")

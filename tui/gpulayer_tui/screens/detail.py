@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from gpulayer_tui.api import ApiRequestError, DaemonApi, DaemonUnreachable
-from gpulayer_tui.state import Connection, StateSource
+from gpulayer_tui.state import TERMINAL, Connection, StateSource
 from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.explanation import ExplanationView
 from gpulayer_tui.widgets.job_summary import JobSummary
@@ -54,7 +54,7 @@ class JobDetailScreen(Screen[None]):
         Binding("t", "show_tab('timeline')", "Timeline"),
         Binding("l", "show_tab('log')", "Log"),
         Binding("e", "toggle_stream", "stdout/stderr"),
-        Binding("c", "cancel_job", "Cancel"),
+        Binding("c,f9", "cancel_job", "Cancel"),
     ]
 
     class CancelRequested(Message):
@@ -126,8 +126,16 @@ class JobDetailScreen(Screen[None]):
         self.action_show_tab("log")
         self.follow_log()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Cancel is offered only while the job has not finished."""
+        if action == "cancel_job":
+            job = self._source.state.jobs.get(self.job_id)
+            return job is None or (job.status not in TERMINAL and not job.cancel_requested)
+        return True
+
     def action_cancel_job(self) -> None:
-        self.post_message(self.CancelRequested(self.job_id))
+        if self.check_action("cancel_job", ()):
+            self.post_message(self.CancelRequested(self.job_id))
 
     # ----------------------------------------------------------------- workers
 
@@ -137,7 +145,7 @@ class JobDetailScreen(Screen[None]):
         try:
             job = await self._client.job(self.job_id)
         except (DaemonUnreachable, ApiRequestError) as e:
-            self.query_one(JobSummary).update(f"job {self.job_id}: {e}")
+            self.query_one(JobSummary).update(Text(f"job {self.job_id}: {e}"))
             return
         self._show_job(job)
 
@@ -207,6 +215,7 @@ class JobDetailScreen(Screen[None]):
         if job.events:
             self.query_one(Timeline).events = tuple(job.events)
         self._attempt = job.attempt
+        self.refresh_bindings()
 
     def _show_connection(self, connection: Connection) -> None:
         self.query_one(ConnectionBanner).connection = connection

@@ -1,10 +1,12 @@
-"""The main screen: Devices, Jobs and Peers, one view each, switched with d/j/p (or 1/2/3)."""
+"""The main screen: Devices, Jobs, Peers and Environments, one view each, switched with 1/2/3/4
+(or d/p/e; j/k move the cursor)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -13,7 +15,10 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 
 from gpulayer_tui.state import Connection, StateSource
 from gpulayer_tui.widgets.connection import ConnectionBanner
-from gpulayer_tui.widgets.devices_table import DevicesTable
+from gpulayer_tui.widgets.devices_table import DevicesTable, job_label
+from gpulayer_tui.widgets.environments_table import EnvironmentsTable, probe_lines
+from gpulayer_tui.widgets.gpu_metrics import GpuMetricsPanel, MetricsFetch
+from gpulayer_tui.widgets.job_rows import reason_cell
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayer_tui.widgets.peers_table import PeersTable
 from gpulayerd import text as fmt
@@ -21,7 +26,7 @@ from gpulayerd.models import JobView, PeerView
 
 __all__ = ["VIEWS", "MainScreen"]
 
-VIEWS: tuple[str, ...] = ("devices", "jobs", "peers")
+VIEWS: tuple[str, ...] = ("devices", "jobs", "peers", "environments")
 """Ids of the views (tab panes), in tab order."""
 
 
@@ -41,57 +46,77 @@ class MainScreen(Screen[None]):
     MainScreen #jobs-filter.-shown {
         display: block;
     }
+    MainScreen #environments-probes {
+        height: auto;
+        padding: 0 1;
+        color: $text-muted;
+    }
     MainScreen .status-line {
         height: 1;
         padding: 0 1;
     }
+    MainScreen #jobs-reason {
+        height: auto;
+        max-height: 4;
+    }
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("d", "show_view('devices')", "Devices"),
-        Binding("j", "show_view('jobs')", "Jobs"),
-        Binding("p", "show_view('peers')", "Peers"),
-        Binding("1", "show_view('devices')", "Devices", show=False),
-        Binding("2", "show_view('jobs')", "Jobs", show=False),
-        Binding("3", "show_view('peers')", "Peers", show=False),
+        Binding("1", "show_view('devices')", "Devices"),
+        Binding("2", "show_view('jobs')", "Jobs"),
+        Binding("3", "show_view('peers')", "Peers"),
+        Binding("d", "show_view('devices')", "Devices", show=False),
+        Binding("p", "show_view('peers')", "Peers", show=False),
+        Binding("4", "show_view('environments')", "Environments", show=False),
+        Binding("e", "show_view('environments')", "Environments", show=False),
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
-    def __init__(self, source: StateSource, *, clock: Callable[[], float], age_refresh_s: float) -> None:
+    def __init__(self, source: StateSource, *, clock: Callable[[], float], age_refresh_s: float,
+                 metrics: MetricsFetch | None = None, metrics_poll_s: float = 1.0) -> None:
         """The main screen.
 
         Args:
             source: the app's state and change signals.
             clock: wall time now (seconds since the epoch).
             age_refresh_s: seconds between age updates (0: never).
+            metrics: reads this machine's live GPU metrics (None: no live metrics).
+            metrics_poll_s: seconds between reads while the Devices view is shown (0: never).
         """
         super().__init__()
         self._source = source
         self._clock = clock
         self._age_refresh_s = age_refresh_s
+        self._metrics = metrics
+        self._metrics_poll_s = metrics_poll_s
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield ConnectionBanner(id="connection")
         with TabbedContent(initial="jobs", id="views"):
-            with TabPane("Devices (d)", id="devices"):
+            with TabPane("Devices (1)", id="devices"):
                 yield DevicesTable(id="devices-table")
                 yield Static("", id="devices-detail", classes="status-line")
-            with TabPane("Jobs (j)", id="jobs"):
-                yield Input(placeholder="filter: words every job shown contains (enter: keep, esc: clear)",
-                            id="jobs-filter")
+                yield GpuMetricsPanel(self._metrics, poll_s=self._metrics_poll_s, id="gpu-metrics")
+            with TabPane("Jobs (2)", id="jobs"):
+                yield Input(placeholder="filter: state:queued acc:cuda user:alice words… (enter: keep, esc: clear)",
+                            id="jobs-filter", select_on_focus=False)
                 yield JobsTable(clock=self._clock, age_refresh_s=self._age_refresh_s, id="jobs-table")
                 yield Static("", id="jobs-reason", classes="status-line")
                 yield Static("", id="jobs-status", classes="status-line")
-            with TabPane("Peers (p)", id="peers"):
+            with TabPane("Peers (3)", id="peers"):
                 yield PeersTable(clock=self._clock, id="peers-table")
+            with TabPane("Environments (4)", id="environments"):
+                yield EnvironmentsTable(id="environments-table")
+                yield Static("", id="environments-probes")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
         source = self._source
         jobs = self.query_one(JobsTable)
         jobs.set_jobs(source.state.jobs.values())
+        self.query_one(DevicesTable).labeller = self._job_label
         self._show_peers(source.state.peers)
         self._show_connection(source.state.connection)
         source.job_updated.subscribe(self, self._job_updated, immediate=True)
@@ -101,6 +126,7 @@ class MainScreen(Screen[None]):
         if self._age_refresh_s > 0:
             self.set_interval(self._age_refresh_s, self.query_one(PeersTable).refresh_ages)
         self.watch(jobs, "sort_by", self._update_status, init=False)
+        self.watch(jobs, "sort_reverse", self._update_status, init=False)
         self._update_status()
         jobs.focus()
 
@@ -129,6 +155,16 @@ class MainScreen(Screen[None]):
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id is not None:
             self._focus_view(event.pane.id)
+        # live metrics only while the Devices view is shown: the daemon samples only while polled
+        self.query_one(GpuMetricsPanel).watching = event.pane.id == "devices"
+
+    @on(GpuMetricsPanel.Updated)
+    def _metrics_updated(self, event: GpuMetricsPanel.Updated) -> None:
+        self.query_one(DevicesTable).metrics = event.metrics
+
+    def _job_label(self, job_id: str) -> str | None:
+        job = self._source.state.jobs.get(job_id)
+        return None if job is None else job_label(job_id, job.name, job.submitted_by)
 
     @on(Input.Changed, "#jobs-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -142,8 +178,8 @@ class MainScreen(Screen[None]):
     @on(JobsTable.JobHighlighted)
     def _job_highlighted(self, event: JobsTable.JobHighlighted) -> None:
         job = event.job
-        text = "" if job is None else f"{job.id}: {fmt.one_line(job.reason, 400) or job.status}"
-        self.query_one("#jobs-reason", Static).update(text)
+        text = "" if job is None else f"{fmt.escape(job.id)}: {reason_cell(job) or job.status}"
+        self.query_one("#jobs-reason", Static).update(Text(text))  # the whole reason, never markup
 
     @on(DataTable.RowHighlighted, "#devices-table")
     def _device_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -155,14 +191,15 @@ class MainScreen(Screen[None]):
             probes = " · ".join(f"{h.source} {h.status.value.replace('_', ' ')}" + (f" ({h.message})" if h.message
                                                                                    else "")
                                 for h in caps.health)
-            text = (f"{peer.name}: {fmt.text(caps.cpu_count)} CPUs, {fmt.gb(caps.memory_total_bytes)} RAM; "
-                    f"probes: {probes or fmt.DASH}")
-        self.query_one("#devices-detail", Static).update(text)
+            text = fmt.escape(f"{peer.name}: {fmt.text(caps.cpu_count)} CPUs, {fmt.gb(caps.memory_total_bytes)} "
+                              f"RAM; probes: {probes or fmt.DASH}")  # a peer's words: escaped, never markup
+        self.query_one("#devices-detail", Static).update(Text(text))
 
     # ----------------------------------------------------------------- private
 
     def _focus_view(self, view: str) -> None:
-        table = {"devices": "#devices-table", "jobs": "#jobs-table", "peers": "#peers-table"}.get(view)
+        table = {"devices": "#devices-table", "jobs": "#jobs-table", "peers": "#peers-table",
+                 "environments": "#environments-table"}.get(view)
         if table is not None:
             self.query_one(table).focus()
 
@@ -177,6 +214,8 @@ class MainScreen(Screen[None]):
     def _show_peers(self, peers: list[PeerView]) -> None:
         self.query_one(DevicesTable).peers = tuple(peers)
         self.query_one(PeersTable).peers = tuple(peers)
+        self.query_one(EnvironmentsTable).peers = tuple(peers)
+        self.query_one("#environments-probes", Static).update(probe_lines(peers))
         self._update_status()
 
     def _show_connection(self, connection: Connection) -> None:
@@ -187,7 +226,8 @@ class MainScreen(Screen[None]):
         total = len(table.jobs)
         shown = table.row_count
         counts = f"{total} jobs" if shown == total else f"{shown} of {total} jobs (filter: {table.filter_text})"
+        order = f"{table.sort_by}{' reversed' if table.sort_reverse else ''}"
         # Trusted peers that miss heartbeats: whatever they run is not in this list.
         down = fmt.peers_down(sum(1 for p in self._source.state.peers if p.trusted and p.state in ("suspect", "down")))
-        self.query_one("#jobs-status", Static).update(f"{counts} · sort: {table.sort_by} (s)"
-                                                      + (f" · {down}" if down else ""))
+        self.query_one("#jobs-status", Static).update(Text(f"{counts} · sort: {order} (s, S) · ? help"
+                                                           + (f" · {down}" if down else "")))

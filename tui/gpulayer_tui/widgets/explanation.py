@@ -22,7 +22,8 @@ from gpulayer_tui.widgets.keyed_table import Cell, KeyedTable
 from gpulayerd import text as fmt
 from gpulayerd.models import ExplanationModel
 
-__all__ = ["ExplanationView", "RequirementTable", "check_rows", "reason_lines", "state_lines", "verdict_text"]
+__all__ = ["ExplanationView", "RequirementTable", "check_rows", "hint_lines", "reason_lines", "state_lines",
+           "verdict_text"]
 
 
 def _mark(ok: bool | None) -> Cell:
@@ -72,6 +73,13 @@ def reason_lines(e: ExplanationModel) -> list[str]:
     return lines
 
 
+def hint_lines(e: ExplanationModel) -> list[str]:
+    """The nearest-miss hints of a job that fits nowhere (or only a busy or offline worker), escaped; [] for none."""
+    if not e.hints:
+        return []
+    return ["smallest changes that make it fit:", *(f"→ {h.line()}" for h in e.hints)]
+
+
 class RequirementTable(KeyedTable):
     """The worker x requirement table: observed vs wanted, ✓/✗."""
 
@@ -91,7 +99,8 @@ class ExplanationView(Vertical):
     ExplanationView {
         height: auto;
     }
-    ExplanationView > #verdict, ExplanationView > #state, ExplanationView > #reasons {
+    ExplanationView > #verdict, ExplanationView > #state, ExplanationView > #reasons,
+    ExplanationView > #hints {
         height: auto;
         padding: 0 1;
     }
@@ -111,6 +120,9 @@ class ExplanationView(Vertical):
         yield state
         yield RequirementTable(id="checks")
         yield Static("", id="reasons")
+        hints = Static("", id="hints")
+        hints.display = False
+        yield hints
 
     def watch_explanation(self, e: ExplanationModel | None) -> None:
         if e is None:
@@ -123,6 +135,9 @@ class ExplanationView(Vertical):
         checks.sync_rows(check_rows(e))
         checks.display = e.state is None or bool(e.workers)
         self.query_one("#reasons", Static).update(Text("\n".join(reason_lines(e))))
+        hints = self.query_one("#hints", Static)
+        hints.update(Text("\n".join(hint_lines(e))))
+        hints.display = bool(e.hints)
 
     @property
     def reasons_text(self) -> str:

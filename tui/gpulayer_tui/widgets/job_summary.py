@@ -59,7 +59,8 @@ class JobSummary(Static):
     def watch_job(self, job: JobView | None) -> None:
         if job is None:
             return
-        _, name, user, state, where, age, _ = job_cells(job, self._clock())
+        row = job_cells(job, self._clock())
+        name, user, state, where, age = row.name, row.user, row.state, row.where, row.age
         spec = job.spec
         text = Text()
         text.append(f"job {job.id}", style="bold")
@@ -73,15 +74,15 @@ class JobSummary(Static):
         if job.spec_hidden:  # another user's job: no command, workdir or environment
             text.append(f"\ncommand: (hidden: only {user} and admins see it)")
         else:
-            text.append(f"\ncommand: {shlex.join(spec.command)}")
-            text.append(f"\nworkdir: {fmt.text(spec.workdir)}")
+            text.append(f"\ncommand: {fmt.escape(shlex.join(spec.command))}")
+            text.append(f"\nworkdir: {fmt.escape(fmt.text(spec.workdir))}")
         text.append(f"\nwants:   {wants(spec.requirements)}")
         if spec.distributed is not None:
             d = spec.distributed
             text.append(f"; torch.distributed nnodes {d.nnodes} x nproc {d.nproc_per_node}")
         if spec.env:
-            text.append("\nenv:     " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
+            text.append("\nenv:     " + fmt.escape(" ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))))
         if spec.policy.retries:
             text.append(f"\npolicy:  retries {spec.policy.retries}, lease {spec.policy.lease_s:g} s")
-        text.append(f"\nreason:  {fmt.one_line(job.reason, 400) or fmt.DASH}")
+        text.append(f"\nreason:  {row.reason or fmt.DASH}")
         self.update(text)

@@ -30,24 +30,20 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gpulayer_tui.state import TERMINAL
+from gpulayer_tui.widgets.job_rows import (
+    COLUMNS,
+    SORT_COLUMN,
+    SORTS,
+    JobFilter,
+    Row,
+    column_widths,
+    job_cells,
+    sort_key,
+)
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView
 
 __all__ = ["COLUMNS", "SORTS", "STATE_STYLES", "JobsTable", "job_cells"]
-
-COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("id", "ID", 12),
-    ("name", "NAME", 14),
-    ("user", "USER", 8),
-    ("state", "STATE", 10),
-    ("where", "WHERE", 10),
-    ("age", "AGE", 4),
-    ("reason", "REASON", 24),
-)
-"""(key, header, width) of each column, in order; REASON is at least this wide and takes the rest."""
-
-SORTS: tuple[str, ...] = ("submitted", "state", "user", "name", "where")
-"""Sort orders that ``s`` cycles through; ties keep submission order."""
 
 STATE_STYLES: dict[str, str] = {
     "queued": "yellow",
@@ -63,44 +59,14 @@ STATE_STYLES: dict[str, str] = {
 """Plain ANSI colours, so a 16-colour terminal shows them as meant; the word carries the meaning."""
 
 _STATE_RICH = {state: Style.parse(style) for state, style in STATE_STYLES.items()}
-_STATE_RANK = {s: i for i, s in enumerate(
-    ("running", "cancelling", "claimed", "queued", "failed", "lost", "rejected", "cancelled", "succeeded"))}
-_COLUMN_INDEX = {key: i for i, (key, _, _) in enumerate(COLUMNS)}
+_COLUMN_INDEX = {key: i for i, (key, _) in enumerate(COLUMNS)}
 _STATE = _COLUMN_INDEX["state"]
+_USER = _COLUMN_INDEX["user"]
+_NAME = _COLUMN_INDEX["name"]
 _AGE = _COLUMN_INDEX["age"]
-_PADDING = 1  # blank cells either side of each column
+_SORT_UP, _SORT_DOWN = "▲", "▼"
 
-Cells = tuple[str, ...]
-
-
-def job_cells(job: JobView, now: float) -> Cells:
-    """The text of a job's row, one string per column of :data:`COLUMNS`.
-
-    Args:
-        job: the job.
-        now: wall time (seconds since the epoch) the age is measured to.
-    """
-    state = "cancelling" if job.cancel_requested and job.status not in TERMINAL else job.status
-    if job.where_node is not None or job.where_hosts:  # kept after the job ends
-        where = fmt.where(job.where_name or (job.where_node or "")[:12], job.where_devices, job.where_hosts)
-    else:
-        where = job.holder_name or (job.holder[:12] if job.holder else None)
-    return (
-        job.id,
-        fmt.text(job.name),
-        job.spec.user or job.submitted_by or fmt.DASH,
-        state,
-        fmt.text(where),
-        fmt.age(now - job.submitted_at),
-        fmt.one_line(job.reason, 400),
-    )
-
-
-def _sort_key(order: str) -> Callable[[Cells], tuple[object, ...]]:
-    if order == "state":
-        return lambda cells: (_STATE_RANK.get(cells[_STATE], 99),)
-    col = _COLUMN_INDEX[order]
-    return lambda cells: (cells[col].lower(),)
+Cells = Row
 
 
 def _fit(text: str, width: int) -> str:
@@ -114,8 +80,10 @@ class JobsTable(ScrollView, can_focus=True):
     """Every job, one line each; filter with :attr:`filter_text`, order with :attr:`sort_by`.
 
     Posts :class:`OpenRequested` (enter, click on the highlighted row, ``l``) and
-    :class:`CancelRequested` (``c``) for the highlighted job, and :class:`JobHighlighted`
-    when the highlighted job, or its data, changes.
+    :class:`CancelRequested` (``c``, F9; offered only while the highlighted job can still be
+    cancelled) for the highlighted job, and :class:`JobHighlighted` when the highlighted job,
+    or its data, changes. Columns: see :mod:`gpulayer_tui.widgets.job_rows`; USER is hidden
+    while every shown row has the same user. A cursor on the last row follows rows added below.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"jobs-table--header", "jobs-table--cursor"}
@@ -123,6 +91,7 @@ class JobsTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     JobsTable {
         height: 1fr;
+        scrollbar-size-vertical: 1;
         background: $surface;
         color: $foreground;
         & > .jobs-table--header {
@@ -150,10 +119,12 @@ class JobsTable(ScrollView, can_focus=True):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "open_job", "Detail"),
         Binding("c", "cancel_job", "Cancel"),
+        Binding("f9", "cancel_job", "Cancel", show=False),
         Binding("l", "open_job('log')", "Logs"),
         Binding("s", "cycle_sort", "Sort"),
-        Binding("up", "cursor(-1)", "Up", show=False),
-        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("S", "reverse_sort", "Reverse sort", show=False),
+        Binding("up,k", "cursor(-1)", "Up", show=False),
+        Binding("down,j", "cursor(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
         Binding("home", "first", "First", show=False),
@@ -166,10 +137,13 @@ class JobsTable(ScrollView, can_focus=True):
     """Position (from the top) of the highlighted row."""
 
     filter_text: reactive[str] = reactive("", init=False)
-    """Words (case-insensitive) that every shown row must contain."""
+    """What every shown job matches: ``field:value`` terms and words (:class:`JobFilter`)."""
 
     sort_by: reactive[str] = reactive("submitted", init=False)
     """One of :data:`SORTS`."""
+
+    sort_reverse: reactive[bool] = reactive(False, init=False)
+    """True: the sort order reversed (the header shows ▼ instead of ▲)."""
 
     class OpenRequested(Message):
         """Show a job's detail (``tab``: the detail tab to open first)."""
@@ -211,7 +185,10 @@ class JobsTable(ScrollView, can_focus=True):
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self._index_valid = True
-        self._widths: tuple[int, ...] = tuple(w for _, _, w in COLUMNS)
+        self._widths: tuple[int, ...] = column_widths(80, show_user=True, name_max=0)
+        self._filter = JobFilter()
+        self._show_user = True
+        self._name_max = 0
         self._strips: LRUCache[tuple[str, bool], tuple[Cells, object, Strip]] = LRUCache(4096)
         self._resort_pending = False
         self._highlighted: str | None = None
@@ -262,13 +239,16 @@ class JobsTable(ScrollView, can_focus=True):
         self._jobs[job.id] = job
         cells = job_cells(job, self._clock())
         old = self._cells.get(job.id)
-        if not self._matches(cells):
+        if not self._filter.matches(job, cells):
             if old is not None:
                 self._remove_row(job.id)
             return
         if old == cells:
             return
         self._cells[job.id] = cells
+        if cell_len(cells[_NAME]) > self._name_max:
+            self._name_max = cell_len(cells[_NAME])
+            self._layout_columns()
         if old is None:
             self._append_row(job.id)
             if self.sort_by != "submitted" or job.id != next(reversed(self._jobs)):
@@ -279,6 +259,8 @@ class JobsTable(ScrollView, can_focus=True):
                 self._schedule_resort()
         if job.id == self.highlighted_id:
             self.post_message(self.JobHighlighted(job))
+            if (old is None or old.state != cells.state) and self.is_mounted:
+                self.refresh_bindings()
 
     def refresh_ages(self) -> None:
         """Recompute every shown row's age; only lines whose age changed are repainted."""
@@ -286,7 +268,7 @@ class JobsTable(ScrollView, can_focus=True):
         for job_id, cells in self._cells.items():
             new_age = fmt.age(now - self._jobs[job_id].submitted_at)
             if new_age != cells[_AGE]:
-                self._cells[job_id] = (*cells[:_AGE], new_age, *cells[_AGE + 1:])
+                self._cells[job_id] = cells._replace(age=new_age)
                 self._refresh_row(job_id)
 
     def select_job(self, job_id: str) -> bool:
@@ -322,11 +304,23 @@ class JobsTable(ScrollView, can_focus=True):
         self._scroll_to_cursor()
         self._announce_highlight()
 
-    def watch_filter_text(self) -> None:
+    def watch_filter_text(self, text: str) -> None:
+        self._filter = JobFilter.parse(text)
         self._rebuild()
 
     def watch_sort_by(self) -> None:
         self._resort()
+
+    def watch_sort_reverse(self) -> None:
+        self._resort()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Cancel is offered only for a job that has not finished (hidden otherwise)."""
+        if action == "cancel_job":
+            job_id = self.highlighted_id
+            job = self._jobs.get(job_id) if job_id is not None else None
+            return job is not None and job.status not in TERMINAL and not job.cancel_requested
+        return True
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -360,11 +354,14 @@ class JobsTable(ScrollView, can_focus=True):
 
     def action_cancel_job(self) -> None:
         job_id = self.highlighted_id
-        if job_id is not None:
+        if job_id is not None and self.check_action("cancel_job", ()):
             self.post_message(self.CancelRequested(job_id))
 
     def action_cycle_sort(self) -> None:
         self.sort_by = SORTS[(SORTS.index(self.sort_by) + 1) % len(SORTS)]
+
+    def action_reverse_sort(self) -> None:
+        self.sort_reverse = not self.sort_reverse
 
     def action_cursor(self, step: int) -> None:
         self.cursor_index += step
@@ -380,13 +377,6 @@ class JobsTable(ScrollView, can_focus=True):
 
     # ----------------------------------------------------------------- private
 
-    def _matches(self, cells: Cells) -> bool:
-        words = self.filter_text.lower().split()
-        if not words:
-            return True
-        hay = " ".join(cells).lower()
-        return all(w in hay for w in words)
-
     def _position(self, job_id: str) -> int | None:
         if not self._index_valid:
             self._index = {k: i for i, k in enumerate(self._order)}
@@ -400,9 +390,11 @@ class JobsTable(ScrollView, can_focus=True):
         self._cells = {}
         for job in self._jobs.values():
             cells = job_cells(job, now)
-            if self._matches(cells):
+            if self._filter.matches(job, cells):
                 self._cells[job.id] = cells
         self._order = list(self._cells)
+        self._name_max = max((cell_len(c.name) for c in self._cells.values()), default=0)
+        self._check_user_column(relayout=True)
         self._reorder(keep)
 
     def _resort(self) -> None:
@@ -410,7 +402,7 @@ class JobsTable(ScrollView, can_focus=True):
         self._reorder(self.highlighted_id)
 
     def _position_in_jobs(self) -> Callable[[str], tuple[object, ...]]:
-        key = None if self.sort_by == "submitted" else _sort_key(self.sort_by)
+        key = sort_key(self.sort_by)
         submitted = {k: i for i, k in enumerate(self._jobs)}
         if key is None:
             return lambda job_id: (submitted[job_id],)
@@ -418,7 +410,7 @@ class JobsTable(ScrollView, can_focus=True):
 
     def _reorder(self, keep: str | None) -> None:
         """Sort the shown rows, keeping the cursor on ``keep`` when it is still shown."""
-        self._order.sort(key=self._position_in_jobs())
+        self._order.sort(key=self._position_in_jobs(), reverse=self.sort_reverse)
         self._index_valid = False
         self._update_virtual_size()
         pos = self._position(keep) if keep is not None else None
@@ -429,13 +421,17 @@ class JobsTable(ScrollView, can_focus=True):
 
     def _append_row(self, job_id: str) -> None:
         was_empty = not self._order
+        at_bottom = self.cursor_index == len(self._order) - 1
         self._order.append(job_id)
         if self._index_valid:
             self._index[job_id] = len(self._order) - 1
         self._update_virtual_size()
         self.refresh_line(len(self._order))
+        self._check_user_column(relayout=False, added=None if was_empty else self._cells[job_id])
         if was_empty:
             self._announce_highlight()
+        elif at_bottom:  # the cursor follows new rows at the bottom, like a log's tail
+            self.cursor_index = len(self._order) - 1
 
     def _remove_row(self, job_id: str) -> None:
         if self._cells.pop(job_id, None) is None:
@@ -449,6 +445,7 @@ class JobsTable(ScrollView, can_focus=True):
         if pos < self.cursor_index:
             self.set_reactive(JobsTable.cursor_index, self.cursor_index - 1)
         self.set_reactive(JobsTable.cursor_index, self.validate_cursor_index(self.cursor_index))
+        self._check_user_column(relayout=False)
         self.refresh()
         self._announce_highlight()
 
@@ -467,6 +464,24 @@ class JobsTable(ScrollView, can_focus=True):
         if job_id != self._highlighted or job_id is None:
             self._highlighted = job_id
             self.post_message(self.JobHighlighted(None if job_id is None else self._jobs.get(job_id)))
+            if self.is_mounted:
+                self.refresh_bindings()
+
+    def _check_user_column(self, relayout: bool, added: Row | None = None) -> None:
+        """Show USER only while the shown rows have more than one user."""
+        if added is not None and self._show_user:
+            show = True  # one more row cannot make every user the same
+        elif added is not None:
+            show = any(c.user != added.user for c in self._cells.values())
+        else:
+            rows = iter(self._cells.values())
+            first = next(rows, None)
+            show = first is not None and any(c.user != first.user for c in rows)
+        if show != self._show_user:
+            self._show_user = show
+            relayout = True
+        if relayout and self.is_mounted:
+            self._layout_columns()
 
     def _scroll_to_cursor(self) -> None:
         rows = max(1, self.scrollable_content_region.height - 1)
@@ -477,9 +492,8 @@ class JobsTable(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor_index - rows + 1, animate=False)
 
     def _layout_columns(self) -> None:
-        fixed = sum(w + 2 * _PADDING for _, _, w in COLUMNS[:-1])
-        reason = max(COLUMNS[-1][2], self.scrollable_content_region.width - fixed - 2 * _PADDING)
-        widths = (*(w for _, _, w in COLUMNS[:-1]), reason)
+        widths = column_widths(self.scrollable_content_region.width, show_user=self._show_user,
+                               name_max=self._name_max)
         if widths != self._widths:
             self._widths = widths
             self._strips.clear()
@@ -487,13 +501,22 @@ class JobsTable(ScrollView, can_focus=True):
         self.refresh()
 
     def _update_virtual_size(self) -> None:
-        line = sum(w + 2 * _PADDING for w in self._widths)
+        line = self._line_width()
         self.virtual_size = Size(line, len(self._order) + 1)
+
+    def _line_width(self) -> int:
+        return sum(w + 1 for w in self._widths if w) + 1
 
     def _header_strip(self, base: Style) -> Strip:
         style = base + self.get_component_rich_style("jobs-table--header")
-        pad = " " * _PADDING
-        text = "".join(f"{pad}{_fit(header, w)}{pad}" for (_, header, _), w in zip(COLUMNS, self._widths, strict=True))
+        marked = SORT_COLUMN.get(self.sort_by)
+        parts = []
+        for (key, header), w in zip(COLUMNS, self._widths, strict=True):
+            if w:
+                down = self.sort_reverse != (self.sort_by == "submitted")  # submitted: oldest (largest AGE) first
+                mark = (_SORT_DOWN if down else _SORT_UP) if key == marked else ""
+                parts.append(f" {_fit(header + mark, w)}")
+        text = "".join(parts) + " "
         return Strip([Segment(text, style)], cell_len(text))
 
     def _row_strip(self, job_id: str, cursor: bool, base: Style) -> Strip:
@@ -503,13 +526,15 @@ class JobsTable(ScrollView, can_focus=True):
         cached = self._strips.get((job_id, cursor))
         if cached is not None and cached[0] is cells and cached[1] == layout:
             return cached[2]
-        pad = " " * _PADDING
         segments = []
         for i, (text, width) in enumerate(zip(cells, self._widths, strict=True)):
+            if not width:
+                continue
             style = row_style
             if i == _STATE and not cursor:
                 style = row_style + _STATE_RICH.get(text, Style.null())
-            segments.append(Segment(f"{pad}{_fit(text, width)}{pad}", style))
-        strip = Strip(segments, sum(w + 2 * _PADDING for w in self._widths))
+            segments.append(Segment(f" {_fit(text, width)}", style))
+        segments.append(Segment(" ", row_style))
+        strip = Strip(segments, self._line_width())
         self._strips[(job_id, cursor)] = (cells, layout, strip)
         return strip

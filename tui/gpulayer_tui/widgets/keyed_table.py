@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from rich.text import Text
+from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist
 
@@ -21,6 +22,12 @@ class KeyedTable(DataTable[Cell]):
     when the set of keys is unchanged it updates the cells that changed; otherwise it
     rebuilds, which is cheap at this size.
     """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+    ]
+    """j/k move like the arrows, as in the jobs table (DataTable's own bindings stay)."""
 
     COLUMNS: ClassVar[Sequence[tuple[str, str]]] = ()
     """(key, header) of each column, in order; widths follow the content."""
@@ -69,17 +76,23 @@ class KeyedTable(DataTable[Cell]):
                 old = self._rows[key]
                 for i, (before, after) in enumerate(zip(old, cells, strict=True)):
                     if before != after:
-                        self.update_cell(key, self.COLUMNS[i][0], after, update_width=True)
+                        self.update_cell(key, self.COLUMNS[i][0], _plain(after), update_width=True)
             self._rows = new
             return
         keep = self.highlighted_key
         self.clear()
         self._rows = new
         for key, cells in new.items():
-            self.add_row(*cells, key=key)
+            self.add_row(*(_plain(c) for c in cells), key=key)
         if keep is not None and keep in new:
             self.move_cursor(row=self.get_row_index(keep))
 
     def plain_rows(self) -> list[list[str]]:
         """The rows as plain text (for tests and for copying)."""
         return [[c.plain if isinstance(c, Text) else c for c in cells] for cells in self._rows.values()]
+
+
+def _plain(cell: Cell) -> Text:
+    """A cell as Text: DataTable parses a str cell as Rich markup, and cells hold peers' and users'
+    text (a host named ``[/]`` would crash the TUI, ``[link=...]`` would hide a hyperlink)."""
+    return Text(cell) if isinstance(cell, str) else cell

@@ -1,0 +1,266 @@
+"""Slurm on this machine, the anchor for gpulayer's figures: ``python bench/slurm.py`` (as root).
+
+Installs Slurm and munge from the distribution's packages when they are missing
+(``apt-get install -y slurm-wlm munge``, non-interactive), writes a minimal single-node
+``slurm.conf`` and a munge key in a temporary directory (nothing under /etc is touched),
+starts munged, slurmctld and slurmd on it, measures, and stops them again (always).
+
+- ``srun true`` round trip: the whole ``srun`` process, p50 of 20 (the anchor for
+  ``gpulayer submit`` -> job start, whole CLI process included).
+- ``sbatch`` submit -> start: from just before ``sbatch`` runs to the job's own first
+  instruction (``date +%s.%N``), p50 of 10, one at a time.
+- throughput: N trivial batch jobs (``true``) submitted back to back; first submit to the
+  last job's end, in jobs/s (the anchor for gpulayer's jobs/s).
+
+Other benches call :func:`slurm_figures`: a :class:`SlurmFigures`, or a string saying why
+Slurm is not available (printed as ``Slurm not available: <reason>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_report import line, percentile
+
+__all__ = ["SlurmFigures", "slurm_figures"]
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "sinfo")
+
+
+@dataclass(frozen=True)
+class SlurmFigures:
+    """What :func:`slurm_figures` measured.
+
+    Attributes:
+        srun_true_p50_ms: ``srun true`` round trip, whole process, p50 in ms.
+        sbatch_start_p50_ms: ``sbatch`` call -> the job's first instruction, p50 in ms.
+        jobs_per_s: trivial batch jobs, first submit to the last one's end, per second.
+        jobs: how many jobs the throughput figure ran.
+        version: ``sinfo --version``.
+    """
+
+    srun_true_p50_ms: float
+    sbatch_start_p50_ms: float
+    jobs_per_s: float
+    jobs: int
+    version: str
+
+
+def ensure_installed() -> str | None:
+    """Install slurm-wlm and munge with apt-get when a binary is missing; None when all are there,
+    else the reason they are not (no root, no apt-get, the install failed)."""
+    if all(shutil.which(b) for b in DAEMONS):
+        return None
+    if os.geteuid() != 0:
+        return "not installed, and installing needs root"
+    if shutil.which("apt-get") is None:
+        return "not installed, and there is no apt-get"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]
+    r = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:  # stale package lists: update once and retry
+        subprocess.run(["apt-get", "update", "-q"], check=False, env=env, capture_output=True, timeout=600)
+        r = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        return f"apt-get install slurm-wlm munge failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+    missing = [b for b in DAEMONS if shutil.which(b) is None]
+    return f"installed, yet {', '.join(missing)} not found" if missing else None
+
+
+def _conf(d: Path, host: str, cpus: int) -> str:
+    return f"""ClusterName=bench
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={d}/munge.socket
+CredType=cred/munge
+SlurmctldPort=16817
+SlurmdPort=16818
+StateSaveLocation={d}/ctld
+SlurmdSpoolDir={d}/slurmd
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=bench Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@contextlib.contextmanager
+def running_slurm(cpus: int) -> Iterator[dict[str, str]]:
+    """munged, slurmctld and slurmd on a temporary config; yields the environment for the clients.
+
+    Raises:
+        RuntimeError: a daemon did not start or the node did not come up within 30 s.
+    """
+    d = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
+    os.chmod(d, 0o700)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        host = socket.gethostname().split(".")[0]
+        for sub in ("ctld", "slurmd"):
+            (d / sub).mkdir()
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o600)
+        (d / "slurm.conf").write_text(_conf(d, host, cpus))
+        env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+        munged = ["munged", "-F", "--force", f"--key-file={key}", f"--socket={d}/munge.socket",
+                  f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"]
+        for argv in (munged, ["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")],
+                     ["slurmd", "-D", "-f", str(d / "slurm.conf")]):
+            log = open(d / f"{argv[0]}.out", "wb")  # noqa: SIM115 (closed with the process)
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+            time.sleep(0.3)
+            if procs[-1].poll() is not None:
+                raise RuntimeError(f"{argv[0]} exited {procs[-1].returncode}: {_tail(d / f'{argv[0]}.out')}"
+                                   f"{_tail(d / f'{argv[0]}.log')}")
+        end = time.monotonic() + 30
+        while True:
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, env=env, capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip().rstrip("*") == "idle":
+                break
+            if time.monotonic() > end:
+                said = r.stdout.strip() or r.stderr.strip()
+                raise RuntimeError(f"the node did not come up within 30 s (sinfo: {said}); "
+                                   f"slurmd log: {_tail(d / 'slurmd.log')}")
+            time.sleep(0.2)
+        env["BENCH_SLURM_DIR"] = str(d)
+        yield env
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _wait_file(path: Path, timeout_s: float) -> float:
+    end = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            text = path.read_text()
+            if text.endswith("\n"):
+                return float(text)
+        if time.monotonic() > end:
+            raise RuntimeError(f"{path} did not appear within {timeout_s:g} s")
+        time.sleep(0.002)
+
+
+def _wait_empty(env: dict[str, str], timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    squeue = ["squeue", "-h", "-o", "%i"]
+    while subprocess.run(squeue, check=False, env=env, capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > end:
+            raise RuntimeError(f"jobs still queued after {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def measure(env: dict[str, str], n_srun: int = 20, n_sbatch: int = 10, n_jobs: int = 100) -> SlurmFigures:
+    """The three figures on a running Slurm (see the module docstring)."""
+    d = Path(env["BENCH_SLURM_DIR"])
+    subprocess.run(["srun", "true"], env=env, check=True, capture_output=True)  # warm up
+    srun: list[float] = []
+    for _ in range(n_srun):
+        t0 = time.perf_counter()
+        subprocess.run(["srun", "true"], env=env, check=True, capture_output=True)
+        srun.append((time.perf_counter() - t0) * 1000)
+    starts: list[float] = []
+    for i in range(n_sbatch):
+        out = d / f"start-{i}"
+        sent = time.time()
+        subprocess.run(["sbatch", "-Q", "-o", "/dev/null", "--wrap", f"date +%s.%N > {out}.tmp && mv {out}.tmp {out}"],
+                       env=env, check=True, capture_output=True)
+        starts.append((_wait_file(out, 60) - sent) * 1000)
+        _wait_empty(env, 60)
+    t0 = time.monotonic()
+    for _ in range(n_jobs):
+        subprocess.run(["sbatch", "-Q", "-o", "/dev/null", "--wrap", "true"], env=env, check=True,
+                       capture_output=True)
+    _wait_empty(env, 600)
+    elapsed = time.monotonic() - t0
+    version = subprocess.run(["sinfo", "--version"], check=False, env=env, capture_output=True,
+                             text=True).stdout.strip()
+    return SlurmFigures(percentile(srun, 50), percentile(starts, 50), n_jobs / elapsed, n_jobs, version)
+
+
+def slurm_figures(n_srun: int = 20, n_sbatch: int = 10, n_jobs: int = 100, cpus: int = 2) -> SlurmFigures | str:
+    """Install (when missing), start, measure and stop Slurm; the figures, or why Slurm is not available.
+
+    ``cpus``: the CPUs the single node offers (2, as gpulayer's ``--cpu-slots 2`` in the other benches).
+    """
+    reason = ensure_installed()
+    if reason is not None:
+        return reason
+    try:
+        with running_slurm(cpus) as env:
+            return measure(env, n_srun, n_sbatch, n_jobs)
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+        detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) and e.stderr else ""
+        return f"{e}{f' ({detail})' if detail else ''}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=100, help="jobs for the throughput figure (default 100)")
+    p.add_argument("--cpus", type=int, default=2, help="CPUs of the single node (default 2)")
+    args = p.parse_args(argv)
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        runs.append((time.perf_counter() - t0) * 1000)
+    base = percentile(runs, 50)
+    figures = slurm_figures(n_jobs=args.jobs, cpus=args.cpus)
+    if isinstance(figures, str):
+        print(f"Slurm not available: {figures}")
+        return 1
+    print(f"{figures.version}, one node with {args.cpus} CPUs (B = python -c pass: {base:.1f} ms, p50 of 5)")
+    line("srun true round trip, p50 of 20", figures.srun_true_p50_ms, "ms")
+    line("sbatch -> the job's first instruction, p50 of 10", figures.sbatch_start_p50_ms, "ms")
+    line(f"throughput, {figures.jobs} trivial batch jobs", figures.jobs_per_s, "jobs/s", fmt=".2f")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""``gpulayer run`` (submit, stream, exit code, Ctrl-C cancels) and ``gpulayer jobs`` at 80 columns,
+against one real CPU daemon shared by the module."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from gpulayerd import text
+from tests.integration.conftest import GPULAYER, Daemon, clean_env
+
+CJK = "訓練ジョブ長い名前の実験その一二三四五六七八九十"
+
+
+def _run(d: Daemon, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([GPULAYER, "--state-dir", str(d.state_dir), "run", *args], cwd=d.work,
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_run_streams_the_output_and_exits_with_the_jobs_exit_code(cpu_daemon: Daemon) -> None:
+    p = _run(cpu_daemon, "--", sys.executable, "-c", "import sys; print(1); sys.exit(3)")
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, out) == (3, "1\n"), err
+    assert "ran on" in err or "runs on" in err, err
+    assert "failed: exited 3" in err
+
+
+def test_sigint_cancels_the_job_and_exits_130(cpu_daemon: Daemon) -> None:
+    p = _run(cpu_daemon, "--name", "sleeper", "--", sys.executable, "-c",
+             "import time; print('started', flush=True); time.sleep(60)")
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline() == "started\n"  # it runs, and gpulayer run streams it
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    job_id = next(line.split()[3] for line in err.splitlines() if "submitted" in line)
+    assert cpu_daemon.job(job_id).status == "cancelled"
+    assert "cancel requested" in err
+
+
+def test_jobs_at_80_columns_and_a_name_with_an_escape(cpu_daemon: Daemon) -> None:
+    r = cpu_daemon.cli("submit", "--name", "a\x1b[31mb", "--", "true")
+    assert r.returncode == 2, r.stderr
+    assert "name: must not contain control characters" in r.stderr and "\x1b" not in r.stderr
+    for name in ("n" * 70, CJK):  # wants a GPU: stays queued with its reason
+        cpu_daemon.submit("--name", name, "--accelerator", "cuda", "--", "python", "train.py")
+    env = {**clean_env(), "COLUMNS": "80"}
+    r = subprocess.run([GPULAYER, "--state-dir", str(cpu_daemon.state_dir), "jobs"], env=env,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) >= 3
+    assert [line for line in lines if text.width(line) > 80] == []
+    assert sum("Accelerator:" in line for line in lines) >= 2  # the reason's code survives the cut

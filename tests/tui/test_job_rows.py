@@ -1,0 +1,73 @@
+"""The jobs table's rows, filter and widths without an app; the cursor and USER column in a harness."""
+
+from __future__ import annotations
+
+import pytest
+from rich.cells import cell_len
+
+from gpulayer_tui.widgets.job_rows import COLUMNS, JobFilter, column_widths, job_cells, reason_cell
+from gpulayer_tui.widgets.jobs_table import JobsTable
+from tests.tui.fake_client import NOW, make_job
+from tests.tui.test_widgets import Harness
+
+KEYS = [k for k, _ in COLUMNS]
+
+
+def widths(width: int, *, show_user: bool = True, name_max: int = 70) -> dict[str, int]:
+    return dict(zip(KEYS, column_widths(width, show_user=show_user, name_max=name_max), strict=True))
+
+
+def test_name_and_reason_flex_with_the_terminal() -> None:
+    for width in (80, 120, 200):
+        w = widths(width)
+        line = sum(n + 1 for n in w.values() if n) + 1
+        assert line == width, (width, w)  # exactly the terminal: nothing cut off, nothing wasted
+    assert widths(200)["name"] > 40 and widths(200)["reason"] > 60  # NAME no longer cut at 14
+    assert widths(80)["reason"] >= 30 and widths(80)["id"] == 0  # at 80 the reason comes first
+    assert widths(120)["id"] == 12 and widths(120)["where"] == 18
+    assert widths(200, name_max=10)["name"] == 10  # short names leave the room to REASON
+    assert widths(80, show_user=False)["user"] == 0 and widths(80, show_user=False)["reason"] > widths(80)["reason"]
+
+
+def test_a_row_leads_with_the_code_and_escapes_user_text() -> None:
+    queued = make_job("j1", "queued", reason="waiting for the scheduler")
+    assert reason_cell(queued) == "Pending: waiting for the scheduler"
+    assert reason_cell(make_job("j2", "queued", reason="Busy: GPU 0 held")) == "Busy: GPU 0 held"
+    assert reason_cell(make_job("j3", "succeeded", reason="exited 0")) == "exited 0"
+    evil = make_job("j4", "queued", name="a\nb\x1b[31m", owner="eve\x07",
+                    reason="Workdir: no such dir\n/x").model_copy(update={"holder_name": "h\x1b"})
+    row = job_cells(evil, NOW)
+    assert (row.name, row.user, row.reason) == ("a\\nb\\x1b[31m", "eve\\x07", "Workdir: no such dir\\n/x")
+    assert cell_len(job_cells(make_job("j5", name="评估模型"), NOW).name) == 8  # display cells, not characters
+
+
+def test_filter_terms_match_fields_and_words_match_the_row() -> None:
+    cuda = make_job("j1", "queued", owner="alice", reason="Busy: GPU 0", requirements={"accelerator": "cuda"})
+    mps = make_job("j2", "running", owner="bob", reason="mentions cuda", requirements={"accelerator": "mps"})
+
+    def shown(text: str) -> list[str]:
+        f = JobFilter.parse(text)
+        return [j.id for j in (cuda, mps) if f.matches(j, job_cells(j, NOW))]
+
+    assert shown("acc:cuda") == ["j1"] and shown("cuda") == ["j2"]  # a word matches the text, acc: the field
+    assert shown("state:queued") == ["j1"] and shown("state:run") == ["j2"]
+    assert shown("state:queued,running user:bob") == ["j2"]
+    assert shown("code:busy") == ["j1"] and shown("USER:Alice gpu") == ["j1"]
+    assert shown("nosuch:thing") == [] and JobFilter.parse("").empty
+
+
+@pytest.mark.asyncio
+async def test_cursor_follows_new_rows_at_the_bottom_and_user_hides_when_all_share_it() -> None:
+    table = JobsTable(clock=lambda: NOW, age_refresh_s=0)
+    async with Harness(table).run_test(size=(120, 10)) as pilot:
+        table.set_jobs([make_job(f"f{i:07d}") for i in range(3)])
+        await pilot.pause()
+        assert "USER" not in table.render_line(0).text  # every job is alice's
+        table.action_last()
+        table.upsert_job(make_job("f0000003"))
+        assert table.highlighted_id == "f0000003"  # at the bottom: follows
+        table.action_first()
+        table.upsert_job(make_job("f0000004", owner="bob"))
+        assert table.highlighted_id == "f0000000"  # elsewhere: stays
+        await pilot.pause()
+        assert "USER" in table.render_line(0).text and "bob" in table.render_line(5).text

@@ -1,0 +1,207 @@
+"""What the jobs table shows, without widgets: a job's row, the filter, the sort orders, column widths.
+
+Every text that comes from a user or a peer (names, reasons, users, hosts) is escaped with
+:func:`gpulayerd.text.escape` here, before any terminal sees it; rows are drawn as plain
+segments, so Rich markup in a name is shown as typed, never interpreted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gpulayer_tui.state import TERMINAL
+from gpulayerd import text as fmt
+from gpulayerd.models import JobView
+
+__all__ = [
+    "COLUMNS",
+    "SORTS",
+    "SORT_COLUMN",
+    "JobFilter",
+    "Row",
+    "column_widths",
+    "job_cells",
+    "reason_cell",
+    "sort_key",
+]
+
+
+class Row(NamedTuple):
+    """The text of one job's row, a field per column of :data:`COLUMNS` (all escaped)."""
+
+    id: str
+    state: str
+    reason: str
+    name: str
+    user: str
+    where: str
+    age: str
+
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "ID"),
+    ("state", "STATE"),
+    ("reason", "REASON"),
+    ("name", "NAME"),
+    ("user", "USER"),
+    ("where", "WHERE"),
+    ("age", "AGE"),
+)
+"""(key, header) of each column, in order: the state and the reason (code first) right after the id."""
+
+FIXED: dict[str, int] = {"id": 12, "state": 10, "user": 8, "where": 12, "age": 4}
+"""Widths in cells of the columns that do not flex (WHERE: 10 below 100 columns, 18 from 120 on)."""
+
+NARROW = 90
+"""Below this many columns ID gives way to REASON (the highlighted job's id is in the status line)."""
+
+MIN_REASON = 16
+MIN_NAME = 6
+NAME_SHARE = 0.4
+"""NAME gets at most this share of the room NAME and REASON share (less when the names are shorter;
+0.25 below 100 columns, where the reason comes first)."""
+
+SORTS: tuple[str, ...] = ("submitted", "state", "reason", "name", "user", "where")
+"""Sort orders that ``s`` cycles through (``S`` reverses); ties keep submission order."""
+
+SORT_COLUMN: dict[str, str] = {"submitted": "age", "state": "state", "reason": "reason", "name": "name",
+                               "user": "user", "where": "where"}
+"""The column whose header shows the ▲/▼ mark for each sort order (submission order: AGE, oldest
+first, which shows as ▼ and reversed as ▲; every other order shows ▲ and reversed ▼)."""
+
+_STATE_RANK = {s: i for i, s in enumerate(
+    ("running", "cancelling", "claimed", "queued", "failed", "lost", "rejected", "cancelled", "succeeded"))}
+
+
+def reason_cell(job: JobView) -> str:
+    """A job's reason with its code first (``"Busy: cpu slots 0 free of 4 …"``), escaped, on one line.
+
+    A queued job not judged yet reads ``Pending: …``; a finished job's reason has no code.
+    """
+    reason = fmt.escape(job.reason)
+    code = job.reason_code
+    if not code or reason.startswith(f"{code}:"):
+        return reason
+    return f"{code}: {reason}" if reason else code
+
+
+def job_cells(job: JobView, now: float) -> Row:
+    """The text of a job's row (see :class:`Row`).
+
+    Args:
+        job: the job.
+        now: wall time (seconds since the epoch) the age is measured to.
+    """
+    state = "cancelling" if job.cancel_requested and job.status not in TERMINAL else job.status
+    if job.where_node is not None or job.where_hosts:  # kept after the job ends; GPU indices included
+        where = fmt.where(job.where_name or (job.where_node or "")[:12], job.where_devices, job.where_hosts)
+    else:
+        where = job.holder_name or (job.holder[:12] if job.holder else None)
+    return Row(
+        id=fmt.escape(job.id),
+        state=state,
+        reason=reason_cell(job),
+        name=fmt.escape(fmt.text(job.name)),
+        user=fmt.escape(job.spec.user or job.submitted_by or fmt.DASH),
+        where=fmt.escape(fmt.text(where)),
+        age=fmt.age(now - job.submitted_at),
+    )
+
+
+def sort_key(order: str) -> Callable[[Row], tuple[object, ...]] | None:
+    """The key of a sort order of :data:`SORTS` over rows (None: submission order)."""
+    if order == "submitted":
+        return None
+    if order == "state":
+        return lambda row: (_STATE_RANK.get(row.state, 99),)
+    col = [k for k, _ in COLUMNS].index(order)
+    return lambda row: (row[col].lower(),)
+
+
+def column_widths(width: int, *, show_user: bool, name_max: int) -> tuple[int, ...]:
+    """Cells of each column of :data:`COLUMNS` for a table ``width`` cells wide (0: hidden).
+
+    Every column is preceded by one blank cell and the line ends with one. NAME and REASON
+    share what the fixed columns leave: NAME up to its longest name (``name_max`` cells) and
+    at most :data:`NAME_SHARE` of it, REASON the rest (at least :data:`MIN_REASON`: a narrower
+    terminal scrolls sideways).
+    """
+    fixed = dict(FIXED)
+    if width >= 120:
+        fixed["where"] = 18
+    elif width < 100:
+        fixed["where"] = 10
+    if width < NARROW:
+        fixed["id"] = 0
+    if not show_user:
+        fixed["user"] = 0
+    shown = sum(1 for k, _ in COLUMNS if fixed.get(k, 1) > 0)
+    room = max(0, width - sum(fixed.values()) - shown - 1)
+    share = NAME_SHARE if width >= 100 else 0.25
+    name = max(MIN_NAME, min(max(name_max, 4), int(room * share)))
+    reason = max(MIN_REASON, room - name)
+    flex = {"name": name, "reason": reason}
+    return tuple(fixed[k] if k in fixed else flex[k] for k, _ in COLUMNS)
+
+
+_FIELDS = {"state": "state", "s": "state", "acc": "acc", "accelerator": "acc", "user": "user", "u": "user",
+           "name": "name", "n": "name", "id": "id", "where": "where", "host": "where", "code": "code",
+           "reason": "reason"}
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """What ``/`` typed: ``field:value`` terms and free words; a job is shown when all of them match.
+
+    Fields: ``state:`` (prefix of the state: ``state:run``), ``acc:`` (the accelerator the job
+    asks for, exactly: ``cpu``, ``cuda``, ``mps``, ``rocm``), ``user:``, ``name:``, ``id:``,
+    ``where:``/``host:``, ``code:`` (the reason's code, exactly) and ``reason:`` (words in the
+    reason); a value may list alternatives with commas (``state:queued,running``). Free words
+    must appear somewhere in the row's text. All case-insensitive; an unknown ``field:`` is a
+    free word.
+    """
+
+    terms: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    words: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> JobFilter:
+        """The filter that ``text`` describes (empty text: everything matches)."""
+        terms: list[tuple[str, tuple[str, ...]]] = []
+        words: list[str] = []
+        for token in text.lower().split():
+            key, sep, value = token.partition(":")
+            if sep and key in _FIELDS and value:
+                terms.append((_FIELDS[key], tuple(v for v in value.split(",") if v)))
+            else:
+                words.append(token)
+        return cls(tuple(terms), tuple(words))
+
+    @property
+    def empty(self) -> bool:
+        """True when everything matches."""
+        return not self.terms and not self.words
+
+    def matches(self, job: JobView, row: Row) -> bool:
+        """True when ``job`` (shown as ``row``) matches every term and word."""
+        for field, values in self.terms:
+            if not any(_term(field, v, job, row) for v in values):
+                return False
+        if self.words:
+            hay = " ".join(row).lower()
+            return all(w in hay for w in self.words)
+        return True
+
+
+def _term(field: str, value: str, job: JobView, row: Row) -> bool:
+    if field == "state":
+        return row.state.startswith(value) or job.status.startswith(value)
+    if field == "acc":
+        return job.spec.requirements.accelerator.value.lower() == value
+    if field == "code":
+        return job.reason_code.lower() == value
+    return value in {"user": row.user, "name": row.name, "id": row.id, "where": row.where,
+                     "reason": row.reason}[field].lower()
+
