@@ -9,6 +9,7 @@ leases count as renewed at restart).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -21,7 +22,10 @@ from gpulayerd.errors import AmbiguousJob, NoSuchJob
 from gpulayerd.models import JobSpec
 from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
 
-__all__ = ["Granted", "OwnedJobs", "RunControl"]
+__all__ = ["SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
+
+SPEC_CACHE_SIZE = 2048
+"""Parsed job specs kept by :meth:`OwnedJobs.spec` (least recently used dropped first)."""
 
 
 class RunControl(Protocol):
@@ -49,7 +53,7 @@ class OwnedJobs:
         self._signals = signals
         self._clock = clock
         self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
-        self._specs: dict[str, JobSpec] = {}
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
         self._runs: RunControl | None = None
 
     def bind(self, runs: RunControl) -> None:
@@ -80,15 +84,21 @@ class OwnedJobs:
         return await self._store.jobs.get_job(job_id)
 
     def spec(self, row: JobRow) -> JobSpec:
-        """The job's spec (parsed once, then cached)."""
+        """The job's spec, parsed from the stored JSON; the :data:`SPEC_CACHE_SIZE` most recently used
+        are kept parsed (the scheduler keeps its own per-job request, so a long queue need not stay
+        parsed here: ~1.7 kB per cached spec)."""
         spec = self._specs.get(row.id)
         if spec is None:
-            spec = self._specs[row.id] = JobSpec.model_validate_json(row.spec_json)
+            spec = JobSpec.model_validate_json(row.spec_json)
+        self.remember(row.id, spec)
         return spec
 
     def remember(self, job_id: str, spec: JobSpec) -> None:
-        """Cache the spec of a job just stored."""
+        """Cache the spec of a job just stored (or just read)."""
         self._specs[job_id] = spec
+        self._specs.move_to_end(job_id)
+        while len(self._specs) > SPEC_CACHE_SIZE:
+            self._specs.popitem(last=False)
 
     def record(self, row: JobRow) -> JobRecord:
         """The claim machine's view of ``row``, with the lease as this owner keeps it."""

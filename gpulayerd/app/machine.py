@@ -31,6 +31,7 @@ from gpulayerd.app.signals import Signals
 from gpulayerd.capabilities import build_capabilities
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.types import (
+    OUTSIDE_HOLDER,
     Accelerator,
     DeviceKind,
     DeviceSnapshot,
@@ -52,7 +53,7 @@ from gpulayerd.store import Store
 
 __all__ = ["ANOTHER_DAEMON", "REPROBE_AFTER_S", "Machine", "PathChecker"]
 
-ANOTHER_DAEMON = "(another gpulayerd on this machine)"
+ANOTHER_DAEMON = OUTSIDE_HOLDER
 
 REPROBE_AFTER_S = 5.0
 """Before a grant (``snapshot(refresh_apps=True)``), hardware is probed again (in a thread) when

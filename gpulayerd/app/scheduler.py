@@ -17,6 +17,11 @@ Incremental: every (shape, worker) row and every shape's explanation is kept in 
 :class:`gpulayerd.core.shapes.ShapeBook` until that worker's snapshot changes, so a pass
 re-judges only what changed. A wake-up by the timer alone (no submit, exit, probe or peer
 change) skips the pass when nothing it reads can have changed (:meth:`Scheduler._idle`).
+The queue is kept in memory in fair-share order: a pass reads from the store only the rows of
+jobs with an event since the last pass (:meth:`gpulayerd.store.jobs.JobsTable.queue_changes`;
+every queued row again when the count of queued jobs disagrees). When this machine is as the
+last pass left it, the jobs that pass left still cannot start here, so new jobs are placed
+first and only they are walked; reasons are written in batches, only when their line changed.
 """
 
 from __future__ import annotations

@@ -99,10 +99,13 @@ def call_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T], on_t
         bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
         byte = f" (byte 0x{ord(bad[0]) - 0xDC00:02x})" if bad and 0xDC80 <= ord(bad[0]) <= 0xDCFF else ""
         raise UsageError(f"an argument is not valid UTF-8 text{byte}: gpulayerd takes UTF-8 only") from None
-    except ApiRequestError as e:
+    except ApiRequestError as e:  # the message may quote peers' or users' text: escaped, line by line
+        from gpulayerd.text import escape
+
+        message = "\n".join(escape(line) for line in e.message.split("\n"))
         if e.status in (400, 404, 422):
-            raise UsageError(e.message) from None
-        raise CommandFailed(e.message) from None
+            raise UsageError(message) from None
+        raise CommandFailed(message) from None
 
 
 def try_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T]) -> _T | None:

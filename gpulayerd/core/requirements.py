@@ -214,15 +214,14 @@ def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) ->
     return out
 
 
-_ENV_MEMO: dict[tuple[object, ...], tuple[WorkerSnapshot, EnvironmentSnapshot | None, tuple[Rejection, ...],
-                                           tuple[Check, ...]]] = {}
-_ENV_MEMO_MAX = 50_000
+_EnvAnswer = tuple[EnvironmentSnapshot | None, tuple[Rejection, ...], tuple[Check, ...]]
+_ENV_MEMO: dict[int, tuple[WorkerSnapshot, dict[tuple[object, ...], _EnvAnswer]]] = {}
+_ENV_MEMO_WORKERS = 256  # snapshots kept at most (a daemon makes a new one of itself every pass)
 
 
-def _env_key(job: JobRequest, worker: WorkerSnapshot) -> tuple[object, ...]:
-    """What :func:`choose_environment` reads: the worker (by identity) and the job's environment fields."""
-    return (id(worker), job.accelerator, job.python, tuple(sorted(job.frameworks.items())), job.distributed,
-            job.cuda_runtime)
+def _env_key(job: JobRequest) -> tuple[object, ...]:
+    """What :func:`choose_environment` reads of the job: its environment fields."""
+    return (job.accelerator, job.python, tuple(sorted(job.frameworks.items())), job.distributed, job.cuda_runtime)
 
 
 def choose_environment(
@@ -233,7 +232,8 @@ def choose_environment(
     Appends one row to ``checks`` per environment requirement (python, frameworks, torch
     backends), ok if any environment meets it.
 
-    Kept per (worker object, the job's environment fields: :func:`_env_key`), since jobs of
+    Kept per (worker object, the job's environment fields: :func:`_env_key`; at most
+    ``_ENV_MEMO_WORKERS`` worker objects), since jobs of
     every memory or device request judge the same environments the same way; the answer is
     exactly :func:`_choose_environment`'s (a property test checks this). A kept entry holds its
     worker, so the id in the key names that object while the entry lives.
@@ -242,16 +242,19 @@ def choose_environment(
         ``(environment, [])`` when one qualifies, else ``(None, rejections)`` with every
         environment's rejections.
     """
-    key = _env_key(job, worker)
-    kept = _ENV_MEMO.get(key)
-    if kept is None or kept[0] is not worker:
+    per_worker = _ENV_MEMO.get(id(worker))
+    if per_worker is None or per_worker[0] is not worker:
+        if len(_ENV_MEMO) >= _ENV_MEMO_WORKERS:
+            _ENV_MEMO.clear()
+        per_worker = _ENV_MEMO[id(worker)] = (worker, {})
+    key = _env_key(job)
+    kept = per_worker[1].get(key)
+    if kept is None:
         mine: list[Check] = []
         env, rejs = _choose_environment(job, worker, mine)
-        if len(_ENV_MEMO) >= _ENV_MEMO_MAX:
-            _ENV_MEMO.clear()
-        kept = _ENV_MEMO[key] = (worker, env, tuple(rejs), tuple(mine))
-    checks.extend(kept[3])
-    return kept[1], list(kept[2])
+        kept = per_worker[1][key] = (env, tuple(rejs), tuple(mine))
+    checks.extend(kept[2])
+    return kept[0], list(kept[1])
 
 
 def _choose_environment(

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from gpulayerd.core.matching import evaluate, validate
 from gpulayerd.core.reasons import reason_text
-from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.types import OUTSIDE_HOLDER, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import (
     Explanation,
     FitState,
@@ -42,6 +42,12 @@ VOLATILE_CODES = frozenset({
 })
 """Rejections whose cause can change without any event the daemon sees (a directory made, an
 account added, a process outside gpulayer ending): a job waiting on one is re-checked every pass."""
+
+
+def _volatile(r: Rejection) -> bool:
+    """A cause no event reports: :data:`VOLATILE_CODES`, or a device whose lock something outside
+    this daemon holds (:data:`~gpulayerd.core.types.OUTSIDE_HOLDER`)."""
+    return r.code in VOLATILE_CODES or (r.code is RejectionCode.RESERVED and OUTSIDE_HOLDER in r.found)
 
 
 def freeze(value: object) -> Hashable:
@@ -236,7 +242,7 @@ class ShapeBook:
             mark = (entry[0], len(entry[1]))  # rows are only added while a version lasts
             kept = self._volatile.get((node_id, dev))
             if kept is None or kept[0] != mark:
-                found = any(r.code in VOLATILE_CODES for row in entry[1].values() for r in row.rejections)
+                found = any(_volatile(r) for row in entry[1].values() for r in row.rejections)
                 kept = self._volatile[(node_id, dev)] = (mark, found)
             if kept[1]:
                 return True

@@ -145,6 +145,11 @@ class DeviceState(str, enum.Enum):
     LOST = "lost"
 
 
+OUTSIDE_HOLDER = "(another gpulayerd on this machine)"
+"""``granted_to`` of a device whose lock file something other than this daemon holds (a watchdog
+that outlived its daemon's records): no event says when it lets go, so a job waiting on it is
+re-judged every scheduling pass."""
+
 UNKNOWN_PROCESSES_IDLE_MAX_BYTES = 512 * 2**20
 """A GPU whose process list is unknown counts as free only if nvidia-smi's ``memory.used`` is
 at most this (512 MiB: an idle datacenter GPU reports a few MiB, a display adds up to a few
