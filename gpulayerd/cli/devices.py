@@ -85,6 +85,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     raw = None if args.local or args.python else try_daemon(args, lambda c: c.peers())
     peers = None if raw is None else _peer_views(raw)
     if peers is None:
+        if not (args.local or args.python):  # say so: this is the CLI's own view, not the daemon's
+            print("gpulayer: no gpulayerd answered: probing this machine directly (this process's PATH and "
+                  "Python; --local says this on purpose)", file=sys.stderr)
         caps = _local_capabilities(args)
         if args.json:
             print(caps.model_dump_json(indent=2))

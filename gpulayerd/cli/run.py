@@ -9,7 +9,8 @@ cancelled by someone else without an exit status.
 Ctrl-C (SIGINT) cancels the job after one second, keeps streaming until it has stopped, and
 exits 130; a second Ctrl-C within that second detaches instead and leaves the job running (it
 says so, with the commands to follow or cancel it). A Ctrl-C after the cancel was sent detaches
-without waiting for the job to stop.
+without waiting for the job to stop. SIGTERM or SIGHUP (a kill, a closed terminal) cancel the
+job at once, as srun does, and exit 128+N once it has stopped (a second one: at once).
 
 Submits with :func:`gpulayerd.cli.jobs.submit_job`, then calls the daemon through
 :func:`gpulayerd.cli.client.call_daemon` (one connection for the run): job and log reads every
@@ -79,9 +80,15 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.ended: list[int] = []  # SIGTERM/SIGHUP received (a closed terminal, a kill)
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         self.times.append(time.monotonic())
+
+    def end_handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.ended:  # a second one: stop waiting now (the cancel was sent)
+            raise SystemExit(128 + signum)
+        self.ended.append(signum)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -99,11 +106,14 @@ def _run(c: SyncClient, job: Any) -> int:
         return EXIT_FAILURE
     _say(f"job {label} submitted")
     ints = _Interrupts()
-    previous = signal.signal(signal.SIGINT, ints.handler)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, ints.handler)}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, ints.end_handler)
     try:
         return _follow(c, job, ints)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _follow(c: SyncClient, job: Any, ints: _Interrupts) -> int:
@@ -121,7 +131,12 @@ def _follow(c: SyncClient, job: Any, ints: _Interrupts) -> int:
             complete = _drain(c, job.id, t, "stderr", None, sys.stderr) and complete
         if job.status in _TERMINAL:
             break  # the logs were read once more after it ended
-        if ints.times:
+        if ints.ended and not cancel_sent:  # like srun: the job does not outlive a killed `run`
+            name = signal.Signals(ints.ended[0]).name
+            c.cancel(job.id)
+            _say(f"{name}: job {job.id} cancelled; waiting for it to stop ({name} again to stop waiting)")
+            cancel_sent = True
+        elif ints.times:
             detached = _on_interrupt(c, job, ints, cancel_sent)
             if detached:
                 return EXIT_INTERRUPTED
@@ -151,6 +166,8 @@ def _follow(c: SyncClient, job: Any, ints: _Interrupts) -> int:
     _say(outcome(job))
     if job.status == "rejected":
         _reasons(job)
+    if ints.ended:
+        return 128 + ints.ended[0]
     return EXIT_INTERRUPTED if cancel_sent else exit_code_of(job)
 
 

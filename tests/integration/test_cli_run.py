@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from gpulayerd import text
 from tests.integration.conftest import GPULAYER, Daemon, clean_env
 
@@ -26,21 +28,23 @@ def test_run_streams_the_output_and_exits_with_the_jobs_exit_code(cpu_daemon: Da
     assert "failed: exited 3" in err
 
 
-def test_sigint_cancels_the_job_and_exits_130(cpu_daemon: Daemon) -> None:
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "cancel requested"),
+                                                    (signal.SIGTERM, 143, "SIGTERM: job")])
+def test_sigint_or_sigterm_cancels_the_job(cpu_daemon: Daemon, sig: signal.Signals, code: int, said: str) -> None:
     p = _run(cpu_daemon, "--name", "sleeper", "--", sys.executable, "-c",
              "import time; print('started', flush=True); time.sleep(60)")
     try:
         assert p.stdout is not None
         assert p.stdout.readline() == "started\n"  # it runs, and gpulayer run streams it
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130, err
+    assert p.returncode == code, err
     job_id = next(line.split()[3] for line in err.splitlines() if "submitted" in line)
     assert cpu_daemon.job(job_id).status == "cancelled"
-    assert "cancel requested" in err
+    assert said in err
 
 
 def test_jobs_at_80_columns_and_a_name_with_an_escape(cpu_daemon: Daemon) -> None:

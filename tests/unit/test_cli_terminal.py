@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -149,3 +150,12 @@ def test_show_escapes_the_name_reason_and_history_of_a_job() -> None:
     out = render_job(_job("j1", "a\x1b]0;title\x07b", reason="Busy: on \x1b[2Jws-1"))
     assert "\x1b" not in out and "\x07" not in out
     assert "a\\x1b]0;title\\x07b" in out and "Busy: on \\x1b[2Jws-1" in out
+
+
+def test_devices_without_a_daemon_says_it_probes_this_machine_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, rocm-smi, sysctl: a quick CPU-only probe
+    assert main(["--state-dir", str(tmp_path), "devices", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "no gpulayerd answered: probing this machine directly" in err
+    assert '"devices": []' in out
