@@ -61,3 +61,18 @@ def test_jobs_at_80_columns_and_a_name_with_an_escape(cpu_daemon: Daemon) -> Non
     assert len(lines) >= 3
     assert [line for line in lines if text.width(line) > 80] == []
     assert sum("Accelerator:" in line for line in lines) >= 2  # the reason's code survives the cut
+
+
+def test_jobs_says_how_many_older_finished_jobs_it_hides(cpu_daemon: Daemon) -> None:
+    """Finished jobs beyond the 20 latest are hidden from `gpulayer jobs`, and it says how many."""
+    ids = [cpu_daemon.submit("--name", f"done-{i}", "--", "true") for i in range(22)]
+    for job_id in ids:
+        cpu_daemon.wait_status(job_id, {"succeeded"}, timeout_s=60)
+    finished = [j for j in cpu_daemon.cli_json("jobs", "--all", "--json")
+                if j["status"] in ("succeeded", "failed", "cancelled", "rejected", "lost")]
+    r = cpu_daemon.cli("jobs")
+    assert r.returncode == 0, r.stderr
+    hidden = len(finished) - 20
+    assert f"{hidden} older jobs hidden (--all)" in r.stderr, r.stderr
+    assert "done-0 " not in r.stdout and "done-21" in r.stdout  # the oldest hidden, the latest shown
+    assert "hidden" not in cpu_daemon.cli("jobs", "--all").stderr

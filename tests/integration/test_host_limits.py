@@ -45,10 +45,19 @@ def test_bug_35_daemon_under_taskset_has_one_cpu_slot(lab: Lab) -> None:
     d = lab.daemon(cpu_slots=None, wrap=["taskset", "-c", "0"])
     caps = d.call(lambda c: c.devices())  # what `gpulayer devices --json` prints
     assert caps.cpu_slots_total == expected["cpu_slots_total"] == 1
-    # The daemon and what it runs keep the mask: a job sees the one CPU.
-    job = d.submit("--", "python", "-c", "import os; print(sorted(os.sched_getaffinity(0)))")
-    d.wait_status(job, {"succeeded"}, timeout_s=30)
-    assert d.cli_ok("logs", job).strip() == "[0]"
+    # The daemon and what it runs keep the mask: a job sees the one CPU; a second job waits for
+    # the slot (the case's two jobs, each held until a file appears instead of sleeping 8 s).
+    work = "import os, time; print(sorted(os.sched_getaffinity(0)), flush=True)\n" \
+           "while not os.path.exists('release'): time.sleep(0.05)"
+    first = d.submit("--", "python", "-c", work)
+    d.wait_status(first, {"running"}, timeout_s=30)
+    second = d.submit("--", "python", "-c", work)
+    waiting = d.wait_reason(second, lambda j: j.reason.startswith("Busy"), timeout_s=30)
+    assert waiting.status == "queued" and "cpu slots 0 free of 1" in waiting.reason, waiting.reason
+    (d.work / "release").touch()
+    for job in (first, second):
+        d.wait_status(job, {"succeeded"}, timeout_s=30)
+        assert d.cli_ok("logs", job).strip() == "[0]"
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare (UTS and mount namespaces)")
