@@ -125,14 +125,10 @@ def _submit_to_start(d: LocalDaemon, runs: int, env: dict[str, str], srun_ms: fl
 
 def _slurm_anchor() -> float | None:
     """Slurm's `srun true` p50 in ms, measured now (bench/slurm.py), or None with the reason printed."""
-    from slurm import slurm_figures  # bench/ is on sys.path when this script runs
+    from slurm import anchor  # bench/ is on sys.path when this script runs
 
-    figures = slurm_figures(n_sbatch=3, n_jobs=20)
-    if isinstance(figures, str):
-        print(f"Slurm not available: {figures}", flush=True)
-        return None
-    print(f"Slurm {figures.version}: srun true p50 {figures.srun_true_p50_ms:.1f} ms", flush=True)
-    return figures.srun_true_p50_ms
+    figures = anchor(n_sbatch=3, n_jobs=20)
+    return None if figures is None else figures.srun_true_p50_ms
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -257,6 +257,9 @@ async def bench_throughput(root: Path, n: int, slurm_jobs_s: float | None = None
             if slurm_jobs_s is not None:
                 line("  anchor: Slurm trivial jobs/s, 2 CPUs (same run)", slurm_jobs_s, "jobs/s")
         line("  daemon CPU per job (user+system, whole run)", (cpu.user + cpu.system) / (n + 1) * 1000, "ms")
+        print(f"    of which user {cpu.user / (n + 1) * 1000:.1f} ms, system {cpu.system / (n + 1) * 1000:.1f} ms; "
+              f"its exited children {(cpu.children_user + cpu.children_system) / (n + 1) * 1000:.1f} ms; "
+              f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     finally:
         d.stop()
         d.kill_leftovers()
@@ -312,14 +315,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _slurm_jobs_s() -> float | None:
     """Slurm's trivial-job throughput on 2 CPUs, measured now (bench/slurm.py), or None with the reason printed."""
-    from slurm import slurm_figures  # bench/ is on sys.path when this script runs
+    from slurm import anchor  # bench/ is on sys.path when this script runs
 
-    figures = slurm_figures(n_srun=5, n_sbatch=3, n_jobs=100, cpus=2)
-    if isinstance(figures, str):
-        print(f"Slurm not available: {figures}", flush=True)
-        return None
-    print(f"Slurm {figures.version}: {figures.jobs_per_s:.2f} trivial jobs/s on 2 CPUs", flush=True)
-    return figures.jobs_per_s
+    figures = anchor(n_srun=5, n_sbatch=3, n_jobs=100, cpus=2)
+    return None if figures is None else figures.jobs_per_s
 
 
 def main(argv: Sequence[str] | None = None) -> int:

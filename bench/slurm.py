@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import line, percentile
 
-__all__ = ["SlurmFigures", "slurm_figures"]
+__all__ = ["SlurmFigures", "anchor", "slurm_figures"]
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "sinfo")
 
@@ -238,6 +238,18 @@ def slurm_figures(n_srun: int = 20, n_sbatch: int = 10, n_jobs: int = 100, cpus:
     except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
         detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) and e.stderr else ""
         return f"{e}{f' ({detail})' if detail else ''}"
+
+
+def anchor(**kw: int) -> SlurmFigures | None:
+    """:func:`slurm_figures` for another bench's anchor, measured now: prints one line with Slurm's
+    version, or why Slurm is not available (then None)."""
+    figures = slurm_figures(**kw)
+    if isinstance(figures, str):
+        print(f"Slurm not available: {figures}", flush=True)
+        return None
+    print(f"Slurm {figures.version} (anchor, this run): srun true p50 {figures.srun_true_p50_ms:.1f} ms, "
+          f"{figures.jobs_per_s:.2f} trivial jobs/s", flush=True)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

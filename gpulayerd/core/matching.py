@@ -30,7 +30,7 @@ from gpulayerd.core.verdict import (
     WorkerExplanation,
 )
 
-__all__ = ["evaluate", "explain", "explain_many", "job_signature", "match", "validate"]
+__all__ = ["assemble", "evaluate", "explain", "explain_many", "job_signature", "match", "validate"]
 
 
 # ----------------------------------------------------------------------------- public
@@ -169,7 +169,13 @@ def explain(job: JobRequest, workers: Iterable[WorkerSnapshot], support: Support
     job_level = validate(job, support)
     if job_level:
         return Explanation(job.job_id, Verdict.FITS_NOWHERE, None, tuple(job_level), ())
-    rows = tuple(evaluate(job, w, support) for w in sorted(workers, key=lambda w: w.node_id))
+    return assemble(job, [evaluate(job, w, support) for w in sorted(workers, key=lambda w: w.node_id)])
+
+
+def assemble(job: JobRequest, rows: Sequence[WorkerExplanation]) -> Explanation:
+    """The :class:`Explanation` of ``job`` (which passed :func:`validate`) from its ``rows``, one
+    per worker ordered by node id: the verdict and, when it fits now, the placement (the first
+    row that has one)."""
     # A multi-host job needs nnodes workers at once: the verdict is the best state that
     # enough workers reach (counting each worker at its own state or better).
     need = job.distributed.nnodes if job.distributed is not None else 1
@@ -184,7 +190,7 @@ def explain(job: JobRequest, workers: Iterable[WorkerSnapshot], support: Support
     placement = None
     if verdict is Verdict.FITS_NOW:
         placement = next((r.placement for r in rows if r.placement is not None), None)
-    return Explanation(job.job_id, verdict, placement, (), rows, need)
+    return Explanation(job.job_id, verdict, placement, (), tuple(rows), need)
 
 
 def job_signature(job: JobRequest) -> tuple[object, ...]:

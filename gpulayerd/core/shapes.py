@@ -22,12 +22,11 @@ import dataclasses
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from gpulayerd.core.matching import evaluate, validate
+from gpulayerd.core.matching import assemble, evaluate, validate
 from gpulayerd.core.reasons import reason_text
 from gpulayerd.core.types import OUTSIDE_HOLDER, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import (
     Explanation,
-    FitState,
     Rejection,
     RejectionCode,
     Verdict,
@@ -69,24 +68,6 @@ def freeze(value: object) -> Hashable:
 def shape_key(job: JobRequest) -> Hashable:
     """Everything the judgement reads from ``job`` (every field but ``job_id``), hashable."""
     return freeze(replace(job, job_id=""))
-
-
-def assemble(job: JobRequest, rows: Sequence[WorkerExplanation]) -> Explanation:
-    """The :class:`Explanation` :func:`~gpulayerd.core.matching.explain` builds from ``rows``
-    (one per worker, ordered by node id) for a job that passed :func:`validate`."""
-    need = job.distributed.nnodes if job.distributed is not None else 1
-    ladder = [(FitState.FITS_NOW, Verdict.FITS_NOW), (FitState.FITS_BUT_BUSY, Verdict.FITS_BUT_BUSY),
-              (FitState.FITS_OFFLINE, Verdict.FITS_ONLY_OFFLINE)]
-    verdict, seen = Verdict.FITS_NOWHERE, 0
-    for state, candidate in ladder:
-        seen += sum(1 for r in rows if r.state is state)
-        if seen >= need:
-            verdict = candidate
-            break
-    placement = None
-    if verdict is Verdict.FITS_NOW:
-        placement = next((r.placement for r in rows if r.placement is not None), None)
-    return Explanation(job.job_id, verdict, placement, (), tuple(rows), need)
 
 
 class ShapeBook:
