@@ -217,6 +217,7 @@ def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) ->
 _EnvAnswer = tuple[EnvironmentSnapshot | None, tuple[Rejection, ...], tuple[Check, ...]]
 _ENV_MEMO: dict[int, tuple[WorkerSnapshot, dict[tuple[object, ...], _EnvAnswer]]] = {}
 _ENV_MEMO_WORKERS = 256  # snapshots kept at most (a daemon makes a new one of itself every pass)
+_ENV_MEMO_KEYS = 4096  # environment requests kept per snapshot at most (memory stays bounded)
 
 
 def _env_key(job: JobRequest) -> tuple[object, ...]:
@@ -250,6 +251,8 @@ def choose_environment(
     key = _env_key(job)
     kept = per_worker[1].get(key)
     if kept is None:
+        if len(per_worker[1]) >= _ENV_MEMO_KEYS:
+            per_worker[1].clear()
         mine: list[Check] = []
         env, rejs = _choose_environment(job, worker, mine)
         kept = per_worker[1][key] = (env, tuple(rejs), tuple(mine))
