@@ -21,7 +21,7 @@ TUI_MODULE = "gpulayer_tui.launch"
 _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
 
 KEYS: tuple[tuple[str, str], ...] = (
-    ("?, F1", "help: every key of the view shown (again to close)"),
+    ("?, F1", "help: every key of the view shown, grouped (?, F1, esc or q close it)"),
     ("q, F10, ctrl+c", "quit (ctrl+c copies while the filter box has the focus)"),
     ("1 2 3 4 (d p e)", "Devices, Jobs, Peers, Environments views; Tab moves the focus"),
     ("j/k up/down", "move the cursor (PgUp/PgDn, Home/End: by pages, to the ends)"),
@@ -42,7 +42,8 @@ _DESCRIPTION = (
 
 def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     """Add ``tui`` to the ``gpulayer`` subcommands."""
-    keys = "\n".join(f"  {k:<15} {what}" for k, what in KEYS)
+    width = max(len(k) for k, _ in KEYS) + 3  # a clear gap between the keys and what they do
+    keys = "\n".join(f"  {k:<{width}}{what}" for k, what in KEYS)
     t = sub.add_parser("tui", help="the terminal UI: devices, jobs, job detail, peers, live",
                        description=_DESCRIPTION, epilog=f"keys:\n{keys}",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 from rich.cells import cell_len
 
-from gpulayer_tui.widgets.job_rows import COLUMNS, JobFilter, column_widths, job_cells, reason_cell
+from gpulayer_tui.widgets.devices_table import probe_text
+from gpulayer_tui.widgets.job_rows import COLUMNS, JobFilter, column_widths, job_cells, reason_cell, sort_label
 from gpulayer_tui.widgets.jobs_table import JobsTable
+from gpulayerd.core.types import ProbeStatus
+from gpulayerd.models import ProbeHealthModel
 from tests.tui.fake_client import NOW, make_job
 from tests.tui.test_widgets import Harness
 
@@ -71,3 +74,18 @@ async def test_cursor_follows_new_rows_at_the_bottom_and_user_hides_when_all_sha
         assert table.highlighted_id == "f0000000"  # elsewhere: stays
         await pilot.pause()
         assert "USER" in table.render_line(0).text and "bob" in table.render_line(5).text
+
+
+def test_the_status_line_names_the_sort_as_the_header_marks_it() -> None:
+    assert sort_label("submitted", False) == "AGE▼ oldest first"
+    assert sort_label("submitted", True) == "AGE▲ newest first"
+    assert sort_label("state", False) == "STATE▲" and sort_label("name", True) == "NAME▼ reversed"
+
+
+def test_a_probes_message_that_only_repeats_its_status_is_not_shown_twice() -> None:
+    def probe(status: ProbeStatus, message: str) -> str:
+        return probe_text(ProbeHealthModel(source="nvidia-smi", status=status, message=message))
+
+    assert probe(ProbeStatus.NOT_FOUND, "nvidia-smi not found") == "nvidia-smi not found"
+    assert probe(ProbeStatus.OK, "") == "nvidia-smi ok"
+    assert probe(ProbeStatus.ERROR, "exit 9: no driver") == "nvidia-smi error (exit 9: no driver)"

@@ -1,4 +1,4 @@
-"""SVG snapshots at a fixed size and clock (TZ=UTC, no timers): Devices, Jobs, and a waiting job's detail.
+"""SVG snapshots at a fixed size and clock (TZ=UTC, no timers): Devices, Jobs, a waiting job's detail, the help.
 
 Update after an intended change of the look with ``pytest tests/tui --snapshot-update`` and
 review the SVGs under ``tests/tui/__snapshots__/``.
@@ -79,3 +79,8 @@ def test_waiting_job_detail_snapshot(snap_compare: SnapCompare) -> None:
                        and pilot.app.screen.query_one(ExplanationView).explanation is not None, "the explanation")
 
     assert snap_compare(lab_app(), terminal_size=(100, 30), run_before=open_detail)
+
+
+def test_help_snapshot_80x24(snap_compare: SnapCompare) -> None:
+    """``?`` on the Jobs view at 80x24: gpulayer's keys, grouped, all on screen."""
+    assert snap_compare(lab_app(), press=["question_mark"], terminal_size=(80, 24), run_before=loaded)

@@ -19,11 +19,12 @@ from textual import on, work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.signal import Signal
-from textual.widgets import HelpPanel, Input
+from textual.widgets import Input
 
 from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable
 from gpulayer_tui.screens.confirm import ConfirmCancel
 from gpulayer_tui.screens.detail import JobDetailScreen
+from gpulayer_tui.screens.help import HelpScreen
 from gpulayer_tui.screens.main import MainScreen
 from gpulayer_tui.state import ClusterState, Connection, ConnectionState
 from gpulayer_tui.widgets.jobs_table import JobsTable
@@ -59,6 +60,7 @@ class GpulayerApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "gpulayer"
     ENABLE_COMMAND_PALETTE = False
+    HELP_GROUP: ClassVar[str] = "Everywhere"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
         Binding("f10", "quit", "Quit", show=False),
@@ -106,11 +108,11 @@ class GpulayerApp(App[None]):
             self.exit()
 
     def action_toggle_help(self) -> None:
-        """Show (or hide again) Textual's help panel: every binding of the focused view, hidden ones too."""
-        if self.screen.query(HelpPanel):
-            self.action_hide_help_panel()
+        """Show (or close again) the help: every gpulayer key of the screen shown, hidden ones too."""
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss()
         else:
-            self.action_show_help_panel()
+            self.push_screen(HelpScreen(self.screen))
 
     # ---------------------------------------------------------------- handlers
 

@@ -37,6 +37,7 @@ class ConfirmCancel(ModalScreen[bool]):
     }
     """
 
+    HELP_GROUP: ClassVar[str] = "Cancel a job?"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "answer(True)", "Yes, cancel it"),
         Binding("n,escape", "answer(False)", "No"),

@@ -48,6 +48,7 @@ class JobDetailScreen(Screen[None]):
     }
     """
 
+    HELP_GROUP: ClassVar[str] = "Job detail"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("w", "show_tab('why')", "Why"),
@@ -91,11 +92,11 @@ class JobDetailScreen(Screen[None]):
         yield ConnectionBanner(id="connection")
         yield JobSummary(clock=self._clock, id="job-summary")
         with TabbedContent(initial=self._tab, id="detail-tabs"):
-            with TabPane("Why (w)", id="why"), VerticalScroll(id="why-scroll"):
+            with TabPane("w Why", id="why"), VerticalScroll(id="why-scroll"):
                 yield ExplanationView(id="explanation")
-            with TabPane("Timeline (t)", id="timeline"):
+            with TabPane("t Timeline", id="timeline"):
                 yield Timeline(id="timeline-table")
-            with TabPane("Log (l)", id="log"):
+            with TabPane("l Log", id="log"):
                 yield LogTail(id="log-tail")
         yield Footer(compact=True)
 

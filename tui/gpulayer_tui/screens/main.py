@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 
 from gpulayer_tui.state import Connection, StateSource
 from gpulayer_tui.widgets.connection import ConnectionBanner
-from gpulayer_tui.widgets.devices_table import DevicesTable, job_label
+from gpulayer_tui.widgets.devices_table import DevicesTable, job_label, probe_text
 from gpulayer_tui.widgets.environments_table import EnvironmentsTable, probe_lines
 from gpulayer_tui.widgets.gpu_metrics import GpuMetricsPanel, MetricsFetch
 from gpulayer_tui.widgets.job_rows import reason_cell
@@ -61,6 +61,7 @@ class MainScreen(Screen[None]):
     }
     """
 
+    HELP_GROUP: ClassVar[str] = "Views"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("1", "show_view('devices')", "Devices"),
         Binding("2", "show_view('jobs')", "Jobs"),
@@ -95,19 +96,19 @@ class MainScreen(Screen[None]):
         yield Header(show_clock=False)
         yield ConnectionBanner(id="connection")
         with TabbedContent(initial="jobs", id="views"):
-            with TabPane("Devices (1)", id="devices"):
+            with TabPane("1 Devices", id="devices"):
                 yield DevicesTable(id="devices-table")
                 yield Static("", id="devices-detail", classes="status-line")
                 yield GpuMetricsPanel(self._metrics, poll_s=self._metrics_poll_s, id="gpu-metrics")
-            with TabPane("Jobs (2)", id="jobs"):
+            with TabPane("2 Jobs", id="jobs"):
                 yield Input(placeholder="filter: state:queued acc:cuda user:alice words… (enter: keep, esc: clear)",
                             id="jobs-filter", select_on_focus=False)
                 yield JobsTable(clock=self._clock, age_refresh_s=self._age_refresh_s, id="jobs-table")
                 yield Static("", id="jobs-reason", classes="status-line")
                 yield Static("", id="jobs-status", classes="status-line")
-            with TabPane("Peers (3)", id="peers"):
+            with TabPane("3 Peers", id="peers"):
                 yield PeersTable(clock=self._clock, id="peers-table")
-            with TabPane("Environments (4)", id="environments"):
+            with TabPane("4 Environments", id="environments"):
                 yield EnvironmentsTable(id="environments-table")
                 yield Static("", id="environments-probes")
         yield Footer(compact=True)
@@ -188,9 +189,7 @@ class MainScreen(Screen[None]):
         text = ""
         if peer is not None and peer.capabilities is not None:
             caps = peer.capabilities
-            probes = " · ".join(f"{h.source} {h.status.value.replace('_', ' ')}" + (f" ({h.message})" if h.message
-                                                                                   else "")
-                                for h in caps.health)
+            probes = " · ".join(probe_text(h) for h in caps.health)
             text = fmt.escape(f"{peer.name}: {fmt.text(caps.cpu_count)} CPUs, {fmt.gb(caps.memory_total_bytes)} "
                               f"RAM; probes: {probes or fmt.DASH}")  # a peer's words: escaped, never markup
         self.query_one("#devices-detail", Static).update(Text(text))
@@ -226,7 +225,7 @@ class MainScreen(Screen[None]):
         total = len(table.jobs)
         shown = table.row_count
         counts = f"{total} jobs" if shown == total else f"{shown} of {total} jobs (filter: {table.filter_text})"
-        order = f"{table.sort_by}{' reversed' if table.sort_reverse else ''}"
+        order = table.sort_label  # what the marked header says
         # Trusted peers that miss heartbeats: whatever they run is not in this list.
         down = fmt.peers_down(sum(1 for p in self._source.state.peers if p.trusted and p.state in ("suspect", "down")))
         self.query_one("#jobs-status", Static).update(Text(f"{counts} · sort: {order} (s, S) · ? help"

@@ -16,10 +16,10 @@ from textual.reactive import reactive
 
 from gpulayer_tui.widgets.keyed_table import Cell, KeyedTable
 from gpulayerd import text as fmt
-from gpulayerd.models import Capabilities, DeviceModel, PeerView
+from gpulayerd.models import Capabilities, DeviceModel, PeerView, ProbeHealthModel
 from gpulayerd.models.metrics import GpuMetricsView, MetricsView
 
-__all__ = ["DevicesTable", "JobLabeller", "device_rows", "job_label", "probe_summary"]
+__all__ = ["DevicesTable", "JobLabeller", "device_rows", "job_label", "probe_summary", "probe_text"]
 
 _HEALTHY = frozenset({"ok", "not_found", "no_devices"})
 _ANOTHER_DAEMON = "(another gpulayerd on this machine)"  # gpulayerd.app.machine.ANOTHER_DAEMON
@@ -47,6 +47,16 @@ def probe_summary(caps: Capabilities) -> str:
     if not bad:
         return "ok"
     return "; ".join(f"{h.source}: {h.status.value.replace('_', ' ')}" for h in bad)
+
+
+def probe_text(h: ProbeHealthModel) -> str:
+    """One probe's health: "nvidia-smi ok", "rocm-smi failed (exit 9: …)"; a message that only says the
+    status again ("nvidia-smi not found") is not repeated. Not escaped (the caller escapes)."""
+    head = f"{h.source} {h.status.value.replace('_', ' ')}"
+    message = (h.message or "").strip()
+    if not message or message.lower() in head.lower() or message.lower() == h.status.value.replace("_", " "):
+        return head
+    return f"{head} ({message})"
 
 
 def _holder(granted_to: str, labeller: JobLabeller | None, live: GpuMetricsView | None) -> str:

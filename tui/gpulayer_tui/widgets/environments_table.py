@@ -72,7 +72,7 @@ def environment_rows(peers: Sequence[PeerView]) -> dict[str, tuple[Cell, ...]]:
 
 
 def probe_lines(peers: Sequence[PeerView]) -> Text:
-    """One line per peer with a report: "NODE: nvidia-smi ok · rocm-smi not found (rocm-smi not found)"."""
+    """One line per peer with a report: "NODE: nvidia-smi ok · rocm-smi not found" (a failing probe: its message)."""
     lines = []
     for peer in peers:
         if peer.capabilities is None:

@@ -25,6 +25,8 @@ __all__ = [
     "job_cells",
     "reason_cell",
     "sort_key",
+    "sort_label",
+    "sort_mark",
 ]
 
 
@@ -70,6 +72,27 @@ SORT_COLUMN: dict[str, str] = {"submitted": "age", "state": "state", "reason": "
                                "user": "user", "where": "where"}
 """The column whose header shows the ▲/▼ mark for each sort order (submission order: AGE, oldest
 first, which shows as ▼ and reversed as ▲; every other order shows ▲ and reversed ▼)."""
+
+_SORT_UP, _SORT_DOWN = "▲", "▼"
+
+
+def sort_mark(order: str, reverse: bool) -> tuple[str, str]:
+    """(key of the column whose header is marked, "▲" or "▼") for a sort order of :data:`SORTS`.
+
+    Submission order marks AGE ▼ (oldest, the largest age, first); every other order ▲; reversed: the other.
+    """
+    down = reverse != (order == "submitted")
+    return SORT_COLUMN.get(order, ""), _SORT_DOWN if down else _SORT_UP
+
+
+def sort_label(order: str, reverse: bool) -> str:
+    """A sort order as the header marks it: "AGE▼ oldest first", "AGE▲ newest first", "STATE▲", "STATE▼ reversed"."""
+    key, mark = sort_mark(order, reverse)
+    head = f"{dict(COLUMNS).get(key, key.upper())}{mark}"
+    if order == "submitted":
+        return f"{head} {'newest' if reverse else 'oldest'} first"
+    return f"{head} reversed" if reverse else head
+
 
 _STATE_RANK = {s: i for i, s in enumerate(
     ("running", "cancelling", "claimed", "queued", "failed", "lost", "rejected", "cancelled", "succeeded"))}

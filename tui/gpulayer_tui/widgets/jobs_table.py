@@ -32,13 +32,14 @@ from textual.strip import Strip
 from gpulayer_tui.state import TERMINAL
 from gpulayer_tui.widgets.job_rows import (
     COLUMNS,
-    SORT_COLUMN,
     SORTS,
     JobFilter,
     Row,
     column_widths,
     job_cells,
     sort_key,
+    sort_label,
+    sort_mark,
 )
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView
@@ -64,7 +65,6 @@ _STATE = _COLUMN_INDEX["state"]
 _USER = _COLUMN_INDEX["user"]
 _NAME = _COLUMN_INDEX["name"]
 _AGE = _COLUMN_INDEX["age"]
-_SORT_UP, _SORT_DOWN = "▲", "▼"
 
 Cells = Row
 
@@ -116,6 +116,7 @@ class JobsTable(ScrollView, can_focus=True):
     }
     """
 
+    HELP_GROUP: ClassVar[str] = "Jobs list"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "open_job", "Detail"),
         Binding("c", "cancel_job", "Cancel"),
@@ -127,10 +128,10 @@ class JobsTable(ScrollView, can_focus=True):
         Binding("down,j", "cursor(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "first", "First", show=False),
-        Binding("end", "last", "Last", show=False),
-        Binding("left", "scroll_left", "Left", show=False),
-        Binding("right", "scroll_right", "Right", show=False),
+        Binding("home", "first", "First job", show=False),
+        Binding("end", "last", "Last job", show=False),
+        Binding("left", "scroll_left", "Scroll left", show=False),
+        Binding("right", "scroll_right", "Scroll right", show=False),
     ]
 
     cursor_index: reactive[int] = reactive(0, init=False)
@@ -194,6 +195,11 @@ class JobsTable(ScrollView, can_focus=True):
         self._highlighted: str | None = None
 
     # ------------------------------------------------------------------ reading
+
+    @property
+    def sort_label(self) -> str:
+        """The sort order as the header marks it: "AGE▼ oldest first", "STATE▲", "STATE▼ reversed"."""
+        return sort_label(self.sort_by, self.sort_reverse)
 
     @property
     def jobs(self) -> dict[str, JobView]:
@@ -509,13 +515,11 @@ class JobsTable(ScrollView, can_focus=True):
 
     def _header_strip(self, base: Style) -> Strip:
         style = base + self.get_component_rich_style("jobs-table--header")
-        marked = SORT_COLUMN.get(self.sort_by)
+        marked, mark = sort_mark(self.sort_by, self.sort_reverse)
         parts = []
         for (key, header), w in zip(COLUMNS, self._widths, strict=True):
             if w:
-                down = self.sort_reverse != (self.sort_by == "submitted")  # submitted: oldest (largest AGE) first
-                mark = (_SORT_DOWN if down else _SORT_UP) if key == marked else ""
-                parts.append(f" {_fit(header + mark, w)}")
+                parts.append(f" {_fit(header + (mark if key == marked else ''), w)}")
         text = "".join(parts) + " "
         return Strip([Segment(text, style)], cell_len(text))
 

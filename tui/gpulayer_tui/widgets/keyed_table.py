@@ -23,6 +23,7 @@ class KeyedTable(DataTable[Cell]):
     rebuilds, which is cheap at this size.
     """
 
+    HELP_GROUP: ClassVar[str] = "Moving in a table"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("j", "cursor_down", "Down", show=False),
         Binding("k", "cursor_up", "Up", show=False),
