@@ -7,7 +7,8 @@ to an exit status (``not_found`` and ``bad_request`` are usage errors, exit 2).
 
 from __future__ import annotations
 
-__all__ = ["AmbiguousJob", "BadRequest", "Forbidden", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerUnreachable"]
+__all__ = ["AmbiguousJob", "BadRequest", "Forbidden", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerUnreachable",
+           "SubmissionKeyReused"]
 
 
 class GpulayerError(Exception):
@@ -42,6 +43,13 @@ class InvalidSpec(GpulayerError):
     """A job spec that cannot be accepted at all (not stored)."""
 
     code = "invalid_spec"
+
+
+class SubmissionKeyReused(GpulayerError):
+    """A submission key that was used before for a job with a different spec (HTTP 409): a key
+    names one submission, so its reuse with another spec is refused, never answered with the old job."""
+
+    code = "key_conflict"
 
 
 class Forbidden(GpulayerError):

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.errors import GpulayerError
 from gpulayerd.feed import Change, ChangeFeed
+from gpulayerd.idempotency import REPLAYED_HEADER, watch_submit
 from gpulayerd.jobs_query import JobsQuery
 from gpulayerd.models import (
     ApiErrorBody,
@@ -136,7 +137,7 @@ class LocalService(Protocol):
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _STATUS = {"not_found": 404, "ambiguous_id": 400, "bad_request": 400, "invalid_spec": 400, "peer_unreachable": 502,
-           "forbidden": 403}
+           "forbidden": 403, "key_conflict": 409}
 """HTTP status of each domain error code (:mod:`gpulayerd.errors`)."""
 
 MAX_LIMIT = 100_000
@@ -166,6 +167,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(400, "invalid_spec", str(e))
     except web.HTTPException:
         raise
+    except ConnectionResetError as e:  # aiohttp's ClientConnectionResetError too
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            log.exception("internal error in %s %s", request.method, request.path)
+            return _error(500, "internal", f"internal error: {type(e).__name__}: {e}")
+        # The client went away (e.g. it timed out) before the handler read its request: not our fault.
+        log.info("%s %s: the client went away before the answer (%s)", request.method, request.path, e)
+        return _error(400, "client_gone", "the client closed the connection")
     except Exception as e:
         log.exception("internal error in %s %s", request.method, request.path)
         return _error(500, "internal", f"internal error: {type(e).__name__}: {e}")
@@ -223,7 +232,13 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             body = SubmitRequest.model_validate_json(await request.read())
         except ValueError as e:
             raise ApiError(400, "bad_request", f"invalid request body: {e}") from e
-        return _json(await service.async_submit(body, _requester(request)), status=201)
+        with watch_submit() as outcome:
+            job = await service.async_submit(body, _requester(request))
+        if outcome.replayed:  # the key's job, stored before (gpulayerd.idempotency)
+            resp = _json(job, status=200)
+            resp.headers[REPLAYED_HEADER] = "true"
+            return resp
+        return _json(job, status=201)
 
     async def list_jobs(request: web.Request) -> web.Response:
         # ?state= (or status=, repeatable or comma-separated) &user= &finished=N (the N latest

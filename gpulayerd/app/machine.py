@@ -225,6 +225,7 @@ class Machine:
         self._signals = signals
         self._clock = clock
         self._caps: Capabilities | None = None
+        self._core: tuple[Capabilities, WorkerSnapshot] | None = None  # _caps and its to_core(), kept
         self._ready = asyncio.Event()
         self._hw_at: float | None = None  # monotonic time of the last hardware probe; None: never probed
         self._hw_failed = False
@@ -306,10 +307,15 @@ class Machine:
         await self._ready.wait()
         reprobed = await self._refresh_hardware() if refresh_apps else False
         assert self._caps is not None
-        worker = self._caps.to_core()
-        grants = {g.device_uuid: g.job_id for g in await self._store.runs.grants()}
+        if self._core is None or self._core[0] is not self._caps:  # _caps is replaced, never changed in place
+            self._core = (self._caps, self._caps.to_core())
+        worker = self._core[1]
+        # A machine without devices (or whose devices list no process) skips the store read
+        # and the process scan: a CPU job's start takes neither.
+        grants = {g.device_uuid: g.job_id for g in await self._store.runs.grants()} if worker.devices else {}
         held = self._ledger.held_devices()
-        ours = await asyncio.to_thread(process_trees, self._ledger.watchdog_pids())
+        ours = (await asyncio.to_thread(process_trees, self._ledger.watchdog_pids())
+                if any(d.foreign_pids for d in worker.devices) else set())
         apps = await self._compute_apps(worker) if refresh_apps and not reprobed else None
         unclaimed = [d.uuid for d in worker.devices
                      if d.uuid and d.execution_supported and d.uuid not in grants and d.uuid not in held]

@@ -27,7 +27,8 @@ from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import explain, validate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import FitState, RejectionCode
-from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerUnreachable
+from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerUnreachable, SubmissionKeyReused
+from gpulayerd.idempotency import note_replay, same_spec
 from gpulayerd.jobs_query import FINISHED_STATES, JobsQuery, select
 from gpulayerd.models import (
     AttemptView,
@@ -99,10 +100,12 @@ class OwnerService:
         are kept as given.
 
         ``request.key`` (not empty): the submission key, unique per user; a submission whose key
-        was stored before stores nothing and answers that job (an idempotent retry; durable).
+        was stored before stores nothing and answers that job (an idempotent retry; durable;
+        :func:`gpulayerd.idempotency.note_replay`) when the spec is the same, else raises.
 
         Raises:
             InvalidSpec: no absolute workdir, a PATH with a NUL byte, a bad key. SpecError: the spec does not parse.
+            SubmissionKeyReused: the key was used before for a job with a different spec.
         """
         raw_workdir = request.spec.get("workdir")
         if not isinstance(raw_workdir, str) or not os.path.isabs(raw_workdir):
@@ -142,6 +145,10 @@ class OwnerService:
         key = (submitted_by, request.key) if request.key else None
         stored = await self._store.jobs.insert_job(row, reason, stimulus_id=f"submit-{job_id}", key=key)
         if stored.id != job_id:  # a retry of a submission stored before: that job, as it is now
+            if not same_spec(stored.spec_json, spec):  # a key names one submission (Stripe's rule)
+                raise SubmissionKeyReused(f"key {request.key} was already used for job {stored.id} with a "
+                                          "different spec")
+            note_replay()
             latest = await self._store.jobs.latest_attempts([stored.id] if stored.attempt > 0 else [])
             return conceal(self._placed(self.view(stored), latest.get(stored.id)), requester)
         self._jobs.remember(job_id, spec)
@@ -171,7 +178,7 @@ class OwnerService:
                 wanted = [JobStatus(s) for s in statuses]
             except ValueError as e:
                 allowed = ", ".join(s.value for s in JobStatus)
-                raise BadRequest(f"status must be one of: {allowed}") from e
+                raise BadRequest(f"state must be one of: {allowed}") from e
         if query is not None and query.active:
             rows = await self._select_rows(wanted, query)
         else:

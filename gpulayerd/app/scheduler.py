@@ -94,6 +94,10 @@ class Scheduler:
         self._told: dict[str, Explanation] = {}  # job -> the kept explanation its stored reason came from
         self._users: Counter[str] = Counter()  # queued jobs per user
         self._gang: set[str] = set()  # queued multi-host jobs (walked every pass)
+        # Queued jobs by shape, for the reasons of a one-user queue (see _reasons_by_shape).
+        self._members: dict[int, dict[str, None]] = {}  # shape -> its queued jobs
+        self._job_sid: dict[str, int] = {}  # queued job -> its shape
+        self._shape_told: dict[int, str] = {}  # shape -> the reason line every one of its jobs has stored
 
     async def loop(self) -> None:
         """Pass after pass: at every wake-up, and at least every ``schedule_interval_s``."""
@@ -115,8 +119,8 @@ class Scheduler:
         """What a pass reads that changes without a wake-up: the peers' snapshots, the users' order."""
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         order: list[str] = []
-        if self._usage is not None and self._reqs:
-            users = sorted({r.user for r in self._reqs.values()})
+        if self._usage is not None and self._users:
+            users = sorted(self._users)  # the users of the queued jobs (kept per job: no walk of the queue)
             order = [c.user for c in self._usage.order(fairshare.Candidate(u, u, 0.0) for u in users)]
         return (freeze(sorted(remote, key=lambda w: w.node_id)), tuple(order))
 
@@ -166,6 +170,7 @@ class Scheduler:
         known = self._queue
         self._dropped += len(known)
         self._queue, self._users, self._told, self._gang = {}, Counter(), {}, set()
+        self._members, self._job_sid, self._shape_told = {}, {}, {}
         for row in queued:
             self._add(row)
         self._event, self._order, self._settled, self._workdirs = head, None, None, None
@@ -180,13 +185,26 @@ class Scheduler:
             self._users[spec.user or ""] += 1
             if self._workdirs is not None:
                 self._workdirs.add((spec.user, spec.workdir))
+            req = self._reqs.get(row.id)
+            if req is None:
+                req = self._reqs[row.id] = spec.to_core(row.id)
+            sid = self._job_sid[row.id] = self.book.shape_of(req)
+            self._members.setdefault(sid, {})[row.id] = None
         self._queue[row.id] = _slim(row)
+        self._shape_told.pop(self._job_sid[row.id], None)  # its stored reason may differ from its shape's
 
     def _drop(self, job_id: str) -> None:
         """``job_id`` left the queue (claimed, cancelled, ...)."""
         row = self._queue.pop(job_id, None)
         self._told.pop(job_id, None)
         self._gang.discard(job_id)
+        sid = self._job_sid.pop(job_id, None)
+        if sid is not None:
+            members = self._members.get(sid, {})
+            members.pop(job_id, None)
+            if not members:
+                self._members.pop(sid, None)
+                self._shape_told.pop(sid, None)
         if row is not None:
             self._dropped += 1
             self._reqs.pop(job_id, None)
@@ -196,8 +214,14 @@ class Scheduler:
                 del self._users[user]
 
     def _ordered(self) -> list[str]:
-        """The queue in fair-share order: :func:`gpulayerd.core.fairshare.order`'s key, kept sorted
-        while the users' ranking holds (new jobs inserted, jobs gone skipped), re-sorted when it changes."""
+        """The queue in fair-share order (see :meth:`_ordered_keys`)."""
+        q = self._queue
+        return [k[2] for k in self._ordered_keys() if k[2] in q]
+
+    def _ordered_keys(self) -> list[_Key]:
+        """The queue's keys in fair-share order: :func:`gpulayerd.core.fairshare.order`'s key, kept sorted
+        while the users' ranking holds (new jobs inserted, jobs gone skipped: filter on the queue),
+        re-sorted when it changes."""
         users = self._users_key()
         q, spec = self._queue, self._jobs.spec
         if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
@@ -212,7 +236,7 @@ class Scheduler:
                 if j in q:
                     bisect.insort(keys, _order_key(q[j], spec(q[j]).user or "", scores))
         self._unordered = []
-        return [k[2] for k in keys if k[2] in q]
+        return keys
 
     def _users_key(self) -> tuple[tuple[float, str], ...]:
         """Each user's rank by fair-share score (equal scores, equal ranks; 0 without a usage book):
@@ -258,13 +282,20 @@ class Scheduler:
             first = self._fair_order([(q[j], spec(q[j])) for j in new])
             worker, placed = await self._walk(first, worker, remote)
             fast_ids -= placed
-        ids = self._ordered()
-        # Settled: the jobs the last pass left still cannot start here; walk only the new ones, and gangs.
-        ids_walked = [j for j in ids if j in fast_ids or j in self._gang] if settled else ids
+        keys = self._ordered_keys()
+        if settled:
+            # The jobs the last pass left still cannot start here; walk only the new ones, and gangs
+            # (sorted by the queue's own key: no walk over the whole queue).
+            scores = {u: sc for sc, u in self._users_key()}
+            few = fast_ids | (self._gang & q.keys())
+            ids_walked = sorted((j for j in few if j in q),
+                                key=lambda j: _order_key(q[j], spec(q[j]).user or "", scores))
+        else:
+            ids_walked = [k[2] for k in keys if k[2] in q]
         worker, _ = await self._walk([(q[j], spec(q[j])) for j in ids_walked if j in q], worker, remote)
         self._settled = (_without_paths(worker), worker, {wd for _, wd in self._workdirs if wd is not None})
         self._busy = self._busy or self.book.volatile(worker.node_id)
-        await self._reasons(ids, worker, remote)
+        await self._reasons(worker, remote)
 
     async def _walk(self, specs: list[tuple[JobRow, JobSpec]], worker: WorkerSnapshot,
                     remote: list[WorkerSnapshot]) -> tuple[WorkerSnapshot, set[str]]:
@@ -299,16 +330,25 @@ class Scheduler:
                 blocked.clear()
         return worker, placed
 
-    async def _reasons(self, ids: list[str], worker: WorkerSnapshot, remote: list[WorkerSnapshot]) -> None:
+    async def _reasons(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot]) -> None:
         """Offer each job that fits only a peer now to it; every other job records why it waits.
 
         Judged against ``worker`` as the placing left it (after this pass's claims) and the
         peers' last snapshots: identical jobs share one explanation (the fair-share part is
         each job's own), and each job's row is updated when its reason changed.
         """
+        if len(self._users) <= 1:
+            try:
+                await self._reasons_by_shape(worker, remote)
+            except BaseException:
+                self._shape_told.clear()  # lines marked told may not have been written
+                raise
+            return
+        self._shape_told.clear()  # rows written job by job below
+        ids = self._ordered()
         usage = self._usage.usage() if self._usage is not None else {}
         workers = [worker, *remote]  # as last observed by self.book
-        waiting: list[str] = []  # users of the jobs that wait in this pass, in order
+        waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
         offers: list[tuple[JobRow, JobSpec, str]] = []
         loads = _peer_loads(remote)  # a burst spreads over every peer that fits (core.claims.choose_target)
         writes: list[tuple[JobRow, str, Explanation]] = []  # reasons to store, a batch at a time
@@ -334,10 +374,10 @@ class Scheduler:
                 fair = _with_fair_share(e, req, worker, usage, waiting)
                 self._busy = self._busy or fair is not e  # its figures decay with time
                 e = fair
-                waiting.append(req.user)
+                waiting[req.user] = None
                 self._told.pop(row.id, None)
             else:
-                waiting.append(req.user)
+                waiting[req.user] = None
                 if self._told.get(row.id) is e:
                     continue  # the same judgement as when its reason was stored
                 self._told[row.id] = e
@@ -346,6 +386,63 @@ class Scheduler:
                 writes.append((row, text, e))
         await self._write_reasons(writes)
         for row, spec, target in offers:  # together, after the writes: a peer sees the pass's offers at once
+            self._offer(row, spec, target)
+
+    async def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot]) -> None:
+        """:meth:`_reasons` when the queue holds one user's jobs: fair share can then name nobody who
+        waits ahead (a shape is one user's), so every job of a shape gets its shape's line. Each shape is
+        judged once; its jobs are visited only when that line changed or one of them is new or had an
+        event (a burst of identical jobs costs one judgement per pass, not one per queued job)."""
+        self._told.clear()  # rows written shape by shape below
+        usage = self._usage.usage() if self._usage is not None else {}
+        workers = [worker, *remote]  # as last observed by self.book
+        offers: list[tuple[JobRow, JobSpec, str]] = []
+        loads = _peer_loads(remote)
+        writes: list[tuple[JobRow, str, Explanation]] = []
+        q, gang, reqs = self._queue, self._gang, self._reqs
+        visited = 0
+        for sid, members in list(self._members.items()):
+            first = next((j for j in members if j in q), None)  # members are queued: the first one
+            if first is None:
+                continue
+            req = reqs.get(first)
+            if req is None:
+                req = reqs[first] = self._jobs.spec(q[first]).to_core(first)
+            if req.distributed is not None and req.distributed.nnodes > 1:
+                continue  # the gang coordinator's (a shape is all multi-host jobs or none)
+            e = self.book.explanation(req, workers, same_id=False)
+            if e.placement is not None and e.placement.worker != self.node_id:
+                self._busy = True  # offers are repeated every offer_interval_s
+                self._shape_told.pop(sid, None)
+                for job_id in list(members):
+                    row = q.get(job_id)
+                    if row is None or job_id in gang:
+                        continue
+                    one = _spread(e, loads, self._offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                    offers.append((row, self._jobs.spec(row), one.placement.worker if one.placement else ""))
+                    text = self.book.reason(one)
+                    if text != row.reason:
+                        writes.append((row, text, one))
+                continue
+            if e.verdict is Verdict.FITS_BUT_BUSY:
+                fair = _with_fair_share(e, req, worker, usage, {})
+                self._busy = self._busy or fair is not e  # its figures decay with time
+                e = fair
+            text = self.book.reason(e)
+            if self._shape_told.get(sid) == text:
+                continue
+            for job_id in list(members):
+                visited += 1
+                if visited % _CHUNK == 0:
+                    if len(writes) >= 256:
+                        await self._write_reasons(writes)
+                    await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
+                kept = q.get(job_id)
+                if kept is not None and job_id not in gang and kept.reason != text:
+                    writes.append((kept, text, e))
+            self._shape_told[sid] = text
+        await self._write_reasons(writes)
+        for row, spec, target in offers:
             self._offer(row, spec, target)
 
     def _fair_order(self, specs: list[tuple[JobRow, JobSpec]]) -> list[tuple[JobRow, JobSpec]]:
@@ -442,7 +539,7 @@ def _spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None,
 
 
 def _with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, usage: dict[str, fairshare.Usage],
-                     ahead: list[str]) -> Explanation:
+                     ahead: dict[str, None]) -> Explanation:
     """``e`` with a FAIR_SHARE rejection on this machine's row when the job waits here (fits, but
     busy) while a user with less usage holds a GPU here or waits ahead of it."""
     if e.verdict is not Verdict.FITS_BUT_BUSY:
@@ -453,7 +550,7 @@ def _with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, us
         return e
     if any(r.code is RejectionCode.USER_GPU_CAP for r in rows[i].rejections):
         return e  # the per-user cap says it better
-    others = list(ahead)
+    others = list(ahead)  # distinct users, in order
     if fairshare.gpus_of(req) > 0:
         others += [u for u, n in worker.gpus_held_by_user.items() if n > 0]
     winner = fairshare.passed_over_by(req.user, others, usage)

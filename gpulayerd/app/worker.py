@@ -239,7 +239,7 @@ class WorkerService:
         if failed:
             log.info("job_id=%s attempt %d: its end is recorded after %d failed tries", job_id, attempt, failed)
         self._watchers.pop(key, None)
-        if entry is not None:
+        if entry is not None and status.kept:  # only a watchdog that kept its record waits for this
             await asyncio.to_thread(self._runner.recorded, entry.handle)
         if owner is not None:
             await self._carry_out(actions)

@@ -70,18 +70,31 @@ def call_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T], on_t
     """Run ``call`` with a synchronous client of the local daemon (:mod:`gpulayerd.cli.http`) and return its result.
 
     ``on_timeout``: what to add to the one-line message when the daemon does not answer in time
-    (default: how to check on it). The timeout is env ``GPULAYER_TIMEOUT`` (seconds, default 30).
+    (default: how to check on it). The timeout is env ``GPULAYER_TIMEOUT`` (seconds, default 30;
+    another value than a positive number is a usage error).
 
     Raises:
         CommandFailed: no daemon answers (with the command that starts one), it did not answer in
             time (one line, never a traceback), or it failed the call.
-        UsageError: the daemon refused the request as bad input (HTTP 400, 404, 422).
+        UsageError: a bad ``GPULAYER_TIMEOUT``; the daemon refused the request as bad input (HTTP 400,
+            404, 422) or as a conflict (409: a submission key reused with another spec).
     """
-    from gpulayerd.cli.http import ApiRequestError, DaemonTimeout, DaemonUnreachable, SyncClient
+    from gpulayerd.cli.http import (
+        ApiRequestError,
+        BadTimeout,
+        DaemonTimeout,
+        DaemonUnreachable,
+        SyncClient,
+        timeout_from_env,
+    )
 
+    try:
+        timeout_s = timeout_from_env()
+    except BadTimeout as e:
+        raise UsageError(str(e)) from None
     sock = socket_path(args)
     try:
-        with SyncClient(sock) as client:
+        with SyncClient(sock, timeout_s) as client:
             return call(client)
     except DaemonTimeout as e:
         hint = on_timeout or "it may be stopped or overloaded (gpulayer service status), or try again"
@@ -103,7 +116,7 @@ def call_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T], on_t
         from gpulayerd.text import escape
 
         message = "\n".join(escape(line) for line in e.message.split("\n"))
-        if e.status in (400, 404, 422):
+        if e.status in (400, 404, 409, 422):
             raise UsageError(message) from None
         raise CommandFailed(message) from None
 

@@ -34,6 +34,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     _add_probe_args(d)
     d.add_argument("--local", action="store_true", help="probe this machine directly, without the daemon")
     d.add_argument("--json", action="store_true", help="print capability JSON (for --workers DIR)")
+    d.add_argument("--wide", action="store_true",
+                   help="long device names: a MIG instance's GPU name and MIG uuid (default: profile and GPU index)")
     d.set_defaults(func=_cmd_devices)
 
     pe = sub.add_parser("peers", help="the gpulayerd peers this daemon knows: trusted or foreign, last heartbeat")
@@ -92,7 +94,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         if args.json:
             print(caps.model_dump_json(indent=2))
             return EXIT_OK
-        print(render_capabilities(caps))
+        print(render_capabilities(caps, wide=args.wide))
         return EXIT_OK
     known = [p.capabilities for p in peers if p.capabilities is not None and p.state != "foreign"]
     if args.json:
@@ -103,7 +105,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         if p.state == "foreign":
             continue
         head = f"== {p.name} ({p.node_id[:12]}) {p.state}"
-        body = render_capabilities(p.capabilities) if p.capabilities else "  capabilities not fetched yet"
+        body = (render_capabilities(p.capabilities, wide=args.wide) if p.capabilities
+                else "  capabilities not fetched yet")
         blocks.append(head + "\n" + body)
     print("\n\n".join(blocks))
     return EXIT_OK

@@ -27,21 +27,36 @@ TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads thi
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ApiRequestError", "DaemonTimeout", "DaemonUnreachable", "Record", "SyncClient",
-           "timeout_from_env"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ApiRequestError", "BadTimeout", "DaemonTimeout", "DaemonUnreachable", "Record",
+           "SyncClient", "timeout_from_env"]
 
 DEFAULT_TIMEOUT_S = 30.0
 """Seconds a CLI request waits for the daemon's answer (env ``GPULAYER_TIMEOUT``)."""
 
 
+class BadTimeout(ValueError):
+    """Env ``GPULAYER_TIMEOUT`` is set to something that is not a positive number of seconds."""
+
+
 def timeout_from_env() -> float:
-    """The request timeout in seconds: env ``GPULAYER_TIMEOUT`` when it is a positive number, else 30."""
-    raw = os.environ.get("GPULAYER_TIMEOUT", "")
+    """The request timeout in seconds: env ``GPULAYER_TIMEOUT`` (a number of seconds, more than 0
+    and less than 10^6), 30 when it is unset or empty.
+
+    Raises:
+        BadTimeout: any other value (``abc``, ``0``, ``-1``, ``nan``), naming the variable and
+            what it accepts: a typo must not silently mean 30 s.
+    """
+    raw = os.environ.get("GPULAYER_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
     try:
         value = float(raw)
     except ValueError:
-        return DEFAULT_TIMEOUT_S
-    return value if 0 < value < 1e6 else DEFAULT_TIMEOUT_S
+        value = float("nan")
+    if not 0 < value < 1e6:  # nan fails too
+        raise BadTimeout(f"GPULAYER_TIMEOUT={raw!r} is not a number of seconds: give one above 0 and below "
+                         "1000000, e.g. 60 or 2.5 (unset: 30)")
+    return value
 
 
 class DaemonUnreachable(Exception):

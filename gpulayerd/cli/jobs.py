@@ -19,11 +19,28 @@ if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import JobView
 
-__all__ = ["add_parsers", "add_spec_flags", "spec_body", "submit_job"]
+__all__ = ["JOB_STATES", "SHIPPED_PROFILE_NAMES", "add_parsers", "add_spec_flags", "spec_body", "submit_job",
+           "submit_or_replay"]
 
 _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
 
 _TERMINAL = {"succeeded", "failed", "cancelled", "lost", "rejected"}
+
+JOB_STATES = ("queued", "claimed", "running", "succeeded", "failed", "cancelled", "lost", "rejected")
+"""Every job state (:class:`gpulayerd.core.claims.JobStatus`, kept equal by a test): ``--state``'s
+choices, so a typo is a usage error naming the flag and shell completion offers them."""
+
+SHIPPED_PROFILE_NAMES = ("cpu-only", "torch-2.4-cu124", "torch-2.5-cu121", "torch-mps")
+"""The profiles of ``gpulayerd/profiles/shipped.toml`` (kept equal by a test): what shell completion
+offers after ``--profile`` (any other name is still accepted: admins and users add theirs)."""
+
+
+class _Suggestions(tuple[str, ...]):
+    """``choices`` that only suggest: shell completion (shtab) offers its items, while argparse
+    accepts any value (``in`` is always true). Help shows the option's metavar, not the items."""
+
+    def __contains__(self, _: object) -> bool:
+        return True
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
                "min_driver_version", "cuda_runtime", "os")
@@ -48,12 +65,16 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     j = sub.add_parser(
         "jobs", help="the job queue of every user: id, name, user, state, where, age, reason",
         description="The job queue of every user, on every trusted peer too. Lines fit the terminal (COLUMNS, "
-        "else its width; not cut when piped): NAME and REASON are cut first, REASON keeps its code and "
-        "deciding words. Finished jobs beyond the 20 latest are hidden unless --all.")
+        "else its width; not cut when piped): NAME and REASON are cut first (below 100 columns NAME first), "
+        "REASON keeps its code and deciding words; USER is left out when every job has the same user. "
+        "Finished jobs beyond the 20 latest are hidden unless --all; --limit N shows the N latest.")
     j.add_argument("--all", action="store_true", help="also every finished job (default: the 20 latest)")
     j.add_argument("--here", action="store_true",
                    help="only the jobs submitted to this daemon (default: every trusted peer's too)")
-    j.add_argument("--state", action="append", metavar="STATE", help="only jobs in STATE (repeatable)")
+    j.add_argument("--state", action="append", metavar="STATE", choices=JOB_STATES,
+                   help=f"only jobs in STATE (repeatable): {', '.join(JOB_STATES)}")
+    j.add_argument("--limit", type=_positive, metavar="N",
+                   help="at most the N latest jobs (after the other filters; the daemon selects them)")
     who = j.add_mutually_exclusive_group()
     who.add_argument("--user", metavar="USER", help="only USER's jobs")
     who.add_argument("--mine", action="store_true", help="only my own jobs")
@@ -103,8 +124,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--framework", action="append", metavar="SPEC", default=[],
                    help="framework requirement, e.g. 'torch>=2.4' (repeatable)")
     p.add_argument("--requires-python", metavar="SPEC", help="interpreter version, e.g. '>=3.10'")
-    p.add_argument("--profile", metavar="NAME", help="a runtime profile (gpulayer profiles lists them); "
-                   "the requirements given here win over its items")
+    p.add_argument("--profile", metavar="NAME", choices=_Suggestions(SHIPPED_PROFILE_NAMES),
+                   help="a runtime profile (gpulayer profiles lists them); the requirements given here win "
+                   "over its items")
     p.add_argument("--min-driver-version", metavar="X.Y.Z", help="oldest NVIDIA driver, e.g. 525.60.13")
     p.add_argument("--cuda-runtime", metavar="SPEC", help="torch's CUDA build, e.g. '>=12.1' or '12.4'")
     p.add_argument("--os", choices=["linux", "darwin"], help="the worker's operating system")
@@ -116,6 +138,17 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-s", type=float, metavar="S", help="lease length in seconds (default 30)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the command to run, after -- (a leading 'python' uses the matched environment)")
+
+
+def _positive(text: str) -> int:
+    """``--limit``'s value: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return n
 
 
 def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -263,21 +296,31 @@ def _uuid4() -> str:
 def submit_job(args: argparse.Namespace, body: dict[str, object]) -> Any:
     """Submit ``body`` (:func:`spec_body`) with the submitter's ``PATH`` and a submission key
     (``args.key``, else a new uuid4); the stored job (:class:`gpulayerd.cli.http.Record`).
+    :func:`submit_or_replay` also says whether the key's job was stored before."""
+    return submit_or_replay(args, body)[0]
+
+
+def submit_or_replay(args: argparse.Namespace, body: dict[str, object]) -> tuple[Any, bool]:
+    """:func:`submit_job`: ``(job, replayed)``, ``replayed`` True when the daemon answered the job
+    stored before with this key (header :data:`gpulayerd.idempotency.REPLAYED_HEADER`).
 
     When the daemon does not answer in time the one-line message names the key: rerunning with
     ``--key`` gets that job if it was stored, never a second one (no automatic retry: a daemon
     that is stopped would make the user wait twice).
 
     Raises:
-        UsageError: the daemon refused the spec (the message names each bad field).
+        UsageError: the daemon refused the spec (the message names each bad field), or the key was
+            used before for a job with a different spec (HTTP 409).
         CommandFailed: no daemon, no answer in time, or another failure.
     """
+    from gpulayerd.idempotency import REPLAYED_HEADER
+
     key = getattr(args, "key", None) or _uuid4()
     # The daemon takes the user from the kernel; the job runs with this shell's PATH.
     path = os.environ.get("PATH") or ""
     source = str(args.file) if getattr(args, "file", None) is not None else "submit flags"
     try:
-        return call_daemon(args, lambda c: c.submit(body, path=path, key=key),
+        return call_daemon(args, lambda c: (c.submit(body, path=path, key=key), c.header(REPLAYED_HEADER) == "true"),
                            on_timeout=f"the job may be queued: gpulayer jobs (rerun with --key {key} to get it, "
                            "never a second one)")
     except KeyboardInterrupt:  # Ctrl-C before the answer: the daemon may have stored the job all the same
@@ -292,9 +335,14 @@ def submit_job(args: argparse.Namespace, body: dict[str, object]) -> Any:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    job = submit_job(args, spec_body(args))
+    job, replayed = submit_or_replay(args, spec_body(args))
     if args.json:
         print(_dumps(job, indent=2))
+    elif replayed:  # the same key and spec as before: that job, nothing stored now
+        named = f"{fmt.escape(job.name)}, " if job.name else ""
+        print(f"already submitted: job {job.id} ({named}{job.status}; key {fmt.escape(args.key or '')})")
+        if job.status == "rejected":
+            print(f"  rejected: {fmt.escape(job.reason)}")
     else:
         label = f"{job.id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
         print(f"submitted job {label}: {job.status}")
@@ -316,7 +364,7 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
     fields = None if args.json else _fields_for(args.format)
 
     def listed(c: SyncClient) -> tuple[list[Any], int, int]:
-        jobs = c.jobs(states=args.state, scope=scope, user=user, finished=finished, fields=fields)
+        jobs = c.jobs(states=args.state, limit=args.limit, scope=scope, user=user, finished=finished, fields=fields)
         hidden = int(c.header("X-Gpulayer-Left-Out") or 0)
         if scope != "cluster":
             return jobs, hidden, 0
@@ -331,20 +379,17 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(_table(jobs, args))
     if hidden:
-        print(f"{hidden} older job{'s' if hidden != 1 else ''} hidden (--all)", file=sys.stderr)
+        print(f"{hidden} older job{'s' if hidden != 1 else ''} hidden ({'--limit' if args.limit else '--all'})",
+              file=sys.stderr)
     return EXIT_OK
 
 
 def _table(jobs: list[JobView], args: argparse.Namespace) -> str:
-    """The text table: ``-o`` columns, else the default ones (OWNER when several daemons own jobs)."""
-    from gpulayerd.cli.jobs_table import DEFAULT, line_width, parse_columns, render_jobs
+    """The text table: ``-o`` columns, else the default ones (:func:`~gpulayerd.cli.jobs_table.default_columns`:
+    USER only when the jobs have several users, OWNER when several daemons own jobs)."""
+    from gpulayerd.cli.jobs_table import default_columns, line_width, parse_columns, render_jobs
 
-    if args.format:
-        columns = parse_columns(args.format)
-    else:
-        columns = list(DEFAULT)
-        if len({j.owner for j in jobs}) > 1:
-            columns.insert(columns.index("user") + 1, "owner")
+    columns = parse_columns(args.format) if args.format else default_columns(jobs)
     return render_jobs(jobs, columns, line_width(args.wide))
 
 

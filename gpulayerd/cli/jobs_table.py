@@ -3,7 +3,8 @@
 Widths are terminal cells (:func:`gpulayerd.text.width`: a CJK character takes two). The line
 width is ``COLUMNS`` when set, else the terminal's when stdout is one, else unlimited (a pipe
 gets every cell whole); ``--wide`` never cuts. When a line is too wide NAME and REASON give
-way first, then WHERE, USER and OWNER; a cut cell ends in "…". REASON starts with the reason
+way first (below :data:`NARROW` cells NAME down to 8 cells before REASON), then WHERE, USER
+and OWNER; a cut cell ends in "…". REASON starts with the reason
 code and the deciding words (:mod:`gpulayerd.core.reasons` puts file paths last), so its cut
 end is the least useful part. Every cell is escaped (:func:`gpulayerd.text.escape`).
 """
@@ -22,7 +23,8 @@ TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads thi
 if TYPE_CHECKING:
     from gpulayerd.models import JobView
 
-__all__ = ["COLUMNS", "DEFAULT", "columns_help", "line_width", "parse_columns", "render_jobs", "where_of"]
+__all__ = ["COLUMNS", "DEFAULT", "NARROW", "columns_help", "default_columns", "line_width", "parse_columns",
+           "render_jobs", "where_of"]
 
 _GAP = "  "
 
@@ -83,6 +85,27 @@ _SHRINK: tuple[tuple[str, int], ...] = (
     ("submitted", 10), ("user", 4), ("reason", 4), ("name", 3),
 )
 
+NARROW = 100
+"""Below this many cells REASON has priority over NAME (:data:`_SHRINK_NARROW`): the deciding words
+of why a job waits matter more than the rest of its name."""
+
+_SHRINK_NARROW: tuple[tuple[str, int], ...] = (
+    ("name", 16), ("name", 8), ("where", 14), ("owner", 10), ("user", 8), ("reason", 40), ("where", 6),
+    ("owner", 6), ("reason", 24), ("name", 6), ("reason", 12), ("submitted", 10), ("user", 4), ("reason", 4),
+    ("name", 3),
+)
+
+
+def default_columns(jobs: Sequence[JobView]) -> list[str]:
+    """The columns without ``-o``: :data:`DEFAULT`, without USER when every job has the same user
+    (as the TUI does), with OWNER after it when jobs of several daemons are listed."""
+    columns = list(DEFAULT)
+    if len(jobs) > 0 and len({_user_of(j) for j in jobs}) == 1:
+        columns.remove("user")
+    if len({j.owner for j in jobs}) > 1:
+        columns.insert(columns.index("state"), "owner")
+    return columns
+
 
 def parse_columns(spec: str) -> list[str]:
     """``-o``'s comma list ("id,state,reason", any case) as column names.
@@ -132,10 +155,11 @@ def render_jobs(jobs: Sequence[JobView], columns: Sequence[str], limit: int | No
 
 
 def _fit(columns: list[str], widths: list[int], limit: int) -> list[int]:
-    """Widths shrunk along :data:`_SHRINK` until the line (with gaps) fits ``limit`` cells."""
+    """Widths shrunk along :data:`_SHRINK` (:data:`_SHRINK_NARROW` below :data:`NARROW` cells) until
+    the line (with gaps) fits ``limit`` cells."""
     widths = list(widths)
     excess = sum(widths) + len(_GAP) * (len(widths) - 1) - limit
-    for name, floor in _SHRINK:
+    for name, floor in _SHRINK_NARROW if limit < NARROW else _SHRINK:
         if excess <= 0:
             break
         if name not in columns:

@@ -5,9 +5,10 @@ stack: one row per profile, one column per worker environment, ✓ or ✗ with t
 (``--json``: one object per cell). Workers come from the daemon (its own capabilities and its
 peers'), or from saved capability files (``--capabilities FILE...``, ``gpulayer devices --json``).
 
-``gpulayer profiles capture NAME --python PATH`` probes a working environment and writes a
-profile of it to the user's profile file: python and frameworks pinned ``==X.Y.*``, torch's CUDA
-build as ``cuda_runtime``, and this machine's ``os``. Files: :mod:`gpulayerd.profile_files`.
+``gpulayer profiles capture NAME --python PATH`` probes a working environment, prints a profile
+of it (TOML) and writes it to the user's profile file (``--stdout``: print only): python and
+frameworks pinned ``==X.Y.*``, torch's CUDA build as ``cuda_runtime``, and this machine's ``os``.
+Files: :mod:`gpulayerd.profile_files`.
 
 Also here: the CLI's side of ``profile = "NAME"`` at submit (:func:`expand_spec`) and the origin
 lines of ``show`` / ``explain`` (:func:`origin_lines`).
@@ -46,11 +47,17 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per profile x environment")
     p.set_defaults(func=_cmd_profiles)
     sp = p.add_subparsers(dest="profiles_command", metavar="capture")
-    c = sp.add_parser("capture", help="write a profile of a working environment to your profile file")
+    c = sp.add_parser("capture", help="print a profile of a working environment and write it to your profile file",
+                      description="Probe the environment of --python and print a profile of it (TOML: python and "
+                      "frameworks pinned ==X.Y.*, torch's CUDA build, this machine's os); it is added to your "
+                      "profiles.toml (or --file), unless --stdout.")
     c.add_argument("name", metavar="NAME", help="the new profile's name (e.g. torch24-cu121)")
     c.add_argument("--python", required=True, metavar="PATH", help="the environment's interpreter")
     c.add_argument("--description", default="", help="one line for people")
-    c.add_argument("--file", type=Path, metavar="PATH", help="write here instead of your profiles.toml")
+    where = c.add_mutually_exclusive_group()
+    where.add_argument("--file", type=Path, metavar="PATH", help="write here instead of your profiles.toml")
+    where.add_argument("--stdout", action="store_true",
+                       help="only print the profile (TOML) on stdout; write no file")
     c.set_defaults(func=_cmd_capture)
 
 
@@ -137,7 +144,9 @@ def _cell_json(c: CellResult) -> dict[str, Any]:
 
 
 def _failure(c: CellResult) -> str:
-    return "; ".join(f"{r.requirement} {r.wanted} (has {r.found})" for r in c.failures)
+    """``frameworks.torch ==2.4.* (has 2.13.0)``; ``... (not installed)`` when nothing is there."""
+    return "; ".join(f"{r.requirement} {r.wanted} ({r.found if r.found == 'not installed' else f'has {r.found}'})"
+                     for r in c.failures)
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
@@ -191,9 +200,11 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     env = prober.probe(args.python, torch_check=False)
     try:
         profile = capture_profile(args.name, env, platform.system().lower(), args.description)
-        path = write_user_profile(profile, args.file)
+        path = None if args.stdout else write_user_profile(profile, args.file)
     except ProfileFileError as e:
         raise CommandFailed(str(e)) from e
-    print(f"wrote profile {profile.name} to {path}:", file=sys.stderr)
-    print(fmt.escape(render_profile(profile)).rstrip("\n"))
+    # TOML on stdout, line by line (each escaped: names and versions come from the environment).
+    print("\n".join(fmt.escape(line) for line in render_profile(profile).splitlines()))
+    if path is not None:
+        print(fmt.escape(f"wrote profile {profile.name} to {path}"), file=sys.stderr)
     return EXIT_OK

@@ -20,21 +20,29 @@ if TYPE_CHECKING:
 __all__ = ["reason_cell", "render_capabilities", "render_explanation", "render_job"]
 
 
-def render_capabilities(caps: Capabilities) -> str:
-    """The ``gpulayer devices`` report of one machine: devices, probe health, Python environments, notes."""
+def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
+    """The ``gpulayer devices`` report of one machine: CPU (cores, the daemon's CPU slots), devices,
+    probe health, Python environments, notes.
+
+    A MIG instance's NAME is its profile and its parent GPU's index (``1g.10gb on GPU 0``);
+    ``wide`` adds the GPU's name and the instance's ``MIG-…`` uuid (``--json`` has them too).
+    """
+    slots = "" if caps.cpu_slots_total is None else (
+        f", {caps.cpu_slots_total} slot{'s' if caps.cpu_slots_total != 1 else ''} "
+        f"({fmt.text(caps.cpu_slots_free)} free)")
     out = [
         _e(f"{caps.hostname}  node {caps.node_id[:12]}  {fmt.text(caps.platform)}/{fmt.text(caps.machine)}"),
-        f"CPU: {fmt.text(caps.cpu_count)} logical cores   RAM: {fmt.gb(caps.memory_total_bytes)}",
+        f"CPU: {fmt.text(caps.cpu_count)} logical cores{slots}   RAM: {fmt.gb(caps.memory_total_bytes)}",
         "",
         "Devices:",
     ]
     if caps.devices:
+        parents = {d.uuid: d.index for d in caps.devices if d.uuid}
         rows = [
-            [d.index, _kind(d), _name(d), ("≈ " if d.memory_approximate else "")
+            [d.index, _kind(d), _name(d, parents, wide), ("≈ " if d.memory_approximate else "")
              + fmt.memory(d.memory_total_bytes, d.memory_used_bytes,
                           None if d.memory_kind is None else d.memory_kind.value),
-             d.compute_capability, d.driver_version, "yes" if d.execution_supported else "no (detection only)",
-             _state(d)]
+             d.compute_capability, d.driver_version, _scheduled(d), _state(d)]
             for d in caps.devices
         ]
         out.append(fmt.table(["IDX", "KIND", "NAME", "MEMORY", "CC", "DRIVER", "SCHEDULED", "STATE"], rows, "  "))
@@ -80,14 +88,30 @@ def _kind(d: DeviceModel) -> str:
     return f"{d.accelerator.value}/mig" if d.kind is DeviceKind.MIG else d.accelerator.value
 
 
-def _name(d: DeviceModel) -> str | None:
+def _name(d: DeviceModel, parents: dict[str, int], wide: bool) -> str | None:
+    """NAME: a MIG instance's profile and parent GPU index (``wide``: the GPU's name and the
+    instance's uuid too), a lost GPU's bus id, else the device's name."""
     from gpulayerd.core.types import DeviceKind, DeviceState
 
     if d.kind is DeviceKind.MIG:
-        return f"{d.name or '?'} MIG {d.mig_profile or '?'} {d.uuid or ''}".rstrip()
+        if wide:
+            return f"{d.name or '?'} MIG {d.mig_profile or '?'} {d.uuid or ''}".rstrip()
+        parent = parents.get(d.parent_uuid or "")
+        return f"MIG {d.mig_profile or '?'}" + ("" if parent is None else f" on GPU {parent}")
     if d.state is DeviceState.LOST:
         return f"{d.name or 'GPU'} at {d.pci_bus_id}" if d.pci_bus_id else d.name
     return d.name
+
+
+def _scheduled(d: DeviceModel) -> str:
+    """SCHEDULED: whether gpulayer grants this device to jobs as a whole, and if not, why."""
+    from gpulayerd.core.types import DeviceKind, DeviceState
+
+    if d.state is DeviceState.LOST:
+        return "no (lost)"
+    if d.kind is DeviceKind.GPU and d.mig_enabled:
+        return "no (MIG instances only)"
+    return "yes" if d.execution_supported else "no (detection only)"
 
 
 def _state(d: DeviceModel) -> str:
@@ -97,7 +121,7 @@ def _state(d: DeviceModel) -> str:
     if d.state is DeviceState.LOST:
         return f"lost: {d.state_reason}" if d.state_reason else "lost"
     if d.kind is DeviceKind.GPU and d.mig_enabled:
-        return "MIG mode (only its MIG instances are granted)"
+        return "MIG mode"  # SCHEDULED says: no (MIG instances only)
     state = fmt.device_state(d.granted_to, d.foreign_pids)
     if not d.processes_known and state == "free":
         return "processes unknown (busy)" if d.to_core().unknown_use else "processes unknown (idle by memory.used)"

@@ -9,7 +9,9 @@ table and returns :class:`~gpulayerd.core.verdict.Rejection` values whose ``requ
 Compatibility (``cuda_compat``) follows :mod:`gpulayerd.core.cuda_compat`: every CUDA build the
 environment reports (torch's exact build, the CUDA major of cupy, jax or the nvidia-* libraries)
 must run on the worker's driver. When either side is unknown it adds a row with ``ok`` None (a
-note), never a rejection; an explicit ``cuda_runtime`` against an unknown build is not met.
+note), never a rejection; an explicit ``cuda_runtime`` against an unknown build is not met. A
+torch known to be a CPU-only build has no CUDA build to check: its row says so (``ok`` True when
+no environment has a CUDA build; whether torch can use the GPU is the ``torch.cuda`` row's).
 Pure: no I/O, no clock.
 """
 
@@ -168,13 +170,31 @@ def env_runtime_rows(job: JobRequest, worker: WorkerSnapshot, envs: tuple[Enviro
         driver = worker_driver(worker) or "unknown"
         results = [(_compat(e, worker)[0], e) for e in envs if e.ok]
         found = []
+        states = set()
         for result, e in results:
+            where = f" ({e.interpreter})" if many else ""
+            if _cpu_only(e):  # known: no CUDA build to run, whatever the driver (torch.cuda says the rest)
+                found.append(f"{_torch_label(e)} is a CPU-only build: no CUDA build to check{where}")
+                continue
+            states.add(result)
             builds = ", ".join(f"{s} {b}" for s, b in _builds(e)) or "CUDA build unknown"
-            found.append(f"{builds} on driver {driver}: {result.value}" + (f" ({e.interpreter})" if many else ""))
-        states = {r for r, _ in results}
-        compat_ok = True if Compat.OK in states else (None if Compat.UNKNOWN in states or not states else False)
+            found.append(f"{builds} on driver {driver}: {result.value}{where}")
+        compat_ok = True if Compat.OK in states or (results and not states) else (
+            None if Compat.UNKNOWN in states or not states else False)
         rows.append(Check("cuda_compat", "driver runs the CUDA build", "; ".join(found) or "no environment", compat_ok))
     return rows
+
+
+def _cpu_only(env: EnvironmentSnapshot) -> bool:
+    """True when ``env``'s torch is known to be built without CUDA (``+cpu``, torch/version.py's
+    ``cuda = None``) and no other framework or library reports a CUDA build."""
+    return torch_cuda_build(env) == "" and not _builds(env) and not env.cuda_builds.get(_NVIDIA_LIBS)
+
+
+def _torch_label(env: EnvironmentSnapshot) -> str:
+    """``torch 2.13.0+cpu`` (or ``torch`` when its version is unknown)."""
+    fw = env.frameworks.get("torch")
+    return f"torch {fw.version}" if fw is not None and fw.version else "torch"
 
 
 def check_host(job: JobRequest, worker: WorkerSnapshot, checks: list[Check]) -> list[Rejection]:

@@ -16,13 +16,13 @@ Standard library only: the watchdog imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
-
-from gpulayerd.atomic import write_atomic
 
 __all__ = [
     "CLAIM_FILE",
@@ -38,6 +38,7 @@ __all__ = [
     "log_path",
     "read_json",
     "run_dir",
+    "write_file",
     "write_json",
 ]
 
@@ -83,12 +84,41 @@ def log_path(runs_dir: Path, job_id: str, attempt: int, stream: str) -> Path:
 
 
 def write_json(path: Path, data: Mapping[str, object]) -> None:
-    """Write ``data`` as JSON (sorted keys) with :func:`gpulayerd.atomic.write_atomic`, mode 0600.
+    """Write ``data`` as JSON (sorted keys) with :func:`write_file`, mode 0600.
 
     Raises:
         OSError: it cannot be written.
     """
-    write_atomic(path, json.dumps(data, sort_keys=True) + "\n")
+    write_file(path, json.dumps(data, sort_keys=True) + "\n")
+
+
+def write_file(path: Path, data: str) -> None:
+    """Replace ``path`` with ``data`` (UTF-8, mode 0600) atomically, without fsync.
+
+    A reader sees the old file or the new one, never a part, and the file survives a crash
+    of any process; not a crash of the machine (then the job is gone too, and the store,
+    written durably, is the truth). Five files per attempt with two fsyncs each cost more than
+    the start of a trivial job.
+
+    Raises:
+        OSError: it cannot be written (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a crashed process with the same pid
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            view = memoryview(data.encode("utf-8"))
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_json(path: Path) -> dict[str, object] | None:

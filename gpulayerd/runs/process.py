@@ -62,7 +62,24 @@ class ProcessRecord:
 
 
 def record_of(pid: int) -> ProcessRecord | None:
-    """The :class:`ProcessRecord` of ``pid`` now (zombies included), or None if there is none."""
+    """The :class:`ProcessRecord` of ``pid`` now (zombies included), or None if there is none.
+
+    On Linux from one read of ``/proc/PID/stat`` (psutil's own formula for ``create_time``: boot
+    time plus the start ticks); elsewhere through psutil.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except OSError:
+            raw = b""
+        try:
+            fields = raw[raw.rindex(b")") + 2 :].split()
+            ticks = int(fields[19])
+            return ProcessRecord(pid, _boot_time() + ticks / _CLOCK_TICKS, ticks, fields[0] == b"Z")
+        except (ValueError, IndexError):
+            pass  # unreadable: ask psutil
     try:
         proc = psutil.Process(pid)
         create_time = proc.create_time()
@@ -205,6 +222,17 @@ def _group_is_ours(job: JobProcesses) -> bool:
         return False
     rec = record_of(job.job_pid)
     return rec is None or rec.same_process(job.job_create_time, job.job_start_ticks)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_BOOT_TIME: list[float] = []
+
+
+def _boot_time() -> float:
+    """The boot time psutil uses (seconds since the epoch), read once per process."""
+    if not _BOOT_TIME:
+        _BOOT_TIME.append(psutil.boot_time())
+    return _BOOT_TIME[0]
 
 
 def _start_ticks(pid: int) -> int | None:

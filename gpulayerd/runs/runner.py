@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulayerd.atomic import write_atomic
 from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.identity import JobUser
 from gpulayerd.runs.layout import (
@@ -49,6 +48,7 @@ from gpulayerd.runs.layout import (
     WATCHDOG_LOG,
     claim_run_dir,
     read_json,
+    write_file,
     write_json,
 )
 from gpulayerd.runs.process import is_alive, job_processes, signal_job, signal_process
@@ -97,6 +97,8 @@ class RunStatus:
         detail: one sentence for people, e.g. "command not found: trian.py".
         killed_by_watchdog: the watchdog signalled the job (cancel or deadline).
         ended_at: wall-clock end time (seconds since the epoch), when known.
+        kept: the record came from a watchdog that keeps it in memory (it could not write
+            ``exit.json``): tell it with :meth:`Runner.recorded` once the end is stored.
     """
 
     state: RunState
@@ -105,6 +107,7 @@ class RunStatus:
     detail: str = ""
     killed_by_watchdog: bool = False
     ended_at: float | None = None
+    kept: bool = False
 
     @property
     def running(self) -> bool:
@@ -268,6 +271,7 @@ class Runner:
                 raise RunnerError(f"job {job_id} attempt {attempt}: the zygote refused to start it: {e}") from e
             if launch is not None:
                 with launch:
+                    launch.pause()  # returns as soon as job.json or exit.json is written (the notify pipe ends)
                     handle = self._await_start(job_id, attempt, run_dir, launch.poll, launch.pause, launch.lost)
                 if handle is not None:
                     return handle
@@ -311,7 +315,7 @@ class Runner:
         if is_alive(handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks):
             # Alive without exit.json: running, or ended on a full disk and keeping its record.
             kept = exitnote.ask(handle.watchdog_pid, handle.watchdog_start_ticks)
-            return RunStatus(RunState.RUNNING) if kept is None else _status_of(kept)
+            return RunStatus(RunState.RUNNING) if kept is None else _status_of(kept, kept=True)
         status = _exit_status(run_dir)  # it may have written exit.json and exited just now
         if status is not None:
             return status
@@ -334,12 +338,15 @@ class Runner:
         """
         loop = asyncio.get_running_loop()
         # Opening the pidfd and polling read /proc and the run directory: in a thread.
-        pidfd = await asyncio.to_thread(_open_pidfd, handle)
+        pidfd, first = await asyncio.to_thread(self._open_and_poll, handle)  # one hop for both
+        status: RunStatus | None = first
         try:
             while True:
-                status = await asyncio.to_thread(self.poll, handle)
+                if status is None:
+                    status = await asyncio.to_thread(self.poll, handle)
                 if not status.running:
                     return status
+                status = None
                 if pidfd is None:
                     await asyncio.sleep(self._wait_interval_s)
                     continue
@@ -353,6 +360,10 @@ class Runner:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    def _open_and_poll(self, handle: RunHandle) -> tuple[int | None, RunStatus]:
+        """:func:`_open_pidfd`, then :meth:`poll` (in that order: an exit between them is seen)."""
+        return _open_pidfd(handle), self.poll(handle)
 
     def recorded(self, handle: RunHandle) -> None:
         """The attempt's end is recorded in the store: a watchdog that could not write
@@ -504,7 +515,7 @@ class Runner:
         if deadline_monotonic is None:
             path.unlink(missing_ok=True)
         else:
-            write_atomic(path, f"{deadline_monotonic!r}\n")
+            write_file(path, f"{deadline_monotonic!r}\n")
 
     def _watchdog_env(self) -> dict[str, str]:
         """The daemon's environment, with this gpulayerd importable by the watchdog."""
@@ -519,7 +530,7 @@ def _exit_status(run_dir: Path) -> RunStatus | None:
     return None if data is None else _status_of(data)
 
 
-def _status_of(data: Mapping[str, object]) -> RunStatus:
+def _status_of(data: Mapping[str, object], *, kept: bool = False) -> RunStatus:
     """The status an exit record (``exit.json``, or one a watchdog kept in memory) gives."""
     code, reason, detail, ended_at = (data.get(k) for k in ("exit_code", "reason", "detail", "ended_at"))
     return RunStatus(
@@ -529,6 +540,7 @@ def _status_of(data: Mapping[str, object]) -> RunStatus:
         detail=detail if isinstance(detail, str) else "",
         killed_by_watchdog=data.get("killed_by_watchdog") is True,
         ended_at=float(ended_at) if isinstance(ended_at, int | float) else None,
+        kept=kept,
     )
 
 

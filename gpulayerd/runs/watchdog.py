@@ -392,6 +392,8 @@ class _Watchdog:
     def _targets(self, pgid: int) -> list[psutil.Process]:
         """Running processes of the job: its process group and every descendant of ours."""
         found = {p.pid: p for p in group_members(pgid)}
+        if not _has_children():
+            return list(found.values())  # no child, so no descendant: no scan of /proc
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process().children(recursive=True):
                 with contextlib.suppress(psutil.Error):
@@ -402,6 +404,8 @@ class _Watchdog:
     def _signal_all(self, pgid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
+        if not _has_children():
+            return
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process().children(recursive=True):
                 with contextlib.suppress(psutil.Error):
@@ -472,6 +476,18 @@ class _Watchdog:
 
 def _ignore_signal(signum: int, frame: FrameType | None) -> None:
     return None
+
+
+def _has_children() -> bool:
+    """False when this process has no child at all, running or zombie (so no descendant either:
+    an orphan is re-parented to us only while we are its ancestor); a cheap test before a scan of /proc."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _popen(launch: _Launch, out: int, err: int) -> subprocess.Popen[bytes]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -297,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the daemon's terminal is the daemon's
     # Its children (the watchdogs) are reaped by the kernel: no zombies, no wait, one fork per start.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # Everything imported so far moves to the collector's permanent generation: a collection in a
+    # forked watchdog never walks (and so never copies) the zygote's pages.
+    gc.collect()
+    gc.freeze()
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         try:

@@ -14,8 +14,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Literal
 
-import aiosqlite
-
 from gpulayerd.core.claims import JobStatus, PersistJob
 from gpulayerd.store.db import Database, Rollback
 from gpulayerd.store.rows import (
@@ -133,28 +131,25 @@ class JobsTable:
             StoreError: a job with this id exists already.
         """
         stored_reason = row.reason or (reason if row.status is JobStatus.REJECTED else "")
-        async with self._db.transaction() as db:
+
+        def insert(db: sqlite3.Connection) -> JobRow:
             if key is not None:
-                before = list(await db.execute_fetchall(_KEY_JOB, key))
+                before = db.execute(_KEY_JOB, key).fetchall()
                 if before:
-                    found = list(await db.execute_fetchall(_GET_JOB, (before[0][0],)))
+                    found = db.execute(_GET_JOB, (before[0][0],)).fetchall()
                     if found:
                         return job_row(found[0])
-                    await db.execute_fetchall(_FORGET_KEY, key)  # its job is gone: a new one
-                await db.execute_fetchall(_INSERT_KEY, (*key, row.id))
+                    db.execute(_FORGET_KEY, key)  # its job is gone: a new one
+                db.execute(_INSERT_KEY, (*key, row.id))
             try:
-                seq_rows = await db.execute_fetchall(
-                    _INSERT_JOB, job_params(replace(row, reason=stored_reason))
-                )
+                seq_rows = db.execute(_INSERT_JOB, job_params(replace(row, reason=stored_reason))).fetchall()
             except sqlite3.IntegrityError as e:
                 raise StoreError(f"job {row.id} already exists") from e
-            await db.execute_fetchall(
-                _INSERT_EVENT,
-                event_params(
-                    row.id, row.submitted_at, "submitted", None, row.status, None, reason, stimulus_id
-                ),
-            )
-        return replace(row, reason=stored_reason, seq=int(next(iter(seq_rows))[0]))
+            db.execute(_INSERT_EVENT, event_params(
+                row.id, row.submitted_at, "submitted", None, row.status, None, reason, stimulus_id)).fetchall()
+            return replace(row, reason=stored_reason, seq=int(seq_rows[0][0]))
+
+        return await self._db.run(insert)  # one hop to the store's thread
 
     async def get_job(self, job_id: str) -> JobRow | None:
         """The job with exactly this id, or None."""
@@ -221,8 +216,7 @@ class JobsTable:
         if not action.reason:
             raise ValueError(f"job {action.record.job_id}: a stored change needs a reason")
         try:
-            async with self._db.transaction() as db:
-                await self._cas(db, action, now_wall, kind)
+            await self._db.run(lambda db: _cas(db, action, now_wall, kind))
         except Rollback:
             return False
         return True
@@ -263,24 +257,24 @@ class JobsTable:
         if len(set(uuids)) != len(uuids):
             logger.warning("job_id=%s: claim lists a device twice: %s", rec.job_id, uuids)
             return False
-        try:
-            async with self._db.transaction() as db:
-                taken = await db.execute_fetchall(SELECT_GRANTED, (json.dumps(uuids),))
+        taken: list[str] = []
+
+        def grant(db: sqlite3.Connection) -> None:
+            if uuids:
+                taken.extend(str(r[0]) for r in db.execute(SELECT_GRANTED, (json.dumps(uuids),)).fetchall())
                 if taken:
-                    logger.info(
-                        "job_id=%s stimulus_id=%s: claim refused, devices already granted: %s",
-                        rec.job_id,
-                        action.stimulus_id,
-                        ", ".join(str(r[0]) for r in taken),
-                    )
                     raise Rollback
-                await self._cas(db, action, now_wall, kind)
-                await db.execute(_INSERT_ATTEMPT, (rec.job_id, rec.attempt, worker, placement_json, run_dir))
-                await db.executemany(
-                    INSERT_GRANT,
-                    [(uuid, index, acc, rec.job_id, rec.attempt, now_wall) for uuid, index, acc in grants],
-                )
+            _cas(db, action, now_wall, kind)
+            db.execute(_INSERT_ATTEMPT, (rec.job_id, rec.attempt, worker, placement_json, run_dir))
+            db.executemany(INSERT_GRANT,
+                           [(uuid, index, acc, rec.job_id, rec.attempt, now_wall) for uuid, index, acc in grants])
+
+        try:
+            await self._db.run(grant)  # one hop to the store's thread
         except Rollback:
+            if taken:
+                logger.info("job_id=%s stimulus_id=%s: claim refused, devices already granted: %s",
+                            rec.job_id, action.stimulus_id, ", ".join(taken))
             return False
         return True
 
@@ -295,8 +289,12 @@ class JobsTable:
         """:meth:`set_explanation` for each ``(job_id, reason, explanation_json)``, in one transaction."""
         if not items:
             return
-        async with self._db.transaction() as db:
-            await db.executemany(_SET_EXPLANATION, [(reason, ej, job_id) for job_id, reason, ej in items])
+        params = [(reason, ej, job_id) for job_id, reason, ej in items]
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany(_SET_EXPLANATION, params)
+
+        await self._db.run(write)  # one hop to the store's thread
 
     async def queue_changes(self, after_event: int) -> tuple[int, int, list[JobRow]]:
         """What changed for the scheduler's in-memory queue since event ``after_event``.
@@ -308,12 +306,15 @@ class JobsTable:
             status and reason change only with an event (:meth:`apply`, :meth:`insert_job`);
             :meth:`set_explanation` writes none.
         """
-        head_rows = await self._db.fetch_all(_QUEUE_HEAD, ())
-        head, queued = int(head_rows[0][0]), int(head_rows[0][1])
-        if head <= after_event:
-            return head, queued, []
-        rows = await self._db.fetch_all(_CHANGED_JOBS, (after_event, head))
-        return head, queued, [job_row(r) for r in rows]
+
+        def changes(db: sqlite3.Connection) -> tuple[int, int, list[JobRow]]:
+            head_rows = db.execute(_QUEUE_HEAD, ()).fetchall()
+            head, queued = int(head_rows[0][0]), int(head_rows[0][1])
+            if head <= after_event:
+                return head, queued, []
+            return head, queued, [job_row(r) for r in db.execute(_CHANGED_JOBS, (after_event, head)).fetchall()]
+
+        return await self._db.read(changes)  # one hop to the store's thread
 
     async def counts(self) -> dict[str, int]:
         """Number of jobs in each status (every known status present, 0 if none)."""
@@ -346,7 +347,7 @@ class JobsTable:
             "job_id": job_id,
             "attempt": attempt,
         }
-        if await self._db.write_one(_MARK_RUNNING, params) == 0:
+        if await self._db.run(lambda db: int(db.execute(_MARK_RUNNING, params).rowcount)) == 0:
             logger.warning("job_id=%s attempt=%d: mark_running for no active attempt", job_id, attempt)
 
     async def end_attempt(
@@ -372,11 +373,14 @@ class JobsTable:
             "job_id": job_id,
             "attempt": attempt,
         }
-        async with self._db.transaction() as db:
-            await db.execute(_END_ATTEMPT, params)
-            await db.execute(_RELEASE_GRANTS, (job_id, attempt))
+
+        def end(db: sqlite3.Connection) -> None:
+            db.execute(_END_ATTEMPT, params)
+            db.execute(_RELEASE_GRANTS, (job_id, attempt))
             if state == "exited" and exit_code is not None:
-                await db.execute(_SET_JOB_EXIT, (exit_code, job_id, attempt))
+                db.execute(_SET_JOB_EXIT, (exit_code, job_id, attempt))
+
+        await self._db.run(end)  # one hop to the store's thread
 
     async def attempts(self, job_id: str) -> list[AttemptRow]:
         """A job's attempts, first attempt first."""
@@ -419,38 +423,30 @@ class JobsTable:
         seq = int(next(iter(rows))[0])
         return EventRow(seq, job_id, now_wall, kind, None, None, attempt, reason, stimulus_id)
 
-    # ------------------------------------------------------------------- helpers
 
-    async def _cas(self, db: aiosqlite.Connection, action: PersistJob, now_wall: float, kind: str) -> None:
-        rec = action.record
-        params = {
-            "status": rec.status.value,
-            "attempt": rec.attempt,
-            "holder": rec.holder,
-            "retries_left": rec.retries_left,
-            "lease_expires_at": rec.lease_expires_at,
-            "cancel_requested": int(rec.cancel_requested),
-            "reason": action.reason,
-            "now": now_wall,
-            "id": rec.job_id,
-            "expect_status": action.expect_status.value,
-            "expect_attempt": action.expect_attempt,
-            "expect_cancel_requested": int(action.expect_cancel_requested),
-        }
-        async with db.execute(_CAS_JOB, params) as cur:
-            if cur.rowcount != 1:
-                raise Rollback
-        if action.reason:  # always, through apply(); claim() passes the claim's reason
-            await db.execute_fetchall(
-                _INSERT_EVENT,
-                event_params(
-                    rec.job_id,
-                    now_wall,
-                    kind,
-                    action.expect_status,
-                    rec.status,
-                    rec.attempt,
-                    action.reason,
-                    action.stimulus_id,
-                ),
-            )
+def _cas(db: sqlite3.Connection, action: PersistJob, now_wall: float, kind: str) -> None:
+    """The compare-and-set of ``action`` and its event row, in the caller's transaction (store thread).
+
+    Raises:
+        Rollback: the job was no longer as ``action`` expects.
+    """
+    rec = action.record
+    params = {
+        "status": rec.status.value,
+        "attempt": rec.attempt,
+        "holder": rec.holder,
+        "retries_left": rec.retries_left,
+        "lease_expires_at": rec.lease_expires_at,
+        "cancel_requested": int(rec.cancel_requested),
+        "reason": action.reason,
+        "now": now_wall,
+        "id": rec.job_id,
+        "expect_status": action.expect_status.value,
+        "expect_attempt": action.expect_attempt,
+        "expect_cancel_requested": int(action.expect_cancel_requested),
+    }
+    if db.execute(_CAS_JOB, params).rowcount != 1:
+        raise Rollback
+    if action.reason:  # always, through apply(); claim() passes the claim's reason
+        db.execute(_INSERT_EVENT, event_params(rec.job_id, now_wall, kind, action.expect_status, rec.status,
+                                               rec.attempt, action.reason, action.stimulus_id)).fetchall()

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 
-from gpulayerd.cli.http import SyncClient
+import pytest
+
+from gpulayerd.cli.http import ApiRequestError, SyncClient
 
 from .conftest import GPULAYER, Daemon, Lab
 
@@ -48,7 +50,10 @@ def test_a_stopped_daemon_is_one_line_and_the_key_gets_the_same_job(lab: Lab) ->
     job_id = json.loads(again.stdout)["id"]
     assert _count(d) == 1  # the stopped daemon stored the first request; the retry made no second job
     with SyncClient(d.socket_path) as c:
-        assert c.submit({"command": ["false"], "workdir": str(d.work)}, key=KEY).id == job_id  # any spec
+        with pytest.raises(ApiRequestError) as refused:  # the key names one submission: another spec is refused
+            c.submit({"command": ["false"], "workdir": str(d.work)}, key=KEY)
+        assert (refused.value.status, refused.value.code) == (409, "key_conflict")
+        assert refused.value.message == f"key {KEY} was already used for job {job_id} with a different spec"
         assert c.submit({"command": ["true"], "workdir": str(d.work)}, key=KEY + "-2").id != job_id
 
         # The daemon filters and pages `jobs` and sends only the fields asked for.

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.cli.http import Record, timeout_from_env
+from gpulayerd.cli import main
+from gpulayerd.cli.http import BadTimeout, Record, timeout_from_env
 from gpulayerd.core.claims import JobStatus
 from gpulayerd.jobs_query import JobsQuery, select
 from gpulayerd.store import JobRow, Store
@@ -55,9 +56,21 @@ def test_the_cli_imports_no_aiohttp_pydantic_or_asyncio(tmp_path: Path) -> None:
 def test_timeout_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPULAYER_TIMEOUT", raising=False)
     assert timeout_from_env() == 30.0
-    for raw, want in (("2.5", 2.5), ("0", 30.0), ("-1", 30.0), ("soon", 30.0), ("nan", 30.0)):
+    for raw, want in (("2.5", 2.5), ("", 30.0), (" 60 ", 60.0)):
         monkeypatch.setenv("GPULAYER_TIMEOUT", raw)
         assert timeout_from_env() == want, raw
+    for raw in ("0", "-1", "soon", "nan", "1e9"):  # never silently 30 s
+        monkeypatch.setenv("GPULAYER_TIMEOUT", raw)
+        with pytest.raises(BadTimeout, match="GPULAYER_TIMEOUT="):
+            timeout_from_env()
+
+
+def test_a_bad_timeout_is_a_usage_error_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setenv("GPULAYER_TIMEOUT", "abc")
+    assert main(["--socket", str(tmp_path / "none.sock"), "jobs"]) == 2  # before any connection
+    err = capsys.readouterr().err
+    assert err.startswith("gpulayer: GPULAYER_TIMEOUT='abc' is not a number of seconds: give one above 0"), err
 
 
 def test_record_reads_keys_as_attributes_and_dumps_as_json() -> None:
@@ -164,9 +177,10 @@ def test_help_and_jobs_import_only_what_they_use(tmp_path: Path) -> None:
     assert [m for m in new if m.startswith("gpulayerd")] == ["gpulayerd.text"]  # no command module
     code, out, err, new = seen["jobs"]
     assert (code, err) == (0, ""), err
+    assert out.splitlines()[0].split() == ["ID", "NAME", "STATE", "WHERE", "AGE", "REASON"]  # one user: no USER
     cells = out.splitlines()[1].split()
-    del cells[5]  # AGE
-    assert cells == ["m8qgmtbntdp5", "train", "alice", "queued", "—", "Busy:", "GPU", "0", "held", "—", "by", "bob…"]
+    del cells[4]  # AGE
+    assert cells == ["m8qgmtbntdp5", "train", "queued", "—", "Busy:", "GPU", "0", "held", "—", "by", "bob…"]
     heavy = ("aiohttp", "pydantic", "asyncio", "wcwidth", "socket", "shutil", "typing", "gpulayerd.models",
              "gpulayerd.core", "gpulayerd.cli.devices", "gpulayerd.cli.cluster", "gpulayerd.cli.service")
     assert [m for m in new if m.startswith(heavy)] == []

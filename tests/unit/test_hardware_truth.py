@@ -168,7 +168,9 @@ def test_devices_json_shows_mig(tmp_path: Path) -> None:
     kinds = [(d["kind"], d["mig_profile"], d["parent_uuid"]) for d in data["devices"]]
     assert ("mig", "4g.40gb", H100_MIG) in kinds and ("gpu", None, None) in kinds
     assert Capabilities.model_validate(data).to_core().devices == worker_of(inv)[1].devices
-    assert "MIG mode (only its MIG instances are granted)" in render_capabilities(caps)
+    text = render_capabilities(caps)
+    row = next(line for line in text.splitlines() if line.startswith("  0 "))
+    assert "no (MIG instances only)  MIG mode" in row, row  # SCHEDULED, STATE
 
 
 # --------------------------------------------------------------------------- process lists
