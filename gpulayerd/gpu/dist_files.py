@@ -22,15 +22,20 @@ import base64
 import csv
 import hashlib
 import io
+import os
+import stat
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from gpulayerd.gpu.probe import _IMPORT_NAMES
 
-__all__ = ["MAX_HASHED_FILES", "mark_files_on_disk", "read_record"]
+__all__ = ["MAX_HASHED_BYTES", "MAX_HASHED_FILES", "mark_files_on_disk", "read_record"]
 
 MAX_HASHED_FILES = 4
 """At most this many package files are hashed per framework: the smallest telling ones."""
+
+MAX_HASHED_BYTES = 64 * 1024 * 1024
+"""A package file larger than this is not hashed (it cannot tell distributions apart cheaply)."""
 
 _MAX_RECORD_BYTES = 64 * 1024 * 1024
 
@@ -52,7 +57,8 @@ def read_record(dist_info: Path, top: str) -> dict[str, tuple[str, str, int]] | 
         if len(row) < 2 or "=" not in row[1]:
             continue
         rel = row[0].replace("\\", "/")
-        if rel.split("/", 1)[0] != top:
+        parts = rel.split("/")
+        if parts[0] != top or any(p in ("", ".", "..") for p in parts):  # only files inside the package
             continue
         algo, _, digest = row[1].partition("=")
         size = int(row[2]) if len(row) > 2 and row[2].isdigit() else 1 << 62
@@ -61,9 +67,15 @@ def read_record(dist_info: Path, top: str) -> dict[str, tuple[str, str, int]] | 
 
 
 def _disk_hash(path: Path, algo: str) -> str | None:
+    """The RECORD-style hash of the regular file at ``path`` (not followed if a symlink), or None:
+    not a regular file, larger than :data:`MAX_HASHED_BYTES`, unreadable, or an unknown algorithm."""
     try:
         digest = hashlib.new(algo)
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_HASHED_BYTES:
+                return None
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
     except (OSError, ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,29 @@ def test_two_distributions_the_files_on_disk_decide(tmp_path: Path, last: str) -
     # devices --json: listed and flagged
     model = EnvironmentModel.from_core(snap).frameworks["onnxruntime"]
     assert (model.distribution, model.conflict, model.others) == (last, True, [f"{other} {expected[other]}"])
+
+
+def test_record_paths_outside_the_package_and_special_files_are_never_read(tmp_path: Path) -> None:
+    """A crafted RECORD cannot make the daemon hash files outside the package (``..``) or read a
+    device or a FIFO that never ends: only regular files inside site-packages/PACKAGE count."""
+    from gpulayerd.gpu.dist_files import read_record
+
+    site = tmp_path / "site-packages"
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root:x:0:0\n")
+    install(site, "onnxruntime", "1.19.2", {"onnxruntime/LICENSE": b"MIT\n"})
+    install(site, "onnxruntime-gpu", "1.20.1", {"onnxruntime/LICENSE": b"MIT\n"})
+    gpu_info = next(site.glob("onnxruntime_gpu-*.dist-info"))
+    with (gpu_info / "RECORD").open("a") as fh:
+        fh.write(f"onnxruntime/../../secret,{record_hash(secret.read_bytes())},11\n")
+        fh.write("onnxruntime/zero,sha256=AAAA,1\n")
+        fh.write("onnxruntime/fifo,sha256=AAAA,1\n")
+    (site / "onnxruntime" / "zero").symlink_to("/dev/zero")
+    os.mkfifo(site / "onnxruntime" / "fifo")
+    record = read_record(gpu_info, "onnxruntime")
+    assert record is not None and not any(".." in rel for rel in record)
+    fw = snapshot_of(site).frameworks["onnxruntime"]  # returns: /dev/zero and the FIFO are not read
+    assert (fw.distribution, fw.version) == ("onnxruntime", "1.19.2")  # nothing telling: the canonical name
 
 
 def test_two_distributions_without_telling_files_keep_the_canonical_name(tmp_path: Path) -> None:
