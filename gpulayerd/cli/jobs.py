@@ -389,7 +389,7 @@ def _table(jobs: list[JobView], args: argparse.Namespace) -> str:
     USER only when the jobs have several users, OWNER when several daemons own jobs)."""
     from gpulayerd.cli.jobs_table import default_columns, line_width, parse_columns, render_jobs
 
-    columns = parse_columns(args.format) if args.format else default_columns(jobs)
+    columns = parse_columns(args.format) if args.format else default_columns(jobs, _my_name())
     return render_jobs(jobs, columns, line_width(args.wide))
 
 

@@ -96,11 +96,12 @@ _SHRINK_NARROW: tuple[tuple[str, int], ...] = (
 )
 
 
-def default_columns(jobs: Sequence[JobView]) -> list[str]:
-    """The columns without ``-o``: :data:`DEFAULT`, without USER when every job has the same user
-    (as the TUI does), with OWNER after it when jobs of several daemons are listed."""
+def default_columns(jobs: Sequence[JobView], me: str | None = None) -> list[str]:
+    """The columns without ``-o``: :data:`DEFAULT`, without USER when every job is ``me``'s (the
+    account running the CLI: nothing to tell apart), with OWNER after it when jobs of several
+    daemons are listed. Another user's jobs always show whose they are."""
     columns = list(DEFAULT)
-    if len(jobs) > 0 and len({_user_of(j) for j in jobs}) == 1:
+    if len(jobs) > 0 and {_user_of(j) for j in jobs} == {me}:
         columns.remove("user")
     if len({j.owner for j in jobs}) > 1:
         columns.insert(columns.index("state"), "owner")

@@ -177,10 +177,11 @@ def test_help_and_jobs_import_only_what_they_use(tmp_path: Path) -> None:
     assert [m for m in new if m.startswith("gpulayerd")] == ["gpulayerd.text"]  # no command module
     code, out, err, new = seen["jobs"]
     assert (code, err) == (0, ""), err
-    assert out.splitlines()[0].split() == ["ID", "NAME", "STATE", "WHERE", "AGE", "REASON"]  # one user: no USER
+    # alice's job read by another account: whose it is shows (the USER column)
+    assert out.splitlines()[0].split() == ["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"]
     cells = out.splitlines()[1].split()
-    del cells[4]  # AGE
-    assert cells == ["m8qgmtbntdp5", "train", "queued", "—", "Busy:", "GPU", "0", "held", "—", "by", "bob…"]
+    del cells[5]  # AGE
+    assert cells == ["m8qgmtbntdp5", "train", "alice", "queued", "—", "Busy:", "GPU", "0", "held", "—", "by", "bob…"]
     heavy = ("aiohttp", "pydantic", "asyncio", "wcwidth", "socket", "shutil", "typing", "gpulayerd.models",
              "gpulayerd.core", "gpulayerd.cli.devices", "gpulayerd.cli.cluster", "gpulayerd.cli.service")
     assert [m for m in new if m.startswith(heavy)] == []
