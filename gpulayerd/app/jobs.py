@@ -10,7 +10,7 @@ leases count as renewed at restart).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -202,9 +202,44 @@ class OwnedJobs:
                 return Granted(grant.attempt, grant.lease_s, fresh=True)
         return "the job changed meanwhile"
 
-    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str) -> None:
-        """The attempt's processes started on ``worker``."""
-        await self.apply(job_id, claims.RunStarted(attempt, worker, stimulus_id))
+    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str,
+                      run: tuple[int | None, float | None, int | None] | None = None) -> None:
+        """The attempt's processes started on ``worker``.
+
+        Args:
+            run: (watchdog pid, its create time, the job's process group) when they run here: stored
+                on the attempt (:meth:`gpulayerd.store.jobs.JobsTable.mark_running`) in the same
+                transaction as the job's change to running (one commit).
+        """
+        event = claims.RunStarted(attempt, worker, stimulus_id)
+        if run is None:
+            await self.apply(job_id, event)
+            return
+        pid, create_time, pgid = run
+        await self._apply_joined(job_id, event, lambda then, kind: self._store.jobs.mark_running(
+            job_id, attempt, pid, create_time, pgid, self._clock.wall(), then, kind))
+
+    async def _apply_joined(self, job_id: str, event: claims.Event,
+                            write: Callable[[claims.PersistJob | None, str], Awaitable[bool]]) -> None:
+        """:meth:`apply`, with a write of the attempt (``write``) in the same transaction as the job's
+        leading compare-and-set (or alone when the event changes no job row). ``write`` gets that
+        PersistJob (or None) and the event kind, and returns False if the compare-and-set lost: the
+        attempt's write is kept, and the event is applied again from a fresh row."""
+        row = await self.get(job_id)
+        actions = claims.handle(self.record(row), event, self._clock.monotonic()) if row is not None else []
+        persist = actions[0] if actions and isinstance(actions[0], claims.PersistJob) else None
+        if persist is None and any(isinstance(a, claims.PersistJob) for a in actions):
+            await write(None, "state")  # not the leading action: the two writes go apart
+            await self.apply(job_id, event)
+            return
+        if not await write(persist, "state"):
+            await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
+            return
+        if persist is not None:
+            self._signals.job_changed(job_id)
+            if persist.record.status is JobStatus.QUEUED:
+                self._signals.wake()
+        await self.run_actions(job_id, actions[1:] if persist is not None else actions)
 
     async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
                      stimulus_id: str = "", *, worker: str) -> None:
@@ -217,8 +252,10 @@ class OwnedJobs:
             detail: what the attempt row keeps (the watchdog's words).
             why: the job's reason for a failure, when it says more than the exit code.
         """
-        await self._store.jobs.end_attempt(job_id, attempt, "exited", exit_code, detail, self._clock.wall())
-        await self.apply(job_id, claims.RunExited(attempt, worker, exit_code, why, stimulus_id))
+        await self._apply_joined(
+            job_id, claims.RunExited(attempt, worker, exit_code, why, stimulus_id),
+            lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "exited", exit_code, detail,
+                                                            self._clock.wall(), then, kind))
         self.drop_lease(job_id)
         self._signals.wake()
 
@@ -228,7 +265,9 @@ class OwnedJobs:
 
         Like :meth:`exited`, only for what this daemon (``worker``, the attempt's holder) saw itself.
         """
-        await self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason, self._clock.wall())
-        await self.apply(job_id, claims.RunLost(attempt, worker, reason, never_started, stimulus_id))
+        await self._apply_joined(
+            job_id, claims.RunLost(attempt, worker, reason, never_started, stimulus_id),
+            lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason,
+                                                            self._clock.wall(), then, kind))
         self.drop_lease(job_id)
         self._signals.wake()

@@ -280,7 +280,7 @@ class Scheduler:
             # Every job the last pass left here still cannot start here: place the new ones first
             # (in their fair-share order), before the whole queue is walked for its reasons.
             first = self._fair_order([(q[j], spec(q[j])) for j in new])
-            worker, placed = await self._walk(first, worker, remote)
+            worker, placed = await self._walk([row.id for row, _ in first], worker, remote)
             fast_ids -= placed
         keys = self._ordered_keys()
         if settled:
@@ -292,27 +292,34 @@ class Scheduler:
                                 key=lambda j: _order_key(q[j], spec(q[j]).user or "", scores))
         else:
             ids_walked = [k[2] for k in keys if k[2] in q]
-        worker, _ = await self._walk([(q[j], spec(q[j])) for j in ids_walked if j in q], worker, remote)
+        worker, _ = await self._walk(ids_walked, worker, remote)
         self._settled = (_without_paths(worker), worker, {wd for _, wd in self._workdirs if wd is not None})
         self._busy = self._busy or self.book.volatile(worker.node_id)
         await self._reasons(worker, remote)
 
-    async def _walk(self, specs: list[tuple[JobRow, JobSpec]], worker: WorkerSnapshot,
+    async def _walk(self, ids: list[str], worker: WorkerSnapshot,
                     remote: list[WorkerSnapshot]) -> tuple[WorkerSnapshot, set[str]]:
-        """Claim here, in order, each job of ``specs`` that fits here now (multi-host jobs go to
-        the gang coordinator). Returns this machine after the claims and the ids claimed."""
+        """Claim here, in order, each queued job of ``ids`` that fits here now (multi-host jobs go to
+        the gang coordinator). Returns this machine after the claims and the ids claimed. Stops early
+        once every shape of the queue did not fit since the last claim (no later job can fit then)."""
         blocked: set[int] = set()  # shapes that did not fit here since the last claim
         placed: set[str] = set()
-        for n, (row, spec) in enumerate(specs):
+        q = self._queue
+        for n, job_id in enumerate(ids):
             if n % _CHUNK == _CHUNK - 1:
                 await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
-            req = self._reqs.get(row.id)
+            row = q.get(job_id)
+            if row is None:
+                continue  # claimed earlier in this pass
+            req = self._reqs.get(job_id)
+            spec: JobSpec | None = None
             if req is None:
-                req = self._reqs[row.id] = spec.to_core(row.id)
+                spec = self._jobs.spec(row)
+                req = self._reqs[job_id] = spec.to_core(job_id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 self._busy = True  # the gang coordinator keeps its own timers
                 self._gang.add(row.id)
-                await self._gangs.schedule(row, spec, req, worker)
+                await self._gangs.schedule(row, spec or self._jobs.spec(row), req, worker)
                 continue
             sig = self.book.shape_of(req)
             if sig in blocked:  # an identical job did not fit: neither does this one
@@ -320,7 +327,9 @@ class Scheduler:
             ev = self.book.row(req, worker)  # kept until this machine's snapshot changes
             if ev.placement is None:
                 blocked.add(sig)
-            elif await self._worker.claim_local(row, spec, ev.placement):
+                if not self._gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
+                    break  # every queued job has a shape that did not fit: the rest would be skipped
+            elif await self._worker.claim_local(row, spec or self._jobs.spec(row), ev.placement):
                 placed.add(row.id)
                 self._drop(row.id)
                 fresh = await self._machine.snapshot(refresh_apps=False)

@@ -169,9 +169,8 @@ class WorkerService:
             if fds:
                 self._locks.release(fds)
         self.track(key, handle, spec, None, lease_s)
-        await self._store.jobs.mark_running(job_id, attempt, handle.watchdog_pid, handle.watchdog_create_time,
-                                            handle.job_pgid, self._clock.wall())
-        await self._jobs.started(job_id, attempt, self.node_id, f"start-{job_id}-{attempt}")
+        await self._jobs.started(job_id, attempt, self.node_id, f"start-{job_id}-{attempt}",
+                                 run=(handle.watchdog_pid, handle.watchdog_create_time, handle.job_pgid))
 
     # ------------------------------------------------------------- watching runs
 

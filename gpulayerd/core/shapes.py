@@ -49,12 +49,21 @@ def _volatile(r: Rejection) -> bool:
     return r.code in VOLATILE_CODES or (r.code is RejectionCode.RESERVED and OUTSIDE_HOLDER in r.found)
 
 
+_ATOMS = frozenset({str, int, float, bool, type(None)})  # frozen as they are
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Each dataclass type's field names, in order (:func:`dataclasses.fields` is slow; a type's fields never change)."""
+
+
 def freeze(value: object) -> Hashable:
     """``value`` as a hashable, comparable value: dataclasses field by field (with their type
     name), mappings as sorted item tuples, sequences as tuples, sets as frozensets."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__,
-                *(freeze(getattr(value, f.name)) for f in dataclasses.fields(value)))
+    if type(value) in _ATOMS:
+        return value
+    names = _FIELD_NAMES.get(type(value))
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return (type(value).__name__, *[freeze(getattr(value, n)) for n in names])
     if isinstance(value, Mapping):
         return tuple(sorted(((freeze(k), freeze(v)) for k, v in value.items()), key=repr))
     if isinstance(value, (list, tuple)):

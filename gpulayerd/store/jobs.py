@@ -333,11 +333,18 @@ class JobsTable:
         watchdog_create_time: float | None,
         job_pgid: int | None,
         now_wall: float,
-    ) -> None:
+        then: PersistJob | None = None,
+        kind: str = "state",
+    ) -> bool:
         """Record that an attempt's processes run (or were re-adopted) under this watchdog.
 
         Keeps the first ``started_at``. An attempt that already ended is left alone.
-        The job's own status change goes through :meth:`apply`.
+        The job's own status change goes through :meth:`apply`, or through ``then``: that
+        compare-and-set in the same transaction (one commit), after the attempt's row.
+
+        Returns:
+            False if ``then`` lost its compare-and-set (the attempt's row is written even so);
+            True otherwise.
         """
         params = {
             "watchdog_pid": watchdog_pid,
@@ -347,8 +354,14 @@ class JobsTable:
             "job_id": job_id,
             "attempt": attempt,
         }
-        if await self._db.run(lambda db: int(db.execute(_MARK_RUNNING, params).rowcount)) == 0:
+
+        def mark(db: sqlite3.Connection) -> tuple[int, bool]:
+            return int(db.execute(_MARK_RUNNING, params).rowcount), _try_cas(db, then, now_wall, kind)
+
+        changed, applied = await self._db.run(mark)  # one hop, one commit
+        if changed == 0:
             logger.warning("job_id=%s attempt=%d: mark_running for no active attempt", job_id, attempt)
+        return applied
 
     async def end_attempt(
         self,
@@ -358,10 +371,17 @@ class JobsTable:
         exit_code: int | None,
         reason: str,
         now_wall: float,
-    ) -> None:
+        then: PersistJob | None = None,
+        kind: str = "state",
+    ) -> bool:
         """End an attempt, release its devices and, if it exited, record the job's exit code.
 
-        One transaction. Idempotent: the first end of an attempt is the one kept.
+        One transaction, with ``then`` (the job's compare-and-set, see :meth:`apply`) after it when
+        given. Idempotent: the first end of an attempt is the one kept.
+
+        Returns:
+            False if ``then`` lost its compare-and-set (the attempt's end is written even so);
+            True otherwise.
         """
         if state not in ("exited", "lost"):
             raise ValueError(f"an attempt ends as 'exited' or 'lost', not {state!r}")
@@ -374,13 +394,14 @@ class JobsTable:
             "attempt": attempt,
         }
 
-        def end(db: sqlite3.Connection) -> None:
+        def end(db: sqlite3.Connection) -> bool:
             db.execute(_END_ATTEMPT, params)
             db.execute(_RELEASE_GRANTS, (job_id, attempt))
             if state == "exited" and exit_code is not None:
                 db.execute(_SET_JOB_EXIT, (exit_code, job_id, attempt))
+            return _try_cas(db, then, now_wall, kind)
 
-        await self._db.run(end)  # one hop to the store's thread
+        return await self._db.run(end)  # one hop to the store's thread, one commit
 
     async def attempts(self, job_id: str) -> list[AttemptRow]:
         """A job's attempts, first attempt first."""
@@ -422,6 +443,20 @@ class JobsTable:
         rows = await self._db.fetch_all(_INSERT_EVENT, params)
         seq = int(next(iter(rows))[0])
         return EventRow(seq, job_id, now_wall, kind, None, None, attempt, reason, stimulus_id)
+
+
+def _try_cas(db: sqlite3.Connection, action: PersistJob | None, now_wall: float, kind: str) -> bool:
+    """:func:`_cas` of ``action`` (None: nothing, True) without rolling back the caller's other writes:
+    False if it lost (its UPDATE changed nothing, so nothing of it is written)."""
+    if action is None:
+        return True
+    if not action.reason:
+        raise ValueError(f"job {action.record.job_id}: a stored change needs a reason")
+    try:
+        _cas(db, action, now_wall, kind)
+    except Rollback:
+        return False
+    return True
 
 
 def _cas(db: sqlite3.Connection, action: PersistJob, now_wall: float, kind: str) -> None:

@@ -1,0 +1,92 @@
+"""An attempt's start or end written with the job's compare-and-set in one transaction (one commit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpulayerd.app.jobs import OwnedJobs
+from gpulayerd.app.signals import Signals
+from gpulayerd.core import claims
+from gpulayerd.core.claims import JobStatus, PersistJob
+from gpulayerd.store import JobRow, Store
+from tests.fakes.clock import FakeClock
+
+T0 = 1_700_000_000.0
+
+
+def job(job_id: str) -> JobRow:
+    return JobRow(id=job_id, status=JobStatus.QUEUED, spec_json="{}", lease_s=30.0, submitted_at=T0, updated_at=T0)
+
+
+def persist_of(row: JobRow, event: claims.Event, now: float = 100.0) -> PersistJob:
+    action = claims.handle(row.record(), event, now)[0]
+    assert isinstance(action, PersistJob)
+    return action
+
+
+async def claimed(store: Store, job_id: str = "j") -> JobRow:
+    row = await store.jobs.insert_job(job(job_id), "submitted")
+    assert await store.jobs.claim(persist_of(row, claims.ClaimRequested("w1", "c")), "w1", "{}", [],
+                                  f"/runs/{job_id}/1", T0)
+    got = await store.jobs.get_job(job_id)
+    assert got is not None
+    return got
+
+
+@pytest.mark.asyncio
+async def test_mark_running_with_its_cas_and_a_lost_cas_keeps_the_attempt(store: Store) -> None:
+    row = await claimed(store)
+    start = persist_of(row, claims.RunStarted(1, "w1", "s"))
+    assert await store.jobs.mark_running("j", 1, 4242, 1.5, 4243, T0 + 1, start) is True
+    got = await store.jobs.get_job("j")
+    assert got is not None and (got.status, got.reason) == (JobStatus.RUNNING, "running on w1")
+    [att] = await store.jobs.attempts("j")
+    assert (att.state, att.watchdog_pid, att.job_pgid) == ("running", 4242, 4243)
+    # The same compare-and-set again loses (the job is running now): the attempt's row is still written.
+    assert await store.jobs.mark_running("j", 1, 5252, 2.5, 5253, T0 + 2, start) is False
+    [att] = await store.jobs.attempts("j")
+    assert att.watchdog_pid == 5252
+    assert [e.reason for e in await store.jobs.events("j")].count("running on w1") == 1
+
+
+@pytest.mark.asyncio
+async def test_end_attempt_with_its_cas(store: Store) -> None:
+    row = await claimed(store)
+    await store.jobs.mark_running("j", 1, 4242, 1.5, 4243, T0 + 1, persist_of(row, claims.RunStarted(1, "w1", "s")))
+    row2 = await store.jobs.get_job("j")
+    assert row2 is not None
+    end = persist_of(row2, claims.RunExited(1, "w1", 0, "", "e"))
+    assert await store.jobs.end_attempt("j", 1, "exited", 0, "exited 0", T0 + 3, end) is True
+    got = await store.jobs.get_job("j")
+    assert got is not None and (got.status, got.exit_code) == (JobStatus.SUCCEEDED, 0)
+    assert await store.jobs.end_attempt("j", 1, "exited", 0, "again", T0 + 4, end) is False
+    [att] = await store.jobs.attempts("j")
+    assert (att.state, att.reason) == ("exited", "exited 0")
+
+
+@pytest.mark.asyncio
+async def test_owned_jobs_start_and_exit_cost_one_commit_each(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    await claimed(store)
+    owned = OwnedJobs(store=store, signals=Signals(), clock=FakeClock())
+    db: Any = store.jobs._db  # counting the store's transactions
+    commits = 0
+    run = db.run
+
+    async def counted(fn: Any) -> Any:
+        nonlocal commits
+        commits += 1
+        return await run(fn)
+
+    monkeypatch.setattr(db, "run", counted)
+    await owned.started("j", 1, "w1", "start-j-1", run=(4242, 1.5, 4243))
+    assert commits == 1
+    await owned.exited("j", 1, 3, "exited 3", "", "exit-j-1", worker="w1")
+    assert commits == 2
+    got = await store.jobs.get_job("j")
+    assert got is not None and (got.status, got.exit_code, got.reason) == (JobStatus.FAILED, 3, "exited 3")
+    [att] = await store.jobs.attempts("j")
+    assert (att.state, att.watchdog_pid, att.exit_code) == ("exited", 4242, 3)
+    assert [(e.from_status, e.to_status) for e in await store.jobs.events("j")][-2:] == [
+        (JobStatus.CLAIMED, JobStatus.RUNNING), (JobStatus.RUNNING, JobStatus.FAILED)]
