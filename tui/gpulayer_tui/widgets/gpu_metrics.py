@@ -16,6 +16,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -167,12 +168,19 @@ class GpuMetricsPanel(Vertical):
         if metrics is not None:
             await self.show(metrics)
 
+    async def on_mount(self) -> None:
+        if self.metrics is not None:  # set before the panel was composed: show it now
+            await self.show(self.metrics)
+
     async def show(self, metrics: MetricsView) -> None:
         """Show ``metrics``: a card per GPU (cards are re-made only when the number of GPUs changes)."""
-        note = self.query_one("#gpu-note", Static)
+        try:
+            note = self.query_one("#gpu-note", Static)
+        except NoMatches:  # not composed yet (on_mount shows it) or already taken down
+            return
         gpus = metrics.gpus
         if not metrics.available:
-            note.update(f"no live GPU metrics here: {fmt.escape(metrics.message)}")
+            note.update(Text(f"no live GPU metrics here: {fmt.escape(metrics.message)}"))
         elif not gpus:
             note.update("sampling GPU metrics…")
         else:
