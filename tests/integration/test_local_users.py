@@ -117,6 +117,21 @@ def test_only_the_user_and_admins_may_cancel_read_logs_and_see_the_spec(
     assert job_id in ok(cli(shared_python, alice, sock, "jobs", "--mine"))
     assert job_id in ok(cli(shared_python, bob, sock, "jobs", "--user", alice.name))
     assert job_id not in ok(cli(shared_python, bob, sock, "jobs", "--user", carol.name))
+    # The server-side filters hide what `show` hides: bob's --json listing of alice's jobs.
+    listed = json.loads(ok(cli(shared_python, bob, sock, "jobs", "--json", "--user", alice.name)))
+    (mine,) = [j for j in listed if j["id"] == job_id]
+    assert mine["spec_hidden"] is True and mine["spec"]["env"] == {} and SECRET not in json.dumps(listed)
+
+    # Submission keys belong to their user: bob sending alice's key gets a job of his own, and
+    # alice's job and her key are untouched (her retry still finds her job).
+    alice_keyed = json.loads(ok(cli(shared_python, alice, sock, "submit", "--json", "--key", "k-shared",
+                                    "--name", "alice-keyed", "--", "true")))["id"]
+    bobs = json.loads(ok(cli(shared_python, bob, sock, "submit", "--json", "--key", "k-shared",
+                             "--name", "alice-keyed", "--", "true")))
+    assert bobs["id"] != alice_keyed and bobs["spec"]["user"] == bob.name
+    again = json.loads(ok(cli(shared_python, alice, sock, "submit", "--json", "--key", "k-shared",
+                              "--name", "alice-keyed", "--", "true")))
+    assert again["id"] == alice_keyed and d.job(alice_keyed).spec.user == alice.name
 
     # A job that waits: its reason and explanation name its workdir, which only alice and admins see.
     queued = json.loads(ok(cli(shared_python, alice, sock, "submit", "--json", "--workdir", str(alice.home),
