@@ -33,3 +33,24 @@ def add_dists(directory: Path, dists: Mapping[str, str]) -> None:
         info.joinpath("METADATA").write_text(
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
         )
+
+
+def fake_torch(*, cuda: bool, nccl: bool, prelude: str = "") -> str:
+    """``torch/__init__.py`` with just what the environment probe reads: version (from a
+    ``torch/version.py`` the caller writes), CUDA available with one device or not, no MPS, gloo,
+    NCCL or not. ``prelude`` runs first (e.g. a wait on a gate file)."""
+    return f"""{prelude}from . import version
+__version__ = version.__version__
+class cuda:
+    is_available = staticmethod(lambda: {cuda})
+    device_count = staticmethod(lambda: {int(cuda)})
+class backends:
+    class mps:
+        is_built = staticmethod(lambda: False)
+        is_available = staticmethod(lambda: False)
+class distributed:
+    is_available = staticmethod(lambda: True)
+    is_gloo_available = staticmethod(lambda: True)
+    is_nccl_available = staticmethod(lambda: {nccl})
+    is_mpi_available = staticmethod(lambda: False)
+"""

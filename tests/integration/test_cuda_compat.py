@@ -6,26 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fakes.envs import make_env
+from tests.fakes.envs import fake_torch, make_env
 from tests.integration.conftest import Lab, wait_until
 
 # Enough of torch for the environment probe: CUDA available, NCCL there, no MPS.
-FAKE_TORCH = """\
-from . import version
-__version__ = version.__version__
-class cuda:
-    is_available = staticmethod(lambda: True)
-    device_count = staticmethod(lambda: 1)
-class backends:
-    class mps:
-        is_built = staticmethod(lambda: False)
-        is_available = staticmethod(lambda: False)
-class distributed:
-    is_available = staticmethod(lambda: True)
-    is_gloo_available = staticmethod(lambda: True)
-    is_nccl_available = staticmethod(lambda: True)
-    is_mpi_available = staticmethod(lambda: False)
-"""
+FAKE_TORCH = fake_torch(cuda=True, nccl=True)
 
 
 def _set_driver(scenario: Path, old: str, new: str) -> None:

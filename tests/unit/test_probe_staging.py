@@ -21,32 +21,18 @@ from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.environments import TORCH_PENDING_NOTE, EnvironmentProber
 from gpulayerd.models import SubmitRequest
 from tests.fakes.daemons import W1, Lab
-from tests.fakes.envs import make_env
+from tests.fakes.envs import fake_torch, make_env
 from tests.unit.test_environments import counting_interpreter, starts
 
 PROBE_TIMEOUT_S = 60.0
 LAND_TIMEOUT_S = 60.0  # a limit on a condition wait, not a timing assert
 
 # torch whose import waits for the gate file: CPU only, gloo there.
-GATED_TORCH = """\
+GATED_TORCH = fake_torch(cuda=False, nccl=False, prelude="""\
 import os as _os, time as _time
 while not _os.path.exists({gate!r}):
     _time.sleep(0.01)
-from . import version
-__version__ = version.__version__
-class cuda:
-    is_available = staticmethod(lambda: False)
-    device_count = staticmethod(lambda: 0)
-class backends:
-    class mps:
-        is_built = staticmethod(lambda: False)
-        is_available = staticmethod(lambda: False)
-class distributed:
-    is_available = staticmethod(lambda: True)
-    is_gloo_available = staticmethod(lambda: True)
-    is_nccl_available = staticmethod(lambda: False)
-    is_mpi_available = staticmethod(lambda: False)
-"""
+""")
 
 
 def gated_env(tmp_path: Path) -> tuple[Path, Path, Path]:
