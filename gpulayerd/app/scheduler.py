@@ -90,7 +90,8 @@ class Scheduler:
         self._order: tuple[object, list[_Key]] | None = None  # (users' scores, the queue's keys, sorted)
         self._unordered: list[str] = []  # jobs added since the order was last brought up to date
         self._workdirs: set[tuple[str | None, str | None]] | None = None  # (user, workdir) pairs to check
-        self._settled: tuple[Hashable, WorkerSnapshot, set[str]] | None = None  # this machine after the last walk
+        # this machine after the last walk: (frozen without paths, the same without CPU slots, it, workdirs)
+        self._settled: tuple[Hashable, Hashable, WorkerSnapshot, set[str]] | None = None
         self._told: dict[str, Explanation] = {}  # job -> the kept explanation its stored reason came from
         self._users: Counter[str] = Counter()  # queued jobs per user
         self._gang: set[str] = set()  # queued multi-host jobs (walked every pass)
@@ -98,6 +99,10 @@ class Scheduler:
         self._members: dict[int, dict[str, None]] = {}  # shape -> its queued jobs
         self._job_sid: dict[str, int] = {}  # queued job -> its shape
         self._shape_told: dict[int, str] = {}  # shape -> the reason line every one of its jobs has stored
+        self._cpu_shapes: dict[int, None] = {}  # queued shapes that ask for no device (they read CPU slots)
+        self._revisit: dict[int, None] = {}  # shapes whose line must be judged again at the next pass
+        self._reasons_epochs: tuple[int, int] | None = None  # the book's epochs at the last shape walk
+        self._ungranted = False  # this pass found a job that fits here but was not granted
 
     async def loop(self) -> None:
         """Pass after pass: at every wake-up, and at least every ``schedule_interval_s``."""
@@ -171,6 +176,7 @@ class Scheduler:
         self._dropped += len(known)
         self._queue, self._users, self._told, self._gang = {}, Counter(), {}, set()
         self._members, self._job_sid, self._shape_told = {}, {}, {}
+        self._cpu_shapes, self._revisit, self._reasons_epochs = {}, {}, None
         for row in queued:
             self._add(row)
         self._event, self._order, self._settled, self._workdirs = head, None, None, None
@@ -190,8 +196,12 @@ class Scheduler:
                 req = self._reqs[row.id] = spec.to_core(row.id)
             sid = self._job_sid[row.id] = self.book.shape_of(req)
             self._members.setdefault(sid, {})[row.id] = None
+            if req.gpu_count == 0:
+                self._cpu_shapes[sid] = None
         self._queue[row.id] = _slim(row)
-        self._shape_told.pop(self._job_sid[row.id], None)  # its stored reason may differ from its shape's
+        sid = self._job_sid[row.id]
+        self._shape_told.pop(sid, None)  # its stored reason may differ from its shape's
+        self._revisit[sid] = None
 
     def _drop(self, job_id: str) -> None:
         """``job_id`` left the queue (claimed, cancelled, ...)."""
@@ -205,6 +215,8 @@ class Scheduler:
             if not members:
                 self._members.pop(sid, None)
                 self._shape_told.pop(sid, None)
+                self._cpu_shapes.pop(sid, None)
+                self._revisit.pop(sid, None)
         if row is not None:
             self._dropped += 1
             self._reqs.pop(job_id, None)
@@ -248,13 +260,19 @@ class Scheduler:
         rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
         return tuple((rank[scores[u]], u) for u in sorted(self._users))
 
-    def _settled_for(self, worker: WorkerSnapshot) -> bool:
+    def _settled_for(self, worker: WorkerSnapshot, *, devices_only: bool = False) -> bool:
         """Whether every job the last pass walked still cannot be placed here: this machine is as
-        that pass left it, but for the answers about paths no job of that pass has."""
+        that pass left it, but for the answers about paths no job of that pass has. With
+        ``devices_only``, whether every job that asks for devices still cannot: the same, but for the
+        free CPU slots too (a judgement of such a job never reads them, see
+        :meth:`gpulayerd.core.shapes.ShapeBook.row`)."""
         if self._settled is None:
             return False
-        frozen, old, workdirs = self._settled
-        if _without_paths(worker) != frozen:
+        frozen, dev_frozen, old, workdirs = self._settled
+        if devices_only:
+            if _without_paths(worker, cpu_slots=False) != dev_frozen:
+                return False
+        elif _without_paths(worker) != frozen:
             return False
         if (worker.existing_paths is None) != (old.existing_paths is None):
             return False
@@ -267,6 +285,7 @@ class Scheduler:
 
     async def _place(self, new: list[str]) -> None:
         fast_ids = set(new)
+        self._ungranted = False
         if self._workdirs is None:
             self._ordered()
         assert self._workdirs is not None
@@ -283,17 +302,24 @@ class Scheduler:
             worker, placed = await self._walk([row.id for row, _ in first], worker, remote)
             fast_ids -= placed
         keys = self._ordered_keys()
-        if settled:
-            # The jobs the last pass left still cannot start here; walk only the new ones, and gangs
-            # (sorted by the queue's own key: no walk over the whole queue).
+        if settled or self._settled_for(worker, devices_only=True):
+            # The jobs the last pass left still cannot start here (or, when only the free CPU slots
+            # changed, those that ask for devices): walk only the new ones, gangs, and the jobs that
+            # ask for no device when the CPU slots changed (sorted by the queue's own key: no walk
+            # over the whole queue).
             scores = {u: sc for sc, u in self._users_key()}
             few = fast_ids | (self._gang & q.keys())
+            if not settled:
+                self._signals.stats["scheduler_cpu_only_walks"] += 1
+                few.update(j for sid in self._cpu_shapes for j in self._members.get(sid, ()))
             ids_walked = sorted((j for j in few if j in q),
                                 key=lambda j: _order_key(q[j], spec(q[j]).user or "", scores))
         else:
             ids_walked = [k[2] for k in keys if k[2] in q]
         worker, _ = await self._walk(ids_walked, worker, remote)
-        self._settled = (_without_paths(worker), worker, {wd for _, wd in self._workdirs if wd is not None})
+        self._settled = None if self._ungranted else (
+            _without_paths(worker), _without_paths(worker, cpu_slots=False), worker,
+            {wd for _, wd in self._workdirs if wd is not None})
         self._busy = self._busy or self.book.volatile(worker.node_id)
         await self._reasons(worker, remote)
 
@@ -329,7 +355,9 @@ class Scheduler:
                 blocked.add(sig)
                 if not self._gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
                     break  # every queued job has a shape that did not fit: the rest would be skipped
-            elif await self._worker.claim_local(row, spec or self._jobs.spec(row), ev.placement):
+            elif not await self._worker.claim_local(row, spec or self._jobs.spec(row), ev.placement):
+                self._ungranted = True  # it fits but was not granted: the next pass walks every job again
+            else:
                 placed.add(row.id)
                 self._drop(row.id)
                 fresh = await self._machine.snapshot(refresh_apps=False)
@@ -351,9 +379,11 @@ class Scheduler:
                 await self._reasons_by_shape(worker, remote)
             except BaseException:
                 self._shape_told.clear()  # lines marked told may not have been written
+                self._reasons_epochs = None
                 raise
             return
         self._shape_told.clear()  # rows written job by job below
+        self._reasons_epochs = None
         ids = self._ordered()
         usage = self._usage.usage() if self._usage is not None else {}
         workers = [worker, *remote]  # as last observed by self.book
@@ -401,7 +431,13 @@ class Scheduler:
         """:meth:`_reasons` when the queue holds one user's jobs: fair share can then name nobody who
         waits ahead (a shape is one user's), so every job of a shape gets its shape's line. Each shape is
         judged once; its jobs are visited only when that line changed or one of them is new or had an
-        event (a burst of identical jobs costs one judgement per pass, not one per queued job)."""
+        event (a burst of identical jobs costs one judgement per pass, not one per queued job).
+
+        Only shapes whose line can have changed are judged: all of them when what a job that asks
+        for devices reads changed (the book's devices epoch), else the shapes that ask for no
+        device when the CPU slots changed, those with a new job or an event, and those whose line
+        the clock changes (an offer repeated, fair-share figures): a pass after one CPU job started
+        or ended costs nothing per waiting GPU job."""
         self._told.clear()  # rows written shape by shape below
         usage = self._usage.usage() if self._usage is not None else {}
         workers = [worker, *remote]  # as last observed by self.book
@@ -410,7 +446,21 @@ class Scheduler:
         writes: list[tuple[JobRow, str, Explanation]] = []
         q, gang, reqs = self._queue, self._gang, self._reqs
         visited = 0
-        for sid, members in list(self._members.items()):
+        epochs, last = self.book.epochs(), self._reasons_epochs
+        if last is None or last[1] != epochs[1]:
+            todo = list(self._members)
+        else:
+            todo = list(self._revisit)
+            if last[0] != epochs[0]:
+                todo += [sid for sid in self._cpu_shapes if sid not in self._revisit]
+            todo.sort()  # shape ids grow with first sight: the order of a walk over every shape
+        self._reasons_epochs, self._revisit = None, {}  # set again when this walk is through
+        for n, sid in enumerate(todo):
+            if n % _CHUNK == _CHUNK - 1:
+                await asyncio.sleep(0)
+            members = self._members.get(sid)
+            if not members:
+                continue
             first = next((j for j in members if j in q), None)  # members are queued: the first one
             if first is None:
                 continue
@@ -423,6 +473,7 @@ class Scheduler:
             if e.placement is not None and e.placement.worker != self.node_id:
                 self._busy = True  # offers are repeated every offer_interval_s
                 self._shape_told.pop(sid, None)
+                self._revisit[sid] = None
                 for job_id in list(members):
                     row = q.get(job_id)
                     if row is None or job_id in gang:
@@ -435,7 +486,9 @@ class Scheduler:
                 continue
             if e.verdict is Verdict.FITS_BUT_BUSY:
                 fair = _with_fair_share(e, req, worker, usage, {})
-                self._busy = self._busy or fair is not e  # its figures decay with time
+                if fair is not e or _others_hold_gpus(req, worker):
+                    self._busy = True  # fair-share figures change with the clock
+                    self._revisit[sid] = None
                 e = fair
             text = self.book.reason(e)
             if self._shape_told.get(sid) == text:
@@ -451,6 +504,7 @@ class Scheduler:
                     writes.append((kept, text, e))
             self._shape_told[sid] = text
         await self._write_reasons(writes)
+        self._reasons_epochs = epochs
         for row, spec, target in offers:
             self._offer(row, spec, target)
 
@@ -519,9 +573,10 @@ def _pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
     return (pair[0] or "", pair[1] or "")
 
 
-def _without_paths(worker: WorkerSnapshot) -> Hashable:
-    """``worker`` frozen, but for its answers about paths."""
-    return freeze(replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset()))
+def _without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable:
+    """``worker`` frozen, but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
+    out = replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset())
+    return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
 
 
 def _peer_loads(remote: list[WorkerSnapshot]) -> dict[str, WorkerLoad]:
@@ -545,6 +600,12 @@ def _spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None,
         return e
     loads[target] = loads.get(target, WorkerLoad()).plus_one()
     return replace(e, placement=rows[target].placement)
+
+
+def _others_hold_gpus(req: JobRequest, worker: WorkerSnapshot) -> bool:
+    """Whether ``req`` asks for GPUs while another user holds some of ``worker``'s: then whether
+    it is passed over (:func:`_with_fair_share`) depends on usage figures that change with the clock."""
+    return fairshare.gpus_of(req) > 0 and any(n > 0 and u != req.user for u, n in worker.gpus_held_by_user.items())
 
 
 def _with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, usage: dict[str, fairshare.Usage],

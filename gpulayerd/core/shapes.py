@@ -149,6 +149,13 @@ class ShapeBook:
         entry = (self._dev_views if devices_only else self._workers).get(node_id)
         return entry[1] if entry is not None else 0
 
+    def epochs(self) -> tuple[int, int]:
+        """``(epoch, devices_epoch)``: the first changes whenever a worker's version or the set of
+        workers changes, the second only when what a job that asks for devices reads changes (all
+        of a worker but its CPU slots). A shape's :meth:`explanation` is the same object while the
+        epoch it depends on (the second for jobs with ``gpu_count > 0``) stays."""
+        return self._epoch, self._dev_epoch
+
     def shape_of(self, job: JobRequest) -> int:
         """A small id for ``job``'s shape (computed once per job id while it is retained)."""
         cached = self._job_shapes.get(job.job_id)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import explain
 from gpulayerd.core.reasons import reason_text
+from gpulayerd.core.verdict import Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import Capabilities, DeviceModel, EnvironmentModel, FrameworkModel, SubmitRequest
 from tests.fakes.daemons import OWNER, FakeDaemon, Lab
@@ -64,8 +65,9 @@ async def _check_reasons(d: FakeDaemon) -> int:
     specs = [(row, d.services.jobs.spec(row)) for row in rows]
     snap = await d.services.machine.snapshot(refresh_apps=True, workdirs=[(s.user, s.workdir) for _, s in specs])
     for row, spec in specs:
-        expected = reason_text(explain(spec.to_core(row.id), [snap], SUPPORT_MATRIX))
-        assert row.reason == expected, (row.id, spec.name)
+        e = explain(spec.to_core(row.id), [snap], SUPPORT_MATRIX)
+        assert e.verdict is not Verdict.FITS_NOW, (row.id, spec.name, "fits now but was left queued")
+        assert row.reason == reason_text(e), (row.id, spec.name)
     return len(rows)
 
 
@@ -76,10 +78,16 @@ shape = st.sampled_from(SHAPES)
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(cpu_slots=st.integers(1, 4), gpus=st.integers(0, 3), holders=st.lists(shape, max_size=3),
-       queued=st.lists(shape, min_size=1, max_size=8), end=st.integers(0, 2))
+       queued=st.lists(shape, min_size=1, max_size=8), ends=st.lists(st.integers(0, 2), min_size=1, max_size=3),
+       late=st.lists(shape, max_size=2))
+# A CPU run ends while a GPU job waits: only the free CPU slots change, and the 3-process job's
+# line ("1 free of 4" -> "2 free of 4") with them.
+@example(cpu_slots=4, gpus=1, holders=[(0, 1, {}), (0, 1, {}), (0, 1, {}), (1, 1, {})],
+         queued=[(0, 3, {}), (1, 1, {})], ends=[0], late=[])
 async def test_every_waiting_jobs_reason_is_a_fresh_evaluations(
         tmp_path: Path, cpu_slots: int, gpus: int, holders: list[tuple[int, int, dict[str, str]]],
-        queued: list[tuple[int, int, dict[str, str]]], end: int) -> None:
+        queued: list[tuple[int, int, dict[str, str]]], ends: list[int],
+        late: list[tuple[int, int, dict[str, str]]]) -> None:
     lab = Lab(tmp_path / f"ex{next(_examples)}")
     try:
         d = await lab.add("owner", OWNER, cpu_slots=cpu_slots)
@@ -94,10 +102,13 @@ async def test_every_waiting_jobs_reason_is_a_fresh_evaluations(
         await lab.schedule()
         await _check_reasons(d)
 
-        running = await d.store.jobs.list_jobs([JobStatus.RUNNING], None)
-        if running:  # a run ends: the reasons that depended on it change at the next pass
-            done = running[end % len(running)]
-            d.runner.exit(done.id, done.attempt, 0)
+        for n, end in enumerate(ends):  # runs end one by one (CPU or GPU jobs), a job comes late
+            running = await d.store.jobs.list_jobs([JobStatus.RUNNING], None)
+            if running:  # a run ends: the reasons that depended on it change at the next pass
+                done = running[end % len(running)]
+                d.runner.exit(done.id, done.attempt, 0)
+            if n < len(late):
+                await _submit(lab, d, late[n], f"late-{n}")
             await lab.settle()
             await lab.schedule()
             await _check_reasons(d)
