@@ -24,7 +24,7 @@ from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
 
 __all__ = ["SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
 
-SPEC_CACHE_SIZE = 2048
+SPEC_CACHE_SIZE = 512
 """Parsed job specs kept by :meth:`OwnedJobs.spec` (least recently used dropped first)."""
 
 
@@ -85,13 +85,23 @@ class OwnedJobs:
 
     def spec(self, row: JobRow) -> JobSpec:
         """The job's spec, parsed from the stored JSON; the :data:`SPEC_CACHE_SIZE` most recently used
-        are kept parsed (the scheduler keeps its own per-job request, so a long queue need not stay
-        parsed here: ~1.7 kB per cached spec)."""
+        are kept parsed (the scheduler keeps one request per requirement shape, so a long queue need
+        not stay parsed here: ~3 kB per cached spec)."""
         spec = self._specs.get(row.id)
         if spec is None:
             spec = JobSpec.model_validate_json(row.spec_json)
         self.remember(row.id, spec)
         return spec
+
+    async def spec_of(self, job_id: str) -> JobSpec | None:
+        """The spec of the job ``job_id``: the cached one (see :meth:`spec`), else read from the
+        store and parsed (then cached); None when no such job is stored."""
+        spec = self._specs.get(job_id)
+        if spec is not None:
+            self._specs.move_to_end(job_id)
+            return spec
+        row = await self.get(job_id)
+        return None if row is None else self.spec(row)
 
     def remember(self, job_id: str, spec: JobSpec) -> None:
         """Cache the spec of a job just stored (or just read)."""

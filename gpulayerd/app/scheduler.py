@@ -48,7 +48,7 @@ from gpulayerd.core.claims import JobStatus, WorkerLoad, choose_target
 from gpulayerd.core.shapes import ShapeBook, freeze
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
-from gpulayerd.models import ExplanationModel, JobSpec
+from gpulayerd.models import ExplanationModel
 from gpulayerd.net.wire import Ack, Offer, new_msg_id
 from gpulayerd.store import JobRow, Store
 
@@ -79,7 +79,8 @@ class Scheduler:
         self._usage = usage
         self._offered: dict[str, tuple[str, float]] = {}  # our job -> (worker, when offered)
         self.book = ShapeBook(support)  # kept rows and verdicts (gpulayerd.core.shapes)
-        self._reqs: dict[str, JobRequest] = {}  # queued job -> its request (specs never change)
+        # One request per requirement shape (its first queued job's): jobs of a shape are judged alike.
+        self._shape_reqs: dict[int, JobRequest] = {}
         self._busy = True  # the last pass left something that needs the timer (see _idle)
         self._last_inputs: object = None  # peers and fair-share order the last pass saw
         self.passes_skipped = 0
@@ -144,8 +145,7 @@ class Scheduler:
             await self._place(new)
         if self._dropped > max(64, len(self._queue) // 8):  # forget the shapes only jobs gone had
             self._dropped = 0
-            self._reqs = {j: r for j, r in self._reqs.items() if j in self._queue}
-            self.book.retain(self._queue)
+            self.book.retain(r.job_id for r in self._shape_reqs.values())
         self._last_inputs = self._inputs()
         await self._worker.take_offers()
 
@@ -176,7 +176,7 @@ class Scheduler:
         self._dropped += len(known)
         self._queue, self._users, self._told, self._gang = {}, Counter(), {}, set()
         self._members, self._job_sid, self._shape_told = {}, {}, {}
-        self._cpu_shapes, self._revisit, self._reasons_epochs = {}, {}, None
+        self._cpu_shapes, self._revisit, self._reasons_epochs, self._shape_reqs = {}, {}, None, {}
         for row in queued:
             self._add(row)
         self._event, self._order, self._settled, self._workdirs = head, None, None, None
@@ -187,17 +187,17 @@ class Scheduler:
         """Keep ``row`` (queued) in the queue in memory."""
         if row.id not in self._queue:
             self._unordered.append(row.id)
-            spec = self._jobs.spec(row)
-            self._users[spec.user or ""] += 1
+            req = self._jobs.spec(row).to_core(row.id)
+            self._users[req.user] += 1
             if self._workdirs is not None:
-                self._workdirs.add((spec.user, spec.workdir))
-            req = self._reqs.get(row.id)
-            if req is None:
-                req = self._reqs[row.id] = spec.to_core(row.id)
-            sid = self._job_sid[row.id] = self.book.shape_of(req)
+                self._workdirs.add((req.user or None, req.workdir))
+            sid = self._job_sid[row.id] = self.book.shape_of(req, keep=False)
+            if sid not in self._shape_reqs:  # the shape's first queued job: its request stands for all
+                self._shape_reqs[sid] = req
+                self.book.shape_of(req)
+                if req.gpu_count == 0:
+                    self._cpu_shapes[sid] = None
             self._members.setdefault(sid, {})[row.id] = None
-            if req.gpu_count == 0:
-                self._cpu_shapes[sid] = None
         self._queue[row.id] = _slim(row)
         sid = self._job_sid[row.id]
         self._shape_told.pop(sid, None)  # its stored reason may differ from its shape's
@@ -209,21 +209,26 @@ class Scheduler:
         self._told.pop(job_id, None)
         self._gang.discard(job_id)
         sid = self._job_sid.pop(job_id, None)
-        if sid is not None:
-            members = self._members.get(sid, {})
-            members.pop(job_id, None)
-            if not members:
-                self._members.pop(sid, None)
-                self._shape_told.pop(sid, None)
-                self._cpu_shapes.pop(sid, None)
-                self._revisit.pop(sid, None)
+        if sid is None:
+            return
+        user = self._shape_reqs[sid].user
+        members = self._members.get(sid, {})
+        members.pop(job_id, None)
+        if not members:
+            self._members.pop(sid, None)
+            self._shape_told.pop(sid, None)
+            self._cpu_shapes.pop(sid, None)
+            self._revisit.pop(sid, None)
+            self._shape_reqs.pop(sid, None)
         if row is not None:
             self._dropped += 1
-            self._reqs.pop(job_id, None)
-            user = self._jobs.spec(row).user or ""
             self._users[user] -= 1
             if self._users[user] <= 0:
                 del self._users[user]
+
+    def _req(self, job_id: str) -> JobRequest:
+        """The request of ``job_id``'s shape (queued): another job's id, the same requirements."""
+        return self._shape_reqs[self._job_sid[job_id]]
 
     def _ordered(self) -> list[str]:
         """The queue in fair-share order (see :meth:`_ordered_keys`)."""
@@ -235,18 +240,19 @@ class Scheduler:
         while the users' ranking holds (new jobs inserted, jobs gone skipped: filter on the queue),
         re-sorted when it changes."""
         users = self._users_key()
-        q, spec = self._queue, self._jobs.spec
+        q, req = self._queue, self._req
         if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
             scores = {u: sc for sc, u in users}
-            keys = sorted(_order_key(row, spec(row).user or "", scores) for row in q.values())
+            keys = sorted(_order_key(row, req(row.id).user, scores) for row in q.values())
             self._order = (users, keys)
-            self._workdirs = {(spec(row).user, spec(row).workdir) for row in q.values()}
+            reqs = self._shape_reqs.values()
+            self._workdirs = {(r.user or None, r.workdir) for r in reqs}
         else:
             scores = {u: sc for sc, u in users}
             keys = self._order[1]
             for j in self._unordered:
                 if j in q:
-                    bisect.insort(keys, _order_key(q[j], spec(q[j]).user or "", scores))
+                    bisect.insort(keys, _order_key(q[j], req(j).user, scores))
         self._unordered = []
         return keys
 
@@ -293,13 +299,12 @@ class Scheduler:
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         self.book.observe([worker, *remote])
         settled = self._settled_for(worker)
-        q, spec = self._queue, self._jobs.spec
+        q = self._queue
         if settled and new:
             self._signals.stats["scheduler_new_jobs_first"] += 1
             # Every job the last pass left here still cannot start here: place the new ones first
             # (in their fair-share order), before the whole queue is walked for its reasons.
-            first = self._fair_order([(q[j], spec(q[j])) for j in new])
-            worker, placed = await self._walk([row.id for row, _ in first], worker, remote)
+            worker, placed = await self._walk(self._fair_order(new), worker, remote)
             fast_ids -= placed
         keys = self._ordered_keys()
         if settled or self._settled_for(worker, devices_only=True):
@@ -313,7 +318,7 @@ class Scheduler:
                 self._signals.stats["scheduler_cpu_only_walks"] += 1
                 few.update(j for sid in self._cpu_shapes for j in self._members.get(sid, ()))
             ids_walked = sorted((j for j in few if j in q),
-                                key=lambda j: _order_key(q[j], spec(q[j]).user or "", scores))
+                                key=lambda j: _order_key(q[j], self._req(j).user, scores))
         else:
             ids_walked = [k[2] for k in keys if k[2] in q]
         worker, _ = await self._walk(ids_walked, worker, remote)
@@ -337,15 +342,13 @@ class Scheduler:
             row = q.get(job_id)
             if row is None:
                 continue  # claimed earlier in this pass
-            req = self._reqs.get(job_id)
-            spec: JobSpec | None = None
-            if req is None:
-                spec = self._jobs.spec(row)
-                req = self._reqs[job_id] = spec.to_core(job_id)
+            req = self._req(job_id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 self._busy = True  # the gang coordinator keeps its own timers
                 self._gang.add(row.id)
-                await self._gangs.schedule(row, spec or self._jobs.spec(row), req, worker)
+                spec = await self._jobs.spec_of(job_id)
+                if spec is not None:
+                    await self._gangs.schedule(row, spec, spec.to_core(job_id), worker)
                 continue
             sig = self.book.shape_of(req)
             if sig in blocked:  # an identical job did not fit: neither does this one
@@ -355,7 +358,9 @@ class Scheduler:
                 blocked.add(sig)
                 if not self._gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
                     break  # every queued job has a shape that did not fit: the rest would be skipped
-            elif not await self._worker.claim_local(row, spec or self._jobs.spec(row), ev.placement):
+            elif (spec := await self._jobs.spec_of(job_id)) is None or job_id not in q:
+                continue  # gone from the store (or the queue) meanwhile
+            elif not await self._worker.claim_local(row, spec, ev.placement):
                 self._ungranted = True  # it fits but was not granted: the next pass walks every job again
             else:
                 placed.add(row.id)
@@ -388,10 +393,10 @@ class Scheduler:
         usage = self._usage.usage() if self._usage is not None else {}
         workers = [worker, *remote]  # as last observed by self.book
         waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
-        offers: list[tuple[JobRow, JobSpec, str]] = []
+        offers: list[tuple[JobRow, str]] = []
         loads = _peer_loads(remote)  # a burst spreads over every peer that fits (core.claims.choose_target)
         writes: list[tuple[JobRow, str, Explanation]] = []  # reasons to store, a batch at a time
-        q, gang, reqs = self._queue, self._gang, self._reqs
+        q, gang, shape_req = self._queue, self._gang, self._req
         for n, job_id in enumerate(ids):
             if n % _CHUNK == _CHUNK - 1:
                 if len(writes) >= 256:
@@ -400,15 +405,12 @@ class Scheduler:
             row = q.get(job_id)
             if row is None or job_id in gang:
                 continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
-            req = reqs.get(job_id)
-            if req is None:
-                req = reqs[job_id] = self._jobs.spec(row).to_core(job_id)
+            req = shape_req(job_id)
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
             if e.placement is not None and e.placement.worker != self.node_id:
-                spec = self._jobs.spec(row)
                 self._busy = True  # offers are repeated every offer_interval_s
                 e = _spread(e, loads, self._offered.get(row.id, ("", 0.0))[0] or None, self.node_id)
-                offers.append((row, spec, e.placement.worker if e.placement is not None else ""))
+                offers.append((row, e.placement.worker if e.placement is not None else ""))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
                 fair = _with_fair_share(e, req, worker, usage, waiting)
                 self._busy = self._busy or fair is not e  # its figures decay with time
@@ -424,8 +426,8 @@ class Scheduler:
             if text != row.reason:
                 writes.append((row, text, e))
         await self._write_reasons(writes)
-        for row, spec, target in offers:  # together, after the writes: a peer sees the pass's offers at once
-            self._offer(row, spec, target)
+        for row, target in offers:  # together, after the writes: a peer sees the pass's offers at once
+            self._offer(row, target)
 
     async def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot]) -> None:
         """:meth:`_reasons` when the queue holds one user's jobs: fair share can then name nobody who
@@ -441,10 +443,10 @@ class Scheduler:
         self._told.clear()  # rows written shape by shape below
         usage = self._usage.usage() if self._usage is not None else {}
         workers = [worker, *remote]  # as last observed by self.book
-        offers: list[tuple[JobRow, JobSpec, str]] = []
+        offers: list[tuple[JobRow, str]] = []
         loads = _peer_loads(remote)
         writes: list[tuple[JobRow, str, Explanation]] = []
-        q, gang, reqs = self._queue, self._gang, self._reqs
+        q, gang, shape_req = self._queue, self._gang, self._req
         visited = 0
         epochs, last = self.book.epochs(), self._reasons_epochs
         if last is None or last[1] != epochs[1]:
@@ -464,9 +466,7 @@ class Scheduler:
             first = next((j for j in members if j in q), None)  # members are queued: the first one
             if first is None:
                 continue
-            req = reqs.get(first)
-            if req is None:
-                req = reqs[first] = self._jobs.spec(q[first]).to_core(first)
+            req = shape_req(first)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 continue  # the gang coordinator's (a shape is all multi-host jobs or none)
             e = self.book.explanation(req, workers, same_id=False)
@@ -479,7 +479,7 @@ class Scheduler:
                     if row is None or job_id in gang:
                         continue
                     one = _spread(e, loads, self._offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
-                    offers.append((row, self._jobs.spec(row), one.placement.worker if one.placement else ""))
+                    offers.append((row, one.placement.worker if one.placement else ""))
                     text = self.book.reason(one)
                     if text != row.reason:
                         writes.append((row, text, one))
@@ -505,17 +505,17 @@ class Scheduler:
             self._shape_told[sid] = text
         await self._write_reasons(writes)
         self._reasons_epochs = epochs
-        for row, spec, target in offers:
-            self._offer(row, spec, target)
+        for row, target in offers:
+            self._offer(row, target)
 
-    def _fair_order(self, specs: list[tuple[JobRow, JobSpec]]) -> list[tuple[JobRow, JobSpec]]:
-        """``specs`` in fair-share order (submission order without a usage book)."""
+    def _fair_order(self, ids: list[str]) -> list[str]:
+        """``ids`` (queued) in fair-share order (submission order without a usage book)."""
         if self._usage is None:
-            return specs
-        by_id = {row.id: (row, spec) for row, spec in specs}
-        cands = [fairshare.Candidate(row.id, spec.user or "", float(row.seq if row.seq is not None else i))
-                 for i, (row, spec) in enumerate(specs)]
-        return [by_id[c.job_id] for c in self._usage.order(cands)]
+            return ids
+        seqs = [self._queue[j].seq for j in ids]
+        cands = [fairshare.Candidate(j, self._req(j).user, float(seq if seq is not None else i))
+                 for i, (j, seq) in enumerate(zip(ids, seqs, strict=True))]
+        return [c.job_id for c in self._usage.order(cands)]
 
     async def _write_reasons(self, writes: list[tuple[JobRow, str, Explanation]]) -> None:
         """Store each job's new reason line (:func:`gpulayerd.core.reasons.reason_text` of its
@@ -531,23 +531,24 @@ class Scheduler:
             self._signals.job_changed(row.id)
         writes.clear()
 
-    def _offer(self, row: JobRow, spec: JobSpec, target: str) -> None:
+    def _offer(self, row: JobRow, target: str) -> None:
         """Offer a job that fits the peer ``target`` now to it (at most every ``offer_interval_s``)."""
         last = self._offered.get(row.id)
         now = self._clock.monotonic()
         if last is not None and last[0] == target and now - last[1] < self._config.offer_interval_s:
             return
         self._offered[row.id] = (target, now)
+        self._signals.spawn(self._send_offer(target, row.id))
+
+    async def _send_offer(self, worker: str, job_id: str) -> None:
+        row = await self._jobs.get(job_id)
+        if row is None or row.status is not JobStatus.QUEUED:
+            return  # claimed meanwhile: never offer a job that is no longer queued
+        spec = self._jobs.spec(row)
         # Environment values (tokens) go only with the grant, to the worker that runs the job.
         offered = spec.model_dump(mode="json")
         offered["env"] = dict.fromkeys(spec.env, "")
         offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, spec=offered, lease_s=row.lease_s)
-        self._signals.spawn(self._send_offer(target, offer))
-
-    async def _send_offer(self, worker: str, offer: Offer) -> None:
-        row = await self._jobs.get(offer.job_id)
-        if row is None or row.status is not JobStatus.QUEUED:
-            return  # claimed meanwhile: never offer a job that is no longer queued
         self._signals.stats["offers_sent"] += 1
         try:
             await self._transport.call(worker, "/v1/peer/offer", offer, Ack)
@@ -556,8 +557,10 @@ class Scheduler:
 
 
 def _slim(row: JobRow) -> JobRow:
-    """``row`` as the queue in memory keeps it: without the stored explanation (only writes need it)."""
-    return replace(row, explanation_json=None) if row.explanation_json is not None else row
+    """``row`` as the queue in memory keeps it: without the stored explanation (only writes need it)
+    and without its spec (the shape's request stands for it; a claim or an offer reads the spec,
+    :meth:`gpulayerd.app.jobs.OwnedJobs.spec_of`)."""
+    return replace(row, explanation_json=None, spec_json="")
 
 
 _Key = tuple[float, float, str, str]

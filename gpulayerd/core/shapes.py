@@ -18,6 +18,7 @@ Pure: no I/O, no clock, no randomness.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -103,6 +104,9 @@ class ShapeBook:
         self._dev_epoch = 0  # bumped whenever a worker's devices-only version or the set of workers changes
         self._explained: dict[int, tuple[int, Explanation]] = {}
         self._texts: dict[int, tuple[Explanation, str]] = {}  # id of an explanation -> (it, its reason line)
+        self._text_pool: dict[str, str] = {}  # reason lines equal by value kept once
+        # (node, devices only) -> (version, each distinct row judged at it): rows equal by value kept once
+        self._pools: dict[tuple[str, bool], tuple[int, dict[WorkerExplanation, WorkerExplanation]]] = {}
         self._next_version = 1
         self.evaluations = 0
         """How many (shape, worker) rows were judged (for tests and benches)."""
@@ -136,6 +140,8 @@ class ShapeBook:
                 dev_changed = True
         for key in [k for k in self._rows if k[0] not in seen]:
             del self._rows[key]
+        for key in [k for k in self._pools if k[0] not in seen]:
+            del self._pools[key]
         if changed or set(seen) != set(self._workers):
             self._epoch += 1
         if dev_changed or set(seen) != set(self._workers):
@@ -156,8 +162,10 @@ class ShapeBook:
         epoch it depends on (the second for jobs with ``gpu_count > 0``) stays."""
         return self._epoch, self._dev_epoch
 
-    def shape_of(self, job: JobRequest) -> int:
-        """A small id for ``job``'s shape (computed once per job id while it is retained)."""
+    def shape_of(self, job: JobRequest, *, keep: bool = True) -> int:
+        """A small id for ``job``'s shape (computed once per job id while it is retained). With
+        ``keep`` False, ``job`` is not remembered (nor retained by it): for a caller that keeps one
+        request per shape and asks with that one afterwards."""
         cached = self._job_shapes.get(job.job_id)
         if cached is not None and cached[0] is job:
             return cached[1]
@@ -166,7 +174,8 @@ class ShapeBook:
         if sid is None:
             sid = self._shape_ids[key] = self._next_sid  # never reused: kept rows are keyed by it
             self._next_sid += 1
-        self._job_shapes[job.job_id] = (job, sid)
+        if keep:
+            self._job_shapes[job.job_id] = (job, sid)
         return sid
 
     def retain(self, job_ids: Iterable[str]) -> None:
@@ -179,6 +188,7 @@ class ShapeBook:
         self._explained = {s: v for s, v in self._explained.items() if s in live}
         for key, (ver, rows) in list(self._rows.items()):
             self._rows[key] = (ver, {s: r for s, r in rows.items() if s in live})
+        self._pools.clear()  # rows judged from now on are not shared with those kept
 
     # ------------------------------------------------------------------ answers
 
@@ -194,8 +204,16 @@ class ShapeBook:
             entry = self._rows[(worker.node_id, dev)] = (ver, {})
         got = entry[1].get(sid)
         if got is None:
-            got = entry[1][sid] = evaluate(job, worker, self._support)
+            got = evaluate(job, worker, self._support)
             self.evaluations += 1
+            pool = self._pools.get((worker.node_id, dev))
+            if pool is None or pool[0] != ver:
+                pool = self._pools[(worker.node_id, dev)] = (ver, {})
+            # Rows equal by value are kept once (many shapes get the same answer from a worker);
+            # a row with a field that does not hash is kept as it is.
+            with contextlib.suppress(TypeError):
+                got = pool[1].setdefault(got, got)
+            entry[1][sid] = got
         return got
 
     def explanation(self, job: JobRequest, workers: Sequence[WorkerSnapshot], *,
@@ -224,9 +242,11 @@ class ShapeBook:
         kept = self._texts.get(id(e))
         if kept is not None and kept[0] is e:
             return kept[1]
-        text = reason_text(e)
         if len(self._texts) > 2 * len(self._explained) + 256:
             self._texts.clear()
+            self._text_pool.clear()
+        text = reason_text(e)
+        text = self._text_pool.setdefault(text, text)
         self._texts[id(e)] = (e, text)  # holds e: the id names it while the entry lives
         return text
 

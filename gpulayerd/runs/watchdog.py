@@ -498,7 +498,9 @@ def _popen(launch: _Launch, out: int, err: int) -> subprocess.Popen[bytes]:
     threads, so ``preexec_fn`` is safe here), so that it is entered with the user's rights.
     """
     user = launch.user
-    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0):
+    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0) or _is_current(user):
+        # Nothing to switch: ``cwd`` is entered with the same rights, and without ids to set or a
+        # ``preexec_fn`` CPython starts the job with vfork (no copy of the watchdog's memory).
         return subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True, close_fds=True)
     cwd = launch.cwd
@@ -508,6 +510,13 @@ def _popen(launch: _Launch, out: int, err: int) -> subprocess.Popen[bytes]:
         extra_groups=list(user.groups),
         preexec_fn=None if cwd is None else functools.partial(os.chdir, cwd),  # noqa: PLW1509 (no threads)
     )
+
+
+def _is_current(user: JobUser) -> bool:
+    """Whether the watchdog already runs with ``user``'s ids and groups (root's job under a root
+    daemon, say): then switching would change nothing."""
+    return (user.uid == os.geteuid() == os.getuid() and user.gid == os.getegid() == os.getgid()
+            and set(user.groups) | {user.gid} == set(os.getgroups()) | {os.getegid()})
 
 
 def _start_failure(error: OSError, program: str, cwd: str | None) -> tuple[int | None, str, str]:

@@ -59,6 +59,9 @@ __all__ = ["Zygote", "ZygoteLaunch", "ZygoteRefused", "check_run_dir", "main"]
 log = logging.getLogger(__name__)
 
 _MAX_FDS = 64
+_WATCHDOG_LINE = "%(asctime)s watchdog[%(process)d] %(levelname)s %(message)s"
+_WATCHDOG_FORMAT = logging.Formatter(_WATCHDOG_LINE)
+"""A forked watchdog's log format, made before any fork (making it in each child copies pages)."""
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _REPLY_TIMEOUT_S = 5.0
 
@@ -377,8 +380,12 @@ def _child(sock: socket.socket, run_dir: Path, fds: list[int]) -> None:
         os.dup2(out, 2)
         os.close(out)
         os.close(null)
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO, force=True,
-                            format="%(asctime)s watchdog[%(process)d] %(levelname)s %(message)s")
+        root = logging.getLogger()
+        if root.handlers:  # the zygote's handler writes to fd 2, the watchdog log now: only its name changes
+            for handler in root.handlers:
+                handler.setFormatter(_WATCHDOG_FORMAT)
+        else:
+            logging.basicConfig(stream=sys.stderr, level=logging.INFO, force=True, format=_WATCHDOG_LINE)
         code = watchdog.supervise(run_dir, lock_fds=fds[1:], notify_fd=fds[0])
     except BaseException:
         with contextlib.suppress(BaseException):

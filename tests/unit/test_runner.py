@@ -543,3 +543,19 @@ def test_cancelling_a_torchrun_job_kills_workers_in_their_own_sessions(runner: R
     assert (status.reason, status.killed_by_watchdog) == ("cancelled", True)
     assert handle.job_pid is not None
     assert not any(psutil.pid_exists(pid) for pid in [handle.job_pid, *workers])
+
+
+def test_a_job_with_the_watchdogs_own_ids_and_groups_needs_no_switch() -> None:
+    """Root's job under a root daemon: nothing to switch, so the job starts without ``preexec_fn``
+    (CPython's vfork path); any other uid, gid or group set still switches."""
+    from dataclasses import replace
+
+    from gpulayerd.runs import watchdog
+    from gpulayerd.runs.identity import JobUser
+
+    me = JobUser(name="me", uid=os.geteuid(), gid=os.getegid(), groups=tuple(os.getgroups()), home="/",
+                 shell="/bin/sh")
+    assert watchdog._is_current(me)
+    assert not watchdog._is_current(replace(me, groups=(*me.groups, 54321)))
+    assert not watchdog._is_current(replace(me, uid=me.uid + 1))
+    assert not watchdog._is_current(replace(me, gid=me.gid + 1))
