@@ -103,7 +103,9 @@ class Scheduler:
         self._cpu_shapes: dict[int, None] = {}  # queued shapes that ask for no device (they read CPU slots)
         self._revisit: dict[int, None] = {}  # shapes whose line must be judged again at the next pass
         self._reasons_epochs: tuple[int, int] | None = None  # the book's epochs at the last shape walk
-        self._ungranted = False  # this pass found a job that fits here but was not granted
+        # This pass cannot vouch that the jobs it did not walk still cannot start here: a job that fits
+        # was not granted, a claim took devices, or the machine changed by more than a claim did.
+        self._unsure = False
 
     async def loop(self) -> None:
         """Pass after pass: at every wake-up, and at least every ``schedule_interval_s``."""
@@ -291,7 +293,7 @@ class Scheduler:
 
     async def _place(self, new: list[str]) -> None:
         fast_ids = set(new)
-        self._ungranted = False
+        self._unsure = False
         if self._workdirs is None:
             self._ordered()
         assert self._workdirs is not None
@@ -322,7 +324,7 @@ class Scheduler:
         else:
             ids_walked = [k[2] for k in keys if k[2] in q]
         worker, _ = await self._walk(ids_walked, worker, remote)
-        self._settled = None if self._ungranted else (
+        self._settled = None if self._unsure else (
             _without_paths(worker), _without_paths(worker, cpu_slots=False), worker,
             {wd for _, wd in self._workdirs if wd is not None})
         self._busy = self._busy or self.book.volatile(worker.node_id)
@@ -361,13 +363,19 @@ class Scheduler:
             elif (spec := await self._jobs.spec_of(job_id)) is None or job_id not in q:
                 continue  # gone from the store (or the queue) meanwhile
             elif not await self._worker.claim_local(row, spec, ev.placement):
-                self._ungranted = True  # it fits but was not granted: the next pass walks every job again
+                self._unsure = True  # it fits but was not granted: the next pass walks every job again
             else:
                 placed.add(row.id)
                 self._drop(row.id)
                 fresh = await self._machine.snapshot(refresh_apps=False)
+                before = worker
                 worker = replace(fresh, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
                                  unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
+                # The fresh snapshot holds whatever else changed meanwhile (a run that ended, a GPU
+                # freed): the jobs this walk passed over or never walks were not judged against that.
+                # A claim of CPU slots only leaves the rest as it was and frees nothing; anything
+                # else makes the next pass walk every job.
+                self._unsure = self._unsure or bool(ev.placement.device_uuids) or not _only_took_slots(before, worker)
                 self.book.observe([worker, *remote])
                 blocked.clear()
         return worker, placed
@@ -570,6 +578,15 @@ _CHUNK = 128  # jobs judged between two turns of the event loop (about 0.2 ms)
 def _order_key(row: JobRow, user: str, scores: dict[str, float]) -> _Key:
     """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
     return (scores.get(user, 0.0), float(row.seq if row.seq is not None else 0), row.id, user)
+
+
+def _only_took_slots(before: WorkerSnapshot, after: WorkerSnapshot) -> bool:
+    """Whether ``after`` is ``before`` but for fewer (or as many) free CPU slots."""
+    if _without_paths(before, cpu_slots=False) != _without_paths(after, cpu_slots=False):
+        return False
+    if before.cpu_slots_free is None or after.cpu_slots_free is None:
+        return before.cpu_slots_free == after.cpu_slots_free
+    return after.cpu_slots_free <= before.cpu_slots_free
 
 
 def _pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
