@@ -18,7 +18,6 @@ Pure: no I/O, no clock, no randomness.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -209,10 +208,11 @@ class ShapeBook:
             pool = self._pools.get((worker.node_id, dev))
             if pool is None or pool[0] != ver:
                 pool = self._pools[(worker.node_id, dev)] = (ver, {})
-            # Rows equal by value are kept once (many shapes get the same answer from a worker);
-            # a row with a field that does not hash is kept as it is.
-            with contextlib.suppress(TypeError):
-                got = pool[1].setdefault(got, got)
+            try:  # rows equal by value are kept once (many shapes get the same answer from a worker)
+                shared = pool[1].setdefault(got, got)
+            except TypeError:
+                shared = got  # a row with a field that does not hash is kept as it is
+            got = shared
             entry[1][sid] = got
         return got
 
