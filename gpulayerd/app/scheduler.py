@@ -368,15 +368,17 @@ class Scheduler:
                 placed.add(row.id)
                 self._drop(row.id)
                 fresh = await self._machine.snapshot(refresh_apps=False)
-                before = worker
+                before, devices_version = worker, self.book.version(worker.node_id, devices_only=True)
                 worker = replace(fresh, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
                                  unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
+                self.book.observe([worker, *remote])
                 # The fresh snapshot holds whatever else changed meanwhile (a run that ended, a GPU
                 # freed): the jobs this walk passed over or never walks were not judged against that.
-                # A claim of CPU slots only leaves the rest as it was and frees nothing; anything
-                # else makes the next pass walk every job.
-                self._unsure = self._unsure or bool(ev.placement.device_uuids) or not _only_took_slots(before, worker)
-                self.book.observe([worker, *remote])
+                # A claim of CPU slots only leaves all but the free slots as they were (the book's
+                # devices version) and frees none; anything else makes the next pass walk every job.
+                self._unsure = (self._unsure or bool(ev.placement.device_uuids)
+                                or self.book.version(worker.node_id, devices_only=True) != devices_version
+                                or (worker.cpu_slots_free or 0) > (before.cpu_slots_free or 0))
                 blocked.clear()
         return worker, placed
 
@@ -578,15 +580,6 @@ _CHUNK = 128  # jobs judged between two turns of the event loop (about 0.2 ms)
 def _order_key(row: JobRow, user: str, scores: dict[str, float]) -> _Key:
     """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
     return (scores.get(user, 0.0), float(row.seq if row.seq is not None else 0), row.id, user)
-
-
-def _only_took_slots(before: WorkerSnapshot, after: WorkerSnapshot) -> bool:
-    """Whether ``after`` is ``before`` but for fewer (or as many) free CPU slots."""
-    if _without_paths(before, cpu_slots=False) != _without_paths(after, cpu_slots=False):
-        return False
-    if before.cpu_slots_free is None or after.cpu_slots_free is None:
-        return before.cpu_slots_free == after.cpu_slots_free
-    return after.cpu_slots_free <= before.cpu_slots_free
 
 
 def _pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
