@@ -38,16 +38,28 @@ from gpulayerd.app.clock import Clock
 from gpulayerd.app.gang import GangCoordinator
 from gpulayerd.app.jobs import OwnedJobs
 from gpulayerd.app.machine import Machine
+from gpulayerd.app.placing import (
+    CHUNK,
+    Key,
+    order_key,
+    others_hold_gpus,
+    pair_key,
+    peer_loads,
+    slim,
+    spread,
+    with_fair_share,
+    without_paths,
+)
 from gpulayerd.app.ports import Directory, PeerTransport
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import fairshare
-from gpulayerd.core.claims import JobStatus, WorkerLoad, choose_target
+from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.shapes import ShapeBook, freeze
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
-from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
+from gpulayerd.core.verdict import Explanation, Verdict
 from gpulayerd.models import ExplanationModel
 from gpulayerd.net.wire import Ack, Offer, new_msg_id
 from gpulayerd.store import JobRow, Store
@@ -88,7 +100,7 @@ class Scheduler:
         self._queue: dict[str, JobRow] = {}  # queued job -> its row (without the stored explanation)
         self._event = -1  # the last event of the store applied to it (-1: reload)
         self._dropped = 0  # jobs that left the queue since the kept answers were last pruned
-        self._order: tuple[object, list[_Key]] | None = None  # (users' scores, the queue's keys, sorted)
+        self._order: tuple[object, list[Key]] | None = None  # (users' scores, the queue's keys, sorted)
         self._unordered: list[str] = []  # jobs added since the order was last brought up to date
         self._workdirs: set[tuple[str | None, str | None]] | None = None  # (user, workdir) pairs to check
         # this machine after the last walk: (frozen without paths, the same without CPU slots, it, workdirs)
@@ -200,7 +212,7 @@ class Scheduler:
                 if req.gpu_count == 0:
                     self._cpu_shapes[sid] = None
             self._members.setdefault(sid, {})[row.id] = None
-        self._queue[row.id] = _slim(row)
+        self._queue[row.id] = slim(row)
         sid = self._job_sid[row.id]
         self._shape_told.pop(sid, None)  # its stored reason may differ from its shape's
         self._revisit[sid] = None
@@ -210,6 +222,7 @@ class Scheduler:
         row = self._queue.pop(job_id, None)
         self._told.pop(job_id, None)
         self._gang.discard(job_id)
+        self._offered.pop(job_id, None)
         sid = self._job_sid.pop(job_id, None)
         if sid is None:
             return
@@ -237,7 +250,7 @@ class Scheduler:
         q = self._queue
         return [k[2] for k in self._ordered_keys() if k[2] in q]
 
-    def _ordered_keys(self) -> list[_Key]:
+    def _ordered_keys(self) -> list[Key]:
         """The queue's keys in fair-share order: :func:`gpulayerd.core.fairshare.order`'s key, kept sorted
         while the users' ranking holds (new jobs inserted, jobs gone skipped: filter on the queue),
         re-sorted when it changes."""
@@ -245,7 +258,7 @@ class Scheduler:
         q, req = self._queue, self._req
         if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
             scores = {u: sc for sc, u in users}
-            keys = sorted(_order_key(row, req(row.id).user, scores) for row in q.values())
+            keys = sorted(order_key(row, req(row.id).user, scores) for row in q.values())
             self._order = (users, keys)
             reqs = self._shape_reqs.values()
             self._workdirs = {(r.user or None, r.workdir) for r in reqs}
@@ -254,7 +267,7 @@ class Scheduler:
             keys = self._order[1]
             for j in self._unordered:
                 if j in q:
-                    bisect.insort(keys, _order_key(q[j], req(j).user, scores))
+                    bisect.insort(keys, order_key(q[j], req(j).user, scores))
         self._unordered = []
         return keys
 
@@ -278,9 +291,9 @@ class Scheduler:
             return False
         frozen, dev_frozen, old, workdirs = self._settled
         if devices_only:
-            if _without_paths(worker, cpu_slots=False) != dev_frozen:
+            if without_paths(worker, cpu_slots=False) != dev_frozen:
                 return False
-        elif _without_paths(worker) != frozen:
+        elif without_paths(worker) != frozen:
             return False
         if (worker.existing_paths is None) != (old.existing_paths is None):
             return False
@@ -297,10 +310,14 @@ class Scheduler:
         if self._workdirs is None:
             self._ordered()
         assert self._workdirs is not None
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=sorted(self._workdirs, key=_pair_key))
+        worker = await self._machine.snapshot(refresh_apps=True, workdirs=sorted(self._workdirs, key=pair_key))
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         self.book.observe([worker, *remote])
         settled = self._settled_for(worker)
+        devices_settled = settled or self._settled_for(worker, devices_only=True)
+        # Set again when the walks are through: a walk that raises (a claim, a snapshot) leaves the
+        # next pass walking every job (this one took the new jobs out of "new" already).
+        self._settled = None
         q = self._queue
         if settled and new:
             self._signals.stats["scheduler_new_jobs_first"] += 1
@@ -309,7 +326,7 @@ class Scheduler:
             worker, placed = await self._walk(self._fair_order(new), worker, remote)
             fast_ids -= placed
         keys = self._ordered_keys()
-        if settled or self._settled_for(worker, devices_only=True):
+        if devices_settled:
             # The jobs the last pass left still cannot start here (or, when only the free CPU slots
             # changed, those that ask for devices): walk only the new ones, gangs, and the jobs that
             # ask for no device when the CPU slots changed (sorted by the queue's own key: no walk
@@ -320,15 +337,16 @@ class Scheduler:
                 self._signals.stats["scheduler_cpu_only_walks"] += 1
                 few.update(j for sid in self._cpu_shapes for j in self._members.get(sid, ()))
             ids_walked = sorted((j for j in few if j in q),
-                                key=lambda j: _order_key(q[j], self._req(j).user, scores))
+                                key=lambda j: order_key(q[j], self._req(j).user, scores))
         else:
             ids_walked = [k[2] for k in keys if k[2] in q]
         worker, _ = await self._walk(ids_walked, worker, remote)
         self._settled = None if self._unsure else (
-            _without_paths(worker), _without_paths(worker, cpu_slots=False), worker,
+            without_paths(worker), without_paths(worker, cpu_slots=False), worker,
             {wd for _, wd in self._workdirs if wd is not None})
-        self._busy = self._busy or self.book.volatile(worker.node_id)
         await self._reasons(worker, remote)
+        # After the reasons: they judged the shapes the walk skipped, at this machine's version.
+        self._busy = self._busy or self.book.volatile(worker.node_id)
 
     async def _walk(self, ids: list[str], worker: WorkerSnapshot,
                     remote: list[WorkerSnapshot]) -> tuple[WorkerSnapshot, set[str]]:
@@ -339,7 +357,7 @@ class Scheduler:
         placed: set[str] = set()
         q = self._queue
         for n, job_id in enumerate(ids):
-            if n % _CHUNK == _CHUNK - 1:
+            if n % CHUNK == CHUNK - 1:
                 await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
             row = q.get(job_id)
             if row is None:
@@ -397,6 +415,15 @@ class Scheduler:
                 self._reasons_epochs = None
                 raise
             return
+        try:
+            await self._reasons_by_job(worker, remote)
+        except BaseException:
+            self._told.clear()  # lines marked told may not have been written
+            raise
+
+    async def _reasons_by_job(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot]) -> None:
+        """:meth:`_reasons` when the queue holds several users' jobs: job by job in fair-share order (who
+        waits ahead is part of each job's fair-share line)."""
         self._shape_told.clear()  # rows written job by job below
         self._reasons_epochs = None
         ids = self._ordered()
@@ -404,11 +431,11 @@ class Scheduler:
         workers = [worker, *remote]  # as last observed by self.book
         waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
         offers: list[tuple[JobRow, str]] = []
-        loads = _peer_loads(remote)  # a burst spreads over every peer that fits (core.claims.choose_target)
+        loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.claims.choose_target)
         writes: list[tuple[JobRow, str, Explanation]] = []  # reasons to store, a batch at a time
         q, gang, shape_req = self._queue, self._gang, self._req
         for n, job_id in enumerate(ids):
-            if n % _CHUNK == _CHUNK - 1:
+            if n % CHUNK == CHUNK - 1:
                 if len(writes) >= 256:
                     await self._write_reasons(writes)
                 await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
@@ -419,11 +446,12 @@ class Scheduler:
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
             if e.placement is not None and e.placement.worker != self.node_id:
                 self._busy = True  # offers are repeated every offer_interval_s
-                e = _spread(e, loads, self._offered.get(row.id, ("", 0.0))[0] or None, self.node_id)
+                e = spread(e, loads, self._offered.get(row.id, ("", 0.0))[0] or None, self.node_id)
                 offers.append((row, e.placement.worker if e.placement is not None else ""))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
-                fair = _with_fair_share(e, req, worker, usage, waiting)
-                self._busy = self._busy or fair is not e  # its figures decay with time
+                fair = with_fair_share(e, req, worker, usage, waiting)
+                # Fair-share figures change with the clock (and a user holding GPUs here may come to pass it over).
+                self._busy = self._busy or fair is not e or others_hold_gpus(req, worker)
                 e = fair
                 waiting[req.user] = None
                 self._told.pop(row.id, None)
@@ -454,7 +482,7 @@ class Scheduler:
         usage = self._usage.usage() if self._usage is not None else {}
         workers = [worker, *remote]  # as last observed by self.book
         offers: list[tuple[JobRow, str]] = []
-        loads = _peer_loads(remote)
+        loads = peer_loads(remote)
         writes: list[tuple[JobRow, str, Explanation]] = []
         q, gang, shape_req = self._queue, self._gang, self._req
         visited = 0
@@ -468,7 +496,7 @@ class Scheduler:
             todo.sort()  # shape ids grow with first sight: the order of a walk over every shape
         self._reasons_epochs, self._revisit = None, {}  # set again when this walk is through
         for n, sid in enumerate(todo):
-            if n % _CHUNK == _CHUNK - 1:
+            if n % CHUNK == CHUNK - 1:
                 await asyncio.sleep(0)
             members = self._members.get(sid)
             if not members:
@@ -488,15 +516,15 @@ class Scheduler:
                     row = q.get(job_id)
                     if row is None or job_id in gang:
                         continue
-                    one = _spread(e, loads, self._offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                    one = spread(e, loads, self._offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
                     offers.append((row, one.placement.worker if one.placement else ""))
                     text = self.book.reason(one)
                     if text != row.reason:
                         writes.append((row, text, one))
                 continue
             if e.verdict is Verdict.FITS_BUT_BUSY:
-                fair = _with_fair_share(e, req, worker, usage, {})
-                if fair is not e or _others_hold_gpus(req, worker):
+                fair = with_fair_share(e, req, worker, usage, {})
+                if fair is not e or others_hold_gpus(req, worker):
                     self._busy = True  # fair-share figures change with the clock
                     self._revisit[sid] = None
                 e = fair
@@ -505,7 +533,7 @@ class Scheduler:
                 continue
             for job_id in list(members):
                 visited += 1
-                if visited % _CHUNK == 0:
+                if visited % CHUNK == 0:
                     if len(writes) >= 256:
                         await self._write_reasons(writes)
                     await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
@@ -565,82 +593,3 @@ class Scheduler:
         except PeerCallError as e:
             log.info("job_id=%s: offer to %s failed: %s", offer.job_id, worker[:12], e)
 
-
-def _slim(row: JobRow) -> JobRow:
-    """``row`` as the queue in memory keeps it: without the stored explanation (only writes need it)
-    and without its spec (the shape's request stands for it; a claim or an offer reads the spec,
-    :meth:`gpulayerd.app.jobs.OwnedJobs.spec_of`)."""
-    return replace(row, explanation_json=None, spec_json="")
-
-
-_Key = tuple[float, float, str, str]
-_CHUNK = 128  # jobs judged between two turns of the event loop (about 0.2 ms)
-
-
-def _order_key(row: JobRow, user: str, scores: dict[str, float]) -> _Key:
-    """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
-    return (scores.get(user, 0.0), float(row.seq if row.seq is not None else 0), row.id, user)
-
-
-def _pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
-    return (pair[0] or "", pair[1] or "")
-
-
-def _without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable:
-    """``worker`` frozen, but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
-    out = replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset())
-    return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
-
-
-def _peer_loads(remote: list[WorkerSnapshot]) -> dict[str, WorkerLoad]:
-    """Each peer's busy CPU slots of its capacity, from its last snapshot."""
-    out: dict[str, WorkerLoad] = {}
-    for w in remote:
-        total = w.cpu_slots_total if w.cpu_slots_total is not None else (w.cpu_count or 1)
-        free = w.cpu_slots_free if w.cpu_slots_free is not None else total
-        out[w.node_id] = WorkerLoad(in_use=max(0, total - free), capacity=max(1, total))
-    return out
-
-
-def _spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None,
-            me: str) -> Explanation:
-    """``e`` placed on the peer :func:`gpulayerd.core.claims.choose_target` picks among the peers
-    (not ``me``) that fit now, counted into ``loads``, instead of always the lowest node id."""
-    rows = {r.worker: r for r in e.workers
-            if r.worker != me and r.state is FitState.FITS_NOW and r.placement is not None}
-    target = choose_target(sorted(rows), loads, previous)
-    if target is None:
-        return e
-    loads[target] = loads.get(target, WorkerLoad()).plus_one()
-    return replace(e, placement=rows[target].placement)
-
-
-def _others_hold_gpus(req: JobRequest, worker: WorkerSnapshot) -> bool:
-    """Whether ``req`` asks for GPUs while another user holds some of ``worker``'s: then whether
-    it is passed over (:func:`_with_fair_share`) depends on usage figures that change with the clock."""
-    return fairshare.gpus_of(req) > 0 and any(n > 0 and u != req.user for u, n in worker.gpus_held_by_user.items())
-
-
-def _with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, usage: dict[str, fairshare.Usage],
-                     ahead: dict[str, None]) -> Explanation:
-    """``e`` with a FAIR_SHARE rejection on this machine's row when the job waits here (fits, but
-    busy) while a user with less usage holds a GPU here or waits ahead of it."""
-    if e.verdict is not Verdict.FITS_BUT_BUSY:
-        return e
-    rows = list(e.workers)
-    i = next((k for k, r in enumerate(rows) if r.worker == worker.node_id), None)
-    if i is None or rows[i].state is not FitState.FITS_BUT_BUSY:
-        return e
-    if any(r.code is RejectionCode.USER_GPU_CAP for r in rows[i].rejections):
-        return e  # the per-user cap says it better
-    others = list(ahead)  # distinct users, in order
-    if fairshare.gpus_of(req) > 0:
-        others += [u for u, n in worker.gpus_held_by_user.items() if n > 0]
-    winner = fairshare.passed_over_by(req.user, others, usage)
-    if winner is None:
-        return e
-    text = fairshare.fair_share_reason(req.user, winner, usage, gpus=fairshare.gpus_of(req) > 0)
-    rej = Rejection(RejectionCode.FAIR_SHARE, "fair_share", req.user or "(unknown user)", winner, worker.node_id,
-                    text)
-    rows[i] = replace(rows[i], rejections=(rej, *rows[i].rejections))
-    return replace(e, workers=tuple(rows))
