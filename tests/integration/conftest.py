@@ -40,6 +40,7 @@ import pytest
 from gpulayerd.api.client import DaemonClient
 from gpulayerd.models import JobView
 from tests.fakes import COMPUTE_APPS_ARGV, gpu_query_argv, install_fake_tool, response, smi_header
+from tests.fakes.envcache import drop_env_cache, keep_env_cache, seed_env_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
@@ -179,7 +180,7 @@ class Daemon:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Daemon:
         self.work.mkdir(parents=True, exist_ok=True)
-        _seed_env_cache(self.state_dir)
+        seed_env_cache(self.state_dir)
         config = self.root / "gpulayerd.toml"
         config.write_text("".join(f"{k} = {v!r}\n" for k, v in self.settings.items()), encoding="utf-8")
         slots = [] if self.cpu_slots is None else ["--cpu-slots", str(self.cpu_slots)]
@@ -197,7 +198,7 @@ class Daemon:
                 try:
                     # devices() answers once the first probe (hardware + environments) is done.
                     self.call(lambda c: c.devices(), timeout_s=max(1.0, end - time.monotonic()))
-                    _keep_env_cache(self.state_dir)
+                    keep_env_cache(self.state_dir)
                     return self
                 except Exception:
                     if time.monotonic() > end:
@@ -217,7 +218,7 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        _keep_env_cache(self.state_dir)
+        keep_env_cache(self.state_dir)
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -300,46 +301,10 @@ class Daemon:
             time.sleep(0.05)
 
 
-# The daemon caches its environment probe (an interpreter started with torch imported, ~2 s)
-# in <state>/cache/environments, keyed on the interpreter's files. The first daemon of a
-# session probes cold; later daemons start with a copy of its cache.
-_ENV_CACHE_SEED: dict[str, Path] = {}  # "dir": the seed, once a daemon has probed
-
-
-def _seed_env_cache(state_dir: Path) -> None:
-    target = state_dir / "cache" / "environments"
-    seed = _ENV_CACHE_SEED.get("dir")
-    if seed is not None and not target.exists():
-        with contextlib.suppress(OSError):  # only an optimisation: a cold probe is fine too
-            shutil.copytree(seed, target)
-
-
-def _keep_env_cache(state_dir: Path) -> None:
-    source = state_dir / "cache" / "environments"
-    seed_dir = _ENV_CACHE_SEED.get("dir")
-    if seed_dir is not None and source.is_dir():
-        # The torch-checked answer lands after start-up (a background check): add what is new.
-        with contextlib.suppress(OSError):
-            for f in source.iterdir():
-                if not (seed_dir / f.name).exists():
-                    shutil.copy2(f, seed_dir / f.name)
-        return
-    if "dir" not in _ENV_CACHE_SEED and source.is_dir() and any(source.iterdir()):
-        seed = Path(tempfile.mkdtemp(prefix="glit-envcache-", dir="/tmp")) / "environments"
-        try:
-            shutil.copytree(source, seed)
-        except OSError:
-            shutil.rmtree(seed.parent, ignore_errors=True)
-            return
-        _ENV_CACHE_SEED["dir"] = seed
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _env_cache_cleanup() -> Iterator[None]:
     yield
-    seed = _ENV_CACHE_SEED.pop("dir", None)
-    if seed is not None:
-        shutil.rmtree(seed.parent, ignore_errors=True)
+    drop_env_cache()
 
 
 def kill_leftovers(root: Path, job_ids: Collection[str]) -> list[int]:

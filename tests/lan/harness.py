@@ -59,6 +59,7 @@ from gpulayerd.api.client import DaemonClient
 from gpulayerd.config import socket_path_for
 from gpulayerd.models import JobView
 from tests.fakes import COMPUTE_APPS_ARGV, FakeTool, gpu_query_argv, install_fake_tool, response, smi_header
+from tests.fakes.envcache import keep_env_cache, seed_env_cache
 
 __all__ = [
     "FAST_CLUSTER",
@@ -332,36 +333,6 @@ class FakeGpus:
         os.replace(tmp, path)  # never a half-written file
 
 
-# The daemon caches its environment probe (an interpreter started with torch imported, ~2 s)
-# in <state>/cache/environments, keyed on the interpreter's files. The first daemon of a
-# process probes cold; later daemons start with a copy of its cache.
-_ENV_CACHE: dict[str, Path] = {}
-
-
-def _seed_env_cache(state_dir: Path) -> None:
-    target = state_dir / "cache" / "environments"
-    seed = _ENV_CACHE.get("dir")
-    if seed is not None and seed.is_dir() and not target.exists():
-        shutil.copytree(seed, target)
-
-
-def _keep_env_cache(state_dir: Path) -> None:
-    source = state_dir / "cache" / "environments"
-    seed_dir = _ENV_CACHE.get("dir")
-    if seed_dir is not None and source.is_dir():
-        # The torch-checked answer lands after start-up (a background check): add what is new.
-        with contextlib.suppress(OSError):
-            for f in source.iterdir():
-                if not (seed_dir / f.name).exists():
-                    shutil.copy2(f, seed_dir / f.name)
-        return
-    if "dir" not in _ENV_CACHE and source.is_dir() and any(source.iterdir()):
-        seed = Path(tempfile.mkdtemp(prefix="gl-envcache-")) / "environments"
-        shutil.copytree(source, seed)
-        _ENV_CACHE["dir"] = seed
-        atexit.register(shutil.rmtree, seed.parent, True)
-
-
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -476,7 +447,7 @@ class Host:
             self.set_fake_gpus(fake_gpus)
         state = Path(state_dir) if state_dir is not None else self.state_dir
         self.daemon_state_dir = state
-        _seed_env_cache(state)
+        seed_env_cache(state)
         cfg = self.root / "gpulayerd.toml"
         cfg.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in {**DEFAULT_SETTINGS, **(config or {})}.items()),
                        encoding="utf-8")
@@ -503,7 +474,7 @@ class Host:
             if self.socket_path.exists():
                 try:
                     self.api(lambda c: c.devices(), timeout_s=max(1.0, end - time.monotonic()))
-                    _keep_env_cache(self.daemon_state_dir)
+                    keep_env_cache(self.daemon_state_dir)
                     return
                 except Exception:
                     if time.monotonic() > end:
@@ -535,7 +506,7 @@ class Host:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        _keep_env_cache(self.daemon_state_dir)
+        keep_env_cache(self.daemon_state_dir)
         return proc.returncode
 
     def daemon_running(self) -> bool:
