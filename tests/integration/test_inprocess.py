@@ -31,8 +31,9 @@ from gpulayerd import daemon
 from gpulayerd.api.client import DaemonClient
 from gpulayerd.config import DaemonConfig
 from gpulayerd.models import JobView
+from tests.fakes.envcache import keep_env_cache, seed_env_cache
 
-from .conftest import TERMINAL, _keep_env_cache, _seed_env_cache, kill_leftovers
+from .conftest import TERMINAL, kill_leftovers
 
 START_TIMEOUT_S = 30.0  # the first environment probe imports torch (~2 s, more on a loaded machine)
 STOP_TIMEOUT_S = 10.0
@@ -85,7 +86,7 @@ def make_config(root: Path) -> DaemonConfig:
 async def running(config: DaemonConfig) -> AsyncIterator[Running]:
     """:func:`gpulayerd.daemon.run` as a task of this loop, answering ``devices`` (the first
     probe is done); on exit, ``stop`` is set and the task awaited (cancelled if it hangs)."""
-    await asyncio.to_thread(_seed_env_cache, config.state_dir)
+    await asyncio.to_thread(seed_env_cache, config.state_dir)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(daemon.run(config, stop=stop, ready=ready), name="gpulayerd")
     try:
@@ -98,7 +99,7 @@ async def running(config: DaemonConfig) -> AsyncIterator[Running]:
         assert waiter in done, f"gpulayerd was not ready within {START_TIMEOUT_S} s"
         async with DaemonClient(config.socket_path, timeout_s=START_TIMEOUT_S) as client:
             await client.devices()  # answers once the first probe (hardware + environments) is done
-            await asyncio.to_thread(_keep_env_cache, config.state_dir)
+            await asyncio.to_thread(keep_env_cache, config.state_dir)
             yield Running(config, task, stop, client)
     finally:
         stop.set()
