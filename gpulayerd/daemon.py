@@ -62,6 +62,7 @@ from gpulayerd.net.identity import Identity, check_mode, load_or_create_identity
 from gpulayerd.notify import notify_ready, notify_stopping
 from gpulayerd.privdirs import make_private_dirs
 from gpulayerd.requester import Requesters
+from gpulayerd.runs import layout
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
@@ -137,6 +138,7 @@ def _lock_machine(config: DaemonConfig) -> int:
 def _prepare_state_dir(config: DaemonConfig) -> Identity:
     """The runs dir, and this node's identity (created on first start). Blocking: call in a thread."""
     config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    layout.spread_job_dirs(config.runs_dir)
     return load_or_create_identity(config.state_dir)
 
 

@@ -117,6 +117,8 @@ def _read_end(path: Path) -> tuple[bytes, int] | None:
 async def local_tail(path: Path) -> Tail:
     """The end of the stderr log at ``path`` on this machine (read in a thread)."""
     found = await asyncio.to_thread(_read_end, path)
+    if found is None and await asyncio.to_thread(path.parent.is_dir):
+        found = b"", 0  # the run directory is here: a job that wrote nothing has no log file
     if found is None:
         return Tail(None, "no stderr log on this machine")
     data, size = found

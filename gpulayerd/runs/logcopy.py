@@ -2,7 +2,9 @@
 
 The watchdog gives the job a pipe for stdout and one for stderr and copies each to
 ``stdout.log``/``stderr.log`` with :class:`CappedLog` whenever :func:`select.select` says
-there is data. Past ``cap_bytes`` the rest of the stream is read and dropped (the job
+there is data. A log file is created with the stream's first byte: a job that prints nothing
+leaves none (readers take a missing log for an empty one), and its start makes no inode.
+Past ``cap_bytes`` the rest of the stream is read and dropped (the job
 never blocks on a full pipe, and is never killed for writing too much), and one line
 ``[gpulayer: log capped at N bytes]`` is appended once. A job's output cannot fill the
 state disk that every user shares.
@@ -31,7 +33,8 @@ class CappedLog:
 
     Args:
         read_fd: the read end of the job's pipe; owned (closed) by this object.
-        path: the log file (appended to; what it already holds counts against the cap).
+        path: the log file (created when the first byte arrives, else appended to; what it
+            already holds counts against the cap).
         cap_bytes: the most of the job's output kept; None keeps all of it.
     """
 
@@ -44,11 +47,9 @@ class CappedLog:
         self.open = True
         self.dropped = 0  # bytes not written because the file could not be written
         self._error = ""
-        try:
-            self._file: io.FileIO | None = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
-            self._written = self._file.tell()
-        except OSError as e:
-            self._file, self._written, self._error = None, 0, e.strerror or str(e)
+        self._path = path
+        self._file: io.FileIO | None = None
+        self._written = 0
 
     def pump(self, chunks: int = _CHUNKS_PER_PUMP) -> None:
         """Copy what is readable now (at most ``chunks`` reads of 64 KiB); at end of stream (every
@@ -78,6 +79,8 @@ class CappedLog:
     def _write(self, data: bytes) -> None:
         if self.capped:
             return
+        if self._file is None:
+            self._open()  # the first byte, or the file could not be created so far (a full disk)
         if self._cap is not None and self._written + len(data) > self._cap:
             kept = data[: max(self._cap - self._written, 0)]
             newline = b"" if (kept[-1:] or self._last) == b"\n" else b"\n"
@@ -104,6 +107,14 @@ class CappedLog:
             self.dropped += len(data) - done
         elif note:
             self._all(note)
+
+    def _open(self) -> None:
+        """Open (create) the log file for appending; while it cannot be, the output is dropped (and counted)."""
+        try:
+            self._file = open(self._path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
+            self._written = self._file.tell()
+        except OSError as e:
+            self._file, self._written, self._error = None, 0, e.strerror or str(e)
 
     def _all(self, data: bytes) -> int:
         """Write ``data``; the number of bytes written (fewer when the file cannot take more)."""

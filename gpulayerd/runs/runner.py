@@ -38,6 +38,7 @@ from pathlib import Path
 from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.identity import JobUser
 from gpulayerd.runs.layout import (
+    ABANDONED,
     DEADLINE_FILE,
     EXIT_FILE,
     JOB_FILE,
@@ -260,10 +261,9 @@ class Runner:
                 "cwd": None if cwd is None else str(cwd), "grace_s": self._grace_s,
                 "poll_interval_s": self._poll_interval_s, "kill_timeout_s": self._kill_timeout_s,
                 "lock_fds": list(lock_fds), "user": None if user is None else user.to_json(),
-                "log_cap_bytes": self._log_cap_bytes,
+                "log_cap_bytes": self._log_cap_bytes, "deadline": deadline_monotonic,
             },
         )
-        self._write_deadline(run_dir, deadline_monotonic)
         if self.zygote is not None:
             try:
                 launch = self.zygote.launch(job_id, attempt, lock_fds)
@@ -375,14 +375,15 @@ class Runner:
         exitnote.ask(handle.watchdog_pid, handle.watchdog_start_ticks, ack=True)
 
     def give_up_if_unstarted(self, run_dir: Path) -> bool:
-        """After a restart, for an attempt without ``watchdog.json``: make sure it never starts.
+        """After a restart, for an attempt :meth:`adopt` finds no watchdog for: make sure it never starts.
 
         Returns:
             True if no watchdog had claimed the run directory (now none ever will: the
-            attempt never started); False if one has, and is starting (call :meth:`adopt`
-            again shortly).
+            attempt never started), or a daemon gave it up before; False if a watchdog has
+            (call :meth:`adopt` again shortly).
         """
-        return claim_run_dir(Path(run_dir), "abandoned")
+        run_dir = Path(run_dir)
+        return claim_run_dir(run_dir, ABANDONED) or read_json(run_dir / WATCHDOG_FILE) == dict(ABANDONED)
 
     def adopt(self, run_dir: Path) -> RunHandle | None:
         """Rebuild the handle of an attempt from its run directory (after a daemon restart).
@@ -499,7 +500,7 @@ class Runner:
 
     def _abandon(self, run_dir: Path) -> None:
         """Kill a watchdog that failed to start its job in time, and the job if it has one."""
-        if claim_run_dir(run_dir, "abandoned"):
+        if claim_run_dir(run_dir, ABANDONED):
             return  # the watchdog had not started: now it never will
         handle = self.adopt(run_dir)
         if handle is None:
@@ -511,11 +512,8 @@ class Runner:
             signal_job(handle, signal.SIGKILL)
 
     def _write_deadline(self, run_dir: Path, deadline_monotonic: float | None) -> None:
-        path = run_dir / DEADLINE_FILE
-        if deadline_monotonic is None:
-            path.unlink(missing_ok=True)
-        else:
-            write_file(path, f"{deadline_monotonic!r}\n")
+        """Write the ``deadline`` file (it overrides launch.json's first deadline; ``none``: no deadline)."""
+        write_file(run_dir / DEADLINE_FILE, "none\n" if deadline_monotonic is None else f"{deadline_monotonic!r}\n")
 
     def _watchdog_env(self) -> dict[str, str]:
         """The daemon's environment, with this gpulayerd importable by the watchdog."""
@@ -566,6 +564,8 @@ def _set_done(future: asyncio.Future[None]) -> None:
 def _log_tail(path: Path, limit_bytes: int = 2000) -> str:
     try:
         data = path.read_bytes()[-limit_bytes:].decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        return f"{path} is empty"  # (created with its first line)
     except OSError:
         return f"{path} cannot be read"
     return f"{path}: {data}" if data else f"{path} is empty"

@@ -14,13 +14,17 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   it left behind are dead), ``user`` (the account the job runs as: ``name``, ``uid``,
   ``gid``, ``groups``, ``home``, ``shell``; null or missing runs it as the watchdog's
   own account), ``log_cap_bytes`` (the most of each output stream kept; null keeps all),
-  ``exit_keep_s`` (how long an exit status that cannot be written is kept; see below).
-- ``watchdog.json`` (written first): ``pid``, ``create_time`` (psutil), ``start_ticks``.
+  ``exit_keep_s`` (how long an exit status that cannot be written is kept; see below),
+  ``deadline`` (the first deadline, as the ``deadline`` file below; null or missing: none).
+- ``watchdog.json`` (written first, exclusively: it is the claim, and a daemon that wrote
+  ``{"abandoned": true}`` there first keeps the job from starting): ``pid``,
+  ``create_time`` (psutil), ``start_ticks``, ``started_at``.
 - ``job.json``: ``pid``, ``pgid`` (= pid: the job leads its own session), ``create_time``,
   ``start_ticks``, ``started_at`` (wall clock), ``spawn_s`` (seconds the start took: fork,
   account switch, chdir, exec).
-- ``deadline`` (read every ``poll_interval_s``): a ``time.monotonic()`` value as text;
-  CLOCK_MONOTONIC is one clock for every process of a machine. Missing means no deadline.
+- ``deadline`` (read every ``poll_interval_s``): a ``time.monotonic()`` value as text, or
+  ``none``; CLOCK_MONOTONIC is one clock for every process of a machine. Missing means the
+  one in ``launch.json``.
 - ``exit.json`` (written last): ``exit_code`` (negative N: killed by signal N, as
   ``Popen.returncode``; None if unknown), ``reason`` (``exited``, ``cancelled``,
   ``deadline``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
@@ -29,7 +33,9 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   the record to the daemon on an abstract socket (:mod:`.exitnote`) until the file is
   written or the daemon confirms it recorded the end (or ``exit_keep_s`` passed).
 - ``stdout.log`` and ``stderr.log``: the job's output (appended), copied from pipes by the
-  watchdog up to ``log_cap_bytes`` each (:mod:`.logcopy`); ``watchdog.log``: ours.
+  watchdog up to ``log_cap_bytes`` each (:mod:`.logcopy`); ``watchdog.log``: ours. Each is
+  created with its first byte (a job's normal start and end are logged at DEBUG: the truth
+  is in ``job.json`` and ``exit.json``).
 
 With a ``user``, the watchdog (which stays root: it must signal and reap the job) checks
 right before the start that the uid still names that account, then starts the job with
@@ -76,15 +82,14 @@ from gpulayerd.runs.layout import (
     LAUNCH_FILE,
     STDERR_LOG,
     STDOUT_LOG,
-    WATCHDOG_FILE,
     claim_run_dir,
     read_json,
     write_json,
 )
 from gpulayerd.runs.logcopy import CappedLog
-from gpulayerd.runs.process import group_members, record_of
+from gpulayerd.runs.process import ProcessRecord, group_members, record_of
 
-__all__ = ["main", "supervise"]
+__all__ = ["main", "preload", "prepare", "supervise"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -119,6 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _Watchdog(run_dir).run()
 
 
+_LIBC: list[ctypes.CDLL] = []
+_PREPARED: dict[int, tuple[bool, ProcessRecord | None]] = {}  # pid -> (subreaper, own record)
+
+
+def preload() -> None:
+    """Load once what every watchdog needs (the C library's handle, the boot time that process
+    records are computed from): the zygote calls it before it forks, so no watchdog pays for it."""
+    _libc()
+    record_of(os.getpid())
+
+
+def prepare() -> None:
+    """Do ahead of a start what concerns only this process: become a child subreaper and read its own
+    process record. A spare watchdog (:mod:`.zygote`) calls it before it waits for its start."""
+    _PREPARED[os.getpid()] = (_become_subreaper(), record_of(os.getpid()))
+
+
 def supervise(run_dir: Path, *, lock_fds: Sequence[int] | None = None, notify_fd: int | None = None) -> int:
     """Be the watchdog of ``run_dir`` in this (already detached) process: :mod:`.zygote`'s entry.
 
@@ -150,6 +172,7 @@ class _Launch:
     user: JobUser | None
     log_cap_bytes: int | None
     exit_keep_s: float
+    deadline: float | None
 
     @classmethod
     def load(cls, path: Path) -> _Launch:
@@ -172,6 +195,9 @@ class _Launch:
             raise ValueError(f"{path}: user must be an object or null")
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
             raise ValueError(f"{path}: log_cap_bytes must be a non-negative integer or null, not {cap!r}")
+        deadline = data.get("deadline")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)):
+            raise ValueError(f"{path}: deadline must be a number or null, not {deadline!r}")
         return cls(
             argv=list(argv), env=dict(env), cwd=cwd,
             grace_s=_number(data, "grace_s", 10.0),
@@ -179,6 +205,7 @@ class _Launch:
             kill_timeout_s=_number(data, "kill_timeout_s", 5.0), lock_fds=list(fds),
             user=None if user is None else JobUser.from_json(user), log_cap_bytes=cap,
             exit_keep_s=_number(data, "exit_keep_s", KEEP_S),
+            deadline=None if deadline is None else float(deadline),
         )
 
 
@@ -203,14 +230,13 @@ class _Watchdog:
         lock_fds: list[int] = list(self.lock_fds or [])
         try:
             self._install_signals()
-            self.subreaper = _become_subreaper()
-            me = record_of(os.getpid())
+            prepared = _PREPARED.pop(os.getpid(), None)
+            self.subreaper, me = prepared or (_become_subreaper(), record_of(os.getpid()))
             if me is None:
                 raise RuntimeError("cannot read the watchdog's own process record")
-            if not claim_run_dir(self.run_dir, "watchdog"):
+            if not claim_run_dir(self.run_dir, {**me.to_json(), "started_at": time.time()}):
                 reason, detail = "abandoned", "the daemon gave up on this attempt before its watchdog started"
                 return 0
-            write_json(self.run_dir / WATCHDOG_FILE, {**me.to_json(), "started_at": time.time()})
             launch = _Launch.load(self.run_dir / LAUNCH_FILE)
             lock_fds = launch.lock_fds if self.lock_fds is None else lock_fds
             self.keep_s = launch.exit_keep_s
@@ -224,7 +250,8 @@ class _Watchdog:
                 exit_code = self.proc.returncode
         finally:
             self._close_logs()
-        log.info("job ended: exit_code=%s reason=%s (%s)", exit_code, reason, detail)
+        log.log(logging.DEBUG if reason == "exited" else logging.INFO,
+                "job ended: exit_code=%s reason=%s (%s)", exit_code, reason, detail)
         try:
             # The device locks are kept until the end is recorded: until then the daemon counts
             # the devices as this attempt's.
@@ -318,7 +345,7 @@ class _Watchdog:
              "started_at": time.time(), "spawn_s": spawn_s},
         )
         self._notify()
-        log.info("started job pid %d: %s", proc.pid, launch.argv)
+        log.debug("started job pid %d: %s", proc.pid, launch.argv)
         reason, detail = self._supervise(proc, launch)
         if reason != "exited":
             self.killed = True
@@ -334,10 +361,10 @@ class _Watchdog:
 
     def _supervise(self, proc: subprocess.Popen[bytes], launch: _Launch) -> tuple[str, str]:
         """Wait until the job exits, is cancelled, or passes its deadline; say which."""
-        deadline: float | None = None
+        deadline = launch.deadline
         while proc.poll() is None:
             self._reap_orphans(proc.pid)
-            deadline = _read_deadline(self.run_dir / DEADLINE_FILE, deadline)
+            deadline = _read_deadline(self.run_dir / DEADLINE_FILE, deadline, launch.deadline)
             now = time.monotonic()
             if self.cancel_requested:
                 return "cancelled", "cancelled: the watchdog was asked to stop the job"
@@ -530,12 +557,14 @@ def _start_failure(error: OSError, program: str, cwd: str | None) -> tuple[int |
     return None, "start_failed", f"cannot start {program}: {error.strerror or error}"
 
 
-def _read_deadline(path: Path, last: float | None) -> float | None:
-    """The deadline in ``path``; None if the file is missing; ``last`` if it is unreadable."""
+def _read_deadline(path: Path, last: float | None, first: float | None) -> float | None:
+    """The deadline in ``path`` (None for ``none``); ``first`` (launch.json's) if the file is
+    missing; ``last`` if it is unreadable."""
     try:
-        return float(path.read_text(encoding="utf-8").strip())
+        text = path.read_text(encoding="utf-8").strip()
+        return None if text == "none" else float(text)
     except FileNotFoundError:
-        return None
+        return first
     except (OSError, ValueError):
         log.warning("cannot read %s; keeping the last deadline", path)
         return last
@@ -553,10 +582,16 @@ def _become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(_libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library's handle (loaded once per process, or inherited from the zygote)."""
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
 
 
 if __name__ == "__main__":

@@ -3,10 +3,15 @@
 The daemon starts one zygote (``python -m gpulayerd.runs.zygote RUNS_DIR FD``) that imports
 :mod:`gpulayerd.runs.watchdog` once and then waits on its control channel, a
 ``SOCK_SEQPACKET`` socketpair inherited from the daemon (no path anybody could connect to).
-It has no threads and no event loop: a plain blocking loop, so forking it is safe. For each
-request it forks once; the child, in a session of its own, becomes that attempt's
-watchdog (:func:`gpulayerd.runs.watchdog.supervise`): same files, same deadline, device
-locks, exit record, log caps, run-as-user checks, same re-adoption after a daemon restart.
+It has no threads and no event loop: a plain blocking loop, so forking it is safe. Each
+request's child, in a session of its own, becomes that attempt's watchdog
+(:func:`gpulayerd.runs.watchdog.supervise`): same files, same deadline, device locks, exit
+record, log caps, run-as-user checks, same re-adoption after a daemon restart. The child is
+forked ahead: the zygote keeps one *spare* (forked after each reply, off the start's path) that
+has detached, become a child subreaper and read its own process record, and waits on a
+socketpair of its own; a checked start is handed to it (the run directory's path and the
+descriptors). The zygote forks at the start only when the spare cannot take it (it died). A
+spare whose zygote exits sees end-of-file and exits without starting anything.
 
 A request is one datagram: JSON ``{"job_id", "attempt", "locks": N}`` with ``1 + N``
 descriptors (SCM_RIGHTS): a *notify* pipe's write end, then the device lock descriptors.
@@ -23,9 +28,10 @@ The reply is JSON ``{"ok": true, "pid": P}`` or ``{"ok": false, "error": "..."}`
 
 The notify pipe makes a lost start impossible to miss: every holder of its write end (the
 daemon until it sent it, the datagram in flight, the zygote, the watchdog until it wrote
-``job.json`` or ``exit.json``) closes it, so end-of-file on the read end with no ``claim`` in
-the run directory means no watchdog has started there and none ever will: the daemon may
-start the attempt another way without running it twice (:class:`ZygoteLaunch.lost`).
+``job.json`` or ``exit.json``) closes it, so end-of-file on the read end with no claim
+(``watchdog.json``) in the run directory means no watchdog has started there and none ever
+will: the daemon may start the attempt another way without running it twice
+(:class:`ZygoteLaunch.lost`).
 
 The zygote exits when the daemon's end closes (the daemon stopped or was killed); its
 watchdogs go on. A zygote that died is started again on the next launch
@@ -37,6 +43,7 @@ from __future__ import annotations
 import array
 import contextlib
 import gc
+import io
 import json
 import logging
 import os
@@ -102,8 +109,8 @@ class ZygoteLaunch:
         return 0 if self._eof else None
 
     def lost(self) -> bool:
-        """True if no watchdog started and none ever will (pipe ended, no ``claim``): start it again."""
-        return self._eof and not (self._run_dir / layout.CLAIM_FILE).exists()
+        """True if no watchdog started and none ever will (pipe ended, no claim): start it again."""
+        return self._eof and not (self._run_dir / layout.WATCHDOG_FILE).exists()
 
     def close(self) -> None:
         """Close the notify pipe's read end."""
@@ -303,9 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     # Everything imported so far moves to the collector's permanent generation: a collection in a
     # forked watchdog never walks (and so never copies) the zygote's pages.
+    watchdog.preload()
     gc.collect()
     gc.freeze()
     sock.send(json.dumps({"ready": os.getpid()}).encode())
+    spare = _fork_spare(sock)
     while True:
         try:
             msg, ancdata, _, _ = sock.recvmsg(
@@ -316,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         fds, sender = _unpack(ancdata)
         try:
-            reply: dict[str, object] = {"ok": True, "pid": _serve(sock, runs_root, uid, msg, fds, sender)}
+            pid, spare = _serve(sock, runs_root, uid, msg, fds, sender, spare)
+            reply: dict[str, object] = {"ok": True, "pid": pid}
         except ZygoteRefused as e:
             log.warning("refused a start: %s", e)
             reply = {"ok": False, "error": str(e)}
@@ -326,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.close(fd)
         with contextlib.suppress(OSError):
             sock.send(json.dumps(reply).encode())
+        if spare is None:  # the next start's watchdog, forked now, after the reply
+            spare = _fork_spare(sock)
 
 
 def _unpack(ancdata: list[tuple[int, int, bytes]]) -> tuple[list[int], int | None]:
@@ -344,8 +356,29 @@ def _unpack(ancdata: list[tuple[int, int, bytes]]) -> tuple[list[int], int | Non
     return fds, sender
 
 
-def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list[int], sender: int | None) -> int:
-    """Check one request and fork its watchdog; the watchdog's pid."""
+class _Spare:
+    """A watchdog forked ahead of the next start, waiting on ``link`` for its run directory."""
+
+    def __init__(self, pid: int, link: socket.socket) -> None:
+        self.pid = pid
+        self.link = link
+
+    def hand_over(self, run_dir: Path, fds: list[int]) -> bool:
+        """Give it the start (the path and the descriptors); False if it cannot take it (it died)."""
+        try:
+            self.link.sendmsg([os.fsencode(run_dir)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as e:
+            log.warning("the spare watchdog (pid %d) cannot take a start (%s): forking one", self.pid, e)
+            return False
+        finally:
+            self.link.close()
+        return True
+
+
+def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list[int], sender: int | None,
+           spare: _Spare | None) -> tuple[int, _Spare | None]:
+    """Check one request and hand it to the spare watchdog (or fork one); (the watchdog's pid, the
+    spare still unused)."""
     if sender != uid:
         raise ZygoteRefused(f"a request from uid {sender} (only uid {uid} may start jobs here)")
     try:
@@ -356,42 +389,106 @@ def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list
     if not isinstance(attempt, int) or not isinstance(locks, int) or len(fds) != 1 + locks:
         raise ZygoteRefused(f"a request with {len(fds)} descriptors for {locks} locks")
     run_dir = check_run_dir(runs_root, job_id, attempt, uid)
+    if spare is not None and spare.hand_over(run_dir, fds):
+        return spare.pid, None
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(sock, run_dir, fds)  # never returns
-    return pid
+        _detach(sock)
+        _become_watchdog(run_dir, fds)  # never returns
+    return pid, None
 
 
-def _child(sock: socket.socket, run_dir: Path, fds: list[int]) -> None:
-    """The forked child: detach (a session of its own) and become the attempt's watchdog."""
+def _fork_spare(sock: socket.socket) -> _Spare | None:
+    """Fork the next start's watchdog now: it detaches and waits, so a start costs no fork."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        log.warning("cannot fork a spare watchdog: %s", e)
+        ours.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        ours.close()
+        _spare(sock, theirs)  # never returns
+    theirs.close()
+    return _Spare(pid, ours)
+
+
+def _spare(sock: socket.socket, link: socket.socket) -> None:
+    """The spare child: detach, wait for a run directory and its descriptors, become its watchdog.
+
+    End-of-file on ``link`` (the zygote exited) ends it without starting anything.
+    """
     code = 1
     try:
-        sock.close()  # the zygote's death must reach the daemon as end-of-file
-        os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+        _detach(sock)
+        watchdog.prepare()
+        msg, ancdata, _, _ = link.recvmsg(4096, socket.CMSG_SPACE(_MAX_FDS * 4))
+        fds, _ = _unpack(ancdata)
+        link.close()
+        if not msg:
+            code = 0
+            return
+        _become_watchdog(Path(os.fsdecode(msg)), fds)  # never returns
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            log.exception("spare watchdog failed")
+    finally:
+        os._exit(code)
+
+
+def _detach(sock: socket.socket) -> None:
+    """In a forked child: a session of its own, default signals, standard streams to /dev/null (it
+    never holds the daemon's), no log handler yet."""
+    sock.close()  # the zygote's death must reach the daemon as end-of-file
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+
+
+def _become_watchdog(run_dir: Path, fds: list[int]) -> None:
+    """Be the attempt's watchdog (``fds``: the notify pipe, then the device locks), then exit.
+
+    Its log is ``watchdog.log``, created with the first line (a normal start and end log none).
+    """
+    code = 1
+    try:
         os.chdir(run_dir)
-        out = os.open(run_dir / layout.WATCHDOG_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
-        os.close(null)
         root = logging.getLogger()
-        if root.handlers:  # the zygote's handler writes to fd 2, the watchdog log now: only its name changes
-            for handler in root.handlers:
-                handler.setFormatter(_WATCHDOG_FORMAT)
-        else:
-            logging.basicConfig(stream=sys.stderr, level=logging.INFO, force=True, format=_WATCHDOG_LINE)
+        handler = _LazyLog(run_dir / layout.WATCHDOG_LOG)
+        handler.setFormatter(_WATCHDOG_FORMAT)
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
         code = watchdog.supervise(run_dir, lock_fds=fds[1:], notify_fd=fds[0])
     except BaseException:
         with contextlib.suppress(BaseException):
             log.exception("zygote child failed")
     finally:
         os._exit(code)
+
+
+class _LazyLog(logging.FileHandler):
+    """A forked watchdog's log file, created (0600, no symlink followed) with its first record."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, mode="a", encoding="utf-8", delay=True)
+
+    def _open(self) -> io.TextIOWrapper:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        return open(fd, "a", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -749,12 +749,16 @@ except OSError:
 if b"gpulayerd.runs.watchdog" in _argv and os.path.exists({flag!r}):
     time.sleep({delay_s!r})
 if b"gpulayerd.runs.zygote" in _argv:
-    # A zygote forks each watchdog: the watchdog starts slowly.
-    def _after_fork():
+    # A zygote hands each start to a watchdog it forked (ahead of the start, or then), whose first
+    # step is to enter the run directory: that watchdog starts slowly.
+    _chdir = os.chdir
+
+    def _slow_chdir(path):
         if os.path.exists({flag!r}):
             time.sleep({delay_s!r})
+        _chdir(path)
 
-    os.register_at_fork(after_in_child=_after_fork)
+    os.chdir = _slow_chdir
 '''
 
 

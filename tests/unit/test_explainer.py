@@ -192,3 +192,15 @@ async def test_explain_of_a_job_running_on_a_worker_then_failing_there(lab: Lab)
     assert other.state is not None and other.state.stderr_tail is None
     assert other.state.stderr_note is not None and other.state.stderr_note.startswith("hidden: only")
     assert other.state.exit_code == 3  # the state itself is for everyone
+
+
+@pytest.mark.asyncio
+async def test_a_local_tail_of_a_job_that_wrote_nothing_is_empty_and_of_no_run_dir_is_missing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "j" / "1"
+    run_dir.mkdir(parents=True)
+    empty = await explainer.local_tail(run_dir / "stderr.log")  # a silent job leaves no file
+    assert empty == tail_of(b"", whole=True) and empty.lines == []
+    (run_dir / "stderr.log").write_bytes(b"boom\n")
+    assert (await explainer.local_tail(run_dir / "stderr.log")).lines == ["boom"]
+    gone = await explainer.local_tail(tmp_path / "runs" / "k" / "1" / "stderr.log")
+    assert gone == Tail(None, "no stderr log on this machine")

@@ -58,3 +58,26 @@ def test_a_log_that_cannot_be_written_drops_the_output_and_keeps_reading(tmp_pat
     os.close(w)
     log.close()
     assert (log.dropped, log.open) == (60_005, False)
+
+
+def test_a_stream_with_no_output_makes_no_file(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    log = CappedLog(r, tmp_path / "out.log", 100)
+    log.pump()
+    os.close(w)
+    log.close()
+    assert not (tmp_path / "out.log").exists() and not log.open
+
+
+def test_a_log_that_cannot_be_created_yet_is_created_later_with_the_gap_marked(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    path = tmp_path / "later" / "out.log"  # its directory is missing: the first output cannot be kept
+    log = CappedLog(r, path, None)
+    os.write(w, b"lost\n")
+    log.pump()
+    assert not path.exists() and log.dropped == 5
+    path.parent.mkdir()
+    os.write(w, b"kept\n")
+    os.close(w)
+    log.close()
+    assert path.read_bytes().decode() == "[gpulayer: 5 bytes of output dropped: No such file or directory]\nkept\n"

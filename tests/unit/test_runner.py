@@ -90,6 +90,8 @@ def _kill_leftovers(runs_dir: Path) -> None:
     for wd_file in runs_dir.glob("*/*/watchdog.json"):
         run_dir = wd_file.parent
         info = json.loads(wd_file.read_text())
+        if "pid" not in info:  # abandoned: no watchdog behind it
+            continue
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(info["pid"])
             if abs(proc.create_time() - info["create_time"]) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE:
@@ -559,3 +561,21 @@ def test_a_job_with_the_watchdogs_own_ids_and_groups_needs_no_switch() -> None:
     assert not watchdog._is_current(replace(me, groups=(*me.groups, 54321)))
     assert not watchdog._is_current(replace(me, uid=me.uid + 1))
     assert not watchdog._is_current(replace(me, gid=me.gid + 1))
+
+
+def test_the_first_deadline_comes_from_the_launch_and_none_removes_it(runner: Runner) -> None:
+    job_id = new_job_id()
+    handle = runner.start(job_id, 1, ["sleep", "1000"], job_env(job_id), None, time.monotonic() + 600)
+    assert not (handle.run_dir / "deadline").exists()  # the first deadline makes no file
+    launch = read_file(handle.run_dir / "launch.json")
+    assert json.loads(launch)["deadline"] > time.monotonic() + 500
+    runner.extend_deadline(handle, None)
+    assert read_file(handle.run_dir / "deadline") == "none\n"
+    runner.extend_deadline(handle, time.monotonic() - 1.0)  # already passed: stopped at once
+    status = wait_status(runner, handle)
+    assert (status.reason, status.killed_by_watchdog) == ("deadline", True)
+    job_id = new_job_id()
+    handle = runner.start(job_id, 1, ["sh", "-c", "sleep 1.5"], job_env(job_id), None, time.monotonic() + 0.5)
+    runner.extend_deadline(handle, None)  # no deadline any more: it runs to its end
+    status = wait_status(runner, handle)
+    assert (status.exit_code, status.reason) == (0, "exited")

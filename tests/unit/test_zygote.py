@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_a_symlinked_run_dir_is_refused_and_nothing_starts(zrunner: Runner, runs
     assert zrunner.zygote is not None
     with pytest.raises(ZygoteRefused, match="symlink"):
         zrunner.zygote.launch(fake, 1, [])
-    assert not (real / layout.WATCHDOG_FILE).exists() and not (real / layout.CLAIM_FILE).exists()
+    assert not (real / layout.WATCHDOG_FILE).exists()
 
 
 @pytest.mark.parametrize("case", ["outside", "mode", "no-launch"])
@@ -158,7 +159,7 @@ def test_a_request_from_another_uid_is_refused(zrunner: Runner, runs_dir: Path) 
     reply = json.loads(sock.recv(4096))
     assert reply["ok"] is False and "uid 65534" in reply["error"]
     os.close(read_fd)
-    assert not (run_dir / layout.CLAIM_FILE).exists() and not (run_dir / layout.WATCHDOG_FILE).exists()
+    assert not (run_dir / layout.WATCHDOG_FILE).exists()
 
 
 def test_a_launch_is_lost_only_when_the_pipe_ended_without_a_claim(tmp_path: Path) -> None:
@@ -168,6 +169,131 @@ def test_a_launch_is_lost_only_when_the_pipe_ended_without_a_claim(tmp_path: Pat
     os.close(write_fd)
     launch.pause(1.0)
     assert launch.poll() == 0 and launch.lost()
-    assert layout.claim_run_dir(tmp_path, "watchdog")
+    assert layout.claim_run_dir(tmp_path, {"pid": 1})
     assert not launch.lost()  # a watchdog claimed it: wait for it, never start it again
     launch.close()
+
+
+def test_a_silent_job_makes_only_the_files_it_needs(zrunner: Runner) -> None:
+    """Every file is an inode on the state disk: a job that prints nothing and ends normally
+    leaves the launch, the claim, the job and its exit; no log file (read as empty)."""
+    job_id = new_job_id()
+    handle = zrunner.start(job_id, 1, ["/bin/true"], job_env(job_id), None, None)
+    status = wait_status(zrunner, handle)
+    assert (status.exit_code, status.reason) == (0, "exited")
+    assert sorted(os.listdir(handle.run_dir)) == ["exit.json", "job.json", "launch.json", "watchdog.json"]
+    assert sorted(os.listdir(handle.run_dir.parent)) == ["1"]
+
+
+def test_a_watchdog_that_logs_creates_its_log(zrunner: Runner) -> None:
+    job_id = new_job_id()
+    handle = zrunner.start(job_id, 1, ["sh", "-c", "echo oops >&2; exit 4"], job_env(job_id), None, None)
+    status = wait_status(zrunner, handle)
+    assert (status.exit_code, status.reason) == (4, "exited")
+    assert (handle.run_dir / "stderr.log").read_text() == "oops\n"
+    assert not (handle.run_dir / "stdout.log").exists()
+    assert not (handle.run_dir / layout.WATCHDOG_LOG).exists()  # a normal end logs at DEBUG
+    job_id = new_job_id()
+    handle = zrunner.start(job_id, 1, ["sleep", "1000"], job_env(job_id), None, None)
+    zrunner.cancel(handle)
+    status = wait_status(zrunner, handle)
+    assert status.reason == "cancelled"
+    text = (handle.run_dir / layout.WATCHDOG_LOG).read_text()
+    assert f"watchdog[{handle.watchdog_pid}] INFO job ended: exit_code=-15 reason=cancelled" in text
+    assert os.stat(handle.run_dir / layout.WATCHDOG_LOG).st_mode & 0o777 == 0o600
+
+
+def test_the_claim_is_won_once_and_an_abandoned_attempt_never_starts(zrunner: Runner, runs_dir: Path) -> None:
+    run_dir = _prepare(runs_dir, new_job_id())
+    assert layout.claim_run_dir(run_dir, layout.ABANDONED)
+    assert not layout.claim_run_dir(run_dir, {"pid": 1})  # the first one stays
+    assert layout.read_json(run_dir / layout.WATCHDOG_FILE) == {"abandoned": True}
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    assert zrunner.adopt(run_dir) is None  # no watchdog behind it
+    assert layout.claim_run_dir(run_dir / "missing", {"pid": 1})  # nothing can start there
+    job_id = run_dir.parent.name
+    assert zrunner.zygote is not None
+    launch = zrunner.zygote.launch(job_id, 1, [])
+    assert launch is not None
+    with launch:
+        wait_until(lambda: (launch.pause(0.05), launch.poll() == 0)[1], 10.0, "the watchdog to give up")
+        assert not launch.lost()  # claimed (by the daemon): never start it again
+    # The watchdog found the claim taken and went without starting anything or writing a record.
+    assert sorted(os.listdir(run_dir)) == ["launch.json", "watchdog.json"]
+    assert layout.read_json(run_dir / layout.WATCHDOG_FILE) == {"abandoned": True}
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_start_goes_to_the_spare_forked_ahead_which_leaves_with_the_zygote(zrunner: Runner) -> None:
+    assert zrunner.zygote is not None and zrunner.zygote.start()
+    zygote = zrunner.zygote.pid
+    assert zygote is not None
+    wait_until(lambda: len(_children(zygote)) == 1, 10.0, "the spare watchdog")
+    spare = _children(zygote)[0]
+    assert os.getsid(spare.pid) == spare.pid  # already detached, before any start
+    job_id = new_job_id()
+    handle = zrunner.start(job_id, 1, ["/bin/true"], job_env(job_id), None, None)
+    assert handle.watchdog_pid == spare.pid
+    status = wait_status(zrunner, handle)
+    assert (status.exit_code, status.reason) == (0, "exited")
+    wait_until(lambda: [p.pid for p in _children(zygote)] not in ([], [spare.pid]), 10.0, "the next spare")
+    (following,) = _children(zygote)
+    zrunner.close()
+    wait_until(lambda: _gone(following), 10.0, "the spare to leave with the zygote")
+
+
+def test_a_dead_spare_costs_a_fork_not_a_start(zrunner: Runner) -> None:
+    assert zrunner.zygote is not None and zrunner.zygote.start()
+    zygote = zrunner.zygote.pid
+    assert zygote is not None
+    wait_until(lambda: len(_children(zygote)) == 1, 10.0, "the spare watchdog")
+    spare = _children(zygote)[0]
+    spare.kill()
+    wait_until(lambda: _gone(spare), 10.0, "the spare to die")
+    job_id = new_job_id()
+    handle = zrunner.start(job_id, 1, ["sh", "-c", "exit 5"], job_env(job_id), None, None)
+    assert handle.watchdog_pid != spare.pid
+    status = wait_status(zrunner, handle)
+    assert (status.exit_code, status.reason) == (5, "exited")
+    assert zrunner.zygote.starts == 1  # the same zygote
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount holding ``path`` (/proc/self/mounts, longest mount point)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        mount = fields[1].replace("\\040", " ")
+        if str(path.resolve()).startswith(mount.rstrip("/") + "/") and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind
+
+
+def _has_topdir_flag(path: Path) -> bool:
+    out = subprocess.run(["lsattr", "-d", str(path)], capture_output=True, text=True, check=False)
+    return out.returncode == 0 and "T" in out.stdout.split()[0]
+
+
+def test_the_runs_dir_spreads_job_dirs_where_the_file_system_can(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    spread = layout.spread_job_dirs(runs)
+    if _fs_type(runs) in ("ext2", "ext3", "ext4"):
+        assert spread  # chattr +T: Orlov places each job's directory on its own
+    assert spread == _has_topdir_flag(runs)
+    assert layout.spread_job_dirs(runs) == spread  # again: nothing changes
+    assert not layout.spread_job_dirs(tmp_path / "missing")
+    (tmp_path / "link").symlink_to(runs)
+    assert not layout.spread_job_dirs(tmp_path / "link")  # never through a symlink
+    if Path("/dev/shm").is_dir() and _fs_type(Path("/dev/shm/x")) == "tmpfs":
+        assert not layout.spread_job_dirs(Path("/dev/shm"))  # tmpfs has no such flag
