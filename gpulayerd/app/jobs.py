@@ -180,25 +180,34 @@ class OwnedJobs:
 
     async def grant(self, job_id: str, worker: str, stimulus_id: str, placement_json: str,
                     grants: Sequence[tuple[str, int, str]] = (), run_dir_of: Callable[[int], str] | None = None,
-                    tries: int = 3) -> Granted | str:
+                    tries: int = 3, row: JobRow | None = None) -> Granted | str:
         """The claim compare-and-set: grant ``worker`` the next attempt of a queued job.
 
         Args:
             placement_json: what the worker will use (stored with the attempt).
             grants: (device uuid, index, kind) device grants on this machine, stored with it.
             run_dir_of: the run directory of an attempt number, when it runs here.
+            tries: how many fresh reads of the job to decide from (a compare-and-set that lost
+                reads again).
+            row: the job as the caller last saw it (the scheduler's queue), decided from first
+                without a read; the compare-and-set (status, attempt, cancel request) catches a
+                stale one, and a fresh read follows (not counted in ``tries``).
 
         Returns:
             :class:`Granted`, or the reason of the refusal.
         """
-        for _ in range(tries):
-            row = await self.get(job_id)
+        seen = row
+        for _ in range(tries + (seen is not None)):
+            given = seen is not None
+            row, seen = (seen, None) if given else (await self.get(job_id), None)
             if row is None:
                 return "no such job"
             now = self._clock.monotonic()
             actions = claims.handle(self.record(row), claims.ClaimRequested(worker, stimulus_id), now)
             persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
             grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+            if given and (grant is None or persist is None):
+                continue  # anything but a new grant is decided from a fresh read
             if grant is None:
                 deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
                 return deny.reason if deny else "denied"

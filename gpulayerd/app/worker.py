@@ -132,7 +132,7 @@ class WorkerService:
         try:
             granted = await self._jobs.grant(
                 row.id, self.node_id, f"claim-{row.id}", placement_json, device_grants(placement),
-                run_dir_of=lambda attempt: str(self._starter.run_dir(row.id, attempt)), tries=1)
+                run_dir_of=lambda attempt: str(self._starter.run_dir(row.id, attempt)), tries=1, row=row)
         except BaseException:
             self._locks.release(fds)
             raise
@@ -168,13 +168,21 @@ class WorkerService:
         finally:
             if fds:
                 self._locks.release(fds)
-        self.track(key, handle, spec, None, lease_s)
-        await self._jobs.started(job_id, attempt, self.node_id, f"start-{job_id}-{attempt}",
-                                 run=(handle.watchdog_pid, handle.watchdog_create_time, handle.job_pgid))
+        # The end of a short job is recorded after its start, not beside it: the two would race for
+        # the job's row and the loser would read it and write it again.
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.track(key, handle, spec, None, lease_s, after=recorded)
+        try:
+            await self._jobs.started(job_id, attempt, self.node_id, f"start-{job_id}-{attempt}",
+                                     run=(handle.watchdog_pid, handle.watchdog_create_time, handle.job_pgid))
+        finally:
+            if not recorded.done():
+                recorded.set_result(None)
 
     # ------------------------------------------------------------- watching runs
 
-    def track(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float) -> None:
+    def track(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float,
+              after: asyncio.Future[None] | None = None) -> None:
         """Count a running attempt in the ledger and watch it until it exits.
 
         Its watchdog's deadline is taken to be ``lease_s`` from now (set by the start or
@@ -182,15 +190,18 @@ class WorkerService:
 
         Args:
             owner: the owner's node id when we run it for a peer (or a gang), None for a job owned here.
+            after: done once the start is recorded: the end is recorded only after it.
         """
         self._apply(core.RunStarted(key, owner, lease_s))
         self._ledger.started(key, handle, spec, owner, lease_s)
-        task = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
+        task = asyncio.create_task(self._watch(key, handle, after), name=f"watch-{key[0]}-{key[1]}")
         task.add_done_callback(log_failure)
         self._watchers[key] = task
 
-    async def _watch(self, key: RunKey, handle: RunHandle) -> None:
+    async def _watch(self, key: RunKey, handle: RunHandle, after: asyncio.Future[None] | None) -> None:
         status = await self._runner.async_wait(handle)
+        if after is not None:
+            await asyncio.shield(after)
         await self.finished(key, status)
 
     async def finished(self, key: RunKey, status: RunStatus, owner: str | None = None) -> None:

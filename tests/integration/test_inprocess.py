@@ -207,3 +207,36 @@ async def test_a_restarted_daemon_re_adopts_a_running_job_without_blocking_its_l
         await wait_status(d.client, job.id, {"cancelled"})
     assert_no_blocking_error(daemon_log)
     assert not config.pid_path.exists()
+
+
+@pytest.mark.asyncio
+async def test_the_end_of_a_job_is_recorded_after_its_start_however_fast_it_ends(
+        root: Path, daemon_log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job can end before its start is stored: its end waits for that write (no race for the job's
+    row, no second read and write), and its history reads claimed, running, then succeeded."""
+    from gpulayerd.app.jobs import OwnedJobs
+
+    started, retried = OwnedJobs.started, []
+    apply = OwnedJobs.apply
+
+    async def slow_start(self: OwnedJobs, *args: object, **kwargs: object) -> None:
+        await asyncio.sleep(0.5)  # /bin/true has long ended by now
+        await started(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def counted(self: OwnedJobs, job_id: str, event: object, kind: str = "state") -> object:
+        retried.append(type(event).__name__)
+        return await apply(self, job_id, event, kind)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(OwnedJobs, "started", slow_start)
+    monkeypatch.setattr(OwnedJobs, "apply", counted)
+    config = make_config(root)
+    async with running(config) as d:
+        ids = [(await d.client.submit(spec(root, "/bin/true"))).id for _ in range(3)]
+        for job_id in ids:
+            view = await wait_status(d.client, job_id, {"succeeded"})
+            moves = [(e.from_status, e.to_status) for e in view.events if e.to_status != e.from_status]
+            assert moves[-3:] == [("queued", "claimed"), ("claimed", "running"), ("running", "succeeded")], moves
+            [attempt] = view.attempts
+            assert attempt.state == "exited" and attempt.exit_code == 0
+    assert "RunExited" not in retried and "RunStarted" not in retried
+    assert_no_blocking_error(daemon_log)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.app.jobs import OwnedJobs
+from gpulayerd.app.jobs import Granted, OwnedJobs
 from gpulayerd.app.signals import Signals
 from gpulayerd.core import claims
 from gpulayerd.core.claims import JobStatus, PersistJob
@@ -90,3 +90,49 @@ async def test_owned_jobs_start_and_exit_cost_one_commit_each(store: Store, monk
     assert (att.state, att.watchdog_pid, att.exit_code) == ("exited", 4242, 3)
     assert [(e.from_status, e.to_status) for e in await store.jobs.events("j")][-2:] == [
         (JobStatus.CLAIMED, JobStatus.RUNNING), (JobStatus.RUNNING, JobStatus.FAILED)]
+
+
+async def _count_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    get = store.jobs.get_job
+
+    async def counted(job_id: str) -> JobRow | None:
+        reads.append(job_id)
+        return await get(job_id)
+
+    monkeypatch.setattr(store.jobs, "get_job", counted)
+    return reads
+
+
+@pytest.mark.asyncio
+async def test_a_grant_from_the_queue_row_reads_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    row = await store.jobs.insert_job(job("j"), "submitted")
+    owned = OwnedJobs(store=store, signals=Signals(), clock=FakeClock())
+    reads = await _count_reads(store, monkeypatch)
+    granted = await owned.grant("j", "w1", "claim-j", "{}", row=row, tries=1)
+    assert granted == Granted(1, 30.0, fresh=True) and reads == []
+    got = await store.jobs.get_job("j")
+    assert got is not None and (got.status, got.holder, got.attempt) == (JobStatus.CLAIMED, "w1", 1)
+
+
+@pytest.mark.asyncio
+async def test_a_stale_queue_row_is_caught_and_decided_again_from_the_store(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's row says queued; meanwhile another worker claimed the job (or a cancel was asked):
+    the compare-and-set refuses the stale decision and a fresh read decides, never two grants."""
+    row = await store.jobs.insert_job(job("j"), "submitted")
+    owned = OwnedJobs(store=store, signals=Signals(), clock=FakeClock())
+    assert await owned.grant("j", "w2", "claim-j-w2", "{}", tries=1) == Granted(1, 30.0, fresh=True)
+    reads = await _count_reads(store, monkeypatch)
+    refused = await owned.grant("j", "w1", "claim-j-w1", "{}", row=row, tries=1)
+    assert not isinstance(refused, Granted) and reads == ["j"]
+    got = await store.jobs.get_job("j")
+    assert got is not None and (got.holder, got.attempt) == ("w2", 1)
+    assert len(await store.jobs.attempts("j")) == 1
+
+    row2 = await store.jobs.insert_job(job("k"), "submitted")
+    await owned.apply("k", claims.CancelRequested("cancelled by user", "cancel-k"))
+    granted = await owned.grant("k", "w1", "claim-k", "{}", row=row2, tries=1)
+    assert not isinstance(granted, Granted)
+    got = await store.jobs.get_job("k")
+    assert got is not None and got.status is JobStatus.CANCELLED and await store.jobs.attempts("k") == []
