@@ -13,12 +13,14 @@ watchdog (:mod:`.watchdog`); JSON files are written atomically (:func:`write_jso
 - ``job.json`` (watchdog): who the job is.
 - ``exit.json`` (watchdog, last): how the attempt ended.
 - ``stdout.log``, ``stderr.log`` (the job's output) and ``watchdog.log``, each created when
-  its first byte is written: a job that prints nothing leaves no log file (read as empty).
+  its first byte is written (``watchdog.log`` up front when the watchdog was started with
+  ``python -m``, not by the zygote): a job that prints nothing leaves no log file (read as empty).
 
 Every file is a new inode on the state disk, and on some file systems (ext4 without a
 journal) allocating one scans past every inode deleted in the last minutes: a trivial job
-makes six (two directories, ``launch.json``, ``watchdog.json``, ``job.json``, ``exit.json``),
-and the runs directory spreads the jobs' directories over the disk (:func:`spread_job_dirs`).
+started through the zygote makes six (two directories, ``launch.json``, ``watchdog.json``,
+``job.json``, ``exit.json``), and the runs directory spreads the jobs' directories over the disk
+(:func:`spread_job_dirs`).
 
 Standard library only: the watchdog imports this module.
 """
@@ -43,11 +45,13 @@ __all__ = [
     "EXIT_FILE",
     "JOB_FILE",
     "LAUNCH_FILE",
+    "LEGACY_CLAIM_FILE",
     "STDERR_LOG",
     "STDOUT_LOG",
     "WATCHDOG_FILE",
     "WATCHDOG_LOG",
     "claim_run_dir",
+    "is_abandoned",
     "log_path",
     "read_json",
     "run_dir",
@@ -59,11 +63,15 @@ __all__ = [
 LAUNCH_FILE = "launch.json"
 WATCHDOG_FILE = "watchdog.json"
 """The claim: created exclusively (:func:`claim_run_dir`) by whichever comes first, the
-watchdog before it starts the job (with its process record), or a restarted daemon that gives
-up on an attempt whose watchdog never showed up (``{"abandoned": true}``). Only one of them can
+watchdog before it starts the job (with its process record), or a daemon that gives up on an
+attempt whose watchdog never showed up (``{"abandoned": true}``: after a restart, or when the
+start timed out). Only one of them can
 create it, so an abandoned attempt can never start later."""
 ABANDONED: Mapping[str, object] = MappingProxyType({"abandoned": True})
-"""``watchdog.json`` of an attempt the daemon gave up on before any watchdog claimed it."""
+"""``watchdog.json`` of an attempt the daemon gave up on before any watchdog claimed it (after a
+restart, or when the start timed out)."""
+LEGACY_CLAIM_FILE = "claim"
+"""The claim of gpulayer before watchdog.json was the claim: still honoured (see :func:`claim_run_dir`)."""
 JOB_FILE = "job.json"
 EXIT_FILE = "exit.json"
 DEADLINE_FILE = "deadline"
@@ -185,11 +193,27 @@ def claim_run_dir(run_dir: Path, record: Mapping[str, object]) -> bool:
 
     The file appears complete or not at all (written under a temporary name, then hard-linked
     into place: a link never replaces a file), without fsync, like :func:`write_file`. A missing
-    run directory counts as won by the caller: nothing can start there.
+    run directory counts as won by the caller: nothing can start there. A ``claim`` file left by
+    an older gpulayer (:data:`LEGACY_CLAIM_FILE`) counts as a claim already made; the daemon's
+    give-up (``record`` is :data:`ABANDONED`) creates one too, so that a watchdog of an older
+    version started before an upgrade cannot start the attempt either.
+
+    When the record cannot be written for want of space, :data:`ABANDONED` is claimed with an
+    empty file (it needs no data block; :func:`is_abandoned` reads it so); a watchdog's record
+    cannot, and the error is raised.
 
     Raises:
-        OSError: it cannot be written (the temporary file is removed).
+        OSError: it cannot be written (no temporary file is left).
     """
+    if record == ABANDONED:
+        try:
+            os.close(os.open(run_dir / LEGACY_CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            return False  # an older watchdog claimed it
+        except FileNotFoundError:
+            return True
+    elif (run_dir / LEGACY_CLAIM_FILE).exists():
+        return False
     path = run_dir / WATCHDOG_FILE
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.claim")
     with contextlib.suppress(FileNotFoundError):
@@ -197,6 +221,16 @@ def claim_run_dir(run_dir: Path, record: Mapping[str, object]) -> bool:
     try:
         _write_new(tmp, json.dumps(dict(record), sort_keys=True) + "\n")
     except FileNotFoundError:
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if record != ABANDONED:
+            raise
+        try:  # a full disk: an empty watchdog.json needs only an inode
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:
+            return False
         return True
     try:
         os.link(tmp, path)
@@ -206,6 +240,18 @@ def claim_run_dir(run_dir: Path, record: Mapping[str, object]) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
     return True
+
+
+def is_abandoned(run_dir: Path) -> bool:
+    """Whether a daemon gave up on the attempt in ``run_dir`` before any watchdog claimed it
+    (``watchdog.json`` is :data:`ABANDONED`, or empty: written so on a full disk)."""
+    path = run_dir / WATCHDOG_FILE
+    try:
+        if path.stat().st_size == 0:
+            return True
+    except OSError:
+        return False
+    return read_json(path) == dict(ABANDONED)
 
 
 def _write_new(path: Path, data: str) -> None:

@@ -48,6 +48,7 @@ from gpulayerd.runs.layout import (
     WATCHDOG_FILE,
     WATCHDOG_LOG,
     claim_run_dir,
+    is_abandoned,
     read_json,
     write_file,
     write_json,
@@ -250,20 +251,24 @@ class Runner:
         if not argv:
             raise RunnerError(f"job {job_id} attempt {attempt}: empty command")
         # launch.json holds the job's whole environment (tokens included): owner only.
-        run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        run_dir.mkdir(mode=0o700, exist_ok=True)
-        if (run_dir / WATCHDOG_FILE).exists() or (run_dir / EXIT_FILE).exists():
-            raise RunnerError(f"{run_dir} holds an earlier run of job {job_id} attempt {attempt}")
-        write_json(
-            run_dir / LAUNCH_FILE,
-            {
-                "v": 1, "job_id": job_id, "attempt": attempt, "argv": list(argv), "env": dict(env),
-                "cwd": None if cwd is None else str(cwd), "grace_s": self._grace_s,
-                "poll_interval_s": self._poll_interval_s, "kill_timeout_s": self._kill_timeout_s,
-                "lock_fds": list(lock_fds), "user": None if user is None else user.to_json(),
-                "log_cap_bytes": self._log_cap_bytes, "deadline": deadline_monotonic,
-            },
-        )
+        try:
+            run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            run_dir.mkdir(mode=0o700, exist_ok=True)
+            if (run_dir / WATCHDOG_FILE).exists() or (run_dir / EXIT_FILE).exists():
+                raise RunnerError(f"{run_dir} holds an earlier run of job {job_id} attempt {attempt}")
+            write_json(
+                run_dir / LAUNCH_FILE,
+                {
+                    "v": 1, "job_id": job_id, "attempt": attempt, "argv": list(argv), "env": dict(env),
+                    "cwd": None if cwd is None else str(cwd), "grace_s": self._grace_s,
+                    "poll_interval_s": self._poll_interval_s, "kill_timeout_s": self._kill_timeout_s,
+                    "lock_fds": list(lock_fds), "user": None if user is None else user.to_json(),
+                    "log_cap_bytes": self._log_cap_bytes, "deadline": deadline_monotonic,
+                },
+            )
+        except OSError as e:  # a full disk, say: nothing was started
+            raise RunnerError(f"job {job_id} attempt {attempt}: cannot write its run directory {run_dir}: "
+                              f"{e.strerror or e}") from e
         if self.zygote is not None:
             try:
                 launch = self.zygote.launch(job_id, attempt, lock_fds)
@@ -383,7 +388,7 @@ class Runner:
             (call :meth:`adopt` again shortly).
         """
         run_dir = Path(run_dir)
-        return claim_run_dir(run_dir, ABANDONED) or read_json(run_dir / WATCHDOG_FILE) == dict(ABANDONED)
+        return claim_run_dir(run_dir, ABANDONED) or is_abandoned(run_dir)
 
     def adopt(self, run_dir: Path) -> RunHandle | None:
         """Rebuild the handle of an attempt from its run directory (after a daemon restart).
@@ -499,9 +504,17 @@ class Runner:
             pause()
 
     def _abandon(self, run_dir: Path) -> None:
-        """Kill a watchdog that failed to start its job in time, and the job if it has one."""
-        if claim_run_dir(run_dir, ABANDONED):
-            return  # the watchdog had not started: now it never will
+        """Kill a watchdog that failed to start its job in time, and the job if it has one.
+
+        Raises:
+            RunnerError: the give-up could not be written (no inode left): a watchdog may still
+                start the attempt later.
+        """
+        try:
+            if claim_run_dir(run_dir, ABANDONED):
+                return  # the watchdog had not started: now it never will
+        except OSError as e:
+            raise RunnerError(f"cannot give up on {run_dir} ({e.strerror or e}): a watchdog may still start it") from e
         handle = self.adopt(run_dir)
         if handle is None:
             return

@@ -33,9 +33,10 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   the record to the daemon on an abstract socket (:mod:`.exitnote`) until the file is
   written or the daemon confirms it recorded the end (or ``exit_keep_s`` passed).
 - ``stdout.log`` and ``stderr.log``: the job's output (appended), copied from pipes by the
-  watchdog up to ``log_cap_bytes`` each (:mod:`.logcopy`); ``watchdog.log``: ours. Each is
-  created with its first byte (a job's normal start and end are logged at DEBUG: the truth
-  is in ``job.json`` and ``exit.json``).
+  watchdog up to ``log_cap_bytes`` each (:mod:`.logcopy`), each created with its first byte;
+  ``watchdog.log``: ours (a job's normal start and end are logged at DEBUG: the truth is in
+  ``job.json`` and ``exit.json``), created with its first line by a watchdog forked by the zygote
+  and up front for one started with ``python -m`` (its standard streams).
 
 With a ``user``, the watchdog (which stays root: it must signal and reap the job) checks
 right before the start that the uid still names that account, then starts the job with
@@ -228,6 +229,7 @@ class _Watchdog:
         exit_code: int | None = None
         reason, detail = "error", ""
         lock_fds: list[int] = list(self.lock_fds or [])
+        claimed = False
         try:
             self._install_signals()
             prepared = _PREPARED.pop(os.getpid(), None)
@@ -237,11 +239,18 @@ class _Watchdog:
             if not claim_run_dir(self.run_dir, {**me.to_json(), "started_at": time.time()}):
                 reason, detail = "abandoned", "the daemon gave up on this attempt before its watchdog started"
                 return 0
+            claimed = True
             launch = _Launch.load(self.run_dir / LAUNCH_FILE)
             lock_fds = launch.lock_fds if self.lock_fds is None else lock_fds
             self.keep_s = launch.exit_keep_s
             exit_code, reason, detail = self._run_job(launch)
-        except BaseException as e:  # never end without exit.json
+        except BaseException as e:  # never end without exit.json, once the attempt is ours
+            if not claimed:
+                # The run directory is not ours (a full disk kept the claim from being written):
+                # nothing was started and nothing is recorded; the daemon sees no claim and starts
+                # the attempt another way, or records why it cannot.
+                log.exception("watchdog failed before it claimed %s: not starting the job", self.run_dir)
+                return 1
             log.exception("watchdog failed")
             reason, detail = "error", f"watchdog failed: {type(e).__name__}: {e}"
             with contextlib.suppress(BaseException):

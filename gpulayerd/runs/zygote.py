@@ -402,7 +402,11 @@ def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list
 
 def _fork_spare(sock: socket.socket) -> _Spare | None:
     """Fork the next start's watchdog now: it detaches and waits, so a start costs no fork."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except OSError as e:  # out of descriptors: the next start forks its watchdog then
+        log.warning("cannot make a spare watchdog's socket: %s", e)
+        return None
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -444,7 +448,9 @@ def _spare(sock: socket.socket, link: socket.socket) -> None:
 
 def _detach(sock: socket.socket) -> None:
     """In a forked child: a session of its own, default signals, standard streams to /dev/null (it
-    never holds the daemon's), no log handler yet."""
+    never holds the daemon's, and outlives it), no log handler yet. What Python writes to stderr
+    itself (a fatal error, a log record that cannot be written) is lost; the watchdog's own
+    records go to ``watchdog.log``."""
     sock.close()  # the zygote's death must reach the daemon as end-of-file
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.runs.runner import Runner, RunState
+from gpulayerd.runs.layout import claim_run_dir, is_abandoned
+from gpulayerd.runs.runner import Runner, RunnerError, RunState
 
 from .conftest import TERMINAL, Lab, is_dead, wait_until
 
@@ -111,3 +112,47 @@ def test_the_watchdog_keeps_the_exit_status_and_the_output_copy_survives_a_full_
         assert lines[0] == "before" and lines[-1] == "kept", lines
         gap = [x for x in lines if x.startswith("[gpulayer: ")]
         assert len(gap) == 1 and gap[0].endswith("bytes of output dropped: No space left on device]"), lines
+
+
+def test_a_full_disk_at_the_claim_starts_nothing_and_leaves_no_temporary_file(lab: Lab) -> None:
+    """No data block left: a watchdog cannot write its claim (its record), so it starts nothing and
+    records nothing; the daemon's give-up still lands (an empty watchdog.json needs only an inode)."""
+    with small_tmpfs(lab.root / "runs") as runs:
+        runner = Runner(runs, grace_s=0.5, poll_interval_s=0.05, start_timeout_s=2.0, use_zygote=True)
+        try:
+            flag = lab.root / "ran"
+            filler = fill(runs)
+            os.truncate(filler, filler.stat().st_size - 4096)  # one page: launch.json fits, the claim not
+            with pytest.raises(RunnerError, match="did not start the job within"):
+                runner.start("fullclaim", 1, ["touch", str(flag)], {"PATH": os.environ["PATH"]}, lab.root)
+            run_dir = runner.run_dir("fullclaim", 1)
+            time.sleep(0.5)  # a watchdog that would start the job late has had its chance
+            assert not flag.exists()  # the job never ran
+            assert sorted(p.name for p in run_dir.iterdir()) == ["claim", "launch.json", "watchdog.json",
+                                                                  "watchdog.log"]
+            assert is_abandoned(run_dir) and runner.adopt(run_dir) is None
+            assert runner.give_up_if_unstarted(run_dir)  # after a restart: still given up
+            assert not claim_run_dir(run_dir, {"pid": 1})  # no watchdog can claim it any more
+            filler.unlink()
+            assert not claim_run_dir(run_dir, {"pid": 1})
+            assert runner.poll(run_dir).state is RunState.GONE
+        finally:
+            runner.close()
+
+
+def test_a_claim_that_cannot_be_written_leaves_no_temporary_file(lab: Lab) -> None:
+    with small_tmpfs(lab.root / "runs") as runs:
+        runner = Runner(runs, grace_s=0.5, poll_interval_s=0.05)
+        filler = fill(runs)
+        with pytest.raises(RunnerError, match=r"cannot write its run directory .*No space left"):
+            runner.start("nospace", 1, ["true"], {"PATH": os.environ["PATH"]}, lab.root)
+        filler.unlink()
+        run_dir = runs / "job" / "1"
+        run_dir.mkdir(parents=True)
+        filler = fill(runs)
+        with pytest.raises(OSError, match="No space left"):
+            claim_run_dir(run_dir, {"pid": 1, "create_time": 1.0})
+        assert list(run_dir.iterdir()) == []
+        filler.unlink()
+        assert claim_run_dir(run_dir, {"pid": 1, "create_time": 1.0})
+        assert sorted(p.name for p in run_dir.iterdir()) == ["watchdog.json"]

@@ -219,7 +219,7 @@ def test_the_claim_is_won_once_and_an_abandoned_attempt_never_starts(zrunner: Ru
         wait_until(lambda: (launch.pause(0.05), launch.poll() == 0)[1], 10.0, "the watchdog to give up")
         assert not launch.lost()  # claimed (by the daemon): never start it again
     # The watchdog found the claim taken and went without starting anything or writing a record.
-    assert sorted(os.listdir(run_dir)) == ["launch.json", "watchdog.json"]
+    assert sorted(os.listdir(run_dir)) == ["claim", "launch.json", "watchdog.json"]
     assert layout.read_json(run_dir / layout.WATCHDOG_FILE) == {"abandoned": True}
 
 
@@ -297,3 +297,17 @@ def test_the_runs_dir_spreads_job_dirs_where_the_file_system_can(tmp_path: Path)
     assert not layout.spread_job_dirs(tmp_path / "link")  # never through a symlink
     if Path("/dev/shm").is_dir() and _fs_type(Path("/dev/shm/x")) == "tmpfs":
         assert not layout.spread_job_dirs(Path("/dev/shm"))  # tmpfs has no such flag
+
+
+def test_a_claim_file_of_an_older_version_is_honoured_both_ways(runs_dir: Path) -> None:
+    """Across an upgrade: an older watchdog claimed with ``claim`` (then wrote watchdog.json, which
+    replaces); an older daemon gave up with ``claim`` alone. Neither attempt can be taken again."""
+    older_watchdog = _prepare(runs_dir, new_job_id())
+    (older_watchdog / layout.LEGACY_CLAIM_FILE).write_text("watchdog")
+    assert not layout.claim_run_dir(older_watchdog, layout.ABANDONED)  # it is starting: do not give up
+    assert not layout.is_abandoned(older_watchdog)
+    assert not layout.claim_run_dir(older_watchdog, {"pid": 1})
+    given_up = _prepare(runs_dir, new_job_id())
+    assert layout.claim_run_dir(given_up, layout.ABANDONED)
+    assert (given_up / layout.LEGACY_CLAIM_FILE).exists()  # an older watchdog cannot claim it either
+    assert layout.is_abandoned(given_up) and not layout.claim_run_dir(given_up, {"pid": 1})
