@@ -118,11 +118,12 @@ def bench_discovery(lan: Lan, slots: dict[str, int]) -> None:
 
 
 DISCOVERY_NOTE = """\
-  Why the first figure reads 0.00 s: it is right, and it is a bound, not a duration. h3 starts
+  Why the first figure can read 0.00 s (it did in an earlier run): it is a bound, not a duration. h3 starts
   its peer API and announces itself by mDNS in cluster.async_start, before it serves its local
   API; h1 and h2 hear the announcement and heartbeat h3 at once (mutual TLS), and h3 learns them
-  from those heartbeats and its own mDNS browse. All of it is over before h3's local API first
-  answers, so the same 10 ms poll that sees h3 answer sees all three up. Discovery itself is the
+  from those heartbeats and its own mDNS browse. When all of it is over before h3's local API
+  first answers, the same 10 ms poll that sees h3 answer sees all three up (0.00 s); otherwise
+  the figure is how much later the last of those heartbeats came. Discovery itself is the
   second figure (from h3's spawn: process start, probes, mDNS, heartbeats)."""
 
 
