@@ -234,12 +234,17 @@ def _gone(proc: psutil.Process) -> bool:
         return True
 
 
-def test_a_start_goes_to_the_spare_forked_ahead_which_leaves_with_the_zygote(zrunner: Runner) -> None:
-    assert zrunner.zygote is not None and zrunner.zygote.start()
-    zygote = zrunner.zygote.pid
+def _started_with_spare(runner: Runner) -> tuple[int, psutil.Process]:
+    """Start the runner's zygote; (its pid, the spare watchdog it forked ahead)."""
+    assert runner.zygote is not None and runner.zygote.start()
+    zygote = runner.zygote.pid
     assert zygote is not None
     wait_until(lambda: len(_children(zygote)) == 1, 10.0, "the spare watchdog")
-    spare = _children(zygote)[0]
+    return zygote, _children(zygote)[0]
+
+
+def test_a_start_goes_to_the_spare_forked_ahead_which_leaves_with_the_zygote(zrunner: Runner) -> None:
+    zygote, spare = _started_with_spare(zrunner)
     assert os.getsid(spare.pid) == spare.pid  # already detached, before any start
     job_id = new_job_id()
     handle = zrunner.start(job_id, 1, ["/bin/true"], job_env(job_id), None, None)
@@ -253,11 +258,7 @@ def test_a_start_goes_to_the_spare_forked_ahead_which_leaves_with_the_zygote(zru
 
 
 def test_a_dead_spare_costs_a_fork_not_a_start(zrunner: Runner) -> None:
-    assert zrunner.zygote is not None and zrunner.zygote.start()
-    zygote = zrunner.zygote.pid
-    assert zygote is not None
-    wait_until(lambda: len(_children(zygote)) == 1, 10.0, "the spare watchdog")
-    spare = _children(zygote)[0]
+    _, spare = _started_with_spare(zrunner)
     spare.kill()
     wait_until(lambda: _gone(spare), 10.0, "the spare to die")
     job_id = new_job_id()
@@ -265,7 +266,7 @@ def test_a_dead_spare_costs_a_fork_not_a_start(zrunner: Runner) -> None:
     assert handle.watchdog_pid != spare.pid
     status = wait_status(zrunner, handle)
     assert (status.exit_code, status.reason) == (5, "exited")
-    assert zrunner.zygote.starts == 1  # the same zygote
+    assert zrunner.zygote is not None and zrunner.zygote.starts == 1  # the same zygote
 
 
 def _fs_type(path: Path) -> str:
