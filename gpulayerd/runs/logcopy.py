@@ -33,8 +33,8 @@ class CappedLog:
 
     Args:
         read_fd: the read end of the job's pipe; owned (closed) by this object.
-        path: the log file (created when the first byte arrives, else appended to; what it
-            already holds counts against the cap).
+        path: the log file (created when the first byte arrives, mode 0600, never through a
+            symlink; else appended to; what it already holds counts against the cap).
         cap_bytes: the most of the job's output kept; None keeps all of it.
     """
 
@@ -111,7 +111,8 @@ class CappedLog:
     def _open(self) -> None:
         """Open (create) the log file for appending; while it cannot be, the output is dropped (and counted)."""
         try:
-            self._file = open(self._path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
+            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self._file = open(fd, "ab", buffering=0)  # noqa: SIM115 (closed in close())
             self._written = self._file.tell()
         except OSError as e:
             self._file, self._written, self._error = None, 0, e.strerror or str(e)

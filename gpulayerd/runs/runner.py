@@ -280,8 +280,8 @@ class Runner:
                     handle = self._await_start(job_id, attempt, run_dir, launch.poll, launch.pause, launch.lost)
                 if handle is not None:
                     return handle
-                log.warning("job %s attempt %d: the zygote died before starting it; starting a watchdog",
-                            job_id, attempt)
+                log.warning("job %s attempt %d: no watchdog of the zygote claimed it (the zygote or its watchdog "
+                            "died, or the claim could not be written); starting a watchdog", job_id, attempt)
         with open(run_dir / WATCHDOG_LOG, "ab") as watchdog_log:
             try:
                 launcher = subprocess.Popen(

@@ -486,10 +486,21 @@ def _become_watchdog(run_dir: Path, fds: list[int]) -> None:
 
 
 class _LazyLog(logging.FileHandler):
-    """A forked watchdog's log file, created (0600, no symlink followed) with its first record."""
+    """A forked watchdog's log file, created (0600, no symlink followed) with its first record.
+
+    A record that cannot be written (the file cannot be created: no inode left, a symlink in its
+    place) is dropped: logging never raises into the watchdog, which must still stop the job and
+    record its end. The next record tries again.
+    """
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, mode="a", encoding="utf-8", delay=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            super().emit(record)  # (FileHandler opens the file outside its own error handling)
+        except OSError:
+            self.handleError(record)  # to stderr, which is /dev/null here: never raises
 
     def _open(self) -> io.TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,

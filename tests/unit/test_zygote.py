@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tests.unit.test_runner import (
     GRACE_S,
     POLL_S,
     _kill_leftovers,
+    dead,
     job_env,
     new_job_id,
     wait_status,
@@ -312,3 +314,35 @@ def test_a_claim_file_of_an_older_version_is_honoured_both_ways(runs_dir: Path) 
     assert layout.claim_run_dir(given_up, layout.ABANDONED)
     assert (given_up / layout.LEGACY_CLAIM_FILE).exists()  # an older watchdog cannot claim it either
     assert layout.is_abandoned(given_up) and not layout.claim_run_dir(given_up, {"pid": 1})
+
+
+def test_a_watchdog_log_that_cannot_be_created_never_stops_the_watchdog(zrunner: Runner, tmp_path: Path) -> None:
+    """Its first line comes mid-job (at the deadline): when watchdog.log cannot be created (here a
+    symlink in its place; no inode left is the same), the line is dropped and the watchdog still
+    stops the job and records its end, without following the link."""
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    job_id = new_job_id()
+    handle = zrunner.start(job_id, 1, ["sleep", "1000"], job_env(job_id), None, time.monotonic() + 1.0)
+    (handle.run_dir / layout.WATCHDOG_LOG).symlink_to(victim)
+    status = wait_status(zrunner, handle)
+    assert (status.reason, status.killed_by_watchdog) == ("deadline", True)
+    assert (handle.run_dir / layout.EXIT_FILE).exists()
+    assert victim.read_text() == "untouched\n"
+    wait_until(lambda: dead(handle.job_pid), 10.0, "the job to be gone")
+
+
+def test_an_output_log_is_never_written_through_a_symlink(zrunner: Runner, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    job_id = new_job_id()
+    flag = tmp_path / "go"
+    handle = zrunner.start(job_id, 1, ["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.02; done; echo out; echo err >&2"],
+                           job_env(job_id), None, None)
+    (handle.run_dir / "stdout.log").symlink_to(victim)  # before the job's first byte
+    flag.touch()
+    status = wait_status(zrunner, handle)
+    assert (status.exit_code, status.reason) == (0, "exited")
+    assert victim.read_text() == "untouched\n"
+    assert (handle.run_dir / "stderr.log").read_text() == "err\n"
+    assert os.stat(handle.run_dir / "stderr.log").st_mode & 0o777 == 0o600
