@@ -24,6 +24,7 @@ and :meth:`Runner.recorded` lets it go once the daemon has stored the end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -34,6 +35,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.identity import JobUser
@@ -434,7 +437,11 @@ class Runner:
             log.info("job %s attempt %d: cancel sent to watchdog pid %d",
                      handle.job_id, handle.attempt, handle.watchdog_pid)
             return
-        if (handle.run_dir / EXIT_FILE).exists() or handle.job_pgid is None:
+        if (handle.run_dir / EXIT_FILE).exists():
+            return
+        if handle.job_pgid is None:
+            # Gone before it wrote job.json: it may have spawned the job just before it died.
+            self._stop_unrecorded(handle)
             return
         log.warning("job %s attempt %d: watchdog pid %d is gone; stopping the job from the daemon",
                     handle.job_id, handle.attempt, handle.watchdog_pid)
@@ -489,7 +496,9 @@ class Runner:
             ):
                 if (run_dir / JOB_FILE).exists() or (run_dir / EXIT_FILE).exists():
                     continue  # it finished everything between our two looks
-                raise RunnerError(f"{what}: the watchdog died before starting the job; "
+                killed = self._stop_unrecorded(handle)
+                raise RunnerError(f"{what}: the watchdog died before it recorded the job's start"
+                                  f"{f' (the job it had spawned was killed: pids {killed})' if killed else ''}; "
                                   f"{_log_tail(run_dir / WATCHDOG_LOG)}")
             code = launcher_poll()
             if handle is None and lost():
@@ -502,6 +511,30 @@ class Runner:
                 raise RunnerError(f"{what}: the watchdog did not start the job within "
                                   f"{self._start_timeout_s:g} s")
             pause()
+
+    def _stop_unrecorded(self, handle: RunHandle) -> list[int]:
+        """SIGKILL what a watchdog that died before it wrote ``job.json`` may have started: the
+        processes carrying the attempt's ``GPULAYER_JOB_ID``/``GPULAYER_ATTEMPT``
+        (:func:`~gpulayerd.runs.process.job_processes`), until two looks 50 ms apart find none
+        (a job still between fork and exec carries the watchdog's environment for an instant), at
+        most ``kill_timeout_s``. Blocking (reads every process's environment). Returns the pids
+        killed: an attempt recorded as never started must not run beside its retry.
+        """
+        killed: list[int] = []
+        end = time.monotonic() + self._kill_timeout_s
+        quiet = 0
+        while quiet < 2 and time.monotonic() < end:
+            found = job_processes(handle)
+            quiet = 0 if found else quiet + 1
+            for proc in found:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+                    killed.append(proc.pid)
+            time.sleep(0.05)
+        if killed:
+            log.warning("job %s attempt %d: its watchdog died before it recorded the start; killed the job's "
+                        "processes %s", handle.job_id, handle.attempt, sorted(set(killed)))
+        return sorted(set(killed))
 
     def _abandon(self, run_dir: Path) -> None:
         """Kill a watchdog that failed to start its job in time, and the job if it has one.

@@ -31,6 +31,8 @@ from gpulayerd.models import JobSpec
 from gpulayerd.runs import runner as runner_module
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.launch import build_argv, build_env
+from gpulayerd.runs.layout import claim_run_dir
+from gpulayerd.runs.process import job_processes, record_of
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunState, RunStatus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -579,3 +581,62 @@ def test_the_first_deadline_comes_from_the_launch_and_none_removes_it(runner: Ru
     runner.extend_deadline(handle, None)  # no deadline any more: it runs to its end
     status = wait_status(runner, handle)
     assert (status.exit_code, status.reason) == (0, "exited")
+
+
+DIE_BEFORE_JOB_JSON = '''\
+"""Test fault injection: a watchdog (python -m gpulayerd.runs.watchdog) dies right after it spawned
+the job, before job.json is in place."""
+import os
+_replace = os.replace
+
+
+def _replace_then_die(src, dst, *a, **k):
+    if str(dst).endswith("/job.json"):
+        os._exit(9)
+    return _replace(src, dst, *a, **k)
+
+
+with open("/proc/self/cmdline", "rb") as f:
+    if b"gpulayerd.runs.watchdog" in f.read():
+        os.replace = _replace_then_die
+'''
+
+
+def test_a_watchdog_dead_before_it_recorded_the_start_leaves_no_job_running(
+        runs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between spawning the job and writing job.json: the start fails and the job it had
+    spawned is found by its GPULAYER_JOB_ID/ATTEMPT and killed (its retry must not run beside it)."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(DIE_BEFORE_JOB_JSON)
+    monkeypatch.setenv("PYTHONPATH", str(inject))
+    runner = Runner(runs_dir, grace_s=GRACE_S, poll_interval_s=POLL_S)
+    job_id = new_job_id()
+    marker = tmp_path / "ran"
+    with pytest.raises(RunnerError, match=r"died before it recorded the job's start \(the job it had spawned was killed"):
+        runner.start(job_id, 1, ["sh", "-c", f"touch {marker}; exec sleep 1000"], job_env(job_id), None, None)
+    assert marker.exists()  # it had started...
+    handle = runner.adopt(runner.run_dir(job_id, 1))
+    assert handle is not None and handle.job_pid is None
+    assert job_processes(handle) == []  # ...and nothing of it runs now
+
+
+def test_cancel_after_a_watchdog_died_before_job_json_finds_the_job_by_its_tag(runner: Runner, tmp_path: Path) -> None:
+    job_id = new_job_id()
+    run_dir = runner.run_dir(job_id, 1)
+    run_dir.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    record = record_of(gone.pid)
+    assert record is not None
+    gone.wait()  # a watchdog that is dead now
+    claim_run_dir(run_dir, {"pid": gone.pid, "create_time": record.create_time, "start_ticks": record.start_ticks})
+    orphan = subprocess.Popen(["sleep", "1000"], env=job_env(job_id), start_new_session=True)
+    try:
+        handle = runner.adopt(run_dir)
+        assert handle is not None and handle.job_pgid is None
+        assert runner.poll(handle).state is RunState.GONE
+        runner.cancel(handle)
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        orphan.kill()
+        orphan.wait()
