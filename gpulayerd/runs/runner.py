@@ -29,6 +29,7 @@ import enum
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -255,8 +256,10 @@ class Runner:
             raise RunnerError(f"job {job_id} attempt {attempt}: empty command")
         # launch.json holds the job's whole environment (tokens included): owner only.
         try:
-            run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            run_dir.mkdir(mode=0o700, exist_ok=True)
+            for directory in (run_dir.parent, run_dir):  # nothing is made or written through a link
+                directory.mkdir(mode=0o700, parents=directory == run_dir.parent, exist_ok=True)
+                if not stat.S_ISDIR(os.lstat(directory).st_mode):
+                    raise RunnerError(f"job {job_id} attempt {attempt}: {directory} is not a directory (a symlink?)")
             if (run_dir / WATCHDOG_FILE).exists() or (run_dir / EXIT_FILE).exists():
                 raise RunnerError(f"{run_dir} holds an earlier run of job {job_id} attempt {attempt}")
             write_json(

@@ -640,3 +640,20 @@ def test_cancel_after_a_watchdog_died_before_job_json_finds_the_job_by_its_tag(r
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_a_symlinked_run_directory_gets_nothing_written_through_it(runner: Runner, runs_dir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job_id = new_job_id()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    (runs_dir / job_id).symlink_to(elsewhere)
+    with pytest.raises(RunnerError, match="is not a directory"):
+        runner.start(job_id, 1, ["true"], job_env(job_id), None, None)
+    assert list(elsewhere.iterdir()) == []  # no launch.json (the job's environment) went there
+    other = new_job_id()
+    (runs_dir / other).mkdir(mode=0o700)
+    (runs_dir / other / "1").symlink_to(elsewhere)
+    with pytest.raises(RunnerError, match="is not a directory"):
+        runner.start(other, 1, ["true"], job_env(other), None, None)
+    assert list(elsewhere.iterdir()) == []
