@@ -13,7 +13,7 @@ from pathlib import Path
 __all__ = ["create_exclusive", "fsync_dir", "write_atomic"]
 
 
-def write_atomic(path: Path, data: bytes | str, mode: int = 0o600) -> None:
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o600, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically and durably.
 
     The data goes to a temporary file in the same directory (created with ``mode``, never
@@ -25,33 +25,36 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o600) -> None:
         path: the file to replace; its directory must exist.
         data: the new content.
         mode: permission bits of the new file (default 0600).
+        durable: False skips both fsyncs: still atomic for every reader and across a crash of
+            any process, not across a crash of the machine.
 
     Raises:
         OSError: the file could not be written or renamed (the temporary file is removed).
     """
-    tmp = _write_tmp(path, data.encode("utf-8") if isinstance(data, str) else data, mode)
+    tmp = _write_tmp(path, data.encode("utf-8") if isinstance(data, str) else data, mode, durable)
     try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def create_exclusive(path: Path, data: bytes | str, mode: int = 0o600) -> bool:
+def create_exclusive(path: Path, data: bytes | str, mode: int = 0o600, *, durable: bool = True) -> bool:
     """Create ``path`` with ``data`` atomically unless it exists.
 
-    Like :func:`write_atomic`, but the complete file is linked into place only if no file of
-    that name exists, so concurrent callers never overwrite each other.
+    Like :func:`write_atomic` (``durable`` too), but the complete file is linked into place only
+    if no file of that name exists, so concurrent callers never overwrite each other.
 
     Returns:
         True if this call created the file, False if it existed already.
 
     Raises:
-        OSError: the file could not be written or linked.
+        OSError: the file could not be written or linked (no temporary file is left).
     """
-    tmp = _write_tmp(path, data.encode("utf-8") if isinstance(data, str) else data, mode)
+    tmp = _write_tmp(path, data.encode("utf-8") if isinstance(data, str) else data, mode, durable)
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -59,7 +62,8 @@ def create_exclusive(path: Path, data: bytes | str, mode: int = 0o600) -> bool:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return True
 
 
@@ -73,8 +77,8 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def _write_tmp(path: Path, data: bytes, mode: int) -> Path:
-    """Write ``data`` to a new temporary file next to ``path``; fsynced, with ``mode``."""
+def _write_tmp(path: Path, data: bytes, mode: int, durable: bool = True) -> Path:
+    """Write ``data`` to a new temporary file next to ``path``, with ``mode``; fsynced if ``durable``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # left by a crashed process with the same pid
@@ -83,7 +87,8 @@ def _write_tmp(path: Path, data: bytes, mode: int) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
             os.fchmod(f.fileno(), mode)
     except BaseException:
         with contextlib.suppress(OSError):

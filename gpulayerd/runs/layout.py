@@ -22,22 +22,23 @@ started through the zygote makes six (two directories, ``launch.json``, ``watchd
 ``job.json``, ``exit.json``), and the runs directory spreads the jobs' directories over the disk
 (:func:`spread_job_dirs`).
 
-Standard library only: the watchdog imports this module.
+Standard library only (and :mod:`gpulayerd.atomic`, standard library only too): the watchdog
+imports this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import re
 import struct
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+
+from gpulayerd.atomic import create_exclusive, write_atomic
 
 __all__ = [
     "ABANDONED",
@@ -50,6 +51,7 @@ __all__ = [
     "STDOUT_LOG",
     "WATCHDOG_FILE",
     "WATCHDOG_LOG",
+    "abandon_run_dir",
     "claim_run_dir",
     "is_abandoned",
     "log_path",
@@ -62,16 +64,17 @@ __all__ = [
 
 LAUNCH_FILE = "launch.json"
 WATCHDOG_FILE = "watchdog.json"
-"""The claim: created exclusively (:func:`claim_run_dir`) by whichever comes first, the
-watchdog before it starts the job (with its process record), or a daemon that gives up on an
-attempt whose watchdog never showed up (``{"abandoned": true}``: after a restart, or when the
-start timed out). Only one of them can
+"""The claim: created exclusively by whichever comes first, the watchdog before it starts the
+job (with its process record, :func:`claim_run_dir`), or a daemon that gives up on an attempt
+whose watchdog never showed up (``{"abandoned": true}``: after a restart, or when the start timed
+out; :func:`abandon_run_dir`). Only one of them can
 create it, so an abandoned attempt can never start later."""
 ABANDONED: Mapping[str, object] = MappingProxyType({"abandoned": True})
 """``watchdog.json`` of an attempt the daemon gave up on before any watchdog claimed it (after a
 restart, or when the start timed out)."""
 LEGACY_CLAIM_FILE = "claim"
-"""The claim of gpulayer before watchdog.json was the claim: still honoured (see :func:`claim_run_dir`)."""
+"""The claim of gpulayer before watchdog.json was the claim: still honoured (:func:`claim_run_dir`,
+:func:`abandon_run_dir`)."""
 JOB_FILE = "job.json"
 EXIT_FILE = "exit.json"
 DEADLINE_FILE = "deadline"
@@ -156,7 +159,8 @@ def write_json(path: Path, data: Mapping[str, object]) -> None:
 
 
 def write_file(path: Path, data: str) -> None:
-    """Replace ``path`` with ``data`` (UTF-8, mode 0600) atomically, without fsync.
+    """Replace ``path`` with ``data`` (UTF-8, mode 0600) atomically, without fsync
+    (:func:`gpulayerd.atomic.write_atomic` with ``durable=False``).
 
     A reader sees the old file or the new one, never a part, and the file survives a crash
     of any process; not a crash of the machine (then the job is gone too, and the store,
@@ -166,16 +170,7 @@ def write_file(path: Path, data: str) -> None:
     Raises:
         OSError: it cannot be written (the temporary file is removed).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # left by a crashed process with the same pid
-    try:
-        _write_new(tmp, data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data, 0o600, durable=False)
 
 
 def read_json(path: Path) -> dict[str, object] | None:
@@ -188,58 +183,52 @@ def read_json(path: Path) -> dict[str, object] | None:
 
 
 def claim_run_dir(run_dir: Path, record: Mapping[str, object]) -> bool:
-    """Create ``RUN_DIR/watchdog.json`` holding ``record``, unless it exists; True if this caller
-    created it (it wins).
+    """The watchdog's claim: create ``RUN_DIR/watchdog.json`` holding ``record``, unless it exists;
+    True if this caller created it (it wins).
 
-    The file appears complete or not at all (written under a temporary name, then hard-linked
-    into place: a link never replaces a file), without fsync, like :func:`write_file`. A missing
-    run directory counts as won by the caller: nothing can start there. A ``claim`` file left by
-    an older gpulayer (:data:`LEGACY_CLAIM_FILE`) counts as a claim already made; the daemon's
-    give-up (``record`` is :data:`ABANDONED`) creates one too, so that a watchdog of an older
-    version started before an upgrade cannot start the attempt either.
-
-    When the record cannot be written for want of space, :data:`ABANDONED` is claimed with an
-    empty file (it needs no data block; :func:`is_abandoned` reads it so); a watchdog's record
-    cannot, and the error is raised.
+    The file appears complete or not at all (:func:`gpulayerd.atomic.create_exclusive`, without
+    fsync, like :func:`write_file`). A missing run directory counts as won: nothing can start
+    there. A ``claim`` file (:data:`LEGACY_CLAIM_FILE`) counts as a claim already made.
 
     Raises:
         OSError: it cannot be written (no temporary file is left).
     """
-    if record == ABANDONED:
-        try:
-            os.close(os.open(run_dir / LEGACY_CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        except FileExistsError:
-            return False  # an older watchdog claimed it
-        except FileNotFoundError:
-            return True
-    elif (run_dir / LEGACY_CLAIM_FILE).exists():
+    if (run_dir / LEGACY_CLAIM_FILE).exists():
         return False
-    path = run_dir / WATCHDOG_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.claim")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # left by a crashed process with the same pid
     try:
-        _write_new(tmp, json.dumps(dict(record), sort_keys=True) + "\n")
+        return create_exclusive(run_dir / WATCHDOG_FILE, json.dumps(dict(record), sort_keys=True) + "\n", 0o600,
+                                durable=False)
     except FileNotFoundError:
         return True
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if record != ABANDONED:
-            raise
-        try:  # a full disk: an empty watchdog.json needs only an inode
+
+
+def abandon_run_dir(run_dir: Path) -> bool:
+    """The daemon's give-up: claim the attempt in ``run_dir`` as :data:`ABANDONED` so that no
+    watchdog ever starts it; True if no watchdog had claimed it (a missing run directory counts).
+
+    It creates :data:`LEGACY_CLAIM_FILE` first (an older version's watchdog, started before an
+    upgrade, checks that one), then ``watchdog.json``. When the record cannot be written for want
+    of space, an empty ``watchdog.json`` stands for it (it needs an inode, no data block;
+    :func:`is_abandoned` reads both).
+
+    Raises:
+        OSError: not even an empty file can be created (no inode left).
+    """
+    try:
+        os.close(os.open(run_dir / LEGACY_CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return False  # an older watchdog claimed it
+    except FileNotFoundError:
+        return True
+    path = run_dir / WATCHDOG_FILE
+    try:
+        return create_exclusive(path, json.dumps(dict(ABANDONED), sort_keys=True) + "\n", 0o600, durable=False)
+    except OSError:  # a full disk: an empty watchdog.json needs only an inode
+        try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
         except FileExistsError:
             return False
         return True
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    return True
 
 
 def is_abandoned(run_dir: Path) -> bool:
@@ -252,14 +241,3 @@ def is_abandoned(run_dir: Path) -> bool:
     except OSError:
         return False
     return read_json(path) == dict(ABANDONED)
-
-
-def _write_new(path: Path, data: str) -> None:
-    """Create ``path`` (it must not exist; mode 0600, no symlink followed) holding ``data``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(data.encode("utf-8"))
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)

@@ -42,7 +42,6 @@ import psutil
 from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.identity import JobUser
 from gpulayerd.runs.layout import (
-    ABANDONED,
     DEADLINE_FILE,
     EXIT_FILE,
     JOB_FILE,
@@ -51,7 +50,7 @@ from gpulayerd.runs.layout import (
     STDOUT_LOG,
     WATCHDOG_FILE,
     WATCHDOG_LOG,
-    claim_run_dir,
+    abandon_run_dir,
     is_abandoned,
     read_json,
     write_file,
@@ -394,7 +393,7 @@ class Runner:
             (call :meth:`adopt` again shortly).
         """
         run_dir = Path(run_dir)
-        return claim_run_dir(run_dir, ABANDONED) or is_abandoned(run_dir)
+        return abandon_run_dir(run_dir) or is_abandoned(run_dir)
 
     def adopt(self, run_dir: Path) -> RunHandle | None:
         """Rebuild the handle of an attempt from its run directory (after a daemon restart).
@@ -547,7 +546,7 @@ class Runner:
                 start the attempt later.
         """
         try:
-            if claim_run_dir(run_dir, ABANDONED):
+            if abandon_run_dir(run_dir):
                 return  # the watchdog had not started: now it never will
         except OSError as e:
             raise RunnerError(f"cannot give up on {run_dir} ({e.strerror or e}): a watchdog may still start it") from e

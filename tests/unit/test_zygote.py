@@ -207,7 +207,7 @@ def test_a_watchdog_that_logs_creates_its_log(zrunner: Runner) -> None:
 
 def test_the_claim_is_won_once_and_an_abandoned_attempt_never_starts(zrunner: Runner, runs_dir: Path) -> None:
     run_dir = _prepare(runs_dir, new_job_id())
-    assert layout.claim_run_dir(run_dir, layout.ABANDONED)
+    assert layout.abandon_run_dir(run_dir)
     assert not layout.claim_run_dir(run_dir, {"pid": 1})  # the first one stays
     assert layout.read_json(run_dir / layout.WATCHDOG_FILE) == {"abandoned": True}
     assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no temporary file left
@@ -307,11 +307,11 @@ def test_a_claim_file_of_an_older_version_is_honoured_both_ways(runs_dir: Path) 
     replaces); an older daemon gave up with ``claim`` alone. Neither attempt can be taken again."""
     older_watchdog = _prepare(runs_dir, new_job_id())
     (older_watchdog / layout.LEGACY_CLAIM_FILE).write_text("watchdog")
-    assert not layout.claim_run_dir(older_watchdog, layout.ABANDONED)  # it is starting: do not give up
+    assert not layout.abandon_run_dir(older_watchdog)  # it is starting: do not give up
     assert not layout.is_abandoned(older_watchdog)
     assert not layout.claim_run_dir(older_watchdog, {"pid": 1})
     given_up = _prepare(runs_dir, new_job_id())
-    assert layout.claim_run_dir(given_up, layout.ABANDONED)
+    assert layout.abandon_run_dir(given_up)
     assert (given_up / layout.LEGACY_CLAIM_FILE).exists()  # an older watchdog cannot claim it either
     assert layout.is_abandoned(given_up) and not layout.claim_run_dir(given_up, {"pid": 1})
 
