@@ -325,8 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         fds, sender = _unpack(ancdata)
         try:
-            pid, spare = _serve(sock, runs_root, uid, msg, fds, sender, spare)
-            reply: dict[str, object] = {"ok": True, "pid": pid}
+            reply: dict[str, object] = {"ok": True, "pid": _serve(sock, runs_root, uid, msg, fds, sender, spare)}
+            spare = None  # used (or dead): a refused request leaves it waiting
         except ZygoteRefused as e:
             log.warning("refused a start: %s", e)
             reply = {"ok": False, "error": str(e)}
@@ -376,9 +376,9 @@ class _Spare:
 
 
 def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list[int], sender: int | None,
-           spare: _Spare | None) -> tuple[int, _Spare | None]:
-    """Check one request and hand it to the spare watchdog (or fork one); (the watchdog's pid, the
-    spare still unused)."""
+           spare: _Spare | None) -> int:
+    """Check one request and hand it to the spare watchdog (or fork one if it cannot take it); the
+    watchdog's pid. Once the request passed its checks, ``spare`` is used up either way."""
     if sender != uid:
         raise ZygoteRefused(f"a request from uid {sender} (only uid {uid} may start jobs here)")
     try:
@@ -390,14 +390,14 @@ def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list
         raise ZygoteRefused(f"a request with {len(fds)} descriptors for {locks} locks")
     run_dir = check_run_dir(runs_root, job_id, attempt, uid)
     if spare is not None and spare.hand_over(run_dir, fds):
-        return spare.pid, None
+        return spare.pid
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         _detach(sock)
         _become_watchdog(run_dir, fds)  # never returns
-    return pid, None
+    return pid
 
 
 def _fork_spare(sock: socket.socket) -> _Spare | None:

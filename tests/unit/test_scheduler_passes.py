@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,18 @@ from tests.fakes.daemons import OWNER, FakeDaemon, Lab
 from tests.unit.test_reasons_scheduler import _caps, _submit
 
 
+@contextlib.asynccontextmanager
+async def _owner_lab(tmp_path: Path) -> AsyncIterator[tuple[Lab, FakeDaemon]]:
+    """A lab with one owner daemon of 2 CPU slots and no GPU, closed at the end."""
+    lab = Lab(tmp_path)
+    try:
+        d = await lab.add("owner", OWNER, cpu_slots=2)
+        d.services.machine.use_capabilities(_caps(d, 0, lab))
+        yield lab, d
+    finally:
+        await lab.close()
+
+
 async def _submit_in(d: FakeDaemon, workdir: Path, name: str, frameworks: dict[str, str] | None = None) -> str:
     spec: dict[str, Any] = {"command": ["python", "train.py"], "workdir": str(workdir), "name": name,
                             "policy": {"lease_s": 3600.0}, "requirements": {"frameworks": frameworks or {}}}
@@ -29,10 +43,7 @@ async def _submit_in(d: FakeDaemon, workdir: Path, name: str, frameworks: dict[s
 
 @pytest.mark.asyncio
 async def test_a_claim_that_raises_does_not_leave_the_new_jobs_unwalked(tmp_path: Path) -> None:
-    lab = Lab(tmp_path)
-    try:
-        d = await lab.add("owner", OWNER, cpu_slots=2)
-        d.services.machine.use_capabilities(_caps(d, 0, lab))
+    async with _owner_lab(tmp_path) as (lab, d):
         await _submit(lab, d, (0, 1, {"torch": ">=9"}), "never")  # never fits: the machine is settled
         await lab.settle()
         await lab.schedule()
@@ -53,16 +64,11 @@ async def test_a_claim_that_raises_does_not_leave_the_new_jobs_unwalked(tmp_path
         row = await d.store.jobs.get_job(a)
         assert row is not None
         assert row.status is not JobStatus.QUEUED, ("a fits now but stays queued", row.reason)
-    finally:
-        await lab.close()
 
 
 @pytest.mark.asyncio
 async def test_a_job_waiting_on_a_missing_workdir_keeps_timer_passes_on(tmp_path: Path) -> None:
-    lab = Lab(tmp_path)
-    try:
-        d = await lab.add("owner", OWNER, cpu_slots=2)
-        d.services.machine.use_capabilities(_caps(d, 0, lab))
+    async with _owner_lab(tmp_path) as (lab, d):
         missing = tmp_path / "later"
         x = await _submit_in(d, missing, "x")  # waits: its workdir is missing (volatile)
         await lab.settle()
@@ -77,5 +83,3 @@ async def test_a_job_waiting_on_a_missing_workdir_keeps_timer_passes_on(tmp_path
         os.makedirs(missing)  # no event reports it
         assert not sched._idle(), ("a timer pass would be skipped although x waits on a missing workdir",
                                    (await d.store.jobs.get_job(x)).reason)  # type: ignore[union-attr]
-    finally:
-        await lab.close()
