@@ -478,7 +478,8 @@ def test_the_watchdog_holds_the_device_locks_until_the_job_ends(runner: Runner, 
     assert job_fds <= {0, 1, 2}  # the job itself does not inherit the locks
     (tmp_path / "go").touch()
     assert wait_status(runner, handle).exit_code == 0
-    assert not locks.is_locked_elsewhere("GPU-aaa")
+    # Released right after exit.json is written (the locks are the attempt's until its end is recorded).
+    wait_until(lambda: not locks.is_locked_elsewhere("GPU-aaa"), 10.0, "the device locks to be released")
 
 
 # ------------------------------------------------------------------------------- torchrun

@@ -77,7 +77,8 @@ def test_a_watchdog_forked_by_the_zygote_runs_the_job_detached_with_its_locks(
     (tmp_path / "go").touch()
     status = wait_status(zrunner, handle)
     assert (status.state, status.exit_code, status.reason) == (RunState.EXITED, 3, "exited")
-    assert not locks.is_locked_elsewhere("GPU-aaa")
+    # Released right after exit.json is written (the locks are the attempt's until its end is recorded).
+    wait_until(lambda: not locks.is_locked_elsewhere("GPU-aaa"), 10.0, "the device locks to be released")
     assert (handle.run_dir / "stdout.log").read_text() == "hi\n"
 
 
