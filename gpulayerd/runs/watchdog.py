@@ -125,7 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _Watchdog(run_dir).run()
 
 
-_LIBC: list[ctypes.CDLL] = []
 _PREPARED: dict[int, tuple[bool, ProcessRecord | None]] = {}  # pid -> (subreaper, own record)
 
 
@@ -596,11 +595,10 @@ def _become_subreaper() -> bool:
         return False
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
     """The C library's handle (loaded once per process, or inherited from the zygote)."""
-    if not _LIBC:
-        _LIBC.append(ctypes.CDLL(None, use_errno=True))
-    return _LIBC[0]
+    return ctypes.CDLL(None, use_errno=True)
 
 
 if __name__ == "__main__":
