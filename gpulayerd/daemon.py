@@ -22,11 +22,10 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-from pydantic import BaseModel
+from typing import Protocol
 
 from gpulayerd import __version__
+from gpulayerd.api.peer import PeerRouter, TlsNetwork
 from gpulayerd.api.server import LocalSocket, make_local_app, start_unix_site
 from gpulayerd.api.unixsite import socket_answers
 from gpulayerd.app.clock import Clock
@@ -41,9 +40,10 @@ from gpulayerd.app.member import GangMember
 from gpulayerd.app.metrics import MetricsService, StoreJobs, nvidia_path
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.app.ports import Directory
 from gpulayerd.app.recovery import Recovery
 from gpulayerd.app.remote_jobs import RemoteJobs
+from gpulayerd.app.roles import LocalRoles, PeerRoles
 from gpulayerd.app.scheduler import Scheduler
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.starter import Starter
@@ -59,6 +59,7 @@ from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.machinelock import Holder, MachineLocked, acquire_machine_lock, release_machine_lock
 from gpulayerd.models import Capabilities
 from gpulayerd.net.identity import Identity, check_mode, load_or_create_identity
+from gpulayerd.net.transport import PeerDispatch, PeerHandler, PeerNetwork, PeerTransport, Sender
 from gpulayerd.notify import notify_ready, notify_stopping
 from gpulayerd.privdirs import make_private_dirs
 from gpulayerd.requester import Requesters
@@ -68,7 +69,8 @@ from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
 from gpulayerd.supervisor import supervise
 
-__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "StateLost", "build", "run"]
+__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "StateLost", "build", "peer_handlers",
+           "run"]
 
 log = logging.getLogger(__name__)
 
@@ -171,17 +173,17 @@ class PeerNode(PeerTransport, Directory, Protocol):
     :class:`ClusterNode` in production (mDNS, heartbeats, mutual TLS); a loopback one in unit tests.
     """
 
-    def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
-        """The services that answer the peers' messages (set once, at wiring)."""
+    def bind(self, *, machine: Machine, usage: UsageService | None = None) -> None:
+        """This machine and the fair-share book (set once, at wiring)."""
         ...
 
-    def bind_jobs(self, jobs: RemoteJobs) -> None:
-        """Who answers the peers' requests about jobs (``/v1/peer/job/...``; set once, at wiring)."""
+    def bind_router(self, router: PeerDispatch) -> None:
+        """Who answers the peers' messages to this node: the route table's dispatcher (set once, at wiring)."""
         ...
 
 
-PeerNodeFactory = Callable[[Signals], PeerNode]
-"""Makes the :class:`PeerNode` of a daemon being built, given its :class:`Signals`."""
+PeerNodeFactory = Callable[[Signals, PeerNetwork], PeerNode]
+"""Makes the :class:`PeerNode` of a daemon being built, given its :class:`Signals` and the network layer."""
 
 
 @dataclass
@@ -204,6 +206,39 @@ class Services:
     usage: UsageService | None = None
     runner: Runner | None = None
     metrics: MetricsService | None = None
+    router: PeerRouter | None = None
+    remote_jobs: RemoteJobs | None = None
+    requesters: Requesters | None = None
+
+
+def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember,
+                  remote_jobs: RemoteJobs, cluster: ClusterNode | None) -> dict[str, PeerHandler]:
+    """Every peer route's handler by the name the route table gives it (``heartbeat`` only in a cluster)."""
+
+    async def capabilities(sender: Sender, msg: object) -> Capabilities:
+        del sender, msg
+        return await machine.capabilities()
+
+    handlers: dict[str, PeerHandler] = {
+        "machine.capabilities": capabilities,
+        "jobs.listing": remote_jobs.listing,
+        "worker.offer": worker.offer,
+        "owner.claim": owner.claim,
+        "owner.report": owner.report,
+        "worker.kill": worker.kill,
+        "worker.logs": worker.logs,
+        "member.hold": member.hold,
+        "member.release": member.release,
+        "member.commit": member.commit,
+        "jobs.find": remote_jobs.find,
+        "jobs.peer_show": remote_jobs.peer_show,
+        "jobs.peer_explain": remote_jobs.peer_explain,
+        "jobs.peer_logs": remote_jobs.peer_logs,
+        "jobs.peer_cancel": remote_jobs.peer_cancel,
+    }
+    if cluster is not None:
+        handlers["cluster.heartbeat"] = cluster.heartbeat
+    return handlers
 
 
 def build(config: DaemonConfig, identity: Identity, store: Store, support: SupportMatrix, *,
@@ -229,14 +264,14 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     signals = Signals()
     node_id = identity.node_id
     hostname = hostname or socket.gethostname()
+    network = TlsNetwork()  # the peer API's listeners and client, served through the router built below
     cluster: ClusterNode | None = None
     node: PeerNode | None = None
     if peers is not None:
-        node = peers(signals)
+        node = peers(signals, network)
     elif identity.in_cluster:
         node = cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals,
-                                     version=__version__, hostname=hostname, clock=clock, rng=rng)
-    transport = SelfFirstTransport(node_id, node)
+                                     version=__version__, hostname=hostname, clock=clock, rng=rng, network=network)
     names = Names(node_id, hostname, node)
     ledger = Ledger()
     # Fair share: a peer's report counts for a few heartbeats (a peer that stops answering stops counting).
@@ -255,6 +290,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         support=support, signals=signals, clock=clock)
     if capabilities is not None:
         machine.use_capabilities(capabilities)
+    # This node's own messages to itself go through the same dispatcher, as its certificate names it.
+    transport = SelfFirstTransport(Sender(node_id, machine.accounts.mode, machine.accounts.user), node)
     jobs = OwnedJobs(store=store, signals=signals, clock=clock)
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
@@ -267,19 +304,25 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     owner = OwnerService(node_id=node_id, store=store, jobs=jobs, gangs=gangs, machine=machine, starter=starter,
                          transport=transport, directory=node, names=names, support=support, signals=signals,
                          clock=clock, rng=rng)
-    routes: dict[str, Callable[[str, Any], Awaitable[BaseModel]]] = {
-        "/v1/peer/report": owner.report, "/v1/peer/kill": worker.kill, "/v1/peer/hold": member.hold,
-        "/v1/peer/release": member.release, "/v1/peer/commit": member.commit,
-    }
-    for path, handler in routes.items():
-        transport.route(path, handler)
+    requesters = Requesters(mode=config.mode, admin_group=config.admin_group)
+    # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
+    remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
+                             names=names, requesters=requesters, time_limit_s=min(3.0, config.peer_timeout_s))
+    # THE peer dispatcher: every route's role is checked (app/roles.py) before its handler runs.
+    roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
+                      requesters=requesters, support=support, clock=clock, names=names)
+    router = PeerRouter(peer_handlers(machine=machine, owner=owner, worker=worker, member=member,
+                                      remote_jobs=remote_jobs, cluster=cluster),
+                        roles, stats=signals.stats, logger=logging.getLogger("gpulayerd.app.roles"))
+    transport.bind(router)
+    network.router = router
     if node is not None:
-        node.bind(machine=machine, owner=owner, worker=worker, member=member)
-    if cluster is not None:
-        cluster.bind_usage(usage)
+        node.bind(machine=machine, usage=usage)
+        node.bind_router(router)
     services = Services(
         signals=signals, machine=machine, worker=worker, cluster=cluster, owner=owner, jobs=jobs, gangs=gangs,
-        member=member, ledger=ledger, usage=usage, runner=runner,
+        member=member, ledger=ledger, usage=usage, runner=runner, router=router, remote_jobs=remote_jobs,
+        requesters=requesters,
         recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
         scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
                             gangs=gangs, transport=transport, directory=node, support=support, signals=signals,
@@ -288,7 +331,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                          clock=clock, usage=usage),
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
                      owner=owner, machine=machine, directory=node, signals=signals, clock=clock,
-                     requesters=Requesters(mode=config.mode, admin_group=config.admin_group)),
+                     requesters=requesters, roles=LocalRoles(store=store, jobs=jobs)),
     )
     services.api.bind_usage(usage, names)
 
@@ -298,12 +341,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     # Live GPU metrics (GET /v1/metrics): one nvidia-smi -lms process, only while someone watches.
     services.metrics = MetricsService(clock=clock, locate=locate_nvidia_smi, jobs=StoreJobs(store, ledger))
     services.api.bind_metrics(services.metrics)
-    # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
-    remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
-                             names=names, time_limit_s=min(3.0, config.peer_timeout_s))
     services.api.bind_remote(remote_jobs)
-    if node is not None:
-        node.bind_jobs(remote_jobs)
     return services
 
 

@@ -1,14 +1,15 @@
 """Domain errors of the daemon's services.
 
-The services raise these; the local API (:mod:`gpulayerd.api.server`) maps each
+The services raise these (and the peer errors at the end: a failed call to a peer, a refusal,
+a malformed peer message); the local API (:mod:`gpulayerd.api.server`) maps each
 ``code`` to an HTTP status and a stable error body, and the CLI maps the body's code
 to an exit status (``not_found`` and ``bad_request`` are usage errors, exit 2).
 """
 
 from __future__ import annotations
 
-__all__ = ["AmbiguousJob", "BadRequest", "Forbidden", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerUnreachable",
-           "SubmissionKeyReused"]
+__all__ = ["AmbiguousJob", "BadRequest", "Forbidden", "GpulayerError", "InvalidSpec", "NoSuchJob", "PeerBadRequest",
+           "PeerCallError", "PeerRefused", "PeerUnreachable", "SubmissionKeyReused"]
 
 
 class GpulayerError(Exception):
@@ -62,3 +63,26 @@ class PeerUnreachable(GpulayerError):
     """The peer that holds what was asked for did not answer."""
 
     code = "peer_unreachable"
+
+
+# ---------------------------------------------------------------------------- the peer protocol
+
+
+class PeerCallError(Exception):
+    """A call to a peer failed: unreachable, TLS refused, timed out, or an error reply."""
+
+
+class PeerRefused(PeerCallError):
+    """The peer answered 403: the sender does not hold the role the route needs (see
+    :mod:`gpulayerd.routes`), and nothing changed there. ``reason`` is the peer's own words
+    (``job 0123 belongs to alice``); the message adds where it was refused."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = message if reason is None else reason
+
+
+class PeerBadRequest(Exception):
+    """Raised by a peer route's handler: the message is malformed (e.g. a log offset out of range);
+    answered 400, nothing changed."""

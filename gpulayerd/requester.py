@@ -43,7 +43,6 @@ __all__ = [
     "Requester",
     "Requesters",
     "conceal",
-    "forbid",
     "hide_path",
     "job_user",
     "peer_credentials",
@@ -146,21 +145,6 @@ def job_user(job: JobView) -> str:
     return job.spec.user or job.submitted_by
 
 
-def forbid(requester: Requester | None, job_id: str, owner_user: str) -> None:
-    """Refuse a request on another user's job.
-
-    Args:
-        requester: who asks; None is the daemon itself (in-process callers), which may do anything.
-        job_id: the job's id (for the message).
-        owner_user: the user the job belongs to.
-
-    Raises:
-        Forbidden: ``job <id> belongs to <user>`` (HTTP 403, code ``forbidden``).
-    """
-    if requester is not None and not requester.may_manage(owner_user):
-        raise Forbidden(f"job {job_id} belongs to {owner_user or 'nobody'}")
-
-
 def conceal(job: JobView, requester: Requester | None) -> JobView:
     """``job`` as ``requester`` may see it (see :class:`~gpulayerd.models.JobView`'s ``spec_hidden``).
 
@@ -210,6 +194,7 @@ class Requesters:
         self._ttl_s = ttl_s
         self._monotonic = monotonic
         self._cache: dict[int, tuple[float, Requester]] = {}
+        self._admins: dict[str, tuple[float, bool]] = {}  # user name -> (until, admin here)
 
     async def resolve(self, creds: PeerCredentials) -> Requester:
         """The requester behind ``creds``.
@@ -245,6 +230,35 @@ class Requesters:
         except OSError:
             gids = (pw.pw_gid,)
         return Requester(uid=uid, user=pw.pw_name, gids=gids, admin=uid == 0 or self._own(uid) or self._in_admin(gids))
+
+    async def admin_by_name(self, name: str) -> bool:
+        """Whether the account ``name`` is an admin HERE (a request relayed by a peer names its user by
+        name): root, or a member of ``admin_group`` in system mode; never in personal mode (there the
+        admin is the daemon's own user, who asks locally). Looked up in a thread, cached."""
+        if self.mode != "system" or not name:
+            return False
+        now = self._monotonic()
+        hit = self._admins.get(name)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await asyncio.to_thread(self._admin_by_name, name)
+        if len(self._admins) > 1024:
+            self._admins.clear()
+        self._admins[name] = (now + self._ttl_s, found)
+        return found
+
+    def _admin_by_name(self, name: str) -> bool:
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            return False
+        if pw.pw_uid == 0:
+            return True
+        try:
+            gids = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
+        except OSError:
+            gids = (pw.pw_gid,)
+        return self._in_admin(gids)
 
     def _own(self, uid: int) -> bool:
         return self.mode == "personal" and uid == self.daemon_uid

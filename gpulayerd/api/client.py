@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from gpulayerd import routes
 from gpulayerd.models import (
     ApiErrorBody,
     Capabilities,
@@ -119,6 +121,12 @@ class DaemonClient:
         except aiohttp.ClientConnectionError as e:
             raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
 
+    async def _call(self, name: str, job_ref: str = "", body: BaseModel | None = None,
+                    params: dict[str, Any] | list[tuple[str, str]] | None = None) -> bytes:
+        """Local route ``name`` of :data:`gpulayerd.routes.LOCAL_ROUTES` (``job_ref`` fills ``{job}``)."""
+        return await self._request(routes.LOCAL[name].method, routes.local_path(name, quote(job_ref, safe="")), body,
+                                   params=params)
+
     def _unreachable(self, e: aiohttp.ClientConnectorError) -> DaemonUnreachable:
         """Why a connection to the socket failed, in words (no file system check on the event loop)."""
         if e.os_error.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -128,25 +136,25 @@ class DaemonClient:
 
     async def health(self) -> HealthView:
         """``GET /v1/health``."""
-        return HealthView.model_validate_json(await self._request("GET", "/v1/health"))
+        return HealthView.model_validate_json(await self._call("health"))
 
     async def devices(self) -> Capabilities:
         """``GET /v1/devices``: this machine's capabilities with grant state."""
-        return Capabilities.model_validate_json(await self._request("GET", "/v1/devices"))
+        return Capabilities.model_validate_json(await self._call("devices"))
 
     async def peers(self) -> list[PeerView]:
         """``GET /v1/peers``: every gpulayerd known, this one first, with capabilities."""
-        return _PEERS.validate_json(await self._request("GET", "/v1/peers"))
+        return _PEERS.validate_json(await self._call("peers"))
 
     async def users(self) -> list[UserUsageView]:
         """``GET /v1/users``: fair share, every user known in priority order, with what each holds now."""
-        return _USERS.validate_json(await self._request("GET", "/v1/users"))
+        return _USERS.validate_json(await self._call("users"))
 
     async def metrics(self) -> MetricsView:
         """``GET /v1/metrics``: this machine's GPUs now (utilisation, memory, temperature, power,
         processes). Each call keeps the daemon's sampler running a few seconds more: poll it
         while the metrics are shown, stop when they are not."""
-        return MetricsView.model_validate_json(await self._request("GET", "/v1/metrics"))
+        return MetricsView.model_validate_json(await self._call("metrics"))
 
     async def submit(self, spec: dict[str, Any], submitted_by: str = "", path: str = "") -> JobView:
         """``POST /v1/jobs``; the spec as a mapping (TOML or flags, workdir resolved).
@@ -157,7 +165,7 @@ class DaemonClient:
             path: the submitter's ``PATH``, which the job runs with (empty: the daemon's safe default).
         """
         req = SubmitRequest(spec=spec, submitted_by=submitted_by, path=path)
-        return JobView.model_validate_json(await self._request("POST", "/v1/jobs", req))
+        return JobView.model_validate_json(await self._call("submit", body=req))
 
     async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
                    scope: str = "local") -> list[JobView]:
@@ -167,19 +175,19 @@ class DaemonClient:
             params.append(("limit", str(limit)))
         if scope != "local":
             params.append(("scope", scope))
-        return _JOBS.validate_json(await self._request("GET", "/v1/jobs", params=params))
+        return _JOBS.validate_json(await self._call("jobs", params=params))
 
     async def job(self, job_ref: str) -> JobView:
         """``GET /v1/jobs/{id}`` (a unique id prefix works)."""
-        return JobView.model_validate_json(await self._request("GET", f"/v1/jobs/{job_ref}"))
+        return JobView.model_validate_json(await self._call("job", job_ref))
 
     async def explain(self, job_ref: str) -> ExplanationModel:
         """``GET /v1/jobs/{id}/explain``."""
-        return ExplanationModel.model_validate_json(await self._request("GET", f"/v1/jobs/{job_ref}/explain"))
+        return ExplanationModel.model_validate_json(await self._call("explain", job_ref))
 
     async def cancel(self, job_ref: str) -> JobView:
         """``POST /v1/jobs/{id}/cancel``."""
-        return JobView.model_validate_json(await self._request("POST", f"/v1/jobs/{job_ref}/cancel"))
+        return JobView.model_validate_json(await self._call("cancel", job_ref))
 
     async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
                    attempt: int | None = None, rank: int | None = None) -> LogChunk:
@@ -189,7 +197,7 @@ class DaemonClient:
             params["attempt"] = str(attempt)
         if rank is not None:
             params["rank"] = str(rank)
-        raw = await self._request("GET", f"/v1/jobs/{job_ref}/logs", params=params)
+        raw = await self._call("logs", job_ref, params=params)
         return LogChunk.model_validate_json(raw)
 
     async def events(self) -> AsyncIterator[ChangeEvent]:
@@ -204,7 +212,8 @@ class DaemonClient:
         """
         no_read_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
         try:
-            async with self._http().get("http://gpulayerd/v1/events", timeout=no_read_timeout) as resp:
+            url = "http://gpulayerd" + routes.local_path("events")
+            async with self._http().get(url, timeout=no_read_timeout) as resp:
                 if resp.status >= 400:
                     raw = await resp.read()
                     try:

@@ -1,16 +1,21 @@
-"""The peer API: aiohttp over TCP with mutual TLS against the cluster CA, ``/v1/peer/``.
+"""The peer API, built from the route table: one dispatcher, the mutual-TLS server, the client.
 
-Nothing from the network is trusted until authenticated: the TLS handshake requires a
-client certificate signed by our cluster CA (a plain HTTP request or a wrong
-certificate never reaches a handler), and every handler checks that the node id a
-message claims is the node id the certificate proves. Offers, holds and job requests
-(``/v1/peer/job/...``) also get the sender's mode and bound user from its certificate (who
-it vouches for, DESIGN §9).
+Every peer message goes through :class:`PeerRouter` (the TLS server, the self-first
+transport for this node's own messages, and the tests' loopback all call it), in this order:
 
-Then the message itself is checked before any service sees it (:func:`request_problem`):
-ids that name files or rows (job and hold ids) must be plain tokens, attempts and log
-offsets in range; anything else is a 400. The services check the sender's role (holder,
-owner): a refusal they raise as :class:`PeerForbidden` is a 403, and changes nothing.
+1. the message's ids and numbers (:func:`request_problem`): job and hold ids are plain tokens,
+   attempts and log offsets in range; anything else is a 400;
+2. a body field that names the sender (``owner``, ``worker``, ``node_id``) must be the node id
+   its certificate proves: else 403;
+3. THE role check: the route's role (:mod:`gpulayerd.routes`) is decided by a
+   :class:`~gpulayerd.net.transport.RoleCheck` from facts the sender cannot forge; a refusal
+   is answered 403 (or, for ``report``, "stale": the sender must stop that attempt), logged
+   once per sender and route, counted, and nothing changes;
+4. the handler bound to the route's handler name.
+
+Nothing from the network is trusted until authenticated: the TLS handshake requires a client
+certificate signed by our cluster CA (a plain HTTP request or a wrong certificate never reaches
+a handler), and a revoked node is answered 403 before any route (its connections are closed).
 """
 
 from __future__ import annotations
@@ -19,45 +24,40 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gpulayerd.api.tlssite import start_tls_site
-from gpulayerd.models import ApiErrorBody, Capabilities, JobList, LogChunk
+from gpulayerd.errors import PeerBadRequest, PeerCallError, PeerRefused
+from gpulayerd.models import ApiErrorBody
+from gpulayerd.net.identity import PeerIdentity
 from gpulayerd.net.limits import ConnectionLimits
-from gpulayerd.net.tls import PeerIdentity, peer_identity, peer_node_id
-from gpulayerd.net.wire import (
-    JOB_ACTIONS,
-    Ack,
-    Claim,
-    ClaimReply,
-    Commit,
-    Heartbeat,
-    HeartbeatReply,
-    Hold,
-    HoldReply,
-    JobMatches,
-    JobReply,
-    JobRequest,
-    Kill,
-    LogRequest,
-    Offer,
-    Release,
-    RunReport,
-    RunReportReply,
+from gpulayerd.net.tls import peer_identity, peer_node_id
+from gpulayerd.net.transport import (
+    BY_NAME,
+    REPORT,
+    NoBody,
+    PeerConnector,
+    PeerHandler,
+    PeerRoute,
+    RoleCheck,
+    Sender,
 )
+from gpulayerd.net.wire import LogRequest, RunReportReply
 
 __all__ = [
+    "MAX_ATTEMPT",
     "MAX_LOG_OFFSET",
-    "PeerBadRequest",
-    "PeerCallError",
+    "REFUSED_STAT",
     "PeerClient",
-    "PeerForbidden",
-    "PeerService",
+    "PeerRouter",
+    "TlsNetwork",
     "close_connections_of",
     "make_peer_app",
     "request_problem",
@@ -66,78 +66,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_M = TypeVar("_M", bound=BaseModel)
-
-
-class PeerService(Protocol):
-    """What the peer API needs from the daemon. ``sender`` is the TLS-proven node id."""
-
-    async def async_peer_heartbeat(self, sender: str, msg: Heartbeat, remote_ip: str) -> HeartbeatReply:
-        """Membership."""
-        ...
-
-    async def async_peer_capabilities(self, sender: str) -> Capabilities:
-        """Our capabilities with grant state."""
-        ...
-
-    async def async_peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
-        """The jobs we own."""
-        ...
-
-    async def async_peer_offer(self, sender: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
-        """An owner offers a job; its certificate says it is in ``sender_mode``, bound to ``sender_user``."""
-        ...
-
-    async def async_peer_claim(self, sender: str, msg: Claim) -> ClaimReply:
-        """A worker claims one of our jobs."""
-        ...
-
-    async def async_peer_report(self, sender: str, msg: RunReport) -> RunReportReply:
-        """A worker reports on an attempt of one of our jobs."""
-        ...
-
-    async def async_peer_kill(self, sender: str, msg: Kill) -> Ack:
-        """An owner tells us to stop an attempt."""
-        ...
-
-    async def async_peer_logs(self, sender: str, msg: LogRequest) -> LogChunk:
-        """An owner reads the log of an attempt we run (for it: others get PeerForbidden)."""
-        ...
-
-    async def async_peer_hold(self, sender: str, msg: Hold, sender_mode: str, sender_user: str) -> HoldReply:
-        """Gang: reserve resources for a member (the sender's mode and bound user as for offers)."""
-        ...
-
-    async def async_peer_release(self, sender: str, msg: Release) -> Ack:
-        """Gang: drop a hold."""
-        ...
-
-    async def async_peer_commit(self, sender: str, msg: Commit) -> Ack:
-        """Gang: run a rank."""
-        ...
-
-    async def async_peer_job_find(self, sender: str, msg: JobRequest) -> JobMatches:
-        """Which jobs we own (or runs we hold) have ids starting with ``msg.job_id``."""
-        ...
-
-    async def async_peer_job(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
-                             sender_user: str) -> JobReply:
-        """Show, explain, read the logs of or cancel a job for a person on ``sender`` (``msg.user``,
-        believed as far as the sender's certificate, ``sender_mode`` and ``sender_user``, vouches)."""
-        ...
-
-
-class PeerCallError(Exception):
-    """A call to a peer failed: unreachable, TLS refused, timeout, or an error reply."""
-
-
-class PeerForbidden(Exception):
-    """Raised by a service: the (authenticated) sender may not do this; answered 403, nothing changed."""
-
-
-class PeerBadRequest(Exception):
-    """Raised by a service: the message is malformed (e.g. a log offset out of range); answered 400."""
-
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
 
 MAX_LOG_OFFSET = 2**53
 """The largest log offset a peer may ask for (larger ones are a 400, not a failed seek)."""
@@ -145,17 +75,22 @@ MAX_LOG_OFFSET = 2**53
 MAX_ATTEMPT = 2**31 - 1
 """The largest attempt number a message may name."""
 
+REFUSED_STAT = "peer_messages_refused"
+"""The stats counter (``/v1/health``) of peer messages refused for want of a role."""
+
 _ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
+_SENDER_FIELDS = ("owner", "worker", "node_id")
 
 
-def request_problem(msg: BaseModel) -> str | None:
+def request_problem(msg: BaseModel | None) -> str | None:
     """What is wrong with a peer message's ids and numbers, or None if nothing is.
 
-    Checked on every peer message before a service sees it: ``job_id`` and ``hold_id``
-    (which name rows and, for job ids, run directories) must be 1 to 64 letters, digits,
-    ``_`` or ``-`` starting with a letter or digit (no ``/``, ``.``, NUL...);
+    ``job_id`` and ``hold_id`` (which name rows and, for job ids, run directories) must be 1 to
+    64 letters, digits, ``_`` or ``-`` starting with a letter or digit (no ``/``, ``.``, NUL...);
     ``attempt`` must be 1 to 2**31 - 1; a log ``offset`` must be 0 to :data:`MAX_LOG_OFFSET`.
     """
+    if msg is None:
+        return None
     for name in ("job_id", "hold_id"):
         value = getattr(msg, name, None)
         if isinstance(value, str) and not _ID.fullmatch(value):
@@ -168,7 +103,82 @@ def request_problem(msg: BaseModel) -> str | None:
     return None
 
 
-def _sender(request: web.Request) -> PeerIdentity:
+class PeerRouter:
+    """THE dispatcher of peer messages (see the module docstring for its steps).
+
+    Args:
+        handlers: handler name (``routes.Route.handler``) -> ``async (sender, message) -> reply``.
+            A node outside a cluster binds only what its own messages to itself need.
+        roles: decides each route's role.
+        stats: the daemon's protocol counters: :data:`REFUSED_STAT` and ``refused_<route>`` grow
+            by one per refusal.
+        logger: where refusals are logged (once per sender and route at WARNING, then DEBUG).
+
+    Raises:
+        ValueError: a handler name that no route declares.
+    """
+
+    def __init__(self, handlers: Mapping[str, PeerHandler], roles: RoleCheck, *, stats: Counter[str] | None = None,
+                 logger: logging.Logger | None = None) -> None:
+        declared = {r.route.handler for r in BY_NAME.values()}
+        unknown = set(handlers) - declared
+        if unknown:
+            raise ValueError(f"handlers for no declared peer route: {sorted(unknown)}")
+        self._handlers = dict(handlers)
+        self._roles = roles
+        self.stats: Counter[str] = stats if stats is not None else Counter()
+        self._log = logger or log
+        self._seen: set[tuple[str, str]] = set()
+
+    def bound(self) -> set[str]:
+        """The names of the routes this router answers."""
+        return {name for name, r in BY_NAME.items() if r.route.handler in self._handlers}
+
+    async def dispatch(self, route: PeerRoute[Req, Rep], sender: Sender, body: Req | None) -> Rep:
+        """The reply to ``body`` from ``sender`` on ``route`` (see :class:`~gpulayerd.net.transport.PeerDispatch`).
+
+        Raises:
+            PeerBadRequest: malformed ids or numbers. PeerRefused: the sender lacks the role, or a
+            body field names another node than the certificate. LookupError: no handler bound.
+        """
+        handler = self._handlers.get(route.route.handler)
+        if handler is None:
+            raise LookupError(f"{route.path} is not served by this node")
+        problem = request_problem(body)
+        if problem is not None:
+            raise PeerBadRequest(f"invalid {route.request.__name__}: {problem}")
+        for name in _SENDER_FIELDS:
+            value = getattr(body, name, None)
+            if isinstance(value, str) and value != sender.node_id:
+                self._refused(route, sender, f"{name} {value[:12]!r} is not the sender")
+                raise PeerRefused(f"{name} does not match the TLS certificate")
+        why = await self._roles.check(route.route, sender, body)
+        if why is not None:
+            self._refused(route, sender, why)
+            if route is REPORT:
+                return route.reply.model_validate(RunReportReply(ok=False, stale=True).model_dump())
+            raise PeerRefused(why)
+        reply: Rep = await handler(sender, body)
+        return reply
+
+    def _refused(self, route: PeerRoute[Any, Any], sender: Sender, why: str) -> None:
+        self.stats[REFUSED_STAT] += 1
+        self.stats[f"refused_{route.name}"] += 1
+        first = (sender.node_id, route.name) not in self._seen
+        if first:
+            if len(self._seen) >= 4096:  # bounded memory: a flood of senders logs again later, never more
+                self._seen.clear()
+            self._seen.add((sender.node_id, route.name))
+        self._log.log(logging.WARNING if first else logging.DEBUG,
+                      "refused %s from peer %s (%s may call it): %s%s", route.name, sender.node_id[:12],
+                      route.route.role.value, why,
+                      " (further refusals of this route from this peer are logged at debug level)" if first else "")
+
+
+# ---------------------------------------------------------------------------- the TLS server
+
+
+def _identity(request: web.Request) -> PeerIdentity:
     """The TLS-proven node id, mode and bound user of the request's sender."""
     ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
     der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
@@ -181,8 +191,8 @@ def _revocation_check(is_revoked: Callable[[str], bool] | None) -> Callable[...,
     @web.middleware
     async def check(request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        if is_revoked is not None and is_revoked(_sender(request).node_id):
-            resp = _bad("revoked", "this node was removed from the cluster", status=403)
+        if is_revoked is not None and is_revoked(_identity(request).node_id):
+            resp = _error("revoked", "this node was removed from the cluster", status=403)
             resp.force_close()
             return resp
         return await handler(request)
@@ -204,87 +214,42 @@ def close_connections_of(runner: web.AppRunner, is_revoked: Callable[[str], bool
     return closed
 
 
-def _reply(model: BaseModel) -> web.Response:
-    return web.Response(text=model.model_dump_json(), content_type="application/json")
-
-
-def _bad(code: str, message: str, status: int = 400) -> web.Response:
+def _error(code: str, message: str, status: int = 400) -> web.Response:
     return web.Response(text=ApiErrorBody(code=code, message=message).model_dump_json(), status=status,
                         content_type="application/json")
 
 
-def make_peer_app(service: PeerService, is_revoked: Callable[[str], bool] | None = None) -> web.Application:
-    """The peer API application bound to ``service``.
+def make_peer_app(router: PeerRouter, is_revoked: Callable[[str], bool] | None = None) -> web.Application:
+    """The peer API application: one aiohttp route per declared peer route, each through ``router``.
 
     ``is_revoked(node_id)``: a request whose certificate names a revoked node is answered 403
     before any route, and its connection is closed (:func:`close_connections_of`).
     """
     app = web.Application(client_max_size=4 * 2**20, middlewares=[_revocation_check(is_revoked)])
-
-    def route(model: type[_M], call: Callable[[PeerIdentity, _M, web.Request], Awaitable[BaseModel]],
-              sender_field: str | None) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handler(request: web.Request) -> web.Response:
-            who = _sender(request)
-            sender = who.node_id
-            try:
-                msg = model.model_validate_json(await request.read())
-            except ValidationError as e:
-                return _bad("bad_request", f"invalid {model.__name__}: {e.error_count()} error(s)")
-            if sender_field is not None and getattr(msg, sender_field) != sender:
-                return _bad("forbidden", f"{sender_field} does not match the TLS certificate", status=403)
-            problem = request_problem(msg)
-            if problem is not None:
-                return _bad("bad_request", f"invalid {model.__name__}: {problem}")
-            try:
-                return _reply(await call(who, msg, request))
-            except PeerForbidden as e:
-                return _bad("forbidden", str(e), status=403)
-            except PeerBadRequest as e:
-                return _bad("bad_request", str(e))
-        return handler
-
-    async def caps(request: web.Request) -> web.Response:
-        return _reply(await service.async_peer_capabilities(_sender(request).node_id))
-
-    async def jobs(request: web.Request) -> web.Response:
-        sender = _sender(request).node_id
-        return _reply(await service.async_peer_jobs(sender, request.query.getall("status", []) or None))
-
-    app.router.add_post("/v1/peer/heartbeat", route(
-        Heartbeat, lambda s, m, r: service.async_peer_heartbeat(s.node_id, m, r.remote or ""), "node_id"))
-    app.router.add_get("/v1/peer/capabilities", caps)
-    app.router.add_get("/v1/peer/jobs", jobs)
-    app.router.add_post("/v1/peer/offer", route(
-        Offer, lambda s, m, r: service.async_peer_offer(s.node_id, m, s.mode, s.user), "owner"))
-    app.router.add_post("/v1/peer/claim", route(
-        Claim, lambda s, m, r: service.async_peer_claim(s.node_id, m), "worker"))
-    app.router.add_post("/v1/peer/report", route(
-        RunReport, lambda s, m, r: service.async_peer_report(s.node_id, m), "worker"))
-    app.router.add_post("/v1/peer/kill", route(
-        Kill, lambda s, m, r: service.async_peer_kill(s.node_id, m), "owner"))
-    # A log request names no sender: the worker serves only the runs it runs for the certificate's node.
-    app.router.add_post("/v1/peer/logs", route(
-        LogRequest, lambda s, m, r: service.async_peer_logs(s.node_id, m), None))
-    app.router.add_post("/v1/peer/hold", route(
-        Hold, lambda s, m, r: service.async_peer_hold(s.node_id, m, s.mode, s.user), "owner"))
-    app.router.add_post("/v1/peer/release", route(
-        Release, lambda s, m, r: service.async_peer_release(s.node_id, m), "owner"))
-    app.router.add_post("/v1/peer/commit", route(
-        Commit, lambda s, m, r: service.async_peer_commit(s.node_id, m), "owner"))
-    # Cluster-wide job control: a request names no sender; who asks is the certificate's node
-    # (and, as far as its mode and bound user vouch, the user the message names).
-    app.router.add_post("/v1/peer/job/find", route(
-        JobRequest, lambda s, m, r: service.async_peer_job_find(s.node_id, m), None))
-    for action in JOB_ACTIONS:
-        app.router.add_post(f"/v1/peer/job/{action}", route(JobRequest, _job_call(service, action), None))
+    for bound in BY_NAME.values():
+        app.router.add_route(bound.route.method, bound.path, _route_handler(router, bound))
     return app
 
 
-def _job_call(service: PeerService, action: str) -> Callable[[PeerIdentity, JobRequest, web.Request],
-                                                            Awaitable[BaseModel]]:
-    def call(s: PeerIdentity, m: JobRequest, r: web.Request) -> Awaitable[BaseModel]:
-        return service.async_peer_job(s.node_id, action, m, s.mode, s.user)
-    return call
+def _route_handler(router: PeerRouter, bound: PeerRoute[Any, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        sender = Sender.of(_identity(request), request.remote or "")
+        body: BaseModel | None = None
+        if bound.request is not NoBody:
+            try:
+                body = bound.request.model_validate_json(await request.read())
+            except ValidationError as e:
+                return _error("bad_request", f"invalid {bound.request.__name__}: {e.error_count()} error(s)")
+        try:
+            reply = await router.dispatch(bound, sender, body)
+        except PeerRefused as e:
+            return _error("forbidden", e.reason, status=403)
+        except PeerBadRequest as e:
+            return _error("bad_request", str(e))
+        except LookupError as e:
+            return _error("not_found", str(e), status=404)
+        return web.Response(text=reply.model_dump_json(), content_type="application/json")
+    return handle
 
 
 async def start_peer_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,
@@ -309,6 +274,9 @@ async def start_peer_site(app: web.Application, host: str, port: int, context: s
                                 max_connection_s=max_connection_s)
 
 
+# ---------------------------------------------------------------------------- the client
+
+
 def _ssl_object(resp: aiohttp.ClientResponse) -> ssl.SSLObject | None:
     """The TLS object of the connection a response came on.
 
@@ -326,8 +294,16 @@ def _ssl_object(resp: aiohttp.ClientResponse) -> ssl.SSLObject | None:
     return obj if isinstance(obj, ssl.SSLObject) else None
 
 
+def _refusal_text(raw: bytes) -> str:
+    try:
+        return ApiErrorBody.model_validate_json(raw).message
+    except ValidationError:
+        return raw[:200].decode("utf-8", "replace")
+
+
 class PeerClient:
-    """Calls other daemons' peer APIs with this daemon's client certificate."""
+    """Calls other daemons' peer APIs with this daemon's client certificate (a
+    :class:`~gpulayerd.net.transport.PeerConnector`): method and path come from the route table."""
 
     def __init__(self, context: ssl.SSLContext, timeout_s: float = 5.0) -> None:
         self._context = context
@@ -348,34 +324,85 @@ class PeerClient:
             )
         return self._session
 
-    async def call(self, host: str, port: int, path: str, body: BaseModel | None, reply: type[_M],
-                   expect_node: str | None = None) -> tuple[_M, str]:
-        """POST (or GET without a body) to a peer; return its reply and its TLS-proven node id.
+    async def call_at(self, host: str, port: int, route: PeerRoute[Req, Rep], body: Req | None,
+                      expect_node: str | None = None) -> tuple[Rep, PeerIdentity]:
+        """Send ``body`` on ``route`` to ``host:port``; the reply and the answering node's identity.
 
         Raises:
-            PeerCallError: unreachable, TLS failure, timeout, error reply, or the peer's
+            PeerRefused: the peer answered 403 (its reason in the message).
+            PeerCallError: unreachable, TLS failure, timeout, another error reply, or the peer's
                 certificate names another node than ``expect_node``.
         """
         h = f"[{host}]" if ":" in host else host
-        url = f"https://{h}:{port}{path}"
+        url = f"https://{h}:{port}{route.path}"
         data = None if body is None else body.model_dump_json()
-        method = "GET" if body is None else "POST"
         try:
-            async with self._http().request(method, url, data=data,
+            async with self._http().request(route.route.method, url, data=data,
                                             headers={"Content-Type": "application/json"}) as resp:
                 ssl_obj = _ssl_object(resp)
                 der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
                 raw = await resp.read()
+                if resp.status == 403:
+                    reason = _refusal_text(raw)
+                    raise PeerRefused(f"{url}: HTTP 403: {reason}", reason)
                 if resp.status >= 400:
                     raise PeerCallError(f"{url}: HTTP {resp.status}: {raw[:200]!r}")
         except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError) as e:
             raise PeerCallError(f"{url}: {type(e).__name__}: {e}") from e
         if not der:
             raise PeerCallError(f"{url}: no peer certificate")
-        node = peer_node_id(der)
-        if expect_node is not None and node != expect_node:
-            raise PeerCallError(f"{url}: answered by node {node[:12]}, expected {expect_node[:12]}")
+        who = peer_identity(der)
+        if expect_node is not None and who.node_id != expect_node:
+            raise PeerCallError(f"{url}: answered by node {who.node_id[:12]}, expected {expect_node[:12]}")
         try:
-            return reply.model_validate_json(raw), node
+            return route.reply.model_validate_json(raw), who
         except ValidationError as e:
-            raise PeerCallError(f"{url}: invalid {reply.__name__} reply: {e.error_count()} error(s)") from e
+            raise PeerCallError(f"{url}: invalid {route.reply.__name__} reply: {e.error_count()} error(s)") from e
+
+
+class TlsNetwork:
+    """The :class:`~gpulayerd.net.transport.PeerNetwork` of a daemon: mutual-TLS clients, the peer
+    API served through a :class:`PeerRouter`, and a signer's enrollment listener.
+
+    ``router`` may be set after construction (the services that answer are built after the
+    cluster service), but before :meth:`serve_peer`.
+    """
+
+    def __init__(self, router: PeerRouter | None = None) -> None:
+        self.router = router
+        self._peer: web.AppRunner | None = None
+        self._enroll: web.AppRunner | None = None
+
+    def connector(self, context: ssl.SSLContext, timeout_s: float) -> PeerConnector:
+        """A :class:`PeerClient`."""
+        return PeerClient(context, timeout_s=timeout_s)
+
+    async def serve_peer(self, host: str, port: int, context: ssl.SSLContext, *, handshake_timeout_s: float,
+                         limits: ConnectionLimits, is_revoked: Callable[[str], bool]) -> int:
+        """See :class:`~gpulayerd.net.transport.PeerNetwork`."""
+        if self.router is None:
+            raise RuntimeError("TlsNetwork.router is not set")
+        self._peer, bound = await start_peer_site(make_peer_app(self.router, is_revoked), host, port, context,
+                                                  handshake_timeout_s=handshake_timeout_s, limits=limits)
+        return bound
+
+    async def serve_enroll(self, host: str, port: int, context: ssl.SSLContext, *, identity_dir: Path,
+                           limits: ConnectionLimits, max_connection_s: float,
+                           is_revoked: Callable[[str], bool]) -> int:
+        """See :class:`~gpulayerd.net.transport.PeerNetwork`."""
+        from gpulayerd.api.enroll import make_enroll_app
+
+        self._enroll, bound = await start_peer_site(make_enroll_app(identity_dir, is_revoked), host, port, context,
+                                                    limits=limits, max_connection_s=max_connection_s)
+        return bound
+
+    def close_revoked(self, is_revoked: Callable[[str], bool]) -> int:
+        """See :class:`~gpulayerd.net.transport.PeerNetwork`."""
+        return close_connections_of(self._peer, is_revoked) if self._peer is not None else 0
+
+    async def close(self) -> None:
+        """Stop both listeners."""
+        for runner in (self._enroll, self._peer):
+            if runner is not None:
+                await runner.cleanup()
+        self._enroll = self._peer = None

@@ -1,9 +1,11 @@
 """The local API: aiohttp on a unix socket (directory 0700, socket 0600; system mode 0755 and 0666), ``/v1/``.
 
-The socket itself (modes, re-creation) is :mod:`gpulayerd.api.unixsite`. Handlers are
-thin: they parse the request, call the daemon's :class:`LocalService` and serialise its
-pydantic answer. Errors have a stable body
-``{code, message, detail}`` (:class:`gpulayerd.models.ApiErrorBody`).
+The routes are the route table's :data:`~gpulayerd.routes.LOCAL_ROUTES`: one aiohttp route per
+declaration, and a route whose role is not public (``cancel``, ``logs``: the job's user or an
+admin) is checked by :meth:`LocalService.async_authorize` before its handler runs. The socket
+itself (modes, re-creation) is :mod:`gpulayerd.api.unixsite`. Handlers are thin: they parse
+the request, call the daemon's :class:`LocalService` and serialise its pydantic answer. Errors
+have a stable body ``{code, message, detail}`` (:class:`gpulayerd.models.ApiErrorBody`).
 
 Who asks comes from the kernel, never from the request: a middleware reads the connecting
 process's credentials from the socket (:func:`gpulayerd.requester.peer_credentials`), asks
@@ -26,6 +28,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel
 
+from gpulayerd import routes
 from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.errors import GpulayerError
 from gpulayerd.feed import Change, ChangeFeed
@@ -85,6 +88,14 @@ class LocalService(Protocol):
 
     async def async_requester(self, creds: PeerCredentials) -> Requester:
         """Who the connecting process is. Raises Forbidden when this daemon does not serve that account."""
+        ...
+
+    async def async_authorize(self, route: routes.Route, requester: Requester, job_ref: str | None) -> None:
+        """Return if ``requester`` holds ``route.role`` (for the job ``job_ref`` names); changes nothing.
+
+        Raises:
+            Forbidden: the requester does not hold the role.
+        """
         ...
 
     async def async_submit(self, request: SubmitRequest, requester: Requester) -> JobView:
@@ -331,19 +342,26 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         closing.set()
 
     app.on_shutdown.append(close_event_streams)
-    app.router.add_get("/v1/health", health)
-    app.router.add_get("/v1/devices", devices)
-    app.router.add_get("/v1/peers", peers)
-    app.router.add_post("/v1/jobs", submit)
-    app.router.add_get("/v1/jobs", list_jobs)
-    app.router.add_get("/v1/jobs/{job}", get_job)
-    app.router.add_get("/v1/jobs/{job}/explain", explain)
-    app.router.add_post("/v1/jobs/{job}/cancel", cancel)
-    app.router.add_get("/v1/jobs/{job}/logs", logs)
-    app.router.add_get("/v1/events", events)
-    app.router.add_get("/v1/users", users)
-    app.router.add_get("/v1/metrics", metrics)
+    handlers: dict[str, Handler] = {
+        "health": health, "devices": devices, "peers": peers, "users": users, "metrics": metrics, "events": events,
+        "submit": submit, "jobs": list_jobs, "job": get_job, "explain": explain, "cancel": cancel, "logs": logs,
+    }
+    if set(handlers) != set(routes.LOCAL):  # pragma: no cover - the table and the server must agree
+        raise RuntimeError(f"local routes without a handler: {sorted(set(routes.LOCAL) ^ set(handlers))}")
+    for route in routes.LOCAL_ROUTES:
+        app.router.add_route(route.method, route.path, _guarded(service, route, handlers[route.name]))
     return app
+
+
+def _guarded(service: LocalService, route: routes.Route, handler: Handler) -> Handler:
+    """``handler`` behind the route's role check (public routes: the handler itself)."""
+    if route.role.public:
+        return handler
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        await service.async_authorize(route, _requester(request), request.match_info.get("job"))
+        return await handler(request)
+    return checked
 
 
 def _sse(change: Change) -> bytes:

@@ -1,13 +1,14 @@
 """Whether this worker may run a peer's job as its user, and which accounts it lacks.
 
-A worker runs a job only as the local account of the job's user name (DESIGN §9). Before
-it keeps an offer or places a gang hold, :meth:`Accounts.refusal` checks, in order:
+A worker runs a job only as the local account of the job's user name (DESIGN §9). That the
+sender vouches for the name (:func:`gpulayerd.core.users.vouches`: a system-mode node for
+anyone, a personal-mode node only for the user its certificate is bound to) is the offer's and
+the hold's role, checked before the handler (:mod:`gpulayerd.app.roles`). Then, before it
+keeps an offer or places a gang hold, :meth:`Accounts.refusal` checks:
 
-1. the sender vouches for the name (:func:`gpulayerd.core.users.vouches`: a system-mode
-   node for anyone, a personal-mode node only for the user its certificate is bound to);
-2. this worker may run that user's jobs (a personal worker runs only its own user's
+1. this worker may run that user's jobs (a personal worker runs only its own user's
    jobs; a system worker runs root's only with ``allow_root_jobs``);
-3. the account exists here (``pwd.getpwnam`` in a thread, answers cached for
+2. the account exists here (``pwd.getpwnam`` in a thread, answers cached for
    ``lookup_ttl_s``).
 
 A job that names no user (from an owner older than users) is the sender's bound user's
@@ -27,7 +28,7 @@ import pwd
 from collections.abc import Callable, Mapping
 
 from gpulayerd.app.clock import Clock
-from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal
+from gpulayerd.core.users import PERSONAL, SYSTEM
 
 __all__ = ["MAX_MISSING", "Accounts", "own_account"]
 
@@ -113,12 +114,11 @@ class Accounts:
             return job_user
         return sender_user if sender_mode == PERSONAL else ""
 
-    async def refusal(self, job_user: str, sender_mode: str, sender_user: str, sender_name: str) -> str | None:
-        """Why this worker refuses a job of ``job_user`` sent by a node in ``sender_mode`` bound to
-        ``sender_user``; None if it may run it (``job_user`` as :meth:`effective_user` gives it)."""
-        why = vouch_refusal(sender_mode, sender_user, job_user, sender_name)
-        if why is not None:
-            return why
+    async def refusal(self, job_user: str) -> str | None:
+        """Why this worker refuses a job of ``job_user``; None if it may run it (``job_user`` as
+        :meth:`effective_user` gives it; the sender's vouching was its role, checked before)."""
+        if not job_user:
+            return "the job names no user"
         if self.mode == PERSONAL and self.user != job_user:
             return f"this gpulayerd runs only {self.user or 'its own user'}'s jobs; the job is {job_user}'s"
         if self.mode == SYSTEM and job_user == "root" and not self.allow_root_jobs:
@@ -127,8 +127,8 @@ class Accounts:
             return f"no account {job_user!r} here"
         return None
 
-    async def vet(self, spec: Mapping[str, object], sender_mode: str, sender_user: str,
-                  sender_name: str) -> tuple[dict[str, object], str | None]:
+    async def vet(self, spec: Mapping[str, object], sender_mode: str,
+                  sender_user: str) -> tuple[dict[str, object], str | None]:
         """Check a peer's job spec (an offer's or a hold's) before anything of it is kept.
 
         Returns:
@@ -139,7 +139,7 @@ class Accounts:
         if raw is not None and not isinstance(raw, str):
             return dict(spec), "the job's user is not a name"
         user = self.effective_user(raw or "", sender_mode, sender_user)
-        why = await self.refusal(user, sender_mode, sender_user, sender_name)
+        why = await self.refusal(user)
         if why is not None:
             return dict(spec), why
         return {**spec, "user": user}, None

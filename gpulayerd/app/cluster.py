@@ -1,10 +1,13 @@
-"""This daemon on the LAN: membership (mDNS + static peers + heartbeats) and the peer API.
+"""This daemon on the LAN: membership (mDNS + static peers + heartbeats), trust, and its place in the peer API.
 
-:class:`ClusterNode` owns the peer table, the mDNS service, the peer API server and
-the client that calls other daemons; it is the services' :class:`~gpulayerd.app.ports.PeerTransport`
-and :class:`~gpulayerd.app.ports.Directory`, and dispatches authenticated peer messages
-to the service that handles each (owner, worker, gang member). Membership is advisory:
-the owner's compare-and-set and the leases keep placement safe whatever the heartbeats say.
+:class:`ClusterNode` owns the peer table, the mDNS service and the client that calls other
+daemons; it is the services' :class:`~gpulayerd.net.transport.PeerTransport` and
+:class:`~gpulayerd.app.ports.Directory`, and it answers two peer routes itself (``heartbeat``,
+``capabilities``). The peer API's listener and the mutual-TLS client come from a
+:class:`~gpulayerd.net.transport.PeerNetwork` (built from the route table above this layer and
+passed in by the composition root); every message is dispatched, after its role check, by the
+peer router (:class:`gpulayerd.api.peer.PeerRouter`). Membership is advisory: the owner's
+compare-and-set and the leases keep placement safe whatever the heartbeats say.
 """
 
 from __future__ import annotations
@@ -18,43 +21,20 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
-from gpulayerd.api.peer import PeerCallError, PeerClient, close_connections_of, make_peer_app, start_peer_site
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
-from gpulayerd.app.member import GangMember
-from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.trust import Trust
 from gpulayerd.app.usage import UsageService
-from gpulayerd.app.worker import WorkerService
-from gpulayerd.core.types import WorkerSnapshot
-from gpulayerd.models import Capabilities, JobList, LogChunk, PeerView
-from gpulayerd.net.peers import PeerTable
-from gpulayerd.net.wire import (
-    Ack,
-    Claim,
-    ClaimReply,
-    Commit,
-    Heartbeat,
-    HeartbeatReply,
-    Hold,
-    HoldReply,
-    JobMatches,
-    JobReply,
-    JobRequest,
-    Kill,
-    LogRequest,
-    Offer,
-    Release,
-    RunReport,
-    RunReportReply,
-    new_msg_id,
-)
+from gpulayerd.core.fairshare import credible_holdings
+from gpulayerd.core.types import Accelerator, WorkerSnapshot
+from gpulayerd.errors import PeerCallError
+from gpulayerd.models import Capabilities, PeerView
+from gpulayerd.net.peers import Peer, PeerTable
+from gpulayerd.net.transport import CAPABILITIES, HEARTBEAT, PeerNetwork, PeerRoute, Sender
+from gpulayerd.net.wire import Heartbeat, HeartbeatReply, new_msg_id
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from gpulayerd.config import DaemonConfig
     from gpulayerd.net.announcement import Announcement
     from gpulayerd.net.identity import Identity
@@ -65,15 +45,20 @@ __all__ = ["ClusterNode"]
 
 log = logging.getLogger(__name__)
 
-_M = TypeVar("_M", bound=BaseModel)
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
 
 
 class ClusterNode:
-    """Membership and the peer API of one daemon in a cluster."""
+    """Membership and the peer API of one daemon in a cluster.
+
+    Args:
+        network: the mutual-TLS client and listeners (:class:`gpulayerd.api.peer.TlsNetwork`).
+        clock: heartbeat times and waits. rng: the mDNS ``ep`` (this life's token).
+    """
 
     def __init__(self, *, config: DaemonConfig, identity: Identity, store: Store, signals: Signals, version: str,
-                 hostname: str, clock: Clock, rng: random.Random) -> None:
-        """Args: ``clock`` for heartbeat times and waits; ``rng`` for the mDNS ``ep`` (this life's token)."""
+                 hostname: str, clock: Clock, rng: random.Random, network: PeerNetwork) -> None:
         from gpulayerd.net.tls import client_ssl_context
 
         assert identity.cluster_id is not None
@@ -84,46 +69,42 @@ class ClusterNode:
         self._store = store
         self._signals = signals
         self._clock = clock
+        self._network = network
         self._machine: Machine | None = None
-        self._owner: OwnerService | None = None
-        self._worker: WorkerService | None = None
-        self._member: GangMember | None = None
         self._usage: UsageService | None = None  # fair share (bind_usage)
-        self._jobs: RemoteJobs | None = None  # peers' requests about jobs (bind_jobs)
         self._version = version
         self._hostname = hostname
         self.table = PeerTable(identity.node_id, identity.cluster_id,
                                suspect_after_s=config.suspect_after_s, down_after_s=config.down_after_s)
         self._client_ctx = client_ssl_context(identity)
-        self.client = PeerClient(self._client_ctx, timeout_s=config.peer_timeout_s)
-        self.trust = Trust(identity, clock)  # revocations, enrollment listener, certificate renewal
+        self.client = network.connector(self._client_ctx, config.peer_timeout_s)
+        self.trust = Trust(identity, clock, network)  # revocations, enrollment listener, certificate renewal
         self.trust.on_revoked = self._on_revoked
         self.port = 0
         self.addresses: list[str] = []
         self.interface: str | None = None
         self.ep = f"{rng.getrandbits(32):08x}"
-        self._runner: web.AppRunner | None = None
+        self._serving = False
         self._mdns: MdnsService | None = None
         self._announced: tuple[int | None, int | None] = (None, None)
+        self._holdings_refused: set[str] = set()
+        self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}  # peer -> (its caps, their core snapshot)
 
-    def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
-        """The services that answer peer messages (set once at wiring, before :meth:`async_start`)."""
-        self._machine, self._owner, self._worker, self._member = machine, owner, worker, member
+    def bind(self, *, machine: Machine, usage: UsageService | None = None) -> None:
+        """This machine (capabilities, GPU counts) and the fair-share book heartbeats feed (set once,
+        at wiring, before :meth:`async_start`)."""
+        self._machine, self._usage = machine, usage
 
-    def bind_usage(self, usage: UsageService) -> None:
-        """Fair share: heartbeats carry this node's holdings and feed the peers' into ``usage``."""
-        self._usage = usage
-
-    def bind_jobs(self, jobs: RemoteJobs) -> None:
-        """Who answers peers' requests about jobs (``/v1/peer/job/...``; set once, at wiring)."""
-        self._jobs = jobs
+    def bind_router(self, router: object) -> None:
+        """Nothing to do: the peer listener is the network's, built with the router by the composition root."""
+        del router
 
     def _holdings(self) -> dict[str, tuple[int, int]] | None:
         return self._usage.own_holdings() if self._usage is not None else None
 
-    def _services(self) -> tuple[Machine, OwnerService, WorkerService, GangMember]:
-        assert self._machine and self._owner and self._worker and self._member, "ClusterNode.bind() not called"
-        return self._machine, self._owner, self._worker, self._member
+    def _machine_(self) -> Machine:
+        assert self._machine is not None, "ClusterNode.bind() not called"
+        return self._machine
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,15 +116,15 @@ class ClusterNode:
 
         host, _, port = self._config.listen.rpartition(":")
         await self.trust.load()
-        app = make_peer_app(self, self.trust.is_revoked)
         cfg = self._config
         limits = ConnectionLimits.fitted(cfg.peer_max_connections, cfg.peer_max_connections_per_address,
                                          self._clock.monotonic)
         server_ctx = server_ssl_context(self.identity)
         self.trust.contexts = [server_ctx, self._client_ctx]
-        self._runner, self.port = await start_peer_site(app, host or "0.0.0.0", int(port), server_ctx,
-                                                        handshake_timeout_s=cfg.peer_handshake_timeout_s,
-                                                        limits=limits)
+        self.port = await self._network.serve_peer(host or "0.0.0.0", int(port), server_ctx,
+                                                   handshake_timeout_s=cfg.peer_handshake_timeout_s, limits=limits,
+                                                   is_revoked=self.trust.is_revoked)
+        self._serving = True
         chosen = lan_addresses(self._config.interface)
         self.addresses = [ip for _, ip in chosen]
         self.interface = chosen[0][0] if chosen else None
@@ -173,7 +154,7 @@ class ClusterNode:
     def _announcement(self) -> Announcement:
         from gpulayerd.net.announcement import Announcement
 
-        gpus, free = self._services()[0].gpu_counts()
+        gpus, free = self._machine_().gpu_counts()
         self._announced = (gpus, free)
         return Announcement(node_id=self.node_id, name=self._hostname, addresses=tuple(self.addresses),
                             port=self.port, cluster=self.cluster_id, version=1, gpus=gpus, free=free, ep=self.ep)
@@ -193,9 +174,8 @@ class ClusterNode:
                 await self._mdns.async_stop()
             self._mdns = None
         await self.trust.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._network.close()
+        self._serving = False
         await self.client.close()
 
     # ------------------------------------------------------------------ loops
@@ -214,7 +194,7 @@ class ClusterNode:
     async def _maybe_readvertise(self) -> None:
         if self._mdns is None:
             return
-        gpus, free = self._services()[0].gpu_counts()
+        gpus, free = self._machine_().gpu_counts()
         if (gpus, free) != self._announced:
             with contextlib.suppress(Exception):
                 await self._mdns.async_update(self._announcement())
@@ -222,18 +202,18 @@ class ClusterNode:
     async def _beat(self, key: str, host: str, port: int, node_id: str | None) -> None:
         msg = Heartbeat(msg_id=new_msg_id(), node_id=self.node_id, name=self._hostname, version=self._version,
                         cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,
-                        caps_digest=self._services()[0].caps_digest(), holdings=self._holdings(),
+                        caps_digest=self._machine_().caps_digest(), holdings=self._holdings(),
                         revoked=self.trust.entries())
         was_up = self._is_up(node_id)
         try:
-            reply, proven = await self.client.call(host, port, "/v1/peer/heartbeat", msg, HeartbeatReply,
-                                                   expect_node=node_id)
+            reply, who = await self.client.call_at(host, port, HEARTBEAT, msg, expect_node=node_id)
         except PeerCallError as e:
             self.table.heartbeat_failed(key)
             log.debug("heartbeat to %s (%s:%d) failed: %s", key[:12], host, port, e)
             if was_up:
                 self._signals.peers_changed()
             return
+        proven = who.node_id
         if reply.revoked:
             self.trust.offer(reply.revoked)
         if self.trust.is_revoked(proven):
@@ -241,12 +221,11 @@ class ClusterNode:
         p = self.table.heartbeat_ok(key, host, reply, proven, self._clock.monotonic(), self._clock.wall())
         if p is None:
             return
-        if self._usage is not None and reply.cluster == self.cluster_id:
-            self._usage.report(proven, reply.holdings, p.name)  # only what the proven sender holds itself
+        if reply.cluster == self.cluster_id:
+            self._take_holdings(Sender.of(who, host), reply.holdings, p.name)  # only what the proven node holds
         if p.caps_digest != p.fetched_digest or p.caps is None:
             try:
-                caps, _ = await self.client.call(host, port, "/v1/peer/capabilities", None, Capabilities,
-                                                 expect_node=proven)
+                caps, _ = await self.client.call_at(host, port, CAPABILITIES, None, expect_node=proven)
                 p.caps = caps
                 p.fetched_digest = p.caps_digest
                 self._signals.wake()
@@ -260,8 +239,8 @@ class ClusterNode:
 
     async def _on_revoked(self) -> None:
         """Newly revoked nodes: close their open connections to our peer port."""
-        if self._runner is not None:
-            n = close_connections_of(self._runner, self.trust.is_revoked)
+        if self._serving:
+            n = self._network.close_revoked(self.trust.is_revoked)
             if n:
                 log.info("closed %d connection(s) of revoked node(s)", n)
         # Pooled client connections to them stay idle until they time out: nothing calls a revoked node.
@@ -274,7 +253,7 @@ class ClusterNode:
         p = self.table.get(node_id)
         return p is not None and self.table.state(p, self._clock.monotonic()) == "up"
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ queries (Directory)
 
     def worker_snapshots(self) -> list[WorkerSnapshot]:
         """Every trusted peer with known capabilities, offline ones marked so."""
@@ -283,10 +262,24 @@ class ClusterNode:
         for p in self.table.trusted_peers():
             if p.caps is None or self.trust.is_revoked(p.key):
                 continue
-            # Everything the peer reports (its user fields too), under the name and id we know it by.
-            out.append(dataclasses.replace(p.caps.to_core(), node_id=p.key, name=p.name,
-                                           online=self.table.state(p, now) == "up"))
+            out.append(self._snapshot(p, p.caps, now))
         return out
+
+    def snapshot_of(self, node_id: str) -> WorkerSnapshot | None:
+        """One trusted peer's snapshot (see :meth:`worker_snapshots`); None if not known."""
+        p = self.table.get(node_id)
+        if p is None or p.caps is None or not p.trusted or self.trust.is_revoked(p.key):
+            return None
+        return self._snapshot(p, p.caps, self._clock.monotonic())
+
+    def _snapshot(self, p: Peer, caps: Capabilities, now: float) -> WorkerSnapshot:
+        """Everything the peer reports (its user fields too), under the name and id we know it by; the
+        core snapshot of its capabilities is made once per fetch of them."""
+        made = self._cores.get(p.key)
+        if made is None or made[0] is not caps:
+            made = (caps, caps.to_core())
+            self._cores[p.key] = made
+        return dataclasses.replace(made[1], node_id=p.key, name=p.name, online=self.table.state(p, now) == "up")
 
     def name_of(self, node_id: str) -> str | None:
         """A peer's host name."""
@@ -314,87 +307,57 @@ class ClusterNode:
             return None
         return p.addresses[0], p.port
 
-    async def call(self, node_id: str, path: str, body: BaseModel | None, reply: type[_M]) -> _M:
-        """Call a trusted peer by node id.
+    async def call(self, node_id: str, route: PeerRoute[Req, Rep], body: Req | None) -> Rep:
+        """Call a trusted peer by node id (the :class:`~gpulayerd.net.transport.PeerTransport`).
 
         Raises:
-            PeerCallError: unknown peer or a failed call.
+            PeerRefused: a 403. PeerCallError: unknown peer or a failed call.
         """
         if self.trust.is_revoked(node_id):
             raise PeerCallError(f"peer {node_id[:12]} was removed from the cluster")
         where = self.address_of(node_id)
         if where is None:
             raise PeerCallError(f"peer {node_id[:12]} has no known address")
-        result, _ = await self.client.call(where[0], where[1], path, body, reply, expect_node=node_id)
+        result, _ = await self.client.call_at(where[0], where[1], route, body, expect_node=node_id)
         return result
 
-    # ------------------------------------------------------------------ peer API (PeerService)
+    # ------------------------------------------------------------------ peer routes (handlers)
 
-    async def async_peer_heartbeat(self, sender: str, msg: Heartbeat, remote_ip: str) -> HeartbeatReply:
-        """Answer a heartbeat; the sender is now a known, trusted peer."""
+    async def heartbeat(self, sender: Sender, msg: Heartbeat) -> HeartbeatReply:
+        """Peer route ``heartbeat`` (any member): answer a heartbeat; the sender is now a known,
+        trusted peer. Its holdings count for fair share only as far as they can be true
+        (:func:`~gpulayerd.core.fairshare.credible_holdings`)."""
         if msg.revoked:
             self.trust.offer(msg.revoked)
         if msg.cluster == self.cluster_id:
-            addrs = [remote_ip, *msg.addresses] if remote_ip else list(msg.addresses)
-            self.table.seen_mdns(sender, msg.name, addrs, msg.port, msg.cluster, msg.version, msg.ep)
-            if self._usage is not None:
-                self._usage.report(sender, msg.holdings, msg.name)  # only what the TLS-proven sender holds
+            addrs = [sender.address, *msg.addresses] if sender.address else list(msg.addresses)
+            self.table.seen_mdns(sender.node_id, msg.name, addrs, msg.port, msg.cluster, msg.version, msg.ep)
+            self._take_holdings(sender, msg.holdings, msg.name)
         return HeartbeatReply(node_id=self.node_id, name=self._hostname, version=self._version,
                               cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,
-                              caps_digest=self._services()[0].caps_digest(), holdings=self._holdings(),
+                              caps_digest=self._machine_().caps_digest(), holdings=self._holdings(),
                               revoked=self.trust.entries())
 
-    async def async_peer_capabilities(self, sender: str) -> Capabilities:
-        """Our capabilities with grant state."""
-        return await self._services()[0].capabilities()
+    def _take_holdings(self, sender: Sender, holdings: dict[str, tuple[int, int]] | None, name: str) -> None:
+        """Fair share: what the TLS-proven ``sender`` says it holds, as far as it can be true."""
+        if self._usage is None or holdings is None:
+            return
+        p = self.table.get(sender.node_id)
+        caps = p.caps if p is not None else None
+        gpus = sum(1 for d in caps.devices if d.accelerator is not Accelerator.CPU) if caps is not None else 0
+        slots = caps.cpu_slots_total if caps is not None else 0
+        kept, why = credible_holdings(holdings, sender_mode=sender.mode, sender_user=sender.user,
+                                      gpus_advertised=gpus, slots_advertised=slots)
+        if why is not None:
+            self._refused_holdings(sender.node_id, why)
+        self._usage.report(sender.node_id, kept, name)
 
-    async def async_peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
-        """The jobs we own (for a peer's ``gpulayer jobs``)."""
-        return await self._services()[1].peer_jobs(sender, statuses)
-
-    async def async_peer_offer(self, sender: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
-        """Keep an owner's offer (if its certificate vouches for the job's user and the account is
-        here); the scheduler claims it when it fits here now."""
-        return await self._services()[2].offer(sender, msg, sender_mode, sender_user)
-
-    async def async_peer_claim(self, sender: str, msg: Claim) -> ClaimReply:
-        """A worker claims one of our jobs: the owner's compare-and-set decides."""
-        return await self._services()[1].claim(sender, msg)
-
-    async def async_peer_report(self, sender: str, msg: RunReport) -> RunReportReply:
-        """A worker reports on an attempt of one of our jobs."""
-        return await self._services()[1].report(sender, msg)
-
-    async def async_peer_kill(self, sender: str, msg: Kill) -> Ack:
-        """An owner stops one of the attempts we run for it."""
-        return await self._services()[2].kill(sender, msg)
-
-    async def async_peer_logs(self, sender: str, msg: LogRequest) -> LogChunk:
-        """Read the log of an attempt we run for ``sender`` (anyone else: PeerForbidden, a 403)."""
-        return await self._services()[2].logs(sender, msg)
-
-    async def async_peer_hold(self, sender: str, msg: Hold, sender_mode: str, sender_user: str) -> HoldReply:
-        """Gang: reserve resources for a member (the sender vouching for the job's user, as for offers)."""
-        return await self._services()[3].hold(sender, msg, sender_mode, sender_user)
-
-    async def async_peer_release(self, sender: str, msg: Release) -> Ack:
-        """Gang: drop a hold."""
-        return await self._services()[3].release(sender, msg)
-
-    async def async_peer_commit(self, sender: str, msg: Commit) -> Ack:
-        """Gang: start our rank."""
-        return await self._services()[3].commit(sender, msg)
-
-    def _remote_jobs(self) -> RemoteJobs:
-        assert self._jobs is not None, "ClusterNode.bind_jobs() not called"
-        return self._jobs
-
-    async def async_peer_job_find(self, sender: str, msg: JobRequest) -> JobMatches:
-        """Which jobs we own, and runs we hold, have ids starting with ``msg.job_id``."""
-        return await self._remote_jobs().find(sender, msg)
-
-    async def async_peer_job(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
-                             sender_user: str) -> JobReply:
-        """A person on ``sender`` asks about a job (see :meth:`RemoteJobs.answer`: the name is
-        believed as far as the sender's certificate vouches)."""
-        return await self._remote_jobs().answer(sender, action, msg, sender_mode, sender_user)
+    def _refused_holdings(self, node_id: str, why: str) -> None:
+        self._signals.stats["refused_holdings"] += 1
+        first = node_id not in self._holdings_refused
+        if first:
+            if len(self._holdings_refused) > 4096:
+                self._holdings_refused.clear()
+            self._holdings_refused.add(node_id)
+        log.log(logging.WARNING if first else logging.DEBUG, "holdings of peer %s not counted: %s%s", node_id[:12],
+                why, " (further ones are logged at debug level)" if first else "")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from gpulayerd.core.matching import explain
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Verdict
 from gpulayerd.models import ExplanationModel, HintModel, JobStateModel, LogChunk
+from gpulayerd.models.stored import read_placement
 from gpulayerd.store import JobRow
 from gpulayerd.store.rows import AttemptRow, EventRow
 
@@ -198,16 +198,11 @@ def build_state(row: JobRow, attempts: Sequence[AttemptRow], events: Sequence[Ev
     state = JobStateModel(status=row.status.value, attempt=row.attempt, since=_since(row, events),
                           reason=readable(row.reason), cancel_requested=row.cancel_requested)
     if attempt is not None:
-        try:
-            raw = json.loads(attempt.placement_json or "{}")
-        except ValueError:
-            raw = {}
-        raw = raw if isinstance(raw, dict) else {}
+        stored = read_placement(attempt.placement_json)
         state.node, state.node_name = attempt.worker, name_of(attempt.worker)
-        state.gpus = [int(i) for i in raw.get("device_indices", []) if isinstance(i, int)]
-        env = raw.get("environment")
-        state.environment = env if isinstance(env, str) else None
-        state.gang = [str(m) for m in raw.get("gang", [])]
+        state.gpus = stored.device_indices
+        state.environment = stored.environment
+        state.gang = stored.gang
         state.started_at, state.ended_at = attempt.started_at, attempt.ended_at
         if attempt.started_at is not None and attempt.ended_at is not None:
             state.duration_s = max(0.0, attempt.ended_at - attempt.started_at)

@@ -15,16 +15,14 @@ so that a restarted owner resumes it (:meth:`GangCoordinator.recover`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import Sequence
 
-from gpulayerd.api.peer import PeerCallError
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.jobs import Granted, OwnedJobs
 from gpulayerd.app.names import Names
-from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.app.ports import Directory
 from gpulayerd.app.signals import Signals
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import gang as core
@@ -34,11 +32,15 @@ from gpulayerd.core.gang import GangAttempt
 from gpulayerd.core.matching import evaluate, explain
 from gpulayerd.core.reasons import reason_text
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.errors import PeerCallError
 from gpulayerd.models import ExplanationModel, JobSpec
-from gpulayerd.net.wire import Ack, Commit, Hold, HoldReply, Kill, Release, RunReport, RunReportReply, new_msg_id
-from gpulayerd.store import GangRow, JobRow, Store
+from gpulayerd.models.stored import gang_placement
+from gpulayerd.net.transport import COMMIT, HOLD, KILL, RELEASE, PeerTransport, Sender
+from gpulayerd.net.wire import Commit, Hold, Kill, Release, RunReport, RunReportReply, new_msg_id
+from gpulayerd.store import JobRow, Store
+from gpulayerd.store.gangs import gang_from_row, gang_to_row
 
-__all__ = ["GangCoordinator", "gang_from_row", "gang_to_row"]
+__all__ = ["GangCoordinator"]
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,8 @@ class GangCoordinator:
                 log.info("job_id=%s: gang hold round failed (%s); retrying in %.1f s", row.id,
                          self._names.readable(action.reason), action.delay_s)
             elif isinstance(action, holds.ClaimJob):
-                placement = json.dumps({"gang": list(action.members),
-                                        "master": f"{action.master_addr}:{action.master_port}",
-                                        "hold_id": action.hold_id})
+                placement = gang_placement(action.members, f"{action.master_addr}:{action.master_port}",
+                                           action.hold_id)
                 granted = await self._jobs.grant(row.id, self.node_id, f"gang-{hold_id}", placement, tries=1)
                 if isinstance(granted, Granted) and granted.fresh:
                     event = holds.ClaimGranted(granted.attempt, granted.lease_s, self._config.lease_grace_s)
@@ -153,7 +154,7 @@ class GangCoordinator:
         hold = Hold(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, hold_id=hold_id, spec=body,
                     ttl_s=self._config.hold_ttl_s)
         try:
-            reply = await self._transport.call(member, "/v1/peer/hold", hold, HoldReply)
+            reply = await self._transport.call(member, HOLD, hold)
         except PeerCallError as e:
             return holds.HoldFailed(member, str(e))
         if not reply.held:
@@ -166,7 +167,7 @@ class GangCoordinator:
                         attempt=c.attempt, lease_s=row.lease_s, spec=body, node_rank=c.rank, nnodes=c.nnodes,
                         master_addr=c.master_addr, master_port=c.master_port)
         try:
-            ack = await self._transport.call(c.member, "/v1/peer/commit", commit, Ack)
+            ack = await self._transport.call(c.member, COMMIT, commit)
         except PeerCallError as e:
             return str(e)
         return None if ack.ok else ack.reason
@@ -174,8 +175,8 @@ class GangCoordinator:
     async def _release(self, hold_id: str, members: Sequence[str]) -> None:
         for m in members:
             try:
-                await self._transport.call(m, "/v1/peer/release", Release(msg_id=new_msg_id(), owner=self.node_id,
-                                                                          hold_id=hold_id), Ack)
+                await self._transport.call(m, RELEASE, Release(msg_id=new_msg_id(), owner=self.node_id,
+                                                               hold_id=hold_id))
             except PeerCallError as e:
                 log.info("release of hold %s on %s failed (it expires): %s", hold_id, m[:12], e)
 
@@ -228,15 +229,16 @@ class GangCoordinator:
     async def _kill(self, g: GangAttempt, member: str, reason: str) -> None:
         kill = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=g.job_id, attempt=g.attempt, reason=reason)
         try:
-            await self._transport.call(member, "/v1/peer/kill", kill, Ack)
+            await self._transport.call(member, KILL, kill)
         except PeerCallError as e:
             log.info("job_id=%s: kill of rank %d on %s failed: %s", g.job_id, g.rank(member), member[:12], e)
 
     async def _save(self, g: GangAttempt) -> None:
         await self._store.gangs.save(gang_to_row(g, self._clock.wall()))
 
-    async def report(self, row: JobRow, worker: str, msg: RunReport) -> RunReportReply | None:
-        """A member's report on a gang attempt; None if ``worker`` is not a member of a gang of ``row``."""
+    async def report(self, row: JobRow, sender: Sender, msg: RunReport) -> RunReportReply | None:
+        """A member's report on a gang attempt; None if ``sender`` is not a member of a gang of ``row``."""
+        worker = sender.node_id
         g = self._gangs.get(row.id)
         if g is None or worker not in g.members:
             return None
@@ -290,37 +292,3 @@ class GangCoordinator:
             self._gangs[g.job_id] = core.recovered(g, now)
             self._jobs.set_lease(g.job_id, now + g.lease_s)
             log.info("job_id=%s: resumed gang attempt %d (%d members)", g.job_id, g.attempt, len(g.members))
-
-
-def gang_to_row(g: GangAttempt, now_wall: float) -> GangRow:
-    """The store row of a gang attempt (its durable state) written at ``now_wall``."""
-    ff = g.first_failure
-    v = g.verdict
-    return GangRow(
-        job_id=g.job_id, attempt=g.attempt, hold_id=g.hold_id, members_json=json.dumps(list(g.members)),
-        master=g.master, lease_s=g.lease_s, grace_s=g.grace_s, started_json=json.dumps(sorted(g.started)),
-        exits_json=json.dumps({m: {"code": e.code, "reason": e.reason, "killed": e.killed}
-                               for m, e in sorted(g.exits.items())}),
-        lost_json=json.dumps({m: loss.reason for m, loss in sorted(g.lost.items())}),
-        first_failure_json=None if ff is None else json.dumps(
-            {"member": ff.member, "code": ff.code, "reason": ff.reason}),
-        killed=g.killed,
-        verdict_json=None if v is None else json.dumps(
-            {"status": v.status, "reason": v.reason, "member": v.member, "exit_code": v.exit_code}),
-        updated_at=now_wall)
-
-
-def gang_from_row(r: GangRow) -> GangAttempt:
-    """A gang attempt from its store row (times are 0: see :func:`gpulayerd.core.gang.recovered`)."""
-    members = tuple(json.loads(r.members_json))
-    ff = json.loads(r.first_failure_json) if r.first_failure_json else None
-    v = json.loads(r.verdict_json) if r.verdict_json else None
-    return GangAttempt(
-        job_id=r.job_id, attempt=r.attempt, hold_id=r.hold_id, members=members, master=r.master,
-        lease_s=r.lease_s, grace_s=r.grace_s, renewed_at={m: 0.0 for m in members},
-        started=frozenset(json.loads(r.started_json)),
-        exits={m: core.Exit(e["code"], 0.0, e["reason"], e["killed"]) for m, e in json.loads(r.exits_json).items()},
-        lost={m: core.Loss(0.0, reason) for m, reason in json.loads(r.lost_json).items()},
-        first_failure=None if ff is None else core.Failure(ff["member"], ff["code"], 0.0, ff["reason"]),
-        killed=r.killed,
-        verdict=None if v is None else core.Verdict(v["status"], v["reason"], v["member"], v["exit_code"]))

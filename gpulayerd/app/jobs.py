@@ -18,14 +18,23 @@ from gpulayerd.app.clock import Clock
 from gpulayerd.app.signals import Signals
 from gpulayerd.core import claims
 from gpulayerd.core.claims import JobRecord, JobStatus
+from gpulayerd.core.worker import OFFER_KEPT_S
 from gpulayerd.errors import AmbiguousJob, NoSuchJob
 from gpulayerd.models import JobSpec
+from gpulayerd.models.stored import spec_of
 from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
 
-__all__ = ["SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
+__all__ = ["OFFER_STANDING_S", "SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
 
 SPEC_CACHE_SIZE = 512
 """Parsed job specs kept by :meth:`OwnedJobs.spec` (least recently used dropped first)."""
+
+OFFER_STANDING_S = OFFER_KEPT_S + 5.0
+"""An offer this owner sent stands this long (seconds): a worker keeps an offer for
+:data:`~gpulayerd.core.worker.OFFER_KEPT_S`, and only a worker with a standing offer may claim."""
+
+MAX_OFFERS_KEPT = 65536
+"""The most (job, worker) offers remembered; beyond it the ones that no longer stand are dropped."""
 
 
 class RunControl(Protocol):
@@ -55,6 +64,7 @@ class OwnedJobs:
         self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
         self._runs: RunControl | None = None
+        self._offers: dict[tuple[str, str], float] = {}  # (job, worker) -> when offered (monotonic)
 
     def bind(self, runs: RunControl) -> None:
         """Who stops attempts (the worker service; set once at wiring)."""
@@ -89,7 +99,7 @@ class OwnedJobs:
         not stay parsed here: ~3 kB per cached spec)."""
         spec = self._specs.get(row.id)
         if spec is None:
-            spec = JobSpec.model_validate_json(row.spec_json)
+            spec = spec_of(row.spec_json)
         self.remember(row.id, spec)
         return spec
 
@@ -115,6 +125,25 @@ class OwnedJobs:
         rec = row.record()
         lease = self._leases.get(row.id)
         return replace(rec, lease_expires_at=lease) if rec.status in claims.ACTIVE and lease else rec
+
+    # --- offers
+
+    def offered(self, job_id: str, worker: str) -> None:
+        """This owner offers job ``job_id`` to ``worker`` now (it may claim it while the offer stands)."""
+        now = self._clock.monotonic()
+        self._offers[(job_id, worker)] = now
+        if len(self._offers) > MAX_OFFERS_KEPT:
+            self._offers = {k: t for k, t in self._offers.items() if now - t <= OFFER_STANDING_S}
+
+    def offer_standing(self, job_id: str, worker: str) -> bool:
+        """True if job ``job_id`` was offered to ``worker`` within :data:`OFFER_STANDING_S`."""
+        when = self._offers.get((job_id, worker))
+        return when is not None and self._clock.monotonic() - when <= OFFER_STANDING_S
+
+    def offers(self) -> dict[tuple[str, str], float]:
+        """(job, worker) -> when offered (monotonic s), of the offers that stand now (a copy)."""
+        now = self._clock.monotonic()
+        return {k: t for k, t in self._offers.items() if now - t <= OFFER_STANDING_S}
 
     # --- leases
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from gpulayerd import routes
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.metrics import MetricsService
@@ -11,6 +12,7 @@ from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
 from gpulayerd.app.ports import Directory
 from gpulayerd.app.remote_jobs import RemoteJobs
+from gpulayerd.app.roles import LocalRoles
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.usage import UsageService
 from gpulayerd.feed import ChangeFeed
@@ -35,7 +37,7 @@ class LocalApi:
     """Implements :class:`gpulayerd.api.server.LocalService` over the owner, the machine and the cluster."""
 
     def __init__(self, *, node_id: str, hostname: str, version: str, state_dir: str, owner: OwnerService,
-                 machine: Machine, directory: Directory | None, signals: Signals, clock: Clock,
+                 machine: Machine, directory: Directory | None, signals: Signals, clock: Clock, roles: LocalRoles,
                  requesters: Requesters | None = None) -> None:
         self._node_id = node_id
         self._hostname = hostname
@@ -47,6 +49,7 @@ class LocalApi:
         self._signals = signals
         self._clock = clock
         self._requesters = requesters or Requesters(mode="personal", admin_group="")
+        self._roles = roles
 
     @property
     def feed(self) -> ChangeFeed:
@@ -81,6 +84,14 @@ class LocalApi:
             Forbidden: personal mode, and another account than the daemon's.
         """
         return await self._requesters.resolve(creds)
+
+    async def async_authorize(self, route: routes.Route, requester: Requester, job_ref: str | None) -> None:
+        """THE role check of the local routes (see :class:`~gpulayerd.app.roles.LocalRoles`).
+
+        Raises:
+            Forbidden: ``job <id> belongs to <user>``.
+        """
+        await self._roles.check(route, requester, job_ref)
 
     async def async_submit(self, request: SubmitRequest, requester: Requester) -> JobView:
         """See :meth:`OwnerService.submit`."""

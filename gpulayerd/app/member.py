@@ -13,8 +13,6 @@ import logging
 import random
 import socket
 
-from gpulayerd.api.peer import PeerForbidden
-from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.ledger import HeldResources, Ledger
 from gpulayerd.app.machine import Machine
@@ -26,6 +24,7 @@ from gpulayerd.core import worker as core
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import Accelerator, SupportMatrix
 from gpulayerd.models import PlacementModel, SpecError, job_spec_from_mapping
+from gpulayerd.net.transport import Sender
 from gpulayerd.net.wire import Ack, Commit, Hold, HoldReply, Release
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import RunnerError
@@ -53,46 +52,27 @@ class GangMember:
         self._support = support
         self._signals = signals
         self._clock = clock
-        self._refusals = Refusals(log, signals.stats)
 
-    def _check_owner(self, owner: str, kind: str, hold_id: str, job_id: str | None = None) -> None:
-        """Refuse (PeerForbidden, logged) a message about a hold that ``owner`` did not place, or for another job."""
-        h = self._ledger.held(hold_id)
-        if h is None:
-            return
-        if h.owner != owner:
-            self._refusals.refuse(owner, kind, f"hold {hold_id} was placed by {h.owner[:12]}")
-            raise PeerForbidden(f"hold {hold_id} is not yours")
-        if job_id is not None and h.job_id != job_id:
-            self._refusals.refuse(owner, kind, f"hold {hold_id} is for job {h.job_id}, not {job_id}")
-            raise PeerForbidden(f"hold {hold_id} is for another job")
-
-    async def hold(self, owner: str, msg: Hold, sender_mode: str | None = None,
-                   sender_user: str | None = None) -> HoldReply:
-        """Peer route: reserve devices/CPU slots and a port for one member of a gang, for ``ttl_s``.
+    async def hold(self, sender: Sender, msg: Hold) -> HoldReply:
+        """Peer route ``hold`` (role: the job's owner, which vouches for its user, and the hold id,
+        if kept, is its own for that job): reserve devices/CPU slots and a port for one member of a
+        gang, for ``ttl_s``.
 
         Args:
-            owner: the gang owner's node id (from its certificate; this node for its own gangs).
+            sender: the gang's owner, as its certificate proves it (this node for its own gangs).
             msg: the hold.
-            sender_mode, sender_user: the owner's mode and bound user (from its certificate);
-                None only for this node itself (then its own). A hold is refused
-                (``held=False``, nothing kept, logged once per owner) unless the owner vouches
-                for the job's user and that user's jobs run here, as for offers.
 
-        Raises:
-            PeerForbidden: ``hold_id`` is another owner's hold (or for another job); nothing changes.
+        Returns:
+            ``held=False`` with the reason, nothing kept, unless that user's jobs run here (as for
+            offers) and the member fits here now.
         """
-        self._check_owner(owner, "hold", msg.hold_id, msg.job_id)
+        owner = sender.node_id
         h = self._ledger.held(msg.hold_id)
         if h is not None:
             return HoldReply(held=True, address=h.address, interface=h.interface, port=h.port)
-        accounts = self._machine.accounts
-        if sender_mode is None or sender_user is None:
-            # Only this node's own calls come without a certificate's word (SelfFirstTransport).
-            sender_mode, sender_user = (accounts.mode, accounts.user) if owner == self.node_id else ("", "")
-        checked, refused = await accounts.vet(msg.spec, sender_mode, sender_user, f"node {owner[:12]}")
+        checked, refused = await self._machine.accounts.vet(msg.spec, sender.mode, sender.user)
         if refused is not None:
-            self._refusals.refuse(owner, "hold", f"job {msg.job_id}: {refused}")
+            log.info("job_id=%s: hold %s from %s refused: %s", msg.job_id, msg.hold_id, owner[:12], refused)
             return HoldReply(held=False, reason=refused)
         try:
             # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
@@ -141,23 +121,17 @@ class GangMember:
                     log.info("hold %s for job %s expired", a.hold_id, h.job_id)
                 self._signals.wake()
 
-    async def release(self, owner: str, msg: Release) -> Ack:
-        """Peer route: drop a hold (its devices and slots are free again).
-
-        Raises:
-            PeerForbidden: the hold is another owner's; it is kept.
-        """
-        self._check_owner(owner, "release", msg.hold_id)
+    async def release(self, sender: Sender, msg: Release) -> Ack:
+        """Peer route ``release`` (role: the owner of the hold): drop a hold (its devices and slots are
+        free again)."""
+        owner = sender.node_id
         self._drop(self._ledger.apply(core.HoldReleased(msg.hold_id, owner), self._clock.monotonic()))
         return Ack(ok=True)
 
-    async def commit(self, owner: str, msg: Commit) -> Ack:
-        """Peer route: start our rank of a gang job under the hold.
-
-        Raises:
-            PeerForbidden: the hold is another owner's, or for another job; nothing starts.
-        """
-        self._check_owner(owner, "commit", msg.hold_id, msg.job_id)
+    async def commit(self, sender: Sender, msg: Commit) -> Ack:
+        """Peer route ``commit`` (role: the owner of the hold, for that job): start our rank of a gang
+        job under the hold."""
+        owner = sender.node_id
         key = (msg.job_id, msg.attempt)
         actions = self._ledger.apply(core.HoldCommitted(msg.hold_id, owner, key, msg.lease_s),
                                      self._clock.monotonic())
@@ -177,7 +151,8 @@ class GangMember:
                                placement_json=PlacementModel.from_core(placement).model_dump_json(),
                                lease_s=msg.lease_s, run_dir=str(self._starter.run_dir(msg.job_id, msg.attempt)),
                                state="running", started_at=self._clock.wall())
-            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall()):
+            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall(),
+                                                            node_id=self.node_id):
                 self._ended(key, owner)
                 return Ack(ok=False, reason="devices taken meanwhile")
             rank = GangRank(nnodes=msg.nnodes, node_rank=msg.node_rank, master_addr=msg.master_addr,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,6 +28,7 @@ from gpulayerd.core.types import ProbeStatus
 from gpulayerd.gpu.metrics import ComputeApp, GpuSample, NvidiaSampler, async_compute_apps, pid_user
 from gpulayerd.models import Capabilities
 from gpulayerd.models.metrics import GpuMetricsView, GpuProcessView, MetricsView
+from gpulayerd.models.stored import spec_name, spec_user
 from gpulayerd.store import Store
 
 __all__ = ["JobLabel", "JobSource", "MetricsService", "StoreJobs", "nvidia_path"]
@@ -68,12 +68,7 @@ class StoreJobs:
     async def _labels(self) -> dict[str, JobLabel]:
         labels: dict[str, JobLabel] = {}
         for run in await self._store.runs.remote_runs(active=True):
-            name = user = None
-            with contextlib.suppress(ValueError, AttributeError):
-                spec = json.loads(run.spec_json)
-                name, user = spec.get("name"), spec.get("user")
-            labels[run.job_id] = JobLabel(run.job_id, name if isinstance(name, str) else None,
-                                          user if isinstance(user, str) else None)
+            labels[run.job_id] = JobLabel(run.job_id, spec_name(run.spec_json), spec_user(run.spec_json) or None)
         # jobs owned here run without a remote_runs row: their own row names them
         for _, entry in self._ledger.runs():
             job_id = entry.handle.job_id

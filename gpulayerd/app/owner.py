@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
 import random
 
-from gpulayerd.api.peer import PeerCallError
 from gpulayerd.app import explainer
-from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.gang import GangCoordinator
 from gpulayerd.app.jobs import Granted, OwnedJobs
 from gpulayerd.app.logs import read_log
 from gpulayerd.app.machine import Machine
 from gpulayerd.app.names import Names
-from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.app.ports import Directory
 from gpulayerd.app.profiles import expand_at_submit
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.starter import Starter
@@ -27,22 +23,22 @@ from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import explain, validate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import FitState, RejectionCode
-from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerUnreachable, SubmissionKeyReused
+from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerCallError, PeerUnreachable, SubmissionKeyReused
 from gpulayerd.idempotency import note_replay, same_spec
 from gpulayerd.jobs_query import FINISHED_STATES, JobsQuery, select
 from gpulayerd.models import (
     AttemptView,
     EventView,
     ExplanationModel,
-    JobList,
     JobView,
     LogChunk,
-    PlacementModel,
     SubmitRequest,
     job_spec_from_mapping,
 )
-from gpulayerd.net.wire import Claim, ClaimReply, LogRequest, RunReport, RunReportReply
-from gpulayerd.requester import DEFAULT_JOB_PATH, Requester, conceal, forbid, hide_path
+from gpulayerd.models.stored import dump_placement, explanation_of, read_placement
+from gpulayerd.net.transport import JOBS, LOGS, PeerTransport, Sender
+from gpulayerd.net.wire import Claim, ClaimReply, JobsRequest, LogRequest, RunReport, RunReportReply, new_msg_id
+from gpulayerd.requester import DEFAULT_JOB_PATH, Requester, conceal, hide_path
 from gpulayerd.store import AttemptRow, JobRow, Store
 
 __all__ = ["OwnerService", "new_job_id"]
@@ -86,7 +82,6 @@ class OwnerService:
         self._signals = signals
         self._clock = clock
         self._rng = rng
-        self._refusals = Refusals(log, signals.stats)
 
     # ------------------------------------------------------------- local API
 
@@ -189,12 +184,13 @@ class OwnerService:
         if scope != "cluster" or self._directory is None:
             return local
         peers = self._directory.up_ids()
-        path = "/v1/peer/jobs" + ("?" + "&".join(f"status={s}" for s in statuses) if statuses else "")
-        results = await asyncio.gather(*(self._transport.call(p, path, None, JobList) for p in peers),
+        ask = JobsRequest(msg_id=new_msg_id(), user=requester.user if requester is not None else "",
+                          statuses=list(statuses or ()))
+        results = await asyncio.gather(*(self._transport.call(p, JOBS, ask) for p in peers),
                                        return_exceptions=True)
         merged = list(local)
         for peer, res in zip(peers, results, strict=True):
-            if isinstance(res, JobList):
+            if not isinstance(res, BaseException):
                 for j in res.jobs:
                     j.owner_name = self._directory.name_of(peer)
                 merged.extend(conceal(j, requester) for j in res.jobs)
@@ -220,11 +216,10 @@ class OwnerService:
             view.explanation.hints = (await self._judge(row)).hints  # show: the ways forward, judged now
         view.attempts = []
         for a in attempts:
-            raw = json.loads(a.placement_json or "{}")
-            placement = PlacementModel.model_validate(raw) if "worker" in raw else None
+            stored = read_placement(a.placement_json)
             view.attempts.append(AttemptView(
                 attempt=a.attempt, worker=a.worker, worker_name=self._names.name_of(a.worker), state=a.state,
-                placement=placement, gang=list(raw.get("gang", [])), run_dir=a.run_dir or None,
+                placement=stored.placement, gang=stored.gang, run_dir=a.run_dir or None,
                 started_at=a.started_at, ended_at=a.ended_at, exit_code=a.exit_code, reason=a.reason,
             ))
         self._placed(view, next((a for a in attempts if a.attempt == row.attempt), None))
@@ -276,10 +271,7 @@ class OwnerService:
         state = explainer.build_state(row, attempts, events, owner_name=self._names.hostname,
                                       name_of=self._names.name_of, readable=self._names.readable,
                                       lease_expires_at=lease_wall, tail=tail)
-        base = None
-        if row.status is JobStatus.REJECTED and row.explanation_json:
-            with contextlib.suppress(ValueError):
-                base = ExplanationModel.model_validate_json(row.explanation_json)
+        base = explanation_of(row.explanation_json) if row.status is JobStatus.REJECTED else None
         return explainer.state_explanation(row.id, state, base)
 
     async def _stderr_tail(self, row: JobRow, attempts: list[AttemptRow],
@@ -299,13 +291,14 @@ class OwnerService:
     async def cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
         """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL.
 
-        Only the job's user and admins may (``requester`` None: the daemon itself).
+        Only the job's user and admins may: that is the route's role, checked before (local
+        ``cancel``: :class:`~gpulayerd.app.roles.LocalRoles`; relayed: :class:`~gpulayerd.app.roles.PeerRoles`).
+        ``requester`` (None: the daemon itself) is named in the job's history.
 
         Raises:
-            NoSuchJob, AmbiguousJob. Forbidden: the job is another user's (``job <id> belongs to <user>``).
+            NoSuchJob, AmbiguousJob.
         """
         row = await self._jobs.row(job_ref)
-        forbid(requester, row.id, self.user_of(row))
         who = f" by {requester.user}" if requester is not None else ""  # explain's "by whom"
         await self._jobs.apply(row.id, claims.CancelRequested(reason=f"cancelled{who or ' by user'}",
                                                               stimulus_id=f"cancel-{row.id}"),
@@ -316,18 +309,17 @@ class OwnerService:
                    requester: Requester | None = None, rank: int | None = None) -> LogChunk:
         """Bytes of a job's log from ``offset`` (at most 1 MiB), as text, wherever the attempt ran.
 
-        Only the job's user and admins may read them (``requester`` None: the daemon itself).
-        ``rank``: of a multi-host job, node rank ``rank``'s log, read from the member that ran
-        it (None: the log on the attempt's worker, for a multi-host job this owner's own rank);
-        a one-host job has only rank 0.
+        Only the job's user and admins may read them: that is the route's role, checked before
+        (see :meth:`cancel`). ``rank``: of a multi-host job, node rank ``rank``'s log, read from
+        the member that ran it (None: the log on the attempt's worker, for a multi-host job this
+        owner's own rank); a one-host job has only rank 0.
 
         Raises:
             NoSuchJob: no such job or attempt. PeerUnreachable: the worker that ran it did not answer.
-            Forbidden: the job is another user's (``job <id> belongs to <user>``).
             BadRequest: no such rank.
         """
+        del requester  # the role check decided; the log itself is the same for everyone who may read it
         row = await self._jobs.row(job_ref)
-        forbid(requester, row.id, self.user_of(row))
         if attempt is not None and not 1 <= attempt <= row.attempt:
             raise NoSuchJob(f"job {row.id} has no attempt {attempt} (attempts: 1 to {row.attempt})"
                             if row.attempt else f"job {row.id} has not run yet")
@@ -343,8 +335,8 @@ class OwnerService:
                 worker = _rank_member(row.id, n, tried, rank) or worker
             if worker != self.node_id:
                 try:
-                    chunk = await self._transport.call(worker, "/v1/peer/logs", LogRequest(
-                        job_id=row.id, attempt=n, stream=stream, offset=offset), LogChunk)
+                    chunk = await self._transport.call(worker, LOGS, LogRequest(
+                        job_id=row.id, attempt=n, stream=stream, offset=offset))
                 except PeerCallError as e:
                     raise PeerUnreachable(f"cannot read the log on {worker[:12]}: {e}") from e
                 return chunk.model_copy(update={"complete": chunk.complete or (
@@ -356,18 +348,12 @@ class OwnerService:
         """``view`` with WHERE (``where_*``) from its current attempt's row; none while it waits."""
         if latest is None or view.status in (JobStatus.QUEUED.value, JobStatus.REJECTED.value):
             return view
-        try:
-            raw = json.loads(latest.placement_json or "{}")
-        except ValueError:
-            raw = {}
-        raw = raw if isinstance(raw, dict) else {}
+        stored = read_placement(latest.placement_json)
         view.where_node = latest.worker
         view.where_name = self._names.name_of(latest.worker)
-        gang = [m for m in raw.get("gang", []) if isinstance(m, str)]
-        view.where_hosts = [self._names.name_of(m) or m[:12] for m in gang]
-        devices = raw.get("device_indices", [])
-        if not gang and isinstance(devices, list):
-            view.where_devices = [i for i in devices if isinstance(i, int)]
+        view.where_hosts = [self._names.name_of(m) or m[:12] for m in stored.gang]
+        if not stored.gang:
+            view.where_devices = stored.device_indices
         return view
 
     def user_of(self, row: JobRow) -> str:
@@ -403,24 +389,17 @@ class OwnerService:
             # a running or finished job is told by `explain`'s state, never by a stale "fits".
             explanation=(None if row.explanation_json is None or not explanation
                          or row.status not in (JobStatus.QUEUED, JobStatus.REJECTED)
-                         else ExplanationModel.model_validate_json(row.explanation_json)),
+                         else explanation_of(row.explanation_json)),
         )
 
     # ------------------------------------------------------------- peer routes
 
-    async def peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
-        """Peer route: the jobs we own (for a peer's ``gpulayer jobs``).
-
-        Environment values go only to the node that runs the job: for every job whose
-        current attempt does not run on ``sender`` (it is not the holder, nor a member of
-        the job's gang), ``spec.env`` keeps its keys and every value is replaced by ``""``.
-        """
-        jobs = await self.list_jobs(statuses, None, scope="local")
-        return JobList(jobs=[self._env_for(sender, j) for j in jobs])
-
-    def _env_for(self, sender: str, job: JobView) -> JobView:
+    def env_for(self, node: str, job: JobView) -> JobView:
+        """``job`` as node ``node`` may have it: environment values go only to the node that runs the
+        job (its holder, or a member of its gang); for any other node ``spec.env`` keeps its names
+        and every value is ``""``."""
         spec = job.spec
-        if spec is None or not spec.env or self._runs_on(sender, job):
+        if spec is None or not spec.env or self._runs_on(node, job):
             return job
         return job.model_copy(update={"spec": spec.model_copy(update={"env": dict.fromkeys(spec.env, "")})})
 
@@ -433,12 +412,15 @@ class OwnerService:
             return True
         return job.holder == node
 
-    async def claim(self, worker: str, msg: Claim) -> ClaimReply:
-        """Peer route: a worker claims one of our queued jobs: compare-and-set, then GRANT or DENY."""
+    async def claim(self, sender: Sender, msg: Claim) -> ClaimReply:
+        """Peer route ``claim`` (role: a worker the job was offered to, that fits it and may run its
+        user's jobs): the compare-and-set, then GRANT (with the spec, environment values included:
+        the sender runs it) or DENY."""
+        worker = sender.node_id
         row = await self._jobs.get(msg.job_id)
         if row is None:
             return ClaimReply(granted=False, reason="no such job")
-        granted = await self._jobs.grant(row.id, worker, msg.msg_id, json.dumps(msg.placement or {}))
+        granted = await self._jobs.grant(row.id, worker, msg.msg_id, dump_placement(msg.placement))
         if not isinstance(granted, Granted):
             self._signals.stats["claim_requests_denied"] += 1
             return ClaimReply(granted=False, reason=granted)
@@ -447,18 +429,18 @@ class OwnerService:
         return ClaimReply(granted=True, attempt=granted.attempt, lease_s=granted.lease_s,
                           spec=self._jobs.spec(row).model_dump(mode="json"))
 
-    async def report(self, worker: str, msg: RunReport) -> RunReportReply:
-        """Peer route: a worker reports on an attempt of one of our jobs (started, renew, exited, lost).
+    async def report(self, sender: Sender, msg: RunReport) -> RunReportReply:
+        """Peer route ``report`` (role: the holder of the attempt, or of an earlier one): a worker
+        reports on an attempt of one of our jobs (started, renew, exited, lost).
 
-        Only the attempt's holder (``worker`` is the TLS-proven sender) speaks for it: the claim
-        machine answers anyone else's report "stale", and then nothing is stored (neither the
-        attempt row nor the job), nothing is killed, and the refusal is logged.
+        A report on an attempt that is not current is answered "stale" by the claim machine
+        (the sender stops that run), and then nothing is stored.
         """
+        worker = sender.node_id
         row = await self._jobs.get(msg.job_id)
         if row is None:
-            self._refusals.refuse(worker, f"report {msg.kind}", f"no job {msg.job_id} here")
             return RunReportReply(ok=False, stale=True)
-        gang_reply = await self._gangs.report(row, worker, msg)
+        gang_reply = await self._gangs.report(row, sender, msg)
         if gang_reply is not None:
             return gang_reply
         event: claims.Event
@@ -477,9 +459,6 @@ class OwnerService:
         preview = claims.handle(record, event, self._clock.monotonic())
         stale = next((a for a in preview if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
-            if msg.attempt == record.attempt and worker != record.holder:
-                self._refusals.refuse(worker, f"report {msg.kind}", f"job {row.id} attempt {msg.attempt} is "
-                                      f"held by {(record.holder or 'nobody')[:12]}")
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
         if any(isinstance(a, claims.PersistJob) for a in preview):
             # The holder's own report on its current attempt: the attempt row first (a restart
@@ -515,19 +494,14 @@ def _rank_member(job_id: str, attempt: int, tried: AttemptRow | None, rank: int)
     Raises:
         BadRequest: the attempt has no such rank.
     """
-    try:
-        raw = json.loads(tried.placement_json or "{}") if tried is not None else {}
-    except ValueError:
-        raw = {}
-    gang = raw.get("gang", []) if isinstance(raw, dict) else []
-    if not isinstance(gang, list) or not gang:
+    gang = read_placement(tried.placement_json).gang if tried is not None else []
+    if not gang:
         if rank == 0:
             return None
         raise BadRequest(f"job {job_id} attempt {attempt} ran on one host: it has only rank 0")
-    if not 0 <= rank < len(gang) or not isinstance(gang[rank], str):
+    if not 0 <= rank < len(gang):
         raise BadRequest(f"job {job_id} attempt {attempt} has ranks 0 to {len(gang) - 1}")
-    member: str = gang[rank]
-    return member
+    return gang[rank]
 
 
 def _keep_fair_share(fresh: ExplanationModel, row: JobRow) -> ExplanationModel:
@@ -537,11 +511,8 @@ def _keep_fair_share(fresh: ExplanationModel, row: JobRow) -> ExplanationModel:
     waits because another user's job went first (FAIR_SHARE, set by the scheduler's pass) is
     only in the stored explanation. It is carried into each worker row still busy now.
     """
-    if row.status is not JobStatus.QUEUED or not row.explanation_json:
-        return fresh
-    try:
-        stored = ExplanationModel.model_validate_json(row.explanation_json)
-    except ValueError:
+    stored = explanation_of(row.explanation_json) if row.status is JobStatus.QUEUED else None
+    if stored is None:
         return fresh
     fair = {r.worker: r for w in stored.workers for r in w.rejections if r.code == RejectionCode.FAIR_SHARE.value}
     if not fair:

@@ -1,34 +1,20 @@
 """The narrow interfaces between the services and the cluster (protocols only: no behaviour here).
 
-The services reach other daemons through a :class:`PeerTransport` (the mutual-TLS
-client in production, a loopback one in unit tests) and learn about them from a
-:class:`Directory`; both are implemented by :class:`gpulayerd.app.cluster.ClusterNode`.
+The services reach other daemons through a :class:`~gpulayerd.net.transport.PeerTransport`
+(defined below the services: the mutual-TLS client in production, a loopback one in unit
+tests) and learn about them from a :class:`Directory`; both are implemented by
+:class:`gpulayerd.app.cluster.ClusterNode`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
-
-from pydantic import BaseModel
+from typing import Protocol
 
 from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.models import PeerView
+from gpulayerd.net.transport import PeerTransport
 
 __all__ = ["Directory", "PeerTransport"]
-
-M = TypeVar("M", bound=BaseModel)
-
-
-class PeerTransport(Protocol):
-    """Calls another daemon's peer API by node id."""
-
-    async def call(self, node_id: str, path: str, body: BaseModel | None, reply: type[M]) -> M:
-        """POST ``body`` to ``path`` on ``node_id`` and parse the answer as ``reply``.
-
-        Raises:
-            PeerCallError: unknown peer, unreachable, refused, timed out, or an error reply.
-        """
-        ...
 
 
 class Directory(Protocol):
@@ -56,6 +42,10 @@ class Directory(Protocol):
 
     def worker_snapshots(self) -> list[WorkerSnapshot]:
         """Every trusted peer with known capabilities, offline ones marked so."""
+        ...
+
+    def snapshot_of(self, node_id: str) -> WorkerSnapshot | None:
+        """One trusted peer's snapshot as :meth:`worker_snapshots` gives it; None if not known."""
         ...
 
     def name_of(self, node_id: str) -> str | None:

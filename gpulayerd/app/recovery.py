@@ -8,7 +8,6 @@ its attempt is lost (never started: re-queued for free).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from gpulayerd.app.jobs import OwnedJobs
 from gpulayerd.app.worker import WorkerService
 from gpulayerd.core import claims
 from gpulayerd.core.claims import JobStatus
-from gpulayerd.models import JobSpec
+from gpulayerd.models.stored import read_placement, spec_of
 from gpulayerd.runs.runner import RunHandle, Runner
 from gpulayerd.store import Store
 
@@ -56,7 +55,7 @@ class Recovery:
             self._jobs.set_lease(row.id, now + row.lease_s)
             if a.worker != self.node_id:
                 continue  # runs on a peer: its lease counts as renewed now; it reports when it can
-            if "gang" in json.loads(a.placement_json or "{}"):
+            if read_placement(a.placement_json).gang:
                 continue  # a gang's attempt: GangCoordinator.recover resumes it
             handle = await self._adopt_or_give_up(a.run_dir)
             if handle is None:
@@ -91,7 +90,7 @@ class Recovery:
             status = await asyncio.to_thread(self._runner.poll, handle)
             if status.running:
                 await asyncio.to_thread(self._runner.extend_deadline, handle, now + r.lease_s)
-                self._worker.track(key, handle, JobSpec.model_validate_json(r.spec_json), r.owner, r.lease_s)
+                self._worker.track(key, handle, spec_of(r.spec_json), r.owner, r.lease_s)
             else:
                 await self._worker.finished(key, status, owner=r.owner)
 

@@ -12,14 +12,15 @@ local API's requests about a job wherever it lives:
   :class:`~gpulayerd.errors.AmbiguousJob` listing each id with its owner. None:
   :class:`~gpulayerd.errors.NoSuchJob`, or :class:`~gpulayerd.errors.PeerUnreachable`
   ("owner h1 unreachable") when a peer did not answer (it may own the job).
-- The rules on the owner (:meth:`RemoteJobs.answer`): the user name a peer sends is believed
-  only when the peer's certificate vouches for it (:func:`~gpulayerd.core.users.vouches`: a
-  system-mode node for any name, a personal-mode node for its bound user only), and an
-  admin claim is honoured only from a system-mode node (a personal node's own user is admin
-  of that node alone). Then the local rules apply (:mod:`gpulayerd.requester`): everyone
-  sees and explains the job with its spec concealed; only its user and admins see the
-  spec, read the logs or cancel it. A name that is not vouched for is nobody: the spec
-  stays concealed, and logs and cancel are refused saying why.
+- The rules on the owner (the peer routes ``job_*`` and ``jobs``): the user name a peer sends
+  is believed only when the peer's certificate vouches for it (:func:`~gpulayerd.core.users.vouches`:
+  a system-mode node for any name, a personal-mode node for its bound user only), and whether
+  that user is an admin is decided here, from this node's own ``admin_group`` (a personal
+  node's user is never an admin elsewhere): :func:`~gpulayerd.app.roles.relayed_requester`.
+  Logs and cancel are the role ``RELAYED_JOB_USER_OR_ADMIN``, checked before the handler
+  (:mod:`gpulayerd.app.roles`). Everyone sees and explains the job with its spec concealed
+  unless it is theirs (:func:`~gpulayerd.requester.conceal`), and environment values go only
+  to the node that runs the job, in ``show`` as in the ``jobs`` listing.
 - A worker answers for the runs it holds: when the owner does not answer, ``show`` and
   ``explain`` say what the worker knows of the run (running there since, attempt) and that
   the owner is unreachable; ``logs`` are read from the run's directory (the same rule, with
@@ -39,12 +40,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gpulayerd.api.peer import PeerCallError
 from gpulayerd.app.logs import read_log
 from gpulayerd.app.names import Names
 from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.ports import Directory, PeerTransport
-from gpulayerd.core.users import PERSONAL, SYSTEM, vouches
+from gpulayerd.app.ports import Directory
+from gpulayerd.app.roles import relayed_requester
+from gpulayerd.core.users import SYSTEM
 from gpulayerd.errors import (
     AmbiguousJob,
     BadRequest,
@@ -52,14 +53,18 @@ from gpulayerd.errors import (
     GpulayerError,
     InvalidSpec,
     NoSuchJob,
+    PeerCallError,
+    PeerRefused,
     PeerUnreachable,
 )
-from gpulayerd.models import ExplanationModel, JobSpec, JobView, LogChunk
-from gpulayerd.net.wire import JOB_ACTIONS, MAX_JOB_MATCHES, JobMatches, JobReply, JobRequest, new_msg_id
-from gpulayerd.requester import Requester, conceal, forbid
+from gpulayerd.models import ExplanationModel, JobList, JobView, LogChunk
+from gpulayerd.models.stored import spec_of
+from gpulayerd.net.transport import JOB_ACTION_ROUTES, JOB_FIND, PeerTransport, Sender
+from gpulayerd.net.wire import MAX_JOB_MATCHES, JobMatches, JobReply, JobRequest, JobsRequest, new_msg_id
+from gpulayerd.requester import Requester, Requesters, conceal
 from gpulayerd.store import AmbiguousJobId, JobNotFound, RemoteRunRow, Store
 
-__all__ = ["JOB_ID_LEN", "Located", "RemoteJobs", "peer_requester"]
+__all__ = ["JOB_ID_LEN", "Located", "RemoteJobs"]
 
 log = logging.getLogger(__name__)
 
@@ -83,30 +88,6 @@ class Located:
     holders: tuple[str, ...] = ()
 
 
-def peer_requester(sender_mode: str, sender_user: str, user: str, admin: bool) -> Requester:
-    """Who a peer's request is made by, as far as the peer's certificate vouches.
-
-    Args:
-        sender_mode, sender_user: the sending node's mode and bound user, from its certificate.
-        user, admin: what the request claims.
-
-    Returns:
-        A requester named ``user`` if the sender vouches for it (else named ``""``: nobody's
-        jobs), admin only if ``admin`` is claimed by a system-mode node. Its uid is -1.
-    """
-    vouched = vouches(sender_mode, sender_user, user)
-    return Requester(uid=-1, user=user if vouched else "", admin=admin and sender_mode == SYSTEM)
-
-
-def _vouch_refusal(sender_name: str, sender_mode: str, sender_user: str, user: str) -> str:
-    if not user:
-        return f"{sender_name} named no user"
-    if sender_mode == PERSONAL and sender_user:
-        return (f"{sender_name} is {sender_user}'s personal-mode node: it speaks only for {sender_user}, "
-                f"not for {user!r} (only a system-mode node vouches for other users)")
-    return f"{sender_name}'s certificate vouches for no user: it cannot ask for {user!r}"
-
-
 def _when(ts: float | None) -> str:
     if ts is None:
         return "an unknown time"
@@ -123,17 +104,20 @@ class RemoteJobs:
         transport: calls to peers; ``directory``: who they are (None outside a cluster: only
             the jobs owned here exist).
         names: node ids to host names.
+        requesters: who is an admin here, by name (for requests relayed by peers).
         time_limit_s: how long a peer may take to say which jobs it has (seconds).
     """
 
     def __init__(self, *, node_id: str, owner: OwnerService, store: Store, transport: PeerTransport,
-                 directory: Directory | None, names: Names, time_limit_s: float = 3.0) -> None:
+                 directory: Directory | None, names: Names, requesters: Requesters | None = None,
+                 time_limit_s: float = 3.0) -> None:
         self.node_id = node_id
         self._owner = owner
         self._store = store
         self._transport = transport
         self._directory = directory
         self._names = names
+        self._requesters = requesters or Requesters(mode="personal", admin_group="")
         self._time_limit_s = time_limit_s
 
     # ------------------------------------------------------------------ the local API's requests
@@ -243,8 +227,7 @@ class RemoteJobs:
 
     async def _find(self, peer: str, job_ref: str) -> JobMatches:
         msg = JobRequest(msg_id=new_msg_id(), job_id=job_ref)
-        return await asyncio.wait_for(self._transport.call(peer, "/v1/peer/job/find", msg, JobMatches),
-                                      self._time_limit_s)
+        return await asyncio.wait_for(self._transport.call(peer, JOB_FIND, msg), self._time_limit_s)
 
     async def _owned_matches(self, prefix: str) -> list[str]:
         """Ids of the jobs owned here that start with ``prefix`` (an exact id alone), at most 16."""
@@ -289,6 +272,8 @@ class RemoteJobs:
         owner_name = self._names.name_of(where.owner)
         try:
             return await self._ask(where.owner, action, where.job_id, requester, reply, **extra)
+        except PeerRefused as e:
+            raise Forbidden(e.reason) from e
         except PeerCallError as e:
             failure = e
         why = f"owner {owner_name} unreachable"
@@ -300,6 +285,8 @@ class RemoteJobs:
                     return reply.model_validate(body.model_dump(mode="json"))
                 try:
                     return await self._ask(holder, action, where.job_id, requester, reply, **extra)
+                except PeerRefused as e:
+                    raise Forbidden(e.reason) from e
                 except PeerCallError:
                     continue
         raise PeerUnreachable(f"job {where.job_id}: {why} ({failure})")
@@ -309,12 +296,13 @@ class RemoteJobs:
         """Ask ``node`` to do ``action`` on ``job_id`` for ``requester``.
 
         Raises:
-            PeerCallError: it did not answer. The domain error it answered with (Forbidden, ...).
+            PeerRefused: it refused (the requester lacks the role there). PeerCallError: it did not
+            answer. The domain error it answered with (NoSuchJob, ...).
         """
         user, admin = _who(requester)
         msg = JobRequest(msg_id=new_msg_id(), job_id=job_id, user=user, admin=admin,
                          **{k: v for k, v in extra.items() if v is not None})
-        answer = await self._transport.call(node, f"/v1/peer/job/{action}", msg, JobReply)
+        answer = await self._transport.call(node, JOB_ACTION_ROUTES[action], msg)
         if answer.error:
             raise _ERRORS.get(answer.error, GpulayerError)(answer.message)
         try:
@@ -324,29 +312,54 @@ class RemoteJobs:
 
     # ------------------------------------------------------------------ peers' requests
 
-    async def find(self, sender: str, msg: JobRequest) -> JobMatches:
-        """Peer route ``/v1/peer/job/find``: the jobs owned here and runs held here whose id starts
-        with ``msg.job_id`` (at most :data:`~gpulayerd.net.wire.MAX_JOB_MATCHES` each)."""
+    async def find(self, sender: Sender, msg: JobRequest) -> JobMatches:
+        """Peer route ``job_find`` (any member): the jobs owned here and runs held here whose id
+        starts with ``msg.job_id`` (at most :data:`~gpulayerd.net.wire.MAX_JOB_MATCHES` each)."""
         return JobMatches(owned=await self._owned_matches(msg.job_id), held=await self._held_matches(msg.job_id))
 
-    async def answer(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
-                     sender_user: str) -> JobReply:
-        """Peer route ``/v1/peer/job/<action>``: do ``action`` on a job owned here (or, not owned
-        here, answer from a run of it held here) for the user ``msg`` names, under the rules of
-        the module docstring. Every refusal is an answer (``JobReply.error``), never an exception."""
+    async def relayed(self, sender: Sender, user: str) -> Requester:
+        """Who a request that ``sender`` relays for ``user`` is made by here (see
+        :func:`~gpulayerd.app.roles.relayed_requester`; admin rights from this node's own ``admin_group``)."""
+        is_admin = sender.mode == SYSTEM and await self._requesters.admin_by_name(user)
+        return relayed_requester(sender, user, is_admin)
+
+    async def listing(self, sender: Sender, msg: JobsRequest) -> JobList:
+        """Peer route ``jobs`` (any member): the jobs owned here for a person's ``gpulayer jobs`` on
+        ``sender``, concealed exactly as ``show`` conceals them for the same requester."""
+        requester = await self.relayed(sender, msg.user)
+        jobs = await self._owner.list_jobs(msg.statuses or None, None, scope="local", requester=requester)
+        return JobList(jobs=[self._owner.env_for(sender.node_id, j) for j in jobs])
+
+    async def peer_show(self, sender: Sender, msg: JobRequest) -> JobReply:
+        """Peer route ``job_show`` (any member): the job as the relayed user may see it."""
+        return await self.answer(sender, "show", msg)
+
+    async def peer_explain(self, sender: Sender, msg: JobRequest) -> JobReply:
+        """Peer route ``job_explain`` (any member)."""
+        return await self.answer(sender, "explain", msg)
+
+    async def peer_logs(self, sender: Sender, msg: JobRequest) -> JobReply:
+        """Peer route ``job_logs`` (role: the job's user or an admin, relayed)."""
+        return await self.answer(sender, "logs", msg)
+
+    async def peer_cancel(self, sender: Sender, msg: JobRequest) -> JobReply:
+        """Peer route ``job_cancel`` (role: the job's user or an admin, relayed)."""
+        return await self.answer(sender, "cancel", msg)
+
+    async def answer(self, sender: Sender, action: str, msg: JobRequest) -> JobReply:
+        """Do ``action`` on a job owned here (or, not owned here, answer from a run of it held here)
+        for the user ``msg`` names, under the rules of the module docstring. Every domain error is
+        an answer (``JobReply.error``), never an exception."""
         try:
-            if action not in JOB_ACTIONS:
-                raise BadRequest(f"action must be one of: {', '.join(JOB_ACTIONS)}")
-            requester = peer_requester(sender_mode, sender_user, msg.user, msg.admin)
-            if action in ("logs", "cancel") and not requester.user and not requester.admin:
-                raise Forbidden(_vouch_refusal(str(self._names.name_of(sender)), sender_mode, sender_user,
-                                               msg.user))
+            requester = await self.relayed(sender, msg.user)
             body = await self._answer(sender, action, msg, requester)
         except GpulayerError as e:
             return JobReply(error=e.code, message=e.message)
+        if isinstance(body, JobView):
+            body = self._owner.env_for(sender.node_id, body)
         return JobReply(body=body.model_dump(mode="json"))
 
-    async def _answer(self, sender: str, action: str, msg: JobRequest, requester: Requester) -> BaseModel:
+    async def _answer(self, sender: Sender, action: str, msg: JobRequest, requester: Requester) -> BaseModel:
         if msg.job_id in await self._owned_matches(msg.job_id):
             calls: dict[str, Callable[[], Awaitable[BaseModel]]] = {
                 "show": lambda: self._owner.get_job(msg.job_id, requester),
@@ -359,7 +372,7 @@ class RemoteJobs:
         if action == "cancel":
             raise NoSuchJob(f"no job {msg.job_id!r} owned by {self._names.hostname}")
         run = await self._held_run(msg.job_id)
-        why = (f"owner {self._names.name_of(run.owner)} unreachable from {self._names.name_of(sender)}"
+        why = (f"owner {self._names.name_of(run.owner)} unreachable from {self._names.name_of(sender.node_id)}"
                if run is not None else "")
         return await self._held_answer(action, msg.job_id, requester, why, stream=msg.stream, offset=msg.offset,
                                        attempt=msg.attempt, rank=msg.rank)
@@ -371,8 +384,10 @@ class RemoteJobs:
 
         ``rank`` is ignored: the log held here is this worker's rank's.
 
+        Who may read the logs is the route's role, checked before (locally or for the relaying peer).
+
         Raises:
-            NoSuchJob: no run of it is held here (or not that attempt). Forbidden: logs of another user's job.
+            NoSuchJob: no run of it is held here (or not that attempt).
         """
         del rank
         run = await self._held_run(job_id)
@@ -380,7 +395,7 @@ class RemoteJobs:
         if run is None or (attempt is not None and attempt != run.attempt):
             raise NoSuchJob(f"no job {job_id!r} on {me}" if run is None
                             else f"{me} holds attempt {run.attempt} of job {job_id}, not {attempt}")
-        spec = JobSpec.model_validate_json(run.spec_json)
+        spec = spec_of(run.spec_json)
         user = spec.user or ""
         if run.state == "running":
             state, status = f"attempt {run.attempt} running on {me} since {_when(run.started_at)}", "running"
@@ -390,7 +405,6 @@ class RemoteJobs:
             status = "lost" if run.state == "lost" else ("succeeded" if run.exit_code == 0 else "failed")
         knows = f"{why}: what {me} knows: {state}"
         if action == "logs":
-            forbid(requester, job_id, user)
             return await read_log(Path(run.run_dir) / f"{stream}.log", job_id, run.attempt, stream, offset,
                                   run.state != "running")
         if action == "explain":

@@ -33,7 +33,6 @@ from collections import Counter
 from collections.abc import Hashable
 from dataclasses import replace
 
-from gpulayerd.api.peer import PeerCallError
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.gang import GangCoordinator
 from gpulayerd.app.jobs import OwnedJobs
@@ -50,7 +49,7 @@ from gpulayerd.app.placing import (
     with_fair_share,
     without_paths,
 )
-from gpulayerd.app.ports import Directory, PeerTransport
+from gpulayerd.app.ports import Directory
 from gpulayerd.app.signals import Signals
 from gpulayerd.app.usage import UsageService
 from gpulayerd.app.worker import WorkerService
@@ -60,8 +59,10 @@ from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.shapes import ShapeBook, freeze
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, Verdict
+from gpulayerd.errors import PeerCallError
 from gpulayerd.models import ExplanationModel
-from gpulayerd.net.wire import Ack, Offer, new_msg_id
+from gpulayerd.net.transport import OFFER, PeerTransport
+from gpulayerd.net.wire import Offer, new_msg_id
 from gpulayerd.store import JobRow, Store
 
 __all__ = ["Scheduler"]
@@ -588,8 +589,9 @@ class Scheduler:
         offered["env"] = dict.fromkeys(spec.env, "")
         offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, spec=offered, lease_s=row.lease_s)
         self._signals.stats["offers_sent"] += 1
+        self._jobs.offered(row.id, worker)  # before the send: the worker may claim before it answers
         try:
-            await self._transport.call(worker, "/v1/peer/offer", offer, Ack)
+            await self._transport.call(worker, OFFER, offer)
         except PeerCallError as e:
             log.info("job_id=%s: offer to %s failed: %s", offer.job_id, worker[:12], e)
 

@@ -1,54 +1,57 @@
-"""A :class:`~gpulayerd.app.ports.PeerTransport` that answers calls to this node itself locally.
+"""A :class:`~gpulayerd.net.transport.PeerTransport` that answers calls to this node itself locally.
 
 A gang's owner is often one of its members, and a worker may report to itself: those
-messages go straight to this daemon's own route handlers, the same handlers the peer
-API serves, while calls to other nodes go over the cluster's mutual-TLS client.
+messages go through this daemon's own peer dispatcher (the same role checks and handlers
+the peer API serves), while calls to other nodes go over the cluster's mutual-TLS client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from gpulayerd.api.peer import PeerCallError
-from gpulayerd.app.ports import PeerTransport
+from gpulayerd.errors import PeerBadRequest, PeerCallError
+from gpulayerd.net.transport import PeerDispatch, PeerRoute, PeerTransport, Sender
 
-__all__ = ["Handler", "SelfFirstTransport"]
+__all__ = ["SelfFirstTransport"]
 
-M = TypeVar("M", bound=BaseModel)
-
-Handler = Callable[[str, Any], Awaitable[BaseModel]]
-"""A route handler: (sender node id, message) -> reply."""
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
 
 
 class SelfFirstTransport:
-    """Calls to ``node_id`` go to local handlers; the rest to ``remote`` (None outside a cluster)."""
+    """Calls to ``me`` go to the local dispatcher; the rest to ``remote`` (None outside a cluster).
 
-    def __init__(self, node_id: str, remote: PeerTransport | None) -> None:
-        self.node_id = node_id
+    Args:
+        me: this node as its own certificate names it (node id, mode, bound user).
+        remote: the cluster's transport, or None outside a cluster.
+    """
+
+    def __init__(self, me: Sender, remote: PeerTransport | None) -> None:
+        self.me = me
+        self.node_id = me.node_id
         self._remote = remote
-        self._routes: dict[str, Handler] = {}
+        self._local: PeerDispatch | None = None
 
-    def route(self, path: str, handler: Handler) -> None:
-        """Answer local calls to ``path`` with ``handler``."""
-        self._routes[path] = handler
+    def bind(self, local: PeerDispatch) -> None:
+        """Who answers this node's messages to itself (set once, at wiring)."""
+        self._local = local
 
-    async def call(self, node_id: str, path: str, body: BaseModel | None, reply: type[M]) -> M:
-        """Call ``path`` on ``node_id`` (see :class:`~gpulayerd.app.ports.PeerTransport`).
+    async def call(self, node_id: str, route: PeerRoute[Req, Rep], body: Req | None) -> Rep:
+        """Send ``body`` on ``route`` to ``node_id`` (see :class:`~gpulayerd.net.transport.PeerTransport`).
 
         Raises:
+            PeerRefused: this node lacks the route's role (here or there).
             PeerCallError: no such route here, not in a cluster, or the remote call failed.
         """
         if node_id == self.node_id:
-            handler = self._routes.get(path)
-            if handler is None:
-                raise PeerCallError(f"{path} is not served to this node itself")
-            result = await handler(self.node_id, body)
-            if not isinstance(result, reply):
-                raise PeerCallError(f"{path} answered {type(result).__name__}, not {reply.__name__}")
-            return result
+            if self._local is None:
+                raise PeerCallError(f"{route.path} is not served to this node itself")
+            try:
+                return await self._local.dispatch(route, self.me, body)
+            except (LookupError, PeerBadRequest) as e:
+                raise PeerCallError(f"{route.path} on this node: {e}") from e
         if self._remote is None:
             raise PeerCallError("not in a cluster")
-        return await self._remote.call(node_id, path, body, reply)
+        return await self._remote.call(node_id, route, body)

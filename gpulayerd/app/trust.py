@@ -4,7 +4,8 @@
   round when ``revocations.json`` changed (``gpulayer cluster remove`` on this signer writes
   it), and merged from heartbeats (each entry verified against the CA certificate; forged
   ones are ignored). :meth:`Trust.is_revoked` is what the peer API and the peer client check.
-- A signer serves the enrollment listener (:mod:`gpulayerd.api.enroll`) on the peer port + 1
+- A signer serves the enrollment listener (the route table's ``ENROLL_ROUTES``, through the
+  :class:`~gpulayerd.net.transport.PeerNetwork` it is given) on the peer port + 1
   (another free port if taken) and writes its addresses to ``identity/enroll.json`` for
   ``gpulayer cluster token``.
 - Renewal: about hourly, if ``node.crt`` ends within
@@ -28,11 +29,10 @@ from typing import TYPE_CHECKING
 
 from gpulayerd.net.identity import Identity, TlsError
 from gpulayerd.net.limits import ConnectionLimits
+from gpulayerd.net.transport import PeerNetwork
 from gpulayerd.net.wire import MAX_REVOKED, Revoked
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from gpulayerd.app.clock import Clock
     from gpulayerd.net.revocation import Revocation
 
@@ -50,8 +50,9 @@ ENROLL_MAX_CONNECTION_S = 15.0  # no enrollment connection stays open longer (sl
 class Trust:
     """Revoked nodes, the enrollment listener and renewal of one daemon."""
 
-    def __init__(self, identity: Identity, clock: Clock) -> None:
+    def __init__(self, identity: Identity, clock: Clock, network: PeerNetwork) -> None:
         self._identity = identity
+        self._network = network
         self._idir = identity.key_path.parent
         self._clock = clock
         self._revoked: dict[str, Revocation] = {}
@@ -59,7 +60,6 @@ class Trust:
         self._pending: dict[str, Revoked] = {}
         self._absorbing: asyncio.Task[None] | None = None
         self._next_renew = 0.0
-        self._enroll: web.AppRunner | None = None
         self.enroll_port = 0
         self.contexts: list[ssl.SSLContext] = []
         """TLS contexts that present this node's certificate (reloaded after a renewal)."""
@@ -146,8 +146,6 @@ class Trust:
         Raises:
             OSError: no port could be bound.
         """
-        from gpulayerd.api.enroll import make_enroll_app
-        from gpulayerd.api.peer import start_peer_site
         from gpulayerd.atomic import write_atomic
         from gpulayerd.net.enroll import ENROLL_JSON, ENROLL_PORT_OFFSET, is_signer
         from gpulayerd.net.tls import enroll_ssl_context
@@ -156,17 +154,18 @@ class Trust:
             return
         ctx = enroll_ssl_context(self._identity)
         self.contexts.append(ctx)
-        app = make_enroll_app(self._idir, self.is_revoked)
         # Strangers may connect here (no client certificate): fewer slots per address, and no
         # connection may hold one longer than an enrollment takes (a slow or unfinished request).
         limits = ConnectionLimits(ENROLL_MAX_CONNECTIONS, ENROLL_MAX_PER_ADDRESS, time.monotonic)
         try:
-            self._enroll, self.enroll_port = await start_peer_site(
-                app, host, peer_port + ENROLL_PORT_OFFSET, ctx, limits=limits, max_connection_s=ENROLL_MAX_CONNECTION_S)
+            self.enroll_port = await self._network.serve_enroll(
+                host, peer_port + ENROLL_PORT_OFFSET, ctx, identity_dir=self._idir, limits=limits,
+                max_connection_s=ENROLL_MAX_CONNECTION_S, is_revoked=self.is_revoked)
         except OSError as e:
             log.warning("enrollment port %d: %s; using another one", peer_port + ENROLL_PORT_OFFSET, e)
-            self._enroll, self.enroll_port = await start_peer_site(app, host, 0, ctx, limits=limits,
-                                                                   max_connection_s=ENROLL_MAX_CONNECTION_S)
+            self.enroll_port = await self._network.serve_enroll(
+                host, 0, ctx, identity_dir=self._idir, limits=limits, max_connection_s=ENROLL_MAX_CONNECTION_S,
+                is_revoked=self.is_revoked)
         hosts = lan if host in ("0.0.0.0", "::", "") else [host]
         addrs = [f"[{h}]:{self.enroll_port}" if ":" in h else f"{h}:{self.enroll_port}" for h in hosts or ["127.0.0.1"]]
         body = json.dumps({"port": self.enroll_port, "addresses": addrs}) + "\n"
@@ -174,14 +173,11 @@ class Trust:
         log.info("signer: enrollment listener on %s", ", ".join(addrs))
 
     async def close(self) -> None:
-        """Stop the enrollment listener and background work."""
+        """Stop background work (the enrollment listener stops with the network's listeners)."""
         if self._absorbing is not None:
             self._absorbing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._absorbing
-        if self._enroll is not None:
-            await self._enroll.cleanup()
-            self._enroll = None
 
     # ------------------------------------------------------------------ renewal
 

@@ -25,14 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from gpulayerd.api.peer import MAX_LOG_OFFSET, PeerBadRequest, PeerCallError, PeerForbidden
-from gpulayerd.app.authz import Refusals
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.jobs import Granted, OwnedJobs
 from gpulayerd.app.ledger import Ledger, RunKey
 from gpulayerd.app.logs import read_log
 from gpulayerd.app.machine import Machine
-from gpulayerd.app.ports import PeerTransport
 from gpulayerd.app.signals import Signals, log_failure
 from gpulayerd.app.starter import Starter, device_grants
 from gpulayerd.app.usage import UsageService
@@ -43,8 +40,10 @@ from gpulayerd.core.fairshare import Candidate
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
+from gpulayerd.errors import PeerBadRequest, PeerCallError
 from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError, job_spec_from_mapping
-from gpulayerd.net.wire import Ack, Claim, ClaimReply, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
+from gpulayerd.net.transport import CLAIM, KILL, REPORT, PeerTransport, Sender
+from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.exitnote import retry_delays
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
@@ -104,7 +103,6 @@ class WorkerService:
         self._offers: dict[tuple[str, str], Offer] = {}  # (owner, job) -> the offer the core keeps
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
-        self._refusals = Refusals(log, signals.stats)
         self._usage = usage  # fair share: the order in which kept offers are claimed
 
     def _apply(self, event: core.Event) -> list[core.Action]:
@@ -318,29 +316,34 @@ class WorkerService:
     async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:
         msg = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
         try:
-            await self._transport.call(worker, "/v1/peer/kill", msg, Ack)
+            await self._transport.call(worker, KILL, msg)
         except PeerCallError as e:
             log.info("job_id=%s: kill of attempt %d on %s failed: %s", job_id, attempt, worker[:12], e)
 
     # ------------------------------------------------------------- peers' jobs
 
-    async def offer(self, owner: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
-        """Peer route: keep an owner's offer; the next scheduling pass claims it if it fits here now.
+    def offers_kept(self) -> dict[tuple[str, str], Offer]:
+        """(owner, job id) -> the offer kept here (a copy; for the logical state and diagnostics)."""
+        return dict(self._offers)
+
+    async def offer(self, sender: Sender, msg: Offer) -> Ack:
+        """Peer route ``offer`` (role: the job's owner, which vouches for its user): keep an owner's
+        offer; the next scheduling pass claims it if it fits here now.
 
         Args:
-            owner: the owner's node id (from its certificate).
+            sender: the owner, as its certificate proves it.
             msg: the offer.
-            sender_mode, sender_user: the owner's mode and bound user (from its certificate).
 
         Returns:
-            ``Ack(ok=False, reason=...)``, nothing kept (logged once per owner), unless the
-            owner vouches for the job's user and that user's jobs run here
-            (:meth:`~gpulayerd.app.accounts.Accounts.vet`); a job that names no user is kept
-            as the user the owner is bound to.
+            ``Ack(ok=False, reason=...)``, nothing kept, unless that user's jobs run here
+            (:meth:`~gpulayerd.app.accounts.Accounts.vet`: a personal worker only its own user's,
+            root's only where allowed, and the account exists here); a job that names no user
+            is kept as the user the owner is bound to.
         """
-        spec, refused = await self._machine.accounts.vet(msg.spec, sender_mode, sender_user, f"node {owner[:12]}")
+        owner = sender.node_id
+        spec, refused = await self._machine.accounts.vet(msg.spec, sender.mode, sender.user)
         if refused is not None:
-            self._refusals.refuse(owner, "offer", f"job {msg.job_id}: {refused}")
+            log.info("job_id=%s: offer from %s not kept: %s", msg.job_id, owner[:12], refused)
             return Ack(ok=False, reason=refused)
         msg = msg.model_copy(update={"spec": spec})
         if any(isinstance(a, core.DropOffer) for a in self._apply(core.OfferReceived(owner, msg.job_id))):
@@ -418,7 +421,7 @@ class WorkerService:
                           placement=PlacementModel.from_core(placement).model_dump(mode="json"))
             stats["claims_sent"] += 1
             try:
-                reply = await self._transport.call(owner, "/v1/peer/claim", claim, ClaimReply)
+                reply = await self._transport.call(owner, CLAIM, claim)
             except PeerCallError as e:
                 stats["claims_failed"] += 1
                 log.info("job_id=%s: claim at %s failed: %s", offer.job_id, owner[:12], e)
@@ -450,7 +453,8 @@ class WorkerService:
                                placement_json=PlacementModel.from_core(placement).model_dump_json(),
                                lease_s=lease_s, run_dir=str(self._starter.run_dir(job_id, attempt)),
                                state="running", started_at=self._clock.wall())
-            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall()):
+            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall(),
+                                                            node_id=self.node_id):
                 await self._carry_out(self._apply(core.RunEnded(key, owner, "lost", None, "devices taken meanwhile",
                                                                 never_started=True)))
                 return
@@ -479,7 +483,7 @@ class WorkerService:
         msg = RunReport(msg_id=new_msg_id(), worker=self.node_id, job_id=key[0], attempt=key[1],
                         kind=kind, exit_code=exit_code, reason=reason, never_started=never_started)
         try:
-            return await self._transport.call(owner, "/v1/peer/report", msg, RunReportReply)
+            return await self._transport.call(owner, REPORT, msg)
         except PeerCallError as e:
             log.info("job_id=%s: report %s to %s failed: %s", key[0], kind, owner[:12], e)
             return None
@@ -490,18 +494,10 @@ class WorkerService:
             await self._store.runs.mark_remote_reported(owed.owner, key[0], key[1])
         self._apply(core.ReportAnswered(key, reply is not None))
 
-    async def kill(self, owner: str, msg: Kill) -> Ack:
-        """Peer route: the owner stops an attempt we run for it.
-
-        Raises:
-            PeerForbidden: the attempt runs here for another owner (or for this daemon); nothing is stopped.
-        """
+    async def kill(self, sender: Sender, msg: Kill) -> Ack:
+        """Peer route ``kill`` (role: the owner of the run): the owner stops an attempt we run for it."""
         key = (msg.job_id, msg.attempt)
-        entry = self._ledger.get(key)
-        if entry is not None and entry.owner != owner:
-            self._refusals.refuse(owner, "kill", f"job {msg.job_id} attempt {msg.attempt} is not its run")
-            raise PeerForbidden(f"attempt {msg.attempt} of job {msg.job_id} is not run here for you")
-        actions = self._apply(core.KillAsked(key, owner, msg.reason))
+        actions = self._apply(core.KillAsked(key, sender.node_id, msg.reason))
         refused = next((a for a in actions if isinstance(a, core.RefuseKill)), None)
         entry = self._ledger.get(key)
         if refused is not None or entry is None:
@@ -509,22 +505,20 @@ class WorkerService:
         await asyncio.to_thread(self._runner.cancel, entry.handle)
         return Ack(ok=True)
 
-    async def logs(self, owner: str, msg: LogRequest) -> LogChunk:
-        """Peer route: a chunk of the log of an attempt we run (or ran) for ``owner``.
+    async def logs(self, sender: Sender, msg: LogRequest) -> LogChunk:
+        """Peer route ``logs`` (role: the owner of the run): a chunk of the log of an attempt we run
+        (or ran) for the sender.
 
-        The file is found from the stored remote run (its run directory), never from the
-        request's text.
+        The file is found from the stored run (owner, job, attempt): its run directory, never
+        the request's text.
 
         Raises:
-            PeerForbidden: no run of ``owner``'s with that job and attempt is known here.
-            PeerBadRequest: the offset is negative or past :data:`MAX_LOG_OFFSET`.
+            PeerBadRequest: no such run is stored here (it went between the role check and now).
         """
-        if not 0 <= msg.offset <= MAX_LOG_OFFSET:
-            raise PeerBadRequest(f"offset must be 0 to {MAX_LOG_OFFSET}")
+        owner = sender.node_id
         run = await self._store.runs.remote_run(owner, msg.job_id, msg.attempt)
         if run is None or not run.run_dir:
-            self._refusals.refuse(owner, "logs", f"no run of its job {msg.job_id!r} attempt {msg.attempt} here")
-            raise PeerForbidden(f"no attempt {msg.attempt} of job {msg.job_id!r} runs here for you")
+            raise PeerBadRequest(f"no attempt {msg.attempt} of job {msg.job_id!r} is stored here")
         path = Path(run.run_dir) / f"{msg.stream}.log"
         entry = self._ledger.get((run.job_id, run.attempt))
         finished = run.state != "running" or entry is None or entry.owner != owner

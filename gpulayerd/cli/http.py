@@ -23,6 +23,8 @@ import time
 from collections.abc import Sequence
 from urllib.parse import quote, urlencode
 
+from gpulayerd.routes import LOCAL, local_path
+
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
     from typing import Any
@@ -255,23 +257,28 @@ class SyncClient:
             parts.append(self._read_exactly(size, deadline))
             self._read_exactly(2, deadline)
 
-    # ------------------------------------------------------------------ the API
+    # ------------------------------------------------------------------ the API (paths from the route table)
+
+    def _call(self, name: str, job_ref: str = "", body: object = None,
+              params: Sequence[tuple[str, str]] | None = None) -> Any:
+        """Local route ``name`` of :data:`gpulayerd.routes.LOCAL_ROUTES` (``job_ref`` fills ``{job}``)."""
+        return self.request(LOCAL[name].method, local_path(name, quote(job_ref, safe="")), body, params=params)
 
     def health(self) -> Any:
         """``GET /v1/health``."""
-        return self.request("GET", "/v1/health")
+        return self._call("health")
 
     def devices(self) -> Any:
         """``GET /v1/devices``: this machine's capabilities with grant state."""
-        return self.request("GET", "/v1/devices")
+        return self._call("devices")
 
     def peers(self) -> Any:
         """``GET /v1/peers``: every gpulayerd known, this one first, with capabilities."""
-        return self.request("GET", "/v1/peers")
+        return self._call("peers")
 
     def users(self) -> Any:
         """``GET /v1/users``: fair share, every user known in priority order."""
-        return self.request("GET", "/v1/users")
+        return self._call("users")
 
     def submit(self, spec: dict[str, Any], path: str = "", key: str = "") -> Any:
         """``POST /v1/jobs``: the spec as a mapping (workdir resolved), the submitter's ``PATH`` and
@@ -279,7 +286,7 @@ class SyncClient:
         body: dict[str, Any] = {"spec": spec, "path": path}
         if key:
             body["key"] = key
-        return self.request("POST", "/v1/jobs", body)
+        return self._call("submit", body=body)
 
     def jobs(self, states: Sequence[str] | None = None, limit: int | None = None, scope: str = "local",
              user: str | None = None, finished: int | None = None, fields: Sequence[str] | None = None) -> Any:
@@ -297,19 +304,19 @@ class SyncClient:
             params.append(("finished", str(finished)))
         if fields is not None:
             params.append(("fields", ",".join(fields)))
-        return self.request("GET", "/v1/jobs", params=params)
+        return self._call("jobs", params=params)
 
     def job(self, job_ref: str) -> Any:
         """``GET /v1/jobs/{id}`` (a unique id prefix works)."""
-        return self.request("GET", f"/v1/jobs/{quote(job_ref, safe='')}")
+        return self._call("job", job_ref)
 
     def explain(self, job_ref: str) -> Any:
         """``GET /v1/jobs/{id}/explain``."""
-        return self.request("GET", f"/v1/jobs/{quote(job_ref, safe='')}/explain")
+        return self._call("explain", job_ref)
 
     def cancel(self, job_ref: str) -> Any:
         """``POST /v1/jobs/{id}/cancel``."""
-        return self.request("POST", f"/v1/jobs/{quote(job_ref, safe='')}/cancel")
+        return self._call("cancel", job_ref)
 
     def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
              attempt: int | None = None, rank: int | None = None) -> Any:
@@ -319,7 +326,7 @@ class SyncClient:
             params.append(("attempt", str(attempt)))
         if rank is not None:
             params.append(("rank", str(rank)))
-        return self.request("GET", f"/v1/jobs/{quote(job_ref, safe='')}/logs", params=params)
+        return self._call("logs", job_ref, params=params)
 
 
 def _api_error(status: int, raw: bytes) -> ApiRequestError:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpulayerd.core.types import Accelerator, JobRequest, WorkerSnapshot
+from gpulayerd.core.users import PERSONAL, SYSTEM
 from gpulayerd.core.verdict import Rejection, RejectionCode
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Usage",
     "UsageBook",
     "accrue",
+    "credible_holdings",
     "fair_share_reason",
     "gpu_cap_rejection",
     "gpus_of",
@@ -167,6 +169,40 @@ def accrue(book: UsageBook, holdings: Mapping[str, Mapping[str, Holding]], now: 
         held[node] = kept
         seen[node] = when
     return replace(book, held=held, seen_at=seen)
+
+
+def credible_holdings(holdings: Mapping[str, tuple[int, int]], *, sender_mode: str, sender_user: str,
+                      gpus_advertised: int,
+                      slots_advertised: int | None) -> tuple[dict[str, tuple[int, int]], str | None]:
+    """The part of a peer's holdings report (user -> (GPUs, CPU slots)) that can be true.
+
+    A node speaks only for the users it may run jobs for: a system-mode node (its certificate
+    says so) for any user, as it vouches for users; a personal-mode node for its bound user
+    only; any other node for nobody. And it cannot hold more than it has: when the report's GPUs
+    add up to more than the ``gpus_advertised`` devices of its capabilities, or its CPU slots to
+    more than ``slots_advertised`` (None: the node sets no limit), nothing of it is taken.
+
+    Returns:
+        (what to count, why something was not counted or None).
+    """
+    if sender_mode == SYSTEM:
+        kept = dict(holdings)
+    elif sender_mode == PERSONAL and sender_user:
+        kept = {u: h for u, h in holdings.items() if u == sender_user}
+    else:
+        kept = {}
+    why = None
+    if len(kept) < len(holdings):
+        others = sorted(u for u in holdings if u not in kept)
+        why = (f"it may not speak for {', '.join(repr(u) for u in others[:3])}"
+               f"{f' and {len(others) - 3} more' if len(others) > 3 else ''}"
+               f" ({'personal-mode node of ' + repr(sender_user) if sender_mode == PERSONAL else 'no mode'})")
+    gpus = sum(max(0, g) for g, _ in kept.values())
+    slots = sum(max(0, c) for _, c in kept.values())
+    if gpus > max(0, gpus_advertised) or (slots_advertised is not None and slots > max(0, slots_advertised)):
+        return {}, (f"it reports {gpus} GPUs and {slots} CPU slots held, more than the {gpus_advertised} GPUs"
+                    f" and {'unlimited' if slots_advertised is None else slots_advertised} CPU slots it advertises")
+    return kept, why
 
 
 def usage_at(book: UsageBook, now: float) -> dict[str, Usage]:

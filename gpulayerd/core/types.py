@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "GB",
@@ -375,6 +375,11 @@ class WorkerSnapshot:
     gpus_held_by_user: Mapping[str, int] = field(default_factory=dict)
     os: str | None = None
     driver_cuda: str | None = None
+
+    def with_identity(self, mode: str, user: str) -> WorkerSnapshot:
+        """This snapshot with ``mode`` and ``user`` as the worker's certificate proves them (what a
+        worker says of itself in its capabilities is not taken for whose jobs it may run)."""
+        return replace(self, mode=mode, user=user)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_HOLDINGS_USERS",
     "MAX_JOB_MATCHES",
     "MAX_REVOKED",
+    "MAX_STATUSES",
     "Ack",
     "Claim",
     "ClaimReply",
@@ -31,6 +32,7 @@ __all__ = [
     "JobMatches",
     "JobReply",
     "JobRequest",
+    "JobsRequest",
     "Kill",
     "LogRequest",
     "Offer",
@@ -196,9 +198,10 @@ class JobRequest(_Msg):
     """Any node -> a job's owner (or a worker that runs it): a person's request about a job.
 
     ``/v1/peer/job/find`` takes ``job_id`` as an id prefix; ``/v1/peer/job/<action>`` (one of
-    :data:`JOB_ACTIONS`) as an id. ``user`` and ``admin`` are who asks on the sending node:
-    the receiver believes the name only when the sender's certificate vouches for it
-    (:func:`gpulayerd.core.users.vouches`), and ``admin`` only from a system-mode node.
+    :data:`JOB_ACTIONS`) as an id. ``user`` is who asks on the sending node: the receiver
+    believes the name only when the sender's certificate vouches for it
+    (:func:`gpulayerd.core.users.vouches`), and decides itself, from its own ``admin_group``,
+    whether that user is an admin there. ``admin`` is what the sender thinks and is not used.
     ``stream``, ``offset``, ``attempt`` and ``rank`` are for ``logs``.
     """
 
@@ -210,6 +213,24 @@ class JobRequest(_Msg):
     offset: int = Field(default=0, ge=0, le=2**53)
     attempt: int | None = None
     rank: int | None = Field(default=None, ge=0, le=4096)
+
+
+MAX_STATUSES = 16
+"""The most job states a :class:`JobsRequest` names."""
+
+
+class JobsRequest(_Msg):
+    """Any node -> an owner: the jobs it owns (for a person's ``gpulayer jobs`` on the sender).
+
+    ``user`` is who asks on the sending node, believed only as far as the sender's certificate
+    vouches for it: the owner conceals every other user's spec, as ``show`` does for the same
+    requester, and environment values go only to the node that runs the job. ``statuses``: only
+    jobs in these states (empty: all).
+    """
+
+    msg_id: str
+    user: str = Field(default="", max_length=256)
+    statuses: list[str] = Field(default_factory=list, max_length=MAX_STATUSES)
 
 
 class JobMatches(_Msg):

@@ -9,11 +9,14 @@ kept: a restarted owner counts every lease as renewed at its restart.
 
 from __future__ import annotations
 
+import json
 from dataclasses import astuple, dataclass, fields
 
+from gpulayerd.core import gang as core
+from gpulayerd.core.gang import GangAttempt
 from gpulayerd.store.db import Database
 
-__all__ = ["GangRow", "GangsTable"]
+__all__ = ["GangRow", "GangsTable", "gang_from_row", "gang_to_row"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +96,37 @@ class GangsTable:
     async def delete(self, job_id: str) -> None:
         """Forget the job's gang attempt."""
         await self._db.write_one("DELETE FROM gangs WHERE job_id = ?", (job_id,))
+
+
+def gang_to_row(g: GangAttempt, now_wall: float) -> GangRow:
+    """The store row of a gang attempt (its durable state) written at ``now_wall``."""
+    ff = g.first_failure
+    v = g.verdict
+    return GangRow(
+        job_id=g.job_id, attempt=g.attempt, hold_id=g.hold_id, members_json=json.dumps(list(g.members)),
+        master=g.master, lease_s=g.lease_s, grace_s=g.grace_s, started_json=json.dumps(sorted(g.started)),
+        exits_json=json.dumps({m: {"code": e.code, "reason": e.reason, "killed": e.killed}
+                               for m, e in sorted(g.exits.items())}),
+        lost_json=json.dumps({m: loss.reason for m, loss in sorted(g.lost.items())}),
+        first_failure_json=None if ff is None else json.dumps(
+            {"member": ff.member, "code": ff.code, "reason": ff.reason}),
+        killed=g.killed,
+        verdict_json=None if v is None else json.dumps(
+            {"status": v.status, "reason": v.reason, "member": v.member, "exit_code": v.exit_code}),
+        updated_at=now_wall)
+
+
+def gang_from_row(r: GangRow) -> GangAttempt:
+    """A gang attempt from its store row (times are 0: see :func:`gpulayerd.core.gang.recovered`)."""
+    members = tuple(json.loads(r.members_json))
+    ff = json.loads(r.first_failure_json) if r.first_failure_json else None
+    v = json.loads(r.verdict_json) if r.verdict_json else None
+    return GangAttempt(
+        job_id=r.job_id, attempt=r.attempt, hold_id=r.hold_id, members=members, master=r.master,
+        lease_s=r.lease_s, grace_s=r.grace_s, renewed_at={m: 0.0 for m in members},
+        started=frozenset(json.loads(r.started_json)),
+        exits={m: core.Exit(e["code"], 0.0, e["reason"], e["killed"]) for m, e in json.loads(r.exits_json).items()},
+        lost={m: core.Loss(0.0, reason) for m, reason in json.loads(r.lost_json).items()},
+        first_failure=None if ff is None else core.Failure(ff["member"], ff["code"], 0.0, ff["reason"]),
+        killed=r.killed,
+        verdict=None if v is None else core.Verdict(v["status"], v["reason"], v["member"], v["exit_code"]))

@@ -30,7 +30,7 @@ from gpulayerd.store.rows import (
     job_params,
     job_row,
 )
-from gpulayerd.store.runs import INSERT_GRANT, SELECT_GRANTED
+from gpulayerd.store.runs import INSERT_GRANT, RELEASE_GRANTS, SELECT_GRANTED
 
 __all__ = ["JobsTable"]
 
@@ -67,7 +67,8 @@ WHERE job_id = :job_id AND attempt = :attempt AND state IN ('claimed', 'running'
 _END_ATTEMPT = """
 UPDATE attempts SET state = :state, ended_at = :now, exit_code = :exit_code, reason = :reason
 WHERE job_id = :job_id AND attempt = :attempt AND state IN ('claimed', 'running')"""
-_RELEASE_GRANTS = "DELETE FROM grants WHERE job_id = ? AND attempt = ?"
+_HOLDER_FACTS = ("SELECT j.attempt, j.holder, a.worker, a.placement_json FROM jobs j LEFT JOIN attempts a "
+                 "ON a.job_id = j.id AND a.attempt = ? WHERE j.id = ?")
 _SET_JOB_EXIT = "UPDATE jobs SET exit_code = ? WHERE id = ? AND attempt = ? AND exit_code IS NULL"
 _SET_EXPLANATION = (
     "UPDATE jobs SET reason = ?, explanation_json = ? WHERE id = ? AND status IN ('queued', 'rejected')"
@@ -267,7 +268,7 @@ class JobsTable:
             _cas(db, action, now_wall, kind)
             db.execute(_INSERT_ATTEMPT, (rec.job_id, rec.attempt, worker, placement_json, run_dir))
             db.executemany(INSERT_GRANT,
-                           [(uuid, index, acc, rec.job_id, rec.attempt, now_wall) for uuid, index, acc in grants])
+                           [(uuid, index, acc, rec.job_id, rec.attempt, now_wall, "") for uuid, index, acc in grants])
 
         try:
             await self._db.run(grant)  # one hop to the store's thread
@@ -396,12 +397,30 @@ class JobsTable:
 
         def end(db: sqlite3.Connection) -> bool:
             db.execute(_END_ATTEMPT, params)
-            db.execute(_RELEASE_GRANTS, (job_id, attempt))
+            db.execute(RELEASE_GRANTS, ("", job_id, attempt))
             if state == "exited" and exit_code is not None:
                 db.execute(_SET_JOB_EXIT, (exit_code, job_id, attempt))
             return _try_cas(db, then, now_wall, kind)
 
         return await self._db.run(end)  # one hop to the store's thread, one commit
+
+    async def holder_facts(self, job_id: str, attempt: int) -> tuple[int, str | None, set[str]] | None:
+        """In one read: the job's current attempt and holder, and the node ids that held attempt
+        ``attempt`` (its worker and its gang's members); None when no such job is owned here."""
+        rows = await self._db.fetch_all(_HOLDER_FACTS, (attempt, job_id))
+        if not rows:
+            return None
+        current, holder, worker, placement = rows[0]
+        held: set[str] = set()
+        if isinstance(worker, str):
+            held.add(worker)
+            try:
+                gang = json.loads(placement or "{}").get("gang", [])
+            except (ValueError, AttributeError):
+                gang = []
+            if isinstance(gang, list):
+                held.update(m for m in gang if isinstance(m, str))
+        return int(current), holder, held
 
     async def attempts(self, job_id: str) -> list[AttemptRow]:
         """A job's attempts, first attempt first."""

@@ -151,6 +151,18 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        5,
+        """
+        -- Worker-side grants are keyed by (owner node, job id, attempt); '' is this daemon's own job.
+        ALTER TABLE grants ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+        UPDATE grants SET owner = COALESCE((SELECT r.owner FROM remote_runs r WHERE r.job_id = grants.job_id
+            AND r.attempt = grants.attempt AND r.state = 'running' LIMIT 1), '');
+        DROP INDEX grants_job_attempt;
+        CREATE INDEX grants_owner_job_attempt ON grants (owner, job_id, attempt);
+        CREATE INDEX remote_runs_job ON remote_runs (job_id, attempt);
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

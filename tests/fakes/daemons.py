@@ -113,7 +113,7 @@ class Lab:
                             key_path=config.state_dir / "identity" / "node.key")
         nodes: list[LoopbackNode] = []
 
-        def peers(signals: object) -> LoopbackNode:
+        def peers(signals: object, network: object) -> LoopbackNode:
             nodes.append(self.net.node(node_id, name))
             return nodes[-1]
 

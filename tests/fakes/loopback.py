@@ -1,11 +1,12 @@
 """In-process daemons calling each other: a loopback :class:`PeerTransport` and :class:`Directory`.
 
 A :class:`LoopbackNetwork` joins the daemons of one test (one event loop). Each daemon's
-:class:`LoopbackNode` is its peer transport, its directory and its peer API: a call to
-another node id is delivered to that daemon's services, as the mutual-TLS peer API would
-(``sender`` is the caller's node id, and offers, holds and job requests get the caller's
-``mode`` and ``user`` as its certificate would give them; the message and the reply go through JSON so
-that nothing is shared). Faults, per node, for calls to and from it:
+:class:`LoopbackNode` is its peer transport and its directory: a call to another node id is
+delivered to that daemon's peer router (:class:`gpulayerd.api.peer.PeerRouter`, built from the
+route table: the role check, then the handler), as the mutual-TLS peer API would deliver it
+(the sender is the caller's node id with the ``mode`` and ``user`` its certificate would give;
+the message and the reply go through JSON so that nothing is shared). Faults, per node, for
+calls to and from it:
 
 - ``refuse``: the call fails at once (a host that is down: connection refused);
 - ``hang``: the call is never answered; it fails with a timeout once the fake clock has
@@ -21,38 +22,27 @@ while its last answered heartbeat is at most ``suspect_after_s`` old.
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
-from collections.abc import Awaitable, Callable
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from gpulayerd.api.peer import PeerBadRequest, PeerCallError, PeerForbidden, request_problem
 from gpulayerd.app.machine import Machine
-from gpulayerd.app.member import GangMember
-from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.remote_jobs import RemoteJobs
-from gpulayerd.app.worker import WorkerService
+from gpulayerd.app.usage import UsageService
 from gpulayerd.core.types import WorkerSnapshot
+from gpulayerd.errors import PeerBadRequest, PeerCallError, PeerRefused
 from gpulayerd.models import Capabilities, PeerView
-from gpulayerd.net.wire import JOB_ACTIONS, Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
+from gpulayerd.net.transport import PeerDispatch, PeerRoute, Sender
 
 from .clock import FakeClock
 
 __all__ = ["Call", "Fault", "LoopbackNetwork", "LoopbackNode"]
 
-M = TypeVar("M", bound=BaseModel)
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
 
 Fault = Literal["refuse", "hang"]
-
-_BODIES: dict[str, type[BaseModel]] = {
-    "/v1/peer/offer": Offer, "/v1/peer/claim": Claim, "/v1/peer/report": RunReport, "/v1/peer/kill": Kill,
-    "/v1/peer/logs": LogRequest, "/v1/peer/hold": Hold, "/v1/peer/release": Release, "/v1/peer/commit": Commit,
-    "/v1/peer/job/find": JobRequest, **{f"/v1/peer/job/{a}": JobRequest for a in JOB_ACTIONS},
-}
 
 
 @dataclass(frozen=True)
@@ -63,7 +53,7 @@ class Call:
     target: str
     path: str
     body: BaseModel | None
-    outcome: str  # "ok", "refused", "timed out", "reset", "error: ..."
+    outcome: str  # "ok", "refused", "timed out", "reset", "403: ...", "400: ...", "error: ..."
 
 
 class LoopbackNetwork:
@@ -143,12 +133,14 @@ class LoopbackNetwork:
                 caps = await b.machine.capabilities()
                 a.seen[b.node_id] = (Capabilities.model_validate_json(caps.model_dump_json()), b.name, now)
 
-    async def deliver(self, sender: str, target: str, path: str, body: BaseModel | None, reply: type[M]) -> M:
+    async def deliver(self, sender: str, target: str, route: PeerRoute[Req, Rep], body: Req | None) -> Rep:
         """Carry one call (see the module docstring for the faults).
 
         Raises:
-            PeerCallError: refused, timed out, reset, or the handler failed (an error reply).
+            PeerRefused: the target refused it (403: the sender lacks the route's role).
+            PeerCallError: refused, timed out, reset, a 400, or the handler failed (an error reply).
         """
+        path = route.path
         fault = self.faults.get(sender) or self.faults.get(target)
         if fault == "refuse" or target not in self.nodes:
             self.calls.append(Call(sender, target, path, body, "refused"))
@@ -163,21 +155,23 @@ class LoopbackNetwork:
                 raise
             raise AssertionError("a hung call is never answered")  # pragma: no cover
         node = self.nodes[target]
-        copy = None if body is None else type(body).model_validate_json(body.model_dump_json())
+        copy = None if body is None else route.request.model_validate_json(body.model_dump_json())
         caller = self.nodes.get(sender)
-        who = (caller.mode, caller.user) if caller is not None else ("personal", "")
+        who = Sender(sender, *((caller.mode, caller.user) if caller is not None else ("personal", "")))
         try:
-            answer = await node.dispatch(sender, path, copy, *who)
-        except (PeerForbidden, PeerBadRequest) as e:  # a refusal (403 / 400): an error reply, not a failure
-            status = 403 if isinstance(e, PeerForbidden) else 400
-            self.calls.append(Call(sender, target, path, body, f"{status}: {e}"))
-            raise PeerCallError(f"{path} on {target[:12]}: HTTP {status}: {e}") from e
+            answer = await node.router_().dispatch(route, who, copy)
+        except PeerRefused as e:  # a refusal (403): an error reply, not a failure
+            self.calls.append(Call(sender, target, path, body, f"403: {e}"))
+            raise PeerRefused(f"{path} on {target[:12]}: HTTP 403: {e.reason}", e.reason) from e
+        except PeerBadRequest as e:
+            self.calls.append(Call(sender, target, path, body, f"400: {e}"))
+            raise PeerCallError(f"{path} on {target[:12]}: HTTP 400: {e}") from e
         except Exception as e:
             self.errors.append(f"{path} on {target[:12]} from {sender[:12]}: {type(e).__name__}: {e}")
             self.calls.append(Call(sender, target, path, body, f"error: {e}"))
             raise PeerCallError(f"{path} on {target[:12]} failed: 500 {type(e).__name__}") from e
         self.calls.append(Call(sender, target, path, body, "ok"))
-        return reply.model_validate_json(answer.model_dump_json())
+        return route.reply.model_validate_json(answer.model_dump_json())
 
     def close(self) -> None:
         """Fail every call still hung (at the end of a test)."""
@@ -188,7 +182,7 @@ class LoopbackNetwork:
 
 
 class LoopbackNode:
-    """One daemon on a :class:`LoopbackNetwork`: its PeerTransport, Directory and peer API."""
+    """One daemon on a :class:`LoopbackNetwork`: its PeerTransport and Directory; its router answers."""
 
     def __init__(self, network: LoopbackNetwork, node_id: str, name: str) -> None:
         self.network = network
@@ -199,81 +193,32 @@ class LoopbackNode:
         self.mode = "personal"
         self.user = ""
         self.machine: Machine | None = None
-        self._owner: OwnerService | None = None
-        self._worker: WorkerService | None = None
-        self._member: GangMember | None = None
-        self._jobs: RemoteJobs | None = None
+        self.usage: UsageService | None = None
+        self.router: PeerDispatch | None = None
+        self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}
 
-    def bind_jobs(self, jobs: RemoteJobs) -> None:
-        """Who answers this node's ``/v1/peer/job/...`` routes."""
-        self._jobs = jobs
+    def bind(self, *, machine: Machine, usage: UsageService | None = None) -> None:
+        """This node's machine (its capabilities, for heartbeats) and fair-share book."""
+        self.machine, self.usage = machine, usage
 
-    def bind(self, *, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember) -> None:
-        """The services that answer this node's peer API."""
-        self.machine, self._owner, self._worker, self._member = machine, owner, worker, member
+    def bind_router(self, router: PeerDispatch) -> None:
+        """Who answers this node's peer messages: the route table's dispatcher."""
+        self.router = router
+
+    def router_(self) -> PeerDispatch:
+        assert self.router is not None, "LoopbackNode.bind_router() not called"
+        return self.router
 
     # ------------------------------------------------------------------ PeerTransport
 
-    async def call(self, node_id: str, path: str, body: BaseModel | None, reply: type[M]) -> M:
-        """Call ``path`` on ``node_id`` over the network (see :meth:`LoopbackNetwork.deliver`)."""
-        return await self.network.deliver(self.node_id, node_id, path, body, reply)
+    async def call(self, node_id: str, route: PeerRoute[Req, Rep], body: Req | None) -> Rep:
+        """Call ``route`` on ``node_id`` over the network (see :meth:`LoopbackNetwork.deliver`)."""
+        return await self.network.deliver(self.node_id, node_id, route, body)
 
-    # ------------------------------------------------------------------ peer API
-
-    async def dispatch(self, sender: str, path: str, body: BaseModel | None, sender_mode: str = "personal",
-                       sender_user: str = "") -> BaseModel:
-        """Answer one peer message as the peer API does (``sender_mode``/``sender_user``: the
-        caller's certificate's mode and bound user).
-
-        Raises:
-            LookupError: no such path. Whatever the handler raises.
-        """
-        assert self.machine and self._owner and self._worker and self._member, "LoopbackNode.bind() not called"
-        url = urlsplit(path)
-        if url.path == "/v1/peer/capabilities":
-            return await self.machine.capabilities()
-        if url.path == "/v1/peer/jobs":
-            return await self._owner.peer_jobs(sender, parse_qs(url.query).get("status"))
-        expected = _BODIES.get(url.path)
-        if expected is None:
-            raise LookupError(f"no route {url.path}")
-        assert isinstance(body, expected), f"{url.path} takes {expected.__name__}, got {type(body).__name__}"
-        for field in ("owner", "worker"):
-            if hasattr(body, field) and url.path != "/v1/peer/logs":
-                assert getattr(body, field) == sender, f"{url.path}: {field} is not the sender"
-        problem = request_problem(body)  # as the peer API checks every message
-        if problem is not None:
-            raise PeerBadRequest(problem)
-        handlers: dict[str, Callable[[], BaseModel | Awaitable[BaseModel]]] = {
-            "/v1/peer/offer": lambda: self._worker_().offer(sender, _as(body, Offer), sender_mode, sender_user),
-            "/v1/peer/claim": lambda: self._owner_().claim(sender, _as(body, Claim)),
-            "/v1/peer/report": lambda: self._owner_().report(sender, _as(body, RunReport)),
-            "/v1/peer/kill": lambda: self._worker_().kill(sender, _as(body, Kill)),
-            "/v1/peer/logs": lambda: self._worker_().logs(sender, _as(body, LogRequest)),
-            "/v1/peer/hold": lambda: self._member_().hold(sender, _as(body, Hold), sender_mode, sender_user),
-            "/v1/peer/release": lambda: self._member_().release(sender, _as(body, Release)),
-            "/v1/peer/commit": lambda: self._member_().commit(sender, _as(body, Commit)),
-        }
-        jobs = self._jobs
-        if jobs is not None and isinstance(body, JobRequest):
-            handlers["/v1/peer/job/find"] = lambda: jobs.find(sender, _as(body, JobRequest))
-            for action in JOB_ACTIONS:
-                handlers[f"/v1/peer/job/{action}"] = functools.partial(
-                    jobs.answer, sender, action, _as(body, JobRequest), sender_mode, sender_user)
-        answer = handlers[url.path]()
-        return await answer if inspect.isawaitable(answer) else answer
-
-    def _owner_(self) -> OwnerService:
-        assert self._owner is not None
-        return self._owner
-
-    def _worker_(self) -> WorkerService:
-        assert self._worker is not None
-        return self._worker
-
-    def _member_(self) -> GangMember:
-        assert self._member is not None
-        return self._member
+    async def dispatch(self, route: PeerRoute[Req, Rep], sender: str, body: Req | None, *,
+                       mode: str = "personal", user: str = "") -> Any:
+        """Answer one message as this node's peer API would (``mode``/``user``: the sender's certificate's)."""
+        return await self.router_().dispatch(route, Sender(sender, mode, user), body)
 
     # ------------------------------------------------------------------ Directory
 
@@ -303,11 +248,19 @@ class LoopbackNode:
 
     def worker_snapshots(self) -> list[WorkerSnapshot]:
         """Every peer seen, with its capabilities as of its last answered heartbeat."""
-        out = []
-        for peer, (caps, name, _) in sorted(self.seen.items()):
-            c = caps.model_copy(update={"node_id": peer, "hostname": name, "online": self._up(peer)})
-            out.append(c.to_core())
-        return out
+        return [s for s in (self.snapshot_of(p) for p in sorted(self.seen)) if s is not None]
+
+    def snapshot_of(self, node_id: str) -> WorkerSnapshot | None:
+        """One peer seen, as :meth:`worker_snapshots` gives it; None if never seen."""
+        entry = self.seen.get(node_id)
+        if entry is None:
+            return None
+        caps, name, _ = entry
+        made = self._cores.get(node_id)
+        if made is None or made[0] is not caps:  # made once per heartbeat that fetched its capabilities
+            made = (caps, caps.model_copy(update={"node_id": node_id, "hostname": name}).to_core())
+            self._cores[node_id] = made
+        return dataclasses.replace(made[1], online=self._up(node_id))
 
     def name_of(self, node_id: str) -> str | None:
         """A peer's name, once seen."""
@@ -327,8 +280,3 @@ class LoopbackNode:
         return [PeerView(node_id=p, name=name, cluster=self.cluster_id, trusted=True,
                          state="up" if self._up(p) else "down", capabilities=caps)
                 for p, (caps, name, _) in sorted(self.seen.items())]
-
-
-def _as(body: BaseModel | None, model: type[M]) -> M:
-    assert isinstance(body, model)
-    return body

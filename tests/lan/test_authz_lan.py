@@ -94,7 +94,9 @@ def test_a_member_that_does_not_hold_a_job_can_change_nothing(lan_factory: Calla
     status, chunk = _call(h1, h2, "/v1/peer/logs", {"job_id": job, "attempt": 1})  # the owner may read it
     assert (status, chunk["data"]) == (200, "started\n"), chunk
     # Environment values go to the node that runs the job only.
-    envs = {h.name: {j["id"]: j["spec"]["env"] for j in _call(h, h1, "/v1/peer/jobs")[1]["jobs"]} for h in (h2, h3)}
+    asks = {"msg_id": secrets.token_hex(8), "user": "root"}  # the job's user, on h2 or on h3
+    envs = {h.name: {j["id"]: j["spec"]["env"] for j in _call(h, h1, "/v1/peer/jobs", asks)[1]["jobs"]}
+            for h in (h2, h3)}
     assert envs == {"h2": {job: {"HF_TOKEN": "s3cret"}}, "h3": {job: {"HF_TOKEN": ""}}}, envs
 
     time.sleep(1.0)  # anything that got through would show by now

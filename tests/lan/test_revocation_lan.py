@@ -29,7 +29,7 @@ ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
 ctx.check_hostname = False
 ctx.load_cert_chain(cert, key)
 s = ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=60), server_hostname=host)
-s.sendall(f"GET /v1/peer/jobs HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+s.sendall(f"GET /v1/peer/capabilities HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
 first = s.recv(65536)
 print("open", first.split(b"\r\n")[0].decode().split()[1], flush=True)
 try:
@@ -69,7 +69,7 @@ def test_removed_node_is_refused_by_every_member(lan_factory: Callable[..., Lan]
         for hold in holds.values():
             assert hold.stdout is not None
             assert hold.stdout.readline().split() == ["open", "200"]
-        assert _call(h3, h2, "/v1/peer/jobs")[0] == 200
+        assert _call(h3, h2, "/v1/peer/capabilities")[0] == 200
 
         h1.cli_ok("cluster", "remove", h3.node_id)
         removed = time.monotonic()
@@ -87,7 +87,7 @@ def test_removed_node_is_refused_by_every_member(lan_factory: Callable[..., Lan]
     # within a round of h1 (0.5 s here); 1.5 s = three rounds, leaving room for a loaded machine.
     assert max(closed_after.values()) < 1.5, f"h3's connections closed {closed_after} s after the removal"
     for member in (h1, h2):
-        status, body = _call(h3, member, "/v1/peer/jobs")
+        status, body = _call(h3, member, "/v1/peer/capabilities")
         assert status == 403 and "removed from the cluster" in str(body), (member.name, status, body)
 
     # Not offered to h3 any more: a GPU job (only h3 has a GPU) stays queued with no attempt.

@@ -148,8 +148,10 @@ OFFER = r"""
 import asyncio, json, sys
 from pathlib import Path
 from gpulayerd.api.peer import PeerClient
+from gpulayerd.errors import PeerRefused
 from gpulayerd.net import identity, tls
-from gpulayerd.net.wire import Ack, Offer, new_msg_id
+from gpulayerd.net.transport import OFFER
+from gpulayerd.net.wire import Offer, new_msg_id
 state, host, port, user, workdir, marker = sys.argv[1:7]
 ident = identity.load_or_create_identity(Path(state))
 
@@ -158,8 +160,12 @@ async def main():
     try:
         offer = Offer(msg_id=new_msg_id(), owner=ident.node_id, job_id="forged1", lease_s=30.0,
                       spec={"command": ["touch", marker], "workdir": workdir, "user": user})
-        ack, node = await client.call(host, int(port), "/v1/peer/offer", offer, Ack)
-        print(json.dumps({"ok": ack.ok, "reason": ack.reason, "node": node}))
+        try:
+            ack, who = await client.call_at(host, int(port), OFFER, offer)
+        except PeerRefused as e:  # 403: the sender does not hold the offer's role
+            print(json.dumps({"ok": False, "refused": True, "reason": e.reason}))
+        else:
+            print(json.dumps({"ok": ack.ok, "refused": False, "reason": ack.reason, "node": who.node_id}))
     finally:
         await client.close()
 
@@ -188,7 +194,7 @@ def test_bobs_personal_node_cannot_offer_a_job_as_alice(lan_factory: Callable[..
         return out
 
     refused = offer(bobs.state_dir, alice.name)
-    assert refused["ok"] is False
+    assert (refused["ok"], refused["refused"]) == (False, True)  # 403: the offer's role (it vouches for alice)
     assert f"is {bob.name}'s personal-mode node: it cannot send jobs of '{alice.name}'" in refused["reason"]
     assert h2.api(lambda c: c.health()).counters.get("refused_offer", 0) == 1
     # A system-mode node vouches for alice, and h2 has her account: that offer is kept.

@@ -20,12 +20,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gpulayerd.api.enroll import make_enroll_app
-from gpulayerd.api.peer import PeerCallError, PeerClient, PeerService, make_peer_app, start_peer_site
+from gpulayerd.api.peer import PeerClient, PeerRouter, TlsNetwork, make_peer_app, start_peer_site
+from gpulayerd.errors import PeerRefused
 from gpulayerd.models import JobList
 from gpulayerd.net import ca, enroll, identity, joining, revocation, tls
 from gpulayerd.net.enroll import EnrollRefused
 from gpulayerd.net.identity import Identity
 from gpulayerd.net.revocation import Revocation
+from gpulayerd.net.transport import JOBS, Sender
+from gpulayerd.net.wire import JobsRequest, new_msg_id
 
 
 @asynccontextmanager
@@ -189,9 +192,13 @@ def _key(path: Path) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-class _Jobs:
-    async def async_peer_jobs(self, sender: str, statuses: list[str] | None) -> JobList:
-        return JobList()
+class _Allow:
+    async def check(self, route: object, sender: Sender, body: object) -> str | None:
+        return None
+
+
+async def _no_jobs(sender: Sender, msg: JobsRequest) -> JobList:
+    return JobList()
 
 
 @pytest.mark.asyncio
@@ -202,27 +209,23 @@ async def test_peer_api_refuses_a_revoked_node_before_any_route(tmp_path: Path) 
                                 for n in ("b", "c")}
     revoked = {ids["c"].node_id}
     server = await asyncio.to_thread(identity.load_or_create_identity, a)
-    runner, port = await start_peer_site(make_peer_app(_as_service(_Jobs()), revoked.__contains__), "127.0.0.1", 0,
+    router = PeerRouter({"jobs.listing": _no_jobs}, _Allow())
+    runner, port = await start_peer_site(make_peer_app(router, revoked.__contains__), "127.0.0.1", 0,
                                          tls.server_ssl_context(server))
     try:
         good = PeerClient(tls.client_ssl_context(await asyncio.to_thread(identity.load_or_create_identity, b)))
         bad = PeerClient(tls.client_ssl_context(await asyncio.to_thread(identity.load_or_create_identity, c)))
         try:
-            reply, node = await good.call("127.0.0.1", port, "/v1/peer/jobs", None, JobList)
-            assert (reply.jobs, node) == ([], server.node_id)
-            with pytest.raises(PeerCallError, match=r"HTTP 403.*removed from the cluster"):
-                await bad.call("127.0.0.1", port, "/v1/peer/jobs", None, JobList)
+            ask = JobsRequest(msg_id=new_msg_id())
+            reply, who = await good.call_at("127.0.0.1", port, JOBS, ask)
+            assert (reply.jobs, who.node_id) == ([], server.node_id)
+            with pytest.raises(PeerRefused, match=r"removed from the cluster"):
+                await bad.call_at("127.0.0.1", port, JOBS, ask)
         finally:
             await good.close()
             await bad.close()
     finally:
         await runner.cleanup()
-
-
-def _as_service(obj: object) -> PeerService:
-    from typing import cast
-
-    return cast(PeerService, obj)
 
 
 @pytest.mark.asyncio
@@ -240,7 +243,7 @@ async def test_the_daemon_renews_a_members_certificate_through_its_signer(tmp_pa
         member = await asyncio.to_thread(ca.cluster_join, b, token)
         assert member.cert_path is not None
         old = await asyncio.to_thread(member.cert_path.read_bytes)
-        trust = Trust(member, cast(Clock, None))
+        trust = Trust(member, cast(Clock, None), TlsNetwork())
         trust.contexts = [tls.client_ssl_context(member)]
         await trust._renew_if_due()  # 30 days left: nothing to do
         assert await asyncio.to_thread(member.cert_path.read_bytes) == old and "/v1/enroll/renew" not in seen

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from gpulayerd.app.gang import gang_from_row, gang_to_row
 from gpulayerd.core import gang
 from gpulayerd.core.gang import Exit, Failure, GangAttempt, Loss, Verdict
 from gpulayerd.store import SCHEMA_VERSION, Store
+from gpulayerd.store.gangs import gang_from_row, gang_to_row
 
 
 def running() -> GangAttempt:

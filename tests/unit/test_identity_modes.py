@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import cast
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
-from gpulayerd.api.peer import PeerClient, PeerService, make_peer_app, start_peer_site
+from gpulayerd.api.peer import PeerClient, make_peer_app, start_peer_site
 from gpulayerd.cli import main
 from gpulayerd.net import ca, enroll, identity, tls
 from gpulayerd.net.enroll import TokenError
 from gpulayerd.net.identity import Identity, ModeMismatch, TlsError
+from gpulayerd.net.transport import JOB_ACTION_ROUTES, OFFER, Sender
 from gpulayerd.net.wire import Ack, JobReply, JobRequest, Offer, new_msg_id
+from tests.fakes.routers import router_of
 
 
 def _cert_der(ident: Identity) -> bytes:
@@ -134,8 +136,8 @@ class _Offers:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
 
-    async def async_peer_offer(self, sender: str, msg: Offer, sender_mode: str, sender_user: str) -> Ack:
-        self.seen.append((sender, sender_mode, sender_user))
+    async def offer(self, sender: Sender, msg: Offer) -> Ack:
+        self.seen.append((sender.node_id, sender.mode, sender.user))
         return Ack(ok=True)
 
 
@@ -154,7 +156,7 @@ async def test_peer_api_gives_offers_the_senders_mode_and_user(three_nodes: tupl
                                                                ) -> None:
     worker, bob, root = three_nodes
     service = _Offers()
-    runner, port = await start_peer_site(make_peer_app(cast(PeerService, service)), "127.0.0.1", 0,
+    runner, port = await start_peer_site(make_peer_app(router_of({"worker.offer": service.offer})), "127.0.0.1", 0,
                                          tls.server_ssl_context(worker))
     try:
         for sender in (bob, root):
@@ -162,9 +164,8 @@ async def test_peer_api_gives_offers_the_senders_mode_and_user(three_nodes: tupl
             try:
                 offer = Offer(msg_id=new_msg_id(), owner=sender.node_id, job_id="j1", lease_s=10.0,
                               spec={"command": ["true"], "workdir": "/", "user": "alice"})
-                ack, node = await client.call("127.0.0.1", port, "/v1/peer/offer", offer, Ack,
-                                              expect_node=worker.node_id)
-                assert ack.ok and node == worker.node_id
+                ack, who = await client.call_at("127.0.0.1", port, OFFER, offer, expect_node=worker.node_id)
+                assert ack.ok and who.node_id == worker.node_id
             finally:
                 await client.close()
     finally:
@@ -176,10 +177,11 @@ class _JobDesk:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str, str, str]] = []
 
-    async def async_peer_job(self, sender: str, action: str, msg: JobRequest, sender_mode: str,
-                             sender_user: str) -> JobReply:
-        self.seen.append((sender, action, sender_mode, sender_user, msg.user))
-        return JobReply(error="forbidden", message="no")
+    def handler(self, action: str) -> Callable[[Sender, JobRequest], Awaitable[JobReply]]:
+        async def answer(sender: Sender, msg: JobRequest) -> JobReply:
+            self.seen.append((sender.node_id, action, sender.mode, sender.user, msg.user))
+            return JobReply(error="forbidden", message="no")
+        return answer
 
 
 @pytest.mark.asyncio
@@ -187,15 +189,15 @@ async def test_peer_api_gives_job_requests_the_senders_mode_and_user(
         three_nodes: tuple[Identity, Identity, Identity]) -> None:
     worker, bob, root = three_nodes
     service = _JobDesk()
-    runner, port = await start_peer_site(make_peer_app(cast(PeerService, service)), "127.0.0.1", 0,
-                                         tls.server_ssl_context(worker))
+    router = router_of({f"jobs.peer_{a}": service.handler(a) for a in ("logs", "cancel")})
+    runner, port = await start_peer_site(make_peer_app(router), "127.0.0.1", 0, tls.server_ssl_context(worker))
     try:
         for sender, action in ((bob, "logs"), (root, "cancel")):
             client = PeerClient(tls.client_ssl_context(sender))
             try:
                 msg = JobRequest(msg_id=new_msg_id(), job_id="j1", user="alice", admin=True)
-                reply, _ = await client.call("127.0.0.1", port, f"/v1/peer/job/{action}", msg, JobReply,
-                                             expect_node=worker.node_id)
+                reply, _ = await client.call_at("127.0.0.1", port, JOB_ACTION_ROUTES[action], msg,
+                                                expect_node=worker.node_id)
                 assert (reply.error, reply.message) == ("forbidden", "no")
             finally:
                 await client.close()

@@ -14,13 +14,15 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from gpulayerd.api.peer import PeerCallError, PeerClient, start_peer_site
+from gpulayerd.api.peer import PeerClient, make_peer_app, start_peer_site
+from gpulayerd.errors import PeerCallError
 from gpulayerd.net import ca, identity, tls
 from gpulayerd.net.identity import Identity
 from gpulayerd.net.limits import ConnectionLimits, fitted_total
-from gpulayerd.net.wire import Ack
+from gpulayerd.net.transport import RELEASE, Sender
+from gpulayerd.net.wire import Ack, Release, new_msg_id
+from tests.fakes.routers import router_of
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -79,15 +81,14 @@ def node(tmp_path: Path) -> Identity:
     return identity.load_or_create_identity(tmp_path / "a")
 
 
-async def _ping(_: web.Request) -> web.Response:
-    return web.Response(text=Ack(ok=True).model_dump_json(), content_type="application/json")
+async def _ping(sender: Sender, msg: Release) -> Ack:
+    return Ack(ok=True)
 
 
 @contextlib.asynccontextmanager
 async def _serving(node: Identity, limits: ConnectionLimits, handshake_timeout_s: float,
                    max_connection_s: float | None = None) -> AsyncIterator[int]:
-    app = web.Application()
-    app.router.add_get("/v1/peer/ping", _ping)
+    app = make_peer_app(router_of({"member.release": _ping}))
     runner, port = await start_peer_site(app, "127.0.0.1", 0, tls.server_ssl_context(node),
                                          handshake_timeout_s=handshake_timeout_s, limits=limits,
                                          max_connection_s=max_connection_s)
@@ -135,7 +136,8 @@ async def _until(cond: Callable[[], bool], within_s: float) -> bool:
 async def _ask(node: Identity, port: int) -> Ack:
     client = PeerClient(tls.client_ssl_context(node), timeout_s=5.0)
     try:
-        return (await client.call("127.0.0.1", port, "/v1/peer/ping", None, Ack, expect_node=node.node_id))[0]
+        ping = Release(msg_id=new_msg_id(), owner=node.node_id, hold_id="ping")
+        return (await client.call_at("127.0.0.1", port, RELEASE, ping, expect_node=node.node_id))[0]
     finally:
         await client.close()
 

@@ -22,6 +22,7 @@ from gpulayerd import text
 from gpulayerd.api import server
 from gpulayerd.api.server import make_local_app
 from gpulayerd.app.local import LocalApi
+from gpulayerd.app.roles import LocalRoles
 from gpulayerd.cli import build_parser, main
 from gpulayerd.cli.jobs import JOB_STATES, SHIPPED_PROFILE_NAMES
 from gpulayerd.cli.jobs_table import default_columns, render_jobs
@@ -113,7 +114,8 @@ async def sock(lab: Lab, short_dir: Path) -> AsyncIterator[Path]:
     o = d(lab, "owner")
     api = LocalApi(node_id=OWNER, hostname="owner", version="test", state_dir=str(o.config.state_dir),
                    owner=o.services.owner, machine=o.services.machine, directory=None,
-                   signals=o.services.signals, clock=lab.clock, requesters=Requesters(mode="system", admin_group=""))
+                   signals=o.services.signals, clock=lab.clock, requesters=Requesters(mode="system", admin_group=""),
+                   roles=LocalRoles(store=o.store, jobs=o.services.jobs))
     runner = web.AppRunner(make_local_app(api), handle_signals=False, access_log=None)
     await runner.setup()
     try:

@@ -21,9 +21,11 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from gpulayerd import routes
 from gpulayerd.api.client import ApiRequestError, DaemonClient
 from gpulayerd.api.server import make_local_app
 from gpulayerd.app.local import LocalApi
+from gpulayerd.app.roles import LocalRoles
 from gpulayerd.errors import Forbidden
 from gpulayerd.models import SubmitRequest
 from gpulayerd.requester import (
@@ -92,14 +94,14 @@ async def test_a_path_with_a_nul_byte_is_refused(lab: Lab) -> None:
 @pytest.mark.asyncio
 async def test_bob_cannot_cancel_or_read_the_logs_of_alices_job(lab: Lab) -> None:
     job = await submit_as_alice(lab)
-    owner = d(lab, "owner").services.owner
+    api = d(lab, "owner").services.api  # the local routes' role check (the API runs it before the handler)
     with pytest.raises(Forbidden, match=f"^job {job} belongs to alice$") as err:
-        await owner.cancel(job, BOB)
+        await api.async_authorize(routes.LOCAL["cancel"], BOB, job)
     assert err.value.code == "forbidden"
     with pytest.raises(Forbidden, match=f"^job {job} belongs to alice$"):
-        await owner.logs(job, "stdout", 0, None, BOB)
+        await api.async_authorize(routes.LOCAL["logs"], BOB, job)
     with pytest.raises(Forbidden, match=f"^job {job} belongs to alice$"):
-        await owner.cancel(job[:8], BOB)  # a prefix names the same job
+        await api.async_authorize(routes.LOCAL["cancel"], BOB, job[:8])  # a prefix names the same job
     view = await lab.job(d(lab, "owner"), job)
     assert (view.status, view.cancel_requested) == ("queued", False)  # nothing changed
 
@@ -108,6 +110,10 @@ async def test_bob_cannot_cancel_or_read_the_logs_of_alices_job(lab: Lab) -> Non
 async def test_the_user_and_an_admin_may_cancel_and_read_logs(lab: Lab) -> None:
     job = await submit_as_alice(lab)
     owner = d(lab, "owner").services.owner
+    api = d(lab, "owner").services.api
+    for who in (ALICE, CAROL_ADMIN):
+        for name in ("cancel", "logs"):
+            await api.async_authorize(routes.LOCAL[name], who, job)  # holds the role: no exception
     chunk = await owner.logs(job, "stdout", 0, None, ALICE)
     assert (chunk.job_id, chunk.data) == (job, "")
     assert (await owner.logs(job, "stderr", 0, None, CAROL_ADMIN)).job_id == job
@@ -144,12 +150,18 @@ async def test_others_see_who_what_and_where_but_not_the_command_env_or_paths(la
 @pytest.mark.asyncio
 async def test_peers_jobs_listed_across_the_cluster_are_concealed_too(lab: Lab) -> None:
     job = await submit_as_alice(lab)
+    d(lab, "w1").node.mode, d(lab, "w1").node.user = "system", ""  # its certificate vouches for alice and bob
     w1 = d(lab, "w1").services.owner
     listed = {j.id: j for j in await w1.list_jobs(None, None, "cluster", BOB)}
     assert listed[job].submitted_by == "alice" and listed[job].spec_hidden
     assert listed[job].spec.command == [HIDDEN]
     mine = {j.id: j for j in await w1.list_jobs(None, None, "cluster", ALICE)}
     assert not mine[job].spec_hidden and mine[job].spec.command[:2] == ["python", "train.py"]
+    assert mine[job].spec.env == {"HF_TOKEN": ""}  # values only for the node that runs it
+    # A personal node (root's) speaks only for its own user: alice's listing through it is concealed.
+    d(lab, "w1").node.mode, d(lab, "w1").node.user = "personal", "root"
+    theirs = {j.id: j for j in await w1.list_jobs(None, None, "cluster", ALICE)}
+    assert theirs[job].spec_hidden and theirs[job].spec.command == [HIDDEN]
 
 
 def test_conceal_keeps_a_view_for_its_user_and_admins() -> None:
@@ -236,7 +248,8 @@ async def serve(lab: Lab, short_dir: Path) -> AsyncIterator[Any]:
         o = d(lab, "owner")
         api = LocalApi(node_id=OWNER, hostname="owner", version="test", state_dir=str(o.config.state_dir),
                        owner=o.services.owner, machine=o.services.machine, directory=None,
-                       signals=o.services.signals, clock=lab.clock, requesters=requesters)
+                       signals=o.services.signals, clock=lab.clock, requesters=requesters,
+                       roles=LocalRoles(store=o.store, jobs=o.services.jobs))
         runner = web.AppRunner(make_local_app(api), handle_signals=False, access_log=None)
         await runner.setup()
         runners.append(runner)

@@ -13,7 +13,8 @@ import asyncio
 
 import pytest
 
-from gpulayerd.net.wire import Ack, Offer, new_msg_id
+from gpulayerd.net.transport import OFFER
+from gpulayerd.net.wire import Offer, new_msg_id
 from tests.fakes.daemons import GRACE_S, LEASE_S, OWNER, W1, W2, Lab, d
 
 
@@ -64,7 +65,8 @@ async def test_two_workers_claim_the_same_offer_exactly_one_is_granted(lab: Lab)
     spec = owner.services.jobs.spec(row).model_dump(mode="json")
     for w in (w1, w2):  # the owner offered it to both (a re-offer after offer_interval_s)
         offer = Offer(msg_id=new_msg_id(), owner=OWNER, job_id=job, spec=spec, lease_s=LEASE_S)
-        assert (await owner.node.call(w.node_id, "/v1/peer/offer", offer, Ack)).ok
+        owner.services.jobs.offered(job, w.node_id)  # as the owner's scheduler records the offers it sends
+        assert (await owner.node.call(w.node_id, OFFER, offer)).ok
     await asyncio.gather(w1.services.worker.take_offers(), w2.services.worker.take_offers())
     await lab.settle()
 

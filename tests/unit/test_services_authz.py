@@ -11,25 +11,26 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpulayerd.api.peer import MAX_LOG_OFFSET, PeerCallError, request_problem
-from gpulayerd.app.authz import REFUSED_STAT
-from gpulayerd.models import JobList, LogChunk, SubmitRequest
+from gpulayerd.api.peer import MAX_LOG_OFFSET, REFUSED_STAT, request_problem
+from gpulayerd.errors import PeerCallError
+from gpulayerd.models import JobList, SubmitRequest
+from gpulayerd.net.transport import COMMIT, HOLD, JOBS, KILL, LOGS, OFFER, RELEASE, REPORT, PeerRoute
 from gpulayerd.net.wire import (
-    Ack,
     Commit,
     Hold,
-    HoldReply,
+    JobsRequest,
     Kill,
     LogRequest,
     Offer,
     Release,
     RunReport,
-    RunReportReply,
     new_msg_id,
 )
+from gpulayerd.requester import Requester
 from tests.fakes.daemons import LEASE_S, OWNER, W1, W2, Lab, d
 
 
@@ -39,7 +40,7 @@ async def running_on_w1(lab: Lab, retries: int = 0, env: dict[str, str] | None =
     if env is None:
         job = await lab.submit(owner, cpus=2, retries=retries)
     else:
-        spec = {"command": ["python", "train.py"], "workdir": str(lab.workdir), "env": env,
+        spec = {"command": ["python", "train.py"], "workdir": str(lab.workdir), "env": env, "user": "root",
                 "distributed": {"nnodes": 1, "nproc_per_node": 2}, "policy": {"retries": retries, "lease_s": LEASE_S}}
         job = (await owner.services.owner.submit(SubmitRequest(spec=spec, submitted_by="test"))).id
         await lab.settle()
@@ -80,18 +81,18 @@ async def test_a_member_that_does_not_hold_the_job_cannot_report_on_it(
     owner, w2 = d(lab, "owner"), d(lab, "w2")
     job = await running_on_w1(lab, retries=1)
     before = await snapshot(lab, job)
-    caplog.set_level(logging.DEBUG, logger="gpulayerd.app.owner")
+    caplog.set_level(logging.DEBUG, logger="gpulayerd.app.roles")
 
     for _ in range(3):
-        reply = await w2.node.call(OWNER, "/v1/peer/report", report(W2, job, kind, **extra), RunReportReply)
-        assert (reply.ok, reply.stale, reply.current_attempt) == (False, True, 1)
+        reply = await w2.node.call(OWNER, REPORT, report(W2, job, kind, **extra))
+        assert (reply.ok, reply.stale, reply.current_attempt) == (False, True, 0)  # refused: it names no attempt
     await lab.settle()
 
     assert await snapshot(lab, job) == before
     assert owner.services.signals.stats[REFUSED_STAT] == 3
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "refused" in r.getMessage()]
-    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once per peer and kind
-    assert W2[:12] in warnings[0].getMessage() and f"report {kind}" in warnings[0].getMessage()
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once per peer and route
+    assert W2[:12] in warnings[0].getMessage() and "refused report" in warnings[0].getMessage()
     # No second copy ever starts, and the real holder still ends the job.
     await lab.run_for(3)
     assert d(lab, "w2").runner.running() == [] and owner.runner.running() == []
@@ -111,7 +112,7 @@ async def test_a_forged_report_never_kills_a_run_on_the_owner_itself(lab: Lab) -
     view = await lab.job(owner, job)
     assert (view.status, view.holder) == ("running", OWNER)
     for kind in ("renew", "started", "exited", "lost"):
-        reply = await w2.node.call(OWNER, "/v1/peer/report", report(W2, job, kind), RunReportReply)
+        reply = await w2.node.call(OWNER, REPORT, report(W2, job, kind))
         assert reply.stale
     await lab.settle()
     run = owner.runner.get(job, 1)
@@ -121,8 +122,7 @@ async def test_a_forged_report_never_kills_a_run_on_the_owner_itself(lab: Lab) -
 
 @pytest.mark.asyncio
 async def test_a_report_on_an_unknown_job_is_stale(lab: Lab) -> None:
-    reply = await d(lab, "w2").node.call(OWNER, "/v1/peer/report", report(W2, "0123456789ab", "exited"),
-                                         RunReportReply)
+    reply = await d(lab, "w2").node.call(OWNER, REPORT, report(W2, "0123456789ab", "exited"))
     assert (reply.ok, reply.stale) == (False, True)
 
 
@@ -136,13 +136,13 @@ async def test_only_the_owner_may_kill_a_run(lab: Lab) -> None:
     before = await snapshot(lab, job)
     kill = Kill(msg_id=new_msg_id(), owner=W2, job_id=job, attempt=1, reason="forged")
     with pytest.raises(PeerCallError, match="403"):
-        await w2.node.call(W1, "/v1/peer/kill", kill, Ack)
+        await w2.node.call(W1, KILL, kill)
     await lab.settle()
     assert await snapshot(lab, job) == before
     assert w1.services.signals.stats[REFUSED_STAT] == 1
     # The owner may.
-    ack = await owner.node.call(W1, "/v1/peer/kill", Kill(msg_id=new_msg_id(), owner=OWNER, job_id=job, attempt=1,
-                                                          reason="cancel"), Ack)
+    ack = await owner.node.call(W1, KILL, Kill(msg_id=new_msg_id(), owner=OWNER, job_id=job, attempt=1,
+                                               reason="cancel"))
     assert ack.ok
     run = w1.runner.get(job, 1)
     assert run is not None and run.cancels == 1
@@ -159,13 +159,13 @@ async def test_logs_of_a_remote_run_go_only_to_its_owner_from_the_stored_run_dir
 
     chunk = await owner.services.owner.logs(job, "stdout", 0, None)  # the owner, through w1's peer route
     assert (chunk.data, chunk.next_offset, chunk.complete) == ("step 1\nstep 2\n", 14, False)
-    chunk = await owner.node.call(W1, "/v1/peer/logs", LogRequest(job_id=job, attempt=1, offset=7), LogChunk)
+    chunk = await owner.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1, offset=7))
     assert chunk.data == "step 2\n"
 
     with pytest.raises(PeerCallError, match="403"):  # another member: refused, whatever it asks
-        await w2.node.call(W1, "/v1/peer/logs", LogRequest(job_id=job, attempt=1), LogChunk)
+        await w2.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1))
     with pytest.raises(PeerCallError, match="403"):  # an attempt that does not exist
-        await owner.node.call(W1, "/v1/peer/logs", LogRequest(job_id=job, attempt=2), LogChunk)
+        await owner.node.call(W1, LOGS, LogRequest(job_id=job, attempt=2))
     assert w1.services.signals.stats[REFUSED_STAT] == 2
 
 
@@ -175,15 +175,16 @@ async def test_traversal_job_ids_are_refused(lab: Lab, tmp_path: Path, job_id: s
     owner, w1 = d(lab, "owner"), d(lab, "w1")
     secret = tmp_path / "secret.log"
     secret.write_text("not yours")
-    for path, body in [
-        ("/v1/peer/logs", LogRequest(job_id=job_id, attempt=1)),
-        ("/v1/peer/kill", Kill(msg_id=new_msg_id(), owner=OWNER, job_id=job_id, attempt=1, reason="x")),
-        ("/v1/peer/report", report(W1, job_id, "renew")),
-    ]:
-        target = W1 if path != "/v1/peer/report" else OWNER
-        sender = owner if path != "/v1/peer/report" else w1
+    forged: list[tuple[PeerRoute[Any, Any], Any]] = [
+        (LOGS, LogRequest(job_id=job_id, attempt=1)),
+        (KILL, Kill(msg_id=new_msg_id(), owner=OWNER, job_id=job_id, attempt=1, reason="x")),
+        (REPORT, report(W1, job_id, "renew")),
+    ]
+    for route, body in forged:
+        target = W1 if route is not REPORT else OWNER
+        sender = owner if route is not REPORT else w1
         with pytest.raises(PeerCallError, match="400"):
-            await sender.node.call(target, path, body, LogChunk if path.endswith("logs") else Ack)
+            await sender.node.call(target, route, body)
 
 
 @pytest.mark.asyncio
@@ -192,7 +193,7 @@ async def test_a_log_offset_out_of_range_is_a_bad_request(lab: Lab, offset: int)
     owner = d(lab, "owner")
     job = await running_on_w1(lab)
     with pytest.raises(PeerCallError, match="400"):
-        await owner.node.call(W1, "/v1/peer/logs", LogRequest(job_id=job, attempt=1, offset=offset), LogChunk)
+        await owner.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1, offset=offset))
 
 
 def test_request_problem_checks_ids_attempts_and_offsets() -> None:
@@ -216,7 +217,7 @@ async def hold_on_w1(lab: Lab) -> tuple[str, str]:
     spec = owner.services.jobs.spec(row).model_dump(mode="json")
     hold = Hold(msg_id=new_msg_id(), owner=OWNER, job_id=job, hold_id="00112233aabbccdd", spec=spec,
                 ttl_s=60.0)
-    reply = await owner.node.call(W1, "/v1/peer/hold", hold, HoldReply)
+    reply = await owner.node.call(W1, HOLD, hold)
     assert reply.held
     return hold.job_id, hold.hold_id
 
@@ -228,17 +229,16 @@ async def test_only_the_owner_of_a_hold_may_hold_release_or_commit_it(lab: Lab) 
     kept = w1.services.ledger.held(hold_id)
     assert kept is not None and kept.owner == OWNER
     spec = kept.spec.model_dump(mode="json")
-    forged = [
-        ("/v1/peer/hold", Hold(msg_id=new_msg_id(), owner=W2, job_id=job, hold_id=hold_id, spec=spec, ttl_s=60.0),
-         HoldReply),
-        ("/v1/peer/release", Release(msg_id=new_msg_id(), owner=W2, hold_id=hold_id), Ack),
-        ("/v1/peer/commit", Commit(msg_id=new_msg_id(), owner=W2, job_id=job, hold_id=hold_id, attempt=1,
-                                   lease_s=LEASE_S, spec=spec, node_rank=0, nnodes=1, master_addr="127.0.0.1",
-                                   master_port=1), Ack),
+    forged: list[tuple[PeerRoute[Any, Any], Any]] = [
+        (HOLD, Hold(msg_id=new_msg_id(), owner=W2, job_id=job, hold_id=hold_id, spec=spec, ttl_s=60.0)),
+        (RELEASE, Release(msg_id=new_msg_id(), owner=W2, hold_id=hold_id)),
+        (COMMIT, Commit(msg_id=new_msg_id(), owner=W2, job_id=job, hold_id=hold_id, attempt=1,
+                        lease_s=LEASE_S, spec=spec, node_rank=0, nnodes=1, master_addr="127.0.0.1",
+                        master_port=1)),
     ]
-    for path, body, reply in forged:
+    for route, body in forged:
         with pytest.raises(PeerCallError, match="403"):
-            await w2.node.call(W1, path, body, reply)  # type: ignore[arg-type]
+            await w2.node.call(W1, route, body)
     await lab.settle()
     assert w1.services.ledger.held(hold_id) is kept
     assert w1.runner.running() == []
@@ -256,7 +256,7 @@ async def test_the_owner_cannot_commit_its_hold_under_another_job_id(lab: Lab) -
                     lease_s=LEASE_S, spec=kept.spec.model_dump(mode="json"), node_rank=0, nnodes=1,
                     master_addr="127.0.0.1", master_port=1)
     with pytest.raises(PeerCallError, match="403"):
-        await owner.node.call(W1, "/v1/peer/commit", commit, Ack)
+        await owner.node.call(W1, COMMIT, commit)
     assert w1.services.ledger.held(hold_id) is kept
     assert w1.runner.running() == []
 
@@ -269,11 +269,13 @@ async def test_environment_values_go_only_to_the_node_that_runs_the_job(lab: Lab
     owner, w1, w2 = d(lab, "owner"), d(lab, "w1"), d(lab, "w2")
     job = await running_on_w1(lab, env={"HF_TOKEN": "s3cret", "MODE": "fast"})
     queued = (await owner.services.owner.submit(SubmitRequest(spec={
-        "command": ["python", "x.py"], "workdir": str(lab.workdir), "env": {"API_KEY": "k"},
+        "command": ["python", "x.py"], "workdir": str(lab.workdir), "env": {"API_KEY": "k"}, "user": "root",
         "distributed": {"nnodes": 1, "nproc_per_node": 16}}, submitted_by="test"))).id
 
     def envs(jobs: JobList) -> dict[str, dict[str, str]]:
         return {j.id: dict(j.spec.env) for j in jobs.jobs if j.spec is not None}
+
+    mine = JobsRequest(msg_id=new_msg_id(), user="root")  # the jobs' user, on w1 or on w2
 
     # The offer that placed it carried the keys only; the grant to w1 carried the values.
     offers = [c.body for c in lab.net.calls if c.path == "/v1/peer/offer" and isinstance(c.body, Offer)
@@ -281,19 +283,20 @@ async def test_environment_values_go_only_to_the_node_that_runs_the_job(lab: Lab
     assert offers and all(o.spec["env"] == {"HF_TOKEN": "", "MODE": ""} for o in offers), offers
     run = w1.runner.get(job, 1)
     assert run is not None and (run.env["HF_TOKEN"], run.env["MODE"]) == ("s3cret", "fast")
-    assert envs(await w1.node.call(OWNER, "/v1/peer/jobs", None, JobList)) == {
+    assert envs(await w1.node.call(OWNER, JOBS, mine)) == {
         job: {"HF_TOKEN": "s3cret", "MODE": "fast"}, queued: {"API_KEY": ""}}
-    assert envs(await w2.node.call(OWNER, "/v1/peer/jobs", None, JobList)) == {
+    assert envs(await w2.node.call(OWNER, JOBS, mine)) == {
         job: {"HF_TOKEN": "", "MODE": ""}, queued: {"API_KEY": ""}}
     # The cluster view of a member that does not run it has no values either, and the owner's own view is whole.
-    views = {v.id: v for v in await w2.services.owner.list_jobs(None, None, scope="cluster")}
+    root = Requester(uid=0, user="root")
+    views = {v.id: v for v in await w2.services.owner.list_jobs(None, None, scope="cluster", requester=root)}
     assert views[job].spec is not None and dict(views[job].spec.env) == {"HF_TOKEN": "", "MODE": ""}
-    mine = await owner.services.owner.get_job(job)
-    assert mine.spec is not None and dict(mine.spec.env) == {"HF_TOKEN": "s3cret", "MODE": "fast"}
+    whole = await owner.services.owner.get_job(job)
+    assert whole.spec is not None and dict(whole.spec.env) == {"HF_TOKEN": "s3cret", "MODE": "fast"}
     # Once it ended, nobody gets them.
     w1.runner.exit(job, 1, 0)
     await lab.step()
-    assert envs(await w1.node.call(OWNER, "/v1/peer/jobs", None, JobList))[job] == {"HF_TOKEN": "", "MODE": ""}
+    assert envs(await w1.node.call(OWNER, JOBS, mine))[job] == {"HF_TOKEN": "", "MODE": ""}
 
 
 @pytest.mark.asyncio
@@ -308,7 +311,8 @@ async def test_a_worker_runs_the_spec_its_grant_carries(lab: Lab) -> None:
     offered = owner.services.jobs.spec(row).model_dump(mode="json")
     offered["env"] = dict.fromkeys(offered["env"], "")
     offer = Offer(msg_id=new_msg_id(), owner=OWNER, job_id=job, spec=offered, lease_s=LEASE_S)
-    assert (await owner.node.call(W1, "/v1/peer/offer", offer, Ack)).ok
+    owner.services.jobs.offered(job, W1)  # as the owner's scheduler records the offers it sends
+    assert (await owner.node.call(W1, OFFER, offer)).ok
     await w1.services.worker.take_offers()
     await lab.settle()
     run = w1.runner.get(job, 1)

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from gpulayerd.app.accounts import MAX_MISSING, Accounts
+from gpulayerd.errors import PeerRefused
 from gpulayerd.models import SubmitRequest
+from gpulayerd.net.transport import OFFER
 from gpulayerd.net.wire import Offer, new_msg_id
 from tests.fakes.clock import FakeClock
 from tests.fakes.daemons import OWNER, W1, Lab, d, view
@@ -74,10 +76,11 @@ async def test_personal_node_of_bob_cannot_send_alices_job_to_a_system_worker(tm
         # What the worker answers, and that nothing of it is kept.
         offer = Offer(msg_id=new_msg_id(), owner=OWNER, job_id=job, lease_s=10.0,
                       spec={"command": ["true"], "workdir": str(lab.workdir), "user": "alice"})
-        ack = await w1.services.worker.offer(OWNER, offer, "personal", "bob")
-        assert not ack.ok
-        assert ack.reason == (f"node {OWNER[:12]} is bob's personal-mode node: it cannot send jobs of 'alice' "
-                              "(only a system-mode node vouches for other users)")
+        with pytest.raises(PeerRefused) as refused:  # the offer's role: the owner vouches for the job's user
+            await w1.node.dispatch(OFFER, OWNER, offer, mode="personal", user="bob")
+        assert refused.value.reason == ("owner is bob's personal-mode node: it cannot send jobs of "
+                                        "'alice' (only a system-mode node vouches for other users)")
+        assert w1.services.worker.offers_kept() == {}
         await w1.services.worker.take_offers()
         await lab.settle()
         assert [c for c in lab.net.calls if c.path == "/v1/peer/claim"] == []
@@ -146,7 +149,7 @@ async def test_personal_worker_refuses_another_users_job_even_from_a_system_node
         w1 = d(lab, "w1")
         offer = Offer(msg_id=new_msg_id(), owner=OWNER, job_id="j1", lease_s=10.0,
                       spec={"command": ["true"], "workdir": str(lab.workdir), "user": "alice"})
-        ack = await w1.services.worker.offer(OWNER, offer, "system", "")
+        ack = await w1.node.dispatch(OFFER, OWNER, offer, mode="system", user="")
         assert not ack.ok and ack.reason == "this gpulayerd runs only root's jobs; the job is alice's"
         explained_row = (await d(lab, "owner").services.owner.explain(await submit_as(lab, "alice"))).workers
         w1_row = next(w for w in explained_row if w.worker == W1)

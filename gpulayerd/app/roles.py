@@ -1,0 +1,289 @@
+"""THE role checks: whether the caller of a route holds the role the route table declares.
+
+Every peer message passes :meth:`PeerRoles.check` (through :class:`gpulayerd.api.peer.PeerRouter`)
+and every local request :meth:`LocalRoles.check` (through the local API), before any handler
+runs. A check only reads facts the caller cannot forge and changes nothing:
+
+- the sender's node id, mode and bound user, from its TLS certificate (:class:`Sender`);
+- the local requester's uid, from the kernel (:class:`~gpulayerd.requester.Requester`);
+- the job rows, attempts, offers, gangs, runs, holds and grants this daemon keeps.
+
+The roles (see :class:`gpulayerd.routes.Role` for their words):
+
+- ``JOB_OWNER`` (offer, hold): the sender vouches for the job's user (a system-mode node for
+  anyone, a personal-mode node for its bound user only) and the job id is not bound here to
+  another owner: on a worker a job id belongs to one owner (this daemon's own jobs, and every
+  offer, hold, run and stored run of a peer's), so runs, grants and logs keyed by (job id,
+  attempt) are keyed by (owner, job id, attempt).
+- ``OFFERED_WORKER`` (claim): the job is owned here, this owner offered it to the sender (an
+  offer still standing), the sender fits it as this owner last saw the sender (now, or once its
+  busy devices free), and the sender may run the job's user's jobs: a personal-mode node (its
+  certificate says so, whatever its capabilities say) only its bound user's. The holder of the
+  current attempt asking again for its grant holds the role too.
+- ``HOLDER`` (report): the job is owned here and the sender holds that attempt (its worker,
+  or a member of its gang).
+- ``RUN_OWNER`` (kill, logs): the attempt runs or ran here for the sender.
+- ``HOLD_OWNER`` (release, commit): the hold, if kept here, was placed by the sender (for that job).
+- ``RELAYED_JOB_USER_OR_ADMIN`` (a peer's logs and cancel) and ``JOB_USER_OR_ADMIN`` (local
+  logs and cancel): the job's user, or an admin. For a relayed request the user name counts
+  only if the sender vouches for it, and admin rights are decided here from this node's own
+  ``admin_group``: a personal-mode node's user is never an admin elsewhere.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from gpulayerd import routes
+from gpulayerd.app.clock import Clock
+from gpulayerd.app.gang import GangCoordinator
+from gpulayerd.app.jobs import OwnedJobs
+from gpulayerd.app.ledger import Ledger
+from gpulayerd.app.names import Names
+from gpulayerd.app.ports import Directory
+from gpulayerd.core.claims import ACTIVE, JobStatus
+from gpulayerd.core.matching import evaluate
+from gpulayerd.core.types import SupportMatrix
+from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
+from gpulayerd.core.verdict import FitState
+from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob
+from gpulayerd.net.transport import Sender
+from gpulayerd.net.wire import Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
+from gpulayerd.requester import Requester, Requesters
+from gpulayerd.store import Store
+
+__all__ = ["LocalRoles", "PeerRoles", "relayed_requester"]
+
+Role = routes.Role
+
+
+def relayed_requester(sender: Sender, user: str, is_admin: bool) -> Requester:
+    """Who a request relayed by ``sender`` is made by, as far as its certificate vouches.
+
+    Args:
+        sender: the relaying node (its certificate's mode and bound user).
+        user: the user name the request carries.
+        is_admin: whether ``user`` is an admin on THIS node (its own ``admin_group``; the
+            sender's word is never taken for it).
+
+    Returns:
+        A requester named ``user`` if the sender vouches for it (else named ``""``: nobody's
+        jobs), admin only if vouched, the sender is a system-mode node and ``is_admin``. Its uid is -1.
+    """
+    vouched = vouches(sender.mode, sender.user, user)
+    return Requester(uid=-1, user=user if vouched else "",
+                     admin=vouched and sender.mode == SYSTEM and is_admin)
+
+
+def _vouch_words(sender: Sender, user: str, name: str) -> str:
+    if not user:
+        return f"{name} named no user"
+    if sender.mode == PERSONAL and sender.user:
+        return (f"{name} is {sender.user}'s personal-mode node: it speaks only for {sender.user}, "
+                f"not for {user!r} (only a system-mode node vouches for other users)")
+    return f"{name}'s certificate vouches for no user: it cannot ask for {user!r}"
+
+
+class PeerRoles:
+    """The role checks of the peer routes (a :class:`~gpulayerd.net.transport.RoleCheck`).
+
+    Args:
+        node_id: this node.
+        store: job rows, attempts, remote runs (reads only).
+        jobs: the jobs owned here: rows, specs, the offers sent.
+        gangs: the gang attempts being run (their members).
+        ledger: offers kept, runs, holds on this worker.
+        directory: what this node knows of its peers (None outside a cluster).
+        requesters: who is an admin here (by name, from the user database).
+        support: the support matrix (the fit of a claimer).
+        clock: monotonic time (offers stand for a while).
+        names: node ids -> host names, for the refusals' words.
+    """
+
+    def __init__(self, *, node_id: str, store: Store, jobs: OwnedJobs, gangs: GangCoordinator, ledger: Ledger,
+                 directory: Directory | None, requesters: Requesters, support: SupportMatrix, clock: Clock,
+                 names: Names | None = None) -> None:
+        self.node_id = node_id
+        self._store = store
+        self._jobs = jobs
+        self._gangs = gangs
+        self._ledger = ledger
+        self._directory = directory
+        self._requesters = requesters
+        self._support = support
+        self._clock = clock
+        self._names = names
+
+    def _name(self, node_id: str) -> str:
+        name = self._names.name_of(node_id) if self._names is not None else None
+        return name or f"node {node_id[:12]}"
+
+    async def check(self, route: routes.Route, sender: Sender, body: BaseModel | None) -> str | None:
+        """None if ``sender`` holds ``route.role`` for ``body``; else why not. Changes nothing."""
+        role = route.role
+        if role.public:
+            return None
+        if role is Role.JOB_OWNER and isinstance(body, (Offer, Hold)):
+            return await self._job_owner(sender, body)
+        if role is Role.OFFERED_WORKER and isinstance(body, Claim):
+            return await self._offered_worker(sender, body)
+        if role is Role.HOLDER and isinstance(body, RunReport):
+            return await self._holder(sender, body)
+        if role is Role.RUN_OWNER and isinstance(body, (Kill, LogRequest)):
+            return await self._run_owner(sender, body)
+        if role is Role.HOLD_OWNER and isinstance(body, (Release, Commit)):
+            return self._hold_owner(sender, body)
+        if role is Role.RELAYED_JOB_USER_OR_ADMIN and isinstance(body, JobRequest):
+            return await self._relayed_user(sender, body)
+        return f"no check of role {role.name} for {type(body).__name__}"  # a route the table and this disagree on
+
+    # ------------------------------------------------------------------ worker side
+
+    async def _other_owner(self, job_id: str, owner: str,
+                           stored: list[tuple[str, int | None]] | None = None) -> str | None:
+        """Another owner this worker knows job ``job_id`` under (this node for its own job), or None.
+
+        ``stored``: :meth:`~gpulayerd.store.RunsTable.job_claims` of the job, when read already.
+        """
+        for known in self._ledger.state.owners_of(job_id):
+            if (known or self.node_id) != owner:
+                return known or self.node_id
+        for known, _ in stored if stored is not None else await self._store.runs.job_claims(job_id):
+            if (known or self.node_id) != owner:
+                return known or self.node_id
+        return None
+
+    async def _job_owner(self, sender: Sender, msg: Offer | Hold) -> str | None:
+        raw = msg.spec.get("user")
+        user = raw if isinstance(raw, str) and raw else (sender.user if sender.mode == PERSONAL else "")
+        if sender.node_id != self.node_id:
+            why = vouch_refusal(sender.mode, sender.user, user, self._name(sender.node_id))
+            if why is not None:
+                return why
+        if isinstance(msg, Hold):
+            h = self._ledger.state.holds.get(msg.hold_id)
+            if h is not None and (h.owner != sender.node_id or h.job_id != msg.job_id):
+                return f"hold {msg.hold_id} is another owner's or another job's"
+        other = await self._other_owner(msg.job_id, sender.node_id)
+        if other is not None:
+            return f"job id {msg.job_id} is another owner's here ({other[:12]})"
+        return None
+
+    async def _run_owner(self, sender: Sender, msg: Kill | LogRequest) -> str | None:
+        stored = await self._store.runs.job_claims(msg.job_id)  # one read: every owner and run of the job here
+        other = await self._other_owner(msg.job_id, sender.node_id, stored)
+        if other is not None:
+            return f"job {msg.job_id} is another owner's here ({other[:12]})"
+        entry = self._ledger.state.runs.get((msg.job_id, msg.attempt))
+        if (entry is not None and entry.owner == sender.node_id) or (sender.node_id, msg.attempt) in stored:
+            return None
+        return f"no attempt {msg.attempt} of job {msg.job_id!r} runs here for it"
+
+    def _hold_owner(self, sender: Sender, msg: Release | Commit) -> str | None:
+        h = self._ledger.state.holds.get(msg.hold_id)
+        if h is None:
+            return None  # nothing kept: the handler finds nothing to release or commit
+        if h.owner != sender.node_id:
+            return f"hold {msg.hold_id} was placed by {h.owner[:12]}"
+        if isinstance(msg, Commit) and h.job_id != msg.job_id:
+            return f"hold {msg.hold_id} is for job {h.job_id}, not {msg.job_id}"
+        return None
+
+    # ------------------------------------------------------------------ owner side
+
+    async def _holder(self, sender: Sender, msg: RunReport) -> str | None:
+        g = self._gangs.attempt(msg.job_id)
+        if g is not None and g.attempt == msg.attempt and sender.node_id in g.members:
+            return None
+        facts = await self._store.jobs.holder_facts(msg.job_id, msg.attempt)  # one read
+        if facts is None:
+            return f"no job {msg.job_id} here"
+        current, holder, held = facts
+        if msg.attempt == current and holder == sender.node_id:
+            return None
+        if msg.attempt <= current and sender.node_id in held:
+            return None  # that attempt's holder (an earlier one: the claim machine answers it "stale")
+        return f"job {msg.job_id} attempt {msg.attempt} is held by {(holder or 'nobody')[:12]}"
+
+    async def _offered_worker(self, sender: Sender, msg: Claim) -> str | None:
+        row = await self._jobs.get(msg.job_id)
+        if row is None:
+            return f"no job {msg.job_id} here"
+        if row.holder == sender.node_id and row.status in ACTIVE:
+            return None  # the holder asking again for its grant (a lost reply)
+        spec = self._jobs.spec(row)
+        user = spec.user  # a job that names none runs as the user its owner is bound to (see Accounts.vet)
+        if user and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, user):
+            return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {user}'s jobs"
+        if row.status is not JobStatus.QUEUED:
+            return f"job {row.id} is {row.status.value}"
+        if not self._jobs.offer_standing(row.id, sender.node_id):
+            return f"job {row.id} was not offered to it"
+        snapshot = self._directory.snapshot_of(sender.node_id) if self._directory is not None else None
+        if snapshot is None:
+            return "its capabilities are not known here"
+        if sender.mode != SYSTEM:  # a personal certificate binds it, whatever the worker says of itself
+            snapshot = snapshot.with_identity(sender.mode, sender.user)
+        verdict = evaluate(spec.to_core(row.id), snapshot, self._support)
+        if verdict.state is FitState.NO_FIT:  # busy or "offline" (it is claiming) is the worker's to judge
+            first = verdict.rejections[0].message if verdict.rejections else verdict.state.value
+            return f"job {row.id} does not fit it: {first}"
+        return None
+
+    async def _relayed_user(self, sender: Sender, msg: JobRequest) -> str | None:
+        user = await self._job_user(msg.job_id)
+        if user is None:
+            return None  # not known here: the handler answers "no such job"
+        is_admin = sender.mode == SYSTEM and await self._requesters.admin_by_name(msg.user)
+        requester = relayed_requester(sender, msg.user, is_admin)
+        if requester.may_manage(user):
+            return None
+        if not requester.user and not requester.admin:
+            return _vouch_words(sender, msg.user, self._name(sender.node_id))
+        return f"job {msg.job_id} belongs to {user or 'nobody'}"
+
+    async def _job_user(self, job_id: str) -> str | None:
+        """The user of job ``job_id`` owned here, else of the latest run of it held here; None if neither."""
+        row = await self._jobs.get(job_id)
+        if row is not None:
+            return self._jobs.spec(row).user or row.submitted_by or ""
+        return await self._store.runs.held_user(job_id)
+
+
+class LocalRoles:
+    """The role checks of the local routes.
+
+    Args:
+        store: job rows and held runs (reads only).
+        jobs: the jobs owned here.
+    """
+
+    def __init__(self, *, store: Store, jobs: OwnedJobs) -> None:
+        self._store = store
+        self._jobs = jobs
+
+    async def check(self, route: routes.Route, requester: Requester, job_ref: str | None) -> None:
+        """Return if ``requester`` holds ``route.role`` (for the job ``job_ref`` names); changes nothing.
+
+        A job not owned here and not held here is decided by its owner when the request is
+        relayed there (:attr:`~gpulayerd.routes.Role.RELAYED_JOB_USER_OR_ADMIN`).
+
+        Raises:
+            Forbidden: ``job <id> belongs to <user>``.
+        """
+        if route.role.public or job_ref is None:
+            return
+        try:
+            row = await self._jobs.row(job_ref)
+        except (NoSuchJob, AmbiguousJob):
+            row = None
+        if row is not None:
+            user = self._jobs.spec(row).user or row.submitted_by or ""
+            job_id = row.id
+        else:
+            held = await self._store.runs.held_user(job_ref)
+            if held is None:
+                return
+            user, job_id = held, job_ref
+        if not requester.may_manage(user):
+            raise Forbidden(f"job {job_id} belongs to {user or 'nobody'}")
