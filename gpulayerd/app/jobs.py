@@ -64,7 +64,8 @@ class OwnedJobs:
         self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
         self._runs: RunControl | None = None
-        self._offers: dict[tuple[str, str], float] = {}  # (job, worker) -> when offered (monotonic)
+        self._offers: dict[tuple[str, str], tuple[float, str]] = {}  # (job, worker) -> (when offered, job's user)
+        self._holders: dict[str, tuple[int, str | None]] = {}  # active job -> (attempt, holder), a cache
 
     def bind(self, runs: RunControl) -> None:
         """Who stops attempts (the worker service; set once at wiring)."""
@@ -128,22 +129,33 @@ class OwnedJobs:
 
     # --- offers
 
-    def offered(self, job_id: str, worker: str) -> None:
-        """This owner offers job ``job_id`` to ``worker`` now (it may claim it while the offer stands)."""
+    def offered(self, job_id: str, worker: str, user: str = "") -> None:
+        """This owner offers job ``job_id`` (of ``user``) to ``worker`` now (it may claim it while the
+        offer stands)."""
         now = self._clock.monotonic()
-        self._offers[(job_id, worker)] = now
+        self._offers[(job_id, worker)] = (now, user)
         if len(self._offers) > MAX_OFFERS_KEPT:
-            self._offers = {k: t for k, t in self._offers.items() if now - t <= OFFER_STANDING_S}
+            self._offers = {k: v for k, v in self._offers.items() if now - v[0] <= OFFER_STANDING_S}
+
+    def standing_offer(self, job_id: str, worker: str) -> str | None:
+        """The job's user if job ``job_id`` was offered to ``worker`` within :data:`OFFER_STANDING_S`, else None."""
+        kept = self._offers.get((job_id, worker))
+        if kept is None or self._clock.monotonic() - kept[0] > OFFER_STANDING_S:
+            return None
+        return kept[1]
 
     def offer_standing(self, job_id: str, worker: str) -> bool:
         """True if job ``job_id`` was offered to ``worker`` within :data:`OFFER_STANDING_S`."""
-        when = self._offers.get((job_id, worker))
-        return when is not None and self._clock.monotonic() - when <= OFFER_STANDING_S
+        return self.standing_offer(job_id, worker) is not None
 
     def offers(self) -> dict[tuple[str, str], float]:
         """(job, worker) -> when offered (monotonic s), of the offers that stand now (a copy)."""
         now = self._clock.monotonic()
-        return {k: t for k, t in self._offers.items() if now - t <= OFFER_STANDING_S}
+        return {k: v[0] for k, v in self._offers.items() if now - v[0] <= OFFER_STANDING_S}
+
+    def cached_spec(self, job_id: str) -> JobSpec | None:
+        """The job's parsed spec if it is cached (see :meth:`spec`), without a read."""
+        return self._specs.get(job_id)
 
     # --- leases
 
@@ -154,6 +166,18 @@ class OwnedJobs:
     def drop_lease(self, job_id: str) -> None:
         """The job holds no lease any more."""
         self._leases.pop(job_id, None)
+        self._holders.pop(job_id, None)
+
+    # --- holders (a cache of the active jobs' rows: the report route's role check reads it first)
+
+    def holder_of(self, job_id: str) -> tuple[int, str | None] | None:
+        """(current attempt, holder) of an active job as this owner last wrote or read it; None if not
+        known here (read the store). Never the only word: the claim machine decides from the row."""
+        return self._holders.get(job_id)
+
+    def note_holder(self, job_id: str, attempt: int, holder: str | None) -> None:
+        """Remember an active job's current attempt and holder, read from the store."""
+        self._holders[job_id] = (attempt, holder)
 
     async def check_leases(self, grace_s: float) -> None:
         """Declare lost every attempt whose lease ran out more than ``grace_s`` ago."""
@@ -171,6 +195,12 @@ class OwnedJobs:
                                                        self._clock.wall())
                 self._leases.pop(job_id, None)
 
+    def _remember_holder(self, rec: JobRecord) -> None:
+        if rec.status in claims.ACTIVE:
+            self._holders[rec.job_id] = (rec.attempt, rec.holder)
+        else:
+            self._holders.pop(rec.job_id, None)
+
     # --- deciding
 
     async def run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool:
@@ -180,6 +210,7 @@ class OwnedJobs:
                 same = action.record.status is action.expect_status
                 if not await self._store.jobs.apply(action, self._clock.wall(), kind=kind if same else "state"):
                     return False
+                self._remember_holder(action.record)
                 self._signals.job_changed(job_id)
                 if action.record.status is JobStatus.QUEUED:
                     self._signals.wake()
@@ -246,6 +277,7 @@ class OwnedJobs:
             if await self._store.jobs.claim(persist, worker, placement_json, list(grants), run_dir,
                                             self._clock.wall()):
                 self._leases[job_id] = now + row.lease_s
+                self._remember_holder(persist.record)
                 self._signals.job_changed(job_id)
                 return Granted(grant.attempt, grant.lease_s, fresh=True)
         return "the job changed meanwhile"
@@ -284,6 +316,7 @@ class OwnedJobs:
             await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
             return
         if persist is not None:
+            self._remember_holder(persist.record)
             self._signals.job_changed(job_id)
             if persist.record.status is JobStatus.QUEUED:
                 self._signals.wake()

@@ -41,7 +41,7 @@ from gpulayerd.app.jobs import OwnedJobs
 from gpulayerd.app.ledger import Ledger
 from gpulayerd.app.names import Names
 from gpulayerd.app.ports import Directory
-from gpulayerd.core.claims import ACTIVE, JobStatus
+from gpulayerd.core.claims import ACTIVE
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
@@ -170,11 +170,13 @@ class PeerRoles:
         return None
 
     async def _run_owner(self, sender: Sender, msg: Kill | LogRequest) -> str | None:
+        entry = self._ledger.state.runs.get((msg.job_id, msg.attempt))
+        if entry is not None and entry.owner == sender.node_id:
+            return None  # it runs here for the sender (its job id was bound to it when the run began)
         stored = await self._store.runs.job_claims(msg.job_id)  # one read: every owner and run of the job here
         other = await self._other_owner(msg.job_id, sender.node_id, stored)
         if other is not None:
             return f"job {msg.job_id} is another owner's here ({other[:12]})"
-        entry = self._ledger.state.runs.get((msg.job_id, msg.attempt))
         if (entry is not None and entry.owner == sender.node_id) or (sender.node_id, msg.attempt) in stored:
             return None
         return f"no attempt {msg.attempt} of job {msg.job_id!r} runs here for it"
@@ -195,40 +197,54 @@ class PeerRoles:
         g = self._gangs.attempt(msg.job_id)
         if g is not None and g.attempt == msg.attempt and sender.node_id in g.members:
             return None
+        cached = self._jobs.holder_of(msg.job_id)
+        if cached is not None and cached[0] == msg.attempt:  # the current attempt: decided without a read
+            if cached[1] == sender.node_id:
+                return None  # its holder (a renewal, say); the claim machine decides what it means
+            return f"job {msg.job_id} attempt {msg.attempt} is held by {(cached[1] or 'nobody')[:12]}"
         facts = await self._store.jobs.holder_facts(msg.job_id, msg.attempt)  # one read
         if facts is None:
             return f"no job {msg.job_id} here"
         current, holder, held = facts
         if msg.attempt == current and holder == sender.node_id:
+            self._jobs.note_holder(msg.job_id, current, holder)
             return None
         if msg.attempt <= current and sender.node_id in held:
             return None  # that attempt's holder (an earlier one: the claim machine answers it "stale")
         return f"job {msg.job_id} attempt {msg.attempt} is held by {(holder or 'nobody')[:12]}"
 
     async def _offered_worker(self, sender: Sender, msg: Claim) -> str | None:
-        row = await self._jobs.get(msg.job_id)
-        if row is None:
-            return f"no job {msg.job_id} here"
-        if row.holder == sender.node_id and row.status in ACTIVE:
+        held = self._jobs.holder_of(msg.job_id)
+        if held is not None and held[1] == sender.node_id:
             return None  # the holder asking again for its grant (a lost reply)
-        spec = self._jobs.spec(row)
-        user = spec.user  # a job that names none runs as the user its owner is bound to (see Accounts.vet)
+        user = self._jobs.standing_offer(msg.job_id, sender.node_id)  # the offer this owner sent: no read
+        if user is None:
+            row = await self._jobs.get(msg.job_id)
+            if row is None:
+                return f"no job {msg.job_id} here"
+            if row.holder == sender.node_id and row.status in ACTIVE:
+                self._jobs.note_holder(row.id, row.attempt, row.holder)
+                return None  # the holder asking again, after a restart of this owner
+            user = self._jobs.spec(row).user or ""
+            if user and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, user):
+                return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {user}'s jobs"
+            return f"job {row.id} was not offered to it"
+        # (a job that names no user runs as the user its owner is bound to: see Accounts.vet)
         if user and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, user):
             return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {user}'s jobs"
-        if row.status is not JobStatus.QUEUED:
-            return f"job {row.id} is {row.status.value}"
-        if not self._jobs.offer_standing(row.id, sender.node_id):
-            return f"job {row.id} was not offered to it"
         snapshot = self._directory.snapshot_of(sender.node_id) if self._directory is not None else None
         if snapshot is None:
             return "its capabilities are not known here"
+        spec = self._jobs.cached_spec(msg.job_id) or await self._jobs.spec_of(msg.job_id)
+        if spec is None:
+            return f"no job {msg.job_id} here"
         if sender.mode != SYSTEM:  # a personal certificate binds it, whatever the worker says of itself
             snapshot = snapshot.with_identity(sender.mode, sender.user)
-        verdict = evaluate(spec.to_core(row.id), snapshot, self._support)
+        verdict = evaluate(spec.to_core(msg.job_id), snapshot, self._support)
         if verdict.state is FitState.NO_FIT:  # busy or "offline" (it is claiming) is the worker's to judge
             first = verdict.rejections[0].message if verdict.rejections else verdict.state.value
-            return f"job {row.id} does not fit it: {first}"
-        return None
+            return f"job {msg.job_id} does not fit it: {first}"
+        return None  # queued or not is the claim machine's to decide (the compare-and-set)
 
     async def _relayed_user(self, sender: Sender, msg: JobRequest) -> str | None:
         user = await self._job_user(msg.job_id)

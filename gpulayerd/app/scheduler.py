@@ -589,7 +589,7 @@ class Scheduler:
         offered["env"] = dict.fromkeys(spec.env, "")
         offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, spec=offered, lease_s=row.lease_s)
         self._signals.stats["offers_sent"] += 1
-        self._jobs.offered(row.id, worker)  # before the send: the worker may claim before it answers
+        self._jobs.offered(row.id, worker, spec.user or "")  # before the send: it may claim before it answers
         try:
             await self._transport.call(worker, OFFER, offer)
         except PeerCallError as e:
