@@ -109,6 +109,19 @@ class DaemonConfig(BaseModel):
             open-files limit if that is smaller); more are reset as they are accepted.
         peer_max_connections_per_address: open connections to the peer port from one remote
             address; more are reset as they are accepted.
+        peer_max_unauthenticated: of ``peer_max_connections``, how many may be open before their
+            TLS handshake ends (strangers); when they are all taken, a new connection takes the slot
+            of the oldest one from the address (then the /24) holding the most, so a flood from a
+            few addresses cannot keep a member out; connections that completed mutual TLS keep theirs.
+        local_max_connections: open connections to the local API's socket, in total (lowered to a
+            quarter of the open-files limit if that is smaller); more are refused with one line.
+        local_max_connections_per_user: open connections to the local socket from one account.
+        local_reserved_connections: of ``local_max_connections``, how many only root, the daemon's
+            own account and members of ``admin_group`` may use (their ``gpulayer`` always answers).
+        local_request_timeout_s: a request's head and body must arrive within this many seconds of
+            its first byte (and a new connection's first request within this of the connection);
+            else the connection is closed (a slow or stalled client keeps no slot).
+        local_idle_timeout_s: a connection with no request in progress is closed after this long.
         offer_interval_s: a queued job is offered to the same worker again after this long.
         hold_ttl_s: how long a gang hold lasts without a commit.
         mode: ``personal`` (the daemon serves and runs the jobs of its own account only; socket
@@ -153,6 +166,12 @@ class DaemonConfig(BaseModel):
     peer_handshake_timeout_s: float = Field(default=5.0, gt=0, le=60)
     peer_max_connections: int = Field(default=512, ge=1)
     peer_max_connections_per_address: int = Field(default=64, ge=1)
+    peer_max_unauthenticated: int = Field(default=256, ge=1)
+    local_max_connections: int = Field(default=1024, ge=2)
+    local_max_connections_per_user: int = Field(default=64, ge=1)
+    local_reserved_connections: int = Field(default=64, ge=1)
+    local_request_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    local_idle_timeout_s: float = Field(default=60.0, gt=0)
     offer_interval_s: float = Field(default=2.0, gt=0)
     hold_ttl_s: float = Field(default=10.0, gt=0)
     mode: Literal["personal", "system"] = "personal"

@@ -27,7 +27,7 @@ from typing import Protocol
 from gpulayerd import __version__
 from gpulayerd.api.peer import PeerRouter, TlsNetwork
 from gpulayerd.api.server import LocalSocket, make_local_app, start_unix_site
-from gpulayerd.api.unixsite import socket_answers
+from gpulayerd.api.unixsite import LocalSocketSettings, socket_answers
 from gpulayerd.app.clock import Clock
 from gpulayerd.app.cluster import ClusterNode
 from gpulayerd.app.gang import GangCoordinator
@@ -59,6 +59,7 @@ from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.machinelock import Holder, MachineLocked, acquire_machine_lock, release_machine_lock
 from gpulayerd.models import Capabilities
 from gpulayerd.net.identity import Identity, check_mode, load_or_create_identity
+from gpulayerd.net.limits import soft_file_limit
 from gpulayerd.net.transport import PeerDispatch, PeerHandler, PeerNetwork, PeerTransport, Sender
 from gpulayerd.notify import notify_ready, notify_stopping
 from gpulayerd.privdirs import make_private_dirs
@@ -152,6 +153,43 @@ def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
     with contextlib.suppress(OSError):
         config.pid_path.unlink()
     os.close(lock_fd)
+
+
+class _Admins:
+    """Who may use the local socket's reserved connections: root, this daemon's account and the admins
+    (``admin_group``), re-read from the user database every minute (in a thread)."""
+
+    def __init__(self, requesters: Requesters) -> None:
+        self._requesters = requesters
+        self._uids: frozenset[int] = frozenset()
+        self._me = os.geteuid()
+
+    def __call__(self, uid: int) -> bool:
+        return uid in (0, self._me) or uid in self._uids
+
+    async def refresh(self) -> None:
+        """Read the admins' uids again."""
+        self._uids = await asyncio.to_thread(self._requesters.admin_uids)
+
+    async def keep(self, interval_s: float = 60.0) -> None:
+        """Forever: :meth:`refresh` every ``interval_s`` seconds."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.refresh()
+
+
+def _socket_settings(config: DaemonConfig, privileged: Callable[[int], bool]) -> LocalSocketSettings:
+    """The local socket's limits from ``config``; the total at most a quarter of the open-files limit (the
+    rest stays for the store, job logs, the peer port and outgoing calls)."""
+    soft = soft_file_limit()
+    total = max(2, min(config.local_max_connections, soft // 4))
+    if total < config.local_max_connections:
+        log.warning("local API: at most %d open connections (not %d): the open files limit is %d", total,
+                    config.local_max_connections, soft)
+    return LocalSocketSettings(max_connections=total, max_per_user=config.local_max_connections_per_user,
+                               reserved=config.local_reserved_connections,
+                               request_timeout_s=config.local_request_timeout_s,
+                               idle_timeout_s=config.local_idle_timeout_s, privileged=privileged)
 
 
 async def _wait_stop_or_lost(stop: asyncio.Event, store: Store) -> str | None:
@@ -390,13 +428,15 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             await services.cluster.async_start()
         else:
             log.info("not in a cluster (gpulayer cluster init / join): this machine only")
+        admins = _Admins(services.requesters or Requesters(mode=config.mode, admin_group=config.admin_group))
+        await admins.refresh()
         api_socket = await start_unix_site(make_local_app(services.api), config.socket_path,
-                                           public=config.mode == "system")
+                                           public=config.mode == "system", settings=_socket_settings(config, admins))
         await asyncio.to_thread(config.pid_path.write_text, f"{os.getpid()}\n")
         log.info("gpulayerd %s node %s serving %s", __version__, identity.node_id[:12], config.socket_path)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("probe", services.machine.probe_loop), ("schedule", services.scheduler.loop),
-            ("lease", services.leases.loop), ("socket", api_socket.keep)]
+            ("lease", services.leases.loop), ("socket", api_socket.keep), ("admins", admins.keep)]
         if services.cluster is not None:
             loops.append(("heartbeat", services.cluster.async_heartbeat_loop))
         tasks = [asyncio.create_task(supervise(name, fn), name=name) for name, fn in loops]

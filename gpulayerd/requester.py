@@ -19,6 +19,7 @@ This module sits beside :mod:`gpulayerd.api` and :mod:`gpulayerd.app` (both impo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import grp
 import json
 import os
@@ -259,6 +260,26 @@ class Requesters:
         except OSError:
             gids = (pw.pw_gid,)
         return self._in_admin(gids)
+
+    def admin_uids(self) -> frozenset[int]:
+        """The uids that are admins here besides root: the daemon's own in personal mode; the members of
+        ``admin_group`` (listed in it, or with it as their primary group) in system mode. Blocking
+        (the user and group databases): call it in a thread."""
+        if self.mode == "personal":
+            return frozenset({self.daemon_uid})
+        if not self.admin_group:
+            return frozenset()
+        try:
+            group = grp.getgrnam(self.admin_group)
+        except KeyError:
+            return frozenset()
+        uids = set()
+        for name in group.gr_mem:
+            with contextlib.suppress(KeyError):
+                uids.add(pwd.getpwnam(name).pw_uid)
+        with contextlib.suppress(OSError):
+            uids.update(pw.pw_uid for pw in pwd.getpwall() if pw.pw_gid == group.gr_gid)
+        return frozenset(uids)
 
     def _own(self, uid: int) -> bool:
         return self.mode == "personal" and uid == self.daemon_uid

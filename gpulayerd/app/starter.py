@@ -93,10 +93,11 @@ class Starter:
                 the watchdog or the job could not be started.
         """
         deadline = self._clock.monotonic() + lease_s
-        return await asyncio.to_thread(self._start, job_id, attempt, spec, placement, deadline, lock_fds, gang)
+        return await asyncio.to_thread(self._start, job_id, attempt, spec, placement, deadline, lock_fds, gang,
+                                       lease_s)
 
     def _start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, deadline: float,
-               lock_fds: list[int], gang: GangRank | None) -> RunHandle:
+               lock_fds: list[int], gang: GangRank | None, lease_s: float | None = None) -> RunHandle:
         """:meth:`start` in a worker thread (the user database and the watchdog's start block)."""
         user = resolve_job_user(spec.user, self._config.mode, self._config.allow_root_jobs)
         run_dir = self.run_dir(job_id, attempt)
@@ -115,7 +116,8 @@ class Starter:
         if gang is not None:
             env["GLOO_SOCKET_IFNAME"] = gang.interface
             env["NCCL_SOCKET_IFNAME"] = gang.interface
-        return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user)
+        return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
+                                  renew_s=lease_s)
 
 
 def _same_account(user: JobUser | None) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
     "check_cuda_runtime",
     "check_driver_version",
     "check_os",
+    "exec_problem",
     "extras_refusal",
     "format_validation_error",
     "job_spec_from_mapping",
@@ -311,6 +312,19 @@ class PolicyModel(BaseModel):
     lease_s: float = Field(default=30.0, ge=1.0, le=86_400.0)
 
 
+def exec_problem(text: str) -> str | None:
+    """Why ``text`` cannot be passed to ``exec`` as an argument or an environment name or value (None
+    when it can): a NUL byte ends a C string, and text that does not encode to bytes (a lone
+    surrogate other than the ones ``surrogateescape`` uses for undecodable bytes) cannot be sent."""
+    if "\0" in text:
+        return "must not contain a NUL byte"
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return "must be text that encodes to bytes (it holds a lone surrogate)"
+    return None
+
+
 def _is_control(ch: str) -> bool:
     """C0 (incl. newline, tab, ESC), DEL and C1 control characters."""
     o = ord(ch)
@@ -375,6 +389,10 @@ class JobSpec(BaseModel):
     def _command_items(cls, v: list[str]) -> list[str]:
         if not v[0].strip():
             raise ValueError("the program (first item) must not be empty")
+        for i, arg in enumerate(v):
+            problem = exec_problem(arg)
+            if problem is not None:
+                raise ValueError(f"item {i} ({'the program' if i == 0 else 'an argument'}) {problem}")
         return v
 
     @field_validator("workdir")
@@ -395,9 +413,13 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not key or "=" in key or "\0" in key:
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+        for key, value in v.items():
+            if not key or "=" in key or exec_problem(key) is not None:
+                raise ValueError(f"{key!a} is not a valid environment variable name (no '=', NUL, or text "
+                                 "that cannot be encoded)")
+            problem = exec_problem(value)
+            if problem is not None:
+                raise ValueError(f"the value of {key!a} {problem}")
         return v
 
     def to_core(self, job_id: str = "") -> JobRequest:

@@ -23,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import socket
 import struct
 import sys
+import time
 from collections.abc import Iterator, Mapping
+
+from gpulayerd.runs.waiting import readable
 
 __all__ = ["KEEP_S", "ExitNote", "ask", "retry_delays", "socket_name"]
 
@@ -89,10 +91,9 @@ class ExitNote:
     def serve(self, timeout_s: float) -> None:
         """Answer askers for up to ``timeout_s`` seconds (returns early once :attr:`recorded`)."""
         if self._sock is None:
-            select.select([], [], [], max(timeout_s, 0.0))
+            time.sleep(max(timeout_s, 0.0))
             return
-        ready, _, _ = select.select([self._sock], [], [], max(timeout_s, 0.0))
-        if not ready:
+        if not readable([self._sock.fileno()], timeout_s):
             return
         conn, _ = self._sock.accept()
         with conn:

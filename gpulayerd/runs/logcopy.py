@@ -1,7 +1,7 @@
 """A job's output stream copied from a pipe to its log file, up to a size cap.
 
 The watchdog gives the job a pipe for stdout and one for stderr and copies each to
-``stdout.log``/``stderr.log`` with :class:`CappedLog` whenever :func:`select.select` says
+``stdout.log``/``stderr.log`` with :class:`CappedLog` whenever :func:`~gpulayerd.runs.waiting.readable` says
 there is data. A log file is created with the stream's first byte: a job that prints nothing
 leaves none (readers take a missing log for an empty one), and its start makes no inode.
 Past ``cap_bytes`` the rest of the stream is read and dropped (the job

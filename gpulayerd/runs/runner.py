@@ -197,6 +197,7 @@ class Runner:
         self._kill_timeout_s = kill_timeout_s
         self._wait_interval_s = wait_interval_s
         self._log_cap_bytes = log_cap_bytes
+        self._unwritten: set[tuple[str, int]] = set()  # attempts whose deadline could not be written (logged once)
         self.zygote = Zygote(self._runs_dir, self._python, self._watchdog_env()) if use_zygote else None
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
@@ -223,6 +224,7 @@ class Runner:
         deadline_monotonic: float | None = None,
         lock_fds: Sequence[int] = (),
         user: JobUser | None = None,
+        renew_s: float | None = None,
     ) -> RunHandle:
         """Start a watchdog that starts the job; return once the job runs (or has run).
 
@@ -244,6 +246,9 @@ class Runner:
                 raises (:meth:`gpulayerd.runs.devicelock.DeviceLocks.release`).
             user: the account the job runs as (the watchdog switches to it before ``exec``
                 and enters ``cwd`` as it); None runs it as this process's account.
+            renew_s: how far a renewal moves the deadline (the lease's length, seconds): what
+                the watchdog applies when a renewal comes as a signal (:meth:`extend_deadline`
+                on a full disk); None: the time from now to ``deadline_monotonic``.
 
         Raises:
             RunnerError: the run directory was used before, the watchdog could not be
@@ -269,6 +274,8 @@ class Runner:
                     "poll_interval_s": self._poll_interval_s, "kill_timeout_s": self._kill_timeout_s,
                     "lock_fds": list(lock_fds), "user": None if user is None else user.to_json(),
                     "log_cap_bytes": self._log_cap_bytes, "deadline": deadline_monotonic,
+                    "renew_s": renew_s if renew_s is not None else (
+                        None if deadline_monotonic is None else max(deadline_monotonic - time.monotonic(), 0.1)),
                 },
             )
         except OSError as e:  # a full disk, say: nothing was started
@@ -462,13 +469,23 @@ class Runner:
     def extend_deadline(self, handle: RunHandle, deadline_monotonic: float | None) -> None:
         """Move the watchdog's deadline (a ``time.monotonic()`` value; None removes it).
 
-        A deadline that cannot be written (a full disk) is logged, not raised: the watchdog
-        keeps the last one, and later renewals try again.
+        A deadline that cannot be written (a full disk) goes to the watchdog as SIGUSR1 instead:
+        it renews the lease from now for its ``renew_s`` (kept in memory), so a full state disk
+        never ends a job its daemon still renews. Logged once per attempt, never raised.
         """
         try:
             self._write_deadline(handle.run_dir, deadline_monotonic)
+            self._unwritten.discard((handle.job_id, handle.attempt))
+            return
         except OSError as e:
-            log.warning("job %s attempt %d: cannot move the deadline: %s", handle.job_id, handle.attempt, e)
+            problem = e
+        renewed = deadline_monotonic is not None and signal_process(
+            handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks, signal.SIGUSR1)
+        key = (handle.job_id, handle.attempt)
+        if key not in self._unwritten:
+            self._unwritten.add(key)
+            log.warning("job %s attempt %d: cannot write the deadline (%s)%s", handle.job_id, handle.attempt,
+                        problem, "; renewed through a signal to its watchdog" if renewed else "")
 
     # ---------------------------------------------------------------------- private
 

@@ -24,7 +24,9 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   account switch, chdir, exec).
 - ``deadline`` (read every ``poll_interval_s``): a ``time.monotonic()`` value as text, or
   ``none``; CLOCK_MONOTONIC is one clock for every process of a machine. Missing means the
-  one in ``launch.json``.
+  one in ``launch.json``. A renewal the daemon could not write (its disk is full) comes as
+  SIGUSR1 instead: the deadline is then at least the signal's time plus ``renew_s`` (launch.json:
+  the lease's length), kept in memory.
 - ``exit.json`` (written last): ``exit_code`` (negative N: killed by signal N, as
   ``Popen.returncode``; None if unknown), ``reason`` (``exited``, ``cancelled``,
   ``deadline``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
@@ -62,7 +64,6 @@ import ctypes
 import functools
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -89,6 +90,7 @@ from gpulayerd.runs.layout import (
 )
 from gpulayerd.runs.logcopy import CappedLog
 from gpulayerd.runs.process import ProcessRecord, group_members, record_of
+from gpulayerd.runs.waiting import name_process, readable
 
 __all__ = ["main", "preload", "prepare", "supervise"]
 
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # and a watchdog it started looks exactly like one it re-adopts after a restart.
     if os.fork() != 0:
         os._exit(0)
+    name_process("gpulayer-wd")
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO,
         format="%(asctime)s watchdog[%(process)d] %(levelname)s %(message)s",
@@ -173,6 +176,7 @@ class _Launch:
     log_cap_bytes: int | None
     exit_keep_s: float
     deadline: float | None
+    renew_s: float | None = None
 
     @classmethod
     def load(cls, path: Path) -> _Launch:
@@ -198,6 +202,9 @@ class _Launch:
         deadline = data.get("deadline")
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)):
             raise ValueError(f"{path}: deadline must be a number or null, not {deadline!r}")
+        renew = data.get("renew_s")
+        if renew is not None and (isinstance(renew, bool) or not isinstance(renew, int | float) or renew <= 0):
+            raise ValueError(f"{path}: renew_s must be a positive number or null, not {renew!r}")
         return cls(
             argv=list(argv), env=dict(env), cwd=cwd,
             grace_s=_number(data, "grace_s", 10.0),
@@ -206,6 +213,7 @@ class _Launch:
             user=None if user is None else JobUser.from_json(user), log_cap_bytes=cap,
             exit_keep_s=_number(data, "exit_keep_s", KEEP_S),
             deadline=None if deadline is None else float(deadline),
+            renew_s=None if renew is None else float(renew),
         )
 
 
@@ -223,6 +231,7 @@ class _Watchdog:
         self.wake_fd = -1
         self.logs: list[CappedLog] = []
         self.keep_s = KEEP_S
+        self.renewed_at: float | None = None  # SIGUSR1: the daemon renewed the lease but could not write it
 
     def run(self) -> int:
         exit_code: int | None = None
@@ -368,11 +377,19 @@ class _Watchdog:
         return proc.returncode, reason, detail
 
     def _supervise(self, proc: subprocess.Popen[bytes], launch: _Launch) -> tuple[str, str]:
-        """Wait until the job exits, is cancelled, or passes its deadline; say which."""
+        """Wait until the job exits, is cancelled, or passes its deadline; say which.
+
+        The deadline is the ``deadline`` file's (launch.json's while there is none), moved later by a
+        SIGUSR1 from the daemon: a renewal it could not write (the state disk is full) renews the
+        lease from the moment the signal came, for ``renew_s``. A full disk never ends a job whose
+        daemon still renews it.
+        """
         deadline = launch.deadline
         while proc.poll() is None:
             self._reap_orphans(proc.pid)
             deadline = _read_deadline(self.run_dir / DEADLINE_FILE, deadline, launch.deadline)
+            if deadline is not None and self.renewed_at is not None and launch.renew_s is not None:
+                deadline = max(deadline, self.renewed_at + launch.renew_s)
             now = time.monotonic()
             if self.cancel_requested:
                 return "cancelled", "cancelled: the watchdog was asked to stop the job"
@@ -437,14 +454,22 @@ class _Watchdog:
         return list(found.values())
 
     def _signal_all(self, pgid: int, sig: signal.Signals) -> None:
+        """Send ``sig`` once to every process of the job: its process group (one ``killpg``), then
+        each descendant of ours OUTSIDE that group (a process that started a session or group of its
+        own, as torchrun's workers do). A process in the group never gets it twice: a job whose
+        SIGTERM handler saves a checkpoint is not interrupted by a second SIGTERM."""
+        outside: list[psutil.Process] = []
+        if _has_children():
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process().children(recursive=True):
+                    with contextlib.suppress(OSError):  # gone meanwhile: nothing to signal
+                        if os.getpgid(child.pid) != pgid:
+                            outside.append(child)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        if not _has_children():
-            return
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    child.send_signal(sig)
+        for child in outside:
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(sig)  # (psutil checks it is still the same process)
 
     def _reap_orphans(self, job_pid: int) -> None:
         """Reap exited processes adopted as subreaper, leaving the job itself to Popen."""
@@ -480,18 +505,22 @@ class _Watchdog:
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_cancel)
         signal.signal(signal.SIGINT, self._on_cancel)
+        signal.signal(signal.SIGUSR1, self._on_renewed)
         # A Python-level handler makes SIGCHLD write to the wakeup fd: a job's exit wakes us.
         signal.signal(signal.SIGCHLD, _ignore_signal)
 
     def _on_cancel(self, signum: int, frame: FrameType | None) -> None:
         self.cancel_requested = True
 
+    def _on_renewed(self, signum: int, frame: FrameType | None) -> None:
+        self.renewed_at = time.monotonic()
+
     def _sleep(self, timeout_s: float) -> None:
         """Sleep until a signal arrives or ``timeout_s`` passes, copying the job's output meanwhile."""
         end = time.monotonic() + max(timeout_s, 0.0)
         while True:
             pipes = {c.fd: c for c in self.logs if c.open}
-            ready, _, _ = select.select([self.wake_fd, *pipes], [], [], max(end - time.monotonic(), 0.0))
+            ready = readable([self.wake_fd, *pipes], max(end - time.monotonic(), 0.0))
             for fd in ready:
                 if fd in pipes:
                     pipes[fd].pump()

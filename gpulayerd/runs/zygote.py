@@ -33,9 +33,14 @@ daemon until it sent it, the datagram in flight, the zygote, the watchdog until 
 will: the daemon may start the attempt another way without running it twice
 (:class:`ZygoteLaunch.lost`).
 
-The zygote exits when the daemon's end closes (the daemon stopped or was killed); its
-watchdogs go on. A zygote that died is started again on the next launch
-(:meth:`Zygote.launch`).
+The zygote exits when the daemon's end closes (the daemon stopped or was killed), or when its
+parent is no longer the daemon (checked every 2 s, should another process keep the daemon's end
+open); a start it is handing over is finished first. Its spares die with it (the kernel's
+parent-death signal until a spare takes a start, and a check of the parent as a backstop): no
+spare outlives its zygote. Its watchdogs go on: they outlive the zygote and the daemon by
+design, to hold their jobs' deadlines. A zygote that died is started again on the next launch
+(:meth:`Zygote.launch`). In ``ps -o comm`` the three are ``gpulayer-zygote``,
+``gpulayer-spare`` and ``gpulayer-wd``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ import io
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import stat
@@ -60,6 +64,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpulayerd.runs import layout, watchdog
+from gpulayerd.runs.waiting import die_with_parent, name_process, orphaned, readable
 
 __all__ = ["Zygote", "ZygoteLaunch", "ZygoteRefused", "check_run_dir", "main"]
 
@@ -71,6 +76,8 @@ _WATCHDOG_FORMAT = logging.Formatter(_WATCHDOG_LINE)
 """A forked watchdog's log format, made before any fork (making it in each child copies pages)."""
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _REPLY_TIMEOUT_S = 5.0
+_PARENT_CHECK_S = 2.0
+"""How often the zygote and a spare check that their parent is still there (seconds)."""
 
 
 class ZygoteRefused(Exception):
@@ -99,8 +106,7 @@ class ZygoteLaunch:
         if self._fd is None:
             time.sleep(timeout_s)
             return
-        ready, _, _ = select.select([self._fd], [], [], timeout_s)
-        if ready and not os.read(self._fd, 64):
+        if readable([self._fd], timeout_s) and not os.read(self._fd, 64):
             self._eof = True
             self.close()
 
@@ -305,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("the control socket's peer is uid %d, not %d: refusing to serve", peer_uid, uid)
         return 2
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    daemon = os.getppid()
+    name_process("gpulayer-zygote")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the daemon's terminal is the daemon's
     # Its children (the watchdogs) are reaped by the kernel: no zombies, no wait, one fork per start.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -315,10 +323,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.freeze()
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     spare = _fork_spare(sock)
+    # The daemon's end closing (it stopped or was killed) ends the zygote; so does the daemon's exit
+    # seen as a new parent, should its end stay open in some other process. A start in progress is
+    # finished first: requests are only read between starts.
+    sock.settimeout(_PARENT_CHECK_S)
     while True:
         try:
             msg, ancdata, _, _ = sock.recvmsg(
                 65536, socket.CMSG_SPACE(_MAX_FDS * 4) + socket.CMSG_SPACE(_CRED.size))
+        except TimeoutError:
+            if orphaned(daemon):
+                log.info("the daemon (pid %d) is gone: exiting", daemon)
+                return 0
+            continue
         except ConnectionResetError:
             return 0
         if not msg:
@@ -426,13 +443,30 @@ def _fork_spare(sock: socket.socket) -> _Spare | None:
 def _spare(sock: socket.socket, link: socket.socket) -> None:
     """The spare child: detach, wait for a run directory and its descriptors, become its watchdog.
 
-    End-of-file on ``link`` (the zygote exited) ends it without starting anything.
+    It never outlives the zygote without a start: end-of-file on ``link`` (the zygote exited) ends
+    it, and so does the zygote's exit itself (the kernel's parent-death signal, SIGKILL, until it
+    takes a start; a check of its parent's pid as a backstop).
     """
     code = 1
+    zygote = os.getppid()
     try:
+        die_with_parent(signal.SIGKILL)
+        if orphaned(zygote):  # it died before the parent-death signal was set
+            code = 0
+            return
         _detach(sock)
+        name_process("gpulayer-spare")
         watchdog.prepare()
-        msg, ancdata, _, _ = link.recvmsg(4096, socket.CMSG_SPACE(_MAX_FDS * 4))
+        link.settimeout(_PARENT_CHECK_S)
+        while True:
+            try:
+                msg, ancdata, _, _ = link.recvmsg(4096, socket.CMSG_SPACE(_MAX_FDS * 4))
+                break
+            except TimeoutError:
+                if orphaned(zygote):
+                    code = 0
+                    return
+        die_with_parent(None)  # a watchdog outlives the zygote and the daemon: that is what it is for
         fds, _ = _unpack(ancdata)
         link.close()
         if not msg:
@@ -472,6 +506,7 @@ def _become_watchdog(run_dir: Path, fds: list[int]) -> None:
     code = 1
     try:
         os.chdir(run_dir)
+        name_process("gpulayer-wd")
         root = logging.getLogger()
         handler = _LazyLog(run_dir / layout.WATCHDOG_LOG)
         handler.setFormatter(_WATCHDOG_FORMAT)

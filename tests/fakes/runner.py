@@ -76,7 +76,8 @@ class FakeRunner(Runner):
 
     def start(self, job_id: str, attempt: int, argv: Sequence[str], env: Mapping[str, str],
               cwd: str | Path | None = None, deadline_monotonic: float | None = None,
-              lock_fds: Sequence[int] = (), user: JobUser | None = None) -> RunHandle:
+              lock_fds: Sequence[int] = (), user: JobUser | None = None,
+              renew_s: float | None = None) -> RunHandle:
         """Record a run that is running now (see :meth:`Runner.start`).
 
         Raises:
