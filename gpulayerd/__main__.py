@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mdns", action="store_false", dest="mdns", default=None,
                    help="do not advertise or browse over mDNS")
     p.add_argument("--interface", metavar="NAME", help="the LAN interface to advertise (default: all LAN ones)")
+    p.add_argument("--isolated", action="store_const", const=True, default=None,
+                   help="run beside another gpulayerd of this machine: CPU slots only (no GPU), no machine-wide "
+                   "lock (give --device-lock-dir a directory of its own), no cluster")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="how much the daemon logs (stderr; default INFO)")
     return p
@@ -93,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
     from gpulayerd.config import ConfigError, DaemonConfig
-    from gpulayerd.daemon import DaemonAlreadyRunning, StateLost, run
+    from gpulayerd.daemon import DaemonAlreadyRunning, SharedInstallProblem, StateLost, run
     from gpulayerd.store import StoreError
 
     overrides: dict[str, object] = {
@@ -107,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mdns": args.mdns,
         "interface": args.interface,
         "mode": args.mode,
+        "isolated": args.isolated,
     }
     try:
         config = DaemonConfig.load(args.config, overrides)
@@ -120,8 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _raise_file_limit()
     try:
-        asyncio.run(run(config))
-    except (DaemonAlreadyRunning, StoreError, StateLost) as e:
+        # --system (how the system unit starts it): every account must be able to run the jobs' interpreters.
+        asyncio.run(run(config, check_shared_install=args.mode == "system"))
+    except (DaemonAlreadyRunning, StoreError, StateLost, SharedInstallProblem) as e:
         print(f"gpulayerd: {e}", file=sys.stderr)
         return 1
     except OSError as e:

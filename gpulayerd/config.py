@@ -122,6 +122,10 @@ class DaemonConfig(BaseModel):
             its first byte (and a new connection's first request within this of the connection);
             else the connection is closed (a slow or stalled client keeps no slot).
         local_idle_timeout_s: a connection with no request in progress is closed after this long.
+        isolated: run beside another gpulayerd of this machine (``scripts/quickstart`` beside a lab's
+            daemon): no GPU is used (CPU slots only: no GPU is ever granted twice), no machine-wide
+            lock is taken or checked (only the one in ``device_lock_dir``, which must then be a
+            directory of its own, not the shared default), and no cluster is joined.
         offer_interval_s: a queued job is offered to the same worker again after this long.
         hold_ttl_s: how long a gang hold lasts without a commit.
         mode: ``personal`` (the daemon serves and runs the jobs of its own account only; socket
@@ -172,6 +176,7 @@ class DaemonConfig(BaseModel):
     local_reserved_connections: int = Field(default=64, ge=1)
     local_request_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     local_idle_timeout_s: float = Field(default=60.0, gt=0)
+    isolated: bool = False
     offer_interval_s: float = Field(default=2.0, gt=0)
     hold_ttl_s: float = Field(default=10.0, gt=0)
     mode: Literal["personal", "system"] = "personal"
@@ -193,6 +198,13 @@ class DaemonConfig(BaseModel):
         for entry in v:
             _host_port(entry, "peer")
         return v
+
+    @model_validator(mode="after")
+    def _isolated_needs_its_own_locks(self) -> DaemonConfig:
+        if self.isolated and self.device_lock_dir == Path("/tmp/gpulayer-locks"):
+            raise ValueError("isolated: give device_lock_dir (--device-lock-dir) a directory of its own: the shared "
+                             "/tmp/gpulayer-locks is the other daemon's")
+        return self
 
     @model_validator(mode="after")
     def _system_defaults(self) -> DaemonConfig:

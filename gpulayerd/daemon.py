@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -22,6 +23,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from gpulayerd import __version__
@@ -56,24 +58,34 @@ from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
-from gpulayerd.machinelock import Holder, MachineLocked, acquire_machine_lock, release_machine_lock
+from gpulayerd.machinelock import (
+    Holder,
+    MachineLocked,
+    acquire_machine_lock,
+    acquire_system_lock,
+    check_system_lock,
+    release_machine_lock,
+)
 from gpulayerd.models import Capabilities
-from gpulayerd.net.identity import Identity, check_mode, load_or_create_identity
+from gpulayerd.net.identity import NODE_KEY, Identity, check_mode, identity_dir, load_or_create_identity
 from gpulayerd.net.limits import soft_file_limit
 from gpulayerd.net.transport import PeerDispatch, PeerHandler, PeerNetwork, PeerTransport, Sender
 from gpulayerd.notify import notify_ready, notify_stopping
-from gpulayerd.privdirs import make_private_dirs
+from gpulayerd.privdirs import make_private_dirs, make_public_dir
 from gpulayerd.requester import Requesters
 from gpulayerd.runs import layout
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
+from gpulayerd.service_system import shared_install_problem
 from gpulayerd.store import Store
 from gpulayerd.supervisor import supervise
 
-__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "StateLost", "build", "peer_handlers",
-           "run"]
+__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "SharedInstallProblem", "StateLost",
+           "build", "peer_handlers", "run"]
 
 log = logging.getLogger(__name__)
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -101,7 +113,13 @@ def _lock_state_dir(config: DaemonConfig) -> int:
     if config.mode != "system":  # system mode: a 0755 socket dir, made with the socket (start_unix_site)
         private.append(config.socket_path.parent)
     make_private_dirs(private)
-    fd = os.open(config.state_dir / "gpulayerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    path = config.state_dir / "gpulayerd.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, f"refusing {path}: it is a symbolic link; remove it") from e
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as e:
@@ -115,34 +133,90 @@ def _lock_state_dir(config: DaemonConfig) -> int:
     return fd
 
 
-def _lock_machine(config: DaemonConfig) -> int:
-    """Take the machine lock (``<device_lock_dir>/gpulayerd.lock``). Blocking: call in a thread.
+def _lock_machine(config: DaemonConfig) -> list[int]:
+    """Take the machine lock. Blocking: call in a thread.
+
+    System mode: the shared one in the device-lock dir when it can be taken (a personal daemon holding
+    it stops this one; a symbolic link or a file planted there in a directory every account may write
+    to only costs a warning: no account can keep the system daemon from starting), then its own
+    ``<socket dir>/gpulayerd.lock`` (``/run/gpulayer``, root's). Personal mode: first a check that no
+    system daemon holds ``/run/gpulayer/gpulayerd.lock``, then ``<device_lock_dir>/gpulayerd.lock`` (a
+    lock dir of another account than root's or its own is refused).
 
     Returns:
-        The descriptor holding it (closed by :func:`~gpulayerd.machinelock.release_machine_lock`).
+        The descriptors holding the locks (each closed by :func:`~gpulayerd.machinelock.release_machine_lock`).
 
     Raises:
         DaemonAlreadyRunning: another gpulayerd runs on this machine (the message names it and its socket).
-        OSError: the lock dir or file cannot be made or opened.
+        UnsafeDirectory: the system socket dir is a link, another account's or world-writable.
+        OSError: a lock dir or file cannot be made or opened, or is a symbolic link.
     """
     me = Holder(pid=os.getpid(), mode=config.mode, socket=str(config.socket_path.absolute()),
                 state_dir=str(config.state_dir.absolute()), uid=os.geteuid())
-    if config.mode == "personal" and config.socket_path != SYSTEM_SOCKET_PATH and SYSTEM_SOCKET_PATH.exists() \
-            and socket_answers(SYSTEM_SOCKET_PATH):
-        # The system daemon may run without the shared lock (a process that is not a gpulayerd held it).
+    if config.isolated:  # beside another daemon: only its own lock dir (it uses no GPU, joins no cluster)
+        try:
+            return [acquire_machine_lock(config.device_lock_dir, me, strict_owner=True)]
+        except MachineLocked as e:
+            raise DaemonAlreadyRunning(str(e)) from e
+    if config.mode == "system":
+        run_dir = config.socket_path.parent
+        fds: list[int] = []
+        try:
+            fds.append(acquire_machine_lock(config.device_lock_dir, me))
+        except MachineLocked as e:
+            raise DaemonAlreadyRunning(str(e)) from e
+        except OSError as e:  # a link or a file planted in a lock dir every account may write to
+            log.warning("the shared machine lock in %s cannot be taken (%s): going on with %s", config.device_lock_dir,
+                        e.strerror or e, run_dir / "gpulayerd.lock")
+        try:
+            make_public_dir(run_dir)
+            fds.append(acquire_system_lock(run_dir, me))
+        except BaseException as e:
+            for fd in fds:
+                release_machine_lock(fd)
+            if isinstance(e, MachineLocked):
+                raise DaemonAlreadyRunning(str(e)) from e
+            raise
+        return fds
+    try:
+        check_system_lock(SYSTEM_SOCKET_PATH.parent)
+    except MachineLocked as e:
+        raise DaemonAlreadyRunning(str(e)) from e
+    if config.socket_path != SYSTEM_SOCKET_PATH and SYSTEM_SOCKET_PATH.exists() and socket_answers(SYSTEM_SOCKET_PATH):
+        # A system daemon of an older version (it held no lock in /run/gpulayer).
         raise DaemonAlreadyRunning(f"gpulayerd is already running on this machine (system mode, socket "
                                    f"{SYSTEM_SOCKET_PATH}); use it, or stop it first")
     try:
-        return acquire_machine_lock(config.device_lock_dir, me)
+        return [acquire_machine_lock(config.device_lock_dir, me, strict_owner=True)]
     except MachineLocked as e:
         raise DaemonAlreadyRunning(str(e)) from e
 
 
-def _prepare_state_dir(config: DaemonConfig) -> Identity:
-    """The runs dir, and this node's identity (created on first start). Blocking: call in a thread."""
+def _release_all(fds: list[int]) -> None:
+    for fd in fds:
+        release_machine_lock(fd)
+
+
+def _prepare_state_dir(config: DaemonConfig) -> tuple[Identity, bool]:
+    """The runs dir, and this node's identity (created on first start). Blocking: call in a thread.
+
+    Returns:
+        The identity, and whether the state dir is new (no node key was there before: an empty
+        store file is then a first start that stopped early, not an emptied store).
+    """
     config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     layout.spread_job_dirs(config.runs_dir)
-    return load_or_create_identity(config.state_dir)
+    new = not (identity_dir(config.state_dir) / NODE_KEY).exists()
+    return load_or_create_identity(config.state_dir), new
+
+
+def _write_pid(path: Path) -> None:
+    """The pid file, written without following a symbolic link. Blocking: call in a thread."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
@@ -307,7 +381,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     node: PeerNode | None = None
     if peers is not None:
         node = peers(signals, network)
-    elif identity.in_cluster:
+    elif identity.in_cluster and not config.isolated:
         node = cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals,
                                      version=__version__, hostname=hostname, clock=clock, rng=rng, network=network)
     names = Names(node_id, hostname, node)
@@ -324,7 +398,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
         prober=EnvironmentProber(timeout_s=config.env_probe_timeout_s,
                                  cache_dir=config.state_dir / "cache" / "environments"),
-        discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s), nvidia=NvidiaSmi(),
+        discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, use_gpus=not config.isolated),
+        nvidia=NvidiaSmi(),
         support=support, signals=signals, clock=clock)
     if capabilities is not None:
         machine.use_capabilities(capabilities)
@@ -383,8 +458,13 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     return services
 
 
+class SharedInstallProblem(RuntimeError):
+    """System mode with a workload interpreter other accounts cannot run (the message names the place)."""
+
+
 async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
-              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
+              stop: asyncio.Event | None = None, ready: asyncio.Event | None = None,
+              check_shared_install: bool = False) -> None:
     """Run the daemon until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None).
 
     Raises:
@@ -392,17 +472,23 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         UnsafeDirectory: the state, runs or socket dir is another account's or world-writable.
         StoreError: the store cannot be opened (:class:`~gpulayerd.store.StoreDamaged`: damaged).
         StateLost: the database file was removed or replaced while the daemon ran.
+        SharedInstallProblem: ``check_shared_install`` (``gpulayerd --system``) and a workload
+            interpreter other accounts cannot run.
         ModeMismatch: this node's certificate was enrolled in another mode than ``config.mode``.
         OSError: the socket or state dir cannot be created.
     """
     # File work (the state dir, its lock, the identity, the pid file) runs in a thread:
     # nothing blocks the event loop, not even at start-up. The machine lock comes first:
     # a second daemon stops before it creates or changes anything.
-    machine_fd = await asyncio.to_thread(_lock_machine, config)
+    machine_fds = await asyncio.to_thread(_lock_machine, config)
     try:
+        if check_shared_install:
+            problem = await asyncio.to_thread(shared_install_problem, config.interpreters, _PACKAGE_DIR)
+            if problem is not None:
+                raise SharedInstallProblem(problem)
         lock_fd = await asyncio.to_thread(_lock_state_dir, config)
     except BaseException:
-        await asyncio.to_thread(release_machine_lock, machine_fd)
+        await asyncio.to_thread(_release_all, machine_fds)
         raise
     stop_event = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -414,10 +500,10 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     tasks: list[asyncio.Task[None]] = []
     services: Services | None = None
     try:
-        identity = await asyncio.to_thread(_prepare_state_dir, config)
+        identity, new_state_dir = await asyncio.to_thread(_prepare_state_dir, config)
         await asyncio.to_thread(lambda: config.effective_cpu_slots)  # reads affinity/cgroups once, cached
         check_mode(identity, config.mode)  # ModeMismatch (a ValueError): enrolled in another mode
-        store = await Store.open(config.db_path)
+        store = await Store.open(config.db_path, empty_ok=new_state_dir)
         services = build(config, identity, store, support)
         if services.runner is not None and services.runner.zygote is not None:
             # Warm before the first job (its Python start-up is paid once, here).
@@ -432,7 +518,7 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         await admins.refresh()
         api_socket = await start_unix_site(make_local_app(services.api), config.socket_path,
                                            public=config.mode == "system", settings=_socket_settings(config, admins))
-        await asyncio.to_thread(config.pid_path.write_text, f"{os.getpid()}\n")
+        await asyncio.to_thread(_write_pid, config.pid_path)
         log.info("gpulayerd %s node %s serving %s", __version__, identity.node_id[:12], config.socket_path)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("probe", services.machine.probe_loop), ("schedule", services.scheduler.loop),
@@ -475,4 +561,4 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
         await asyncio.to_thread(_unlock_state_dir, config, lock_fd)
-        await asyncio.to_thread(release_machine_lock, machine_fd)
+        await asyncio.to_thread(_release_all, machine_fds)

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCK_NAME", "Holder", "MachineLocked", "acquire_machine_lock", "lock_holder_pids", "read_holder",
-           "release_machine_lock"]
+__all__ = ["LOCK_NAME", "Holder", "MachineLocked", "acquire_machine_lock", "acquire_system_lock", "check_system_lock",
+           "lock_holder_pids", "read_holder", "release_machine_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +79,23 @@ class Holder:
         return f"pid {self.pid}, {self.mode} mode, socket {self.socket}"
 
 
-def _ensure_dir(lock_dir: Path) -> None:
-    """Make the lock dir (1777) if missing; refuse a symbolic link there (root would follow it).
+def _ensure_dir(lock_dir: Path, strict_owner: bool = False) -> None:
+    """Make the lock dir (1777) if missing; refuse a symbolic link there (root would follow it), and,
+    with ``strict_owner``, a directory owned by another account than root or ours (its owner may
+    delete the lock files of everybody in it, sticky bit or not).
 
     Raises:
-        OSError: ``lock_dir`` is a symbolic link, or cannot be made.
+        OSError: ``lock_dir`` is a symbolic link, another account's, or cannot be made.
     """
     if lock_dir.is_symlink():
         raise OSError(errno.ELOOP, f"refusing the lock dir {lock_dir}: it is a symbolic link (to "
                       f"{os.readlink(lock_dir)}); remove it, or set device_lock_dir to a real directory")
     if lock_dir.is_dir():
+        owner = lock_dir.lstat().st_uid
+        if strict_owner and owner not in (0, os.geteuid()):
+            raise OSError(errno.EPERM, f"refusing the lock dir {lock_dir}: it is owned by uid {owner}, who may "
+                          "delete any lock file in it; remove it (root recreates it), or set device_lock_dir to a "
+                          "directory of root's or your own")
         return
     lock_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -183,12 +190,22 @@ def _is_gpulayerd(pid: int) -> bool:
                for a in argv[:4])
 
 
-def acquire_machine_lock(lock_dir: Path, me: Holder) -> int:
+def _link_target(path: Path) -> str:
+    """Where the symbolic link ``path`` points, for a message (``?`` when it cannot be read)."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def acquire_machine_lock(lock_dir: Path, me: Holder, *, strict_owner: bool = False) -> int:
     """Take this machine's gpulayerd lock in ``lock_dir`` without waiting, and write ``me`` into it.
 
     Args:
         lock_dir: the machine-wide device lock dir (created 1777 if missing).
         me: this daemon, as the next one to start will be told.
+        strict_owner: refuse a lock dir owned by another account than root or this one (a personal
+            daemon: the lock dir's owner could delete its lock file and let a second daemon start).
 
     Returns:
         The descriptor holding the lock; close it (:func:`release_machine_lock`) to let go.
@@ -197,11 +214,15 @@ def acquire_machine_lock(lock_dir: Path, me: Holder) -> int:
         MachineLocked: another daemon holds it (message: which one, how to reach it).
         OSError: the lock dir or file cannot be made or opened, or the file is not a plain file.
     """
-    _ensure_dir(lock_dir)
+    _ensure_dir(lock_dir, strict_owner)
     path = lock_dir / LOCK_NAME
     try:
         fd, writable = _open(path)
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, f"refusing the machine lock {path}: it is a symbolic link (to "
+                          f"{_link_target(path)}), which gpulayerd never follows; remove it "
+                          f"(rm {path})") from e
         raise OSError(e.errno, f"cannot open the machine lock {path}: {e.strerror or e} (every gpulayerd "
                       "on this machine must be able to open it: check the mode of its directory)") from e
     try:
@@ -239,4 +260,81 @@ def release_machine_lock(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
     with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def acquire_system_lock(run_dir: Path, me: Holder) -> int:
+    """Take the system daemon's lock ``<run_dir>/gpulayerd.lock`` (root's runtime dir, ``/run/gpulayer``
+    by default, 0755: no other account can plant or replace anything in it), and write ``me`` into it.
+
+    The file is 0644: any account's daemon opens it read-only, and ``flock`` works on a read-only
+    descriptor, so a personal daemon sees the system one (:func:`check_system_lock`).
+
+    Returns:
+        The descriptor holding the lock (:func:`release_machine_lock` lets go).
+
+    Raises:
+        MachineLocked: another system daemon holds it.
+        OSError: the file is a symbolic link, not a plain file, or cannot be made.
+    """
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, f"refusing the machine lock {path}: it is a symbolic link (to "
+                          f"{_link_target(path)}), which gpulayerd never follows; remove it (rm {path})") from e
+        raise OSError(e.errno, f"cannot open the machine lock {path}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            raise OSError(errno.EINVAL, f"refusing the machine lock {path}: not a plain file of this account with "
+                          "one link; remove it")
+        os.fchmod(fd, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
+            who = holder.describe() if holder is not None else f"its details are not in {path}"
+            raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it first",
+                                holder) from e
+        body = json.dumps(asdict(me), separators=(",", ":")).encode() + b"\n"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_system_lock(run_dir: Path) -> None:
+    """Stop a personal daemon when the system daemon runs: its lock ``<run_dir>/gpulayerd.lock`` is held.
+
+    Opened read-only without following a link (a missing file, or one this account may not open,
+    means no system daemon can be told apart: nothing is refused); a shared ``flock`` that would
+    block means the system daemon holds it.
+
+    Raises:
+        MachineLocked: the system daemon runs (the message names it and its socket).
+    """
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return
+            holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
+            who = holder.describe() if holder is not None else f"system mode, lock {path}"
+            raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it first",
+                                holder) from e
+    finally:
         os.close(fd)

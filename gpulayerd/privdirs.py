@@ -3,6 +3,8 @@ system-mode socket dir: 0755, :func:`make_public_dir`).
 
 Blocking file work: call these in a thread (``asyncio.to_thread``).
 
+A directory given as a symbolic link is refused, and its target left unchanged (root following a
+link planted by someone else would tighten, or write into, a directory that is not the daemon's).
 A directory the daemon owns and keeps its state in is tightened to 0700 whatever its mode was
 (a state dir made 0755 by hand would let other local users read the job environments in the
 database). A directory that is owned by another account, or that anyone may write to (a shared
@@ -13,6 +15,7 @@ was: tightening it would break its other users, and using it would let them swap
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Sequence
@@ -47,6 +50,26 @@ def check_private_dir(path: Path, st: os.stat_result, uid: int) -> None:
             "runtime dir; give the daemon a directory of its own (--state-dir / --runtime-dir)")
 
 
+def _refuse_link(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDirectory(f"refusing {path}: it is a symbolic link (to {os.readlink(path)}); give the daemon "
+                              "a real directory (its target was left unchanged)")
+
+
+def _open_dir(path: Path) -> int:
+    """The directory at ``path``, opened without following a symbolic link in its last part.
+
+    Raises:
+        UnsafeDirectory: it is a symbolic link (swapped in since it was checked).
+    """
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and path.is_symlink():
+            raise UnsafeDirectory(f"refusing {path}: it is a symbolic link; give the daemon a real directory") from e
+        raise
+
+
 def make_private_dirs(paths: Sequence[Path], *, uid: int | None = None) -> None:
     """Create the missing ones of ``paths`` (and their parents) and make every one 0700.
 
@@ -63,14 +86,15 @@ def make_private_dirs(paths: Sequence[Path], *, uid: int | None = None) -> None:
     owner = os.geteuid() if uid is None else uid
     for path in paths:
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except FileNotFoundError:
             continue
+        _refuse_link(path, st)
         check_private_dir(path, st, owner)
     for path in paths:
         path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         # Checked again on the open directory itself: what is changed is what was checked.
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = _open_dir(path)
         try:
             st = os.fstat(fd)
             check_private_dir(path, st, owner)
@@ -97,9 +121,11 @@ def make_public_dir(path: Path, *, uid: int | None = None) -> None:
     """
     owner = os.geteuid() if uid is None else uid
     with contextlib.suppress(FileNotFoundError):
-        check_private_dir(path, os.stat(path), owner)
+        st = os.lstat(path)
+        _refuse_link(path, st)
+        check_private_dir(path, st, owner)
     path.mkdir(parents=True, exist_ok=True, mode=PUBLIC_DIR_MODE)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = _open_dir(path)
     try:
         st = os.fstat(fd)
         check_private_dir(path, st, owner)

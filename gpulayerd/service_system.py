@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-__all__ = ["LAUNCHD_LABEL", "SYSTEM_FILE_MODE", "render_launchd_daemon", "render_systemd_system_unit", "seal",
-           "set_system_owner", "systemd_arg"]
+__all__ = ["LAUNCHD_LABEL", "SYSTEM_FILE_MODE", "closed_to_others", "render_launchd_daemon",
+           "render_systemd_system_unit", "seal", "set_system_owner", "shared_install_problem", "systemd_arg"]
 
 LAUNCHD_LABEL = "io.gpulayer.gpulayerd"
 """The launchd label of gpulayerd, agent or daemon."""
@@ -191,3 +191,62 @@ def seal(body: str, line_index: int, header: Callable[[str], str]) -> str:
     lines = body.splitlines(keepends=True)
     lines.insert(line_index, header(hashlib.sha256(body.encode("utf-8")).hexdigest()))
     return "".join(lines)
+
+
+def closed_to_others(path: str, *, need: int = 0o005) -> str | None:
+    """The first place on the way to ``path`` that an account other than its owner cannot pass: a
+    directory without ``o+x``, or ``path`` itself without the ``need`` bits for others (``o+rx`` by
+    default). Symbolic links are followed, each one's target checked the same way; None if open.
+
+    Blocking (stat calls): the CLI and the daemon's start-up only.
+    """
+    seen: set[str] = set()
+    todo = [os.path.abspath(path)]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        parts = Path(current).parts
+        for i in range(1, len(parts)):
+            d = str(Path(*parts[:i]))
+            try:
+                st = os.stat(d)
+            except OSError:
+                return d
+            if not st.st_mode & 0o001:
+                return d
+        try:
+            lst = os.lstat(current)
+        except OSError:
+            return current
+        if os.path.islink(current):
+            target = os.readlink(current)
+            todo.append(os.path.normpath(os.path.join(os.path.dirname(current), target)))
+            continue
+        if lst.st_mode & need != need:
+            return current
+    return None
+
+
+def shared_install_problem(interpreters: Sequence[str], package_dir: str) -> str | None:
+    """Why other accounts cannot use this installation in system mode (None if they can): each
+    workload interpreter must be executable by every account (jobs run as their users, and a job's
+    ``python`` is the environment's interpreter), and the package readable (their ``gpulayer``).
+
+    The answer names the closed directory and the fix, e.g. a venv made from ``/usr/bin/python3``
+    in ``/opt/gpulayer`` rather than one of root's own Pythons (pyenv under ``/root``, mode 0700).
+    """
+    for interpreter in interpreters:
+        closed = closed_to_others(interpreter)
+        if closed is not None:
+            return (f"the interpreter {interpreter} cannot be run by other accounts: {closed} is closed to them, "
+                    "so every job and every user's gpulayer would fail with 'Permission denied'. Make the venv "
+                    "from /usr/bin/python3 where every account can read it (python3 -m venv /opt/gpulayer; "
+                    "/opt/gpulayer/bin/pip install gpulayer), or pass --python with an interpreter they can run")
+    closed = closed_to_others(os.path.join(package_dir, "__init__.py"), need=0o004)
+    if closed is not None:
+        return (f"the gpulayer package in {package_dir} cannot be read by other accounts: {closed} is closed to "
+                "them. Install gpulayer where every account can read it (a venv made from /usr/bin/python3 in "
+                "/opt/gpulayer)")
+    return None

@@ -49,6 +49,7 @@ from gpulayerd.models import (
 )
 from gpulayerd.models.metrics import MetricsView
 from gpulayerd.requester import PeerCredentials, Requester, peer_credentials
+from gpulayerd.store import StoreFull
 
 __all__ = ["ApiError", "LocalService", "LocalSocket", "make_local_app", "start_unix_site"]
 
@@ -176,6 +177,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(_STATUS.get(e.code, 400), e.code, e.message)
     except SpecError as e:
         return _error(400, "invalid_spec", str(e))
+    except StoreFull as e:
+        log.warning("%s %s: %s", request.method, request.path, e)
+        return _error(507, "state_disk_full", "gpulayerd's state disk is full: nothing was stored (free space on "
+                      "the disk of its state dir and try again; running jobs go on)")
     except web.HTTPException:
         raise
     except ConnectionResetError as e:  # aiohttp's ClientConnectionResetError too

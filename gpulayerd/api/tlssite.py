@@ -10,35 +10,72 @@ before their handshake starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 
 from aiohttp import web
 
-from gpulayerd.net.limits import ConnectionLimits, LimitedListener
+from gpulayerd.net.limits import ConnectionLimits, LimitedListener, quiet_accept_errors
 
 __all__ = ["start_tls_site"]
 
 _BACKLOG = 512
 
 
+class _Authenticating(asyncio.Protocol):
+    """aiohttp's request handler, told to the listener when its TLS handshake ended with a client
+    certificate (asyncio calls ``connection_made`` once the handshake is done): the connection then
+    keeps its slot (:meth:`~gpulayerd.net.limits.LimitedListener.authenticated`)."""
+
+    def __init__(self, inner: asyncio.Protocol, listener: LimitedListener) -> None:
+        self._inner = inner
+        self._listener = listener
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ssl_obj = transport.get_extra_info("ssl_object")
+        sock = transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if ssl_obj is not None and ssl_obj.getpeercert(binary_form=True) and sock is not None:
+                self._listener.authenticated(sock.fileno())
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
 class _LimitedTlsSite(web.SockSite):
     """A TLS site on a listener whose server has a handshake deadline."""
 
-    __slots__ = ("_handshake_timeout_s",)
+    __slots__ = ("_handshake_timeout_s", "_listener")
 
-    def __init__(self, runner: web.AppRunner, sock: socket.socket, *, ssl_context: ssl.SSLContext,
+    def __init__(self, runner: web.AppRunner, sock: LimitedListener, *, ssl_context: ssl.SSLContext,
                  handshake_timeout_s: float, backlog: int) -> None:
         super().__init__(runner, sock, ssl_context=ssl_context, backlog=backlog)
         self._handshake_timeout_s = handshake_timeout_s
+        self._listener = sock
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner (whose cleanup() stops it)
         server = self._runner.server
         assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            server, sock=self._sock, ssl=self._ssl_context, backlog=self._backlog,
-            ssl_handshake_timeout=self._handshake_timeout_s)
+        loop = asyncio.get_running_loop()
+        quiet_accept_errors(loop)
+        self._server = await loop.create_server(
+            lambda: _Authenticating(server(), self._listener), sock=self._sock, ssl=self._ssl_context,
+            backlog=self._backlog, ssl_handshake_timeout=self._handshake_timeout_s)
 
 
 async def start_tls_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,

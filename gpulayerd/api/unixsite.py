@@ -38,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpulayerd.net.limits import quiet_accept_errors
 from gpulayerd.privdirs import make_private_dirs, make_public_dir
 
 __all__ = ["LocalLimits", "LocalListener", "LocalSocket", "LocalSocketSettings", "start_unix_site"]
@@ -357,32 +358,6 @@ class _LimitedUnixSite(web.BaseSite):
             lambda: _Guarded(server(), self._timeout_s), sock=self._listener, backlog=512)
 
 
-def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """Log asyncio's "accept() out of system resource" (too many open files) once a minute, with a
-    count, instead of a traceback each time (asyncio pauses the listener for a second meanwhile)."""
-    if getattr(loop, "_gpulayer_quiet_accept", False):
-        return
-    previous = loop.get_exception_handler()
-    seen = {"last": 0.0, "count": 0}
-
-    def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if context.get("message") == "socket.accept() out of system resource":
-            seen["count"] += 1
-            now = time.monotonic()
-            if now - seen["last"] >= _LOG_EVERY_S:
-                log.error("cannot accept connections: %s (%d times in the last minute; retrying every second)",
-                          context.get("exception"), seen["count"])
-                seen["last"], seen["count"] = now, 0
-            return
-        if previous is not None:
-            previous(lp, context)
-        else:
-            lp.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-    loop._gpulayer_quiet_accept = True  # type: ignore[attr-defined]
-
-
 def _socket_id(socket_path: Path) -> tuple[int, int] | None:
     """(device, inode) of the socket file at ``socket_path``, or None when there is none."""
     try:
@@ -425,7 +400,7 @@ class LocalSocket:
             raise
         finally:
             os.umask(old_umask)
-        _quiet_accept_errors(asyncio.get_running_loop())
+        quiet_accept_errors(asyncio.get_running_loop())
         site = _LimitedUnixSite(self.runner, LocalListener.wrap(sock, self.limits), self.settings.request_timeout_s)
         await site.start()
         await asyncio.to_thread(os.chmod, self.path, 0o666 if self.public else 0o600)

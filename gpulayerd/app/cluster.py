@@ -118,7 +118,7 @@ class ClusterNode:
         await self.trust.load()
         cfg = self._config
         limits = ConnectionLimits.fitted(cfg.peer_max_connections, cfg.peer_max_connections_per_address,
-                                         self._clock.monotonic)
+                                         self._clock.monotonic, unauthenticated=cfg.peer_max_unauthenticated)
         server_ctx = server_ssl_context(self.identity)
         self.trust.contexts = [server_ctx, self._client_ctx]
         self.port = await self._network.serve_peer(host or "0.0.0.0", int(port), server_ctx,

@@ -22,6 +22,7 @@ from gpulayerd.core import claims
 from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.matching import explain, validate
 from gpulayerd.core.types import SupportMatrix
+from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import FitState, RejectionCode
 from gpulayerd.errors import BadRequest, InvalidSpec, NoSuchJob, PeerCallError, PeerUnreachable, SubmissionKeyReused
 from gpulayerd.idempotency import note_replay, same_spec
@@ -124,10 +125,13 @@ class OwnerService:
         job_id = new_job_id(now, self._rng)
         req = spec.to_core(job_id)
         rejections = validate(req, self._support)
-        status = JobStatus.REJECTED if rejections else JobStatus.QUEUED
+        root_refusal = None if rejections else self._root_refusal(req.user)
+        status = JobStatus.REJECTED if rejections or root_refusal else JobStatus.QUEUED
         if rejections:
             reason = "; ".join(r.message for r in rejections)
             explanation = ExplanationModel.from_core(explain(req, [], self._support))
+        elif root_refusal is not None:
+            reason, explanation = root_refusal, None
         else:
             reason, explanation = "waiting for the scheduler", None
         row = JobRow(
@@ -150,6 +154,22 @@ class OwnerService:
         self._signals.job_changed(job_id)
         self._signals.wake()
         return self.view(stored)
+
+    def _root_refusal(self, user: str | None) -> str | None:
+        """Why a job of root can run nowhere this owner knows (None if some worker may run it): a
+        system-mode daemon runs root's jobs only with ``allow_root_jobs``, and every known peer says
+        in its capabilities whether it does. Such a job is rejected at submit, not left waiting."""
+        if user != "root":
+            return None
+        accounts = self._machine.accounts
+        if accounts.mode != "system" or accounts.allow_root_jobs:
+            return None  # (a personal daemon of root's runs them)
+        peers = self._directory.worker_snapshots() if self._directory is not None else []
+        if any(account_rejection("root", w) is None for w in peers):
+            return None
+        where = f"{self._names.hostname} and its {len(peers)} known peers" if peers else self._names.hostname
+        return (f"no worker runs root's jobs: allow_root_jobs is off on {where} (set allow_root_jobs = true in the "
+                "daemon's config of a machine that should, or submit as another user)")
 
     async def list_jobs(self, statuses: list[str] | None, limit: int | None, scope: str = "local",
                         requester: Requester | None = None, query: JobsQuery | None = None) -> list[JobView]:

@@ -81,6 +81,14 @@ def _cmd_install(args: argparse.Namespace) -> int:
     if target.system and not args.dry_run:
         _need_root(args, "install")
     interpreters = list(dict.fromkeys(_absolute_interpreter(p) for p in args.python or []))
+    if target.system and args.root == Path("/"):  # (a tree for packaging is checked where it is installed)
+        from gpulayerd.service_system import shared_install_problem
+
+        problem = shared_install_problem([sys.executable, *interpreters], str(Path(__file__).resolve().parents[1]))
+        if problem is not None and not args.dry_run:
+            raise CommandFailed(f"not installing the system service: {problem}")
+        if problem is not None:
+            print(f"note: {problem}", file=sys.stderr)
     rendered = target.render(gpulayerd, interpreters)
     state = svc.file_state(svc.read_service_file(target.path), rendered)
     next_command = target.start_command(update=state in ("outdated", "modified"))
@@ -112,10 +120,6 @@ def _cmd_install(args: argparse.Namespace) -> int:
     print(f"  {next_command}")
     if target.system:
         print("  then, once per cluster: sudo gpulayer cluster init --system (or cluster join --system on the others)")
-        hidden = _not_runnable_by_others(gpulayerd)
-        if hidden is not None:
-            print(f"note: other accounts cannot run this gpulayer ({hidden} is closed to them); install it where "
-                  "every account can, e.g. a venv in /opt/gpulayer (README: Lab install)")
     elif target.os_name == "linux":
         print("  loginctl enable-linger $USER    # once: keep it running without a login session")
     return EXIT_OK
@@ -276,18 +280,6 @@ def _need_root(args: argparse.Namespace, action: str) -> None:
         raise CommandFailed(f"service {action} --system changes the machine's service files, owned by root: run "
                             f"it with sudo (sudo {shlex.quote(sys.argv[0]) if sys.argv else 'gpulayer'} "
                             f"service {action} --system)")
-
-
-def _not_runnable_by_others(path: str) -> str | None:
-    """The first directory on the way to ``path`` that other accounts cannot enter, or None."""
-    p = Path(path).parent
-    for d in [*reversed(p.parents), p]:
-        try:
-            if not os.stat(d).st_mode & 0o001:
-                return str(d)
-        except OSError:
-            return str(d)
-    return None
 
 
 def _os_name(requested: str | None) -> OsName:

@@ -115,6 +115,8 @@ class DiscoveryConfig:
         meminfo_path: Linux ``/proc/meminfo``, read for system RAM; when it is None or
             unreadable, psutil gives system RAM.
         query_compute_apps: also ask nvidia-smi which processes use each GPU.
+        use_gpus: look for GPUs at all; False (a daemon run beside another one on this machine,
+            ``isolated``) reports none, with a health entry saying why: CPU slots only.
     """
 
     nvidia_smi_timeout_s: float = 20.0
@@ -127,6 +129,7 @@ class DiscoveryConfig:
     machine: str | None = None
     meminfo_path: str | None = "/proc/meminfo"
     query_compute_apps: bool = True
+    use_gpus: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +193,12 @@ def discover_host(
     if memory_bytes is None:
         notes.append("system RAM unknown")
 
+    if not config.use_gpus:
+        health.append(ProbeHealth("gpus", ProbeStatus.OK, "GPUs not used: this daemon runs beside another "
+                                  "gpulayerd of this machine (isolated): CPU slots only", None))
+        return HostInventory(devices=(), health=tuple(health), cpu_count=psutil.cpu_count(logical=True),
+                             memory_total_bytes=memory_bytes, hostname=socket.gethostname(), platform=system,
+                             machine=machine, notes=tuple(notes))
     smi = nvidia if nvidia is not None else NvidiaSmi()
     nvidia_path = find_nvidia_smi(path_env, config.extra_search_dirs)
     driver_cuda: str | None = None

@@ -410,6 +410,14 @@ class JobSpec(BaseModel):
             raise ValueError("must be valid UTF-8 text") from e
         return v
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        problem = None if v is None else exec_problem(v)
+        if problem is not None:
+            raise ValueError(f"(the job's PATH) {problem}")
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:

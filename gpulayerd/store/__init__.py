@@ -33,6 +33,7 @@ from gpulayerd.store.rows import (
     JobRow,
     RemoteRunRow,
     StoreError,
+    StoreFull,
 )
 from gpulayerd.store.runs import RunsTable
 from gpulayerd.store.schema import MIGRATIONS, SCHEMA_VERSION
@@ -56,6 +57,7 @@ __all__ = [
     "Store",
     "StoreDamaged",
     "StoreError",
+    "StoreFull",
     "StoreGone",
 ]
 
@@ -79,12 +81,14 @@ class Store:
         self.gangs = GangsTable(db)
 
     @classmethod
-    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0) -> Store:
+    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True) -> Store:
         """Open (creating if needed) the store at ``path`` and migrate it to :data:`SCHEMA_VERSION`.
 
         Args:
             path: the SQLite file; its directory must exist.
             busy_timeout_s: how long a statement waits for another process's lock.
+            empty_ok: whether an existing empty file may be taken for a new store (see
+                :meth:`Database.open`; the daemon allows it only in a new state dir).
 
         Raises:
             StoreDamaged: the file is damaged (``PRAGMA quick_check``), truncated or not SQLite;
@@ -92,7 +96,7 @@ class Store:
             StoreError: the file cannot be opened or migrated, is another account's, or it was
                 written by newer code (its schema version is above :data:`SCHEMA_VERSION`).
         """
-        return cls(await Database.open(path, busy_timeout_s=busy_timeout_s))
+        return cls(await Database.open(path, busy_timeout_s=busy_timeout_s, empty_ok=empty_ok))
 
     @property
     def path(self) -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from gpulayerd.store.rows import StoreError
+from gpulayerd.store.rows import StoreError, StoreFull
 from gpulayerd.store.schema import migrate
 
 __all__ = ["Database", "Params", "Rollback", "StoreDamaged", "StoreGone"]
@@ -72,7 +73,7 @@ class Database:
         self._gone_event = asyncio.Event()
 
     @classmethod
-    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0) -> Database:
+    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True) -> Database:
         """Open (creating if needed) the SQLite file at ``path``, check it and migrate it.
 
         The file and its ``-wal``/``-shm`` files are made 0600 (created so when missing).
@@ -80,6 +81,9 @@ class Database:
         Args:
             path: the SQLite file; its directory must exist.
             busy_timeout_s: how long a statement waits for another process's lock.
+            empty_ok: whether an existing file of 0 bytes may be taken for a new store (the daemon
+                allows it only in a new state dir: elsewhere an emptied file is damage, refused
+                with the recovery hint, never silently a store with no jobs).
 
         Raises:
             StoreDamaged: the file is damaged (``PRAGMA quick_check``), truncated or not SQLite;
@@ -87,7 +91,7 @@ class Database:
             StoreError: the file cannot be opened, configured or migrated, is another account's,
                 or it was written by newer code.
         """
-        identity = await asyncio.to_thread(_private_files, path)
+        identity = await asyncio.to_thread(_private_files, path, empty_ok)
         try:
             conn = await aiosqlite.connect(path, isolation_level=None)
         except sqlite3.Error as e:
@@ -268,6 +272,8 @@ class Database:
         try:
             return await awaitable
         except sqlite3.Error as e:
+            if getattr(e, "sqlite_errorcode", None) == _SQLITE_FULL:
+                raise StoreFull(f"store {self._path}: the disk is full ({e}): nothing was stored") from e
             raise StoreError(f"store {self._path}: {e}") from e
 
 
@@ -306,23 +312,39 @@ async def _configure(conn: aiosqlite.Connection, path: Path, busy_timeout_s: flo
         logger.warning("store %s: journal mode is %s, not wal", path, mode)
 
 
-def _private_files(path: Path) -> tuple[int, int]:
+def _private_files(path: Path, empty_ok: bool = True) -> tuple[int, int]:
     """Make the SQLite file (created if missing) and its companions 0600; its (device, inode).
 
     Blocking: call in a thread. Before SQLite opens the file only: closing a descriptor of a file
-    drops every POSIX lock the process holds on it, SQLite's included.
+    drops every POSIX lock the process holds on it, SQLite's included. The file is opened without
+    following a symbolic link.
 
     Raises:
-        StoreError: one of them is another account's, or cannot be created or changed.
+        StoreDamaged: the file exists but is empty (unless ``empty_ok``) or has no SQLite header.
+        StoreError: one of them is another account's, a symbolic link, or cannot be created or changed.
     """
     uid = os.geteuid()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        existed = True
+    except FileNotFoundError:
+        existed = False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, _FILE_MODE)
+        except OSError as e:
+            raise StoreError(f"cannot create store {path}: {e.strerror or e}") from e
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StoreError(f"refusing store file {path}: it is a symbolic link (to {os.readlink(path)}); "
+                             "move it aside") from e
         raise StoreError(f"cannot open store {path}: {e.strerror or e}") from e
     try:
         st = os.fstat(fd)
         _check_private_file(path, st, uid)
+        if existed and st.st_size == 0 and not empty_ok:
+            raise _damaged(path, "the file is empty: 0 bytes")
+        if existed and st.st_size > 0 and os.pread(fd, len(_SQLITE_HEADER), 0) != _SQLITE_HEADER:
+            raise _damaged(path, "it has no SQLite header: not a database file, or its start was overwritten")
         if stat.S_IMODE(st.st_mode) != _FILE_MODE:
             os.fchmod(fd, _FILE_MODE)
     except OSError as e:
@@ -331,6 +353,10 @@ def _private_files(path: Path) -> tuple[int, int]:
         os.close(fd)
     _private_companions(path)
     return st.st_dev, st.st_ino
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_SQLITE_FULL = 13
 
 
 def _private_companions(path: Path) -> None:

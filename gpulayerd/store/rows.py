@@ -22,6 +22,7 @@ __all__ = [
     "JobRow",
     "RemoteRunRow",
     "StoreError",
+    "StoreFull",
 ]
 
 AttemptState = Literal["claimed", "running", "exited", "lost"]
@@ -29,6 +30,10 @@ AttemptState = Literal["claimed", "running", "exited", "lost"]
 
 class StoreError(Exception):
     """The store could not do what was asked (I/O, corruption, constraint, version)."""
+
+
+class StoreFull(StoreError):
+    """The state disk is full (SQLite's ``SQLITE_FULL``): nothing of this write was stored."""
 
 
 class JobNotFound(StoreError):

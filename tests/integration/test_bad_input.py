@@ -40,6 +40,13 @@ TOML_CASES = [
      ["requirements.frameworks", "'>>2'"]),
     ("unknown-accelerator", 'command = ["true"]\n[requirements]\naccelerator = "tpu"\n',
      ["requirements.accelerator", "'tpu'"]),
+    # Text that cannot reach exec: refused at submit, not when the job starts (issue 24).
+    ("nul-in-program", 'command = ["tr\\u0000ue"]\n', ["command: item 0 (the program) must not contain a NUL byte"]),
+    ("nul-in-argument", 'command = ["echo", "a\\u0000b"]\n', ["command: item 1 (an argument) must not contain a NUL byte"]),
+    ("nul-in-env-value", 'command = ["true"]\n[env]\nTOKEN = "x\\u0000y"\n',
+     ["env", "the value of 'TOKEN' must not contain a NUL byte"]),
+    ("nul-in-env-name", 'command = ["true"]\n[env]\n"A\\u0000B" = "1"\n',
+     ["env", "is not a valid environment variable name"]),
     ("cpu-with-gpus", 'command = ["true"]\n[requirements]\ngpu_count = 2\n', ["gpu_count"]),
 ]
 
@@ -109,8 +116,11 @@ def test_missing_spec_file(cpu_daemon: Daemon, tmp_path: Path) -> None:
         ({"workdir": "/tmp"}, ["command: required field is missing"]),
         ({"command": ["true"], "workdir": "/tmp", "requirements": {"gpu_count": "two"}},
          ["requirements.gpu_count"]),
+        ({"command": ["echo", "a\0b"], "workdir": "/tmp"}, ["command", "NUL"]),
+        ({"command": ["true"], "workdir": "/tmp", "env": {"K": "v\0"}}, ["env", "'K'", "NUL"]),
     ],
-    ids=["relative-workdir", "no-workdir", "unknown-field", "no-command", "wrong-type"],
+    ids=["relative-workdir", "no-workdir", "unknown-field", "no-command", "wrong-type", "nul-argument",
+         "nul-env-value"],
 )
 def test_api_rejects_bad_specs_and_stores_nothing(cpu_daemon: Daemon, spec: dict[str, object],
                                                   words: list[str]) -> None:
@@ -129,6 +139,15 @@ def test_api_rejects_bad_specs_and_stores_nothing(cpu_daemon: Daemon, spec: dict
         for job in d.call(lambda c: c.jobs()):
             if job.id not in known and job.status in ("queued", "claimed", "running"):
                 d.call(lambda c, i=job.id: c.cancel(i))
+
+
+def test_a_path_with_a_nul_byte_is_refused_and_nothing_stored(cpu_daemon: Daemon) -> None:
+    d = cpu_daemon
+    before = stored(d)
+    with pytest.raises(ApiRequestError) as info:
+        d.call(lambda c: c.submit({"command": ["true"], "workdir": "/tmp"}, path="/usr/bin\0/bin"))
+    assert (info.value.status, "path: must not contain a NUL byte" in str(info.value)) == (400, True), info.value
+    assert stored(d) == before
 
 
 def test_the_count_sees_a_stored_job(cpu_daemon: Daemon) -> None:

@@ -156,3 +156,27 @@ def test_a_claim_that_cannot_be_written_leaves_no_temporary_file(lab: Lab) -> No
         filler.unlink()
         assert claim_run_dir(run_dir, {"pid": 1, "create_time": 1.0})
         assert sorted(p.name for p in run_dir.iterdir()) == ["watchdog.json"]
+
+
+def test_a_submit_on_a_full_state_disk_exits_1_and_nothing_is_acknowledged(lab: Lab) -> None:
+    """Issue 24: SQLITE_FULL becomes HTTP 507 ``state_disk_full``; the CLI says so, exit 1; once space
+    returns, the job list holds no trace of the refused submit and the next submit is stored."""
+    d = lab.daemon(start=False)
+    d.state_dir.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(d.state_dir)], check=True)
+    try:
+        d.start()
+        before = {j["id"] for j in d.all_jobs()}
+        filler = fill(d.state_dir)
+        # Enough text that the write-ahead log must grow (free pages it kept from before cannot hold it).
+        r = d.cli("submit", "--name", "on-a-full-disk", "--env", "PAD=" + "x" * 60_000, "--", "true")
+        filler.unlink()
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert "state disk is full: nothing was stored" in r.stderr and r.stdout == "", (r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert {j["id"] for j in d.all_jobs()} == before
+        job = d.submit("--", "true")
+        assert d.wait_status(job, {"succeeded"}).status == "succeeded"
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(d.state_dir)], check=False)

@@ -163,7 +163,9 @@ def test_a_users_personal_daemon_and_the_system_daemon_exclude_each_other(
         p.communicate(timeout=30)
     assert p.returncode == 0
     # Alice's daemon is gone: root's system daemon takes the lock file she made, and then refuses hers.
-    with subprocess.Popen([GPULAYERD, "--system", "--no-mdns", "--cpu-slots", "1", "--device-lock-dir", str(locks),
+    # (--python: with --system, the jobs' interpreter must be one every account can run; the venv's is root's)
+    with subprocess.Popen([GPULAYERD, "--system", "--python", "/usr/bin/python3", "--no-mdns", "--cpu-slots", "1",
+                           "--device-lock-dir", str(locks),
                            "--state-dir", str(shared_root / "sys"), "--runtime-dir", str(shared_root / "sysrun")],
                           env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as system:
@@ -179,3 +181,35 @@ def test_a_users_personal_daemon_and_the_system_daemon_exclude_each_other(
         finally:
             system.terminate()
             system.communicate(timeout=30)
+
+
+# Inside a private mount namespace with its own /run: a system daemon on its defaults for /run/gpulayer,
+# then a personal daemon with a lock dir of its own (not the shared one: a lock dir planted or emptied by
+# someone), which must still find the system daemon through /run/gpulayer/gpulayerd.lock.
+BESIDE_SYSTEM = r"""
+set -u
+mount -t tmpfs -o mode=0755 tmpfs /run
+"$GPULAYERD" --system --python /usr/bin/python3 --no-mdns --cpu-slots 1 --state-dir "$ROOT/sys" \
+    --runtime-dir /run/gpulayer --device-lock-dir "$ROOT/locks" >"$ROOT/sys.log" 2>&1 &
+sys_pid=$!
+for _ in $(seq 600); do [ -S /run/gpulayer/gpulayerd.sock ] && break; sleep 0.1; done
+echo "system pid $sys_pid"
+echo "modes: $(stat -c '%a %U' /run/gpulayer /run/gpulayer/gpulayerd.lock | tr '\n' ' ')"
+timeout 30 "$GPULAYERD" --no-mdns --cpu-slots 1 --state-dir "$ROOT/personal" --device-lock-dir "$ROOT/other-locks"
+echo "personal exit $?"
+kill -TERM $sys_pid; wait $sys_pid; echo "system exit $?"
+"""
+
+
+def test_a_personal_daemon_with_another_lock_dir_still_finds_the_system_daemon(lab: Lab) -> None:
+    """Issue 24: the system daemon keeps its lock in /run/gpulayer (root's, 0755), and every daemon
+    checks it there (read-only; flock works on a read-only descriptor)."""
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", BESIDE_SYSTEM],
+                       env={**clean_env(), "GPULAYERD": GPULAYERD, "ROOT": str(lab.root)}, capture_output=True,
+                       text=True, timeout=120, check=False)
+    out = r.stdout + r.stderr
+    pid = next(line.split()[-1] for line in out.splitlines() if line.startswith("system pid"))
+    assert "modes: 755 root 644 root " in out, out  # the run dir, the lock file
+    assert REFUSAL.format(pid=pid, mode="system", socket="/run/gpulayer/gpulayerd.sock") in out, out
+    assert "personal exit 1" in out and "system exit 0" in out, out
+    assert not (lab.root / "personal").exists(), "the refused daemon made nothing"

@@ -209,3 +209,44 @@ def test_a_truncated_database_is_refused_with_a_recovery_hint(lab: Lab) -> None:
     db = d.state_dir / DB_NAME
     os.truncate(db, db.stat().st_size // 2)
     _assert_refused_as_damaged(d, lab)
+
+
+def test_a_zero_length_or_headerless_database_is_refused_with_a_recovery_hint(lab: Lab) -> None:
+    """Issue 24: an emptied database is not silently re-created (all history gone) when the state dir
+    is not new (it has the node's identity); a new state dir still starts with an empty store."""
+    d = _stopped_store(lab)
+    db = d.state_dir / DB_NAME
+    os.truncate(db, 0)
+    _assert_refused_as_damaged(d, lab)
+    assert db.stat().st_size == 0, "the refused file is left as it was for recovery"
+    db.write_bytes(b"\0" * 8192)  # no "SQLite format 3" header
+    _assert_refused_as_damaged(d, lab)
+    fresh = lab.daemon()  # a new state dir: no identity, no database yet
+    assert fresh.submit("--", "true")
+
+
+def test_a_symlinked_state_dir_is_refused_and_its_target_untouched(lab: Lab) -> None:
+    target = lab.root / "roots-dir"
+    target.mkdir()
+    os.chmod(target, 0o755)
+    (target / "keep").write_text("precious")
+    link = lab.root / "state-link"
+    link.symlink_to(target)
+    r = run_daemon_once(link, lab)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert f"refusing {link}: it is a symbolic link" in r.stderr, r.stderr
+    assert mode_of(target) == 0o755 and sorted(p.name for p in target.iterdir()) == ["keep"]
+
+
+def test_a_symlink_planted_as_the_machine_lock_is_refused_and_its_target_untouched(lab: Lab) -> None:
+    lab.lock_dir.mkdir(mode=0o1777, exist_ok=True)
+    os.chmod(lab.lock_dir, 0o1777)
+    victim = lab.root / "victim"
+    victim.write_text("precious")
+    (lab.lock_dir / "gpulayerd.lock").symlink_to(victim)
+    r = run_daemon_once(lab.root / "state", lab)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert f"refusing the machine lock {lab.lock_dir}/gpulayerd.lock: it is a symbolic link (to {victim})" in r.stderr, r.stderr
+    assert victim.read_text() == "precious" and mode_of(victim) == 0o644

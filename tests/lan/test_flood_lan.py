@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 PORT = 7171
 TOTAL = 512  # the default peer_max_connections
 PER_ADDRESS = 64  # the default peer_max_connections_per_address
+UNAUTHENTICATED = 256  # the default peer_max_unauthenticated
 SOURCES = 8
 PER_SOURCE = 250
 FLOOD_S = 10.0
@@ -139,7 +140,9 @@ def test_the_local_api_answers_while_the_peer_port_is_flooded(lan_factory: Calla
     assert summary["opened"] >= SOURCES * PER_SOURCE
     assert summary["closed_by_server"] > SOURCES * PER_SOURCE - TOTAL, summary  # the ones over the limits
     peak = max(samples)
-    assert peak > baseline + TOTAL // 2, (baseline, peak)  # the flood did reach the daemon
+    # The flood did reach the daemon: its /24 holds at most half of the strangers' budget (issue 24:
+    # peer_max_unauthenticated, 256 of the 512 slots), and reopens faster than the handshake deadline.
+    assert peak > baseline + UNAUTHENTICATED // 2 - 28, (baseline, peak)
     assert peak < baseline + TOTAL + MARGIN_FDS, (baseline, peak)
     assert h2.daemon_running()
     assert "refused a connection from" in h2.log_tail(200_000)

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from gpulayerd.api.peer import PeerClient, make_peer_app, start_peer_site
-from gpulayerd.errors import PeerCallError
 from gpulayerd.net import ca, identity, tls
 from gpulayerd.net.identity import Identity
 from gpulayerd.net.limits import ConnectionLimits, fitted_total
@@ -145,7 +144,8 @@ async def _ask(node: Identity, port: int) -> Ack:
 @pytest.mark.asyncio
 async def test_connections_over_the_limits_are_closed_at_once_and_members_still_get_answers(node: Identity
                                                                                           ) -> None:
-    limits = ConnectionLimits(total=7, per_address=4, clock=_Clock())
+    clock = _Clock()
+    limits = ConnectionLimits(total=7, per_address=4, clock=clock, per_subnet=7)  # (all of 127/8: one /24 here)
     opened: list[Conn] = []
     try:
         async with _serving(node, limits, handshake_timeout_s=30.0) as port:
@@ -157,12 +157,25 @@ async def test_connections_over_the_limits_are_closed_at_once_and_members_still_
             # The four idle ones stay (the handshake deadline is far), and a member is answered beside them.
             assert (await _ask(node, port)).ok
             assert not await _closed_by_server(opened[0], within_s=0.05)
-            # Another address fills the total: everyone beyond it is reset, members too.
+            # Another address fills the total. Every stranger's connection is young (a handshake may be
+            # in progress), yet a member, whose address holds none, takes the slot of the oldest
+            # connection of the address holding the most (127.0.0.2, four), and keeps it once its
+            # handshake is done.
             await _idle(port, "127.0.0.3", 3, opened)
-            assert await _refused(port, "127.0.0.3", opened)
-            assert limits.stats().open_total == 7 and limits.stats().refused_total == 2
-            with pytest.raises(PeerCallError):
-                await _ask(node, port)
+            assert limits.stats().open_total == 7
+            assert (await _ask(node, port)).ok
+            assert limits.stats().evicted == 1 and limits.open_for("127.0.0.3") == 3
+            assert await _until(lambda: limits.open_for("127.0.0.2") == 3, within_s=5.0), limits.stats()
+            assert await _closed_by_server(opened[0], within_s=5.0)  # the oldest of 127.0.0.2's
+            # A stranger holding as many as every other address is refused while all are young ...
+            await _idle(port, "127.0.0.2", 1, opened)  # (the member's slot was given back: 7 again)
+            assert limits.stats().open_total == 7
+            assert await _refused(port, "127.0.0.3", opened) is False  # 127.0.0.2 holds 4 > 3: room made
+            assert limits.stats().evicted == 2
+            assert await _refused(port, "127.0.0.4", opened) is False  # holds none: room made too
+            # ... but takes the oldest slot once they are older.
+            clock.now += 1.0
+            assert (await _ask(node, port)).ok
             # Closing the idle ones gives their slots back.
             for _, writer in opened:
                 writer.close()
@@ -206,3 +219,60 @@ async def test_no_connection_outlives_the_listeners_max_lifetime(node: Identity)
     finally:
         for _, writer in opened:
             writer.close()
+
+
+# ---------------------------------------------------------------- strangers against members (issue 24)
+
+
+def test_strangers_fill_only_their_budget_and_members_take_the_slot_of_the_oldest_stranger() -> None:
+    clock = _Clock()
+    limits = ConnectionLimits(total=10, per_address=3, clock=clock, unauthenticated=6, min_age_s=0.5)
+    evicted: list[str] = []
+
+    def stranger(address: str, n: int) -> None:
+        tag = f"{address}#{n}"
+        assert limits.admit(address, lambda: evicted.append(tag)) is not None, limits.stats()
+
+    for i in range(3):
+        stranger("10.0.1.1", i)
+    for i in range(3):
+        stranger("10.0.2.1", i)
+        clock.now += 0.01
+    # The budget for connections without a finished handshake is taken, all young: an address holding
+    # as many as the others is refused; one holding fewer takes the slot of the oldest of the most.
+    assert limits.admit("10.0.2.1", lambda: None) is None  # per address (3)
+    limits.release(limits._slots[next(iter(limits._slots))])  # (10.0.1.1#0 closes by itself: 5 open)
+    assert limits.admit("10.0.3.1", lambda: None) is not None  # a slot was free
+    assert limits.admit("10.0.3.1", lambda: evicted.append("3.1")) is not None and evicted == ["10.0.2.1#0"]
+    assert limits.admit("10.0.3.1", lambda: None) is None  # holds 2, as many as any: nothing young is taken
+    assert limits.stats().unauthenticated == 6
+    evicted.clear()
+    # A member's connection that completed mutual TLS no longer counts against strangers' budget ...
+    clock.now += 1.0
+    member = limits.admit("10.0.9.9", lambda: evicted.append("member"))
+    assert member is not None and evicted == ["10.0.1.1#1"], evicted  # all hold 2, all old: the oldest
+    limits.authenticated(member)
+    assert limits.stats().unauthenticated == 6 - 1
+    # ... and is never closed to make room, however many strangers come later.
+    for n in range(40):
+        clock.now += 1.0
+        limits.admit(f"10.0.{4 + n % 3}.{n}", lambda: None)
+    assert "member" not in evicted and not member.released
+    assert limits.stats().open_total <= 10 and limits.stats().unauthenticated <= 6
+    limits.release(member)
+    limits.release(member)  # once, however often
+    assert limits.open_for("10.0.9.9") == 0
+
+
+def test_one_subnet_holds_at_most_its_share_of_the_strangers_budget() -> None:
+    clock = _Clock()
+    limits = ConnectionLimits(total=64, per_address=2, clock=clock, unauthenticated=16, per_subnet=4)
+    admitted = [limits.admit(f"192.168.7.{i}", lambda: None) for i in range(10)]
+    # Each newcomer holds none, so it takes a young slot within its /24: the /24 never holds more than 4.
+    assert all(s is not None for s in admitted) and limits.stats().unauthenticated == 4
+    assert limits.stats().evicted == 6 and [s.released for s in admitted] == [True] * 6 + [False] * 4
+    assert limits.admit("192.168.7.9", lambda: None) is None  # holds 1, as many as any there, all young
+    clock.now += 1.0
+    assert limits.admit("192.168.7.9", lambda: None) is not None  # old enough: the oldest of its /24 goes
+    assert limits.admit("192.168.8.1", lambda: None) is not None  # another /24 is untouched by the first's
+    assert limits.stats().unauthenticated == 5 and limits.stats().evicted == 7
