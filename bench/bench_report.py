@@ -24,7 +24,7 @@ def line(label: str, value: float, unit: str, target: float | None = None, *, at
         print(f"{text} (no target)", flush=True)
         return
     ok = value <= target if at_most else value >= target
-    ratio = value / target if target else math.inf
     sign = "<=" if at_most else ">="
-    print(f"{text} (target {sign} {target:g}{f' {unit}' if unit else ''}: {'ok' if ok else 'MISSED'}, "
-          f"{ratio:.2f}x of target)", flush=True)
+    ratio = f", {value / target:.2f}x of target" if target else ""
+    print(f"{text} (target {sign} {target:g}{f' {unit}' if unit else ''}: {'ok' if ok else 'MISSED'}{ratio})",
+          flush=True)

@@ -19,6 +19,18 @@ Prints one line per figure with its target; asserts nothing.
   reopens each one the daemon closes (the flood of tests/lan/test_flood_lan.py). Also the
   daemon's peak open file descriptors during the flood. The target for the flooded p99 is
   the unflooded p99 plus 50 ms.
+- local socket flood (root; issue 24): the account ``nobody`` holds 2,000 idle and 2,000
+  slowloris connections to a system daemon's socket and reopens each one closed; the account
+  ``daemon`` submits a job (a raw request, as the CLI sends it) and root runs ``gpulayer jobs``.
+  Targets: the other account's job running within 5 s of its submit, root's ``gpulayer jobs``
+  within 3 s, the daemon's log grown by at most 100 KB, its descriptors at most one account's
+  share (64) + root's reserve (64) + 200.
+- peer ports flood (root; issue 24): four hosts as network namespaces; h1 floods h2 from 32
+  addresses (2,000 plain connections to the peer port, 200 slowloris TLS connections to the
+  enrollment port: tests/lan/test_flood_members_lan.py). Figures: a job placed on the member
+  h3 (submit -> succeeded, median of 3) without and with the flood (target: the unflooded
+  figure + 2 s, measured in the same run), a ``gpulayer cluster join`` of h4 during the flood
+  (target 5 s), and how many members h2 marks down (target 0).
 """
 
 from __future__ import annotations
@@ -241,6 +253,192 @@ def bench_flood(n: int, flood_s: float) -> None:
     line("  daemon's open file descriptors, peak during the flood", peak[0], "", baseline + 512 + 100, fmt="d")
 
 
+# ------------------------------------------------------------- local socket flood (issue 24)
+
+# Another account's submit, without the gpulayer CLI (the bench's venv may be closed to other
+# accounts): one raw request on the socket, as the CLI sends it. Prints the status line and the body.
+RAW_SUBMIT = r"""
+import json, socket, sys
+body = json.dumps({"spec": {"command": ["sh", "-c", "echo ran"], "workdir": "/tmp", "name": "beside-a-flood"},
+                   "path": "/usr/bin:/bin"}).encode()
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect(sys.argv[1])
+s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: gpulayerd\r\nContent-Type: application/json\r\n"
+          + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+head, _, payload = data.partition(b"\r\n\r\n")
+print(head.split(b"\r\n")[0].decode())
+print(payload.decode())
+"""
+
+LOCAL_FLOOD_IDLE = LOCAL_FLOOD_SLOW = 2000
+SUBMIT_START_TARGET_S = 5.0
+ROOT_JOBS_TARGET_S = 3.0
+LOG_GROWTH_TARGET_KB = 100.0
+
+
+def bench_local_flood(flood_s: float) -> None:
+    """One account (``nobody``) holds 2,000 idle and 2,000 slowloris connections to a system daemon's
+    socket (the flood of tests/integration/test_hostile_host.py); another (``daemon``) submits a job,
+    root lists the jobs. Root only (a system daemon, other accounts)."""
+    import pwd
+
+    from tests.integration.test_hostile_host import FLOOD as LOCAL_FLOOD
+
+    if os.geteuid() != 0:
+        print("local socket flood: skipped (needs root: a system daemon and other accounts)", flush=True)
+        return
+    nobody, other = pwd.getpwnam("nobody"), pwd.getpwnam("daemon")
+    gpulayerd = str(Path(sys.executable).with_name("gpulayerd"))
+    gpulayer = str(Path(sys.executable).with_name("gpulayer"))
+    root = Path(tempfile.mkdtemp(prefix="glbench-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    runtime, state = root / "run", root / "state"
+    config = root / "gpulayerd.toml"
+    config.write_text('mode = "system"\nallow_root_jobs = true\nschedule_interval_s = 0.2\n')
+    log_path = root / "gpulayerd.log"
+    with open(log_path, "ab") as log:
+        daemon = subprocess.Popen([gpulayerd, "--config", str(config), "--state-dir", str(state), "--runtime-dir",
+                                   str(runtime), "--device-lock-dir", str(root / "locks"), "--no-mdns",
+                                   "--python", "/usr/bin/python3", "--cpu-slots", "2", "--isolated"],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    sock = runtime / "gpulayerd.sock"
+    flood: subprocess.Popen[str] | None = None
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        subprocess.run([gpulayer, "--socket", str(sock), "jobs"], check=True, capture_output=True, timeout=60)
+        log_before = log_path.stat().st_size
+        flood = subprocess.Popen(["/usr/bin/python3", "-c", LOCAL_FLOOD, str(sock), str(LOCAL_FLOOD_IDLE),
+                                  str(LOCAL_FLOOD_SLOW), str(flood_s)], user=nobody.pw_uid, group=nobody.pw_gid,
+                                 cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert flood.stdout is not None
+        if flood.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the flood did not start: {flood.stderr.read() if flood.stderr else ''}")
+        time.sleep(min(4.0, flood_s / 3))  # slow heads have dripped for longer than the request timeout
+        t0 = time.perf_counter()
+        r = subprocess.run(["/usr/bin/python3", "-c", RAW_SUBMIT, str(sock)], check=False, user=other.pw_uid,
+                           group=other.pw_gid, cwd="/", capture_output=True, text=True, timeout=60)
+        answered_s = time.perf_counter() - t0
+        if " 201 " not in r.stdout.splitlines()[0] and " 200 " not in r.stdout.splitlines()[0]:
+            raise RuntimeError(f"the other account's submit failed: {r.stdout} {r.stderr}")
+        job = json.loads(r.stdout.splitlines()[1])["id"]
+
+        async def started() -> float:
+            async with DaemonClient(sock, timeout_s=30.0) as c:
+                while (await c.job(job)).status not in ("running", "succeeded", "failed"):
+                    await asyncio.sleep(0.02)
+            return time.perf_counter() - t0
+
+        start_s = asyncio.run(started())
+        t1 = time.perf_counter()
+        subprocess.run([gpulayer, "--socket", str(sock), "jobs"], check=True, capture_output=True, timeout=60)
+        jobs_s = time.perf_counter() - t1
+        fds = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+        out, _ = flood.communicate(timeout=flood_s + 60)
+        summary = json.loads(out.strip().splitlines()[-1])
+        grown_kb = (log_path.stat().st_size - log_before) / 1000
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+            flood.wait(10)
+        daemon.terminate()
+        try:
+            daemon.wait(20)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"local socket of a system daemon (defaults) flooded by one account: {LOCAL_FLOOD_IDLE} idle and "
+          f"{LOCAL_FLOOD_SLOW} slowloris connections, reopened when closed, for {flood_s:g} s:")
+    line("  another account's submit answered", answered_s, "s", SUBMIT_START_TARGET_S, fmt=".3f")
+    line("  ... and its job running (from the submit)", start_s, "s", SUBMIT_START_TARGET_S, fmt=".3f")
+    line("  root's gpulayer jobs (the whole command)", jobs_s, "s", ROOT_JOBS_TARGET_S, fmt=".3f")
+    line("  daemon's log growth during the flood", grown_kb, "KB", LOG_GROWTH_TARGET_KB, fmt=".1f")
+    line("  daemon's open descriptors during the flood", fds, "", 64 + 64 + 200, fmt="d")
+    print(f"  flood: {summary['opened']} opened in all, {summary['closed_by_server']} closed by the daemon "
+          f"(over the account's 64, or a request head slower than 10 s), {summary['refused_at_once']} refused "
+          "at connect", flush=True)
+
+
+# ------------------------------------------------------------ peer ports flood (issue 24)
+
+JOIN_TARGET_S = 5.0
+PLACEMENT_MARGIN_S = 2.0
+
+
+def bench_member_flood(flood_s: float) -> None:
+    """The flood of tests/lan/test_flood_members_lan.py (2,000 plain connections to the peer port from
+    32 addresses, 200 slowloris TLS connections to the enrollment port) against h2, a cluster of h2 and
+    h3: a job placed on h3 (submit -> succeeded) with and without the flood, and a ``gpulayer cluster
+    join`` of h4 during it."""
+    from tests.lan.harness import FAST_CLUSTER, Lan, check_environment
+    from tests.lan.test_flood_members_lan import ENROLL_PORT, FLOOD, GPU, PEER_FLOOD, PORT, SLOWLORIS, SOURCES
+
+    problems = check_environment()
+    if problems:
+        print(f"peer ports flood: skipped ({'; '.join(problems)})", flush=True)
+        return
+    spec = {"command": ["true"], "requirements": {"accelerator": "cuda", "gpu_memory_gb": 8}}
+    with Lan(4) as lan:
+        h1, h2, h3, h4 = lan.hosts
+        token = h2.cluster_init("--uses", "2", "--address", f"{h2.ip}:{ENROLL_PORT}")
+        h2.start_daemon(config={**FAST_CLUSTER, "peer_handshake_timeout_s": 2.0}, extra_args=["--no-mdns"],
+                        cpu_slots=1, log_level="WARNING")
+        lan.wait((h2.identity_dir / "enroll.json").exists, timeout_s=10, what="h2's enrollment listener")
+        h3.cluster_join(token)
+        h3.start_daemon(config=FAST_CLUSTER, extra_args=["--no-mdns", "--peer", h2.endpoint(PORT)], cpu_slots=1,
+                        fake_gpus=GPU, log_level="WARNING")
+        lan.wait_cluster(h2, h3, timeout_s=20)
+
+        def placed_s() -> float:
+            t0 = time.perf_counter()
+            view = h2.wait_job(h2.submit(spec).id, timeout_s=60)
+            if view.status != "succeeded":
+                raise RuntimeError(f"the placed job ended {view.status}: {view.reason}")
+            return time.perf_counter() - t0
+
+        quiet = sorted(placed_s() for _ in range(3))[1]
+        prefix = h1.ip.rsplit(".", 1)[0]
+        sources = [h1.ip] + [f"{prefix}.{200 + i}" for i in range(1, SOURCES)]
+        for address in sources[1:]:
+            h1.run(["ip", "addr", "add", f"{address}/24", "dev", "eth0"], check=True)
+        flood = h1.popen([sys.executable, "-c", FLOOD, h2.ip, str(PORT), str(ENROLL_PORT), str(flood_s),
+                          ",".join(sources), str(PEER_FLOOD), str(SLOWLORIS)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert flood.stdout is not None
+            if flood.stdout.readline().strip() != "ready":
+                raise RuntimeError("the flood did not start")
+            time.sleep(3.0)
+            flooded = sorted(placed_s() for _ in range(3))[1]
+            t0 = time.perf_counter()
+            joined = h4.cluster_join(token, check=False)
+            join_s = time.perf_counter() - t0
+            down = [p for p, (state, _) in h2.peer_states().items() if state == "down"]
+            summary = json.loads(flood.communicate(timeout=flood_s + 60)[0].strip().splitlines()[-1])
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+            flood.wait(10)
+    print(f"peer ports of h2 flooded from {SOURCES} addresses ({PEER_FLOOD} plain connections to the peer port, "
+          f"{SLOWLORIS} slowloris TLS connections to the enrollment port) for {flood_s:g} s:")
+    line("  a job placed on the member h3, submit -> succeeded, no flood (median of 3)", quiet, "s", fmt=".2f")
+    line("  the same, flooded (median of 3)", flooded, "s", round(quiet + PLACEMENT_MARGIN_S, 2), fmt=".2f")
+    line(f"  gpulayer cluster join of h4, flooded ({'exit 0' if joined.returncode == 0 else 'FAILED'})", join_s,
+         "s", JOIN_TARGET_S, fmt=".2f")
+    line("  members h2 marks down during the flood", len(down), "", 0, fmt="d")
+    print(f"  flood: {summary.get('plain_opened', 0)} plain connections opened, "
+          f"{summary.get('plain_closed_by_server', 0)} closed by h2; {summary.get('slow_handshakes', 0)} slowloris "
+          f"handshakes, {summary.get('slow_closed', 0)} closed", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=20000, help="calls per authorization figure (default 20000)")
@@ -255,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_authz(args.iterations)
     if not args.no_flood:
         bench_flood(args.calls, args.flood_s)
+        bench_local_flood(max(20.0, args.flood_s))
+        bench_member_flood(max(25.0, args.flood_s))
     return 0
 
 

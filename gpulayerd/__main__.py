@@ -28,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
                    "every local account, state in /var/lib/gpulayer, socket /run/gpulayer/gpulayerd.sock (0666; "
                    "each request's user comes from the kernel); --state-dir and --runtime-dir still win")
     p.add_argument("--config", type=Path, metavar="FILE",
-                   help="TOML settings file: each flag as a key with _ for - (e.g. cpu_slots = 4), "
-                   "plus workdir_timeout_s and the other settings the README lists")
+                   help="TOML settings file: most flags as a key with _ for - (e.g. cpu_slots = 4; but --python "
+                   "is interpreters = [...], --peer is peers = [...], --no-mdns is mdns = false, --system is "
+                   "mode = \"system\"), plus workdir_timeout_s and the other settings the README lists")
     p.add_argument("--python", action="append", metavar="PATH", dest="interpreters",
                    help="workload interpreter (repeatable, in preference order; default: this one)")
     env_state = os.environ.get("GPULAYER_STATE_DIR")
@@ -43,9 +44,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="machine-wide lock files: one per device, and gpulayerd.lock (one daemon per machine, "
                    "whatever its mode); every daemon of the machine must use the same one "
                    "(env GPULAYER_DEVICE_LOCK_DIR; default /tmp/gpulayer-locks)")
-    p.add_argument("--cpu-slots", type=int, metavar="N", help="CPU processes run at once (default: logical CPUs)")
+    p.add_argument("--cpu-slots", type=int, metavar="N",
+                   help="CPU processes run at once (default: the CPUs this daemon may use, from its affinity "
+                   "mask and its cgroup's CPU quota)")
     p.add_argument("--listen", metavar="HOST:PORT",
-                   help="the peer API (mutual TLS; only once in a cluster), default 0.0.0.0:7171")
+                   help="where the peer API listens (mutual TLS; it serves only once this machine is in a "
+                   "cluster: gpulayer cluster init/join), default 0.0.0.0:7171; the enrollment port is PORT+1")
     p.add_argument("--peer", action="append", metavar="HOST:PORT", dest="peers",
                    help="a static peer (repeatable), for networks that block multicast")
     p.add_argument("--no-mdns", action="store_false", dest="mdns", default=None,

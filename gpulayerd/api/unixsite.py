@@ -38,7 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpulayerd.net.limits import quiet_accept_errors
+from gpulayerd.net.limits import accept_or_shed, keep_spare_descriptor, quiet_accept_errors
 from gpulayerd.privdirs import make_private_dirs, make_public_dir
 
 __all__ = ["LocalLimits", "LocalListener", "LocalSocket", "LocalSocketSettings", "start_unix_site"]
@@ -222,6 +222,7 @@ class LocalListener(socket.socket):
         listener = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
         listener._limits = limits
         listener.setblocking(False)
+        keep_spare_descriptor()  # now, while descriptors are plenty
         return listener
 
     def accept(self) -> tuple[socket.socket, object]:
@@ -229,10 +230,11 @@ class LocalListener(socket.socket):
 
         Raises:
             BlockingIOError: none pending (over-limit ones were answered and closed).
-            OSError: as ``socket.accept`` (EMFILE: asyncio pauses this listener for a second).
+            OSError: as ``socket.accept`` (out of descriptors: pending connections are closed
+                unanswered instead, :func:`~gpulayerd.net.limits.accept_or_shed`).
         """
         for _ in range(_REFUSALS_PER_ACCEPT):
-            plain, addr = super().accept()
+            plain, addr = accept_or_shed(self, super().accept, "local socket")
             try:
                 uid = _CRED.unpack(plain.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))[1]
             except OSError:

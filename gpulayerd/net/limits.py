@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import ipaddress
 import logging
+import os
 import socket
 import struct
 import time
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["ConnectionLimits", "CountedSocket", "LimitStats", "LimitedListener", "Slot", "fitted_total",
-           "quiet_accept_errors", "soft_file_limit", "subnet_of"]
+           "accept_or_shed", "keep_spare_descriptor", "quiet_accept_errors", "soft_file_limit", "subnet_of"]
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +340,7 @@ class LimitedListener(socket.socket):
         listener._max_lifetime_s = max_lifetime_s
         listener._by_fd = {}
         listener.setblocking(False)
+        _Shedding.keep_spare()  # now, while descriptors are plenty (see accept_or_shed)
         return listener
 
     def accept(self) -> tuple[socket.socket, object]:
@@ -346,10 +349,11 @@ class LimitedListener(socket.socket):
         Raises:
             BlockingIOError: no admitted connection is pending (over-limit ones were dropped;
                 after a batch of them the loop gets to run before more are taken).
-            OSError: as ``socket.accept`` (e.g. EMFILE; the event loop retries later).
+            OSError: as ``socket.accept`` (out of descriptors: pending connections are closed
+                unanswered instead, :func:`accept_or_shed`).
         """
         for _ in range(_REFUSALS_PER_ACCEPT):
-            plain, addr = super().accept()
+            plain, addr = accept_or_shed(self, super().accept, "peer port")
             address = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
             holder: list[CountedSocket] = []
             slot = self._limits.admit(address, functools.partial(_shut, holder))
@@ -422,3 +426,82 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
 
     loop.set_exception_handler(handler)
     loop._gpulayer_quiet_accept = True  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ out of descriptors at accept
+
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+
+
+class _Shedding:
+    """A spare descriptor kept open so that, out of descriptors, a listener can still accept a
+    pending connection and close it at once (the backlog drains; the loop does not spin on a
+    readable listener), and the once-a-minute log of how many were shed. Event-loop use only."""
+
+    spare: int | None = None
+    shed = 0
+    last_log = float("-inf")
+
+    @classmethod
+    def keep_spare(cls) -> None:
+        if cls.spare is None:
+            with contextlib.suppress(OSError):
+                cls.spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+    @classmethod
+    def note(cls, what: str, exc: OSError, n: int) -> None:
+        cls.shed += n
+        now = time.monotonic()
+        if now - cls.last_log >= _LOG_EVERY_S:
+            log.error("%s: cannot accept connections: %s; %d pending connections closed unanswered in the last "
+                      "minute (next message in a minute at the earliest; raise the open files limit, "
+                      "LimitNOFILE, if this is not a flood)", what, exc.strerror or exc, cls.shed)
+            cls.last_log, cls.shed = now, 0
+
+
+def keep_spare_descriptor() -> None:
+    """Open the spare descriptor :func:`accept_or_shed` needs (call it when a listener starts)."""
+    _Shedding.keep_spare()
+
+
+def accept_or_shed(listener: socket.socket, accept: Callable[[], tuple[socket.socket, Any]],
+                   what: str) -> tuple[socket.socket, Any]:
+    """``accept()``, or, when the process is out of descriptors (EMFILE, ENFILE), close pending
+    connections unanswered with the spare descriptor's help and raise :class:`BlockingIOError` (the
+    event loop then waits for the next readable event: no traceback, no busy loop).
+
+    Args:
+        listener: the listening socket (for its type: TCP connections are reset, not closed).
+        accept: the plain ``socket.accept`` of ``listener``.
+        what: the listener, for the log (``peer port``, ``local socket``).
+
+    Raises:
+        BlockingIOError: nothing pending, or pending connections were shed.
+        OSError: other accept errors; EMFILE when no spare descriptor could be kept either (the
+            event loop then pauses the listener for a second).
+    """
+    _Shedding.keep_spare()
+    try:
+        return accept()
+    except OSError as e:
+        if e.errno not in _OUT_OF_FILES or _Shedding.spare is None:
+            raise
+        out_of_files = e
+    shed = 0
+    os.close(_Shedding.spare)
+    _Shedding.spare = None
+    try:
+        for _ in range(_REFUSALS_PER_ACCEPT):
+            try:
+                conn, _addr = accept()
+            except OSError:
+                break
+            if listener.family in (socket.AF_INET, socket.AF_INET6):
+                _reset(conn)
+            else:
+                conn.close()
+            shed += 1
+    finally:
+        _Shedding.keep_spare()
+        _Shedding.note(what, out_of_files, shed)
+    raise BlockingIOError(f"out of descriptors: {shed} pending connections closed")

@@ -12,7 +12,9 @@ from gpulayerd.routes import markdown, splice
 
 def main(argv: list[str] | None = None) -> int:
     """Print or write the route tables; 0 on success, 1 when the doc has no markers."""
-    p = argparse.ArgumentParser(prog="python -m gpulayerd.routes", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gpulayerd.routes",
+                                description="Print the route tables (who may call what) as Markdown, or write "
+                                "them into DOC between its route-table markers.")
     p.add_argument("--write", metavar="DOC", type=Path, help="replace the route tables in this Markdown file")
     args = p.parse_args(argv)
     if args.write is None:
