@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConnectionLimits", "CountedSocket", "LimitStats", "LimitedListener", "Slot", "fitted_total",
-           "accept_or_shed", "keep_spare_descriptor", "quiet_accept_errors", "soft_file_limit", "subnet_of"]
+__all__ = ["ConnectionLimits", "CountedSocket", "LimitStats", "LimitedListener", "Slot", "accept_or_shed",
+           "fitted_total", "keep_spare_descriptor", "quiet_accept_errors", "soft_file_limit", "subnet_of"]
 
 log = logging.getLogger(__name__)
 
