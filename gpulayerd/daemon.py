@@ -413,7 +413,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
                             directory=node, names=names, support=support, signals=signals, clock=clock, rng=rng)
     member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,
-                        worker=worker, directory=node, support=support, signals=signals, clock=clock)
+                        worker=worker, directory=node, support=support, signals=signals, clock=clock,
+                        max_hold_ttl_s=config.hold_ttl_s)
     owner = OwnerService(node_id=node_id, store=store, jobs=jobs, gangs=gangs, machine=machine, starter=starter,
                          transport=transport, directory=node, names=names, support=support, signals=signals,
                          clock=clock, rng=rng)

@@ -221,6 +221,7 @@ class ClusterNode:
         p = self.table.heartbeat_ok(key, host, reply, proven, self._clock.monotonic(), self._clock.wall())
         if p is None:
             return
+        p.proven_mode, p.proven_user = who.mode, who.user
         if reply.cluster == self.cluster_id:
             self._take_holdings(Sender.of(who, host), reply.holdings, p.name)  # only what the proven node holds
         if p.caps_digest != p.fetched_digest or p.caps is None:
@@ -273,13 +274,18 @@ class ClusterNode:
         return self._snapshot(p, p.caps, self._clock.monotonic())
 
     def _snapshot(self, p: Peer, caps: Capabilities, now: float) -> WorkerSnapshot:
-        """Everything the peer reports (its user fields too), under the name and id we know it by; the
-        core snapshot of its capabilities is made once per fetch of them."""
+        """What the peer reports, under the name and id we know it by, with its mode and user as its
+        certificate proves them (what it says of itself decides nothing about whose jobs, and so
+        whose commands and environment, it is sent: a peer not yet proven counts as a personal
+        node of no user, which runs nobody's jobs). The core snapshot of its capabilities is made
+        once per fetch of them."""
         made = self._cores.get(p.key)
         if made is None or made[0] is not caps:
             made = (caps, caps.to_core())
             self._cores[p.key] = made
-        return dataclasses.replace(made[1], node_id=p.key, name=p.name, online=self.table.state(p, now) == "up")
+        snapshot = dataclasses.replace(made[1], node_id=p.key, name=p.name,
+                                       online=self.table.state(p, now) == "up")
+        return snapshot.with_identity(p.proven_mode or "personal", p.proven_user)
 
     def name_of(self, node_id: str) -> str | None:
         """A peer's host name."""
@@ -332,6 +338,9 @@ class ClusterNode:
         if msg.cluster == self.cluster_id:
             addrs = [sender.address, *msg.addresses] if sender.address else list(msg.addresses)
             self.table.seen_mdns(sender.node_id, msg.name, addrs, msg.port, msg.cluster, msg.version, msg.ep)
+            known = self.table.get(sender.node_id)
+            if known is not None and sender.mode:
+                known.proven_mode, known.proven_user = sender.mode, sender.user
             self._take_holdings(sender, msg.holdings, msg.name)
         return HeartbeatReply(node_id=self.node_id, name=self._hostname, version=self._version,
                               cluster=self.cluster_id, port=self.port, addresses=self.addresses, ep=self.ep,

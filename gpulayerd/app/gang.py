@@ -151,7 +151,10 @@ class GangCoordinator:
                 pending.extend(more)
 
     async def _hold(self, job_id: str, hold_id: str, body: dict[str, object], member: str) -> holds.RoundEvent:
-        hold = Hold(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, hold_id=hold_id, spec=body,
+        # Environment values (tokens) go only with the commit, to the members that run a rank.
+        env = body.get("env")
+        held = {**body, "env": dict.fromkeys(env, "") if isinstance(env, dict) else {}}
+        hold = Hold(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, hold_id=hold_id, spec=held,
                     ttl_s=self._config.hold_ttl_s)
         try:
             reply = await self._transport.call(member, HOLD, hold)

@@ -23,7 +23,7 @@ from gpulayerd.app.worker import WorkerService
 from gpulayerd.core import worker as core
 from gpulayerd.core.matching import evaluate
 from gpulayerd.core.types import Accelerator, SupportMatrix
-from gpulayerd.models import PlacementModel, SpecError, job_spec_from_mapping
+from gpulayerd.models import JobSpec, PlacementModel, SpecError, job_spec_from_mapping
 from gpulayerd.net.transport import Sender
 from gpulayerd.net.wire import Ack, Commit, Hold, HoldReply, Release
 from gpulayerd.runs.devicelock import DeviceLocks
@@ -40,8 +40,9 @@ class GangMember:
 
     def __init__(self, *, node_id: str, store: Store, ledger: Ledger, locks: DeviceLocks, machine: Machine,
                  starter: Starter, worker: WorkerService, directory: Directory | None, support: SupportMatrix,
-                 signals: Signals, clock: Clock) -> None:
+                 signals: Signals, clock: Clock, max_hold_ttl_s: float = 10.0) -> None:
         self.node_id = node_id
+        self._max_hold_ttl_s = max_hold_ttl_s  # this worker's hold_ttl_s: no owner keeps a hold longer
         self._store = store
         self._ledger = ledger
         self._locks = locks
@@ -91,7 +92,8 @@ class GangMember:
         d = self._directory
         address = d.addresses[0] if d is not None and d.addresses else "127.0.0.1"
         interface = (d.interface if d is not None else None) or "lo"
-        actions = self._ledger.apply(core.HoldPlaced(msg.hold_id, owner, msg.job_id, frozenset(uuids), msg.ttl_s),
+        ttl_s = min(msg.ttl_s, self._max_hold_ttl_s)
+        actions = self._ledger.apply(core.HoldPlaced(msg.hold_id, owner, msg.job_id, frozenset(uuids), ttl_s),
                                      self._clock.monotonic())
         kept = next((a for a in actions if isinstance(a, core.KeepHold)), None)
         if kept is None:
@@ -143,7 +145,13 @@ class GangMember:
         if h is None:
             self._ended(key, owner)
             return Ack(ok=False, reason="no such hold (expired?)")
-        spec, placement = h.spec, h.placement
+        placement = h.placement
+        try:  # the hold went without environment values (tokens): they come with the commit
+            spec = _with_env(h.spec, msg.spec.get("env"), msg.job_id)
+        except SpecError as e:
+            self._locks.release(h.fds)
+            self._ended(key, owner)
+            return Ack(ok=False, reason=str(e))
         started = False
         try:
             row = RemoteRunRow(owner=owner, job_id=msg.job_id, attempt=msg.attempt,
@@ -188,6 +196,23 @@ class GangMember:
     def expire_holds(self) -> None:
         """Drop holds past their TTL."""
         self._drop(self._ledger.apply(core.HoldsChecked(), self._clock.monotonic()))
+
+
+def _with_env(held: JobSpec, env: object, job_id: str) -> JobSpec:
+    """The held spec with the environment values of the commit: the same names the hold had
+    (their values were sent empty), checked as at submit.
+
+    Raises:
+        SpecError: ``env`` is not a mapping of those names to text that can reach ``exec``.
+    """
+    if env is None:
+        env = {}
+    if not isinstance(env, dict) or set(env) != set(held.env):
+        raise SpecError(f"commit for {job_id}: env must carry the values of exactly the held names "
+                        f"({', '.join(sorted(held.env)) or 'none'})")
+    data = held.model_dump(mode="json")
+    data["env"] = env
+    return job_spec_from_mapping(data, source=f"commit for {job_id}", base_dir="/")
 
 
 def _free_port(address: str) -> int:

@@ -292,7 +292,12 @@ class OwnerService:
                                       name_of=self._names.name_of, readable=self._names.readable,
                                       lease_expires_at=lease_wall, tail=tail)
         base = explanation_of(row.explanation_json) if row.status is JobStatus.REJECTED else None
-        return explainer.state_explanation(row.id, state, base)
+        explained = explainer.state_explanation(row.id, state, base)
+        if requester is not None and not requester.may_manage(self.user_of(row)):
+            workdir = self._jobs.spec(row).workdir
+            if workdir:  # in reasons and events (a start failure names it): the job's user's to see
+                explained = hide_path(explained, workdir)
+        return explained
 
     async def _stderr_tail(self, row: JobRow, attempts: list[AttemptRow],
                            requester: Requester | None) -> explainer.Tail:
@@ -440,7 +445,7 @@ class OwnerService:
         row = await self._jobs.get(msg.job_id)
         if row is None:
             return ClaimReply(granted=False, reason="no such job")
-        granted = await self._jobs.grant(row.id, worker, msg.msg_id, dump_placement(msg.placement))
+        granted = await self._jobs.grant(row.id, worker, msg.msg_id, dump_placement(msg.placement, worker))
         if not isinstance(granted, Granted):
             self._signals.stats["claim_requests_denied"] += 1
             return ClaimReply(granted=False, reason=granted)

@@ -404,6 +404,8 @@ class RemoteJobs:
             state = f"attempt {run.attempt} {how} on {me} at {_when(run.ended_at)}"
             status = "lost" if run.state == "lost" else ("succeeded" if run.exit_code == 0 else "failed")
         knows = f"{why}: what {me} knows: {state}"
+        if action == "logs" and requester is not None and not requester.may_manage(user):
+            raise Forbidden(f"job {job_id} belongs to {user or 'nobody'}")  # (checked before too: not trusted alone)
         if action == "logs":
             return await read_log(Path(run.run_dir) / f"{stream}.log", job_id, run.attempt, stream, offset,
                                   run.state != "running")

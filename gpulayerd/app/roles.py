@@ -47,6 +47,7 @@ from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState
 from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob
+from gpulayerd.models.stored import spec_of
 from gpulayerd.net.transport import Sender
 from gpulayerd.net.wire import Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
 from gpulayerd.requester import Requester, Requesters
@@ -140,12 +141,15 @@ class PeerRoles:
     # ------------------------------------------------------------------ worker side
 
     async def _other_owner(self, job_id: str, owner: str,
-                           stored: list[tuple[str, int | None]] | None = None) -> str | None:
+                           stored: list[tuple[str, int | None]] | None = None, *, runs_only: bool = False
+                           ) -> str | None:
         """Another owner this worker knows job ``job_id`` under (this node for its own job), or None.
 
         ``stored``: :meth:`~gpulayerd.store.RunsTable.job_claims` of the job, when read already.
+        ``runs_only``: only runs bind the id (offers and holds of other owners do not: any member
+        may send them, so they must not keep the real owner's offers out).
         """
-        for known in self._ledger.state.owners_of(job_id):
+        for known in self._ledger.state.owners_of(job_id, runs_only=runs_only):
             if (known or self.node_id) != owner:
                 return known or self.node_id
         for known, _ in stored if stored is not None else await self._store.runs.job_claims(job_id):
@@ -164,7 +168,7 @@ class PeerRoles:
             h = self._ledger.state.holds.get(msg.hold_id)
             if h is not None and (h.owner != sender.node_id or h.job_id != msg.job_id):
                 return f"hold {msg.hold_id} is another owner's or another job's"
-        other = await self._other_owner(msg.job_id, sender.node_id)
+        other = await self._other_owner(msg.job_id, sender.node_id, runs_only=True)
         if other is not None:
             return f"job id {msg.job_id} is another owner's here ({other[:12]})"
         return None
@@ -298,8 +302,22 @@ class LocalRoles:
             job_id = row.id
         else:
             held = await self._store.runs.held_user(job_ref)
-            if held is None:
-                return
-            user, job_id = held, job_ref
+            if held is None:  # an id prefix: the runs held here it names, resolved as the handler will
+                named = await self._held_by_prefix(job_ref)
+                if len(named) != 1:
+                    return  # none (the owner decides) or several (the handler answers "ambiguous")
+                (job_id, held), = named.items()
+            else:
+                job_id = job_ref
+            user = held
         if not requester.may_manage(user):
             raise Forbidden(f"job {job_id} belongs to {user or 'nobody'}")
+
+    async def _held_by_prefix(self, prefix: str) -> dict[str, str]:
+        """Job id -> user of the latest run of each job held here for another owner whose id starts
+        with ``prefix``."""
+        latest: dict[str, tuple[int, str]] = {}
+        for r in await self._store.runs.remote_runs():
+            if r.job_id.startswith(prefix) and r.attempt >= latest.get(r.job_id, (-1, ""))[0]:
+                latest[r.job_id] = (r.attempt, spec_of(r.spec_json).user or "")
+        return {job_id: user for job_id, (_, user) in latest.items()}

@@ -152,11 +152,15 @@ class WorkerState:
         """True if an attempt of ``owner``'s job ``job_id`` starts or runs here."""
         return any(r.owner == owner and k[0] == job_id for k, r in self.runs.items())
 
-    def owners_of(self, job_id: str) -> frozenset[str | None]:
+    def owners_of(self, job_id: str, *, runs_only: bool = False) -> frozenset[str | None]:
         """Every owner this worker keeps something of job ``job_id`` for (an offer, a hold, a run,
-        an owed report); None stands for this worker itself (a job owned here)."""
-        out: set[str | None] = {owner for owner, job in self.offers if job == job_id}
-        out.update(h.owner for h in self.holds.values() if h.job_id == job_id)
+        an owed report; with ``runs_only``, a run or an owed report: what binds a job id to its
+        owner here, as offers and holds, which any member may send, do not); None stands for this
+        worker itself (a job owned here)."""
+        out: set[str | None] = set()
+        if not runs_only:
+            out.update(owner for owner, job in self.offers if job == job_id)
+            out.update(h.owner for h in self.holds.values() if h.job_id == job_id)
         out.update(r.owner for k, r in self.runs.items() if k[0] == job_id)
         out.update(o.owner for k, o in self.owed.items() if k[0] == job_id)
         return frozenset(out)

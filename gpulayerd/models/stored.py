@@ -63,9 +63,16 @@ def read_placement(text: str | None) -> StoredPlacement:
                            else [])
 
 
-def dump_placement(placement: Mapping[str, Any] | None) -> str:
-    """A claim's placement (as the worker sent it) as ``attempts.placement_json``."""
-    return json.dumps(dict(placement or {}))
+def dump_placement(placement: Mapping[str, Any] | None, worker: str) -> str:
+    """A claim's placement, as the claiming ``worker`` sent it, as ``attempts.placement_json``: only
+    the fields of a one-host placement (:class:`PlacementModel`), its ``worker`` the claimer's proven
+    node id. Nothing the claimer sends can name other nodes (a ``gang`` list is the owner's own,
+    :func:`gang_placement`)."""
+    if not placement:
+        return "{}"
+    kept = {k: v for k, v in placement.items() if k in PlacementModel.model_fields}
+    kept["worker"] = worker
+    return json.dumps(kept)
 
 
 def gang_placement(members: Sequence[str], master: str, hold_id: str) -> str:

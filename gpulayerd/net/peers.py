@@ -28,6 +28,10 @@ class Peer:
         last_ok_mono: monotonic time of the last successful heartbeat.
         last_ok_wall: the same in wall-clock seconds (for display).
         caps: its capabilities, fetched when ``caps_digest`` changes.
+        proven_mode: its mode as its certificate proves it (``system``/``personal``; "" until a
+            mutual-TLS exchange with it): whose jobs it may run is judged from this, never from
+            what its capabilities say.
+        proven_user: the user its (personal-mode) certificate is bound to.
     """
 
     key: str
@@ -47,6 +51,8 @@ class Peer:
     caps: Capabilities | None = None
     caps_digest: str = ""
     fetched_digest: str = ""
+    proven_mode: str = ""
+    proven_user: str = ""
 
 
 @dataclass(frozen=True, slots=True)

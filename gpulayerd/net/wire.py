@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 
+MAX_LEASE_S = 86_400.0
+"""The longest lease (and hold) a peer may ask for, seconds: a job's ``policy.lease_s`` allows no more."""
 MAX_HOLDINGS_USERS = 256
 """The most users a heartbeat's ``holdings`` may name."""
 
@@ -118,7 +120,7 @@ class Offer(_Msg):
     owner: str
     job_id: str
     spec: dict[str, Any]
-    lease_s: float
+    lease_s: float = Field(ge=1.0, le=MAX_LEASE_S)
 
 
 class Ack(_Msg):
@@ -142,7 +144,7 @@ class ClaimReply(_Msg):
 
     granted: bool
     attempt: int = 0
-    lease_s: float = 0.0
+    lease_s: float = Field(default=0.0, ge=0.0, le=MAX_LEASE_S)
     spec: dict[str, Any] | None = None
     reason: str = ""
 
@@ -267,7 +269,8 @@ class Hold(_Msg):
     job_id: str
     hold_id: str
     spec: dict[str, Any]
-    ttl_s: float
+    ttl_s: float = Field(gt=0.0, le=MAX_LEASE_S)
+    """As the owner asks; a worker keeps a hold at most its own ``hold_ttl_s``."""
 
 
 class HoldReply(_Msg):
@@ -296,8 +299,10 @@ class Commit(_Msg):
     job_id: str
     hold_id: str
     attempt: int
-    lease_s: float
+    lease_s: float = Field(ge=1.0, le=MAX_LEASE_S)
     spec: dict[str, Any]
+    """Only its ``env`` is used: the environment values the hold went without; the rest was
+    judged at the hold."""
     node_rank: int
     nnodes: int
     master_addr: str

@@ -260,7 +260,9 @@ class LoopbackNode:
         if made is None or made[0] is not caps:  # made once per heartbeat that fetched its capabilities
             made = (caps, caps.model_copy(update={"node_id": node_id, "hostname": name}).to_core())
             self._cores[node_id] = made
-        return dataclasses.replace(made[1], online=self._up(node_id))
+        peer = self.network.nodes.get(node_id)  # its "certificate": mode and bound user, as ClusterNode proves them
+        mode, user = (peer.mode, peer.user) if peer is not None else ("personal", "")
+        return dataclasses.replace(made[1], online=self._up(node_id)).with_identity(mode, user)
 
     def name_of(self, node_id: str) -> str | None:
         """A peer's name, once seen."""

@@ -51,9 +51,12 @@ async def running_on_w1(lab: Lab, user: str = ME) -> str:
 
 
 def system_nodes(lab: Lab) -> None:
-    """Every node's certificate says system mode: each vouches for any user name."""
+    """Every node's certificate says system mode: each vouches for any user name; and each runs
+    root's jobs (``allow_root_jobs``: the tests' jobs are root's, who runs them), as whose jobs a
+    worker runs is judged from its certificate's mode (a system node runs root's only so)."""
     for x in lab.daemons.values():
         x.node.mode, x.node.user = "system", ""
+        x.services.machine.accounts.allow_root_jobs = True
 
 
 async def authorized(api: LocalApi, name: str, requester: Requester, job: str) -> None:
