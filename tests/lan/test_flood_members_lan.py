@@ -35,7 +35,7 @@ ENROLL_PORT = PORT + 1
 SOURCES = 32
 PEER_FLOOD = 2000
 SLOWLORIS = 200
-FLOOD_S = 25.0
+FLOOD_S = 14.0
 GPU = [(16384, "8.6")]
 
 # Holds N plain TCP connections to TARGET:PORT spread over SOURCES, and M TLS connections to
