@@ -115,7 +115,8 @@ class DaemonConfig(BaseModel):
             few addresses cannot keep a member out; connections that completed mutual TLS keep theirs.
         local_max_connections: open connections to the local API's socket, in total (lowered to a
             quarter of the open-files limit if that is smaller); more are refused with one line.
-        local_max_connections_per_user: open connections to the local socket from one account.
+        local_max_connections_per_user: open connections to the local socket from one account
+            (root, admins and the daemon's own account are bounded by the total only).
         local_reserved_connections: of ``local_max_connections``, how many only root, the daemon's
             own account and members of ``admin_group`` may use (their ``gpulayer`` always answers).
         local_request_timeout_s: a request's head and body must arrive within this many seconds of

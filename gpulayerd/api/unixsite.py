@@ -147,7 +147,7 @@ class LocalLimits:
         """Take a slot for a new connection of ``uid``; None if taken, else the refusal's words."""
         privileged = self.settings.privileged(uid)
         held = self._open.get(uid, 0)
-        if held >= self.settings.max_per_user:
+        if held >= self.settings.max_per_user and not privileged:  # (root and admins: the total only)
             why = (f"uid {uid} has {held} connections open to gpulayerd (at most {self.settings.max_per_user} per "
                    "user: local_max_connections_per_user); close some and try again")
         elif self._open_total >= self.total or (

@@ -35,9 +35,16 @@ def test_one_account_gets_its_share_and_the_reserve_stays_for_root_and_admins() 
     why = limits.try_open(3000)
     assert why is not None and "at most 20, 4 of them kept for root and admins" in why
     assert limits.try_open(ADMIN) is None and limits.try_open(ROOT) is None
+    # Root and admins have no share of their own: only the total bounds them (a personal daemon's
+    # own account is privileged too: its scripts may open many connections at once).
+    assert [limits.try_open(ROOT) for _ in range(2)] == [None, None] and limits.open_for(ROOT) == 3
+    why = limits.try_open(ROOT)
+    assert why is not None and "at most 20" in why
+    for _ in range(3):
+        limits.closed(ROOT, privileged=True)
     limits.closed(BOB, privileged=False)
     assert limits.try_open(3000) is None
-    assert (limits.open_for(MALLORY), limits.open_for(BOB), limits.refused) == (8, 7, 2)
+    assert (limits.open_for(MALLORY), limits.open_for(BOB), limits.refused) == (8, 7, 3)
     for _ in range(8):
         limits.closed(MALLORY, privileged=False)
     limits.closed(MALLORY, privileged=False)  # more than it took: nothing happens
