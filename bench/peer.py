@@ -136,8 +136,12 @@ async def _authz_figures(n: int) -> list[tuple[str, float]]:
                 ("report from another member (refused: stale, counted, logged; no read)", refused_report),
                 ("claim from the worker it was offered to (the offer book, the cached spec, the fit re-judged)",
                  lambda: check(owner_roles, "claim", holder, claim, True)),
-                ("claim from a member it was not offered to (refused: one store read, the job's row)",
+                ("claim from a member it was not offered to (refused: the offer book; no read)",
                  lambda: check(owner_roles, "claim", member, claim.model_copy(update={"worker": W2}), False)),
+                ("claim of a job with no standing offer (one not known here, or after an owner restart; "
+                 "refused: one store read)",
+                 lambda: check(owner_roles, "claim", member, Claim(msg_id=new_msg_id(), worker=W2,
+                                                                   job_id="zzzzzzzzzzzz"), False)),
                 ("logs from the run's owner (allowed; the worker's ledger, no read)",
                  lambda: check(w1_roles, "logs", its_owner, logs, True)),
                 ("logs from another member (refused: one store read, every owner of the job id here)",

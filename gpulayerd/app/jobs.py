@@ -65,6 +65,7 @@ class OwnedJobs:
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
         self._runs: RunControl | None = None
         self._offers: dict[tuple[str, str], tuple[float, str]] = {}  # (job, worker) -> (when offered, job's user)
+        self._offered_jobs: dict[str, tuple[float, str]] = {}  # job -> (its latest offer, its user)
         self._holders: dict[str, tuple[int, str | None]] = {}  # active job -> (attempt, holder), a cache
 
     def bind(self, runs: RunControl) -> None:
@@ -134,8 +135,18 @@ class OwnedJobs:
         offer stands)."""
         now = self._clock.monotonic()
         self._offers[(job_id, worker)] = (now, user)
+        self._offered_jobs[job_id] = (now, user)
         if len(self._offers) > MAX_OFFERS_KEPT:
             self._offers = {k: v for k, v in self._offers.items() if now - v[0] <= OFFER_STANDING_S}
+            self._offered_jobs = {k: v for k, v in self._offered_jobs.items() if now - v[0] <= OFFER_STANDING_S}
+
+    def offered_to_others(self, job_id: str, worker: str) -> str | None:
+        """The job's user when job ``job_id`` has a standing offer, but none to ``worker``: a claim
+        from ``worker`` is refused without reading the store. None otherwise (read the store)."""
+        kept = self._offered_jobs.get(job_id)
+        if kept is None or self._clock.monotonic() - kept[0] > OFFER_STANDING_S:
+            return None
+        return None if self.offer_standing(job_id, worker) else kept[1]
 
     def standing_offer(self, job_id: str, worker: str) -> str | None:
         """The job's user if job ``job_id`` was offered to ``worker`` within :data:`OFFER_STANDING_S`, else None."""

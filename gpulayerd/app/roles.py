@@ -223,6 +223,11 @@ class PeerRoles:
             return None  # the holder asking again for its grant (a lost reply)
         user = self._jobs.standing_offer(msg.job_id, sender.node_id)  # the offer this owner sent: no read
         if user is None:
+            others = self._jobs.offered_to_others(msg.job_id, sender.node_id)
+            if others is not None:  # offered now, to other workers only (and not its holder): no read
+                if others and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, others):
+                    return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {others}'s jobs"
+                return f"job {msg.job_id} was not offered to it"
             row = await self._jobs.get(msg.job_id)
             if row is None:
                 return f"no job {msg.job_id} here"
