@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from bench.bench_report import line, percentile
 from gpulayerd.gpu.discovery import DiscoveryConfig, discover_host
-from gpulayerd.gpu.nvidia_mig import parse_list_gpus, parse_query
+from gpulayerd.gpu.nvidia.mig import parse_list_gpus, parse_query
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from tests.fakes import install_fake_tool
 from tests.fakes.nvidia_recorded import APPS_FAILED, MIG_BOX

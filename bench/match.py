@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from gpulayerd.core.matching import explain_many, job_signature
+from gpulayerd.core.matching.evaluate import explain_many, job_signature
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -262,8 +262,8 @@ def _far_shapes() -> list[JobRequest]:
 def bench_hints() -> None:
     """The cost of nearest-miss hints per job that does not fit now, 64 workers; and the fit-only
     path (explain_many, what the scheduler's passes use) before and after, which never computes them."""
-    from gpulayerd.core import hints as hints_module
-    from gpulayerd.core.matching import explain
+    from gpulayerd.core.matching import hints as hints_module
+    from gpulayerd.core.matching.evaluate import explain
     from gpulayerd.core.verdict import Verdict
 
     workers = make_workers(64)

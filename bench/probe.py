@@ -2,7 +2,7 @@
 
 The daemon's first answer about an environment comes from package metadata
 (:meth:`EnvironmentProber.metadata_first`); the import-based torch check runs in the
-background and lands later (:class:`gpulayerd.app.envchecks.TorchChecks`). Figures, each
+background and lands later (:class:`gpulayerd.app.worker.envchecks.TorchChecks`). Figures, each
 beside its target:
 
 - metadata answer, cold: a fresh prober on an empty cache directory (no gpulayer cache), a
@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from bench.bench_report import line, percentile
-from gpulayerd.app.envchecks import TorchChecks
-from gpulayerd.app.signals import Signals
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.worker.envchecks import TorchChecks
 from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.environments import EnvironmentProber
 

@@ -3,7 +3,7 @@
 Prints each figure beside its target (issue 17); asserts nothing.
 
 - matcher (in-process): fit-only decisions for 64 workers x 10,000 all-distinct jobs
-  (:func:`gpulayerd.core.index.fit_only`), and one job's full explanation at 64 workers.
+  (:func:`gpulayerd.core.matching.index.fit_only`), and one job's full explanation at 64 workers.
 - daemon: a gpulayerd with ``--cpu-slots 2`` on a temporary state dir; a CPU job's
   submit->start with an empty queue, then 10,000 waiting CUDA jobs of 8,000 shapes (this
   machine has no GPU that fits them, so they wait), the daemon's CPU (with its children)
@@ -29,8 +29,8 @@ from bench_report import line
 from local import TRIVIAL, LocalDaemon, wait_started
 from match import distinct_queue, make_queue, make_shapes, make_workers
 
-from gpulayerd.core.index import WorkerIndex, fit_only
-from gpulayerd.core.matching import explain
+from gpulayerd.core.matching.evaluate import explain
+from gpulayerd.core.matching.index import WorkerIndex, fit_only
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 
 

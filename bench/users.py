@@ -4,9 +4,9 @@ Prints figures against the target (running a job as its user adds at most 5 ms t
 submit->start); asserts nothing.
 
 - identity lookup: :func:`gpulayerd.runs.launch.resolve_job_user` (``pwd`` + ``os.getgrouplist``,
-  what the Starter does per start) and :func:`gpulayerd.runs.identity.check_still_maps` (what the
+  what the Starter does per start) and :func:`gpulayerd.runs.account.check_still_maps` (what the
   watchdog does right before ``exec``); median of many calls.
-- the workdir check as the user (:class:`gpulayerd.app.machine.PathChecker`'s forked helper,
+- the workdir check as the user (:class:`gpulayerd.app.worker.machine.PathChecker`'s forked helper,
   once per (user, workdir) and pass): median.
 - privilege drop per start: the watchdog's own start of a trivial job (``true``; ``spawn_s`` of
   ``job.json``: fork, setgroups/setgid/setuid, chdir as the user, exec) as the daemon's account (no
@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from gpulayerd.app import machine
-from gpulayerd.runs.identity import JobUser, check_still_maps, lookup_user, this_user
+from gpulayerd.app.worker import machine
+from gpulayerd.runs.account import JobUser, check_still_maps, lookup_user, this_user
 from gpulayerd.runs.launch import resolve_job_user
 from gpulayerd.runs.runner import Runner
 

@@ -15,7 +15,7 @@ Every duration and size carries its unit in its name. Paths:
 
 The daemon makes its state, runs and socket dirs 0700 (and its database files 0600) whatever
 they were, and refuses, unchanged, one owned by another account or writable by anyone
-(:mod:`gpulayerd.privdirs`): ``--runtime-dir /tmp`` is an error, not a chmod of /tmp.
+(:mod:`gpulayerd.host.privdirs`): ``--runtime-dir /tmp`` is an error, not a chmod of /tmp.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpulayerd.gpu.cpus import default_cpu_slots
-from gpulayerd.models import format_validation_error
-from gpulayerd.sockets import (  # the socket rule, shared with the CLI (which must not import this module)
+from gpulayerd.host.sockets import (  # the socket rule, shared with the CLI (which must not import this module)
     SYSTEM_RUNTIME_DIR,
     SYSTEM_SOCKET_PATH,
     default_runtime_dir,
     socket_path_for,
 )
+from gpulayerd.models import format_validation_error
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,6 +1,6 @@
 """The composition root of gpulayerd: builds every part, runs the loops, shuts down in order.
 
-Start-up: take the machine lock (one daemon per machine, :mod:`gpulayerd.machinelock`;
+Start-up: take the machine lock (one daemon per machine, :mod:`gpulayerd.host.machinelock`;
 before anything is created or changed, so a second daemon leaves the first one's socket
 and state alone), lock the state dir, open the store, re-adopt or account for the runs of
 the previous life, serve the local API, then run the loops (probe, schedule, lease, and
@@ -30,35 +30,37 @@ from gpulayerd import __version__
 from gpulayerd.api.peer import PeerRouter, TlsNetwork
 from gpulayerd.api.server import LocalSocket, make_local_app, start_unix_site
 from gpulayerd.api.unixsite import LocalSocketSettings, socket_answers
-from gpulayerd.app.clock import Clock
-from gpulayerd.app.cluster import ClusterNode
-from gpulayerd.app.gang import GangCoordinator
-from gpulayerd.app.jobs import OwnedJobs
+from gpulayerd.app.cluster.node import ClusterNode
+from gpulayerd.app.cluster.self_first import SelfFirstTransport
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.ledger import Ledger
+from gpulayerd.app.common.names import Names
+from gpulayerd.app.common.owned_jobs import OwnedJobs
+from gpulayerd.app.common.ports import Directory
+from gpulayerd.app.common.requester import Requesters
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.common.supervisor import supervise
+from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.leases import LeaseLoop
-from gpulayerd.app.ledger import Ledger
 from gpulayerd.app.local import LocalApi
-from gpulayerd.app.machine import Machine
-from gpulayerd.app.member import GangMember
-from gpulayerd.app.metrics import MetricsService, StoreJobs, nvidia_path
-from gpulayerd.app.names import Names
-from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.ports import Directory
-from gpulayerd.app.recovery import Recovery
+from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.owner import OwnerService
+from gpulayerd.app.owner.scheduler import Scheduler
 from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.roles import LocalRoles, PeerRoles
-from gpulayerd.app.scheduler import Scheduler
-from gpulayerd.app.signals import Signals
-from gpulayerd.app.starter import Starter
-from gpulayerd.app.transport import SelfFirstTransport
-from gpulayerd.app.usage import UsageService
-from gpulayerd.app.worker import WorkerService
+from gpulayerd.app.worker.machine import Machine
+from gpulayerd.app.worker.member import GangMember
+from gpulayerd.app.worker.metrics import MetricsService, StoreJobs, nvidia_path
+from gpulayerd.app.worker.recovery import Recovery
+from gpulayerd.app.worker.starter import Starter
+from gpulayerd.app.worker.worker import WorkerService
 from gpulayerd.config import SYSTEM_SOCKET_PATH, DaemonConfig
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
-from gpulayerd.gpu.nvidia import NvidiaSmi
+from gpulayerd.gpu.nvidia.query import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
-from gpulayerd.machinelock import (
+from gpulayerd.host.machinelock import (
     Holder,
     MachineLocked,
     acquire_machine_lock,
@@ -66,19 +68,17 @@ from gpulayerd.machinelock import (
     check_system_lock,
     release_machine_lock,
 )
+from gpulayerd.host.notify import notify_ready, notify_stopping
+from gpulayerd.host.privdirs import make_private_dirs, make_public_dir
+from gpulayerd.host.service_system import shared_install_problem
 from gpulayerd.models import Capabilities
 from gpulayerd.net.identity import NODE_KEY, Identity, check_mode, identity_dir, load_or_create_identity
 from gpulayerd.net.limits import soft_file_limit
 from gpulayerd.net.transport import PeerDispatch, PeerHandler, PeerNetwork, PeerTransport, Sender
-from gpulayerd.notify import notify_ready, notify_stopping
-from gpulayerd.privdirs import make_private_dirs, make_public_dir
-from gpulayerd.requester import Requesters
 from gpulayerd.runs import layout
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
-from gpulayerd.service_system import shared_install_problem
 from gpulayerd.store import Store
-from gpulayerd.supervisor import supervise
 
 __all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "SharedInstallProblem", "StateLost",
            "build", "peer_handlers", "run"]
@@ -144,7 +144,7 @@ def _lock_machine(config: DaemonConfig) -> list[int]:
     lock dir of another account than root's or its own is refused).
 
     Returns:
-        The descriptors holding the locks (each closed by :func:`~gpulayerd.machinelock.release_machine_lock`).
+        The descriptors holding the locks (each closed by :func:`~gpulayerd.host.machinelock.release_machine_lock`).
 
     Raises:
         DaemonAlreadyRunning: another gpulayerd runs on this machine (the message names it and its socket).

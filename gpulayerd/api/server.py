@@ -8,9 +8,9 @@ the request, call the daemon's :class:`LocalService` and serialise its pydantic 
 have a stable body ``{code, message, detail}`` (:class:`gpulayerd.models.ApiErrorBody`).
 
 Who asks comes from the kernel, never from the request: a middleware reads the connecting
-process's credentials from the socket (:func:`gpulayerd.requester.peer_credentials`), asks
+process's credentials from the socket (:func:`gpulayerd.app.common.requester.peer_credentials`), asks
 the service who that is (:meth:`LocalService.async_requester`, which refuses other accounts
-of a personal daemon with 403 ``forbidden``) and keeps the :class:`~gpulayerd.requester.Requester`
+of a personal daemon with 403 ``forbidden``) and keeps the :class:`~gpulayerd.app.common.requester.Requester`
 for the handlers (a context variable set around each handler). A connection without peer
 credentials (not a unix socket) is refused with 403.
 """
@@ -30,10 +30,10 @@ from pydantic import BaseModel
 
 from gpulayerd import routes
 from gpulayerd.api.unixsite import LocalSocket, start_unix_site
+from gpulayerd.app.common.feed import Change, ChangeFeed
+from gpulayerd.app.common.requester import PeerCredentials, Requester, peer_credentials
+from gpulayerd.app.owner.idempotency import REPLAYED_HEADER, watch_submit
 from gpulayerd.errors import GpulayerError
-from gpulayerd.feed import Change, ChangeFeed
-from gpulayerd.idempotency import REPLAYED_HEADER, watch_submit
-from gpulayerd.jobs_query import JobsQuery
 from gpulayerd.models import (
     ApiErrorBody,
     Capabilities,
@@ -47,8 +47,8 @@ from gpulayerd.models import (
     SubmitRequest,
     UserUsageView,
 )
+from gpulayerd.models.jobs_query import JobsQuery
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.requester import PeerCredentials, Requester, peer_credentials
 from gpulayerd.store import StoreFull
 
 __all__ = ["ApiError", "LocalService", "LocalSocket", "make_local_app", "start_unix_site"]
@@ -250,7 +250,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             raise ApiError(400, "bad_request", f"invalid request body: {e}") from e
         with watch_submit() as outcome:
             job = await service.async_submit(body, _requester(request))
-        if outcome.replayed:  # the key's job, stored before (gpulayerd.idempotency)
+        if outcome.replayed:  # the key's job, stored before (gpulayerd.app.owner.idempotency)
             resp = _json(job, status=200)
             resp.headers[REPLAYED_HEADER] = "true"
             return resp

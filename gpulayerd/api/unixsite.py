@@ -1,9 +1,9 @@
 """The local API's unix socket: made safely, kept, re-created when deleted, removed only if ours;
 and bounded, so that no account can take it from the others.
 
-Personal mode: socket 0600 in a 0700 directory (:func:`~gpulayerd.privdirs.make_private_dirs`).
+Personal mode: socket 0600 in a 0700 directory (:func:`~gpulayerd.host.privdirs.make_private_dirs`).
 System mode (``public``): socket 0666 in a root-owned 0755 directory
-(:func:`~gpulayerd.privdirs.make_public_dir`); who a request comes from is then the kernel's
+(:func:`~gpulayerd.host.privdirs.make_public_dir`); who a request comes from is then the kernel's
 answer about the connection, not the socket's mode. A path already taken (not a socket, or a
 socket something answers on) is refused and left as it is, its directory too.
 
@@ -38,8 +38,8 @@ from typing import Any
 
 from aiohttp import web
 
+from gpulayerd.host.privdirs import make_private_dirs, make_public_dir
 from gpulayerd.net.limits import accept_or_shed, keep_spare_descriptor, quiet_accept_errors
-from gpulayerd.privdirs import make_private_dirs, make_public_dir
 
 __all__ = ["LocalLimits", "LocalListener", "LocalSocket", "LocalSocketSettings", "start_unix_site"]
 

@@ -3,12 +3,12 @@ and accrue this machine's fair-share usage."""
 
 from __future__ import annotations
 
-from gpulayerd.app.clock import Clock
-from gpulayerd.app.gang import GangCoordinator
-from gpulayerd.app.member import GangMember
-from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.usage import UsageService
-from gpulayerd.app.worker import WorkerService
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.owner import OwnerService
+from gpulayerd.app.worker.member import GangMember
+from gpulayerd.app.worker.worker import WorkerService
 
 __all__ = ["LeaseLoop"]
 

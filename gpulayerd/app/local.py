@@ -5,18 +5,18 @@ from __future__ import annotations
 import os
 
 from gpulayerd import routes
-from gpulayerd.app.clock import Clock
-from gpulayerd.app.machine import Machine
-from gpulayerd.app.metrics import MetricsService
-from gpulayerd.app.names import Names
-from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.ports import Directory
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.feed import ChangeFeed
+from gpulayerd.app.common.names import Names
+from gpulayerd.app.common.ports import Directory
+from gpulayerd.app.common.requester import PeerCredentials, Requester, Requesters
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.roles import LocalRoles
-from gpulayerd.app.signals import Signals
-from gpulayerd.app.usage import UsageService
-from gpulayerd.feed import ChangeFeed
-from gpulayerd.jobs_query import JobsQuery
+from gpulayerd.app.worker.machine import Machine
+from gpulayerd.app.worker.metrics import MetricsService
 from gpulayerd.models import (
     Capabilities,
     ExplanationModel,
@@ -27,8 +27,8 @@ from gpulayerd.models import (
     SubmitRequest,
     UserUsageView,
 )
+from gpulayerd.models.jobs_query import JobsQuery
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.requester import PeerCredentials, Requester, Requesters
 
 __all__ = ["LocalApi"]
 

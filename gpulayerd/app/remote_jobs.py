@@ -19,7 +19,7 @@ local API's requests about a job wherever it lives:
   node's user is never an admin elsewhere): :func:`~gpulayerd.app.roles.relayed_requester`.
   Logs and cancel are the role ``RELAYED_JOB_USER_OR_ADMIN``, checked before the handler
   (:mod:`gpulayerd.app.roles`). Everyone sees and explains the job with its spec concealed
-  unless it is theirs (:func:`~gpulayerd.requester.conceal`), and environment values go only
+  unless it is theirs (:func:`~gpulayerd.app.common.requester.conceal`), and environment values go only
   to the node that runs the job, in ``show`` as in the ``jobs`` listing.
 - A worker answers for the runs it holds: when the owner does not answer, ``show`` and
   ``explain`` say what the worker knows of the run (running there since, attempt) and that
@@ -40,10 +40,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gpulayerd.app.logs import read_log
-from gpulayerd.app.names import Names
-from gpulayerd.app.owner import OwnerService
-from gpulayerd.app.ports import Directory
+from gpulayerd.app.common.logread import read_log
+from gpulayerd.app.common.names import Names
+from gpulayerd.app.common.ports import Directory
+from gpulayerd.app.common.requester import Requester, Requesters, conceal
+from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.roles import relayed_requester
 from gpulayerd.core.users import SYSTEM
 from gpulayerd.errors import (
@@ -61,7 +62,6 @@ from gpulayerd.models import ExplanationModel, JobList, JobView, LogChunk
 from gpulayerd.models.stored import spec_of
 from gpulayerd.net.transport import JOB_ACTION_ROUTES, JOB_FIND, PeerTransport, Sender
 from gpulayerd.net.wire import MAX_JOB_MATCHES, JobMatches, JobReply, JobRequest, JobsRequest, new_msg_id
-from gpulayerd.requester import Requester, Requesters, conceal
 from gpulayerd.store import AmbiguousJobId, JobNotFound, RemoteRunRow, Store
 
 __all__ = ["JOB_ID_LEN", "Located", "RemoteJobs"]
@@ -69,7 +69,7 @@ __all__ = ["JOB_ID_LEN", "Located", "RemoteJobs"]
 log = logging.getLogger(__name__)
 
 JOB_ID_LEN = 12
-"""Length of a full job id (:func:`gpulayerd.app.owner.new_job_id`)."""
+"""Length of a full job id (:func:`gpulayerd.app.owner.owner.new_job_id`)."""
 
 _ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # what the peer API accepts as a job id (or prefix)
 _ERRORS: dict[str, type[GpulayerError]] = {

@@ -5,7 +5,7 @@ and every local request :meth:`LocalRoles.check` (through the local API), before
 runs. A check only reads facts the caller cannot forge and changes nothing:
 
 - the sender's node id, mode and bound user, from its TLS certificate (:class:`Sender`);
-- the local requester's uid, from the kernel (:class:`~gpulayerd.requester.Requester`);
+- the local requester's uid, from the kernel (:class:`~gpulayerd.app.common.requester.Requester`);
 - the job rows, attempts, offers, gangs, runs, holds and grants this daemon keeps.
 
 The roles (see :class:`gpulayerd.routes.Role` for their words):
@@ -35,14 +35,15 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from gpulayerd import routes
-from gpulayerd.app.clock import Clock
-from gpulayerd.app.gang import GangCoordinator
-from gpulayerd.app.jobs import OwnedJobs
-from gpulayerd.app.ledger import Ledger
-from gpulayerd.app.names import Names
-from gpulayerd.app.ports import Directory
-from gpulayerd.core.claims import ACTIVE
-from gpulayerd.core.matching import evaluate
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.ledger import Ledger
+from gpulayerd.app.common.names import Names
+from gpulayerd.app.common.owned_jobs import OwnedJobs
+from gpulayerd.app.common.ports import Directory
+from gpulayerd.app.common.requester import Requester, Requesters
+from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.core.matching.evaluate import evaluate
+from gpulayerd.core.protocol.claims import ACTIVE
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState
@@ -50,7 +51,6 @@ from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob
 from gpulayerd.models.stored import spec_of
 from gpulayerd.net.transport import Sender
 from gpulayerd.net.wire import Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
-from gpulayerd.requester import Requester, Requesters
 from gpulayerd.store import Store
 
 __all__ = ["LocalRoles", "PeerRoles", "relayed_requester"]

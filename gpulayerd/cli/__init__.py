@@ -5,8 +5,8 @@ Every command that prints a table takes ``--json``.
 
 One module per group of subcommands (:mod:`~gpulayerd.cli.devices`, :mod:`~gpulayerd.cli.jobs`,
 :mod:`~gpulayerd.cli.cluster`, :mod:`~gpulayerd.cli.service`, :mod:`~gpulayerd.cli.tui`); each adds
-its parsers and raises :class:`~gpulayerd.cli.errors.UsageError` or
-:class:`~gpulayerd.cli.errors.CommandFailed`, which :func:`main` turns into exit codes.
+its parsers and raises :class:`~gpulayerd.cli.exits.UsageError` or
+:class:`~gpulayerd.cli.exits.CommandFailed`, which :func:`main` turns into exit codes.
 
 Start-up is kept short (``gpulayer --help`` within ~40 ms of ``python -c pass``): :data:`COMMANDS`
 lists each command with its help line and module, :func:`main` first parses with a parser whose
@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from gpulayerd import __version__
-from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
+from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
 
 TYPE_CHECKING = False  # typing costs ~2 ms of `gpulayer --help`; mypy reads this name as true
 if TYPE_CHECKING:

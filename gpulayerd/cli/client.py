@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from gpulayerd.cli.errors import CommandFailed, UsageError
+from gpulayerd.cli.exits import CommandFailed, UsageError
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def socket_path(args: argparse.Namespace) -> Path:
     4. the system daemon's, ``/run/gpulayer/gpulayerd.sock``, if it exists;
     5. else the personal one again (so that "not running" names it).
     """
-    from gpulayerd.sockets import SYSTEM_SOCKET_PATH, socket_path_for
+    from gpulayerd.host.sockets import SYSTEM_SOCKET_PATH, socket_path_for
 
     if args.socket is not None:
         return Path(args.socket)
@@ -103,7 +103,7 @@ def call_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T], on_t
         if args.state_dir or args.socket:
             hint = f"gpulayerd --state-dir {args.state_dir} &" if args.state_dir else "gpulayerd &"
         else:
-            from gpulayerd.sockets import SYSTEM_SOCKET_PATH
+            from gpulayerd.host.sockets import SYSTEM_SOCKET_PATH
 
             hint = (f"gpulayerd & (a personal daemon), or on a lab machine ask its admin to start the system "
                     f"one (sudo gpulayer service install --system; socket {SYSTEM_SOCKET_PATH})")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from gpulayerd.cli.client import socket_path
-from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 from gpulayerd.text import escape as fmt_escape
 
 if TYPE_CHECKING:

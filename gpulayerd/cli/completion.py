@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpulayerd.cli.errors import EXIT_OK, CommandFailed
+from gpulayerd.cli.exits import EXIT_OK, CommandFailed
 
 __all__ = ["SHELLS", "add_parser", "script"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.client import call_daemon, try_daemon
-from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 
 if TYPE_CHECKING:
     from gpulayerd.models import Capabilities, PeerView
@@ -68,7 +68,7 @@ def _add_probe_args(p: argparse.ArgumentParser) -> None:
 def _local_capabilities(args: argparse.Namespace) -> Capabilities:
     from platformdirs import user_cache_dir
 
-    from gpulayerd.capabilities import collect_capabilities
+    from gpulayerd.gpu.compose import collect_capabilities
     from gpulayerd.gpu.discovery import DiscoveryConfig
     from gpulayerd.gpu.environments import EnvironmentProber
     from gpulayerd.gpu.support import SUPPORT_MATRIX
@@ -186,8 +186,8 @@ def _print_origins(args: argparse.Namespace) -> None:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from gpulayerd.cli.render import render_explanation
-    from gpulayerd.core.hints import nearest_misses
-    from gpulayerd.core.matching import explain
+    from gpulayerd.core.matching.evaluate import explain
+    from gpulayerd.core.matching.hints import nearest_misses
     from gpulayerd.gpu.support import SUPPORT_MATRIX
     from gpulayerd.models import ExplanationModel, HintModel, SpecError, load_job_spec
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.client import call_daemon
-from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK, UsageError
 from gpulayerd.cli.jobs_table import columns_help
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
@@ -27,7 +27,7 @@ _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()
 _TERMINAL = {"succeeded", "failed", "cancelled", "lost", "rejected"}
 
 JOB_STATES = ("queued", "claimed", "running", "succeeded", "failed", "cancelled", "lost", "rejected")
-"""Every job state (:class:`gpulayerd.core.claims.JobStatus`, kept equal by a test): ``--state``'s
+"""Every job state (:class:`gpulayerd.core.protocol.claims.JobStatus`, kept equal by a test): ``--state``'s
 choices, so a typo is a usage error naming the flag and shell completion offers them."""
 
 SHIPPED_PROFILE_NAMES = ("cpu-only", "torch-2.4-cu124", "torch-2.5-cu121", "torch-mps")
@@ -302,7 +302,7 @@ def submit_job(args: argparse.Namespace, body: dict[str, object]) -> Any:
 
 def submit_or_replay(args: argparse.Namespace, body: dict[str, object]) -> tuple[Any, bool]:
     """:func:`submit_job`: ``(job, replayed)``, ``replayed`` True when the daemon answered the job
-    stored before with this key (header :data:`gpulayerd.idempotency.REPLAYED_HEADER`).
+    stored before with this key (header :data:`gpulayerd.app.owner.idempotency.REPLAYED_HEADER`).
 
     When the daemon does not answer in time the one-line message names the key: rerunning with
     ``--key`` gets that job if it was stored, never a second one (no automatic retry: a daemon
@@ -313,7 +313,7 @@ def submit_or_replay(args: argparse.Namespace, body: dict[str, object]) -> tuple
             used before for a job with a different spec (HTTP 409).
         CommandFailed: no daemon, no answer in time, or another failure.
     """
-    from gpulayerd.idempotency import REPLAYED_HEADER
+    from gpulayerd.app.owner.idempotency import REPLAYED_HEADER
 
     key = getattr(args, "key", None) or _uuid4()
     # The daemon takes the user from the kernel; the job runs with this shell's PATH.

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.errors import UsageError
+from gpulayerd.cli.exits import UsageError
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:

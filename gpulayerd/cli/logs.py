@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_OK
+from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient

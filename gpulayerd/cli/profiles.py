@@ -8,7 +8,7 @@ peers'), or from saved capability files (``--capabilities FILE...``, ``gpulayer 
 ``gpulayer profiles capture NAME --python PATH`` probes a working environment, prints a profile
 of it (TOML) and writes it to the user's profile file (``--stdout``: print only): python and
 frameworks pinned ``==X.Y.*``, torch's CUDA build as ``cuda_runtime``, and this machine's ``os``.
-Files: :mod:`gpulayerd.profile_files`.
+Files: :mod:`gpulayerd.host.profile_files`.
 
 Also here: the CLI's side of ``profile = "NAME"`` at submit (:func:`expand_spec`) and the origin
 lines of ``show`` / ``explain`` (:func:`origin_lines`).
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 
 if TYPE_CHECKING:
-    from gpulayerd.core.profiles import CellResult, Profile
+    from gpulayerd.core.matching.profiles import CellResult, Profile
     from gpulayerd.models import Capabilities
 
 __all__ = ["add_parser", "expand_spec", "origin_lines"]
@@ -62,7 +62,7 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
 
 
 def _load(include_user: bool = True) -> dict[str, Profile]:
-    from gpulayerd.profile_files import ProfileFileError, load_profiles, profile_paths
+    from gpulayerd.host.profile_files import ProfileFileError, load_profiles, profile_paths
 
     try:
         return load_profiles(profile_paths(include_user))
@@ -76,7 +76,7 @@ def expand_spec(data: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         UsageError: an unknown profile (listing the known ones) or a bad profile file.
     """
-    from gpulayerd.core.profiles import UnknownProfile, expand_profile
+    from gpulayerd.core.matching.profiles import UnknownProfile, expand_profile
 
     if not data.get("profile"):
         return dict(data)
@@ -128,7 +128,7 @@ def _workers(args: argparse.Namespace) -> list[Capabilities]:
 
 def matrix(profiles: Mapping[str, Profile], workers: Sequence[Capabilities]) -> list[CellResult]:
     """Every profile (by name) x every environment of every worker (by host name, then order)."""
-    from gpulayerd.core.profiles import check_profile
+    from gpulayerd.core.matching.profiles import check_profile
 
     snaps = sorted((c.to_core() for c in workers), key=lambda w: (w.name, w.node_id))
     return [check_profile(p, w, e) for _, p in sorted(profiles.items()) for w in snaps for e in w.environments]
@@ -194,7 +194,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     from platformdirs import user_cache_dir
 
     from gpulayerd.gpu.environments import EnvironmentProber
-    from gpulayerd.profile_files import ProfileFileError, capture_profile, render_profile, write_user_profile
+    from gpulayerd.host.profile_files import ProfileFileError, capture_profile, render_profile, write_user_profile
 
     prober = EnvironmentProber(timeout_s=60.0, cache_dir=Path(user_cache_dir("gpulayer")) / "environments")
     env = prober.probe(args.python, torch_check=False)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.client import call_daemon
-from gpulayerd.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient

@@ -3,7 +3,7 @@
 With ``--system`` (run with sudo): the lab install, a systemd system unit or a LaunchDaemon running
 ``gpulayerd --system`` as root.
 
-The files and where they go are :mod:`gpulayerd.service`'s (imported when a command runs);
+The files and where they go are :mod:`gpulayerd.host.service_user`'s (imported when a command runs);
 this module is the command line: what to write or remove, when to refuse, what to print. Nothing
 here runs ``systemctl`` or ``launchctl``: the commands print the exact next command.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from gpulayerd.cli.client import socket_path
-from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 
 if TYPE_CHECKING:
-    from gpulayerd.service import OsName, ServiceTarget
+    from gpulayerd.host.service_user import OsName, ServiceTarget
 
 __all__ = ["HEALTH_TIMEOUT_S", "add_parser"]
 
@@ -74,7 +74,7 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_install(args: argparse.Namespace) -> int:
-    from gpulayerd import service as svc
+    from gpulayerd.host import service_user as svc
 
     target = _target(args)
     gpulayerd = _this_gpulayerd()
@@ -82,7 +82,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
         _need_root(args, "install")
     interpreters = list(dict.fromkeys(_absolute_interpreter(p) for p in args.python or []))
     if target.system and args.root == Path("/"):  # (a tree for packaging is checked where it is installed)
-        from gpulayerd.service_system import shared_install_problem
+        from gpulayerd.host.service_system import shared_install_problem
 
         problem = shared_install_problem([sys.executable, *interpreters], str(Path(__file__).resolve().parents[1]))
         if problem is not None and not args.dry_run:
@@ -126,7 +126,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
 
 def _cmd_uninstall(args: argparse.Namespace) -> int:
-    from gpulayerd import service as svc
+    from gpulayerd.host import service_user as svc
 
     target = _target(args)
     if target.system and not args.dry_run:
@@ -190,8 +190,8 @@ class _Status(NamedTuple):  # not a dataclass: `dataclasses` costs 5 ms of every
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from gpulayerd import service as svc
     from gpulayerd.config import SYSTEM_SOCKET_PATH
+    from gpulayerd.host import service_user as svc
 
     target = _target(args)
     text = svc.read_service_file(target.path)
@@ -224,7 +224,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _render_status(s: _Status, target: ServiceTarget) -> str:
-    from gpulayerd.service import LAUNCHD_LABEL
+    from gpulayerd.host.service_user import LAUNCHD_LABEL
 
     if not s.installed:
         sudo, system = ("sudo ", " --system") if target.system else ("", "")
@@ -265,7 +265,7 @@ def _add_os_arg(p: argparse.ArgumentParser) -> None:
 
 def _target(args: argparse.Namespace) -> ServiceTarget:
     """The service file's place: the user's (HOME), or with ``--system`` the machine's (under ``--root``)."""
-    from gpulayerd import service as svc
+    from gpulayerd.host import service_user as svc
 
     os_name = _os_name(args.os)
     if args.system:
@@ -298,7 +298,7 @@ def _os_flag(args: argparse.Namespace) -> str:
 
 
 def _this_gpulayerd() -> str:
-    from gpulayerd import service as svc
+    from gpulayerd.host import service_user as svc
 
     found = svc.find_gpulayerd()
     if found is None:

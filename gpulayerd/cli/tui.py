@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from gpulayerd.cli.client import socket_path
-from gpulayerd.cli.errors import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 
 __all__ = ["KEYS", "TUI_MODULE", "add_parser"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.client import call_daemon
-from gpulayerd.cli.errors import EXIT_OK
+from gpulayerd.cli.exits import EXIT_OK
 
 if TYPE_CHECKING:
     from gpulayerd.models import UserUsageView

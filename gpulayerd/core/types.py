@@ -350,7 +350,7 @@ class WorkerSnapshot:
         gpus_held_by_user: user name -> GPUs of this worker that user's jobs hold now.
         os: ``linux`` or ``darwin`` (``platform.system()`` lower-cased); None if unknown.
         driver_cuda: the newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``
-            or the driver table of :mod:`gpulayerd.core.cuda_compat`); None if unknown.
+            or the driver table of :mod:`gpulayerd.core.matching.cuda_compat`); None if unknown.
     """
 
     node_id: str

@@ -1,7 +1,7 @@
 """The value types of a matching verdict: rejections, checks, placements and explanations.
 
-Plain frozen values, produced by :mod:`gpulayerd.core.matching` and the requirement checks in
-:mod:`gpulayerd.core.requirements`. Rejections are values, never exceptions; their messages read
+Plain frozen values, produced by :mod:`gpulayerd.core.matching.evaluate` and the requirement checks in
+:mod:`gpulayerd.core.matching.requirements`. Rejections are values, never exceptions; their messages read
 well alone ("GPU 1 has 16.0 GB < 24 GB required").
 """
 

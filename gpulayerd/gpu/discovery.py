@@ -27,8 +27,8 @@ import psutil
 from gpulayerd.core.types import Accelerator, DeviceSnapshot, ProbeHealth, ProbeStatus, SupportMatrix
 from gpulayerd.gpu.apple import AppleFacts, apple_devices, probe_apple, read_apple_facts
 from gpulayerd.gpu.command import CommandRunner, run_command
-from gpulayerd.gpu.nvidia import NVIDIA_SMI_SEARCH_DIRS, NvidiaSmi, query_compute_apps
-from gpulayerd.gpu.nvidia_parse import classify_nvidia_failure, parse_compute_apps, parse_nvidia_csv
+from gpulayerd.gpu.nvidia.parse import classify_nvidia_failure, parse_compute_apps, parse_nvidia_csv
+from gpulayerd.gpu.nvidia.query import NVIDIA_SMI_SEARCH_DIRS, NvidiaSmi, query_compute_apps
 from gpulayerd.gpu.rocm import ROCM_SMI_SEARCH_DIRS, probe_rocm
 
 __all__ = [

@@ -34,7 +34,6 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpulayerd.atomic import write_atomic
 from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.command import RunOutcome, run_bounded
 from gpulayerd.gpu.cuda_build import with_cuda_builds
@@ -47,6 +46,7 @@ from gpulayerd.gpu.probe_report import (
     snapshot_from_report,
     stderr_last_line,
 )
+from gpulayerd.host.atomic import write_atomic
 from gpulayerd.models import EnvironmentModel
 
 __all__ = ["TORCH_PENDING_NOTE", "EnvironmentProber", "default_interpreter"]

@@ -4,7 +4,7 @@ One ``nvidia-smi --query-gpu=METRICS_FIELDS --format=csv,noheader,nounits -lms N
 prints one line per GPU every N ms; :class:`NvidiaSampler` runs it (asyncio subprocess, its
 own process group) and yields each line parsed as a :class:`GpuSample`. Compute processes
 come from one ``--query-compute-apps`` call (:func:`async_compute_apps`), parsed with
-:func:`gpulayerd.gpu.nvidia_parse.parse_nvidia_csv`.
+:func:`gpulayerd.gpu.nvidia.parse.parse_nvidia_csv`.
 
 Units: memory in bytes (nvidia-smi's MiB * 2^20), power in watts, temperature in degrees
 Celsius, utilisation in percent. A placeholder (``[N/A]``, ``[Not Supported]``) is None.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from gpulayerd.gpu.nvidia_parse import COMPUTE_APPS_FIELDS, MIB, parse_nvidia_csv
+from gpulayerd.gpu.nvidia.parse import COMPUTE_APPS_FIELDS, MIB, parse_nvidia_csv
 
 __all__ = [
     "METRICS_FIELDS",

@@ -1,7 +1,7 @@
 """THE support matrix of gpulayer: which accelerators jobs may run on, and how far.
 
 Validation and matching consult this table and nothing else: the daemon and the CLI
-pass :data:`SUPPORT_MATRIX` to :mod:`gpulayerd.core.matching`. It is plain data,
+pass :data:`SUPPORT_MATRIX` to :mod:`gpulayerd.core.matching.evaluate`. It is plain data,
 stdlib-only, so the pure core can be handed it without doing I/O.
 
 What our own tests exercise (there is no NVIDIA, Apple or AMD hardware in CI): CPU

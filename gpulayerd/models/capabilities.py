@@ -255,7 +255,7 @@ class Capabilities(BaseModel):
         missing_accounts: user names this worker was asked to run lately and has no account for.
         max_gpus_per_user: the most GPUs of this worker one user may hold; None = no cap.
         driver_cuda: the newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``,
-            else :func:`gpulayerd.core.cuda_compat.driver_cuda_version` of the driver); None if unknown.
+            else :func:`gpulayerd.core.matching.cuda_compat.driver_cuda_version` of the driver); None if unknown.
     """
 
     model_config = ConfigDict(extra="ignore")

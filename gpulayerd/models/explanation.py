@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpulayerd import text as fmt
-from gpulayerd.core.hints import Hint
+from gpulayerd.core.matching.hints import Hint
 from gpulayerd.core.types import Accelerator
 from gpulayerd.core.verdict import Explanation, Placement, Rejection
 
@@ -188,7 +188,7 @@ class JobStateModel(BaseModel):
 
 
 class HintModel(BaseModel):
-    """A nearest-miss hint on the wire (:class:`gpulayerd.core.hints.Hint`): a change to the job
+    """A nearest-miss hint on the wire (:class:`gpulayerd.core.matching.hints.Hint`): a change to the job
     and the workers (node ids) the changed job fits, re-judged; ``text`` is the whole line."""
 
     model_config = ConfigDict(extra="ignore")

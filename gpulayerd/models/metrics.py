@@ -1,6 +1,6 @@
 """Live device metrics (``GET /v1/metrics``): what each GPU of this machine does now, like nvitop.
 
-Sampled by :class:`gpulayerd.app.metrics.MetricsService` only while someone asks (each
+Sampled by :class:`gpulayerd.app.worker.metrics.MetricsService` only while someone asks (each
 request renews a short watch lease). Units: ``*_bytes`` are bytes, ``*_w`` watts,
 ``temperature_c`` degrees Celsius, ``*_pct`` percent (0-100). None: nvidia-smi printed a
 placeholder (``[N/A]``, ``[Not Supported]``) or the value is not known yet.

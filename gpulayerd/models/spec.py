@@ -369,7 +369,7 @@ class JobSpec(BaseModel):
     path: str | None = Field(default=None, max_length=8192)
     """The submitter's ``PATH``, captured by the CLI at submit; the job's ``PATH``."""
     profile: str | None = Field(default=None, max_length=200)
-    """A named runtime profile (:mod:`gpulayerd.core.profiles`), expanded at submit into
+    """A named runtime profile (:mod:`gpulayerd.core.matching.profiles`), expanded at submit into
     ``requirements``."""
     requirement_origins: dict[str, str] = Field(default_factory=dict, max_length=64)
     """Set at submit when ``profile`` is expanded: requirement (``frameworks.torch``) -> where its

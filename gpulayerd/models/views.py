@@ -83,7 +83,7 @@ class JobView(BaseModel):
     environment, workdir and PATH are for its user and admins only: anyone else gets the
     view with ``spec_hidden`` true and a spec that keeps ``name``, ``requirements``,
     ``distributed``, ``policy`` and ``user`` while ``command`` is ``["<hidden>"]``, ``env``
-    is empty and ``workdir`` and ``path`` are null (:func:`gpulayerd.requester.conceal`).
+    is empty and ``workdir`` and ``path`` are null (:func:`gpulayerd.app.common.requester.conceal`).
 
     Attributes:
         submitted_by: the user the job belongs to (its submitter's account, from the kernel).

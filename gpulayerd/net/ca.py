@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gpulayerd.atomic import fsync_dir
+from gpulayerd.host.atomic import fsync_dir
 from gpulayerd.net.enroll import (
     DEFAULT_TTL_S,
     TOKEN_PREFIX,

@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpulayerd.atomic import create_exclusive, write_atomic
+from gpulayerd.host.atomic import create_exclusive, write_atomic
 
 __all__ = [
     "CA_CERT",
@@ -420,7 +420,7 @@ def utc_now() -> dt.datetime:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically, mode 0600 (:func:`gpulayerd.atomic.write_atomic`).
+    """Replace ``path`` with ``data`` atomically, mode 0600 (:func:`gpulayerd.host.atomic.write_atomic`).
 
     Raises:
         TlsError: the file cannot be written.

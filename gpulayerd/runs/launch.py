@@ -16,7 +16,7 @@ from typing import Literal
 from gpulayerd.core.launch import launch_env
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
-from gpulayerd.runs.identity import JobUser, lookup_user, this_user
+from gpulayerd.runs.account import JobUser, lookup_user, this_user
 from gpulayerd.runs.runner import RunnerError
 
 __all__ = ["DEFAULT_PATH", "build_argv", "build_env", "build_gang_argv", "resolve_job_user"]

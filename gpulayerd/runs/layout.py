@@ -22,7 +22,7 @@ started through the zygote makes six (two directories, ``launch.json``, ``watchd
 ``job.json``, ``exit.json``), and the runs directory spreads the jobs' directories over the disk
 (:func:`spread_job_dirs`).
 
-Standard library only (and :mod:`gpulayerd.atomic`, standard library only too): the watchdog
+Standard library only (and :mod:`gpulayerd.host.atomic`, standard library only too): the watchdog
 imports this module.
 """
 
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from gpulayerd.atomic import create_exclusive, write_atomic
+from gpulayerd.host.atomic import create_exclusive, write_atomic
 
 __all__ = [
     "ABANDONED",
@@ -160,7 +160,7 @@ def write_json(path: Path, data: Mapping[str, object]) -> None:
 
 def write_file(path: Path, data: str) -> None:
     """Replace ``path`` with ``data`` (UTF-8, mode 0600) atomically, without fsync
-    (:func:`gpulayerd.atomic.write_atomic` with ``durable=False``).
+    (:func:`gpulayerd.host.atomic.write_atomic` with ``durable=False``).
 
     A reader sees the old file or the new one, never a part, and the file survives a crash
     of any process; not a crash of the machine (then the job is gone too, and the store,
@@ -186,7 +186,7 @@ def claim_run_dir(run_dir: Path, record: Mapping[str, object]) -> bool:
     """The watchdog's claim: create ``RUN_DIR/watchdog.json`` holding ``record``, unless it exists;
     True if this caller created it (it wins).
 
-    The file appears complete or not at all (:func:`gpulayerd.atomic.create_exclusive`, without
+    The file appears complete or not at all (:func:`gpulayerd.host.atomic.create_exclusive`, without
     fsync, like :func:`write_file`). A missing run directory counts as won: nothing can start
     there. A ``claim`` file (:data:`LEGACY_CLAIM_FILE`) counts as a claim already made.
 

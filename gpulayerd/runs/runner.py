@@ -40,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from gpulayerd.runs import exitnote, layout
-from gpulayerd.runs.identity import JobUser
+from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
     EXIT_FILE,

@@ -75,8 +75,8 @@ from types import FrameType
 
 import psutil
 
+from gpulayerd.runs.account import JobUser, check_still_maps
 from gpulayerd.runs.exitnote import KEEP_S, ExitNote, retry_delays, socket_name
-from gpulayerd.runs.identity import JobUser, check_still_maps
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
     EXIT_FILE,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import astuple, dataclass, fields
 
-from gpulayerd.core import gang as core
-from gpulayerd.core.gang import GangAttempt
+from gpulayerd.core.protocol import gang as core
+from gpulayerd.core.protocol.gang import GangAttempt
 from gpulayerd.store.db import Database
 
 __all__ = ["GangRow", "GangsTable", "gang_from_row", "gang_to_row"]
@@ -117,7 +117,7 @@ def gang_to_row(g: GangAttempt, now_wall: float) -> GangRow:
 
 
 def gang_from_row(r: GangRow) -> GangAttempt:
-    """A gang attempt from its store row (times are 0: see :func:`gpulayerd.core.gang.recovered`)."""
+    """A gang attempt from its store row (times are 0: see :func:`gpulayerd.core.protocol.gang.recovered`)."""
     members = tuple(json.loads(r.members_json))
     ff = json.loads(r.first_failure_json) if r.first_failure_json else None
     v = json.loads(r.verdict_json) if r.verdict_json else None

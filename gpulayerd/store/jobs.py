@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from gpulayerd.core.claims import JobStatus, PersistJob
+from gpulayerd.core.protocol.claims import JobStatus, PersistJob
 from gpulayerd.store.db import Database, Rollback
 from gpulayerd.store.rows import (
     JOB_FIELDS,
@@ -205,7 +205,7 @@ class JobsTable:
         """Carry out ``action`` as a compare-and-set on (status, attempt), with its event row.
 
         Every stored change has a reason (a lease renewal is not stored at all: it is
-        :class:`~gpulayerd.core.claims.ExtendLease`, kept in the owner's memory).
+        :class:`~gpulayerd.core.protocol.claims.ExtendLease`, kept in the owner's memory).
 
         Returns:
             True if the job still had ``expect_status`` and ``expect_attempt`` and is

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from gpulayerd.core.claims import JobRecord, JobStatus
+from gpulayerd.core.protocol.claims import JobRecord, JobStatus
 
 __all__ = [
     "AmbiguousJobId",

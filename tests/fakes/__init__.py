@@ -30,7 +30,7 @@ FAKE_BIN = Path(__file__).resolve().parent / "bin"
 FORMAT = "--format=csv,noheader,nounits"
 COMPUTE_APPS_ARGV = ["--query-compute-apps=gpu_uuid,pid,used_memory", FORMAT]
 MIG_MODE_ARGV = ["--query-gpu=index,uuid,pci.bus_id,mig.mode.current", FORMAT]
-"""The MIG-mode query the daemon runs after ``--query-gpu`` (gpulayerd.gpu.nvidia_devices)."""
+"""The MIG-mode query the daemon runs after ``--query-gpu`` (gpulayerd.gpu.nvidia.devices)."""
 
 
 def gpu_query_argv(compute_cap: bool = True, memory_used: bool = True) -> list[str]:
@@ -44,7 +44,7 @@ def gpu_query_argv(compute_cap: bool = True, memory_used: bool = True) -> list[s
 
 def smi_header(driver: str = "550.54.15", cuda: str = "12.4") -> dict[str, Any]:
     """Plain ``nvidia-smi``'s answer (no arguments): its banner with ``CUDA Version:``, which the
-    probe reads once per binary and driver (gpulayerd.gpu.nvidia.query_driver_cuda)."""
+    probe reads once per binary and driver (gpulayerd.gpu.nvidia.query.query_driver_cuda)."""
     banner = (
         "Tue Dec  1 00:00:00 2026       \n"
         "+-----------------------------------------------------------------------------------------+\n"

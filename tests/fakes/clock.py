@@ -1,4 +1,4 @@
-"""A :class:`~gpulayerd.app.clock.Clock` whose time moves only when a test moves it.
+"""A :class:`~gpulayerd.app.common.clock.Clock` whose time moves only when a test moves it.
 
 ``monotonic()`` and ``wall()`` start at fixed values and advance together with
 :meth:`FakeClock.advance`. ``sleep(s)`` never sleeps for real: it waits until the test
@@ -11,7 +11,7 @@ import asyncio
 import heapq
 import itertools
 
-from gpulayerd.app.clock import Clock
+from gpulayerd.app.common.clock import Clock
 
 __all__ = ["FakeClock"]
 

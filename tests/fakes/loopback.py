@@ -28,8 +28,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from gpulayerd.app.machine import Machine
-from gpulayerd.app.usage import UsageService
+from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.worker.machine import Machine
 from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.errors import PeerBadRequest, PeerCallError, PeerRefused
 from gpulayerd.models import Capabilities, PeerView

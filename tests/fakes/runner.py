@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulayerd.runs.identity import JobUser
+from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunState, RunStatus
 
 from .clock import FakeClock

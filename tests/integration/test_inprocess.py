@@ -214,7 +214,7 @@ async def test_the_end_of_a_job_is_recorded_after_its_start_however_fast_it_ends
         root: Path, daemon_log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job can end before its start is stored: its end waits for that write (no race for the job's
     row, no second read and write), and its history reads claimed, running, then succeeded."""
-    from gpulayerd.app.jobs import OwnedJobs
+    from gpulayerd.app.common.owned_jobs import OwnedJobs
 
     started, retried = OwnedJobs.started, []
     apply = OwnedJobs.apply

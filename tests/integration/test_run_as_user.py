@@ -20,16 +20,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulayerd.app.clock import Clock
-from gpulayerd.app.machine import PathChecker
-from gpulayerd.app.starter import Starter
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.worker.machine import PathChecker
+from gpulayerd.app.worker.starter import Starter
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.launch import launch_env
-from gpulayerd.core.requirements import check_workdir
+from gpulayerd.core.matching.requirements import check_workdir
 from gpulayerd.core.types import Accelerator, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Check, Placement, RejectionCode
 from gpulayerd.models import JobSpec
-from gpulayerd.runs.identity import JobUser, lookup_user
+from gpulayerd.runs.account import JobUser, lookup_user
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
 from tests.fakes.accounts import Account, Accounts
 

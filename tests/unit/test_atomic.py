@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.atomic import create_exclusive, write_atomic
+from gpulayerd.host.atomic import create_exclusive, write_atomic
 
 
 def _mode(path: Path) -> int:

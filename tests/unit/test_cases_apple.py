@@ -14,8 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpulayerd.capabilities import build_capabilities
-from gpulayerd.core.matching import match
+from gpulayerd.core.matching.evaluate import match
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -27,6 +26,7 @@ from gpulayerd.core.types import (
 from gpulayerd.core.verdict import Placement, RejectionCode
 from gpulayerd.gpu.apple import estimate_working_set_bytes, probe_apple, read_apple_facts
 from gpulayerd.gpu.command import CommandResult
+from gpulayerd.gpu.compose import build_capabilities
 from gpulayerd.gpu.discovery import HostInventory
 from gpulayerd.gpu.probe_report import snapshot_from_report
 from gpulayerd.gpu.support import SUPPORT_MATRIX

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from gpulayerd.cli import build_parser
-from gpulayerd.cli.errors import UsageError
+from gpulayerd.cli.exits import UsageError
 from gpulayerd.cli.jobs import _spec_from_flags
-from gpulayerd.core.matching import match
+from gpulayerd.core.matching.evaluate import match
+from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import EnvironmentSnapshot, FrameworkVersion, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Placement, RejectionCode
-from gpulayerd.core.versions import VersionCheck, check_version
 from gpulayerd.gpu.dist_files import mark_files_on_disk
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.probe import read_frameworks

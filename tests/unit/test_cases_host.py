@@ -164,8 +164,8 @@ def test_virtual_interfaces_are_skipped(name: str) -> None:
 
 def test_mdns_free_counts_free_gpus_not_gpu_jobs() -> None:
     """A 2-GPU job on a 4-GPU machine leaves 2 free (not 3: one job, two GPUs)."""
-    from gpulayerd.app.ledger import Ledger
-    from gpulayerd.app.machine import Machine
+    from gpulayerd.app.common.ledger import Ledger
+    from gpulayerd.app.worker.machine import Machine
     from gpulayerd.core.types import Accelerator, DeviceSnapshot
     from gpulayerd.models import Capabilities, DeviceModel, JobSpec
 
@@ -186,8 +186,8 @@ def test_mdns_free_counts_free_gpus_not_gpu_jobs() -> None:
 def test_mdns_counts_neither_lost_gpus_nor_mig_parents() -> None:
     """A lost GPU is never granted and a GPU in MIG mode is granted only as its instances: the
     TXT record counts what can be granted (here the MIG instance and the healthy whole GPU)."""
-    from gpulayerd.app.ledger import Ledger
-    from gpulayerd.app.machine import Machine
+    from gpulayerd.app.common.ledger import Ledger
+    from gpulayerd.app.worker.machine import Machine
     from gpulayerd.core.types import Accelerator, DeviceKind, DeviceSnapshot, DeviceState
     from gpulayerd.models import Capabilities, DeviceModel
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from gpulayerd.core.launch import cuda_visible_devices, launch_env, visible_cuda_devices
-from gpulayerd.core.matching import match
+from gpulayerd.core.matching.evaluate import match
+from gpulayerd.core.matching.versions import VersionCheck, check_version, is_valid_version
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -26,7 +27,6 @@ from gpulayerd.core.types import (
     WorkerSnapshot,
 )
 from gpulayerd.core.verdict import Placement, RejectionCode
-from gpulayerd.core.versions import VersionCheck, check_version, is_valid_version
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import JobSpec, parse_compute_capability
 

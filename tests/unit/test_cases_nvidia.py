@@ -31,7 +31,7 @@ from gpulayerd.gpu.discovery import (
     parse_meminfo_total_bytes,
     parse_nvidia_csv,
 )
-from gpulayerd.gpu.nvidia_parse import nvidia_devices, nvidia_gpus
+from gpulayerd.gpu.nvidia.parse import nvidia_devices, nvidia_gpus
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from tests.fakes import (
     COMPUTE_APPS_ARGV,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpulayerd.core.claims import (
+from gpulayerd.core.protocol.claims import (
     ACTIVE,
     TERMINAL,
     Action,

@@ -14,8 +14,8 @@ import pytest
 
 from gpulayerd.cli import main
 from gpulayerd.cli.http import BadTimeout, Record, timeout_from_env
-from gpulayerd.core.claims import JobStatus
-from gpulayerd.jobs_query import JobsQuery, select
+from gpulayerd.core.protocol.claims import JobStatus
+from gpulayerd.models.jobs_query import JobsQuery, select
 from gpulayerd.store import JobRow, Store
 
 

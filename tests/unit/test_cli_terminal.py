@@ -14,7 +14,7 @@ import pytest
 from gpulayerd import text
 from gpulayerd.cli import build_parser, main
 from gpulayerd.cli.completion import script
-from gpulayerd.cli.errors import UsageError
+from gpulayerd.cli.exits import UsageError
 from gpulayerd.cli.jobs_table import DEFAULT, line_width, parse_columns, render_jobs
 from gpulayerd.cli.run import exit_code_of
 from gpulayerd.models import JobSpec, JobView, SpecError, job_spec_from_mapping

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.core.cuda_compat import Compat, driver_cuda_version, driver_supports, minimum_driver
-from gpulayerd.core.matching import explain
+from gpulayerd.core.matching.cuda_compat import Compat, driver_cuda_version, driver_supports, minimum_driver
+from gpulayerd.core.matching.evaluate import explain
 from gpulayerd.core.types import (
     Accelerator,
     DeviceSnapshot,
@@ -20,7 +20,7 @@ from gpulayerd.core.types import (
 )
 from gpulayerd.core.verdict import RejectionCode, Verdict
 from gpulayerd.gpu.cuda_build import cuda_builds_in, read_torch_cuda
-from gpulayerd.gpu.nvidia import parse_cuda_version_header, query_driver_cuda
+from gpulayerd.gpu.nvidia.query import parse_cuda_version_header, query_driver_cuda
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import Capabilities, SpecError, job_spec_from_mapping
 from tests.fakes.envs import add_dists
@@ -207,7 +207,7 @@ def test_spec_to_core_and_capabilities_carry_the_new_fields() -> None:
         (Path(__file__).resolve().parents[1] / "data" / "workers" / "lab-ws-02.json").read_text())
     w = caps.to_core()
     assert (w.os, w.driver_cuda) == ("linux", None)  # an older report: the driver version still decides
-    from gpulayerd.capabilities import build_capabilities
+    from gpulayerd.gpu.compose import build_capabilities
     from gpulayerd.gpu.discovery import HostInventory
 
     inv = HostInventory(devices=tuple(d.to_core() for d in caps.devices), health=(), cpu_count=1,

@@ -179,8 +179,8 @@ def test_compute_apps_can_be_switched_off(tmp_path: Path) -> None:
 def test_driver_cuda_from_the_header_once_per_driver_else_the_table(tmp_path: Path) -> None:
     """Hosts report nvidia-smi's ``CUDA Version:`` (here a header that differs from the table's 12.4
     for 550.54.15, so the source shows); without a header, the driver -> CUDA table."""
-    from gpulayerd.capabilities import build_capabilities
-    from gpulayerd.gpu.nvidia import NvidiaSmi
+    from gpulayerd.gpu.compose import build_capabilities
+    from gpulayerd.gpu.nvidia.query import NvidiaSmi
 
     fake = install_fake_tool(tmp_path / "bin", "nvidia-smi", [response(FULL, TWO_GPUS),
                                                              smi_header("550.54.15", "12.5")])

@@ -233,8 +233,8 @@ async def test_the_daemon_renews_a_members_certificate_through_its_signer(tmp_pa
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from typing import cast
 
-    from gpulayerd.app.clock import Clock
-    from gpulayerd.app.trust import Trust
+    from gpulayerd.app.cluster.trust import Trust
+    from gpulayerd.app.common.clock import Clock
 
     a, b = tmp_path / "a", tmp_path / "b"
     await asyncio.to_thread(ca.cluster_init, a, "lab", addresses=["127.0.0.1:1"])

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.app import explainer
-from gpulayerd.app.explainer import TAIL_BYTES, TAIL_LINES, Tail, build_state, state_explanation, tail_of
-from gpulayerd.core.claims import JobStatus
+from gpulayerd.app.common.requester import Requester
+from gpulayerd.app.owner import explainer
+from gpulayerd.app.owner.explainer import TAIL_BYTES, TAIL_LINES, Tail, build_state, state_explanation, tail_of
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.models import ExplanationModel, LogChunk
-from gpulayerd.requester import Requester
 from gpulayerd.store import JobRow
 from gpulayerd.store.rows import AttemptRow, EventRow
 from tests.fakes.daemons import OWNER, W1, Lab, d

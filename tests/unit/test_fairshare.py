@@ -199,7 +199,7 @@ def test_gpu_cap_rejects_exactly_when_held_plus_wanted_passes_the_cap(cap: int |
 
 
 def test_the_cap_shows_in_evaluate_as_fits_but_busy() -> None:
-    from gpulayerd.core.matching import evaluate
+    from gpulayerd.core.matching.evaluate import evaluate
     from gpulayerd.core.types import DeviceSnapshot, EnvironmentSnapshot
     from gpulayerd.core.verdict import FitState
     from gpulayerd.gpu.support import SUPPORT_MATRIX

@@ -16,8 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from gpulayerd.core import gang, holds
-from gpulayerd.core.gang import (
+from gpulayerd.core.protocol import gang, holds
+from gpulayerd.core.protocol.gang import (
     AbortRequested,
     EndAttempt,
     ExtendGangLease,

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpulayerd.core import gang
-from gpulayerd.core.gang import Exit, Failure, GangAttempt, Loss, Verdict
+from gpulayerd.core.protocol import gang
+from gpulayerd.core.protocol.gang import Exit, Failure, GangAttempt, Loss, Verdict
 from gpulayerd.store import SCHEMA_VERSION, Store
 from gpulayerd.store.gangs import gang_from_row, gang_to_row
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulayerd.app.metrics import JobLabel, MetricsService
+from gpulayerd.app.worker.metrics import JobLabel, MetricsService
 from gpulayerd.gpu.metrics import (
     METRICS_FIELDS,
     ComputeApp,
@@ -26,7 +26,7 @@ from gpulayerd.gpu.metrics import (
     parse_sample_line,
     pid_user,
 )
-from gpulayerd.gpu.nvidia_parse import MIB
+from gpulayerd.gpu.nvidia.parse import MIB
 from tests.fakes import COMPUTE_APPS_ARGV, FakeTool, install_fake_tool, response
 from tests.fakes.clock import FakeClock
 

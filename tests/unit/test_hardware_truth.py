@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.capabilities import build_capabilities
 from gpulayerd.cli.render import render_capabilities
 from gpulayerd.core.launch import launch_env
-from gpulayerd.core.matching import evaluate, match
+from gpulayerd.core.matching.evaluate import evaluate, match
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -29,8 +28,9 @@ from gpulayerd.core.types import (
 )
 from gpulayerd.core.verdict import FitState, Placement, RejectionCode
 from gpulayerd.gpu.command import decisive_line
+from gpulayerd.gpu.compose import build_capabilities
 from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host
-from gpulayerd.gpu.nvidia_mig import normalise_bus_id, parse_query
+from gpulayerd.gpu.nvidia.mig import normalise_bus_id, parse_query
 from gpulayerd.gpu.rocm import probe_rocm
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import Capabilities
@@ -215,7 +215,7 @@ def test_decisive_line_prefers_error_lines(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_gpu_vanishing_between_probes_is_not_granted(tmp_path: Path) -> None:
-    from gpulayerd.app.machine import REPROBE_AFTER_S
+    from gpulayerd.app.worker.machine import REPROBE_AFTER_S
     from tests.fakes.daemons import W1, Lab, d
 
     lab = Lab(tmp_path)

@@ -1,11 +1,11 @@
-"""Nearest-miss hints (gpulayerd.core.hints): each kind of change, its exact text and the workers it unlocks."""
+"""Nearest-miss hints (gpulayerd.core.matching.hints): each kind of change, its exact text and the workers it unlocks."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpulayerd.core.hints import nearest_misses
-from gpulayerd.core.matching import evaluate, explain
+from gpulayerd.core.matching.evaluate import evaluate, explain
+from gpulayerd.core.matching.hints import nearest_misses
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -217,7 +217,7 @@ def _rebuild(job: JobRequest, change: str) -> JobRequest:
 
 def test_hints_render_escaped_in_explain_show_and_the_why_tab() -> None:
     from gpulayer_tui.widgets.explanation import hint_lines
-    from gpulayerd.app.explainer import explain_with_hints
+    from gpulayerd.app.owner.explainer import explain_with_hints
     from gpulayerd.cli.render import render_explanation
 
     evil = "ws-3\x1b[2J"  # a worker's name comes from a peer: data, never a terminal command
@@ -262,7 +262,7 @@ async def test_owner_explain_and_show_carry_hints(lab: Lab) -> None:
 
 
 def test_widen_changes_only_the_failing_clauses_in_order() -> None:
-    from gpulayerd.core.hint_versions import widen
+    from gpulayerd.core.matching.hint_versions import widen
 
     assert widen(">=2.4", NGC) == (">=2.4.0a0", f"{NGC} is a pre-release of 2.4")
     assert widen("~=2.4", "2.4.0rc1") == (">=2.4.0rc1,==2.*", "2.4.0rc1 is a pre-release of 2.4")

@@ -12,7 +12,7 @@ from gpulayerd.core.types import Accelerator
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
 from gpulayerd.runs import launch
-from gpulayerd.runs.identity import JobUser
+from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.launch import DEFAULT_PATH, build_env, resolve_job_user
 from gpulayerd.runs.runner import RunnerError
 
@@ -86,7 +86,7 @@ def test_a_personal_daemon_refuses_another_users_job() -> None:
 def test_a_daemon_that_is_not_root_runs_only_its_own_users_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     nobody = pwd.getpwnam("nobody")
     monkeypatch.setattr(launch.os, "geteuid", lambda: nobody.pw_uid)
-    monkeypatch.setattr("gpulayerd.runs.identity.os.geteuid", lambda: nobody.pw_uid)
+    monkeypatch.setattr("gpulayerd.runs.account.os.geteuid", lambda: nobody.pw_uid)
     with pytest.raises(RunnerError, match="runs as 'nobody' and runs only that user's jobs, not 'root'"):
         resolve_job_user("root", "system", True)
     user = resolve_job_user("nobody", "system", False)

@@ -23,7 +23,7 @@ from gpulayerd import __main__ as daemon_main
 from gpulayerd.api.unixsite import _clear_socket_path, start_unix_site
 from gpulayerd.api.unixsite import socket_answers as _answers
 from gpulayerd.config import SYSTEM_RUNTIME_DIR, SYSTEM_STATE_DIR, DaemonConfig
-from gpulayerd.machinelock import (
+from gpulayerd.host.machinelock import (
     LOCK_NAME,
     Holder,
     MachineLocked,
@@ -32,7 +32,7 @@ from gpulayerd.machinelock import (
     read_holder,
     release_machine_lock,
 )
-from gpulayerd.privdirs import UnsafeDirectory, make_public_dir
+from gpulayerd.host.privdirs import UnsafeDirectory, make_public_dir
 
 ME = Holder(pid=1234, mode="system", socket="/run/gpulayer/gpulayerd.sock", state_dir="/var/lib/gpulayer", uid=0)
 OTHER = Holder(pid=99, mode="personal", socket="/tmp/x.sock", state_dir="/tmp/x", uid=1000)
@@ -272,8 +272,9 @@ def test_the_cli_finds_the_system_socket_when_no_personal_daemon_answers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from gpulayerd import config, sockets
+    from gpulayerd import config
     from gpulayerd.cli.client import socket_path
+    from gpulayerd.host import sockets
 
     system = tmp_path / "run" / "gpulayerd.sock"
     monkeypatch.setattr(sockets, "SYSTEM_SOCKET_PATH", system)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpulayerd.core.launch import launch_env
-from gpulayerd.core.matching import evaluate, explain, explain_many, match, validate
+from gpulayerd.core.matching.evaluate import evaluate, explain, explain_many, match, validate
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -68,7 +68,7 @@ def env(
     interpreter: str = "/usr/bin/python3",
     ok: bool = True,
 ) -> EnvironmentSnapshot:
-    from gpulayerd.core.versions import is_valid_version
+    from gpulayerd.core.matching.versions import is_valid_version
 
     fws = {
         name: FrameworkVersion(name=name, version=v, distribution=name, valid=is_valid_version(v))

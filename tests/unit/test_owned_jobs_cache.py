@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.app import jobs as jobs_mod
-from gpulayerd.app.jobs import OwnedJobs
-from gpulayerd.core.claims import JobStatus
+from gpulayerd.app.common import owned_jobs as jobs_mod
+from gpulayerd.app.common.owned_jobs import OwnedJobs
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.store import JobRow, Store
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.app import machine
-from gpulayerd.app.clock import Clock
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.worker import machine
 
 
 @pytest.mark.asyncio

@@ -1,5 +1,5 @@
 """Placement spreads bursts (issue 17): an owner offers the jobs that fit only peers to the
-least-loaded fitting peers (:func:`gpulayerd.core.claims.choose_target`), so every idle
+least-loaded fitting peers (:func:`gpulayerd.core.protocol.claims.choose_target`), so every idle
 worker gets work at once, and no job is ever run twice (the owner's compare-and-set).
 """
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulayerd.core.claims import (
+from gpulayerd.core.protocol.claims import (
     ClaimRequested,
     GrantClaim,
     JobRecord,
@@ -23,7 +23,7 @@ from gpulayerd.core.claims import (
     handle,
     spread_offers,
 )
-from gpulayerd.core.claims import JobStatus as S
+from gpulayerd.core.protocol.claims import JobStatus as S
 from tests.fakes.daemons import three_daemons
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.app.envchecks import TorchChecks
-from gpulayerd.app.signals import Signals
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.worker.envchecks import TorchChecks
 from gpulayerd.cli.render import render_capabilities
 from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.environments import TORCH_PENDING_NOTE, EnvironmentProber

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from gpulayerd.cli import main
-from gpulayerd.core.profiles import Profile, UnknownProfile, check_profile, expand_profile
+from gpulayerd.core.matching.profiles import Profile, UnknownProfile, check_profile, expand_profile
 from gpulayerd.errors import InvalidSpec
 from gpulayerd.gpu.environments import EnvironmentProber
-from gpulayerd.models import SubmitRequest
-from gpulayerd.profile_files import (
+from gpulayerd.host.profile_files import (
     SHIPPED_PROFILES,
     ProfileFileError,
     load_profiles,
     parse_profiles,
     write_user_profile,
 )
+from gpulayerd.models import SubmitRequest
 from tests.fakes.daemons import Lab, d
 from tests.fakes.envs import make_env
 

@@ -1,6 +1,6 @@
 """Property tests: spec parsing never crashes, matching is sound, deterministic and peer-stable.
 
-The oracles here are written independently of :mod:`gpulayerd.core.matching`: versions are
+The oracles here are written independently of :mod:`gpulayerd.core.matching.evaluate`: versions are
 checked with ``packaging`` directly, device requirements are re-stated from the spec.
 """
 
@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from gpulayerd.core.matching import evaluate, explain, explain_many, job_signature, match, validate
+from gpulayerd.core.matching.evaluate import evaluate, explain, explain_many, job_signature, match, validate
+from gpulayerd.core.matching.versions import is_valid_version
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -33,7 +34,6 @@ from gpulayerd.core.types import (
     WorkerSnapshot,
 )
 from gpulayerd.core.verdict import FitState, Placement, Verdict
-from gpulayerd.core.versions import is_valid_version
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import (
     KNOWN_FRAMEWORKS,

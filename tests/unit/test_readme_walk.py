@@ -21,20 +21,20 @@ from aiohttp.test_utils import make_mocked_request
 from gpulayerd import text
 from gpulayerd.api import server
 from gpulayerd.api.server import make_local_app
+from gpulayerd.app.common.requester import Requesters
 from gpulayerd.app.local import LocalApi
 from gpulayerd.app.roles import LocalRoles
 from gpulayerd.cli import build_parser, main
 from gpulayerd.cli.jobs import JOB_STATES, SHIPPED_PROFILE_NAMES
 from gpulayerd.cli.jobs_table import default_columns, render_jobs
-from gpulayerd.core.claims import JobStatus
-from gpulayerd.core.matching import explain
-from gpulayerd.core.profiles import check_profile
+from gpulayerd.core.matching.evaluate import explain
+from gpulayerd.core.matching.profiles import check_profile
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.types import Accelerator, EnvironmentSnapshot, FrameworkVersion, JobRequest, WorkerSnapshot
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.support import SUPPORT_MATRIX
+from gpulayerd.host.profile_files import SHIPPED_PROFILES, load_profiles
 from gpulayerd.models import JobSpec, JobView
-from gpulayerd.profile_files import SHIPPED_PROFILES, load_profiles
-from gpulayerd.requester import Requesters
 from tests.fakes.daemons import OWNER, Lab, d
 
 QUICKSTART = EnvironmentSnapshot(  # the README's quick-start venv: torch 2.13 CPU, no numpy

@@ -10,7 +10,7 @@ import pytest
 
 from gpulayerd.cli.render import reason_cell
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching import explain
+from gpulayerd.core.matching.evaluate import explain
 from gpulayerd.core.reasons import MEANINGS, ReasonCode, code_for, code_of, reason_of, reason_text, split
 from gpulayerd.core.types import (
     GB,

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpulayerd.core.claims import JobStatus
-from gpulayerd.core.matching import explain
+from gpulayerd.core.matching.evaluate import explain
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.reasons import reason_text
 from gpulayerd.core.verdict import Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX

@@ -24,11 +24,7 @@ from aiohttp import web
 from gpulayerd import routes
 from gpulayerd.api.client import ApiRequestError, DaemonClient
 from gpulayerd.api.server import make_local_app
-from gpulayerd.app.local import LocalApi
-from gpulayerd.app.roles import LocalRoles
-from gpulayerd.errors import Forbidden
-from gpulayerd.models import SubmitRequest
-from gpulayerd.requester import (
+from gpulayerd.app.common.requester import (
     DEFAULT_JOB_PATH,
     HIDDEN,
     PeerCredentials,
@@ -36,6 +32,10 @@ from gpulayerd.requester import (
     Requesters,
     peer_credentials,
 )
+from gpulayerd.app.local import LocalApi
+from gpulayerd.app.roles import LocalRoles
+from gpulayerd.errors import Forbidden
+from gpulayerd.models import SubmitRequest
 from tests.fakes.accounts import Accounts
 from tests.fakes.daemons import OWNER, Lab, d
 

@@ -17,8 +17,8 @@ from textual.app import App, ComposeResult
 import gpulayerd.cli.jobs as cli_jobs
 from gpulayer_tui.widgets.keyed_table import KeyedTable
 from gpulayerd.cli import EXIT_USAGE, build_parser, main
-from gpulayerd.cli.errors import EXIT_INTERRUPTED
-from gpulayerd.profile_files import ProfileFileError, load_profiles
+from gpulayerd.cli.exits import EXIT_INTERRUPTED
+from gpulayerd.host.profile_files import ProfileFileError, load_profiles
 from tests.tui.helpers import screen_text
 
 NESTED = "[" * 3000 + "]" * 3000

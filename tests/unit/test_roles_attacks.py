@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from gpulayerd.app.common.requester import HIDDEN
 from gpulayerd.errors import Forbidden, PeerRefused
 from gpulayerd.models import SubmitRequest
 from gpulayerd.models.stored import dump_placement, read_placement
 from gpulayerd.net.transport import BY_NAME
 from gpulayerd.net.wire import Hold, JobsRequest, Offer, new_msg_id
-from gpulayerd.requester import HIDDEN
 from tests.fakes.daemons import LEASE_S, OWNER, W1, W2, Lab, d
 from tests.unit.test_services_remote_jobs import BOB, authorized, running_on_w1, system_nodes, write_log
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulayerd.core.claims import JobStatus
 from gpulayerd.core.fairshare import credible_holdings
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.store import SCHEMA_VERSION, JobRow, RemoteRunRow, Store
 from gpulayerd.store.schema import MIGRATIONS
 

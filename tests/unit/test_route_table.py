@@ -42,6 +42,7 @@ from gpulayerd import routes
 from gpulayerd.api.client import ApiRequestError, DaemonClient
 from gpulayerd.api.peer import PeerClient, TlsNetwork, make_peer_app, start_peer_site
 from gpulayerd.api.server import make_local_app
+from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.errors import PeerCallError, PeerRefused
 from gpulayerd.models import SubmitRequest
 from gpulayerd.net import ca, identity, tls
@@ -65,7 +66,6 @@ from gpulayerd.net.wire import (
     RunReport,
     new_msg_id,
 )
-from gpulayerd.requester import Requester, Requesters
 from tests.fakes.daemons import LEASE_S, OWNER, W1, W2, FakeDaemon, Lab, d, three_daemons
 
 SECRET = "7f3a9c"  # in the jobs' command and environment: no refused answer may carry it

@@ -556,7 +556,7 @@ def test_a_job_with_the_watchdogs_own_ids_and_groups_needs_no_switch() -> None:
     from dataclasses import replace
 
     from gpulayerd.runs import watchdog
-    from gpulayerd.runs.identity import JobUser
+    from gpulayerd.runs.account import JobUser
 
     me = JobUser(name="me", uid=os.geteuid(), gid=os.getegid(), groups=tuple(os.getgroups()), home="/",
                  shell="/bin/sh")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.core.claims import JobStatus
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.models import SubmitRequest
 from tests.fakes.daemons import OWNER, FakeDaemon, Lab
 from tests.unit.test_reasons_scheduler import _caps, _submit

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.core.claims import JobStatus
-from gpulayerd.core.matching import explain
+from gpulayerd.core.matching.evaluate import explain
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.verdict import Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from tests.fakes.daemons import OWNER, Lab

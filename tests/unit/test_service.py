@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from gpulayerd import cli
-from gpulayerd.notify import notify, notify_ready, notify_status, notify_stopping
-from gpulayerd.service import (
+from gpulayerd.host.notify import notify, notify_ready, notify_status, notify_stopping
+from gpulayerd.host.service_user import (
     LAUNCHD_LABEL,
     PLACEHOLDER_GPULAYERD,
     PLACEHOLDER_HOME,
@@ -184,7 +184,7 @@ def test_unit_keeps_jobs_on_stop_and_leaves_gpus_tmp_and_home_reachable() -> Non
 
 
 def test_repo_files_are_the_renderings_with_placeholder_paths() -> None:
-    regen = ("regenerate them: .venv/bin/python -c 'from pathlib import Path; from gpulayerd.service import *; "
+    regen = ("regenerate them: .venv/bin/python -c 'from pathlib import Path; from gpulayerd.host.service_user import *; "
              "Path(\"systemd/gpulayerd.service\").write_text(render_systemd_unit(PLACEHOLDER_GPULAYERD, [])); "
              "Path(\"launchd/io.gpulayer.gpulayerd.plist\").write_text(render_launchd_plist(PLACEHOLDER_GPULAYERD, "
              "[], PLACEHOLDER_HOME + \"/Library/Logs/gpulayer/gpulayerd.log\"))'")
@@ -431,7 +431,7 @@ def test_gpulayerd_is_found_next_to_this_interpreter() -> None:
 
 def test_missing_gpulayerd_fails_clearly(home: Path, capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gpulayerd.service.find_gpulayerd", lambda: None)
+    monkeypatch.setattr("gpulayerd.host.service_user.find_gpulayerd", lambda: None)
     code, _, err = run_cli(capsys, "service", "install", "--os", "linux")
     assert code == cli.EXIT_FAILURE and "cannot find this installation's gpulayerd" in err
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpulayerd import cli
-from gpulayerd.service import LAUNCHD_LABEL, PLACEHOLDER_GPULAYERD, find_gpulayerd, is_pristine
-from gpulayerd.service_system import render_launchd_daemon, render_systemd_system_unit, set_system_owner
+from gpulayerd.host.service_system import render_launchd_daemon, render_systemd_system_unit, set_system_owner
+from gpulayerd.host.service_user import LAUNCHD_LABEL, PLACEHOLDER_GPULAYERD, find_gpulayerd, is_pristine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_SYSTEM_UNIT = REPO_ROOT / "systemd" / "gpulayerd-system.service"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpulayerd.api.peer import MAX_LOG_OFFSET, REFUSED_STAT, request_problem
+from gpulayerd.app.common.requester import Requester
 from gpulayerd.errors import PeerCallError
 from gpulayerd.models import JobList, SubmitRequest
 from gpulayerd.net.transport import COMMIT, HOLD, JOBS, KILL, LOGS, OFFER, RELEASE, REPORT, PeerRoute
@@ -30,7 +31,6 @@ from gpulayerd.net.wire import (
     RunReport,
     new_msg_id,
 )
-from gpulayerd.requester import Requester
 from tests.fakes.daemons import LEASE_S, OWNER, W1, W2, Lab, d
 
 

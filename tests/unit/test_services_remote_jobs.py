@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from gpulayerd import routes
+from gpulayerd.app.common.requester import HIDDEN, Requester
 from gpulayerd.app.local import LocalApi
 from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob, PeerUnreachable
 from gpulayerd.models import SubmitRequest
-from gpulayerd.requester import HIDDEN, Requester
 from tests.fakes.daemons import OWNER, W1, FakeDaemon, Lab, d, view
 
 ME = pwd.getpwuid(os.getuid()).pw_name  # the jobs' user: an account the (personal) workers run jobs as

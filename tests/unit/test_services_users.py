@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.app.accounts import MAX_MISSING, Accounts
+from gpulayerd.app.worker.accounts import MAX_MISSING, Accounts
 from gpulayerd.errors import PeerRefused
 from gpulayerd.models import SubmitRequest
 from gpulayerd.net.transport import OFFER

@@ -8,10 +8,10 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpulayerd.core.index import WorkerIndex, fit_only
-from gpulayerd.core.matching import evaluate, explain
-from gpulayerd.core.requirements import _choose_environment, choose_environment
-from gpulayerd.core.shapes import ShapeBook, shape_key
+from gpulayerd.core.matching.evaluate import evaluate, explain
+from gpulayerd.core.matching.index import WorkerIndex, fit_only
+from gpulayerd.core.matching.requirements import _choose_environment, choose_environment
+from gpulayerd.core.matching.shapes import ShapeBook, shape_key
 from gpulayerd.core.types import (
     GB,
     Accelerator,

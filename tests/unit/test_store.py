@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.core import claims
-from gpulayerd.core.claims import JobRecord, JobStatus, PersistJob
+from gpulayerd.core.protocol import claims
+from gpulayerd.core.protocol.claims import JobRecord, JobStatus, PersistJob
 from gpulayerd.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -547,7 +547,7 @@ CHILD = textwrap.dedent(
     """
     import asyncio, sys, time
     from pathlib import Path
-    from gpulayerd.core.claims import JobStatus
+    from gpulayerd.core.protocol.claims import JobStatus
     from gpulayerd.store import JobRow, Store
 
     async def main() -> None:

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gpulayerd.app.jobs import Granted, OwnedJobs
-from gpulayerd.app.signals import Signals
-from gpulayerd.core import claims
-from gpulayerd.core.claims import JobStatus, PersistJob
+from gpulayerd.app.common.owned_jobs import Granted, OwnedJobs
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.core.protocol import claims
+from gpulayerd.core.protocol.claims import JobStatus, PersistJob
 from gpulayerd.store import JobRow, Store
 from tests.fakes.clock import FakeClock
 

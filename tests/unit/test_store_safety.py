@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayerd.privdirs import UnsafeDirectory, make_private_dirs
+from gpulayerd.host.privdirs import UnsafeDirectory, make_private_dirs
 from gpulayerd.store import Store, StoreDamaged, StoreError, StoreGone
 
 NODE = "n" * 52

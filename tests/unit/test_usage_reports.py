@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpulayerd.app.ledger import Ledger
-from gpulayerd.app.usage import UsageService
+from gpulayerd.app.common.ledger import Ledger
+from gpulayerd.app.common.usage import UsageService
 from tests.fakes.clock import FakeClock
 
 ME, PEER, OTHER = "me" * 26, "pe" * 26, "ot" * 26

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulayerd.core.matching import evaluate, explain
+from gpulayerd.core.matching.evaluate import evaluate, explain
 from gpulayerd.core.types import EnvironmentSnapshot, JobRequest, WorkerSnapshot
 from gpulayerd.core.users import account_rejection, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState, RejectionCode, Verdict

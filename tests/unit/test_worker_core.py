@@ -1,4 +1,4 @@
-"""The worker's bookkeeping (gpulayerd.core.worker): examples, then a hypothesis state machine.
+"""The worker's bookkeeping (gpulayerd.core.protocol.worker): examples, then a hypothesis state machine.
 
 A small in-test worker feeds events to :func:`handle` and records every step; at teardown
 ``validate()`` checks the invariants over the whole history: a device is never in two of
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpulayerd.core.worker import (
+from gpulayerd.core.protocol.worker import (
     OFFER_KEPT_S,
     Action,
     ClaimAnswered,

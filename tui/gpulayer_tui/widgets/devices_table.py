@@ -22,7 +22,7 @@ from gpulayerd.models.metrics import GpuMetricsView, MetricsView
 __all__ = ["DevicesTable", "JobLabeller", "device_rows", "job_label", "probe_summary", "probe_text"]
 
 _HEALTHY = frozenset({"ok", "not_found", "no_devices"})
-_ANOTHER_DAEMON = "(another gpulayerd on this machine)"  # gpulayerd.app.machine.ANOTHER_DAEMON
+_ANOTHER_DAEMON = "(another gpulayerd on this machine)"  # gpulayerd.app.worker.machine.ANOTHER_DAEMON
 NAME_CELLS = 16
 """Most cells of the NAME column."""
 STATE_CELLS = 20

@@ -1,0 +1,365 @@
+"""The jobs owned here, driven through the pure claim machine (:mod:`gpulayerd.core.protocol.claims`).
+
+Every change to a job owned by this daemon goes through :class:`OwnedJobs`: it feeds an
+event to :func:`claims.handle` with the owner's lease view, carries out the actions
+(the store's compare-and-set first; nothing else unless it succeeds), and retries
+from a fresh row when a concurrent change won. Leases are kept in memory (persisted
+leases count as renewed at restart).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.core.protocol import claims
+from gpulayerd.core.protocol.claims import JobRecord, JobStatus
+from gpulayerd.core.protocol.worker import OFFER_KEPT_S
+from gpulayerd.errors import AmbiguousJob, NoSuchJob
+from gpulayerd.models import JobSpec
+from gpulayerd.models.stored import spec_of
+from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
+
+__all__ = ["OFFER_STANDING_S", "SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
+
+SPEC_CACHE_SIZE = 512
+"""Parsed job specs kept by :meth:`OwnedJobs.spec` (least recently used dropped first)."""
+
+OFFER_STANDING_S = OFFER_KEPT_S + 5.0
+"""An offer this owner sent stands this long (seconds): a worker keeps an offer for
+:data:`~gpulayerd.core.protocol.worker.OFFER_KEPT_S`, and only a worker with a standing offer may claim."""
+
+MAX_OFFERS_KEPT = 65536
+"""The most (job, worker) offers remembered; beyond it the ones that no longer stand are dropped."""
+
+
+class RunControl(Protocol):
+    """Stops attempts: what :class:`OwnedJobs` needs for a ``KillRun`` or ``ReplyStale``."""
+
+    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
+        """Stop ``attempt`` if it runs here; with ``remote``, ask ``worker`` to stop it otherwise."""
+        ...
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A claim the owner granted: ``fresh`` is False when the holder only asked again for its grant."""
+
+    attempt: int
+    lease_s: float
+    fresh: bool
+
+
+class OwnedJobs:
+    """The owner's job state: rows in the store, leases in memory, decisions from ``core.claims``."""
+
+    def __init__(self, *, store: Store, signals: Signals, clock: Clock) -> None:
+        self._store = store
+        self._signals = signals
+        self._clock = clock
+        self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
+        self._runs: RunControl | None = None
+        self._offers: dict[tuple[str, str], tuple[float, str]] = {}  # (job, worker) -> (when offered, job's user)
+        self._offered_jobs: dict[str, tuple[float, str]] = {}  # job -> (its latest offer, its user)
+        self._holders: dict[str, tuple[int, str | None]] = {}  # active job -> (attempt, holder), a cache
+
+    def bind(self, runs: RunControl) -> None:
+        """Who stops attempts (the worker service; set once at wiring)."""
+        self._runs = runs
+
+    # --- reading
+
+    async def row(self, job_ref: str) -> JobRow:
+        """The job ``job_ref`` names (a full id or a unique prefix).
+
+        Raises:
+            NoSuchJob: nothing matches. AmbiguousJob: the prefix matches several jobs.
+        """
+        try:
+            job_id = await self._store.jobs.resolve_job_id(job_ref)
+        except JobNotFound as e:
+            raise NoSuchJob(f"no job {job_ref!r}") from e
+        except AmbiguousJobId as e:
+            raise AmbiguousJob(str(e)) from e
+        row = await self._store.jobs.get_job(job_id)
+        if row is None:
+            raise NoSuchJob(f"no job {job_ref!r}")
+        return row
+
+    async def get(self, job_id: str) -> JobRow | None:
+        """The job ``job_id`` (exact), or None."""
+        return await self._store.jobs.get_job(job_id)
+
+    def spec(self, row: JobRow) -> JobSpec:
+        """The job's spec, parsed from the stored JSON; the :data:`SPEC_CACHE_SIZE` most recently used
+        are kept parsed (the scheduler keeps one request per requirement shape, so a long queue need
+        not stay parsed here: ~3 kB per cached spec)."""
+        spec = self._specs.get(row.id)
+        if spec is None:
+            spec = spec_of(row.spec_json)
+        self.remember(row.id, spec)
+        return spec
+
+    async def spec_of(self, job_id: str) -> JobSpec | None:
+        """The spec of the job ``job_id``: the cached one (see :meth:`spec`), else read from the
+        store and parsed (then cached); None when no such job is stored."""
+        spec = self._specs.get(job_id)
+        if spec is not None:
+            self._specs.move_to_end(job_id)
+            return spec
+        row = await self.get(job_id)
+        return None if row is None else self.spec(row)
+
+    def remember(self, job_id: str, spec: JobSpec) -> None:
+        """Cache the spec of a job just stored (or just read)."""
+        self._specs[job_id] = spec
+        self._specs.move_to_end(job_id)
+        while len(self._specs) > SPEC_CACHE_SIZE:
+            self._specs.popitem(last=False)
+
+    def record(self, row: JobRow) -> JobRecord:
+        """The claim machine's view of ``row``, with the lease as this owner keeps it."""
+        rec = row.record()
+        lease = self._leases.get(row.id)
+        return replace(rec, lease_expires_at=lease) if rec.status in claims.ACTIVE and lease else rec
+
+    # --- offers
+
+    def offered(self, job_id: str, worker: str, user: str = "") -> None:
+        """This owner offers job ``job_id`` (of ``user``) to ``worker`` now (it may claim it while the
+        offer stands)."""
+        now = self._clock.monotonic()
+        self._offers[(job_id, worker)] = (now, user)
+        self._offered_jobs[job_id] = (now, user)
+        if len(self._offers) > MAX_OFFERS_KEPT:
+            self._offers = {k: v for k, v in self._offers.items() if now - v[0] <= OFFER_STANDING_S}
+            self._offered_jobs = {k: v for k, v in self._offered_jobs.items() if now - v[0] <= OFFER_STANDING_S}
+
+    def offered_to_others(self, job_id: str, worker: str) -> str | None:
+        """The job's user when job ``job_id`` has a standing offer, but none to ``worker``: a claim
+        from ``worker`` is refused without reading the store. None otherwise (read the store)."""
+        kept = self._offered_jobs.get(job_id)
+        if kept is None or self._clock.monotonic() - kept[0] > OFFER_STANDING_S:
+            return None
+        return None if self.offer_standing(job_id, worker) else kept[1]
+
+    def standing_offer(self, job_id: str, worker: str) -> str | None:
+        """The job's user if job ``job_id`` was offered to ``worker`` within :data:`OFFER_STANDING_S`, else None."""
+        kept = self._offers.get((job_id, worker))
+        if kept is None or self._clock.monotonic() - kept[0] > OFFER_STANDING_S:
+            return None
+        return kept[1]
+
+    def offer_standing(self, job_id: str, worker: str) -> bool:
+        """True if job ``job_id`` was offered to ``worker`` within :data:`OFFER_STANDING_S`."""
+        return self.standing_offer(job_id, worker) is not None
+
+    def offers(self) -> dict[tuple[str, str], float]:
+        """(job, worker) -> when offered (monotonic s), of the offers that stand now (a copy)."""
+        now = self._clock.monotonic()
+        return {k: v[0] for k, v in self._offers.items() if now - v[0] <= OFFER_STANDING_S}
+
+    def cached_spec(self, job_id: str) -> JobSpec | None:
+        """The job's parsed spec if it is cached (see :meth:`spec`), without a read."""
+        return self._specs.get(job_id)
+
+    # --- leases
+
+    def set_lease(self, job_id: str, expires_at: float) -> None:
+        """The job's lease now ends at ``expires_at`` (owner-monotonic seconds)."""
+        self._leases[job_id] = expires_at
+
+    def drop_lease(self, job_id: str) -> None:
+        """The job holds no lease any more."""
+        self._leases.pop(job_id, None)
+        self._holders.pop(job_id, None)
+
+    # --- holders (a cache of the active jobs' rows: the report route's role check reads it first)
+
+    def holder_of(self, job_id: str) -> tuple[int, str | None] | None:
+        """(current attempt, holder) of an active job as this owner last wrote or read it; None if not
+        known here (read the store). Never the only word: the claim machine decides from the row."""
+        return self._holders.get(job_id)
+
+    def note_holder(self, job_id: str, attempt: int, holder: str | None) -> None:
+        """Remember an active job's current attempt and holder, read from the store."""
+        self._holders[job_id] = (attempt, holder)
+
+    async def check_leases(self, grace_s: float) -> None:
+        """Declare lost every attempt whose lease ran out more than ``grace_s`` ago."""
+        now = self._clock.monotonic()
+        for job_id in list(self._leases):
+            row = await self.get(job_id)
+            if row is None or row.status not in claims.ACTIVE:
+                self._leases.pop(job_id, None)
+                continue
+            actions = claims.handle(self.record(row), claims.LeaseChecked(grace_s), now)
+            if actions and await self.run_actions(job_id, actions):
+                persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+                if persist is not None:
+                    await self._store.jobs.end_attempt(job_id, row.attempt, "lost", None, persist.reason,
+                                                       self._clock.wall())
+                self._leases.pop(job_id, None)
+
+    def _remember_holder(self, rec: JobRecord) -> None:
+        if rec.status in claims.ACTIVE:
+            self._holders[rec.job_id] = (rec.attempt, rec.holder)
+        else:
+            self._holders.pop(rec.job_id, None)
+
+    # --- deciding
+
+    async def run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool:
+        """Carry out ``actions``; False if the leading compare-and-set lost (the caller retries)."""
+        for action in actions:
+            if isinstance(action, claims.PersistJob):
+                same = action.record.status is action.expect_status
+                if not await self._store.jobs.apply(action, self._clock.wall(), kind=kind if same else "state"):
+                    return False
+                self._remember_holder(action.record)
+                self._signals.job_changed(job_id)
+                if action.record.status is JobStatus.QUEUED:
+                    self._signals.wake()
+            elif isinstance(action, claims.ExtendLease):
+                self._leases[job_id] = action.expires_at
+            elif isinstance(action, (claims.KillRun, claims.ReplyStale)) and self._runs is not None:
+                # A stale attempt (ReplyStale) must die just like a killed one.
+                await self._runs.kill_attempt(job_id, action.attempt, action.worker,
+                                              action.reason if isinstance(action, claims.KillRun) else "stale",
+                                              remote=isinstance(action, claims.KillRun))
+        return True
+
+    async def apply(self, job_id: str, event: claims.Event, kind: str = "state") -> list[claims.Action]:
+        """Feed ``event`` to the job's claim machine until its actions are carried out (5 tries).
+
+        Returns:
+            The actions carried out (empty if the job is gone or nothing changed).
+        """
+        for _ in range(5):
+            row = await self.get(job_id)
+            if row is None:
+                return []
+            actions = claims.handle(self.record(row), event, self._clock.monotonic())
+            if await self.run_actions(job_id, actions, kind):
+                return actions
+        return []
+
+    async def grant(self, job_id: str, worker: str, stimulus_id: str, placement_json: str,
+                    grants: Sequence[tuple[str, int, str]] = (), run_dir_of: Callable[[int], str] | None = None,
+                    tries: int = 3, row: JobRow | None = None) -> Granted | str:
+        """The claim compare-and-set: grant ``worker`` the next attempt of a queued job.
+
+        Args:
+            placement_json: what the worker will use (stored with the attempt).
+            grants: (device uuid, index, kind) device grants on this machine, stored with it.
+            run_dir_of: the run directory of an attempt number, when it runs here.
+            tries: how many fresh reads of the job to decide from (a compare-and-set that lost
+                reads again).
+            row: the job as the caller last saw it (the scheduler's queue), decided from first
+                without a read; the compare-and-set (status, attempt, cancel request) catches a
+                stale one, and a fresh read follows (not counted in ``tries``).
+
+        Returns:
+            :class:`Granted`, or the reason of the refusal.
+        """
+        seen = row
+        for _ in range(tries + (seen is not None)):
+            given = seen is not None
+            row, seen = (seen, None) if given else (await self.get(job_id), None)
+            if row is None:
+                return "no such job"
+            now = self._clock.monotonic()
+            actions = claims.handle(self.record(row), claims.ClaimRequested(worker, stimulus_id), now)
+            persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+            grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+            if given and (grant is None or persist is None):
+                continue  # anything but a new grant is decided from a fresh read
+            if grant is None:
+                deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
+                return deny.reason if deny else "denied"
+            if persist is None:  # the holder asked again: the same grant
+                return Granted(grant.attempt, grant.lease_s, fresh=False)
+            run_dir = run_dir_of(grant.attempt) if run_dir_of is not None else ""
+            if await self._store.jobs.claim(persist, worker, placement_json, list(grants), run_dir,
+                                            self._clock.wall()):
+                self._leases[job_id] = now + row.lease_s
+                self._remember_holder(persist.record)
+                self._signals.job_changed(job_id)
+                return Granted(grant.attempt, grant.lease_s, fresh=True)
+        return "the job changed meanwhile"
+
+    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str,
+                      run: tuple[int | None, float | None, int | None] | None = None) -> None:
+        """The attempt's processes started on ``worker``.
+
+        Args:
+            run: (watchdog pid, its create time, the job's process group) when they run here: stored
+                on the attempt (:meth:`gpulayerd.store.jobs.JobsTable.mark_running`) in the same
+                transaction as the job's change to running (one commit).
+        """
+        event = claims.RunStarted(attempt, worker, stimulus_id)
+        if run is None:
+            await self.apply(job_id, event)
+            return
+        pid, create_time, pgid = run
+        await self._apply_joined(job_id, event, lambda then, kind: self._store.jobs.mark_running(
+            job_id, attempt, pid, create_time, pgid, self._clock.wall(), then, kind))
+
+    async def _apply_joined(self, job_id: str, event: claims.Event,
+                            write: Callable[[claims.PersistJob | None, str], Awaitable[bool]]) -> None:
+        """:meth:`apply`, with a write of the attempt (``write``) in the same transaction as the job's
+        leading compare-and-set (or alone when the event changes no job row). ``write`` gets that
+        PersistJob (or None) and the event kind, and returns False if the compare-and-set lost: the
+        attempt's write is kept, and the event is applied again from a fresh row."""
+        row = await self.get(job_id)
+        actions = claims.handle(self.record(row), event, self._clock.monotonic()) if row is not None else []
+        persist = actions[0] if actions and isinstance(actions[0], claims.PersistJob) else None
+        if persist is None and any(isinstance(a, claims.PersistJob) for a in actions):
+            await write(None, "state")  # not the leading action: the two writes go apart
+            await self.apply(job_id, event)
+            return
+        if not await write(persist, "state"):
+            await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
+            return
+        if persist is not None:
+            self._remember_holder(persist.record)
+            self._signals.job_changed(job_id)
+            if persist.record.status is JobStatus.QUEUED:
+                self._signals.wake()
+        await self.run_actions(job_id, actions[1:] if persist is not None else actions)
+
+    async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
+                     stimulus_id: str = "", *, worker: str) -> None:
+        """The attempt ended with ``exit_code``: record it on the attempt, then on the job.
+
+        Only for what this daemon saw itself (``worker`` is this node, the holder of a local
+        or gang attempt); a peer's report goes through the owner's report route.
+
+        Args:
+            detail: what the attempt row keeps (the watchdog's words).
+            why: the job's reason for a failure, when it says more than the exit code.
+        """
+        await self._apply_joined(
+            job_id, claims.RunExited(attempt, worker, exit_code, why, stimulus_id),
+            lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "exited", exit_code, detail,
+                                                            self._clock.wall(), then, kind))
+        self.drop_lease(job_id)
+        self._signals.wake()
+
+    async def lost(self, job_id: str, attempt: int, reason: str, *, worker: str, never_started: bool = False,
+                   stimulus_id: str = "") -> None:
+        """The attempt is gone without an exit status: record it; the job retries as its policy says.
+
+        Like :meth:`exited`, only for what this daemon (``worker``, the attempt's holder) saw itself.
+        """
+        await self._apply_joined(
+            job_id, claims.RunLost(attempt, worker, reason, never_started, stimulus_id),
+            lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason,
+                                                            self._clock.wall(), then, kind))
+        self.drop_lease(job_id)
+        self._signals.wake()

@@ -1,0 +1,82 @@
+"""What the services tell each other without reaching into each other: changes, wake-ups, background work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Coroutine
+
+from gpulayerd.app.common.feed import Change, ChangeFeed
+
+__all__ = ["Signals", "log_failure"]
+
+log = logging.getLogger(__name__)
+
+
+def log_failure(task: asyncio.Task[None]) -> None:
+    """Done callback: log a background task that failed (nobody else awaits its exception)."""
+    if not task.cancelled() and (e := task.exception()) is not None:
+        log.warning("background task %s failed: %s: %s", task.get_name(), type(e).__name__, e, exc_info=e)
+
+
+class Signals:
+    """The change feed (for the TUI), the scheduler's wake-up, protocol counters and background tasks.
+
+    Attributes:
+        feed: every change, pushed to ``/v1/events`` subscribers.
+        stats: protocol counters shown by ``/v1/health`` (offers, claims, ...).
+    """
+
+    def __init__(self) -> None:
+        self.feed = ChangeFeed()
+        self.stats: Counter[str] = Counter()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def job_changed(self, job_id: str) -> None:
+        """A job's row changed."""
+        self.feed.publish(Change("job", job_id))
+
+    def devices_changed(self) -> None:
+        """Grants, holds or capabilities of this machine changed."""
+        self.feed.publish(Change("devices"))
+
+    def peers_changed(self) -> None:
+        """Membership changed."""
+        self.feed.publish(Change("peers"))
+
+    def wake(self) -> None:
+        """Ask the scheduler for a pass soon."""
+        self._wake.set()
+
+    async def wait_wake(self, timeout_s: float) -> None:
+        """Wait for a wake-up asked for since the last :meth:`clear_wake` (or ``timeout_s``)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+
+    def woken(self) -> bool:
+        """Whether a wake-up was asked for since the last :meth:`clear_wake`."""
+        return self._wake.is_set()
+
+    def clear_wake(self) -> None:
+        """Forget wake-ups asked for before now (a pass is about to start)."""
+        self._wake.clear()
+
+    def spawn(self, coro: Coroutine[object, object, None], name: str | None = None) -> asyncio.Task[None]:
+        """Run ``coro`` in the background; it is cancelled by :meth:`close`."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(log_failure)
+        return task
+
+    async def close(self) -> None:
+        """Cancel every background task and wait for them."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t

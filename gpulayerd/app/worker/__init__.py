@@ -1,0 +1,7 @@
+"""The worker role: attempts that run on this machine, whoever owns them. This machine as a
+worker (:mod:`.machine`, :mod:`.accounts`, :mod:`.envchecks`), the attempts (:mod:`.worker`), how
+an attempt starts (:mod:`.starter`), a gang member's holds and commits (:mod:`.member`), live
+device metrics (:mod:`.metrics`) and re-adoption of runs after a restart (:mod:`.recovery`).
+
+Uses ``app.common`` only.
+"""

@@ -1,0 +1,443 @@
+"""This machine as a worker: probing, capabilities, and the snapshot the matcher sees.
+
+The snapshot is the probed capabilities with what is handed out now: device grants
+(from the store), gang holds and running attempts (from the :class:`Ledger`), devices
+locked by another gpulayerd on this machine, and processes on a GPU that are not ours
+(fresh from ``nvidia-smi --query-compute-apps``).
+
+Paths (job workdirs) are checked off the event loop, in a small thread pool, with a
+time limit: a hung network mount makes a workdir "did not answer within N s", never
+a frozen daemon. A workdir is checked as the job's user (:class:`PathChecker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import threading
+from collections.abc import Iterable
+from dataclasses import replace
+
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.ledger import Ledger, process_trees
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.worker.accounts import Accounts, own_account
+from gpulayerd.app.worker.envchecks import TorchChecks
+from gpulayerd.config import DaemonConfig
+from gpulayerd.core.types import (
+    OUTSIDE_HOLDER,
+    Accelerator,
+    DeviceKind,
+    DeviceSnapshot,
+    DeviceState,
+    EnvironmentSnapshot,
+    ProbeHealth,
+    ProbeStatus,
+    SupportMatrix,
+    WorkerSnapshot,
+)
+from gpulayerd.gpu.command import run_command
+from gpulayerd.gpu.compose import build_capabilities
+from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host
+from gpulayerd.gpu.environments import EnvironmentProber
+from gpulayerd.gpu.nvidia.query import ComputeApps, NvidiaSmi, query_compute_apps
+from gpulayerd.models import Capabilities, DeviceModel
+from gpulayerd.runs.account import lookup_user
+from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.store import Store
+
+__all__ = ["ANOTHER_DAEMON", "REPROBE_AFTER_S", "Machine", "PathChecker"]
+
+ANOTHER_DAEMON = OUTSIDE_HOLDER
+
+REPROBE_AFTER_S = 5.0
+"""Before a grant (``snapshot(refresh_apps=True)``), hardware is probed again (in a thread) when
+the last probe is older than this many seconds or failed: a GPU that vanished is not granted."""
+
+log = logging.getLogger(__name__)
+
+
+class PathChecker:
+    """Whether a job's workdir can be entered, with a time limit, off the event loop.
+
+    A check is keyed by (user, path). With a user and a daemon running as root, the
+    directory is entered as that user in a forked helper (``/bin/sh -c 'cd -- DIR'`` with
+    the user's groups, gid and uid): root cannot check for the user on NFS with root
+    squash, and a directory the user cannot enter must not pass because root can. Without
+    a user (or as root, or when the daemon is not root: it runs only its own jobs) the
+    daemon checks itself (``os.path.isdir``).
+
+    Each distinct (user, path) is checked in a thread of its own, so a path on a hung mount
+    never delays the check of another. A check that does not answer within ``timeout_s``
+    is reported as unanswered; it keeps running, and a later check of the same key joins
+    it instead of starting another. At most ``max_pending`` checks run at once: past that a
+    new key is answered "unanswered" at once (the hung ones are what fills it up).
+    """
+
+    def __init__(self, clock: Clock, timeout_s: float, max_pending: int = 64) -> None:
+        self._clock = clock
+        self.timeout_s = timeout_s
+        self._max_pending = max_pending
+        self._pending: dict[tuple[str | None, str], tuple[asyncio.Future[str], float]] = {}
+        self._closed = False
+
+    async def check(self, path: str, user: str | None = None) -> str | None:
+        """``"ok"`` (a directory ``user`` can enter), ``"missing"``, ``"denied"`` (it exists but
+        ``user`` cannot enter it), or None if the file system did not answer in time.
+
+        Args:
+            path: the directory.
+            user: the account the job runs as; None or "" checks as the daemon.
+        """
+        key = (user or None, path)
+        now = self._clock.monotonic()
+        pending = self._pending.get(key)
+        if pending is None:
+            if self._closed or len(self._pending) >= self._max_pending:
+                return None
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[str] = loop.create_future()
+            self._pending[key] = (fut, now)
+            fut.add_done_callback(functools.partial(self._forget, key))
+            threading.Thread(target=_check_dir, args=(loop, fut, path, key[0], self.timeout_s),
+                             name="path-check", daemon=True).start()
+        else:
+            fut, since = pending
+            if now - since >= self.timeout_s:
+                return None  # already known not to answer: do not wait again
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        return None if answer == "unanswered" else answer
+
+    async def is_dir(self, path: str, user: str | None = None) -> bool | None:
+        """True if :meth:`check` says ``"ok"``, False for missing or denied, None unanswered."""
+        answer = await self.check(path, user)
+        return None if answer is None else answer == "ok"
+
+    def _forget(self, key: tuple[str | None, str], fut: asyncio.Future[str]) -> None:
+        if self._pending.get(key, (None, 0.0))[0] is fut:
+            del self._pending[key]
+
+    async def with_paths(self, worker: WorkerSnapshot,
+                         checks: Iterable[tuple[str | None, str | None]]) -> WorkerSnapshot:
+        """``worker`` with ``existing_paths``, ``denied_paths`` and ``unanswered_paths`` for ``checks``.
+
+        Args:
+            worker: the snapshot to complete.
+            checks: (user, workdir) of each job to check; a None workdir is skipped, a
+                None or "" user checks as the daemon.
+
+        Returns:
+            ``existing_paths``: paths some check could enter; ``denied_paths``: (user, path)
+            pairs that exist but that user cannot enter; ``unanswered_paths``: paths a
+            check of which did not answer in time.
+        """
+        wanted = sorted({(u or "", p) for u, p in checks if p})
+        if not wanted:
+            return worker
+        answers = await asyncio.gather(*(self.check(p, u) for u, p in wanted))
+        pairs = list(zip(wanted, answers, strict=True))
+        return replace(worker, existing_paths=frozenset(p for (_, p), a in pairs if a == "ok"),
+                       denied_paths=frozenset(k for k, a in pairs if a == "denied"),
+                       unanswered_paths=frozenset(p for (_, p), a in pairs if a is None),
+                       path_timeout_s=self.timeout_s)
+
+    def close(self) -> None:
+        """Stop taking checks (threads stuck on a hung mount are left to end on their own)."""
+        self._closed = True
+
+
+# As the job's user: 0 entered; 3 a directory it can see but not enter; 2 nothing it can see.
+_ENTER_SCRIPT = 'cd -- "$1" 2>/dev/null && exit 0; [ -d "$1" ] && exit 3; exit 2'
+
+
+def _check_dir(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[str], path: str, user: str | None,
+               timeout_s: float) -> None:
+    """In a thread: check ``path`` (as ``user`` where that needs a helper), hand the answer to ``fut``."""
+    result = _enter_as(path, user, timeout_s) if user and user != "root" and os.geteuid() == 0 else None
+    if result is None:
+        result = "ok" if os.path.isdir(path) else "missing"
+
+    def deliver() -> None:
+        if not fut.done():
+            fut.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(deliver)
+
+
+def _enter_as(path: str, user: str, timeout_s: float) -> str | None:
+    """Blocking: ``ok``, ``denied``, ``missing`` or ``unanswered`` for ``user`` entering ``path``, in a forked helper.
+
+    None when there is no such account (the matcher rejects the job for that) or the helper
+    cannot be started: the caller then checks as the daemon. A helper that does not answer
+    within ``timeout_s`` is killed; if it cannot even be killed (a hung mount), this waits
+    for it, like ``os.path.isdir`` would, and :class:`PathChecker` reports it unanswered.
+    """
+    try:
+        account = lookup_user(user)
+    except LookupError:
+        return None
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", _ENTER_SCRIPT, "sh", path], cwd="/",
+                                env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, user=account.uid,
+                                group=account.gid, extra_groups=list(account.groups), close_fds=True)
+    except OSError:
+        log.warning("cannot start the workdir check of %s as %s", path, user, exc_info=True)
+        return None
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "unanswered"
+    if code == 0:
+        return "ok"
+    if code == 3:
+        return "denied"
+    # The user sees nothing there: a directory root can see is one the user cannot reach.
+    return "denied" if os.path.isdir(path) else "missing"
+
+
+class Machine:
+    """Probes this machine and answers "what is free here now"."""
+
+    def __init__(self, *, config: DaemonConfig, node_id: str, store: Store, ledger: Ledger, locks: DeviceLocks,
+                 prober: EnvironmentProber, discovery: DiscoveryConfig, nvidia: NvidiaSmi, support: SupportMatrix,
+                 signals: Signals, clock: Clock) -> None:
+        self._config = config
+        self.node_id = node_id
+        self._store = store
+        self._ledger = ledger
+        self._locks = locks
+        self._prober = prober
+        self._discovery = discovery
+        self._nvidia = nvidia
+        self._support = support
+        self._signals = signals
+        self._clock = clock
+        self._caps: Capabilities | None = None
+        self._core: tuple[Capabilities, WorkerSnapshot] | None = None  # _caps and its to_core(), kept
+        self._ready = asyncio.Event()
+        self._hw_at: float | None = None  # monotonic time of the last hardware probe; None: never probed
+        self._hw_failed = False
+        self._hw_lock = asyncio.Lock()
+        self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
+        self._env_lock = asyncio.Lock()  # orders a probe pass's environments with a torch check landing
+        self.torch_checks = TorchChecks(prober, signals, self._apply_environment)
+        self.paths = PathChecker(clock, config.workdir_timeout_s)
+        # Whose jobs run here (DESIGN §9): a personal worker runs its own account's only.
+        self.accounts = Accounts(clock, mode=config.mode, user=own_account() if config.mode == "personal" else "",
+                                 allow_root_jobs=config.allow_root_jobs)
+
+    async def wait_ready(self) -> None:
+        """Wait for the first probe."""
+        await self._ready.wait()
+
+    async def probe_loop(self) -> None:
+        """Probe hardware and environments now and every ``probe_interval_s``."""
+        while True:
+            await self.probe_once()
+            await self._clock.sleep(self._config.probe_interval_s)
+
+    async def probe_once(self) -> None:
+        """Probe devices (in a thread) and every configured interpreter; publish a change if any."""
+        started = self._clock.monotonic()
+        async with self._hw_lock:
+            inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+        self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
+        self._inventory = inventory
+        async with self._env_lock:
+            # Metadata first (or the cached full answer): torch's import-based check runs in the
+            # background and lands through _apply_environment (TorchChecks).
+            envs = await self.torch_checks.answers(self._config.interpreters)
+            caps = build_capabilities(inventory, envs, self.node_id, self._clock.wall())
+            changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
+            self._caps = caps
+        self._ready.set()
+        if changed:
+            self._signals.devices_changed()
+            self._signals.wake()
+
+    async def _apply_environment(self, env: EnvironmentSnapshot) -> None:
+        """Take the full (torch-checked) snapshot of one interpreter, landed from the background:
+        capabilities are rebuilt with it, and the scheduler and peers are told when they changed
+        (a job waiting for the torch check is judged again)."""
+        async with self._env_lock:
+            if self._caps is None or self._inventory is None:
+                return
+            envs = [env if e.interpreter == env.interpreter else e.to_core() for e in self._caps.environments]
+            caps = build_capabilities(self._inventory, envs, self.node_id, self._clock.wall())
+            changed = _hardware_key(self._caps) != _hardware_key(caps)
+            self._caps = caps
+        if changed:
+            self._signals.devices_changed()
+            self._signals.wake()
+
+    def use_capabilities(self, caps: Capabilities) -> None:
+        """Take ``caps`` as this machine's probed capabilities (for a machine that is not probed,
+        e.g. one made up by a test); :meth:`probe_loop` would replace them."""
+        self._caps = caps
+        self._ready.set()
+        self._signals.devices_changed()
+        self._signals.wake()
+
+    async def snapshot(self, refresh_apps: bool,
+                       workdirs: Iterable[tuple[str | None, str | None]] = ()) -> WorkerSnapshot:
+        """This machine as the matcher sees it now (after the first probe).
+
+        Args:
+            refresh_apps: ask nvidia-smi for the processes on each GPU now.
+            workdirs: (user, workdir) of each job to check (see :meth:`PathChecker.with_paths`);
+                in system mode each user's account is looked up too (a missing one is in
+                ``missing_accounts``, so the matcher rejects its jobs here).
+        """
+        workdirs = list(workdirs)
+        if self.accounts.mode == "system":
+            for user in sorted({u for u, _ in workdirs if u}):
+                await self.accounts.exists(user)
+        await self._ready.wait()
+        reprobed = await self._refresh_hardware() if refresh_apps else False
+        assert self._caps is not None
+        if self._core is None or self._core[0] is not self._caps:  # _caps is replaced, never changed in place
+            self._core = (self._caps, self._caps.to_core())
+        worker = self._core[1]
+        # A machine without devices (or whose devices list no process) skips the store read
+        # and the process scan: a CPU job's start takes neither.
+        grants = {g.device_uuid: g.job_id for g in await self._store.runs.grants()} if worker.devices else {}
+        held = self._ledger.held_devices()
+        ours = (await asyncio.to_thread(process_trees, self._ledger.watchdog_pids())
+                if any(d.foreign_pids for d in worker.devices) else set())
+        apps = await self._compute_apps(worker) if refresh_apps and not reprobed else None
+        unclaimed = [d.uuid for d in worker.devices
+                     if d.uuid and d.execution_supported and d.uuid not in grants and d.uuid not in held]
+        elsewhere = await self._locks.async_locked_elsewhere(unclaimed) if unclaimed else set()
+        devices = []
+        for dev in worker.devices:
+            d = dev
+            if apps is not None and d.accelerator is Accelerator.CUDA and d.kind is DeviceKind.GPU:
+                d = with_apps(d, apps)
+            granted_to = grants.get(d.uuid or "") or held.get(d.uuid or "")
+            if granted_to is None and d.uuid in elsewhere:
+                granted_to = ANOTHER_DAEMON
+            foreign = tuple(p for p in d.foreign_pids if p not in ours)
+            devices.append(replace(d, granted_to=granted_to, foreign_pids=foreign))
+        total = self._config.effective_cpu_slots
+        free = max(0, total - self._ledger.cpu_slots_used())
+        snap = replace(worker, devices=tuple(devices), cpu_slots_free=free, cpu_slots_total=total)
+        # Fair share: what each user holds here now, against this worker's max_gpus_per_user.
+        snap = replace(snap, max_gpus_per_user=self._config.max_gpus_per_user,
+                       gpus_held_by_user={u: g for u, (g, _) in self._ledger.holdings().items() if g})
+        # Whose jobs run here: the matcher's account rules (gpulayerd.core.users).
+        snap = replace(snap, mode=self.accounts.mode, user=self.accounts.user,
+                       allow_root_jobs=self.accounts.allow_root_jobs, missing_accounts=self.accounts.missing())
+        return await self.paths.with_paths(snap, workdirs)
+
+    async def capabilities(self) -> Capabilities:
+        """This machine's capabilities with the current grant state of each device."""
+        worker = await self.snapshot(refresh_apps=False)
+        assert self._caps is not None
+        caps = self._caps.model_copy()
+        caps.devices = [DeviceModel.from_core(d) for d in worker.devices]
+        caps.cpu_slots_total = worker.cpu_slots_total
+        caps.cpu_slots_free = worker.cpu_slots_free
+        caps.mode = "system" if worker.mode == "system" else "personal"
+        caps.user = worker.user
+        caps.allow_root_jobs = worker.allow_root_jobs
+        caps.missing_accounts = sorted(worker.missing_accounts)
+        caps.max_gpus_per_user = worker.max_gpus_per_user
+        return caps
+
+    async def _compute_apps(self, worker: WorkerSnapshot) -> ComputeApps | None:
+        """Fresh ``--query-compute-apps`` (processes come and go faster than the probe interval)."""
+        if not any(d.accelerator is Accelerator.CUDA for d in worker.devices):
+            return None
+        health = next((h for h in worker.health if h.source == "nvidia-smi"), None)
+        if health is None or health.status not in (ProbeStatus.OK, ProbeStatus.DEGRADED) or health.path is None:
+            return None
+        return await asyncio.to_thread(query_compute_apps, health.path, run_command,
+                                       self._config.nvidia_smi_timeout_s)
+
+    async def _refresh_hardware(self) -> bool:
+        """Probe hardware again (off the event loop) if the last probe is older than
+        :data:`REPROBE_AFTER_S` or failed; True if it did. Environments are kept as they are."""
+        if self._hw_at is None:  # capabilities given by use_capabilities(): nothing to probe
+            return False
+        async with self._hw_lock:
+            started = self._clock.monotonic()
+            if self._hw_at is not None and started - self._hw_at < REPROBE_AFTER_S and not self._hw_failed:
+                return False
+            inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+            self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
+            self._inventory = inventory
+        assert self._caps is not None
+        fresh = build_capabilities(inventory, [], self.node_id, self._clock.wall())
+        caps = self._caps.model_copy(update={"devices": fresh.devices, "health": fresh.health,
+                                             "taken_at": fresh.taken_at})
+        changed = _hardware_key(self._caps) != _hardware_key(caps)
+        self._caps = caps
+        if changed:
+            self._signals.devices_changed()
+        return True
+
+    def gpu_counts(self) -> tuple[int | None, int | None]:
+        """(schedulable GPUs, free ones) for the mDNS TXT record; (None, None) before the first probe.
+
+        Free GPUs, not GPU jobs: every GPU that this daemon's starting or running attempts and
+        gang holds take (a 4-GPU job takes 4) is not free. A hint for peers: the matcher
+        still decides on the worker's full snapshot.
+        """
+        if self._caps is None:
+            return None, None
+        devs = [d for d in self._caps.devices if d.execution_supported and d.state is DeviceState.OK
+                and not (d.kind is DeviceKind.GPU and d.mig_enabled)]  # a MIG parent: its instances count
+        if not devs:
+            return 0, 0
+        ours = sum(g for g, _ in self._ledger.holdings().values())
+        return len(devs), max(0, len(devs) - ours)
+
+    def caps_digest(self) -> str:
+        """Changes whenever what peers see of us (devices, grants, CPU slots, missing accounts) changes."""
+        if self._caps is None:
+            return ""
+        runs = self._ledger.keys()
+        users = (self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())))
+        return hashlib.sha256(repr((_hardware_key(self._caps), runs, users)).encode()).hexdigest()[:16]
+
+    def close(self) -> None:
+        """Release the path-check threads."""
+        self.paths.close()
+
+
+def with_apps(d: DeviceSnapshot, apps: ComputeApps) -> DeviceSnapshot:
+    """Whole GPU ``d`` with the processes of a fresh ``--query-compute-apps``: unknown (never free
+    by default) when the query failed and printed no row for it."""
+    if apps.pids_by_uuid is not None:
+        return replace(d, foreign_pids=apps.pids_by_uuid.get(d.uuid or "", ()), processes_known=True)
+    rows = apps.valid_rows.get(d.uuid or "")
+    return replace(d, foreign_pids=rows, processes_known=True) if rows else replace(d, processes_known=False)
+
+
+def _hardware_failed(health: Iterable[ProbeHealth]) -> bool:
+    return any(h.status not in (ProbeStatus.OK, ProbeStatus.NOT_FOUND, ProbeStatus.NO_DEVICES) for h in health)
+
+
+def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
+    return (
+        tuple((d.uuid, d.index, d.memory_total_bytes, d.compute_capability, d.execution_supported,
+               tuple(d.foreign_pids), d.state, d.mig_enabled, d.driver_version) for d in caps.devices),
+        tuple((h.source, h.status) for h in caps.health),
+        # Every environment fact the matcher reads: a torch check landing or a `pip install` wakes it.
+        tuple((e.interpreter, e.ok, e.python_version,
+               tuple((k, f.version, f.valid) for k, f in sorted(e.frameworks.items())),
+               tuple(sorted(e.cuda_builds.items())), e.torch_pending, e.torch_cuda, e.torch_mps,
+               e.distributed_backends, e.translated) for e in caps.environments),
+    )

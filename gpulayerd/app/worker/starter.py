@@ -1,0 +1,125 @@
+"""The one routine that starts an attempt on this machine: account, command line, environment, watchdog.
+
+Every start (a local job, a peer's job, one member of a gang) comes through
+:meth:`Starter.start`, so that what a job sees (its account, its argv, its environment,
+its run directory ``runs/<job>/<attempt>/``, its lease deadline) never differs by path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.config import DaemonConfig
+from gpulayerd.core.verdict import Placement
+from gpulayerd.models import JobSpec
+from gpulayerd.runs import layout
+from gpulayerd.runs.account import JobUser
+from gpulayerd.runs.launch import build_argv, build_env, build_gang_argv, resolve_job_user
+from gpulayerd.runs.runner import RunHandle, Runner
+
+__all__ = ["GangRank", "Starter", "device_grants"]
+
+
+def device_grants(placement: Placement) -> list[tuple[str, int, str]]:
+    """(device uuid, index, accelerator kind) of each device ``placement`` uses (the store's grant rows)."""
+    return [(u, i, placement.accelerator.value)
+            for u, i in zip(placement.device_uuids, placement.device_indices, strict=True) if u]
+
+
+@dataclass(frozen=True)
+class GangRank:
+    """This machine's part of a multi-host job: ``node_rank`` of ``nnodes``, the rendezvous, the LAN interface."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    interface: str
+
+
+class Starter:
+    """Starts attempts under their per-job watchdogs, each as the account of its user.
+
+    Which account a job runs as (:func:`gpulayerd.runs.launch.resolve_job_user`):
+
+    - ``spec.user`` unset (a job from before users, a test): as the daemon's account, with
+      the daemon's environment as the base (as before users).
+    - the daemon runs as root in system mode: as ``spec.user`` (supplementary groups, gid
+      and uid set by the watchdog before ``exec``); a job of root only with
+      ``allow_root_jobs``.
+    - otherwise (personal mode, or a daemon that is not root): the daemon runs only its own
+      user's jobs; ``spec.user`` must be that user (in personal mode as root: ``root``).
+
+    A job with a user gets a clean environment: the spec's ``env``, the account's HOME,
+    USER, LOGNAME and SHELL, the locale, the submitter's PATH (``spec.path``, captured by
+    the CLI at submit) and gpulayer's variables; never the daemon's own environment
+    (:func:`gpulayerd.runs.launch.build_env`).
+    """
+
+    def __init__(self, config: DaemonConfig, runner: Runner, clock: Clock) -> None:
+        self._config = config
+        self._runner = runner
+        self._clock = clock
+
+    def run_dir(self, job_id: str, attempt: int) -> Path:
+        """Where an attempt's logs and watchdog state live: ``<state>/runs/<job>/<attempt>``.
+
+        Raises:
+            ValueError: ``job_id`` is not a plain name (see :func:`gpulayerd.runs.layout.run_dir`).
+        """
+        return layout.run_dir(self._config.runs_dir, job_id, attempt)
+
+    def log_path(self, job_id: str, attempt: int, stream: str) -> Path:
+        """An attempt's ``stdout`` or ``stderr`` log (see :func:`gpulayerd.runs.layout.log_path`)."""
+        return layout.log_path(self._config.runs_dir, job_id, attempt, stream)
+
+    async def start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, lease_s: float,
+                    lock_fds: list[int], gang: GangRank | None = None) -> RunHandle:
+        """Start the attempt; return once its processes run (the watchdog start runs in a thread).
+
+        Args:
+            lease_s: the watchdog stops the job this many seconds from now unless a renewal
+                moves its deadline.
+            lock_fds: descriptors holding this machine's device locks (the watchdog inherits them).
+            gang: this machine's rank of a multi-host job, or None.
+
+        Raises:
+            RunnerError: the job's user cannot run here (no account; root where root jobs are
+                not allowed; another user than the daemon's where it runs only its own), or
+                the watchdog or the job could not be started.
+        """
+        deadline = self._clock.monotonic() + lease_s
+        return await asyncio.to_thread(self._start, job_id, attempt, spec, placement, deadline, lock_fds, gang,
+                                       lease_s)
+
+    def _start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, deadline: float,
+               lock_fds: list[int], gang: GangRank | None, lease_s: float | None = None) -> RunHandle:
+        """:meth:`start` in a worker thread (the user database and the watchdog's start block)."""
+        user = resolve_job_user(spec.user, self._config.mode, self._config.allow_root_jobs)
+        run_dir = self.run_dir(job_id, attempt)
+        # torchrun's per-rank logs go under the run directory, which only the daemon's account
+        # can enter: a job of another account keeps its ranks' output on its own streams.
+        log_dir = str(run_dir / "torchrun") if _same_account(user) else None
+        if gang is None:
+            nproc = spec.distributed.nproc_per_node if spec.distributed is not None else None
+            argv = build_argv(spec, placement.environment, nproc, rdzv_timeout_s=self._config.rdzv_timeout_s,
+                              log_dir=log_dir)
+        else:
+            argv = build_gang_argv(spec, placement.environment, nnodes=gang.nnodes, node_rank=gang.node_rank,
+                                   master_addr=gang.master_addr, master_port=gang.master_port,
+                                   log_dir=log_dir)
+        env = build_env(os.environ, spec, placement, job_id, attempt, self._config.dist_timeout_s, user)
+        if gang is not None:
+            env["GLOO_SOCKET_IFNAME"] = gang.interface
+            env["NCCL_SOCKET_IFNAME"] = gang.interface
+        return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
+                                  renew_s=lease_s)
+
+
+def _same_account(user: JobUser | None) -> bool:
+    """True if a job of ``user`` runs as the daemon's own account."""
+    return user is None or user.uid == os.geteuid()

@@ -1,0 +1,568 @@
+"""The per-requirement checks of matching: devices, CPU slots, environments, workdir.
+
+Each check compares one part of a job against one worker, appends its rows of the worker x
+requirement table to ``checks`` and returns rejections. Pure functions of their arguments: no I/O,
+no clock, no randomness. Memory is compared in bytes; "GB" in messages is 10^9 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows
+from gpulayerd.core.matching.versions import VersionCheck, check_version
+from gpulayerd.core.types import (
+    GB,
+    UNKNOWN_PROCESSES_IDLE_MAX_BYTES,
+    Accelerator,
+    DeviceKind,
+    DeviceSnapshot,
+    DeviceState,
+    EnvironmentSnapshot,
+    JobRequest,
+    ProbeStatus,
+    WorkerSnapshot,
+)
+from gpulayerd.core.verdict import Check, Rejection, RejectionCode
+
+__all__ = ["HEALTH_SOURCE", "check_workdir", "choose_devices", "choose_environment"]
+
+HEALTH_SOURCE = {
+    Accelerator.CUDA: "nvidia-smi",
+    Accelerator.ROCM: "rocm-smi",
+    Accelerator.MPS: "apple",
+}
+"""Which probe source reports devices of each accelerator."""
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / GB:.1f} GB"
+
+
+def _gb_wanted(n_bytes: int) -> str:
+    return f"{n_bytes / GB:g} GB"
+
+
+def _cc(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+_Rej = Callable[[RejectionCode, str, str, str, str], None]
+
+
+def _dev_label(d: DeviceSnapshot) -> str:
+    if d.kind is DeviceKind.MIG:
+        return f"MIG {d.mig_profile or '?'} ({d.uuid})"
+    return f"GPU {d.index}" if d.accelerator is not Accelerator.MPS else "Apple GPU"
+
+
+# --- environments
+
+
+def _env_requirements(job: JobRequest) -> list[tuple[str, str]]:
+    reqs: list[tuple[str, str]] = []
+    if job.python is not None:
+        reqs.append(("python", job.python))
+    reqs.extend((f"frameworks.{n}", s) for n, s in sorted(job.frameworks.items()))
+    return reqs
+
+
+def _needs_torch(job: JobRequest) -> bool:
+    return "torch" in job.frameworks or job.distributed is not None
+
+
+def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> list[Rejection]:
+    where = env.interpreter
+    if not env.ok:
+        why = "; ".join(env.notes) or "probe failed"
+        return [
+            Rejection(
+                RejectionCode.ENVIRONMENT_BROKEN, "environment", "a working interpreter", "broken", worker,
+                f"environment {where} could not be probed: {why}", environment=where,
+            )
+        ]
+    if job.accelerator is Accelerator.MPS and env.translated is True:
+        # Rosetta runs x86_64 code only: torch (or any framework) built for x86_64 macOS has no
+        # Metal backend, so such an interpreter never gets the Apple GPU.
+        return [
+            Rejection(
+                RejectionCode.ACCELERATOR_MISMATCH, "environment", "a native arm64 interpreter",
+                f"{env.machine or 'x86_64'} under Rosetta", worker,
+                f"environment {where} is {env.machine or 'x86_64'} code run by Rosetta on Apple silicon: "
+                "it cannot use the Apple GPU (mps)", environment=where,
+            )
+        ]
+    out: list[Rejection] = []
+    if job.python is not None:
+        out.extend(_version_rejection("python", "Python", env.python_version, job.python, worker, where))
+    for name, spec in sorted(job.frameworks.items()):
+        fw = env.frameworks.get(name)
+        if fw is None:
+            out.append(
+                Rejection(
+                    RejectionCode.FRAMEWORK_MISSING, f"frameworks.{name}", spec, "not installed", worker,
+                    f"{name} is not installed in {where}", environment=where,
+                )
+            )
+            continue
+        if fw.version is None:
+            why = fw.note or "no version in its metadata"
+            out.append(
+                Rejection(
+                    RejectionCode.UNKNOWN_METRIC, f"frameworks.{name}", spec, "unknown", worker,
+                    f"{name} version in {where} is unknown ({why}), so {spec} cannot be confirmed",
+                    environment=where,
+                )
+            )
+            continue
+        version = fw.version if fw.valid else None
+        if not fw.valid:
+            out.append(
+                Rejection(
+                    RejectionCode.INVALID_VERSION, f"frameworks.{name}", spec, fw.version, worker,
+                    f"{name} in {where}: installed version {fw.version!r} is not PEP 440", environment=where,
+                )
+            )
+            continue
+        out.extend(_version_rejection(f"frameworks.{name}", name, version, spec, worker, where))
+    out.extend(_torch_rejections(job, env, worker))
+    return out
+
+
+def _version_rejection(
+    requirement: str, label: str, version: str | None, spec: str, worker: str, where: str
+) -> list[Rejection]:
+    result = check_version(version, spec)
+    if result is VersionCheck.OK:
+        return []
+    if result is VersionCheck.UNKNOWN:
+        return [
+            Rejection(
+                RejectionCode.UNKNOWN_METRIC, requirement, spec, "unknown", worker,
+                f"{label} version in {where} is unknown, so {spec} cannot be confirmed", environment=where,
+            )
+        ]
+    if result is VersionCheck.INVALID:
+        return [
+            Rejection(
+                RejectionCode.INVALID_VERSION, requirement, spec, str(version), worker,
+                f"{label} in {where}: installed version {version!r} is not PEP 440", environment=where,
+            )
+        ]
+    code = RejectionCode.PYTHON_VERSION if requirement == "python" else RejectionCode.FRAMEWORK_VERSION
+    return [
+        Rejection(
+            code, requirement, spec, str(version), worker,
+            f"{label} {version} in {where} does not satisfy {spec}", environment=where,
+        )
+    ]
+
+
+def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> list[Rejection]:
+    if not _needs_torch(job):
+        return []
+    where = env.interpreter
+    if "torch" not in env.frameworks:
+        if "torch" in job.frameworks:
+            return []  # already reported as FRAMEWORK_MISSING
+        return [
+            Rejection(
+                RejectionCode.FRAMEWORK_MISSING, "frameworks.torch", "installed (distributed job)",
+                "not installed", worker, f"torch is not installed in {where}; distributed jobs need it",
+                environment=where,
+            )
+        ]
+    out: list[Rejection] = []
+    for acc, attr in ((Accelerator.CUDA, "torch_cuda"), (Accelerator.MPS, "torch_mps")):
+        if job.accelerator is not acc:
+            continue
+        avail: bool | None = getattr(env, attr)
+        name = f"torch.{acc.value}"
+        if avail is None:
+            out.append(
+                Rejection(
+                    RejectionCode.UNKNOWN_METRIC, name, "available", _unknown(env), worker,
+                    f"whether torch can use {acc.value} in {where} is unknown{_pending_why(env)}",
+                    environment=where,
+                )
+            )
+        elif not avail:
+            out.append(
+                Rejection(
+                    RejectionCode.TORCH_BACKEND_UNAVAILABLE, name, "available", "not available", worker,
+                    f"torch in {where} reports {acc.value} unavailable", environment=where,
+                )
+            )
+    if job.distributed is not None:
+        backend = job.distributed.backend
+        have = env.distributed_backends
+        if have is None:
+            out.append(
+                Rejection(
+                    RejectionCode.UNKNOWN_METRIC, "distributed.backend", backend, _unknown(env), worker,
+                    f"torch.distributed backends in {where} are unknown{_pending_why(env)}", environment=where,
+                )
+            )
+        elif backend not in have:
+            found = ", ".join(have) or "none"
+            out.append(
+                Rejection(
+                    RejectionCode.BACKEND_MISMATCH, "distributed.backend", backend, found, worker,
+                    f"torch in {where} has no {backend} backend (has: {found})", environment=where,
+                )
+            )
+    return out
+
+
+_EnvAnswer = tuple[EnvironmentSnapshot | None, tuple[Rejection, ...], tuple[Check, ...]]
+_ENV_MEMO: dict[int, tuple[WorkerSnapshot, dict[tuple[object, ...], _EnvAnswer]]] = {}
+_ENV_MEMO_WORKERS = 256  # snapshots kept at most (a daemon makes a new one of itself every pass)
+_ENV_MEMO_KEYS = 4096  # environment requests kept per snapshot at most (memory stays bounded)
+
+
+def _env_key(job: JobRequest) -> tuple[object, ...]:
+    """What :func:`choose_environment` reads of the job: its environment fields."""
+    return (job.accelerator, job.python, tuple(sorted(job.frameworks.items())), job.distributed, job.cuda_runtime)
+
+
+def choose_environment(
+    job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
+) -> tuple[EnvironmentSnapshot | None, list[Rejection]]:
+    """Pick the first of ``worker``'s environments (in the order reported) that meets ``job``.
+
+    Appends one row to ``checks`` per environment requirement (python, frameworks, torch
+    backends), ok if any environment meets it.
+
+    Kept per (worker object, the job's environment fields: :func:`_env_key`; at most
+    ``_ENV_MEMO_WORKERS`` worker objects), since jobs of
+    every memory or device request judge the same environments the same way; the answer is
+    exactly :func:`_choose_environment`'s (a property test checks this). A kept entry holds its
+    worker, so the id in the key names that object while the entry lives.
+
+    Returns:
+        ``(environment, [])`` when one qualifies, else ``(None, rejections)`` with every
+        environment's rejections.
+    """
+    per_worker = _ENV_MEMO.get(id(worker))
+    if per_worker is None or per_worker[0] is not worker:
+        if len(_ENV_MEMO) >= _ENV_MEMO_WORKERS:
+            _ENV_MEMO.clear()
+        per_worker = _ENV_MEMO[id(worker)] = (worker, {})
+    key = _env_key(job)
+    kept = per_worker[1].get(key)
+    if kept is None:
+        if len(per_worker[1]) >= _ENV_MEMO_KEYS:
+            per_worker[1].clear()
+        mine: list[Check] = []
+        env, rejs = _choose_environment(job, worker, mine)
+        kept = per_worker[1][key] = (env, tuple(rejs), tuple(mine))
+    checks.extend(kept[2])
+    return kept[0], list(kept[1])
+
+
+def _choose_environment(
+    job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
+) -> tuple[EnvironmentSnapshot | None, list[Rejection]]:
+    """:func:`choose_environment` without the memo."""
+    envs = worker.environments
+    if not envs:
+        checks.append(Check("environment", "a Python environment", "none reported", False))
+        return None, [
+            Rejection(
+                RejectionCode.ENVIRONMENT_BROKEN, "environment", "a Python environment", "none",
+                worker.node_id, f"worker {worker.name or worker.node_id} reports no Python environment",
+            )
+        ]
+    per_env = [(e, _env_rejections(job, e, worker.node_id) + env_runtime_rejections(job, e, worker)) for e in envs]
+    chosen = next((e for e, rs in per_env if not rs), None)
+    # Table rows: one per environment requirement, ok if any environment meets it.
+    for requirement, wanted in [*_env_requirements(job), *_torch_rows(job)]:
+        found_parts = []
+        ok = False
+        for e, rs in per_env:
+            mine = [r for r in rs if r.requirement in (requirement, "environment")]
+            ok = ok or not mine
+            found_parts.append(_env_found(requirement, e) + ("" if len(envs) == 1 else f" ({e.interpreter})"))
+        checks.append(Check(requirement, wanted, "; ".join(found_parts), ok))
+    checks.extend(env_runtime_rows(job, worker, envs))
+    if chosen is not None:
+        return chosen, []
+    return None, [r for _, rs in per_env for r in rs]
+
+
+def _torch_rows(job: JobRequest) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    if _needs_torch(job) and job.accelerator in (Accelerator.CUDA, Accelerator.MPS):
+        rows.append((f"torch.{job.accelerator.value}", "available"))
+    if job.distributed is not None:
+        rows.append(("distributed.backend", job.distributed.backend))
+    return rows
+
+
+def _env_found(requirement: str, e: EnvironmentSnapshot) -> str:
+    if not e.ok:
+        return "environment broken"
+    if requirement == "python":
+        return e.python_version or "unknown"
+    if requirement.startswith("frameworks."):
+        fw = e.frameworks.get(requirement.split(".", 1)[1])
+        return "not installed" if fw is None else fw.version or "unknown"
+    if requirement in ("torch.cuda", "torch.mps"):
+        v = e.torch_cuda if requirement == "torch.cuda" else e.torch_mps
+        return _unknown(e) if v is None else ("available" if v else "not available")
+    if requirement == "distributed.backend":
+        return _unknown(e) if e.distributed_backends is None else (", ".join(e.distributed_backends) or "none")
+    return "—"
+
+
+def _unknown(e: EnvironmentSnapshot) -> str:
+    """How an unknown torch runtime fact is shown: "pending" while the torch check still runs."""
+    return "pending" if e.torch_pending else "unknown"
+
+
+def _pending_why(e: EnvironmentSnapshot) -> str:
+    return " yet: the torch check of this environment is still running" if e.torch_pending else ""
+
+
+# --- devices
+
+
+def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[Rejection]:
+    label = _dev_label(d)
+    out: list[Rejection] = []
+
+    def rej(code: RejectionCode, req: str, wanted: str, found: str, msg: str) -> None:
+        out.append(Rejection(code, req, wanted, found, worker, msg, device=d.index))
+
+    if not d.execution_supported:
+        rej(
+            RejectionCode.EXECUTION_UNSUPPORTED, "accelerator", job.accelerator.value, "detection only",
+            f"{label} ({d.accelerator.value}) is detection-only: gpulayer never schedules on it",
+        )
+        return out
+    if _mig_or_state_rejections(job, d, label, rej):
+        return out
+    if job.gpu_memory_kind is not None:
+        want = job.gpu_memory_kind.value
+        if d.memory_kind is None:
+            rej(RejectionCode.UNKNOWN_METRIC, "gpu_memory_kind", want, "unknown",
+                f"{label} memory kind is unknown, so {want} memory cannot be confirmed")
+        elif d.memory_kind is not job.gpu_memory_kind:
+            rej(RejectionCode.MEMORY_KIND_MISMATCH, "gpu_memory_kind", want, d.memory_kind.value,
+                f"{label} has {d.memory_kind.value} memory, {want} required")
+    if job.gpu_memory_bytes is not None:
+        want = _gb_wanted(job.gpu_memory_bytes)
+        if d.memory_total_bytes is None:
+            rej(RejectionCode.UNKNOWN_METRIC, "gpu_memory_gb", f">= {want}", "unknown",
+                f"{label} memory is unknown, so {want} cannot be confirmed")
+        elif d.memory_total_bytes < job.gpu_memory_bytes:
+            approx = " (approximate: Metal's recommended working set)" if d.memory_approximate else ""
+            rej(RejectionCode.INSUFFICIENT_MEMORY, "gpu_memory_gb", f">= {want}", _gb(d.memory_total_bytes),
+                f"{label} has {_gb(d.memory_total_bytes)}{approx} < {want} required")
+    if job.min_cuda_compute_capability is not None:
+        want = _cc(job.min_cuda_compute_capability)
+        if d.compute_capability is None:
+            rej(RejectionCode.UNKNOWN_METRIC, "min_cuda_compute_capability", f">= {want}", "unknown",
+                f"{label} compute capability is unknown, so >= {want} cannot be confirmed")
+        elif d.compute_capability < job.min_cuda_compute_capability:
+            have = _cc(d.compute_capability)
+            rej(RejectionCode.COMPUTE_CAPABILITY_TOO_LOW, "min_cuda_compute_capability", f">= {want}", have,
+                f"{label} has compute capability {have} < {want} required")
+    if job.requires_float64:
+        if d.float64 is None:
+            rej(RejectionCode.UNKNOWN_METRIC, "requires_float64", "yes", "unknown",
+                f"{label} float64 support is unknown")
+        elif not d.float64:
+            rej(RejectionCode.FLOAT64_UNSUPPORTED, "requires_float64", "yes", "no",
+                f"{label} ({d.accelerator.value}) has no 64-bit floats")
+    return out
+
+
+def _mig_or_state_rejections(job: JobRequest, d: DeviceSnapshot, label: str, rej: _Rej) -> bool:
+    """Lost devices, whole GPUs in MIG mode and MIG instances for multi-device jobs; True if rejected."""
+    if d.state is DeviceState.LOST:
+        rej(RejectionCode.PROBE_UNHEALTHY, "device state", "ok", "lost",
+            f"{label}{f' ({d.pci_bus_id})' if d.pci_bus_id else ''} is lost: nvidia-smi said "
+            f"{d.state_reason or 'nothing more'!r}; it is never granted")
+        return True
+    if d.kind is DeviceKind.GPU and d.mig_enabled:
+        rej(RejectionCode.EXECUTION_UNSUPPORTED, "mig", "whole GPU", "MIG mode",
+            f"{label} is in MIG mode: only its MIG instances are granted, never the whole GPU")
+        return True
+    if d.kind is DeviceKind.MIG and job.gpu_count > 1:
+        rej(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(job.gpu_count), "MIG instance",
+            f"{label} is a MIG instance: a process can use only one, so a job asking for "
+            f"gpu_count {job.gpu_count} needs whole GPUs")
+        return True
+    return False
+
+
+def _busy_rejection(d: DeviceSnapshot, worker: str) -> Rejection:
+    label = _dev_label(d)
+    if d.granted_to is not None:
+        return Rejection(RejectionCode.RESERVED, "free devices", "free", f"granted to {d.granted_to}", worker,
+                         f"{label} is granted to job {d.granted_to}", device=d.index)
+    if not d.foreign_pids and d.unknown_use:
+        used = "unknown" if d.memory_used_bytes is None else f"{d.memory_used_bytes / 2**20:.0f} MiB"
+        return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", "processes unknown", worker,
+                         f"{label} may be in use: its process list could not be read and its memory.used is "
+                         f"{used} (free only at <= {UNKNOWN_PROCESSES_IDLE_MAX_BYTES // 2**20} MiB)",
+                         device=d.index)
+    pids = ", ".join(str(p) for p in d.foreign_pids)
+    return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", f"pids {pids}", worker,
+                     f"{label} is busy with processes gpulayer did not start (pid {pids})", device=d.index)
+
+
+def _objective(d: DeviceSnapshot) -> tuple[int, str, int]:
+    # Best fit: the smallest device that satisfies the job, then uuid, then index.
+    return (d.memory_total_bytes or 0, d.uuid or "", d.index)
+
+
+def choose_devices(
+    job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
+) -> tuple[list[DeviceSnapshot] | None, list[Rejection], list[Rejection]]:
+    """Pick ``job.gpu_count`` free qualifying devices on ``worker`` (CPU slots for a CPU job).
+
+    Appends the accelerator, per-device requirement and count rows to ``checks``. Among free
+    qualifying devices the best fit wins: smallest memory, then uuid, then index.
+
+    Returns:
+        ``(devices, static, busy)``: the chosen devices (empty for a CPU job) or None, the
+        rejections no waiting can change, and those that mean "fits, but not now".
+    """
+    acc = job.accelerator
+    wid = worker.node_id
+    if job.gpu_count == 0:
+        checks.append(Check("accelerator", acc.value, "cpu", True))
+        return _cpu_slots(job, worker, checks)
+    kind = sorted((d for d in worker.devices if d.accelerator is acc), key=lambda d: d.sort_key)
+    supported = [d for d in kind if d.execution_supported]
+    found_acc = f"{len(supported)} x {acc.value}" if supported else _no_device_found(worker)
+    checks.append(Check("accelerator", acc.value, found_acc, bool(supported)))
+    if not kind:
+        health = next((h for h in worker.health if h.source == HEALTH_SOURCE.get(acc)), None)
+        if health is not None and health.status not in (ProbeStatus.OK, ProbeStatus.NOT_FOUND,
+                                                        ProbeStatus.NO_DEVICES):
+            msg = f"{health.source} failed ({health.status.value}): {health.message}".rstrip(": ")
+            return None, [Rejection(RejectionCode.PROBE_UNHEALTHY, "accelerator", acc.value,
+                                    health.status.value, wid, f"{acc.value} devices unknown: {msg}")], []
+        kinds = sorted({d.accelerator.value for d in worker.devices})
+        has = f"it has {', '.join(kinds)}" if kinds else "it is CPU-only"
+        return None, [Rejection(RejectionCode.ACCELERATOR_MISMATCH, "accelerator", acc.value,
+                                _no_device_found(worker), wid,
+                                f"worker {worker.name or wid} has no {acc.value} device ({has})")], []
+
+    per_dev = [(d, _device_rejections(job, d, wid)) for d in kind]
+    fit = [d for d, rs in per_dev if not rs]
+    free = [d for d in fit if not d.busy]
+    _device_rows(job, per_dev, checks)
+    want_n = job.gpu_count
+    checks.append(Check("gpu_count", f">= {want_n}", f"{len(fit)} qualify, {len(free)} free",
+                        len(free) >= want_n if len(fit) >= want_n else False))
+    if len(fit) < want_n:
+        rejs = [r for _, rs in per_dev for r in rs]
+        rejs.append(Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), str(len(fit)), wid,
+                              f"needs {want_n} qualifying {acc.value} device(s), worker "
+                              f"{worker.name or wid} has {len(fit)}"))
+        return None, rejs, []
+    if len(free) < want_n:
+        return None, [], [_busy_rejection(d, wid) for d in fit if d.busy]
+    chosen = sorted(free, key=_objective)[:want_n]
+    return chosen, [], []
+
+
+def _cpu_slots(
+    job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
+) -> tuple[list[DeviceSnapshot] | None, list[Rejection], list[Rejection]]:
+    need = job.distributed.nproc_per_node if job.distributed is not None else 1
+    total, free = worker.cpu_slots_total, worker.cpu_slots_free
+    if total is None or free is None:
+        return [], [], []
+    wid = worker.node_id
+    checks.append(Check("cpu slots", f">= {need}", f"{free} free of {total}", need <= free))
+    if need > total:
+        return None, [Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "cpu slots", str(need), str(total), wid,
+                                f"needs {need} CPU slots, worker {worker.name or wid} has {total} in all")], []
+    if need > free:
+        return None, [], [Rejection(RejectionCode.RESERVED, "cpu slots", str(need), f"{free} free", wid,
+                                    f"needs {need} CPU slots, {total - free} of {total} are in use by other jobs")]
+    return [], [], []
+
+
+def _no_device_found(worker: WorkerSnapshot) -> str:
+    kinds = sorted({d.accelerator.value for d in worker.devices})
+    return "none (has: " + ", ".join(kinds) + ")" if kinds else "none (cpu only)"
+
+
+def _device_rows(
+    job: JobRequest, per_dev: Sequence[tuple[DeviceSnapshot, list[Rejection]]], checks: list[Check]
+) -> None:
+    rows: list[tuple[str, str]] = []
+    if job.gpu_memory_kind is not None:
+        rows.append(("gpu_memory_kind", job.gpu_memory_kind.value))
+    if job.gpu_memory_bytes is not None:
+        rows.append(("gpu_memory_gb", f">= {_gb_wanted(job.gpu_memory_bytes)}"))
+    if job.min_cuda_compute_capability is not None:
+        rows.append(("min_cuda_compute_capability", f">= {_cc(job.min_cuda_compute_capability)}"))
+    if job.requires_float64:
+        rows.append(("requires_float64", "yes"))
+    for requirement, wanted in rows:
+        found = []
+        n_ok = 0
+        for d, rs in per_dev:
+            mine = [r for r in rs if r.requirement in (requirement, "accelerator")]
+            n_ok += not mine
+            found.append(f"{_dev_label(d)}: {_device_value(requirement, d)}")
+        checks.append(Check(requirement, wanted, ", ".join(found), n_ok >= job.gpu_count))
+
+
+def _device_value(requirement: str, d: DeviceSnapshot) -> str:
+    if requirement == "gpu_memory_gb":
+        if d.memory_total_bytes is None:
+            return "unknown"
+        kind = f" {d.memory_kind.value}" if d.memory_kind is not None else ""
+        return f"{_gb(d.memory_total_bytes)}{kind}"
+    if requirement == "gpu_memory_kind":
+        return d.memory_kind.value if d.memory_kind is not None else "unknown"
+    if requirement == "min_cuda_compute_capability":
+        return _cc(d.compute_capability) if d.compute_capability is not None else "unknown"
+    if requirement == "requires_float64":
+        return "unknown" if d.float64 is None else ("yes" if d.float64 else "no")
+    return "—"
+
+
+# --- workdir
+
+
+def check_workdir(job: JobRequest, worker: WorkerSnapshot, checks: list[Check]) -> list[Rejection]:
+    """Check that ``job.workdir`` exists on ``worker`` and the job's user can enter it, as far as
+    the worker has answered.
+
+    Appends a workdir row to ``checks`` (ok None when the worker checks only at claim).
+
+    Returns:
+        A WORKDIR_MISSING, WORKDIR_DENIED ("alice cannot enter /x on ws-1") or
+        WORKDIR_UNANSWERED rejection, or nothing.
+    """
+    if job.workdir is None:
+        return []
+    if worker.existing_paths is None:
+        checks.append(Check("workdir", job.workdir, "checked when the worker claims", None))
+        return []
+    if job.workdir in worker.unanswered_paths:
+        found = f"no answer within {worker.path_timeout_s:g} s"
+        checks.append(Check("workdir", job.workdir, found, False))
+        return [Rejection(RejectionCode.WORKDIR_UNANSWERED, "workdir", job.workdir, found, worker.node_id,
+                          f"workdir {job.workdir} did not answer within {worker.path_timeout_s:g} s on "
+                          f"{worker.name or worker.node_id}")]
+    if job.user and (job.user, job.workdir) in worker.denied_paths:
+        found = f"{job.user} cannot enter it"
+        checks.append(Check("workdir", job.workdir, found, False))
+        return [Rejection(RejectionCode.WORKDIR_DENIED, "workdir", job.workdir, found, worker.node_id,
+                          f"{job.user} cannot enter {job.workdir} on {worker.name or worker.node_id}")]
+    if job.workdir in worker.existing_paths:
+        checks.append(Check("workdir", job.workdir, "exists", True))
+        return []
+    checks.append(Check("workdir", job.workdir, "missing", False))
+    return [Rejection(RejectionCode.WORKDIR_MISSING, "workdir", job.workdir, "missing", worker.node_id,
+                      f"workdir {job.workdir} does not exist on {worker.name or worker.node_id}")]

@@ -1,0 +1,3 @@
+"""The placement protocol's state machines (pure: events in, actions out, time as an argument):
+claims and leases (:mod:`.claims`), the worker's bookkeeping (:mod:`.worker`, :mod:`.worker_msgs`),
+gang attempts (:mod:`.gang`) and hold rounds (:mod:`.holds`)."""

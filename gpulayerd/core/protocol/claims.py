@@ -1,0 +1,474 @@
+"""The owner's claim/lease state machine for one job: events in, actions out.
+
+Pure: no I/O, no clock (``now`` comes in with every call, in seconds of the owner's
+monotonic clock), no randomness. The daemon runs the returned actions (a store
+compare-and-set, a reply, a kill) and feeds outcomes back as new events.
+
+States::
+
+    queued --claim--> claimed --started--> running --exited--> succeeded | failed
+      |                 |                    |
+      |                 +------ lease expired / lost -------> lost, or queued again
+      |                                                        while retries remain
+      +--cancel--> cancelled        claimed|running --cancel--> (kill) --> cancelled
+    rejected (at submit, never runs)
+
+The attempt number is the fencing token: a claim grants ``attempt + 1``; a start,
+renewal or exit that names any other attempt is stale and changes nothing (a
+renewal for a stale attempt is answered so that its worker kills it).
+
+Only the attempt's holder speaks for it: every event about an attempt carries the
+node id of the worker that sent it (the peer API takes it from the sender's TLS
+certificate), and a start, renewal, exit or loss of the current attempt from any
+other node is answered :class:`ReplyStale` and changes nothing, so a member that
+does not hold a job can neither end it nor keep it alive.
+
+Where an owner offers a job that fits several peers now, :func:`choose_target` picks one
+(least loaded first, counting the offers it makes, so ties move on to the next idle worker), so a burst spreads
+over every idle worker instead of queueing behind the lowest node id.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+__all__ = [
+    "ACTIVE",
+    "TERMINAL",
+    "Action",
+    "CancelRequested",
+    "ClaimRequested",
+    "DenyClaim",
+    "Event",
+    "ExtendLease",
+    "GrantClaim",
+    "JobRecord",
+    "JobStatus",
+    "KillRun",
+    "LeaseChecked",
+    "LeaseRenewed",
+    "PersistJob",
+    "ReplyStale",
+    "RunExited",
+    "RunLost",
+    "RunStarted",
+    "WorkerLoad",
+    "choose_target",
+    "handle",
+    "spread_offers",
+]
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job is in its life."""
+
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    REJECTED = "rejected"
+
+
+TERMINAL = frozenset(
+    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.LOST, JobStatus.REJECTED}
+)
+"""States a job never leaves."""
+
+ACTIVE = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
+"""States in which an attempt holds devices on a worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """The owner's view of one job.
+
+    Attributes:
+        job_id: the job.
+        status: current state.
+        attempt: number of the current (or last) attempt; 0 before the first claim.
+        holder: node id of the worker running the current attempt, if any.
+        retries_left: how many more times a lost attempt may be re-queued.
+        lease_s: lease length granted to workers, seconds.
+        lease_expires_at: owner-monotonic time after which the attempt is lost, or None.
+        cancel_requested: a cancel arrived while an attempt was active.
+    """
+
+    job_id: str
+    status: JobStatus
+    attempt: int = 0
+    holder: str | None = None
+    retries_left: int = 0
+    lease_s: float = 30.0
+    lease_expires_at: float | None = None
+    cancel_requested: bool = False
+
+
+# ---------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequested:
+    """A worker asks to run the job now (late binding: it re-checked fit locally)."""
+
+    worker: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """The worker started the job's processes for ``attempt``."""
+
+    attempt: int
+    worker: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewed:
+    """The worker renews its lease for ``attempt``."""
+
+    attempt: int
+    worker: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunExited:
+    """The job's processes of ``attempt`` ended, as ``worker`` reports.
+
+    Attributes:
+        worker: node id of the reporting worker (only the attempt's holder counts).
+        exit_code: the process exit status (negative: killed by that signal); None
+            if it could not be known.
+    """
+
+    attempt: int
+    worker: str
+    exit_code: int | None
+    reason: str = ""
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunLost:
+    """The attempt's processes are gone without an exit status (or never started), as ``worker`` reports.
+
+    ``worker`` is the reporting node (only the attempt's holder counts).
+    """
+
+    attempt: int
+    worker: str
+    reason: str
+    never_started: bool = False
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """A user asked to cancel the job."""
+
+    reason: str = "cancelled by user"
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseChecked:
+    """Periodic check: has the current attempt's lease (plus ``grace_s``) expired?"""
+
+    grace_s: float = 0.0
+    stimulus_id: str = ""
+
+
+Event = ClaimRequested | RunStarted | LeaseRenewed | RunExited | RunLost | CancelRequested | LeaseChecked
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class PersistJob:
+    """Store ``record`` if the stored job still has ``expect_status``, ``expect_attempt``
+    and ``expect_cancel_requested`` (so that a handler working from an outdated record
+    can never undo a cancel).
+
+    The store does this as one compare-and-set, with an event row carrying ``reason``;
+    nothing else may be done for this event unless it succeeds.
+    """
+
+    record: JobRecord
+    expect_status: JobStatus
+    expect_attempt: int
+    reason: str
+    stimulus_id: str = ""
+    expect_cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendLease:
+    """The holder of ``attempt`` renewed: its lease now ends at ``expires_at`` (owner-monotonic s).
+
+    Not a state change: the owner keeps leases in memory (persisted leases count as
+    renewed at restart), so nothing is stored and no event row is written.
+    """
+
+    attempt: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GrantClaim:
+    """Tell ``worker`` it may run ``attempt`` under a lease of ``lease_s`` seconds."""
+
+    worker: str
+    attempt: int
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DenyClaim:
+    """Tell ``worker`` its claim lost (someone else holds the job, or it ended)."""
+
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillRun:
+    """Stop the processes of ``attempt`` on ``worker`` (SIGTERM, grace, SIGKILL)."""
+
+    worker: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyStale:
+    """Answer a message about a superseded attempt, or about the current one from a node that
+    does not hold it: ``worker`` must kill that attempt if it runs it; nothing else changes."""
+
+    worker: str
+    attempt: int
+    current_attempt: int
+
+
+Action = PersistJob | ExtendLease | GrantClaim | DenyClaim | KillRun | ReplyStale
+
+
+# ---------------------------------------------------------------------------- handle
+
+
+def handle(job: JobRecord, event: Event, now: float) -> list[Action]:
+    """Decide what ``event`` does to ``job`` at owner-monotonic time ``now``.
+
+    Returns:
+        Actions in order; a :class:`PersistJob`, when present, comes first and the
+        rest must only be carried out if it succeeds. An event that changes nothing
+        (a duplicate, a replay, a stale attempt) returns no PersistJob.
+    """
+    if isinstance(event, ClaimRequested):
+        return _claim(job, event, now)
+    if isinstance(event, RunStarted):
+        return _started(job, event, now)
+    if isinstance(event, LeaseRenewed):
+        return _renewed(job, event, now)
+    if isinstance(event, RunExited):
+        return _exited(job, event)
+    if isinstance(event, RunLost):
+        return _lost(job, event)
+    if isinstance(event, CancelRequested):
+        return _cancel(job, event)
+    return _lease_check(job, event, now)
+
+
+def _persist(job: JobRecord, new: JobRecord, reason: str, stimulus_id: str) -> PersistJob:
+    return PersistJob(new, job.status, job.attempt, reason, stimulus_id, job.cancel_requested)
+
+
+def _claim(job: JobRecord, ev: ClaimRequested, now: float) -> list[Action]:
+    if job.status is not JobStatus.QUEUED or job.cancel_requested:
+        if job.holder == ev.worker and job.status in ACTIVE and not job.cancel_requested:
+            # A duplicate claim from the holder: answer with the same grant again.
+            return [GrantClaim(ev.worker, job.attempt, job.lease_s)]
+        return [DenyClaim(ev.worker, f"job is {job.status.value}")]
+    attempt = job.attempt + 1
+    new = replace(
+        job, status=JobStatus.CLAIMED, attempt=attempt, holder=ev.worker, lease_expires_at=now + job.lease_s
+    )
+    return [
+        _persist(job, new, f"claimed by {ev.worker} (attempt {attempt})", ev.stimulus_id),
+        GrantClaim(ev.worker, attempt, job.lease_s),
+    ]
+
+
+def _stale(job: JobRecord, attempt: int, worker: str) -> bool:
+    return attempt != job.attempt or worker != job.holder or job.status not in ACTIVE
+
+
+def _not_holder(job: JobRecord, attempt: int, worker: str) -> bool:
+    """A message about the current, active attempt from a node that does not hold it."""
+    return attempt == job.attempt and job.status in ACTIVE and worker != job.holder
+
+
+def _started(job: JobRecord, ev: RunStarted, now: float) -> list[Action]:
+    if _stale(job, ev.attempt, ev.worker):
+        if ev.attempt != job.attempt or job.holder != ev.worker:
+            return [ReplyStale(ev.worker, ev.attempt, job.attempt)]
+        return []
+    if job.status is JobStatus.RUNNING:
+        return []  # duplicate
+    new = replace(job, status=JobStatus.RUNNING, lease_expires_at=now + job.lease_s)
+    actions: list[Action] = [_persist(job, new, f"running on {ev.worker}", ev.stimulus_id)]
+    if job.cancel_requested:
+        actions.append(KillRun(ev.worker, ev.attempt, "cancelled by user"))
+    return actions
+
+
+def _renewed(job: JobRecord, ev: LeaseRenewed, now: float) -> list[Action]:
+    if _stale(job, ev.attempt, ev.worker):
+        return [ReplyStale(ev.worker, ev.attempt, job.attempt)]
+    return [ExtendLease(ev.attempt, now + job.lease_s)]
+
+
+def _exited(job: JobRecord, ev: RunExited) -> list[Action]:
+    if _not_holder(job, ev.attempt, ev.worker):
+        return [ReplyStale(ev.worker, ev.attempt, job.attempt)]  # refused: changes nothing
+    if ev.attempt != job.attempt or job.status not in ACTIVE:
+        return []  # stale or duplicate: only the current attempt's exit counts
+    if job.cancel_requested:
+        status, reason = JobStatus.CANCELLED, "cancelled by user"
+        if ev.exit_code is not None:
+            reason += f" (exit {_describe_exit(ev.exit_code)})"
+    elif ev.exit_code == 0:
+        status, reason = JobStatus.SUCCEEDED, "exited 0"
+    else:
+        status = JobStatus.FAILED
+        reason = ev.reason or (
+            "exit status unknown" if ev.exit_code is None else f"exited {_describe_exit(ev.exit_code)}"
+        )
+    new = replace(job, status=status, holder=None, lease_expires_at=None)
+    return [_persist(job, new, reason, ev.stimulus_id)]
+
+
+def _describe_exit(code: int) -> str:
+    return f"by signal {-code}" if code < 0 else str(code)
+
+
+def _lost(job: JobRecord, ev: RunLost) -> list[Action]:
+    if _not_holder(job, ev.attempt, ev.worker):
+        return [ReplyStale(ev.worker, ev.attempt, job.attempt)]  # refused: changes nothing
+    if ev.attempt != job.attempt or job.status not in ACTIVE:
+        return []
+    # "Never started" is only believed while the owner has not recorded a start.
+    never_started = ev.never_started and job.status is JobStatus.CLAIMED
+    return [_persist(job, _after_loss(job, never_started), ev.reason, ev.stimulus_id)]
+
+
+def _after_loss(job: JobRecord, never_started: bool) -> JobRecord:
+    if job.cancel_requested:
+        return replace(job, status=JobStatus.CANCELLED, holder=None, lease_expires_at=None)
+    if never_started:
+        # Nothing ran, so running it again cannot make two copies: re-queue for free.
+        return replace(job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None)
+    if job.retries_left > 0:
+        return replace(
+            job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None, retries_left=job.retries_left - 1
+        )
+    return replace(job, status=JobStatus.LOST, holder=None, lease_expires_at=None)
+
+
+def _cancel(job: JobRecord, ev: CancelRequested) -> list[Action]:
+    if job.status in TERMINAL or job.cancel_requested:
+        return []
+    if job.status is JobStatus.QUEUED:
+        new = replace(job, status=JobStatus.CANCELLED)
+        return [_persist(job, new, ev.reason, ev.stimulus_id)]
+    new = replace(job, cancel_requested=True)
+    holder = job.holder or ""
+    return [
+        _persist(job, new, f"cancel requested; stopping attempt {job.attempt} on {holder}", ev.stimulus_id),
+        KillRun(holder, job.attempt, ev.reason),
+    ]
+
+
+def _lease_check(job: JobRecord, ev: LeaseChecked, now: float) -> list[Action]:
+    if job.status not in ACTIVE or job.lease_expires_at is None:
+        return []
+    if now <= job.lease_expires_at + ev.grace_s:
+        return []
+    new = _after_loss(job, never_started=False)
+    what = "re-queued" if new.status is JobStatus.QUEUED else new.status.value
+    reason = (
+        f"attempt {job.attempt} lost: no lease renewal from {job.holder} for "
+        f"{job.lease_s:g} s + {ev.grace_s:g} s grace; {what}"
+    )
+    return [_persist(job, new, reason, ev.stimulus_id), KillRun(job.holder or "", job.attempt, reason)]
+
+
+# ------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """How busy a worker is, as the owner knows it.
+
+    Attributes:
+        in_use: work it runs now (busy CPU slots, from its last snapshot) plus the jobs
+            this owner has offered it and not yet seen claimed.
+        capacity: how much it runs at once (its CPU slots, else its CPU count); at least 1.
+    """
+
+    in_use: int = 0
+    capacity: int = 1
+
+    def plus_one(self) -> WorkerLoad:
+        """This load with one more job offered."""
+        return replace(self, in_use=self.in_use + 1)
+
+
+def choose_target(fitting: Sequence[str], loads: Mapping[str, WorkerLoad],
+                  previous: str | None = None) -> str | None:
+    """The worker to offer a job to, among the node ids in ``fitting`` (all fit it now).
+
+    A worker the job was offered to before and that still fits keeps it (an offer is not
+    moved pass after pass). Otherwise the least loaded worker (``in_use / capacity``; an
+    unknown worker counts as idle with capacity 1) wins, ties to the lowest node id (as
+    :func:`gpulayerd.core.matching.evaluate.explain` places). The caller counts each choice into
+    the winner's load (:func:`spread_offers` does), so in a burst the tie moves on to the
+    next idle worker at every job: the lowest node id wins only while it is not busier.
+    Returns None when ``fitting`` is empty.
+    """
+    if not fitting:
+        return None
+    if previous is not None and previous in fitting:
+        return previous
+
+    def key(worker: str) -> tuple[float, str]:
+        load = loads.get(worker, WorkerLoad())
+        return load.in_use / max(load.capacity, 1), worker
+
+    return min(fitting, key=key)
+
+
+def spread_offers(jobs: Sequence[tuple[str, Sequence[str]]], loads: Mapping[str, WorkerLoad],
+                  previous: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Choose a worker for each of ``jobs`` ((job id, node ids that fit it now), in queue
+    order) by :func:`choose_target`, counting each choice into the chosen worker's load.
+
+    Returns:
+        job id -> node id, for every job that fits somewhere; each job appears once.
+    """
+    current = dict(loads)
+    before = previous or {}
+    out: dict[str, str] = {}
+    for job_id, fitting in jobs:
+        target = choose_target(fitting, current, before.get(job_id))
+        if target is None or job_id in out:
+            continue
+        out[job_id] = target
+        current[target] = current.get(target, WorkerLoad()).plus_one()
+    return out
