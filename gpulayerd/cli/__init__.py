@@ -120,7 +120,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def _env_path(name: str) -> Path | None:
     """The path in environment variable ``name``, or None when it is unset or empty
-    (:func:`gpulayerd.cli.client.env_path`, without importing that module)."""
+    (:func:`gpulayerd.cli.http.env_path`, without importing that module)."""
     value = os.environ.get(name)
     return Path(value) if value else None
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from gpulayerd.cli.client import socket_path
 from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.http import socket_path
 from gpulayerd.text import escape as fmt_escape
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.client import call_daemon, try_daemon
 from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.http import call_daemon, try_daemon
 
 if TYPE_CHECKING:
     from gpulayerd.models import Capabilities, PeerView

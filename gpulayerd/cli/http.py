@@ -7,7 +7,9 @@ keys also read as attributes, nested too), so the CLI's renderers read ``job.sta
 read the API's pydantic views; a command that needs the models themselves validates the
 decoded JSON with them (imported then).
 
-The asynchronous client (:mod:`gpulayerd.api.client`) stays the TUI's and the tests'.
+Which socket (:func:`socket_path`: the global flags, then the personal daemon's, then the system
+one) and one call per command with its errors turned into the CLI's (:func:`call_daemon`) are
+here too. The asynchronous client (:mod:`gpulayerd.api.client`) stays the TUI's and the tests'.
 
 Errors: :class:`DaemonUnreachable` (no socket, nothing listening, the connection broke),
 :class:`DaemonTimeout` (no answer within the timeout: env ``GPULAYER_TIMEOUT``, seconds,
@@ -20,17 +22,22 @@ import _socket  # the C module: `socket` adds ~3 ms (its enums, selectors) to ev
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from urllib.parse import quote, urlencode
 
+from gpulayerd.cli.exits import CommandFailed, UsageError
 from gpulayerd.routes import LOCAL, local_path
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
-    from typing import Any
+    import argparse
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ApiRequestError", "BadTimeout", "DaemonTimeout", "DaemonUnreachable", "Record",
-           "SyncClient", "timeout_from_env"]
+           "SyncClient", "call_daemon", "env_path", "socket_path", "timeout_from_env", "try_daemon"]
 
 DEFAULT_TIMEOUT_S = 30.0
 """Seconds a CLI request waits for the daemon's answer (env ``GPULAYER_TIMEOUT``)."""
@@ -185,10 +192,12 @@ class SyncClient:
         head = f"{method} {url} HTTP/1.1\r\nHost: gpulayerd\r\n"
         if data or method != "GET":
             head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-        try:
+        try:  # noqa: SIM105 (contextlib is one more import at every CLI start)
             self._sock.sendall(head.encode("ascii") + b"\r\n" + data)
-        except (BrokenPipeError, ConnectionResetError) as e:
-            raise _Disconnected() from e
+        except (BrokenPipeError, ConnectionResetError):
+            # The daemon may have answered and closed before reading the request (a connection over
+            # its limits gets one 503 line): that answer is still there to read; if not, _Disconnected.
+            pass
         header_end = self._read_until(b"\r\n\r\n", deadline, first=True)
         lines = self._take(header_end + 4).decode("latin-1").split("\r\n")
         try:
@@ -340,3 +349,102 @@ def _api_error(status: int, raw: bytes) -> ApiRequestError:
     from gpulayerd.text import http_error  # a sentence, e.g. for aiohttp's plain-text 413
 
     return ApiRequestError(status, "http_error", http_error(status, raw))
+
+
+# ------------------------------------------------------------------ which daemon, one call
+
+
+def env_path(name: str) -> Path | None:
+    """The path in environment variable ``name``, or None when it is unset or empty."""
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def socket_path(args: argparse.Namespace) -> Path:
+    """The daemon's unix socket, in this order:
+
+    1. ``--socket`` (env ``GPULAYER_SOCKET``);
+    2. the one of ``--state-dir`` (env ``GPULAYER_STATE_DIR``): ``<state dir>/run/gpulayerd.sock``;
+    3. this user's personal daemon's (the user runtime dir), if something answers there;
+    4. the system daemon's, ``/run/gpulayer/gpulayerd.sock``, if it exists;
+    5. else the personal one again (so that "not running" names it).
+    """
+    from gpulayerd.host.sockets import SYSTEM_SOCKET_PATH, socket_path_for
+
+    if args.socket is not None:
+        return Path(args.socket)
+    if args.state_dir is not None:
+        return socket_path_for(args.state_dir)
+    personal = socket_path_for(None)
+    if _answers(personal) or not SYSTEM_SOCKET_PATH.exists():
+        return personal
+    return SYSTEM_SOCKET_PATH
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts a connection on the unix socket at ``path`` (one connect, 1 s at most)."""
+    import _socket  # the C module: `socket` costs ~3 ms of start-up
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+def call_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T], on_timeout: str = "") -> _T:
+    """Run ``call`` with a synchronous client of the local daemon (:mod:`gpulayerd.cli.http`) and return its result.
+
+    ``on_timeout``: what to add to the one-line message when the daemon does not answer in time
+    (default: how to check on it). The timeout is env ``GPULAYER_TIMEOUT`` (seconds, default 30;
+    another value than a positive number is a usage error).
+
+    Raises:
+        CommandFailed: no daemon answers (with the command that starts one), it did not answer in
+            time (one line, never a traceback), or it failed the call.
+        UsageError: a bad ``GPULAYER_TIMEOUT``; the daemon refused the request as bad input (HTTP 400,
+            404, 422) or as a conflict (409: a submission key reused with another spec).
+    """
+    try:
+        timeout_s = timeout_from_env()
+    except BadTimeout as e:
+        raise UsageError(str(e)) from None
+    sock = socket_path(args)
+    try:
+        with SyncClient(sock, timeout_s) as client:
+            return call(client)
+    except DaemonTimeout as e:
+        hint = on_timeout or "it may be stopped or overloaded (gpulayer service status), or try again"
+        raise CommandFailed(f"gpulayerd did not answer within {e.timeout_s:g} s; {hint}") from None
+    except DaemonUnreachable as e:
+        if args.state_dir or args.socket:
+            hint = f"gpulayerd --state-dir {args.state_dir} &" if args.state_dir else "gpulayerd &"
+        else:
+            from gpulayerd.host.sockets import SYSTEM_SOCKET_PATH
+
+            hint = (f"gpulayerd & (a personal daemon), or on a lab machine ask its admin to start the system "
+                    f"one (sudo gpulayer service install --system; socket {SYSTEM_SOCKET_PATH})")
+        raise CommandFailed(f"gpulayerd is not running ({e}). Start it with: {hint}") from None
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogates: JSON/URLs cannot carry them
+        bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+        byte = f" (byte 0x{ord(bad[0]) - 0xDC00:02x})" if bad and 0xDC80 <= ord(bad[0]) <= 0xDCFF else ""
+        raise UsageError(f"an argument is not valid UTF-8 text{byte}: gpulayerd takes UTF-8 only") from None
+    except ApiRequestError as e:  # the message may quote peers' or users' text: escaped, line by line
+        from gpulayerd.text import escape
+
+        message = "\n".join(escape(line) for line in e.message.split("\n"))
+        if e.status in (400, 404, 409, 422):
+            raise UsageError(message) from None
+        raise CommandFailed(message) from None
+
+
+def try_daemon(args: argparse.Namespace, call: Callable[[SyncClient], _T]) -> _T | None:
+    """Like :func:`call_daemon`, but None when the call fails (e.g. no daemon answers)."""
+    try:
+        return call_daemon(args, call)
+    except CommandFailed:
+        return None

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.client import call_daemon
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK, UsageError
+from gpulayerd.cli.http import call_daemon
 from gpulayerd.cli.jobs_table import columns_help
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true

@@ -118,7 +118,7 @@ def _workers(args: argparse.Namespace) -> list[Capabilities]:
             except ValidationError as e:
                 raise UsageError(f"--capabilities: {f} is not capability JSON\n{format_validation_error(e)}") from e
         return out
-    from gpulayerd.cli.client import call_daemon
+    from gpulayerd.cli.http import call_daemon
     from gpulayerd.models import PeerView
 
     raw_peers = call_daemon(args, lambda c: c.peers())

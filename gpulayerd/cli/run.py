@@ -13,7 +13,7 @@ without waiting for the job to stop. SIGTERM or SIGHUP (a kill, a closed termina
 job at once, as srun does, and exit 128+N once it has stopped (a second one: at once).
 
 Submits with :func:`gpulayerd.cli.jobs.submit_job`, then calls the daemon through
-:func:`gpulayerd.cli.client.call_daemon` (one connection for the run): job and log reads every
+:func:`gpulayerd.cli.http.call_daemon` (one connection for the run): job and log reads every
 :data:`gpulayerd.cli.logs.POLL_S` seconds, cancel on Ctrl-C.
 """
 
@@ -27,8 +27,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.client import call_daemon
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from gpulayerd.cli.http import call_daemon
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient

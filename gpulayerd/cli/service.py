@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from gpulayerd.cli.client import socket_path
 from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.http import socket_path
 
 if TYPE_CHECKING:
     from gpulayerd.host.service_user import OsName, ServiceTarget

@@ -10,8 +10,8 @@ import argparse
 import importlib
 import sys
 
-from gpulayerd.cli.client import socket_path
 from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
+from gpulayerd.cli.http import socket_path
 
 __all__ = ["KEYS", "TUI_MODULE", "add_parser"]
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.client import call_daemon
 from gpulayerd.cli.exits import EXIT_OK
+from gpulayerd.cli.http import call_daemon
 
 if TYPE_CHECKING:
     from gpulayerd.models import UserUsageView

@@ -273,7 +273,7 @@ def test_the_cli_finds_the_system_socket_when_no_personal_daemon_answers(
     import argparse
 
     from gpulayerd import config
-    from gpulayerd.cli.client import socket_path
+    from gpulayerd.cli.http import socket_path
     from gpulayerd.host import sockets
 
     system = tmp_path / "run" / "gpulayerd.sock"
