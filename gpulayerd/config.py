@@ -176,7 +176,7 @@ class DaemonConfig(BaseModel):
     local_max_connections_per_user: int = Field(default=64, ge=1)
     local_reserved_connections: int = Field(default=64, ge=1)
     local_request_timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    local_idle_timeout_s: float = Field(default=60.0, gt=0)
+    local_idle_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
     isolated: bool = False
     offer_interval_s: float = Field(default=2.0, gt=0)
     hold_ttl_s: float = Field(default=10.0, gt=0)
@@ -199,6 +199,18 @@ class DaemonConfig(BaseModel):
         for entry in v:
             _host_port(entry, "peer")
         return v
+
+    @model_validator(mode="after")
+    def _shares_fit_their_totals(self) -> DaemonConfig:
+        if self.local_reserved_connections >= self.local_max_connections:
+            raise ValueError(f"local_reserved_connections ({self.local_reserved_connections}) must be below "
+                             f"local_max_connections ({self.local_max_connections}): the reserve for root and admins "
+                             "is part of the total (lower it, or raise the total)")
+        if self.peer_max_unauthenticated > self.peer_max_connections:
+            raise ValueError(f"peer_max_unauthenticated ({self.peer_max_unauthenticated}) must be at most "
+                             f"peer_max_connections ({self.peer_max_connections}): strangers' connections are part "
+                             "of the total")
+        return self
 
     @model_validator(mode="after")
     def _isolated_needs_its_own_locks(self) -> DaemonConfig:
@@ -267,4 +279,4 @@ class DaemonConfig(BaseModel):
             return cls.model_validate(data)
         except ValidationError as e:
             where = f"{path}: " if path else ""
-            raise ConfigError(f"{where}invalid settings\n{format_validation_error(e)}") from e
+            raise ConfigError(f"{where}invalid settings\n{format_validation_error(e, whole='settings')}") from e

@@ -151,13 +151,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except UsageError as e:
-        print(f"gpulayer: {e}", file=sys.stderr)
+        print(f"gpulayer: {_visible(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except CommandFailed as e:
-        print(f"gpulayer: {e}", file=sys.stderr)
+        print(f"gpulayer: {_visible(str(e))}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
     return code
+
+
+def _visible(message: str) -> str:
+    """An error message as the terminal should show it: each line's control characters made visible
+    (a path or name the user typed may hold a NUL or an escape sequence); lines stay lines."""
+    from gpulayerd.text import escape
+
+    return "\n".join(escape(line) for line in message.split("\n"))

@@ -84,11 +84,12 @@ def _cmd_install(args: argparse.Namespace) -> int:
     if target.system and args.root == Path("/"):  # (a tree for packaging is checked where it is installed)
         from gpulayerd.host.service_system import shared_install_problem
 
-        problem = shared_install_problem([sys.executable, *interpreters], str(Path(__file__).resolve().parents[1]))
+        problem = shared_install_problem(interpreters or [sys.executable], str(Path(__file__).resolve().parents[1]),
+                                         own_python=sys.executable)
         if problem is not None and not args.dry_run:
             raise CommandFailed(f"not installing the system service: {problem}")
         if problem is not None:
-            print(f"note: {problem}", file=sys.stderr)
+            print(f"note: without --dry-run this would refuse: {problem}", file=sys.stderr)
     rendered = target.render(gpulayerd, interpreters)
     state = svc.file_state(svc.read_service_file(target.path), rendered)
     next_command = target.start_command(update=state in ("outdated", "modified"))

@@ -229,24 +229,34 @@ def closed_to_others(path: str, *, need: int = 0o005) -> str | None:
     return None
 
 
-def shared_install_problem(interpreters: Sequence[str], package_dir: str) -> str | None:
+_VENV_FIX = ("Make the lab's venv from /usr/bin/python3 where every account can read it (python3 -m venv "
+             "/opt/gpulayer; /opt/gpulayer/bin/pip install /path/to/gpulayer) and install the service from there")
+
+
+def shared_install_problem(interpreters: Sequence[str], package_dir: str, *, own_python: str | None = None
+                           ) -> str | None:
     """Why other accounts cannot use this installation in system mode (None if they can): each
     workload interpreter must be executable by every account (jobs run as their users, and a job's
-    ``python`` is the environment's interpreter), and the package readable (their ``gpulayer``).
+    ``python`` is the environment's interpreter), the package readable, and, with ``own_python``
+    (the CLI's check at ``service install --system``), this installation's own Python executable by
+    them too (every user's ``gpulayer`` runs with it).
 
     The answer names the closed directory and the fix, e.g. a venv made from ``/usr/bin/python3``
     in ``/opt/gpulayer`` rather than one of root's own Pythons (pyenv under ``/root``, mode 0700).
     """
+    if own_python is not None:
+        closed = closed_to_others(own_python)
+        if closed is not None:
+            return (f"this installation's Python {own_python} cannot be run by other accounts: {closed} is closed "
+                    f"to them, so every user's gpulayer would fail with 'Permission denied'. {_VENV_FIX}")
     for interpreter in interpreters:
         closed = closed_to_others(interpreter)
         if closed is not None:
             return (f"the interpreter {interpreter} cannot be run by other accounts: {closed} is closed to them, "
-                    "so every job and every user's gpulayer would fail with 'Permission denied'. Make the venv "
-                    "from /usr/bin/python3 where every account can read it (python3 -m venv /opt/gpulayer; "
-                    "/opt/gpulayer/bin/pip install gpulayer), or pass --python with an interpreter they can run")
+                    f"so every job would fail with 'Permission denied'. {_VENV_FIX}, or pass --python with an "
+                    "interpreter they can run")
     closed = closed_to_others(os.path.join(package_dir, "__init__.py"), need=0o004)
     if closed is not None:
         return (f"the gpulayer package in {package_dir} cannot be read by other accounts: {closed} is closed to "
-                "them. Install gpulayer where every account can read it (a venv made from /usr/bin/python3 in "
-                "/opt/gpulayer)")
+                f"them. {_VENV_FIX}")
     return None

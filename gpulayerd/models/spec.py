@@ -161,12 +161,13 @@ def _enum_values(enum_type: type[Accelerator] | type[MemoryKind]) -> str:
     return ", ".join(m.value for m in enum_type)
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """Render a pydantic error as lines ``field.path: message`` (one per problem)."""
+def format_validation_error(err: ValidationError, prefix: str = "", whole: str = "spec") -> str:
+    """Render a pydantic error as lines ``field.path: message`` (one per problem); a problem of the
+    whole model (several fields together) is named ``whole`` (or ``prefix`` without its dot)."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
-        loc = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "spec")
+        loc = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or whole)
         msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"

@@ -47,6 +47,7 @@ TOML_CASES = [
      ["env", "the value of 'TOKEN' must not contain a NUL byte"]),
     ("nul-in-env-name", 'command = ["true"]\n[env]\n"A\\u0000B" = "1"\n',
      ["env", "is not a valid environment variable name"]),
+    ("escape-in-workdir", 'command = ["true"]\nworkdir = "/tmp/\\u001b[2Jx"\n', ["workdir", "/tmp/\\x1b[2Jx"]),
     ("cpu-with-gpus", 'command = ["true"]\n[requirements]\ngpu_count = 2\n', ["gpu_count"]),
 ]
 
@@ -78,7 +79,7 @@ def assert_usage_error(d: Daemon, args: list[str], words: list[str], cwd: Path |
     before = stored(d)
     r = d.cli("submit", *args, cwd=cwd)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert r.stdout == ""
+    assert r.stdout == "" and "\x1b" not in r.stderr and "\0" not in r.stderr  # control characters made visible
     for w in words:
         assert w in r.stderr, f"{w!r} not in: {r.stderr}"
     assert stored(d) == before

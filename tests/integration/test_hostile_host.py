@@ -311,7 +311,7 @@ def test_a_system_install_whose_interpreter_others_cannot_run_is_refused(
         assert "exit 1\n" in r.stdout and "written: \n" in r.stdout, (r.stdout, r.stderr)
         assert (f"not installing the system service: the interpreter {python} cannot be run by other accounts: "
                 f"{closed} is closed to them") in r.stderr, r.stderr
-        assert "make the venv from /usr/bin/python3" in r.stderr.lower(), r.stderr
+        assert "make the lab's venv from /usr/bin/python3" in r.stderr.lower(), r.stderr
         # The daemon makes the same check when it starts in system mode, before it serves anything.
         d = subprocess.run([str(venv / "bin" / "python3"), "-m", "gpulayerd", "--system", "--python", str(python),
                             "--no-mdns", "--state-dir", str(lab.root / "sys"), "--runtime-dir",

@@ -216,6 +216,16 @@ def test_rejection_messages_read_alone() -> None:
         "gpu_memory_gb", ">= 24 GB", "16.0 GB", "w1", 0)
 
 
+def test_a_worker_that_uses_no_gpu_by_choice_says_why_not_cpu_only() -> None:
+    unused = ProbeHealth("gpus", ProbeStatus.OK, "GPUs not used: this daemon runs beside another gpulayerd of "
+                         "this machine (isolated): CPU slots only", None)
+    result = match(job(accelerator=Accelerator.CUDA, gpu_count=1), worker(health=(unused,)), SUPPORT_MATRIX)
+    assert not isinstance(result, Placement)
+    assert [r.message for r in result] == [f"worker w1 has no cuda device ({unused.message})"]
+    plain = match(job(accelerator=Accelerator.CUDA, gpu_count=1), worker(), SUPPORT_MATRIX)
+    assert not isinstance(plain, Placement) and plain[0].message == "worker w1 has no cuda device (it is CPU-only)"
+
+
 def test_unknown_says_unknown_not_too_small() -> None:
     result = match(job(**CUDA1, min_cuda_compute_capability=(8, 0)), worker(devices=(cuda(0, cc=None),)),
                    SUPPORT_MATRIX)

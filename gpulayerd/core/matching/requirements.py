@@ -447,7 +447,10 @@ def choose_devices(
             return None, [Rejection(RejectionCode.PROBE_UNHEALTHY, "accelerator", acc.value,
                                     health.status.value, wid, f"{acc.value} devices unknown: {msg}")], []
         kinds = sorted({d.accelerator.value for d in worker.devices})
-        has = f"it has {', '.join(kinds)}" if kinds else "it is CPU-only"
+        # A daemon that uses no GPU by choice says so (``--isolated``: "GPUs not used: ..."), not "CPU-only".
+        unused = next((h.message for h in worker.health
+                       if h.source == "gpus" and h.message.startswith("GPUs not used")), None)
+        has = f"it has {', '.join(kinds)}" if kinds else (unused or "it is CPU-only")
         return None, [Rejection(RejectionCode.ACCELERATOR_MISMATCH, "accelerator", acc.value,
                                 _no_device_found(worker), wid,
                                 f"worker {worker.name or wid} has no {acc.value} device ({has})")], []
