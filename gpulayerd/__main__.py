@@ -1,4 +1,7 @@
-"""``gpulayerd``: the daemon's entry point (args -> config -> daemon.run()); nothing else."""
+"""``gpulayerd``: the daemon's entry point (args -> config -> daemon.run()); nothing else.
+
+(Every ``__main__.py`` of the package is the same idea: the entry point of its package.)
+"""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from gpulayerd.app.common.supervisor import supervise
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.leases import LeaseLoop
 from gpulayerd.app.local import LocalApi
-from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.owner.scheduler import Scheduler
 from gpulayerd.app.remote_jobs import RemoteJobs

@@ -14,6 +14,10 @@ without a cluster certificate in the handshake. Three routes, nothing else:
   for the same key, mode and user.
 
 The signing runs in a thread (file locks, signatures): the event loop never blocks.
+
+
+(Same name as :mod:`gpulayerd.net.enroll`, the same idea one layer up: that module is enrollment
+itself (tokens, the signer's checks), this one serves it over HTTP.)
 """
 
 from __future__ import annotations

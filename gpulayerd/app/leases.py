@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.usage import UsageService
-from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.worker.member import GangMember
 from gpulayerd.app.worker.worker import WorkerService

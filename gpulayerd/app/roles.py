@@ -41,7 +41,7 @@ from gpulayerd.app.common.names import Names
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import Requester, Requesters
-from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.protocol.claims import ACTIVE
 from gpulayerd.core.types import SupportMatrix

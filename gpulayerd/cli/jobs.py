@@ -1,4 +1,7 @@
-"""``gpulayer submit``, ``jobs``, ``show``, ``logs`` and ``cancel``: the job queue of the local gpulayerd."""
+"""``gpulayer submit``, ``jobs``, ``show``, ``logs`` and ``cancel``: the job queue of the local gpulayerd.
+
+(Same name as :mod:`gpulayerd.store.jobs`: the same idea (the job queue) at the CLI and at the store.)
+"""
 
 from __future__ import annotations
 

@@ -12,6 +12,10 @@ Files: :mod:`gpulayerd.host.profile_files`.
 
 Also here: the CLI's side of ``profile = "NAME"`` at submit (:func:`expand_spec`) and the origin
 lines of ``show`` / ``explain`` (:func:`origin_lines`).
+
+
+(Same name as :mod:`gpulayerd.core.matching.profiles`: the same idea (runtime profiles), the command
+here and the pure rules there.)
 """
 
 from __future__ import annotations

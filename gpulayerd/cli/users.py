@@ -1,4 +1,8 @@
-"""``gpulayer users``: fair share, every user the daemon knows with usage, priority and what each holds now."""
+"""``gpulayer users``: fair share, every user the daemon knows with usage, priority and what each holds now.
+
+(Same name as :mod:`gpulayerd.core.users`: the same idea (users and their share), the command here
+and the pure rules there.)
+"""
 
 from __future__ import annotations
 

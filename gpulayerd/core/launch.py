@@ -7,6 +7,10 @@ numbers devices as nvidia-smi does (CUDA's default order is FASTEST_FIRST). Insi
 the job the first granted GPU is then ``cuda:0``.
 
 Environment masking is a convenience, not isolation: a runtime may ignore it.
+
+
+(Same name as :mod:`gpulayerd.runs.launch`: the same idea, a job's launch, decided here (pure) and
+carried out there.)
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ runs on a worker only as that worker's local account ``alice``. Two rules:
   worker runs root's jobs only when it allows them.
 
 No I/O: whether an account exists comes in as the worker's ``missing_accounts``.
+
+
+(Same name as :mod:`gpulayerd.cli.users`: the same idea (users), the pure rules here and the command
+there.)
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ come from one ``--query-compute-apps`` call (:func:`async_compute_apps`), parsed
 
 Units: memory in bytes (nvidia-smi's MiB * 2^20), power in watts, temperature in degrees
 Celsius, utilisation in percent. A placeholder (``[N/A]``, ``[Not Supported]``) is None.
+
+
+(Same name as :mod:`gpulayerd.app.worker.metrics` (the service) and :mod:`gpulayerd.models.metrics`
+(the wire shape): one idea at three layers; this reads the samples.)
 """
 
 from __future__ import annotations

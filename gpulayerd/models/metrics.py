@@ -4,6 +4,10 @@ Sampled by :class:`gpulayerd.app.worker.metrics.MetricsService` only while someo
 request renews a short watch lease). Units: ``*_bytes`` are bytes, ``*_w`` watts,
 ``temperature_c`` degrees Celsius, ``*_pct`` percent (0-100). None: nvidia-smi printed a
 placeholder (``[N/A]``, ``[Not Supported]``) or the value is not known yet.
+
+
+(Same name as :mod:`gpulayerd.gpu.metrics` (reading the samples) and
+:mod:`gpulayerd.app.worker.metrics` (the service): one idea at three layers; this is the wire shape.)
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ the secret (:func:`enroll_signed`) and answers a node certificate valid for
 The enrollment listener is served by signers on the peer port + :data:`ENROLL_PORT_OFFSET`
 (another free port if that one is taken); the daemon writes its bound addresses to
 ``identity/enroll.json`` so that ``gpulayer cluster token`` puts them in new tokens.
+
+
+(Same name as :mod:`gpulayerd.api.enroll`, the same idea one layer down: this module is enrollment
+itself, that one serves it over HTTP.)
 """
 
 from __future__ import annotations

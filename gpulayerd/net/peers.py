@@ -5,6 +5,10 @@ Peers come from mDNS announcements and from static ``--peer HOST:PORT`` entries;
 counts as trusted only after a heartbeat over mutual TLS succeeded, and its node id is
 the one its certificate proves. A peer announced with another cluster id is listed as
 foreign and never contacted. Time comes in as arguments (monotonic seconds).
+
+
+(Same name as :mod:`gpulayerd.store.peers`: the same idea (the peers we know), in memory here and on
+disk there.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """``python -m gpulayerd.routes [--write DOC]``: print the route tables as Markdown, or write them into DOC
-(between the markers of :data:`gpulayerd.routes.BEGIN_DOC` and :data:`gpulayerd.routes.END_DOC`)."""
+(between the markers of :data:`gpulayerd.routes.BEGIN_DOC` and :data:`gpulayerd.routes.END_DOC`).
+
+(Every ``__main__.py`` of the package is the same idea: the entry point of its package.)
+"""
 
 from __future__ import annotations
 

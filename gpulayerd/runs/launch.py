@@ -3,6 +3,10 @@
 :func:`build_argv` (one host, optionally under torchrun), :func:`build_gang_argv` (one
 member of a multi-host job), :func:`build_env` and :func:`resolve_job_user` give what
 :meth:`gpulayerd.runs.runner.Runner.start` runs.
+
+
+(Same name as :mod:`gpulayerd.core.launch`: the same idea, a job's launch, decided there (pure) and
+carried out here.)
 """
 
 from __future__ import annotations

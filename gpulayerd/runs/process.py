@@ -8,6 +8,8 @@ and psutil only: the watchdog imports this module.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import sys
@@ -20,9 +22,12 @@ import psutil
 __all__ = [
     "JobProcesses",
     "ProcessRecord",
+    "become_subreaper",
     "group_members",
+    "has_children",
     "is_alive",
     "job_processes",
+    "libc",
     "record_of",
     "signal_job",
     "signal_process",
@@ -241,3 +246,35 @@ def _start_ticks(pid: int) -> int | None:
         return int(raw[raw.rindex(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+# ------------------------------------------------------------------ this process
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def has_children() -> bool:
+    """False when this process has no child at all, running or zombie (so no descendant either:
+    an orphan is re-parented to us only while we are its ancestor); a cheap test before a scan of /proc."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux), so none escapes or lingers as a zombie."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return int(libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library's handle (loaded once per process, or inherited from the zygote)."""
+    return ctypes.CDLL(None, use_errno=True)

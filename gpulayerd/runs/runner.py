@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import signal
@@ -34,7 +33,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -57,6 +55,7 @@ from gpulayerd.runs.layout import (
     write_json,
 )
 from gpulayerd.runs.process import is_alive, job_processes, signal_job, signal_process
+from gpulayerd.runs.status import RunHandle, RunnerError, RunState, RunStatus, exit_status, opt_int, status_of
 from gpulayerd.runs.zygote import Zygote, ZygoteRefused
 
 __all__ = ["RunHandle", "RunState", "RunStatus", "Runner", "RunnerError"]
@@ -64,94 +63,6 @@ __all__ = ["RunHandle", "RunState", "RunStatus", "Runner", "RunnerError"]
 log = logging.getLogger(__name__)
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-
-
-class RunnerError(Exception):
-    """A job could not be launched (or its command line cannot be built).
-
-    Attributes:
-        status: how the attempt ended when the watchdog recorded it (e.g. exit code 127
-            for a command that was not found), else None.
-    """
-
-    def __init__(self, message: str, status: RunStatus | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class RunState(str, enum.Enum):
-    """Where an attempt stands, as seen from its run directory."""
-
-    RUNNING = "running"
-    EXITED = "exited"
-    GONE = "gone"
-
-
-@dataclass(frozen=True, slots=True)
-class RunStatus:
-    """The state of one attempt.
-
-    Attributes:
-        state: RUNNING (the watchdog lives), EXITED (``exit.json``, or the record a watchdog
-            keeps in memory on a full disk, says how it ended) or
-            GONE (the watchdog died without writing ``exit.json``).
-        exit_code: the job's exit status; negative N when killed by signal N; None while
-            running, when gone, or when the job never started.
-        reason: ``exited``, ``cancelled``, ``deadline``, ``start_failed``, ``error`` (the
-            watchdog failed) or ``gone``; empty while running.
-        detail: one sentence for people, e.g. "command not found: trian.py".
-        killed_by_watchdog: the watchdog signalled the job (cancel or deadline).
-        ended_at: wall-clock end time (seconds since the epoch), when known.
-        kept: the record came from a watchdog that keeps it in memory (it could not write
-            ``exit.json``): tell it with :meth:`Runner.recorded` once the end is stored.
-    """
-
-    state: RunState
-    exit_code: int | None = None
-    reason: str = ""
-    detail: str = ""
-    killed_by_watchdog: bool = False
-    ended_at: float | None = None
-    kept: bool = False
-
-    @property
-    def running(self) -> bool:
-        """True while the watchdog lives and has not recorded an end."""
-        return self.state is RunState.RUNNING
-
-    @property
-    def gone(self) -> bool:
-        """True when the watchdog died without saying how the job ended."""
-        return self.state is RunState.GONE
-
-
-@dataclass(frozen=True, slots=True)
-class RunHandle:
-    """Everything needed to watch, cancel or re-adopt one attempt.
-
-    Attributes:
-        job_id: the job.
-        attempt: the attempt number (1 for the first run).
-        run_dir: ``runs_dir/JOB/ATTEMPT``.
-        watchdog_pid: the watchdog's pid.
-        watchdog_create_time: its psutil creation time (seconds since the epoch).
-        watchdog_start_ticks: its start in clock ticks since boot (Linux; else None).
-        job_pid: the job's pid; None if the watchdog had not started it yet.
-        job_pgid: the job's process group (= ``job_pid``).
-        job_create_time: the job's psutil creation time.
-        job_start_ticks: the job's start in clock ticks since boot (Linux; else None).
-    """
-
-    job_id: str
-    attempt: int
-    run_dir: Path
-    watchdog_pid: int
-    watchdog_create_time: float
-    watchdog_start_ticks: int | None
-    job_pid: int | None
-    job_pgid: int | None
-    job_create_time: float | None
-    job_start_ticks: int | None
 
 
 # ------------------------------------------------------------------------------ runner
@@ -322,7 +233,7 @@ class Runner:
         reused pid does not), and a zombie counts as dead.
         """
         run_dir = target.run_dir if isinstance(target, RunHandle) else Path(target)
-        status = _exit_status(run_dir)
+        status = exit_status(run_dir)
         if status is not None:
             return status
         handle = target if isinstance(target, RunHandle) else self.adopt(run_dir)
@@ -332,8 +243,8 @@ class Runner:
         if is_alive(handle.watchdog_pid, handle.watchdog_create_time, handle.watchdog_start_ticks):
             # Alive without exit.json: running, or ended on a full disk and keeping its record.
             kept = exitnote.ask(handle.watchdog_pid, handle.watchdog_start_ticks)
-            return RunStatus(RunState.RUNNING) if kept is None else _status_of(kept, kept=True)
-        status = _exit_status(run_dir)  # it may have written exit.json and exited just now
+            return RunStatus(RunState.RUNNING) if kept is None else status_of(kept, kept=True)
+        status = exit_status(run_dir)  # it may have written exit.json and exited just now
         if status is not None:
             return status
         if handle.job_pgid is None:
@@ -426,11 +337,11 @@ class Runner:
             run_dir=run_dir,
             watchdog_pid=pid,
             watchdog_create_time=float(create_time),
-            watchdog_start_ticks=_opt_int(watchdog.get("start_ticks")),
-            job_pid=_opt_int(job_pid),
-            job_pgid=_opt_int(job_pgid),
+            watchdog_start_ticks=opt_int(watchdog.get("start_ticks")),
+            job_pid=opt_int(job_pid),
+            job_pgid=opt_int(job_pgid),
             job_create_time=float(job_ct) if isinstance(job_ct, int | float) else None,
-            job_start_ticks=_opt_int(job.get("start_ticks")),
+            job_start_ticks=opt_int(job.get("start_ticks")),
         )
 
     def cancel(self, handle: RunHandle) -> None:
@@ -506,7 +417,7 @@ class Runner:
                 handle = self.adopt(run_dir)
                 if handle is not None and handle.job_pid is not None:
                     return handle
-            status = _exit_status(run_dir)
+            status = exit_status(run_dir)
             if status is not None:
                 raise RunnerError(f"{what} did not start: {status.detail}", status)
             handle = self.adopt(run_dir)
@@ -588,25 +499,6 @@ class Runner:
         return env
 
 
-def _exit_status(run_dir: Path) -> RunStatus | None:
-    data = read_json(run_dir / EXIT_FILE)
-    return None if data is None else _status_of(data)
-
-
-def _status_of(data: Mapping[str, object], *, kept: bool = False) -> RunStatus:
-    """The status an exit record (``exit.json``, or one a watchdog kept in memory) gives."""
-    code, reason, detail, ended_at = (data.get(k) for k in ("exit_code", "reason", "detail", "ended_at"))
-    return RunStatus(
-        RunState.EXITED,
-        exit_code=_opt_int(code),
-        reason=reason if isinstance(reason, str) else "error",
-        detail=detail if isinstance(detail, str) else "",
-        killed_by_watchdog=data.get("killed_by_watchdog") is True,
-        ended_at=float(ended_at) if isinstance(ended_at, int | float) else None,
-        kept=kept,
-    )
-
-
 def _open_pidfd(handle: RunHandle) -> int | None:
     """A pidfd that becomes readable when the watchdog exits; None where unavailable."""
     if sys.platform != "linux":
@@ -634,10 +526,6 @@ def _log_tail(path: Path, limit_bytes: int = 2000) -> str:
     except OSError:
         return f"{path} cannot be read"
     return f"{path}: {data}" if data else f"{path} is empty"
-
-
-def _opt_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _int_or(text: str, default: int) -> int:

@@ -60,7 +60,6 @@ Only the standard library and psutil are imported here (and through :mod:`.layou
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
 import os
@@ -69,7 +68,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -77,6 +75,7 @@ import psutil
 
 from gpulayerd.runs.account import JobUser, check_still_maps
 from gpulayerd.runs.exitnote import KEEP_S, ExitNote, retry_delays, socket_name
+from gpulayerd.runs.launchfile import LaunchFile, read_deadline
 from gpulayerd.runs.layout import (
     DEADLINE_FILE,
     EXIT_FILE,
@@ -85,16 +84,13 @@ from gpulayerd.runs.layout import (
     STDERR_LOG,
     STDOUT_LOG,
     claim_run_dir,
-    read_json,
     write_json,
 )
 from gpulayerd.runs.logcopy import CappedLog
-from gpulayerd.runs.process import ProcessRecord, group_members, record_of
+from gpulayerd.runs.process import ProcessRecord, become_subreaper, group_members, has_children, libc, record_of
 from gpulayerd.runs.waiting import name_process, readable
 
 __all__ = ["main", "preload", "prepare", "supervise"]
-
-_PR_SET_CHILD_SUBREAPER = 36
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +130,14 @@ _PREPARED: dict[int, tuple[bool, ProcessRecord | None]] = {}  # pid -> (subreape
 def preload() -> None:
     """Load once what every watchdog needs (the C library's handle, the boot time that process
     records are computed from): the zygote calls it before it forks, so no watchdog pays for it."""
-    _libc()
+    libc()
     record_of(os.getpid())
 
 
 def prepare() -> None:
     """Do ahead of a start what concerns only this process: become a child subreaper and read its own
     process record. A spare watchdog (:mod:`.zygote`) calls it before it waits for its start."""
-    _PREPARED[os.getpid()] = (_become_subreaper(), record_of(os.getpid()))
+    _PREPARED[os.getpid()] = (become_subreaper(), record_of(os.getpid()))
 
 
 def supervise(run_dir: Path, *, lock_fds: Sequence[int] | None = None, notify_fd: int | None = None) -> int:
@@ -161,60 +157,6 @@ def supervise(run_dir: Path, *, lock_fds: Sequence[int] | None = None, notify_fd
 
 
 # -------------------------------------------------------------------------- private
-
-
-@dataclass(frozen=True, slots=True)
-class _Launch:
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str | None
-    grace_s: float
-    poll_interval_s: float
-    kill_timeout_s: float
-    lock_fds: list[int]
-    user: JobUser | None
-    log_cap_bytes: int | None
-    exit_keep_s: float
-    deadline: float | None
-    renew_s: float | None = None
-
-    @classmethod
-    def load(cls, path: Path) -> _Launch:
-        data = read_json(path)
-        if data is None:
-            raise ValueError(f"{path} is missing or not a JSON object")
-        argv, env, cwd, fds = data.get("argv"), data.get("env"), data.get("cwd"), data.get("lock_fds", [])
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ValueError(f"{path}: argv must be a non-empty list of strings")
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise ValueError(f"{path}: env must map strings to strings")
-        if cwd is not None and not isinstance(cwd, str):
-            raise ValueError(f"{path}: cwd must be a string or null")
-        if not isinstance(fds, list) or not all(isinstance(fd, int) for fd in fds):
-            raise ValueError(f"{path}: lock_fds must be a list of integers")
-        user, cap = data.get("user"), data.get("log_cap_bytes")
-        if user is not None and not isinstance(user, dict):
-            raise ValueError(f"{path}: user must be an object or null")
-        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
-            raise ValueError(f"{path}: log_cap_bytes must be a non-negative integer or null, not {cap!r}")
-        deadline = data.get("deadline")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)):
-            raise ValueError(f"{path}: deadline must be a number or null, not {deadline!r}")
-        renew = data.get("renew_s")
-        if renew is not None and (isinstance(renew, bool) or not isinstance(renew, int | float) or renew <= 0):
-            raise ValueError(f"{path}: renew_s must be a positive number or null, not {renew!r}")
-        return cls(
-            argv=list(argv), env=dict(env), cwd=cwd,
-            grace_s=_number(data, "grace_s", 10.0),
-            poll_interval_s=max(_number(data, "poll_interval_s", 0.5), 0.01),
-            kill_timeout_s=_number(data, "kill_timeout_s", 5.0), lock_fds=list(fds),
-            user=None if user is None else JobUser.from_json(user), log_cap_bytes=cap,
-            exit_keep_s=_number(data, "exit_keep_s", KEEP_S),
-            deadline=None if deadline is None else float(deadline),
-            renew_s=None if renew is None else float(renew),
-        )
 
 
 class _Watchdog:
@@ -241,14 +183,14 @@ class _Watchdog:
         try:
             self._install_signals()
             prepared = _PREPARED.pop(os.getpid(), None)
-            self.subreaper, me = prepared or (_become_subreaper(), record_of(os.getpid()))
+            self.subreaper, me = prepared or (become_subreaper(), record_of(os.getpid()))
             if me is None:
                 raise RuntimeError("cannot read the watchdog's own process record")
             if not claim_run_dir(self.run_dir, {**me.to_json(), "started_at": time.time()}):
                 reason, detail = "abandoned", "the daemon gave up on this attempt before its watchdog started"
                 return 0
             claimed = True
-            launch = _Launch.load(self.run_dir / LAUNCH_FILE)
+            launch = LaunchFile.load(self.run_dir / LAUNCH_FILE)
             lock_fds = launch.lock_fds if self.lock_fds is None else lock_fds
             self.keep_s = launch.exit_keep_s
             exit_code, reason, detail = self._run_job(launch)
@@ -327,7 +269,7 @@ class _Watchdog:
 
     # ---------------------------------------------------------------- the job's life
 
-    def _run_job(self, launch: _Launch) -> tuple[int | None, str, str]:
+    def _run_job(self, launch: LaunchFile) -> tuple[int | None, str, str]:
         program = launch.argv[0]
         user = launch.user
         if user is not None:
@@ -376,7 +318,7 @@ class _Watchdog:
             detail += "; the job could not be reaped (uninterruptible?)"
         return proc.returncode, reason, detail
 
-    def _supervise(self, proc: subprocess.Popen[bytes], launch: _Launch) -> tuple[str, str]:
+    def _supervise(self, proc: subprocess.Popen[bytes], launch: LaunchFile) -> tuple[str, str]:
         """Wait until the job exits, is cancelled, or passes its deadline; say which.
 
         The deadline is the ``deadline`` file's (launch.json's while there is none), moved later by a
@@ -387,7 +329,7 @@ class _Watchdog:
         deadline = launch.deadline
         while proc.poll() is None:
             self._reap_orphans(proc.pid)
-            deadline = _read_deadline(self.run_dir / DEADLINE_FILE, deadline, launch.deadline)
+            deadline = read_deadline(self.run_dir / DEADLINE_FILE, deadline, launch.deadline)
             if deadline is not None and self.renewed_at is not None and launch.renew_s is not None:
                 deadline = max(deadline, self.renewed_at + launch.renew_s)
             now = time.monotonic()
@@ -444,7 +386,7 @@ class _Watchdog:
     def _targets(self, pgid: int) -> list[psutil.Process]:
         """Running processes of the job: its process group and every descendant of ours."""
         found = {p.pid: p for p in group_members(pgid)}
-        if not _has_children():
+        if not has_children():
             return list(found.values())  # no child, so no descendant: no scan of /proc
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process().children(recursive=True):
@@ -459,7 +401,7 @@ class _Watchdog:
         own, as torchrun's workers do). A process in the group never gets it twice: a job whose
         SIGTERM handler saves a checkpoint is not interrupted by a second SIGTERM."""
         outside: list[psutil.Process] = []
-        if _has_children():
+        if has_children():
             with contextlib.suppress(psutil.Error):
                 for child in psutil.Process().children(recursive=True):
                     with contextlib.suppress(OSError):  # gone meanwhile: nothing to signal
@@ -542,19 +484,7 @@ def _ignore_signal(signum: int, frame: FrameType | None) -> None:
     return None
 
 
-def _has_children() -> bool:
-    """False when this process has no child at all, running or zombie (so no descendant either:
-    an orphan is re-parented to us only while we are its ancestor); a cheap test before a scan of /proc."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WSTOPPED | os.WCONTINUED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _popen(launch: _Launch, out: int, err: int) -> subprocess.Popen[bytes]:
+def _popen(launch: LaunchFile, out: int, err: int) -> subprocess.Popen[bytes]:
     """Start the job (as ``launch.user`` when it names an account to switch to).
 
     CPython enters ``cwd`` before it switches ids; for a job of another account the
@@ -592,42 +522,6 @@ def _start_failure(error: OSError, program: str, cwd: str | None) -> tuple[int |
     if isinstance(error, PermissionError):
         return 126, "start_failed", f"permission denied: {program}"
     return None, "start_failed", f"cannot start {program}: {error.strerror or error}"
-
-
-def _read_deadline(path: Path, last: float | None, first: float | None) -> float | None:
-    """The deadline in ``path`` (None for ``none``); ``first`` (launch.json's) if the file is
-    missing; ``last`` if it is unreadable."""
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-        return None if text == "none" else float(text)
-    except FileNotFoundError:
-        return first
-    except (OSError, ValueError):
-        log.warning("cannot read %s; keeping the last deadline", path)
-        return last
-
-
-def _number(data: Mapping[str, object], key: str, default: float) -> float:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{key} must be a non-negative number, not {value!r}")
-    return float(value)
-
-
-def _become_subreaper() -> bool:
-    """Adopt orphaned descendants (Linux), so none escapes or lingers as a zombie."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return int(_libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """The C library's handle (loaded once per process, or inherited from the zygote)."""
-    return ctypes.CDLL(None, use_errno=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 A state change is a compare-and-set on (status, attempt, cancel_requested) that appends an
 event row in the same transaction; :meth:`JobsTable.claim` also writes the attempt row and the
 device grants in that transaction.
+
+
+(Same name as :mod:`gpulayerd.cli.jobs`: the same idea (the job queue) at the store and at the CLI.)
 """
 
 from __future__ import annotations

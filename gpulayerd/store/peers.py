@@ -1,4 +1,8 @@
-"""The ``peers`` table: trusted peers' last known addresses, hints after a restart."""
+"""The ``peers`` table: trusted peers' last known addresses, hints after a restart.
+
+(Same name as :mod:`gpulayerd.net.peers`: the same idea (the peers we know), on disk here and in
+memory there.)
+"""
 
 from __future__ import annotations
 

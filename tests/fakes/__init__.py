@@ -30,7 +30,7 @@ FAKE_BIN = Path(__file__).resolve().parent / "bin"
 FORMAT = "--format=csv,noheader,nounits"
 COMPUTE_APPS_ARGV = ["--query-compute-apps=gpu_uuid,pid,used_memory", FORMAT]
 MIG_MODE_ARGV = ["--query-gpu=index,uuid,pci.bus_id,mig.mode.current", FORMAT]
-"""The MIG-mode query the daemon runs after ``--query-gpu`` (gpulayerd.gpu.nvidia.devices)."""
+"""The MIG-mode query the daemon runs after ``--query-gpu`` (gpulayerd.gpu.nvidia.followup)."""
 
 
 def gpu_query_argv(compute_cap: bool = True, memory_used: bool = True) -> list[str]:

@@ -242,7 +242,11 @@ def _started_with_spare(runner: Runner) -> tuple[int, psutil.Process]:
     assert runner.zygote is not None and runner.zygote.start()
     zygote = runner.zygote.pid
     assert zygote is not None
-    wait_until(lambda: len(_children(zygote)) == 1, 10.0, "the spare watchdog")
+    def ready() -> bool:  # forked and set up (its own session): not caught in the moment after the fork
+        kids = _children(zygote)
+        return len(kids) == 1 and os.getsid(kids[0].pid) == kids[0].pid
+
+    wait_until(ready, 10.0, "the spare watchdog")
     return zygote, _children(zygote)[0]
 
 

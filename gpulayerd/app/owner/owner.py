@@ -15,7 +15,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import DEFAULT_JOB_PATH, Requester, conceal, hide_path
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.owner import explainer
-from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.idempotency import note_replay, same_spec
 from gpulayerd.app.owner.profile_expansion import expand_at_submit
 from gpulayerd.app.worker.machine import Machine

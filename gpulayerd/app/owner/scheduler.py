@@ -38,7 +38,7 @@ from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
-from gpulayerd.app.owner.gangs import GangCoordinator
+from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.placing import (
     CHUNK,
     Key,

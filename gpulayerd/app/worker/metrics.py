@@ -10,6 +10,10 @@ named: a gpulayer job (by name and user) or a foreign pid with its account.
 
 :meth:`MetricsService.latest` gives the newest sample per GPU to whoever else wants it
 (e.g. a re-probe), without starting anything.
+
+
+(Same name as :mod:`gpulayerd.gpu.metrics` (reading the samples) and :mod:`gpulayerd.models.metrics`
+(their wire shape): one idea at three layers; this is the service.)
 """
 
 from __future__ import annotations

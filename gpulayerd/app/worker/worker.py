@@ -14,6 +14,10 @@ its own runs, never the renewals of this machine's other jobs.
 What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.worker`, its state
 kept by the :class:`Ledger`); this service does the I/O: locks, the store, the starter,
 the runner, the transport.
+
+
+(Same name as :mod:`gpulayerd.core.protocol.worker`: the same idea (the worker's bookkeeping),
+decided there (pure) and carried out here.)
 """
 
 from __future__ import annotations

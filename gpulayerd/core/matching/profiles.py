@@ -5,6 +5,10 @@ every worker environment for ``gpulayer profiles``.
 A profile is a convenience, never a promise: workers are still checked against the job's
 requirements, and the implicit driver/CUDA-build compatibility of every CUDA job still applies.
 Files and their places: :mod:`gpulayerd.host.profile_files`. Pure: no I/O.
+
+
+(Same name as :mod:`gpulayerd.cli.profiles`: the same idea (runtime profiles), the pure rules here
+and the command there.)
 """
 
 from __future__ import annotations

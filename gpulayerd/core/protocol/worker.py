@@ -22,6 +22,10 @@ What it keeps (:class:`WorkerState`, never changed in place: :func:`handle` retu
 
 A device is never in two of: a claim in flight, a hold, a run. An attempt ends once.
 The events and actions are in :mod:`gpulayerd.core.protocol.worker_msgs` (and importable from here).
+
+
+(Same name as :mod:`gpulayerd.app.worker.worker`: the same idea, decided here (pure) and carried out
+there.)
 """
 
 from __future__ import annotations

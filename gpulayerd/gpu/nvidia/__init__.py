@@ -1,2 +1,3 @@
 """NVIDIA GPUs through ``nvidia-smi``: the queries (:mod:`.query`), parsing their output
-(:mod:`.parse`), devices and their health (:mod:`.devices`) and MIG instances (:mod:`.mig`)."""
+(:mod:`.parse`), the second pass over the devices (:mod:`.followup`: MIG mode, lost GPUs, unknown
+processes) and MIG instances (:mod:`.mig`)."""

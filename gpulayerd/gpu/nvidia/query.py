@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gpulayerd.core.types import DeviceSnapshot, ProbeHealth, ProbeStatus, SupportMatrix
 from gpulayerd.gpu.command import CommandRunner, decisive_line
-from gpulayerd.gpu.nvidia.devices import finish_devices, mig_topology
+from gpulayerd.gpu.nvidia.followup import finish_devices, mig_topology
 from gpulayerd.gpu.nvidia.parse import (
     COMPUTE_APPS_FIELDS,
     NvidiaGpu,

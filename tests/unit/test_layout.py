@@ -1,0 +1,58 @@
+"""The layout shows the design (issue 25): the limits a newcomer can see from the folders.
+
+- at most 7 modules at the top of ``gpulayerd/`` (the composition root, config, errors, text and
+  the entry points); no folder with more than 16 modules; no file over 600 lines in ``gpulayerd/``
+  or ``tui/``;
+- two modules share a file name only when their docstrings say why ("Same name as ..." or, for the
+  entry points, "Every ``__main__.py``");
+- each package says in its ``__init__`` docstring what it owns.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "gpulayerd"
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.py"))
+
+
+def test_the_top_level_and_every_folder_stay_small() -> None:
+    top = [p.name for p in _modules(PKG)]
+    assert len(top) <= 7, top
+    crowded = {str(d.relative_to(ROOT)): len(_modules(d)) for d in PKG.rglob("*") if d.is_dir()
+               and d.name != "__pycache__" and len(_modules(d)) > 16}
+    assert crowded == {}, crowded
+
+
+def test_no_file_over_600_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for base in (PKG, ROOT / "tui") for p in base.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    assert long == {}, long
+
+
+def test_modules_that_share_a_name_say_why() -> None:
+    by_name: dict[str, list[Path]] = defaultdict(list)
+    for p in PKG.rglob("*.py"):
+        if p.name != "__init__.py" and "__pycache__" not in p.parts:
+            by_name[p.name].append(p)
+    silent = []
+    for name, paths in sorted(by_name.items()):
+        if len(paths) < 2:
+            continue
+        for p in paths:
+            doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or ""
+            if "Same name as" not in doc and "Every ``__main__.py``" not in doc:
+                silent.append(str(p.relative_to(ROOT)))
+    assert silent == [], f"modules sharing a file name whose docstring does not say why: {silent}"
+
+
+def test_every_package_says_what_it_owns() -> None:
+    bare = [str(p.relative_to(ROOT)) for p in PKG.rglob("__init__.py")
+            if "__pycache__" not in p.parts and len(ast.get_docstring(ast.parse(p.read_text())) or "") < 40]
+    assert bare == [], bare
