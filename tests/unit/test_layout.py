@@ -42,7 +42,7 @@ def test_modules_that_share_a_name_say_why() -> None:
         if p.name != "__init__.py" and "__pycache__" not in p.parts:
             by_name[p.name].append(p)
     silent = []
-    for name, paths in sorted(by_name.items()):
+    for _name, paths in sorted(by_name.items()):
         if len(paths) < 2:
             continue
         for p in paths:
