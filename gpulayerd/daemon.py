@@ -39,6 +39,7 @@ from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import Requesters
 from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.common.stopper import AttemptStopper
 from gpulayerd.app.common.supervisor import supervise
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.leases import LeaseLoop
@@ -80,8 +81,8 @@ from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
 from gpulayerd.store import Store
 
-__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "Services", "SharedInstallProblem", "StateLost",
-           "build", "peer_handlers", "run"]
+__all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "PeerParts", "Services", "SharedInstallProblem",
+           "StateLost", "build", "peer_handlers", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -285,17 +286,21 @@ class PeerNode(PeerTransport, Directory, Protocol):
     :class:`ClusterNode` in production (mDNS, heartbeats, mutual TLS); a loopback one in unit tests.
     """
 
-    def bind(self, *, machine: Machine, usage: UsageService | None = None) -> None:
-        """This machine and the fair-share book (set once, at wiring)."""
-        ...
 
-    def bind_router(self, router: PeerDispatch) -> None:
-        """Who answers the peers' messages to this node: the route table's dispatcher (set once, at wiring)."""
-        ...
+@dataclass(frozen=True)
+class PeerParts:
+    """What a :class:`PeerNode` is made of: the daemon's signals, the network layer, the peer router
+    that answers this node (empty until :meth:`PeerRouter.serve`), this machine and the fair-share book."""
+
+    signals: Signals
+    network: PeerNetwork
+    router: PeerDispatch
+    machine: Machine
+    usage: UsageService
 
 
-PeerNodeFactory = Callable[[Signals, PeerNetwork], PeerNode]
-"""Makes the :class:`PeerNode` of a daemon being built, given its :class:`Signals` and the network layer."""
+PeerNodeFactory = Callable[[PeerParts], PeerNode]
+"""Makes the :class:`PeerNode` of a daemon being built from its :class:`PeerParts`."""
 
 
 @dataclass
@@ -376,15 +381,10 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     signals = Signals()
     node_id = identity.node_id
     hostname = hostname or socket.gethostname()
-    network = TlsNetwork()  # the peer API's listeners and client, served through the router built below
-    cluster: ClusterNode | None = None
-    node: PeerNode | None = None
-    if peers is not None:
-        node = peers(signals, network)
-    elif identity.in_cluster and not config.isolated:
-        node = cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals,
-                                     version=__version__, hostname=hostname, clock=clock, rng=rng, network=network)
-    names = Names(node_id, hostname, node)
+    # THE peer dispatcher, made first and empty: the network serves it and this node's own calls go
+    # through it; it gets its handlers and role checks (app/roles.py) once the services exist.
+    router = PeerRouter(stats=signals.stats, logger=logging.getLogger("gpulayerd.app.roles"))
+    network = TlsNetwork(router)
     ledger = Ledger()
     # Fair share: a peer's report counts for a few heartbeats (a peer that stops answering stops counting).
     usage = UsageService(node_id=node_id, ledger=ledger, clock=clock, half_life_s=config.fairshare_half_life_s,
@@ -403,13 +403,22 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         support=support, signals=signals, clock=clock)
     if capabilities is not None:
         machine.use_capabilities(capabilities)
+    cluster: ClusterNode | None = None
+    node: PeerNode | None = None
+    if peers is not None:
+        node = peers(PeerParts(signals=signals, network=network, router=router, machine=machine, usage=usage))
+    elif identity.in_cluster and not config.isolated:
+        node = cluster = ClusterNode(config=config, identity=identity, store=store, signals=signals,
+                                     version=__version__, hostname=hostname, clock=clock, rng=rng, network=network,
+                                     machine=machine, usage=usage)
+    names = Names(node_id, hostname, node)
     # This node's own messages to itself go through the same dispatcher, as its certificate names it.
-    transport = SelfFirstTransport(Sender(node_id, machine.accounts.mode, machine.accounts.user), node)
-    jobs = OwnedJobs(store=store, signals=signals, clock=clock)
+    transport = SelfFirstTransport(Sender(node_id, machine.accounts.mode, machine.accounts.user), node, router)
+    stopper = AttemptStopper(node_id=node_id, ledger=ledger, runner=runner, transport=transport, signals=signals)
+    jobs = OwnedJobs(store=store, signals=signals, clock=clock, runs=stopper)
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
                            signals=signals, clock=clock, usage=usage)
-    jobs.bind(worker)
     gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
                             directory=node, names=names, support=support, signals=signals, clock=clock, rng=rng)
     member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,
@@ -422,21 +431,20 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
     remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
                              names=names, requesters=requesters, time_limit_s=min(3.0, config.peer_timeout_s))
-    # THE peer dispatcher: every route's role is checked (app/roles.py) before its handler runs.
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
                       requesters=requesters, support=support, clock=clock, names=names)
-    router = PeerRouter(peer_handlers(machine=machine, owner=owner, worker=worker, member=member,
-                                      remote_jobs=remote_jobs, cluster=cluster),
-                        roles, stats=signals.stats, logger=logging.getLogger("gpulayerd.app.roles"))
-    transport.bind(router)
-    network.router = router
-    if node is not None:
-        node.bind(machine=machine, usage=usage)
-        node.bind_router(router)
-    services = Services(
+    router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
+                               cluster=cluster), roles)
+
+    async def locate_nvidia_smi() -> str | None:
+        return nvidia_path(await machine.capabilities())
+
+    # Live GPU metrics (GET /v1/metrics): one nvidia-smi -lms process, only while someone watches.
+    metrics = MetricsService(clock=clock, locate=locate_nvidia_smi, jobs=StoreJobs(store, ledger))
+    return Services(
         signals=signals, machine=machine, worker=worker, cluster=cluster, owner=owner, jobs=jobs, gangs=gangs,
         member=member, ledger=ledger, usage=usage, runner=runner, router=router, remote_jobs=remote_jobs,
-        requesters=requesters,
+        requesters=requesters, metrics=metrics,
         recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
         scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
                             gangs=gangs, transport=transport, directory=node, support=support, signals=signals,
@@ -445,18 +453,9 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                          clock=clock, usage=usage),
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
                      owner=owner, machine=machine, directory=node, signals=signals, clock=clock,
-                     requesters=requesters, roles=LocalRoles(store=store, jobs=jobs)),
+                     requesters=requesters, roles=LocalRoles(store=store, jobs=jobs), remote=remote_jobs,
+                     usage=usage, names=names, metrics=metrics),
     )
-    services.api.bind_usage(usage, names)
-
-    async def locate_nvidia_smi() -> str | None:
-        return nvidia_path(await machine.capabilities())
-
-    # Live GPU metrics (GET /v1/metrics): one nvidia-smi -lms process, only while someone watches.
-    services.metrics = MetricsService(clock=clock, locate=locate_nvidia_smi, jobs=StoreJobs(store, ledger))
-    services.api.bind_metrics(services.metrics)
-    services.api.bind_remote(remote_jobs)
-    return services
 
 
 class SharedInstallProblem(RuntimeError):

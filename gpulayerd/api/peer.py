@@ -106,9 +106,13 @@ def request_problem(msg: BaseModel | None) -> str | None:
 class PeerRouter:
     """THE dispatcher of peer messages (see the module docstring for its steps).
 
+    The composition root makes it first, empty (the network serves it and this node's own calls go
+    through it), and gives it its handlers and role checks once the services exist (:meth:`serve`):
+    the one cycle of the design, since the services that answer peers also call them.
+
     Args:
-        handlers: handler name (``routes.Route.handler``) -> ``async (sender, message) -> reply``.
-            A node outside a cluster binds only what its own messages to itself need.
+        handlers: handler name (``routes.Route.handler``) -> ``async (sender, message) -> reply``;
+            with ``roles``, served at once (as :meth:`serve`).
         roles: decides each route's role.
         stats: the daemon's protocol counters: :data:`REFUSED_STAT` and ``refused_<route>`` grow
             by one per refusal.
@@ -118,17 +122,32 @@ class PeerRouter:
         ValueError: a handler name that no route declares.
     """
 
-    def __init__(self, handlers: Mapping[str, PeerHandler], roles: RoleCheck, *, stats: Counter[str] | None = None,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(self, handlers: Mapping[str, PeerHandler] | None = None, roles: RoleCheck | None = None, *,
+                 stats: Counter[str] | None = None, logger: logging.Logger | None = None) -> None:
+        self._handlers: dict[str, PeerHandler] = {}
+        self._roles: RoleCheck | None = None
+        self.stats: Counter[str] = stats if stats is not None else Counter()
+        self._log = logger or log
+        self._seen: set[tuple[str, str]] = set()
+        if handlers is not None and roles is not None:
+            self.serve(handlers, roles)
+
+    def serve(self, handlers: Mapping[str, PeerHandler], roles: RoleCheck) -> None:
+        """Answer with ``handlers``, each route's role decided by ``roles`` (once, at wiring).
+
+        A node outside a cluster gives only what its own messages to itself need.
+
+        Raises:
+            ValueError: a handler name that no route declares, or a second call.
+        """
+        if self._roles is not None:
+            raise ValueError("PeerRouter.serve() was called already")
         declared = {r.route.handler for r in BY_NAME.values()}
         unknown = set(handlers) - declared
         if unknown:
             raise ValueError(f"handlers for no declared peer route: {sorted(unknown)}")
         self._handlers = dict(handlers)
         self._roles = roles
-        self.stats: Counter[str] = stats if stats is not None else Counter()
-        self._log = logger or log
-        self._seen: set[tuple[str, str]] = set()
 
     def bound(self) -> set[str]:
         """The names of the routes this router answers."""
@@ -142,7 +161,7 @@ class PeerRouter:
             body field names another node than the certificate. LookupError: no handler bound.
         """
         handler = self._handlers.get(route.route.handler)
-        if handler is None:
+        if handler is None or self._roles is None:
             raise LookupError(f"{route.path} is not served by this node")
         problem = request_problem(body)
         if problem is not None:
@@ -364,8 +383,8 @@ class TlsNetwork:
     """The :class:`~gpulayerd.net.transport.PeerNetwork` of a daemon: mutual-TLS clients, the peer
     API served through a :class:`PeerRouter`, and a signer's enrollment listener.
 
-    ``router`` may be set after construction (the services that answer are built after the
-    cluster service), but before :meth:`serve_peer`.
+    ``router`` is the daemon's router, made before the services that answer through it
+    (:meth:`PeerRouter.serve`); None: this network serves no peer API (enrollment only).
     """
 
     def __init__(self, router: PeerRouter | None = None) -> None:

@@ -32,7 +32,7 @@ from gpulayerd import routes
 from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.app.common.feed import Change, ChangeFeed
 from gpulayerd.app.common.requester import PeerCredentials, Requester, peer_credentials
-from gpulayerd.app.owner.idempotency import REPLAYED_HEADER, watch_submit
+from gpulayerd.app.owner.idempotency import REPLAYED_HEADER, Submitted
 from gpulayerd.errors import GpulayerError
 from gpulayerd.models import (
     ApiErrorBody,
@@ -99,8 +99,9 @@ class LocalService(Protocol):
         """
         ...
 
-    async def async_submit(self, request: SubmitRequest, requester: Requester) -> JobView:
-        """Validate and store a job of ``requester``. Raises SpecError for an invalid spec."""
+    async def async_submit(self, request: SubmitRequest, requester: Requester) -> Submitted:
+        """Validate and store a job of ``requester`` (or find the one its key names: ``replayed``).
+        Raises SpecError for an invalid spec."""
         ...
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
@@ -248,13 +249,12 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             body = SubmitRequest.model_validate_json(await request.read())
         except ValueError as e:
             raise ApiError(400, "bad_request", f"invalid request body: {e}") from e
-        with watch_submit() as outcome:
-            job = await service.async_submit(body, _requester(request))
-        if outcome.replayed:  # the key's job, stored before (gpulayerd.app.owner.idempotency)
-            resp = _json(job, status=200)
+        submitted = await service.async_submit(body, _requester(request))
+        if submitted.replayed:  # the key's job, stored before (gpulayerd.app.owner.idempotency)
+            resp = _json(submitted.job, status=200)
             resp.headers[REPLAYED_HEADER] = "true"
             return resp
-        return _json(job, status=201)
+        return _json(submitted.job, status=201)
 
     async def list_jobs(request: web.Request) -> web.Response:
         # ?state= (or status=, repeatable or comma-separated) &user= &finished=N (the N latest

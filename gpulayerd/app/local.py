@@ -12,6 +12,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import PeerCredentials, Requester, Requesters
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.owner.idempotency import Submitted
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.roles import LocalRoles
@@ -38,7 +39,16 @@ class LocalApi:
 
     def __init__(self, *, node_id: str, hostname: str, version: str, state_dir: str, owner: OwnerService,
                  machine: Machine, directory: Directory | None, signals: Signals, clock: Clock, roles: LocalRoles,
-                 requesters: Requesters | None = None) -> None:
+                 requesters: Requesters | None = None, remote: RemoteJobs | None = None,
+                 usage: UsageService | None = None, names: Names | None = None,
+                 metrics: MetricsService | None = None) -> None:
+        """Args beyond the obvious: ``remote``: job control across the cluster (None: this machine's
+        jobs only); ``usage`` and ``names``: the fair-share book ``GET /v1/users`` reads (None: no
+        users listed); ``metrics``: the sampler ``GET /v1/metrics`` reads (None: "samples no metrics")."""
+        self._remote = remote
+        self._usage = usage
+        self._names = names
+        self._metrics = metrics
         self._node_id = node_id
         self._hostname = hostname
         self._version = version
@@ -93,9 +103,9 @@ class LocalApi:
         """
         await self._roles.check(route, requester, job_ref)
 
-    async def async_submit(self, request: SubmitRequest, requester: Requester) -> JobView:
-        """See :meth:`OwnerService.submit`."""
-        return await self._owner.submit(request, requester)
+    async def async_submit(self, request: SubmitRequest, requester: Requester) -> Submitted:
+        """See :meth:`OwnerService.submit_keyed`."""
+        return await self._owner.submit_keyed(request, requester)
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
                               scope: str = "local", requester: Requester | None = None,
@@ -115,14 +125,8 @@ class LocalApi:
     # Any job of the cluster (RemoteJobs): a job owned elsewhere is asked of its owner, or of a
     # worker that holds a run of it when the owner does not answer.
 
-    def bind_remote(self, remote: RemoteJobs) -> None:
-        """Where ``show``/``explain``/``logs``/``cancel`` of any job id of the cluster go (set once, at
-        wiring; unbound, only the jobs owned here are known)."""
-        self._remote: RemoteJobs | None = remote
-
     def _remote_jobs(self) -> RemoteJobs | None:
-        remote: RemoteJobs | None = getattr(self, "_remote", None)
-        return remote
+        return self._remote
 
     async def async_get_job(self, job_ref: str, requester: Requester | None = None) -> JobView:
         """See :meth:`OwnerService.get_job` and :meth:`RemoteJobs.show` (any job of the cluster)."""
@@ -155,27 +159,16 @@ class LocalApi:
 
     # ------------------------------------------------------------------ fair share (GET /v1/users)
 
-    def bind_usage(self, usage: UsageService, names: Names) -> None:
-        """The fair-share book that ``GET /v1/users`` reads (set once, at wiring)."""
-        self._usage: UsageService | None = usage
-        self._names: Names | None = names
-
-    # ------------------------------------------------------------------ live metrics (GET /v1/metrics)
-
-    def bind_metrics(self, metrics: MetricsService) -> None:
-        """The sampler that ``GET /v1/metrics`` reads and keeps running (set once, at wiring)."""
-        self._metrics: MetricsService | None = metrics
-
     async def async_metrics(self) -> MetricsView:
         """See :meth:`MetricsService.view`; unbound: no metrics, said so."""
-        metrics: MetricsService | None = getattr(self, "_metrics", None)
+        metrics = self._metrics
         if metrics is None:
             return MetricsView(available=False, message="this daemon samples no metrics")
         return await metrics.view()
 
     async def async_users(self) -> list[UserUsageView]:
         """Every user known to fair share, in priority order (see :meth:`UsageService.views`)."""
-        usage: UsageService | None = getattr(self, "_usage", None)
+        usage = self._usage
         if usage is None:
             return []
         jobs = await self._owner.list_jobs(["queued", "running"], None)

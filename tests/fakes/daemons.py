@@ -113,8 +113,8 @@ class Lab:
                             key_path=config.state_dir / "identity" / "node.key")
         nodes: list[LoopbackNode] = []
 
-        def peers(signals: object, network: object) -> LoopbackNode:
-            nodes.append(self.net.node(node_id, name))
+        def peers(parts: daemon.PeerParts) -> LoopbackNode:
+            nodes.append(self.net.node(node_id, name, router=parts.router, machine=parts.machine, usage=parts.usage))
             return nodes[-1]
 
         services = daemon.build(

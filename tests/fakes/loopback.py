@@ -78,9 +78,10 @@ class LoopbackNetwork:
         self.errors: list[str] = []  # handler exceptions (a test should end with none)
         self._hung: list[tuple[float, str, str, asyncio.Future[None]]] = []  # deadline, sender, target, future
 
-    def node(self, node_id: str, name: str) -> LoopbackNode:
-        """The node ``node_id`` joins (or re-joins, after a restart) the network."""
-        node = LoopbackNode(self, node_id, name)
+    def node(self, node_id: str, name: str, *, router: PeerDispatch, machine: Machine,
+             usage: UsageService | None = None) -> LoopbackNode:
+        """The node ``node_id`` joins (or re-joins, after a restart) the network, answered by ``router``."""
+        node = LoopbackNode(self, node_id, name, router=router, machine=machine, usage=usage)
         old = self.nodes.get(node_id)
         if old is not None:
             node.seen = dict(old.seen)
@@ -184,7 +185,8 @@ class LoopbackNetwork:
 class LoopbackNode:
     """One daemon on a :class:`LoopbackNetwork`: its PeerTransport and Directory; its router answers."""
 
-    def __init__(self, network: LoopbackNetwork, node_id: str, name: str) -> None:
+    def __init__(self, network: LoopbackNetwork, node_id: str, name: str, *, router: PeerDispatch,
+                 machine: Machine | None = None, usage: UsageService | None = None) -> None:
         self.network = network
         self.node_id = node_id
         self.name = name
@@ -192,21 +194,12 @@ class LoopbackNode:
         # What this node's certificate would say: its mode and (personal) bound user.
         self.mode = "personal"
         self.user = ""
-        self.machine: Machine | None = None
-        self.usage: UsageService | None = None
-        self.router: PeerDispatch | None = None
+        self.machine = machine  # its capabilities, for heartbeats
+        self.usage = usage  # its fair-share book
+        self.router = router  # who answers its peer messages: the route table's dispatcher
         self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}
 
-    def bind(self, *, machine: Machine, usage: UsageService | None = None) -> None:
-        """This node's machine (its capabilities, for heartbeats) and fair-share book."""
-        self.machine, self.usage = machine, usage
-
-    def bind_router(self, router: PeerDispatch) -> None:
-        """Who answers this node's peer messages: the route table's dispatcher."""
-        self.router = router
-
     def router_(self) -> PeerDispatch:
-        assert self.router is not None, "LoopbackNode.bind_router() not called"
         return self.router
 
     # ------------------------------------------------------------------ PeerTransport

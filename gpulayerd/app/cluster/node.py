@@ -55,10 +55,13 @@ class ClusterNode:
     Args:
         network: the mutual-TLS client and listeners (:class:`gpulayerd.api.peer.TlsNetwork`).
         clock: heartbeat times and waits. rng: the mDNS ``ep`` (this life's token).
+        machine: this machine (its capabilities and GPU counts, for heartbeats and mDNS).
+        usage: the fair-share book heartbeats feed (None: holdings are neither sent nor taken).
     """
 
     def __init__(self, *, config: DaemonConfig, identity: Identity, store: Store, signals: Signals, version: str,
-                 hostname: str, clock: Clock, rng: random.Random, network: PeerNetwork) -> None:
+                 hostname: str, clock: Clock, rng: random.Random, network: PeerNetwork, machine: Machine,
+                 usage: UsageService | None = None) -> None:
         from gpulayerd.net.tls import client_ssl_context
 
         assert identity.cluster_id is not None
@@ -70,8 +73,8 @@ class ClusterNode:
         self._signals = signals
         self._clock = clock
         self._network = network
-        self._machine: Machine | None = None
-        self._usage: UsageService | None = None  # fair share (bind_usage)
+        self._machine = machine  # capabilities, GPU counts
+        self._usage = usage  # the fair-share book heartbeats feed
         self._version = version
         self._hostname = hostname
         self.table = PeerTable(identity.node_id, identity.cluster_id,
@@ -90,20 +93,10 @@ class ClusterNode:
         self._holdings_refused: set[str] = set()
         self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}  # peer -> (its caps, their core snapshot)
 
-    def bind(self, *, machine: Machine, usage: UsageService | None = None) -> None:
-        """This machine (capabilities, GPU counts) and the fair-share book heartbeats feed (set once,
-        at wiring, before :meth:`async_start`)."""
-        self._machine, self._usage = machine, usage
-
-    def bind_router(self, router: object) -> None:
-        """Nothing to do: the peer listener is the network's, built with the router by the composition root."""
-        del router
-
     def _holdings(self) -> dict[str, tuple[int, int]] | None:
         return self._usage.own_holdings() if self._usage is not None else None
 
     def _machine_(self) -> Machine:
-        assert self._machine is not None, "ClusterNode.bind() not called"
         return self._machine
 
     # ------------------------------------------------------------------ lifecycle

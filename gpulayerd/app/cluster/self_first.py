@@ -26,16 +26,13 @@ class SelfFirstTransport:
     Args:
         me: this node as its own certificate names it (node id, mode, bound user).
         remote: the cluster's transport, or None outside a cluster.
+        local: the peer router that answers this node (the daemon's; served once the services exist).
     """
 
-    def __init__(self, me: Sender, remote: PeerTransport | None) -> None:
+    def __init__(self, me: Sender, remote: PeerTransport | None, local: PeerDispatch) -> None:
         self.me = me
         self.node_id = me.node_id
         self._remote = remote
-        self._local: PeerDispatch | None = None
-
-    def bind(self, local: PeerDispatch) -> None:
-        """Who answers this node's messages to itself (set once, at wiring)."""
         self._local = local
 
     async def call(self, node_id: str, route: PeerRoute[Req, Rep], body: Req | None) -> Rep:
@@ -46,8 +43,6 @@ class SelfFirstTransport:
             PeerCallError: no such route here, not in a cluster, or the remote call failed.
         """
         if node_id == self.node_id:
-            if self._local is None:
-                raise PeerCallError(f"{route.path} is not served to this node itself")
             try:
                 return await self._local.dispatch(route, self.me, body)
             except (LookupError, PeerBadRequest) as e:

@@ -57,20 +57,18 @@ class Granted:
 class OwnedJobs:
     """The owner's job state: rows in the store, leases in memory, decisions from ``core.claims``."""
 
-    def __init__(self, *, store: Store, signals: Signals, clock: Clock) -> None:
+    def __init__(self, *, store: Store, signals: Signals, clock: Clock, runs: RunControl | None = None) -> None:
+        """``runs`` stops attempts (:class:`~gpulayerd.app.common.stopper.AttemptStopper`; None: a
+        ``KillRun`` is only recorded, for tests of the bookkeeping alone)."""
         self._store = store
         self._signals = signals
         self._clock = clock
         self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
-        self._runs: RunControl | None = None
+        self._runs = runs
         self._offers: dict[tuple[str, str], tuple[float, str]] = {}  # (job, worker) -> (when offered, job's user)
         self._offered_jobs: dict[str, tuple[float, str]] = {}  # job -> (its latest offer, its user)
         self._holders: dict[str, tuple[int, str | None]] = {}  # active job -> (attempt, holder), a cache
-
-    def bind(self, runs: RunControl) -> None:
-        """Who stops attempts (the worker service; set once at wiring)."""
-        self._runs = runs
 
     # --- reading
 

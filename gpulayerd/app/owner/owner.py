@@ -16,7 +16,7 @@ from gpulayerd.app.common.requester import DEFAULT_JOB_PATH, Requester, conceal,
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.owner import explainer
 from gpulayerd.app.owner.gang_placement import GangCoordinator
-from gpulayerd.app.owner.idempotency import note_replay, same_spec
+from gpulayerd.app.owner.idempotency import Submitted, same_spec
 from gpulayerd.app.owner.profile_expansion import expand_at_submit
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter
@@ -87,6 +87,10 @@ class OwnerService:
     # ------------------------------------------------------------- local API
 
     async def submit(self, request: SubmitRequest, requester: Requester | None = None) -> JobView:
+        """The job :meth:`submit_keyed` stored or found (in-process callers that need not know which)."""
+        return (await self.submit_keyed(request, requester)).job
+
+    async def submit_keyed(self, request: SubmitRequest, requester: Requester | None = None) -> Submitted:
         """Validate and store a job (``queued``, or ``rejected`` with its reasons); wake the scheduler.
 
         The job belongs to ``requester``: ``spec.user`` and ``submitted_by`` become its user
@@ -97,7 +101,7 @@ class OwnerService:
 
         ``request.key`` (not empty): the submission key, unique per user; a submission whose key
         was stored before stores nothing and answers that job (an idempotent retry; durable;
-        :func:`gpulayerd.app.owner.idempotency.note_replay`) when the spec is the same, else raises.
+        ``replayed`` in the answer) when the spec is the same, else raises.
 
         Raises:
             InvalidSpec: no absolute workdir, a PATH with a NUL byte, a bad key. SpecError: the spec does not parse.
@@ -147,13 +151,12 @@ class OwnerService:
             if not same_spec(stored.spec_json, spec):  # a key names one submission (Stripe's rule)
                 raise SubmissionKeyReused(f"key {request.key} was already used for job {stored.id} with a "
                                           "different spec")
-            note_replay()
             latest = await self._store.jobs.latest_attempts([stored.id] if stored.attempt > 0 else [])
-            return conceal(self._placed(self.view(stored), latest.get(stored.id)), requester)
+            return Submitted(conceal(self._placed(self.view(stored), latest.get(stored.id)), requester), True)
         self._jobs.remember(job_id, spec)
         self._signals.job_changed(job_id)
         self._signals.wake()
-        return self.view(stored)
+        return Submitted(self.view(stored), False)
 
     def _root_refusal(self, user: str | None) -> str | None:
         """Why a job of root can run nowhere this owner knows (None if some worker may run it): a

@@ -46,7 +46,7 @@ from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
 from gpulayerd.errors import PeerBadRequest, PeerCallError
 from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError, job_spec_from_mapping
-from gpulayerd.net.transport import CLAIM, KILL, REPORT, PeerTransport, Sender
+from gpulayerd.net.transport import CLAIM, REPORT, PeerTransport, Sender
 from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.exitnote import retry_delays
@@ -303,26 +303,6 @@ class WorkerService:
                 else:
                     log.info("job_id=%s attempt %d: %s: killing it", a.key[0], a.key[1], a.reason)
                     await asyncio.to_thread(self._runner.cancel, entry.handle)
-
-    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
-        """Stop ``attempt`` of a job owned here: here if it runs here, else (``remote``) on ``worker``.
-
-        Without ``remote`` (a stale reply to ``worker``), only an attempt that ``worker`` runs
-        is stopped: a run here is stopped only when ``worker`` is this node, so that a
-        peer's stale (or forged) report about an attempt running here never kills it.
-        """
-        entry = self._ledger.get((job_id, attempt))
-        if entry is not None and entry.owner is None and (remote or worker == self.node_id):
-            await asyncio.to_thread(self._runner.cancel, entry.handle)
-        elif remote and worker and worker != self.node_id:
-            self._signals.spawn(self._send_kill(worker, job_id, attempt, reason))
-
-    async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:
-        msg = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
-        try:
-            await self._transport.call(worker, KILL, msg)
-        except PeerCallError as e:
-            log.info("job_id=%s: kill of attempt %d on %s failed: %s", job_id, attempt, worker[:12], e)
 
     # ------------------------------------------------------------- peers' jobs
 
