@@ -18,6 +18,7 @@ from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.roles import LocalRoles
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.metrics import MetricsService
+from gpulayerd.core.job_facts import job_user
 from gpulayerd.models import (
     Capabilities,
     ExplanationModel,
@@ -119,7 +120,7 @@ class LocalApi:
             return jobs
         held = await remote.held_views({j.id for j in jobs}, requester)
         held = [j for j in held if (not statuses or j.status in statuses)
-                and (query is None or query.user is None or (j.spec.user or j.submitted_by) == query.user)]
+                and (query is None or query.user is None or job_user(j.spec.user, j.submitted_by) == query.user)]
         return jobs + held
 
     # Any job of the cluster (RemoteJobs): a job owned elsewhere is asked of its owner, or of a

@@ -42,6 +42,7 @@ from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.app.owner.gang_placement import GangCoordinator
+from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.protocol.claims import ACTIVE
 from gpulayerd.core.types import SupportMatrix
@@ -271,7 +272,7 @@ class PeerRoles:
         """The user of job ``job_id`` owned here, else of the latest run of it held here; None if neither."""
         row = await self._jobs.get(job_id)
         if row is not None:
-            return self._jobs.spec(row).user or row.submitted_by or ""
+            return job_user(self._jobs.spec(row).user, row.submitted_by)
         return await self._store.runs.held_user(job_id)
 
 
@@ -303,7 +304,7 @@ class LocalRoles:
         except (NoSuchJob, AmbiguousJob):
             row = None
         if row is not None:
-            user = self._jobs.spec(row).user or row.submitted_by or ""
+            user = job_user(self._jobs.spec(row).user, row.submitted_by)
             job_id = row.id
         else:
             held = await self._store.runs.held_user(job_ref)

@@ -14,6 +14,7 @@ from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK, UsageError
 from gpulayerd.cli.http import call_daemon
 from gpulayerd.cli.jobs_table import columns_help
+from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES, job_user
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
@@ -27,11 +28,9 @@ __all__ = ["JOB_STATES", "SHIPPED_PROFILE_NAMES", "add_parsers", "add_spec_flags
 
 _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
 
-_TERMINAL = {"succeeded", "failed", "cancelled", "lost", "rejected"}
-
-JOB_STATES = ("queued", "claimed", "running", "succeeded", "failed", "cancelled", "lost", "rejected")
-"""Every job state (:class:`gpulayerd.core.protocol.claims.JobStatus`, kept equal by a test): ``--state``'s
-choices, so a typo is a usage error naming the flag and shell completion offers them."""
+_TERMINAL = TERMINAL_STATES
+# JOB_STATES (gpulayerd.core.job_facts) are ``--state``'s choices, so a typo is a usage error naming
+# the flag and shell completion offers them.
 
 SHIPPED_PROFILE_NAMES = ("cpu-only", "torch-2.4-cu124", "torch-2.5-cu121", "torch-mps")
 """The profiles of ``gpulayerd/profiles/shipped.toml`` (kept equal by a test): what shell completion
@@ -426,7 +425,7 @@ def _dumps(data: object, indent: int | None = None) -> str:
 
 def _user_of(j: JobView) -> str:
     """The user a job belongs to (its spec's ``user``; jobs from before users: ``submitted_by``)."""
-    return j.spec.user or j.submitted_by
+    return job_user(j.spec.user, j.submitted_by)
 
 
 def _my_name() -> str:

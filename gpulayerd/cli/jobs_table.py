@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import UsageError
+from gpulayerd.core.job_facts import job_user
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class _Column:
 
 
 def _user_of(j: JobView) -> str:
-    return j.spec.user or j.submitted_by
+    return job_user(j.spec.user, j.submitted_by)
 
 
 def where_of(j: JobView) -> str | None:

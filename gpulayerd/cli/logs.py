@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK
+from gpulayerd.core.job_facts import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient
@@ -28,7 +29,7 @@ __all__ = ["POLL_S", "follow_logs", "outcome"]
 POLL_S = 0.3
 """Seconds between reads while following a job that has nothing new."""
 
-_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
+_TERMINAL = TERMINAL_STATES
 
 
 @dataclass

@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Sequence
 
 from gpulayerd import text as fmt
+from gpulayerd.core.job_facts import job_user
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of `gpulayer jobs`; mypy reads this name as true
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def render_job(job: JobView) -> str:
     Another user's job (``spec_hidden``) shows no command, workdir or environment.
     """
     r = job.spec.requirements
-    user = job.spec.user or job.submitted_by
+    user = job_user(job.spec.user, job.submitted_by)
     if job.spec_hidden:
         hidden = f"(hidden: only {user or 'its user'} and admins see it)"
         command, workdir = hidden, hidden

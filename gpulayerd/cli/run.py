@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
 from gpulayerd.cli.http import call_daemon
+from gpulayerd.core.job_facts import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient
@@ -40,7 +41,7 @@ _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()
 CANCEL_DELAY_S = 1.0
 """Seconds between the first Ctrl-C and the cancel request: a second Ctrl-C in them detaches."""
 
-_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
+_TERMINAL = TERMINAL_STATES
 
 
 def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:

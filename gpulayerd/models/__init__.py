@@ -15,6 +15,7 @@ Units: ``*_bytes`` are bytes; ``gpu_memory_gb`` is decimal GB (10^9 bytes).
 
 from __future__ import annotations
 
+from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES, job_user
 from gpulayerd.models.capabilities import (
     CAPABILITIES_VERSION,
     Capabilities,
@@ -60,7 +61,9 @@ from gpulayerd.models.views import (
 
 __all__ = [
     "CAPABILITIES_VERSION",
+    "JOB_STATES",
     "KNOWN_FRAMEWORKS",
+    "TERMINAL_STATES",
     "ApiErrorBody",
     "AttemptView",
     "Capabilities",
@@ -91,6 +94,7 @@ __all__ = [
     "WorkerExplanationModel",
     "format_validation_error",
     "job_spec_from_mapping",
+    "job_user",
     "load_job_spec",
     "parse_compute_capability",
 ]

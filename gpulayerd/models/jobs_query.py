@@ -10,10 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gpulayerd.core.job_facts import TERMINAL_STATES
+
 __all__ = ["FINISHED_STATES", "JobsQuery", "select"]
 
-FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
-"""The states a job ends in."""
+FINISHED_STATES = TERMINAL_STATES
+"""The states a job ends in (:data:`gpulayerd.core.job_facts.TERMINAL_STATES`)."""
 
 _T = TypeVar("_T")
 

@@ -56,3 +56,14 @@ def test_every_package_says_what_it_owns() -> None:
     bare = [str(p.relative_to(ROOT)) for p in PKG.rglob("__init__.py")
             if "__pycache__" not in p.parts and len(ast.get_docstring(ast.parse(p.read_text())) or "") < 40]
     assert bare == [], bare
+
+
+def test_one_definition_of_the_finished_states_and_of_a_jobs_user() -> None:
+    import re
+
+    finished = re.compile(r'"succeeded", "failed", "cancelled", "lost", "rejected"')
+    user = re.compile(r"spec\.user or [a-z_.]*submitted_by|submitted_by or [a-z_.]*spec\.user")
+    found = [(str(p.relative_to(ROOT)), what) for base in (PKG, ROOT / "tui") for p in base.rglob("*.py")
+             for what, pattern in (("finished states", finished), ("a job's user", user))
+             if pattern.search(p.read_text(encoding="utf-8")) and p.name != "job_facts.py"]
+    assert found == [], f"defined again (use gpulayerd.core.job_facts): {found}"

@@ -12,14 +12,14 @@ from typing import Literal, Protocol
 
 from textual.signal import Signal
 
-from gpulayerd.models import JobView, PeerView
+from gpulayerd.models import TERMINAL_STATES, JobView, PeerView
 
 __all__ = ["TERMINAL", "WAITING", "ClusterState", "Connection", "ConnectionState", "StateSource"]
 
 ConnectionState = Literal["connecting", "connected", "unreachable"]
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
-"""Job states that never change again."""
+TERMINAL = TERMINAL_STATES
+"""Job states that never change again (``gpulayerd.models.TERMINAL_STATES``)."""
 
 WAITING = frozenset({"queued", "claimed"})
 """Job states of a job that waits for a worker."""

@@ -34,6 +34,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel
 
+from gpulayerd.core.job_facts import job_user as user_of
 from gpulayerd.errors import Forbidden
 from gpulayerd.models import JobView
 
@@ -142,8 +143,8 @@ class Requester:
 
 
 def job_user(job: JobView) -> str:
-    """The user a job belongs to: its spec's ``user``, else (jobs stored before users) ``submitted_by``."""
-    return job.spec.user or job.submitted_by
+    """The user a job belongs to (:func:`gpulayerd.core.job_facts.job_user` of its view)."""
+    return user_of(job.spec.user, job.submitted_by)
 
 
 def conceal(job: JobView, requester: Requester | None) -> JobView:

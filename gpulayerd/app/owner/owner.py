@@ -20,6 +20,7 @@ from gpulayerd.app.owner.idempotency import Submitted, same_spec
 from gpulayerd.app.owner.profile_expansion import expand_at_submit
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter
+from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import explain, validate
 from gpulayerd.core.protocol import claims
 from gpulayerd.core.protocol.claims import JobStatus
@@ -386,7 +387,7 @@ class OwnerService:
 
     def user_of(self, row: JobRow) -> str:
         """The user a job owned here belongs to: its spec's ``user``, else (older jobs) ``submitted_by``."""
-        return self._jobs.spec(row).user or row.submitted_by or ""
+        return job_user(self._jobs.spec(row).user, row.submitted_by)
 
     async def _select_rows(self, wanted: list[JobStatus] | None, query: JobsQuery) -> list[JobRow]:
         """The stored rows ``query`` keeps (sets ``query.left_out``). Without a user, the latest
@@ -513,7 +514,7 @@ class OwnerService:
 
 def _view_user(job: JobView) -> str:
     """The user a listed job belongs to (its spec's ``user``; jobs from before users: ``submitted_by``)."""
-    return job.spec.user or job.submitted_by
+    return job_user(job.spec.user, job.submitted_by)
 
 
 def _rank_member(job_id: str, attempt: int, tried: AttemptRow | None, rank: int) -> str | None:

@@ -34,6 +34,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from gpulayerd.core.job_facts import ACTIVE_STATES, TERMINAL_STATES
+
 __all__ = [
     "ACTIVE",
     "TERMINAL",
@@ -74,12 +76,10 @@ class JobStatus(str, enum.Enum):
     REJECTED = "rejected"
 
 
-TERMINAL = frozenset(
-    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.LOST, JobStatus.REJECTED}
-)
-"""States a job never leaves."""
+TERMINAL = frozenset(JobStatus(s) for s in TERMINAL_STATES)
+"""States a job never leaves (:data:`gpulayerd.core.job_facts.TERMINAL_STATES` as :class:`JobStatus`)."""
 
-ACTIVE = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
+ACTIVE = frozenset(JobStatus(s) for s in ACTIVE_STATES)
 """States in which an attempt holds devices on a worker."""
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from gpulayer_tui.state import TERMINAL
 from gpulayerd import text as fmt
-from gpulayerd.models import JobView
+from gpulayerd.models import JobView, job_user
 
 __all__ = [
     "COLUMNS",
@@ -127,7 +127,7 @@ def job_cells(job: JobView, now: float) -> Row:
         state=state,
         reason=reason_cell(job),
         name=fmt.escape(fmt.text(job.name)),
-        user=fmt.escape(job.spec.user or job.submitted_by or fmt.DASH),
+        user=fmt.escape(job_user(job.spec.user, job.submitted_by) or fmt.DASH),
         where=fmt.escape(fmt.text(where)),
         age=fmt.age(now - job.submitted_at),
     )

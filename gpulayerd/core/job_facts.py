@@ -1,0 +1,25 @@
+"""What every layer agrees a job is (pure, no imports: the CLI reads it at start-up): its states in
+order, which of them end it, and whose job it is.
+
+The one definition: :mod:`gpulayerd.core.protocol.claims` (the owner's state machine),
+``gpulayerd.models`` (re-exported for the TUI), the CLI, the store's listings and the TUI use these.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACTIVE_STATES", "JOB_STATES", "TERMINAL_STATES", "job_user"]
+
+JOB_STATES = ("queued", "claimed", "running", "succeeded", "failed", "cancelled", "lost", "rejected")
+"""Every state of a job, in the order of its life (``gpulayer jobs --state`` accepts these)."""
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
+"""States a job never leaves."""
+
+ACTIVE_STATES = frozenset({"claimed", "running"})
+"""States in which an attempt holds devices on a worker."""
+
+
+def job_user(spec_user: str | None, submitted_by: str | None) -> str:
+    """Whose job it is: the account its spec names (set at submit from the submitter's kernel
+    credentials), else who submitted it (jobs stored before specs named their user); "" if neither."""
+    return spec_user or submitted_by or ""
