@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import random
@@ -61,6 +60,7 @@ from gpulayerd.gpu.discovery import DiscoveryConfig
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia.query import NvidiaSmi
 from gpulayerd.gpu.support import SUPPORT_MATRIX
+from gpulayerd.host import filelocks
 from gpulayerd.host.machinelock import (
     Holder,
     MachineLocked,
@@ -121,16 +121,12 @@ def _lock_state_dir(config: DaemonConfig) -> int:
         if e.errno == errno.ELOOP:
             raise OSError(e.errno, f"refusing {path}: it is a symbolic link; remove it") from e
         raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
+    if not filelocks.lock(fd, wait=False):
         os.close(fd)
         pid = "?"
         with contextlib.suppress(OSError):
             pid = config.pid_path.read_text().strip()
-        raise DaemonAlreadyRunning(
-            f"another gpulayerd (pid {pid}) is running with state dir {config.state_dir}"
-        ) from e
+        raise DaemonAlreadyRunning(f"another gpulayerd (pid {pid}) is running with state dir {config.state_dir}")
     return fd
 
 

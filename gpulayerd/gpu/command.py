@@ -20,7 +20,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["CommandResult", "CommandRunner", "RunOutcome", "decisive_line", "run_bounded", "run_command"]
+__all__ = ["DEVNULL", "PIPE", "STDOUT", "CommandResult", "CommandRunner", "Popen", "RunOutcome", "SubprocessError",
+           "TimeoutExpired", "decisive_line", "run_bounded", "run_command"]
+
+# This module is the one importer of subprocess (a contract in pyproject.toml): the rest of the daemon
+# starts processes (watchdogs, jobs, the zygote, probes) with these.
+Popen = subprocess.Popen
+DEVNULL = subprocess.DEVNULL
+PIPE = subprocess.PIPE
+STDOUT = subprocess.STDOUT
+TimeoutExpired = subprocess.TimeoutExpired
+SubprocessError = subprocess.SubprocessError
 
 STDERR_TAIL_BYTES = 8192
 """How much of the end of stderr :func:`run_bounded` keeps apart from its head."""

@@ -22,14 +22,13 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psutil
-
 from gpulayerd.core.types import Accelerator, DeviceSnapshot, ProbeHealth, ProbeStatus, SupportMatrix
 from gpulayerd.gpu.apple import AppleFacts, apple_devices, probe_apple, read_apple_facts
 from gpulayerd.gpu.command import CommandRunner, run_command
 from gpulayerd.gpu.nvidia.parse import classify_nvidia_failure, parse_compute_apps, parse_nvidia_csv
 from gpulayerd.gpu.nvidia.query import NVIDIA_SMI_SEARCH_DIRS, NvidiaSmi, query_compute_apps
 from gpulayerd.gpu.rocm import ROCM_SMI_SEARCH_DIRS, probe_rocm
+from gpulayerd.host import sysinfo
 
 __all__ = [
     "NVIDIA_SMI_SEARCH_DIRS",
@@ -196,7 +195,7 @@ def discover_host(
     if not config.use_gpus:
         health.append(ProbeHealth("gpus", ProbeStatus.OK, "GPUs not used: this daemon runs beside another "
                                   "gpulayerd of this machine (isolated): CPU slots only", None))
-        return HostInventory(devices=(), health=tuple(health), cpu_count=psutil.cpu_count(logical=True),
+        return HostInventory(devices=(), health=tuple(health), cpu_count=sysinfo.cpu_count(logical=True),
                              memory_total_bytes=memory_bytes, hostname=socket.gethostname(), platform=system,
                              machine=machine, notes=tuple(notes))
     smi = nvidia if nvidia is not None else NvidiaSmi()
@@ -253,7 +252,7 @@ def discover_host(
     return HostInventory(
         devices=tuple(sorted(devices, key=lambda d: (order.index(d.accelerator), d.index))),
         health=tuple(health),
-        cpu_count=psutil.cpu_count(logical=True),
+        cpu_count=sysinfo.cpu_count(logical=True),
         memory_total_bytes=memory_bytes,
         hostname=socket.gethostname(),
         platform=system,
@@ -273,8 +272,8 @@ def _system_memory_bytes(meminfo_path: str | None) -> int | None:
         if total is not None:
             return total
     try:
-        return int(psutil.virtual_memory().total)
+        return int(sysinfo.virtual_memory().total)
     except Exception:  # psutil raises its own errors on exotic platforms
-        logger.debug("psutil.virtual_memory() failed", exc_info=True)
+        logger.debug("sysinfo.virtual_memory() failed", exc_info=True)
         return None
 

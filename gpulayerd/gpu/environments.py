@@ -28,14 +28,13 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 from gpulayerd.core.types import EnvironmentSnapshot
-from gpulayerd.gpu.command import RunOutcome, run_bounded
+from gpulayerd.gpu.command import Popen, RunOutcome, run_bounded
 from gpulayerd.gpu.cuda_build import with_cuda_builds
 from gpulayerd.gpu.dist_files import mark_files_on_disk
 from gpulayerd.gpu.probe_report import (
@@ -268,7 +267,7 @@ class EnvironmentProber:
             argv.append("--no-torch")
         runs: list[int] = []
 
-        def started(proc: subprocess.Popen[bytes]) -> None:
+        def started(proc: Popen[bytes]) -> None:
             with self._lock:
                 self._torch_runs.add(proc.pid)
             runs.append(proc.pid)

@@ -24,9 +24,8 @@ import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import psutil
-
 from gpulayerd.gpu.nvidia.parse import COMPUTE_APPS_FIELDS, MIB, parse_nvidia_csv
+from gpulayerd.host import sysinfo
 
 __all__ = [
     "METRICS_FIELDS",
@@ -178,12 +177,12 @@ def pid_user(pid: int) -> str | None:
     None when the process is gone or cannot be read. Reads /proc: call it in a thread.
     """
     try:
-        return psutil.Process(pid).username()
+        return sysinfo.Process(pid).username()
     except KeyError:  # a uid without a name
-        with contextlib.suppress(psutil.Error):
-            return str(psutil.Process(pid).uids().real)
+        with contextlib.suppress(sysinfo.Error):
+            return str(sysinfo.Process(pid).uids().real)
         return None
-    except psutil.Error:
+    except sysinfo.Error:
         return None
 
 

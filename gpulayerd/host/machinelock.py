@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -32,6 +31,8 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from gpulayerd.host import filelocks
 
 __all__ = ["LOCK_NAME", "Holder", "MachineLocked", "acquire_machine_lock", "acquire_system_lock", "check_system_lock",
            "lock_holder_pids", "read_holder", "release_machine_lock"]
@@ -230,11 +231,7 @@ def acquire_machine_lock(lock_dir: Path, me: Holder, *, strict_owner: bool = Fal
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             raise OSError(errno.EINVAL, f"refusing the machine lock {path}: not a plain file with one link; "
                           "remove it")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+        if not filelocks.lock(fd, wait=False):
             holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
             pids = lock_holder_pids(fd)
             if me.mode == "system" and pids and not any(_is_gpulayerd(p) for p in pids):
@@ -244,7 +241,7 @@ def acquire_machine_lock(lock_dir: Path, me: Holder, *, strict_owner: bool = Fal
                 return fd  # held open without the lock: released like a lock at shutdown
             who = holder.describe() if holder is not None else f"its details are not in {path}"
             raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it "
-                                "first", holder) from e
+                                "first", holder)
         if writable:
             body = json.dumps(asdict(me), separators=(",", ":")).encode() + b"\n"
             os.ftruncate(fd, 0)
@@ -291,15 +288,11 @@ def acquire_system_lock(run_dir: Path, me: Holder) -> int:
             raise OSError(errno.EINVAL, f"refusing the machine lock {path}: not a plain file of this account with "
                           "one link; remove it")
         os.fchmod(fd, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+        if not filelocks.lock(fd, wait=False):
             holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
             who = holder.describe() if holder is not None else f"its details are not in {path}"
             raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it first",
-                                holder) from e
+                                holder)
         body = json.dumps(asdict(me), separators=(",", ":")).encode() + b"\n"
         os.ftruncate(fd, 0)
         os.pwrite(fd, body, 0)
@@ -328,13 +321,13 @@ def check_system_lock(run_dir: Path) -> None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return
+            held_elsewhere = not filelocks.lock(fd, shared=True, wait=False)
+        except OSError:
+            return
+        if held_elsewhere:
             holder = _parse(os.pread(fd, _MAX_INFO_BYTES, 0))
             who = holder.describe() if holder is not None else f"system mode, lock {path}"
             raise MachineLocked(f"gpulayerd is already running on this machine ({who}); use it, or stop it first",
-                                holder) from e
+                                holder)
     finally:
         os.close(fd)

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import json
 import os
 import pwd
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from cryptography import x509
@@ -35,6 +33,7 @@ from gpulayerd.net.enroll import (
     ca_sha256,
     decode_token,
     enroll_signed,
+    locked,
     make_token,
 )
 from gpulayerd.net.identity import (
@@ -115,7 +114,7 @@ def cluster_init(state_dir: Path, name: str | None, *, force: bool = False, mode
         _check_name(name)
     mode, user = _mode_user(mode, user)
     idir = identity_dir(state_dir)
-    with _locked(idir):
+    with locked(idir):
         key = load_or_create_key(idir)
         if not force:
             current = _current_cluster(state_dir)
@@ -184,7 +183,7 @@ def cluster_join(state_dir: Path, token: str, *, force: bool = False, mode: str 
         raise TokenError(f"this token enrolls {made}; ask the signer's admin for a token made for this node "
                          "('gpulayer cluster token --system' or '--user NAME')")
     idir = identity_dir(state_dir)
-    with _locked(idir):
+    with locked(idir):
         key = load_or_create_key(idir)
         current = _current_cluster(state_dir)
         if current is not None and current[0] == tok.cluster_id:
@@ -274,15 +273,3 @@ def _make_ca_cert(ca_key: ec.EllipticCurvePrivateKey, cluster_id: str, name: str
     )
 
 
-@contextlib.contextmanager
-def _locked(idir: Path) -> Iterator[None]:
-    """Serialise cluster changes on one state dir (two ``gpulayer cluster`` commands at once)."""
-    try:
-        fd = os.open(idir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise TlsError(f"{idir / '.lock'}: cannot open: {e.strerror or e}") from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import fcntl
 import hashlib
 import hmac
 import json
@@ -48,6 +47,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from gpulayerd.host import filelocks
 from gpulayerd.net.identity import (
     CA_CERT,
     CA_KEY,
@@ -175,7 +175,7 @@ def locked(idir: Path) -> Iterator[None]:
     except OSError as e:
         raise TlsError(f"{idir / '.lock'}: cannot open: {e.strerror or e}") from e
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        filelocks.lock(fd)
         yield
     finally:
         os.close(fd)

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import psutil
+from gpulayerd.host import sysinfo
 
 __all__ = ["SKIPPED_INTERFACE_PREFIXES", "interface_for_address", "is_virtual_interface", "lan_addresses"]
 
@@ -120,8 +120,8 @@ def lan_addresses(
         ValueError: ``interface`` does not exist (the message lists the interfaces there are),
             is down, or has no IPv4 address.
     """
-    addrs: Mapping[str, Sequence[NicAddress]] = psutil.net_if_addrs() if net_if_addrs is None else net_if_addrs
-    stats: Mapping[str, NicStats] = psutil.net_if_stats() if net_if_stats is None else net_if_stats
+    addrs: Mapping[str, Sequence[NicAddress]] = sysinfo.net_if_addrs() if net_if_addrs is None else net_if_addrs
+    stats: Mapping[str, NicStats] = sysinfo.net_if_stats() if net_if_stats is None else net_if_stats
 
     if interface is not None:
         if interface not in addrs:
@@ -160,7 +160,7 @@ def interface_for_address(
         wanted = ipaddress.ip_address(ip.split("%", 1)[0])
     except ValueError:
         return None
-    addrs: Mapping[str, Sequence[NicAddress]] = psutil.net_if_addrs() if net_if_addrs is None else net_if_addrs
+    addrs: Mapping[str, Sequence[NicAddress]] = sysinfo.net_if_addrs() if net_if_addrs is None else net_if_addrs
     for name in sorted(addrs):
         for a in addrs[name]:
             if a.family not in (socket.AF_INET, socket.AF_INET6):

@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gpulayerd.net.enroll import EnrollRefused, JoinToken, ca_sha256, split_address
-from gpulayerd.net.identity import CA_CERT, TlsError, node_id_from_cert_der, spki
+from gpulayerd.net.identity import CA_CERT, Identity, TlsError, node_id_from_cert_der, spki
 
-__all__ = ["fetch_ca", "make_csr", "online_join", "renew_online"]
+__all__ = ["fetch_ca", "make_csr", "online_join", "renew_if_due", "renew_online"]
 
 _TIMEOUT_S = 10.0
 _MAX_REPLY = 64 * 1024
@@ -177,3 +177,31 @@ def _check_issued(cert_pem: bytes, ca_pem: bytes, key: ec.EllipticCurvePrivateKe
         raise EnrollRefused(f"the signer's certificate does not verify against the cluster CA: {e}") from e
     if spki(cert.public_key()) != spki(key.public_key()):
         raise EnrollRefused("the signer's certificate is not for this node's key")
+
+
+def renew_if_due(identity: Identity) -> bool:
+    """Renew ``node.crt`` if it ends within RENEW_BEFORE (by its own CA key on a signer, else online
+    from a signer); returns whether it was renewed. Blocking (files, network).
+
+    Raises:
+        TlsError, OSError: as the renewal fails (the certificate is kept).
+    """
+    from gpulayerd.net.enroll import is_signer, read_signers
+    from gpulayerd.net.identity import (
+        NODE_CERT,
+        RENEW_BEFORE,
+        load_or_create_identity,
+        load_or_create_key,
+        utc_now,
+        write_file,
+    )
+
+    idir = identity.key_path.parent
+    before = (idir / NODE_CERT).read_bytes()
+    if x509.load_pem_x509_certificate(before).not_valid_after_utc - utc_now() >= RENEW_BEFORE:
+        return False
+    if is_signer(idir):
+        load_or_create_identity(identity.state_dir)  # re-signs it with ca.key
+    else:
+        write_file(idir / NODE_CERT, renew_online(idir, load_or_create_key(idir), read_signers(idir)))
+    return (idir / NODE_CERT).read_bytes() != before

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import hashlib
 import os
 import re
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from gpulayerd.host import filelocks
 
 __all__ = ["DeviceLockError", "DeviceLocks"]
 
@@ -116,7 +116,7 @@ class DeviceLocks:
         try:
             if not _try_lock(fd):
                 return True
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            filelocks.unlock(fd)
             return False
         finally:
             os.close(fd)
@@ -162,9 +162,7 @@ class DeviceLocks:
 
 def _try_lock(fd: int) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return filelocks.lock(fd, wait=False)
     except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
         raise DeviceLockError(f"cannot lock descriptor {fd}: {e.strerror}") from e
     return True

@@ -28,7 +28,6 @@ imports this module.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from gpulayerd.host import filelocks
 from gpulayerd.host.atomic import create_exclusive, write_atomic
 
 __all__ = [
@@ -127,10 +127,10 @@ def spread_job_dirs(runs_dir: Path) -> bool:
     except OSError:
         return False
     try:
-        (flags,) = _FLAGS.unpack(fcntl.ioctl(fd, _FS_IOC_GETFLAGS, _FLAGS.pack(0)))
+        (flags,) = _FLAGS.unpack(filelocks.ioctl(fd, _FS_IOC_GETFLAGS, _FLAGS.pack(0)))
         if not flags & _FS_TOPDIR_FL:
-            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, _FLAGS.pack(flags | _FS_TOPDIR_FL))
-            (flags,) = _FLAGS.unpack(fcntl.ioctl(fd, _FS_IOC_GETFLAGS, _FLAGS.pack(0)))
+            filelocks.ioctl(fd, _FS_IOC_SETFLAGS, _FLAGS.pack(flags | _FS_TOPDIR_FL))
+            (flags,) = _FLAGS.unpack(filelocks.ioctl(fd, _FS_IOC_GETFLAGS, _FLAGS.pack(0)))
         return bool(flags & _FS_TOPDIR_FL)
     except OSError:
         return False

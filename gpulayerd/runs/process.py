@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import psutil
+from gpulayerd.host import sysinfo
 
 __all__ = [
     "JobProcesses",
@@ -86,10 +86,10 @@ def record_of(pid: int) -> ProcessRecord | None:
         except (ValueError, IndexError):
             pass  # unreadable: ask psutil
     try:
-        proc = psutil.Process(pid)
+        proc = sysinfo.Process(pid)
         create_time = proc.create_time()
-        zombie = proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        zombie = proc.status() == sysinfo.STATUS_ZOMBIE
+    except sysinfo.Error:
         return None
     return ProcessRecord(pid, create_time, _start_ticks(pid), zombie)
 
@@ -100,7 +100,7 @@ def is_alive(pid: int, create_time: float | None, start_ticks: int | None) -> bo
     return rec is not None and not rec.zombie and rec.same_process(create_time, start_ticks)
 
 
-def group_members(pgid: int) -> list[psutil.Process]:
+def group_members(pgid: int) -> list[sysinfo.Process]:
     """Processes of process group ``pgid`` that are still running (zombies left out)."""
     try:
         os.killpg(pgid, 0)
@@ -108,12 +108,12 @@ def group_members(pgid: int) -> list[psutil.Process]:
         return []
     except PermissionError:
         pass
-    out: list[psutil.Process] = []
-    for proc in psutil.process_iter():
+    out: list[sysinfo.Process] = []
+    for proc in sysinfo.process_iter():
         try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+            if os.getpgid(proc.pid) == pgid and proc.status() != sysinfo.STATUS_ZOMBIE:
                 out.append(proc)
-        except (OSError, psutil.Error):
+        except (OSError, sysinfo.Error):
             continue
     return out
 
@@ -181,7 +181,7 @@ class JobProcesses(Protocol):
         ...
 
 
-def job_processes(job: JobProcesses) -> list[psutil.Process]:
+def job_processes(job: JobProcesses) -> list[sysinfo.Process]:
     """Running processes of a job whose watchdog is gone.
 
     Its process group (unless the pgid was reused), and processes that carry its
@@ -190,16 +190,16 @@ def job_processes(job: JobProcesses) -> list[psutil.Process]:
     (jobs run as their users), else of this process's own user. Slow (reads every process's environment): only for the
     rare path where the watchdog cannot do this itself.
     """
-    found: dict[int, psutil.Process] = {}
+    found: dict[int, sysinfo.Process] = {}
     if job.job_pgid is not None and _group_is_ours(job):
         found.update((p.pid, p) for p in group_members(job.job_pgid))
     tag = {"GPULAYER_JOB_ID": job.job_id, "GPULAYER_ATTEMPT": str(job.attempt)}
     uid = os.getuid()
-    for proc in psutil.process_iter():
+    for proc in sysinfo.process_iter():
         if proc.pid in found:
             continue
-        with contextlib.suppress(psutil.Error):
-            if (uid != 0 and proc.uids().real != uid) or proc.status() == psutil.STATUS_ZOMBIE:
+        with contextlib.suppress(sysinfo.Error):
+            if (uid != 0 and proc.uids().real != uid) or proc.status() == sysinfo.STATUS_ZOMBIE:
                 continue
             env = proc.environ()
             if all(env.get(k) == v for k, v in tag.items()):
@@ -213,7 +213,7 @@ def signal_job(job: JobProcesses, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(job.job_pgid, sig)
     for proc in job_processes(job):
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(sysinfo.Error):
             proc.send_signal(sig)
 
 
@@ -236,7 +236,7 @@ _BOOT_TIME: list[float] = []
 def _boot_time() -> float:
     """The boot time psutil uses (seconds since the epoch), read once per process."""
     if not _BOOT_TIME:
-        _BOOT_TIME.append(psutil.boot_time())
+        _BOOT_TIME.append(sysinfo.boot_time())
     return _BOOT_TIME[0]
 
 

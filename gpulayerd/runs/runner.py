@@ -29,14 +29,13 @@ import logging
 import os
 import signal
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import psutil
-
+from gpulayerd.gpu.command import DEVNULL, STDOUT, Popen, TimeoutExpired
+from gpulayerd.host import sysinfo
 from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.layout import (
@@ -207,10 +206,10 @@ class Runner:
                             "died, or the claim could not be written); starting a watchdog", job_id, attempt)
         with open(run_dir / WATCHDOG_LOG, "ab") as watchdog_log:
             try:
-                launcher = subprocess.Popen(
+                launcher = Popen(
                     [self._python, "-m", "gpulayerd.runs.watchdog", str(run_dir)],
-                    env=self._watchdog_env(), cwd=run_dir, stdin=subprocess.DEVNULL,
-                    stdout=watchdog_log, stderr=subprocess.STDOUT,
+                    env=self._watchdog_env(), cwd=run_dir, stdin=DEVNULL,
+                    stdout=watchdog_log, stderr=STDOUT,
                     start_new_session=True, pass_fds=tuple(lock_fds),
                 )
             except OSError as e:
@@ -222,7 +221,7 @@ class Runner:
         finally:
             try:
                 launcher.wait(timeout=self._start_timeout_s)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 launcher.kill()
                 launcher.wait()
 
@@ -457,7 +456,7 @@ class Runner:
             found = job_processes(handle)
             quiet = 0 if found else quiet + 1
             for proc in found:
-                with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(sysinfo.Error):
                     proc.kill()
                     killed.append(proc.pid)
             time.sleep(0.05)

@@ -64,15 +64,14 @@ import functools
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-import psutil
-
+from gpulayerd.gpu.command import DEVNULL, Popen, SubprocessError, TimeoutExpired
+from gpulayerd.host import sysinfo
 from gpulayerd.runs.account import JobUser, check_still_maps
 from gpulayerd.runs.exitnote import KEEP_S, ExitNote, retry_delays, socket_name
 from gpulayerd.runs.launchfile import LaunchFile, read_deadline
@@ -169,7 +168,7 @@ class _Watchdog:
         self.cancel_requested = False
         self.killed = False
         self.subreaper = False
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Popen[bytes] | None = None
         self.wake_fd = -1
         self.logs: list[CappedLog] = []
         self.keep_s = KEEP_S
@@ -287,7 +286,7 @@ class _Watchdog:
             self.proc = _popen(launch, out_w, err_w)
         except OSError as e:
             return _start_failure(e, program, launch.cwd)
-        except subprocess.SubprocessError:  # only the chdir runs in preexec_fn
+        except SubprocessError:  # only the chdir runs in preexec_fn
             assert user is not None
             return None, "start_failed", f"working directory not usable: {user.name} cannot enter {launch.cwd}"
         finally:
@@ -318,7 +317,7 @@ class _Watchdog:
             detail += "; the job could not be reaped (uninterruptible?)"
         return proc.returncode, reason, detail
 
-    def _supervise(self, proc: subprocess.Popen[bytes], launch: LaunchFile) -> tuple[str, str]:
+    def _supervise(self, proc: Popen[bytes], launch: LaunchFile) -> tuple[str, str]:
         """Wait until the job exits, is cancelled, or passes its deadline; say which.
 
         The deadline is the ``deadline`` file's (launch.json's while there is none), moved later by a
@@ -343,7 +342,7 @@ class _Watchdog:
             self._sleep(wait_s)
         return "exited", f"the job exited with code {proc.returncode}"
 
-    def _terminate(self, proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    def _terminate(self, proc: Popen[bytes], grace_s: float) -> None:
         """SIGTERM the job's processes; wait up to ``grace_s`` for all of them to exit."""
         self._signal_all(proc.pid, signal.SIGTERM)
         end = time.monotonic() + grace_s
@@ -356,7 +355,7 @@ class _Watchdog:
                     return
             self._sleep(min(0.1, max(end - time.monotonic(), 0.0)))
 
-    def _kill_leftovers(self, proc: subprocess.Popen[bytes], kill_timeout_s: float) -> None:
+    def _kill_leftovers(self, proc: Popen[bytes], kill_timeout_s: float) -> None:
         """SIGKILL the job and whatever it left until nothing is left (bounded by ``kill_timeout_s``)."""
         end = time.monotonic() + kill_timeout_s
         while True:
@@ -366,7 +365,7 @@ class _Watchdog:
                     return
             self._signal_all(proc.pid, signal.SIGKILL)
             if proc.poll() is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
+                with contextlib.suppress(TimeoutExpired):
                     proc.wait(timeout=0.05)
             if time.monotonic() > end:
                 log.warning("processes of job %d still alive after SIGKILL: %s",
@@ -378,20 +377,20 @@ class _Watchdog:
         """The watchdog cannot supervise any more: kill the job at once rather than leave it loose."""
         if self.proc is not None:
             self._signal_all(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(TimeoutExpired):
                 self.proc.wait(timeout=1.0)
 
     # ------------------------------------------------------------------- processes
 
-    def _targets(self, pgid: int) -> list[psutil.Process]:
+    def _targets(self, pgid: int) -> list[sysinfo.Process]:
         """Running processes of the job: its process group and every descendant of ours."""
         found = {p.pid: p for p in group_members(pgid)}
         if not has_children():
             return list(found.values())  # no child, so no descendant: no scan of /proc
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if child.status() != psutil.STATUS_ZOMBIE:
+        with contextlib.suppress(sysinfo.Error):
+            for child in sysinfo.Process().children(recursive=True):
+                with contextlib.suppress(sysinfo.Error):
+                    if child.status() != sysinfo.STATUS_ZOMBIE:
                         found[child.pid] = child
         return list(found.values())
 
@@ -400,17 +399,17 @@ class _Watchdog:
         each descendant of ours OUTSIDE that group (a process that started a session or group of its
         own, as torchrun's workers do). A process in the group never gets it twice: a job whose
         SIGTERM handler saves a checkpoint is not interrupted by a second SIGTERM."""
-        outside: list[psutil.Process] = []
+        outside: list[sysinfo.Process] = []
         if has_children():
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(sysinfo.Error):
+                for child in sysinfo.Process().children(recursive=True):
                     with contextlib.suppress(OSError):  # gone meanwhile: nothing to signal
                         if os.getpgid(child.pid) != pgid:
                             outside.append(child)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         for child in outside:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(sysinfo.Error):
                 child.send_signal(sig)  # (psutil checks it is still the same process)
 
     def _reap_orphans(self, job_pid: int) -> None:
@@ -484,7 +483,7 @@ def _ignore_signal(signum: int, frame: FrameType | None) -> None:
     return None
 
 
-def _popen(launch: LaunchFile, out: int, err: int) -> subprocess.Popen[bytes]:
+def _popen(launch: LaunchFile, out: int, err: int) -> Popen[bytes]:
     """Start the job (as ``launch.user`` when it names an account to switch to).
 
     CPython enters ``cwd`` before it switches ids; for a job of another account the
@@ -495,14 +494,14 @@ def _popen(launch: LaunchFile, out: int, err: int) -> subprocess.Popen[bytes]:
     if user is None or (user.uid == os.geteuid() and os.geteuid() != 0) or _is_current(user):
         # Nothing to switch: ``cwd`` is entered with the same rights, and without ids to set or a
         # ``preexec_fn`` CPython starts the job with vfork (no copy of the watchdog's memory).
-        return subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL,
+        return Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True, close_fds=True)
     cwd = launch.cwd
-    return subprocess.Popen(
-        launch.argv, env=launch.env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+    return Popen(
+        launch.argv, env=launch.env, stdin=DEVNULL, stdout=out, stderr=err,
         start_new_session=True, close_fds=True, user=user.uid, group=user.gid,
         extra_groups=list(user.groups),
-        preexec_fn=None if cwd is None else functools.partial(os.chdir, cwd),  # noqa: PLW1509 (no threads)
+        preexec_fn=None if cwd is None else functools.partial(os.chdir, cwd),
     )
 
 

@@ -56,13 +56,13 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpulayerd.gpu.command import DEVNULL, Popen, TimeoutExpired
 from gpulayerd.runs import layout, watchdog
 from gpulayerd.runs.waiting import die_with_parent, name_process, orphaned, readable
 
@@ -148,7 +148,7 @@ class Zygote:
         self._python = python
         self._env = dict(env)
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self.starts = 0
         """How many zygote processes were started (a restart after a death counts)."""
@@ -217,9 +217,9 @@ class Zygote:
         self._drop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._proc = subprocess.Popen(
+            self._proc = Popen(
                 [self._python, "-m", "gpulayerd.runs.zygote", str(self._runs_dir), str(theirs.fileno())],
-                env=self._env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                env=self._env, stdin=DEVNULL, stdout=DEVNULL,
                 start_new_session=True, pass_fds=(theirs.fileno(),),
             )
         except OSError as e:
@@ -251,7 +251,7 @@ class Zygote:
         if proc is not None:
             try:
                 proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 proc.kill()
                 proc.wait()
 

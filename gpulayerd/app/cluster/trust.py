@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from gpulayerd.net.identity import Identity, TlsError
+from gpulayerd.net.joining import renew_if_due
 from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.transport import PeerNetwork
 from gpulayerd.net.wire import MAX_REVOKED, Revoked
@@ -183,7 +184,7 @@ class Trust:
 
     async def _renew_if_due(self) -> None:
         try:
-            renewed = await asyncio.to_thread(_renew_blocking, self._identity)
+            renewed = await asyncio.to_thread(renew_if_due, self._identity)
         except TlsError as e:
             log.warning("node certificate renewal failed (will retry within the hour): %s", e)
             return
@@ -193,29 +194,3 @@ class Trust:
             for ctx in self.contexts:
                 reload_identity(ctx, self._identity)
             log.info("node certificate renewed")
-
-
-def _renew_blocking(identity: Identity) -> bool:
-    """Renew ``node.crt`` if it ends within RENEW_BEFORE; returns whether it was renewed."""
-    from cryptography import x509
-
-    from gpulayerd.net.enroll import is_signer, read_signers
-    from gpulayerd.net.identity import (
-        NODE_CERT,
-        RENEW_BEFORE,
-        load_or_create_identity,
-        load_or_create_key,
-        utc_now,
-        write_file,
-    )
-    from gpulayerd.net.joining import renew_online
-
-    idir = identity.key_path.parent
-    before = (idir / NODE_CERT).read_bytes()
-    if x509.load_pem_x509_certificate(before).not_valid_after_utc - utc_now() >= RENEW_BEFORE:
-        return False
-    if is_signer(idir):
-        load_or_create_identity(identity.state_dir)  # re-signs it with ca.key
-    else:
-        write_file(idir / NODE_CERT, renew_online(idir, load_or_create_key(idir), read_signers(idir)))
-    return (idir / NODE_CERT).read_bytes() != before

@@ -15,11 +15,10 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import psutil
-
 from gpulayerd.core.protocol import worker as core
 from gpulayerd.core.types import Accelerator
 from gpulayerd.core.verdict import Placement
+from gpulayerd.host import sysinfo
 from gpulayerd.models import JobSpec
 from gpulayerd.runs.runner import RunHandle
 
@@ -47,8 +46,8 @@ def process_trees(pids: Iterable[int]) -> set[int]:
     to a GPU's process list. Reads /proc: call it in a thread."""
     out: set[int] = set()
     for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            p = psutil.Process(pid)
+        with contextlib.suppress(sysinfo.Error):
+            p = sysinfo.Process(pid)
             out.add(p.pid)
             out.update(c.pid for c in p.children(recursive=True))
     return out

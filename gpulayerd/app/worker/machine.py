@@ -18,7 +18,6 @@ import functools
 import hashlib
 import logging
 import os
-import subprocess
 import threading
 from collections.abc import Iterable
 from dataclasses import replace
@@ -41,7 +40,7 @@ from gpulayerd.core.types import (
     SupportMatrix,
     WorkerSnapshot,
 )
-from gpulayerd.gpu.command import run_command
+from gpulayerd.gpu.command import DEVNULL, Popen, TimeoutExpired, run_command
 from gpulayerd.gpu.compose import build_capabilities
 from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host
 from gpulayerd.gpu.environments import EnvironmentProber
@@ -186,16 +185,16 @@ def _enter_as(path: str, user: str, timeout_s: float) -> str | None:
     except LookupError:
         return None
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", _ENTER_SCRIPT, "sh", path], cwd="/",
-                                env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, user=account.uid,
+        proc = Popen(["/bin/sh", "-c", _ENTER_SCRIPT, "sh", path], cwd="/",
+                                env={"PATH": "/usr/bin:/bin", "LANG": "C"}, stdin=DEVNULL,
+                                stdout=DEVNULL, stderr=DEVNULL, user=account.uid,
                                 group=account.gid, extra_groups=list(account.groups), close_fds=True)
     except OSError:
         log.warning("cannot start the workdir check of %s as %s", path, user, exc_info=True)
         return None
     try:
         code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    except TimeoutExpired:
         proc.kill()
         proc.wait()
         return "unanswered"
