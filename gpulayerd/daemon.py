@@ -72,6 +72,7 @@ from gpulayerd.host.machinelock import (
 from gpulayerd.host.notify import notify_ready, notify_stopping
 from gpulayerd.host.privdirs import make_private_dirs, make_public_dir
 from gpulayerd.host.service_system import shared_install_problem
+from gpulayerd.host.subids import SubordinateIds
 from gpulayerd.models import Capabilities
 from gpulayerd.net.identity import NODE_KEY, Identity, check_mode, identity_dir, load_or_create_identity
 from gpulayerd.net.limits import soft_file_limit
@@ -194,17 +195,16 @@ def _release_all(fds: list[int]) -> None:
         release_machine_lock(fd)
 
 
-def _prepare_state_dir(config: DaemonConfig) -> tuple[Identity, bool]:
-    """The runs dir, and this node's identity (created on first start). Blocking: call in a thread.
+def _prepare_state_dir(config: DaemonConfig) -> bool:
+    """The runs dir; whether the state dir is new. Blocking: call in a thread.
 
-    Returns:
-        The identity, and whether the state dir is new (no node key was there before: an empty
-        store file is then a first start that stopped early, not an emptied store).
+    New: no node key there yet. The store is opened (made, on a first start) before the node's
+    identity is created, so an empty store file beside a node key is an emptied store (refused),
+    while a first start that stopped early (a full disk) leaves no key and starts anew next time.
     """
     config.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     layout.spread_job_dirs(config.runs_dir)
-    new = not (identity_dir(config.state_dir) / NODE_KEY).exists()
-    return load_or_create_identity(config.state_dir), new
+    return not (identity_dir(config.state_dir) / NODE_KEY).exists()
 
 
 def _write_pid(path: Path) -> None:
@@ -228,19 +228,26 @@ def _unlock_state_dir(config: DaemonConfig, lock_fd: int) -> None:
 
 class _Admins:
     """Who may use the local socket's reserved connections: root, this daemon's account and the admins
-    (``admin_group``), re-read from the user database every minute (in a thread)."""
+    (``admin_group``); and whose account a subordinate uid (``/etc/subuid``) counts for. Both re-read
+    every minute (in a thread: the user database may be LDAP)."""
 
     def __init__(self, requesters: Requesters) -> None:
         self._requesters = requesters
         self._uids: frozenset[int] = frozenset()
         self._me = os.geteuid()
+        self._subids = SubordinateIds()
 
     def __call__(self, uid: int) -> bool:
         return uid in (0, self._me) or uid in self._uids
 
+    def account_of(self, uid: int) -> int:
+        """The account ``uid``'s connections count for (see :class:`~gpulayerd.host.subids.SubordinateIds`)."""
+        return self._subids.owner_of(uid)
+
     async def refresh(self) -> None:
-        """Read the admins' uids again."""
+        """Read the admins' uids and the subordinate uid ranges again."""
         self._uids = await asyncio.to_thread(self._requesters.admin_uids)
+        self._subids = await asyncio.to_thread(SubordinateIds.load)
 
     async def keep(self, interval_s: float = 60.0) -> None:
         """Forever: :meth:`refresh` every ``interval_s`` seconds."""
@@ -249,7 +256,8 @@ class _Admins:
             await self.refresh()
 
 
-def _socket_settings(config: DaemonConfig, privileged: Callable[[int], bool]) -> LocalSocketSettings:
+def _socket_settings(config: DaemonConfig, privileged: Callable[[int], bool],
+                     account_of: Callable[[int], int] = lambda uid: uid) -> LocalSocketSettings:
     """The local socket's limits from ``config``; the total at most a quarter of the open-files limit (the
     rest stays for the store, job logs, the peer port and outgoing calls)."""
     soft = soft_file_limit()
@@ -260,7 +268,8 @@ def _socket_settings(config: DaemonConfig, privileged: Callable[[int], bool]) ->
     return LocalSocketSettings(max_connections=total, max_per_user=config.local_max_connections_per_user,
                                reserved=config.local_reserved_connections,
                                request_timeout_s=config.local_request_timeout_s,
-                               idle_timeout_s=config.local_idle_timeout_s, privileged=privileged)
+                               idle_timeout_s=config.local_idle_timeout_s, privileged=privileged,
+                               account_of=account_of)
 
 
 async def _wait_stop_or_lost(stop: asyncio.Event, store: Store) -> str | None:
@@ -496,10 +505,11 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
     tasks: list[asyncio.Task[None]] = []
     services: Services | None = None
     try:
-        identity, new_state_dir = await asyncio.to_thread(_prepare_state_dir, config)
+        new_state_dir = await asyncio.to_thread(_prepare_state_dir, config)
         await asyncio.to_thread(lambda: config.effective_cpu_slots)  # reads affinity/cgroups once, cached
+        store = await Store.open(config.db_path, empty_ok=new_state_dir)  # first: see _prepare_state_dir
+        identity = await asyncio.to_thread(load_or_create_identity, config.state_dir)
         check_mode(identity, config.mode)  # ModeMismatch (a ValueError): enrolled in another mode
-        store = await Store.open(config.db_path, empty_ok=new_state_dir)
         services = build(config, identity, store, support)
         if services.runner is not None and services.runner.zygote is not None:
             # Warm before the first job (its Python start-up is paid once, here).
@@ -513,7 +523,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         admins = _Admins(services.requesters or Requesters(mode=config.mode, admin_group=config.admin_group))
         await admins.refresh()
         api_socket = await start_unix_site(make_local_app(services.api), config.socket_path,
-                                           public=config.mode == "system", settings=_socket_settings(config, admins))
+                                           public=config.mode == "system",
+                                           settings=_socket_settings(config, admins, admins.account_of))
         await asyncio.to_thread(_write_pid, config.pid_path)
         log.info("gpulayerd %s node %s serving %s", __version__, identity.node_id[:12], config.socket_path)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [

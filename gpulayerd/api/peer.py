@@ -273,13 +273,15 @@ def _route_handler(router: PeerRouter, bound: PeerRoute[Any, Any]) -> Callable[[
 
 async def start_peer_site(app: web.Application, host: str, port: int, context: ssl.SSLContext, *,
                           handshake_timeout_s: float = 5.0, limits: ConnectionLimits | None = None,
-                          max_connection_s: float | None = None) -> tuple[web.AppRunner, int]:
+                          max_connection_s: float | None = None,
+                          is_revoked: Callable[[str], bool] | None = None) -> tuple[web.AppRunner, int]:
     """Serve ``app`` with mutual TLS on ``host:port`` (port 0 picks a free one).
 
     Strangers can open connections without a certificate, so: a connection whose TLS handshake
     is not done within ``handshake_timeout_s`` seconds is closed, and connections over
     ``limits`` (default: 512 in total, 64 per remote address) are reset as they are accepted;
-    ``max_connection_s`` (None: no limit) bounds how long any one connection stays open.
+    ``max_connection_s`` (None: no limit) bounds how long any one connection stays open; a connection
+    whose certificate names a node ``is_revoked`` reports revoked is closed once its handshake is done.
 
     Returns:
         The runner (``await runner.cleanup()`` stops it) and the bound port.
@@ -290,7 +292,7 @@ async def start_peer_site(app: web.Application, host: str, port: int, context: s
     if limits is None:
         limits = ConnectionLimits(512, 64, time.monotonic)
     return await start_tls_site(app, host, port, context, handshake_timeout_s=handshake_timeout_s, limits=limits,
-                                max_connection_s=max_connection_s)
+                                max_connection_s=max_connection_s, is_revoked=is_revoked)
 
 
 # ---------------------------------------------------------------------------- the client
@@ -402,7 +404,8 @@ class TlsNetwork:
         if self.router is None:
             raise RuntimeError("TlsNetwork.router is not set")
         self._peer, bound = await start_peer_site(make_peer_app(self.router, is_revoked), host, port, context,
-                                                  handshake_timeout_s=handshake_timeout_s, limits=limits)
+                                                  handshake_timeout_s=handshake_timeout_s, limits=limits,
+                                                  is_revoked=is_revoked)
         return bound
 
     async def serve_enroll(self, host: str, port: int, context: ssl.SSLContext, *, identity_dir: Path,

@@ -114,6 +114,9 @@ class LocalSocketSettings:
         request_timeout_s: a request's head and body must arrive within this many seconds.
         idle_timeout_s: an idle keep-alive connection is closed after this long.
         privileged: uid -> may use the reserved share (root, the daemon's account, admins).
+        account_of: uid -> the account whose share its connections use (a uid of a subordinate
+            range, as a process in a user namespace has: the range's owner; see
+            :mod:`gpulayerd.host.subids`).
     """
 
     max_connections: int = 1024
@@ -122,6 +125,7 @@ class LocalSocketSettings:
     request_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
     privileged: Callable[[int], bool] = lambda uid: uid in (0, os.geteuid())
+    account_of: Callable[[int], int] = lambda uid: uid
 
 
 class LocalLimits:
@@ -193,10 +197,15 @@ class LocalLimits:
                     why, more, uid)
 
 
-def _refusal_answer(why: str) -> bytes:
-    body = json.dumps({"code": "too_many_connections", "message": why, "detail": {}}).encode()
-    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+def _error_answer(status: bytes, code: str, message: str) -> bytes:
+    """A whole HTTP answer with the API's error body, after which the connection closes."""
+    body = json.dumps({"code": code, "message": message, "detail": {}}).encode()
+    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _refusal_answer(why: str) -> bytes:
+    return _error_answer(b"503 Service Unavailable", "too_many_connections", why)
 
 
 class _Counted(socket.socket):
@@ -239,10 +248,12 @@ class LocalListener(socket.socket):
                 uid = _CRED.unpack(plain.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))[1]
             except OSError:
                 uid = -1
-            why = self._limits.try_open(uid)
+            account = self._limits.settings.account_of(uid)  # (fixed now: its slot is given back to it)
+            why = self._limits.try_open(account)
             if why is None:
                 conn = _Counted(plain.family, plain.type, plain.proto, fileno=plain.detach())
-                conn._release = weakref.finalize(conn, self._limits.closed, uid, self._limits.settings.privileged(uid))
+                conn._release = weakref.finalize(conn, self._limits.closed, account,
+                                                 self._limits.settings.privileged(account))
                 return conn, addr
             with contextlib.suppress(OSError):
                 plain.setblocking(False)
@@ -263,6 +274,7 @@ class _Guarded(asyncio.Protocol):
         self._head = b""  # the request head read so far (while in a head)
         self._body_left = 0  # body bytes still to come
         self._in_request = False
+        self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -270,7 +282,14 @@ class _Guarded(asyncio.Protocol):
         self._arm()  # the first request must come within the timeout too
 
     def data_received(self, data: bytes) -> None:
-        self._track(data)
+        if self._refused:
+            return
+        if not self._track(data):
+            self._refused = True
+            if self._transport is not None:
+                self._transport.write(_LENGTH_REQUIRED)
+                self._transport.close()
+            return
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -300,8 +319,10 @@ class _Guarded(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
-    def _track(self, data: bytes) -> None:
-        """Follow request heads and bodies (Content-Length; a chunked body is not timed)."""
+    def _track(self, data: bytes) -> bool:
+        """Follow request heads and bodies (each timed); False for a request with a
+        ``Transfer-Encoding`` (a chunked body could be dribbled with no end in sight: the local API
+        takes Content-Length bodies only, as every client of it sends)."""
         while data:
             if self._body_left:
                 taken = min(self._body_left, len(data))
@@ -320,22 +341,35 @@ class _Guarded(asyncio.Protocol):
             if end < 0:
                 if len(self._head) > 65536:  # aiohttp answers an oversized head itself; stop buffering it
                     self._head = self._head[-4:]
-                return
+                return True
             head, data = self._head[:end], self._head[end + 4:]
             self._head = b""
-            self._body_left = _content_length(head)
+            length, chunked = _body_of(head)
+            if chunked:
+                return False
+            self._body_left = length
             if not self._body_left:
                 self._in_request = False
                 self._disarm()
+        return True
 
 
-def _content_length(head: bytes) -> int:
+def _body_of(head: bytes) -> tuple[int, bool]:
+    """(Content-Length, whether a Transfer-Encoding is named) of a request head."""
+    length, coded = 0, False
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        key = name.strip().lower()
+        if key == b"content-length":
             with contextlib.suppress(ValueError):
-                return max(0, int(value.strip()))
-    return 0
+                length = max(0, int(value.strip()))
+        elif key == b"transfer-encoding":
+            coded = True
+    return length, coded
+
+
+_LENGTH_REQUIRED = _error_answer(b"411 Length Required", "length_required",
+                                 "send the request body with a Content-Length (no Transfer-Encoding)")
 
 
 class _LimitedUnixSite(web.BaseSite):

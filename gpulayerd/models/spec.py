@@ -313,16 +313,30 @@ class PolicyModel(BaseModel):
     lease_s: float = Field(default=30.0, ge=1.0, le=86_400.0)
 
 
-def exec_problem(text: str) -> str | None:
+MAX_EXEC_STRING_BYTES = 131_071
+"""The longest argument or ``NAME=value`` environment entry ``exec`` takes on Linux (MAX_ARG_STRLEN,
+32 pages of 4 KiB, less its NUL)."""
+
+MAX_EXEC_TOTAL_BYTES = 1_000_000
+"""The most bytes of command line and environment together a job may have (10^6; Linux allows a
+quarter of the stack limit, 2 MiB by default, minus what the launcher adds)."""
+
+
+def exec_problem(text: str, extra_bytes: int = 0) -> str | None:
     """Why ``text`` cannot be passed to ``exec`` as an argument or an environment name or value (None
-    when it can): a NUL byte ends a C string, and text that does not encode to bytes (a lone
-    surrogate other than the ones ``surrogateescape`` uses for undecodable bytes) cannot be sent."""
+    when it can): a NUL byte ends a C string, text that does not encode to bytes (a lone surrogate
+    other than the ones ``surrogateescape`` uses for undecodable bytes) cannot be sent, and one string
+    longer than :data:`MAX_EXEC_STRING_BYTES` (with ``extra_bytes``, e.g. an environment entry's
+    ``NAME=``) is refused by the kernel (E2BIG)."""
     if "\0" in text:
         return "must not contain a NUL byte"
     try:
-        text.encode("utf-8", "surrogateescape")
+        size = len(text.encode("utf-8", "surrogateescape")) + extra_bytes
     except UnicodeEncodeError:
         return "must be text that encodes to bytes (it holds a lone surrogate)"
+    if size > MAX_EXEC_STRING_BYTES:
+        return (f"is {size} bytes long: at most {MAX_EXEC_STRING_BYTES} bytes reach a program "
+                "(Linux's limit for one argument or environment entry); pass large data in a file")
     return None
 
 
@@ -426,10 +440,23 @@ class JobSpec(BaseModel):
             if not key or "=" in key or exec_problem(key) is not None:
                 raise ValueError(f"{key!a} is not a valid environment variable name (no '=', NUL, or text "
                                  "that cannot be encoded)")
-            problem = exec_problem(value)
+            problem = exec_problem(value, extra_bytes=len(key.encode("utf-8", "surrogateescape")) + 1)
             if problem is not None:
                 raise ValueError(f"the value of {key!a} {problem}")
+        total = sum(len(k) + len(x) + 2 for k, x in v.items())
+        if total > MAX_EXEC_TOTAL_BYTES:
+            raise ValueError(f"the environment is {total} bytes: at most {MAX_EXEC_TOTAL_BYTES} bytes of command line "
+                             "and environment together")
         return v
+
+    @model_validator(mode="after")
+    def _fits_exec(self) -> JobSpec:
+        total = sum(len(a.encode("utf-8", "surrogateescape")) + 1 for a in self.command)
+        total += sum(len(k) + len(x) + 2 for k, x in self.env.items())
+        if total > MAX_EXEC_TOTAL_BYTES:
+            raise ValueError(f"command and env together are {total} bytes: at most {MAX_EXEC_TOTAL_BYTES} bytes reach "
+                             "a program (pass large data in a file)")
+        return self
 
     def to_core(self, job_id: str = "") -> JobRequest:
         """Convert to the core's :class:`JobRequest`."""

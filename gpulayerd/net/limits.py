@@ -84,11 +84,14 @@ class LimitStats:
 
 def subnet_of(address: str) -> str:
     """The /24 of an IPv4 address (the /64 of an IPv6 one): the unit a flood from many addresses
-    of one network is counted in. An unparsable address is its own subnet."""
+    of one network is counted in; an IPv4 client of a dual-stack listener (``::ffff:a.b.c.d``) counts
+    in its IPv4 /24. An unparsable address is its own subnet."""
     try:
-        ip = ipaddress.ip_address(address)
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address)
     except ValueError:
         return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
     prefix = 24 if ip.version == 4 else 64
     return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
 

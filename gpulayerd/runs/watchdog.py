@@ -86,7 +86,15 @@ from gpulayerd.runs.layout import (
     write_json,
 )
 from gpulayerd.runs.logcopy import CappedLog
-from gpulayerd.runs.process import ProcessRecord, become_subreaper, group_members, has_children, libc, record_of
+from gpulayerd.runs.process import (
+    ProcessRecord,
+    become_subreaper,
+    direct_children,
+    group_members,
+    has_children,
+    libc,
+    record_of,
+)
 from gpulayerd.runs.waiting import name_process, readable
 
 __all__ = ["main", "preload", "prepare", "supervise"]
@@ -356,22 +364,47 @@ class _Watchdog:
             self._sleep(min(0.1, max(end - time.monotonic(), 0.0)))
 
     def _kill_leftovers(self, proc: Popen[bytes], kill_timeout_s: float) -> None:
-        """SIGKILL the job and whatever it left until nothing is left (bounded by ``kill_timeout_s``)."""
-        end = time.monotonic() + kill_timeout_s
+        """SIGKILL the job and whatever it left until nothing is left.
+
+        "Nothing left", as a subreaper (Linux): the job is reaped and this process has no child at
+        all. Every descendant whose parent dies is re-parented here, so a chain that forks and exits
+        faster than any scan of ``/proc`` still ends up a child: each round kills the direct children
+        (by pid: an unreaped child's pid cannot be reused) and the job's group. Elsewhere: a scan of
+        the descendants finds none. After ``kill_timeout_s`` it warns and goes on trying for up to
+        ten times as long, holding the device locks meanwhile.
+        """
+        start = time.monotonic()
+        warned = False
         while True:
             if proc.poll() is not None:
                 self._reap_all()
-                if not self._targets(proc.pid):
+                if not self._anything_left(proc.pid):
                     return
             self._signal_all(proc.pid, signal.SIGKILL)
+            for pid in direct_children():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             if proc.poll() is None:
                 with contextlib.suppress(TimeoutExpired):
                     proc.wait(timeout=0.05)
-            if time.monotonic() > end:
-                log.warning("processes of job %d still alive after SIGKILL: %s",
-                            proc.pid, [p.pid for p in self._targets(proc.pid)])
+            else:
+                self._reap_all()
+            waited = time.monotonic() - start
+            if waited > kill_timeout_s and not warned:
+                warned = True
+                log.warning("processes of job %d still alive after SIGKILL for %.1f s: %s; still trying",
+                            proc.pid, waited, direct_children() or [p.pid for p in self._targets(proc.pid)])
+            if waited > 10 * kill_timeout_s:
+                log.error("processes of job %d outlive %.1f s of SIGKILL: giving up on %s", proc.pid, waited,
+                          direct_children())
                 return
-            self._sleep(0.01)
+            self._sleep(0.005)
+
+    def _anything_left(self, pgid: int) -> bool:
+        """Whether any process of the job is left (the job itself reaped)."""
+        if self.subreaper:
+            return has_children() or bool(group_members(pgid))
+        return bool(self._targets(pgid))
 
     def _emergency_kill(self) -> None:
         """The watchdog cannot supervise any more: kill the job at once rather than leave it loose."""

@@ -91,10 +91,12 @@ class Database:
             StoreError: the file cannot be opened, configured or migrated, is another account's,
                 or it was written by newer code.
         """
-        identity = await asyncio.to_thread(_private_files, path, empty_ok)
+        *identity, created = await asyncio.to_thread(_private_files, path, empty_ok)
         try:
             conn = await aiosqlite.connect(path, isolation_level=None)
         except sqlite3.Error as e:
+            if created:
+                await asyncio.to_thread(_forget_new, path)
             raise StoreError(f"cannot open store {path}: {e}") from e
         db = cls(conn, path)
         try:
@@ -111,9 +113,11 @@ class Database:
                     raise _damaged(path, str(e)) from e
                 raise StoreError(f"cannot open store {path}: {e}") from e
             await asyncio.to_thread(_private_companions, path)  # the -wal and -shm SQLite has just made
-            await conn.create_function(_LINKED_FN, 0, lambda: _still_linked(path, identity))
+            await conn.create_function(_LINKED_FN, 0, lambda: _still_linked(path, (identity[0], identity[1])))
         except BaseException:
             await conn.close()
+            if created:  # (a full disk at the first start): no empty file is left to be taken for damage later
+                await asyncio.to_thread(_forget_new, path)
             raise
         return db
 
@@ -312,8 +316,20 @@ async def _configure(conn: aiosqlite.Connection, path: Path, busy_timeout_s: flo
         logger.warning("store %s: journal mode is %s, not wal", path, mode)
 
 
-def _private_files(path: Path, empty_ok: bool = True) -> tuple[int, int]:
-    """Make the SQLite file (created if missing) and its companions 0600; its (device, inode).
+def _forget_new(path: Path) -> None:
+    """Remove a store file this open made that never got a database in it (0 bytes), and its
+    companions: the next start makes it anew. Blocking."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            path.unlink()
+            for suffix in ("-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    path.with_name(path.name + suffix).unlink()
+
+
+def _private_files(path: Path, empty_ok: bool = True) -> tuple[int, int, bool]:
+    """Make the SQLite file (created if missing) and its companions 0600; its (device, inode), and
+    whether this call created it.
 
     Blocking: call in a thread. Before SQLite opens the file only: closing a descriptor of a file
     drops every POSIX lock the process holds on it, SQLite's included. The file is opened without
@@ -352,7 +368,7 @@ def _private_files(path: Path, empty_ok: bool = True) -> tuple[int, int]:
     finally:
         os.close(fd)
     _private_companions(path)
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, not existed
 
 
 _SQLITE_HEADER = b"SQLite format 3\x00"

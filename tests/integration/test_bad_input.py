@@ -119,9 +119,15 @@ def test_missing_spec_file(cpu_daemon: Daemon, tmp_path: Path) -> None:
          ["requirements.gpu_count"]),
         ({"command": ["echo", "a\0b"], "workdir": "/tmp"}, ["command", "NUL"]),
         ({"command": ["true"], "workdir": "/tmp", "env": {"K": "v\0"}}, ["env", "'K'", "NUL"]),
+        ({"command": ["echo", "x" * 200_000], "workdir": "/tmp"},
+         ["command: item 1 (an argument) is 200000 bytes long: at most 131071 bytes"]),
+        ({"command": ["true"], "workdir": "/tmp", "env": {"BIG": "y" * 131_068}},
+         ["the value of 'BIG' is 131072 bytes long"]),
+        ({"command": ["echo", *(["z" * 100_000] * 10)], "workdir": "/tmp"},
+         ["command and env together are", "at most 1000000 bytes"]),
     ],
     ids=["relative-workdir", "no-workdir", "unknown-field", "no-command", "wrong-type", "nul-argument",
-         "nul-env-value"],
+         "nul-env-value", "argument-too-long", "env-entry-too-long", "argv-too-long"],
 )
 def test_api_rejects_bad_specs_and_stores_nothing(cpu_daemon: Daemon, spec: dict[str, object],
                                                   words: list[str]) -> None:

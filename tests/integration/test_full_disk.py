@@ -180,3 +180,30 @@ def test_a_submit_on_a_full_state_disk_exits_1_and_nothing_is_acknowledged(lab: 
     finally:
         d.stop()
         subprocess.run(["umount", "-l", str(d.state_dir)], check=False)
+
+
+def test_a_first_start_on_a_full_disk_leaves_nothing_that_refuses_the_next_one(lab: Lab) -> None:
+    """A first start that stops on a full disk used to leave a node key and a 0-byte database: every
+    later start then refused the state dir as damaged (issue 24 review). The store is made before the
+    identity, and a store file the failed start made is removed."""
+    from .test_state_safety import run_daemon_once
+
+    state = lab.root / "first"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(state)], check=True)
+    try:
+        (state / "runs").mkdir(mode=0o700)
+        filler = fill(state)
+        os.truncate(filler, max(0, filler.stat().st_size - 2 * 4096))  # two pages: no room for a database
+        r = run_daemon_once(state, lab)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert not (state / "identity" / "node.key").exists(), sorted(p.name for p in state.rglob("*"))
+        assert not (state / "gpulayer.sqlite3").exists() or (state / "gpulayer.sqlite3").stat().st_size > 0
+        filler.unlink()
+        d = lab.daemon(start=False)
+        d.state_dir = state
+        d.start()
+        assert d.submit("--", "true")
+        assert d.stop() == 0
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)

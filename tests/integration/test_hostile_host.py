@@ -333,3 +333,65 @@ def test_roots_job_is_rejected_at_submit_when_no_worker_runs_roots_jobs(lab: Lab
     assert job["status"] == "rejected" and "allow_root_jobs" in job["reason"], job  # stored with its reason
     r = d.cli("submit", "--", "id")
     assert r.returncode == 1 and "allow_root_jobs is off on" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_chunked_body_is_refused_so_no_request_escapes_its_timer(lab: Lab) -> None:
+    """A chunked body could be dribbled forever (each chunk looks like progress): the local API takes
+    Content-Length bodies only (every client of it sends those) and answers 411 at once."""
+    import socket
+
+    d = lab.daemon(cpu_slots=1, local_request_timeout_s=2.0)
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(str(d.socket_path))
+    s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: gpulayerd\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n2\r\n\r\n\r\n")
+    answer = b""
+    while chunk := s.recv(4096):
+        answer += chunk
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 411 Length Required") and b'"code": "length_required"' in answer, answer
+    assert d.cli("jobs").returncode == 0 and d.all_jobs() == []
+
+
+# A job whose main process ignores SIGTERM and whose N children each run a fork chain: fork, the child
+# starts a session of its own, the parent exits, with no pause; the chain touches BEAT while it lives.
+CHAIN = r"""
+import os, signal, sys, time
+beat, n = sys.argv[1], int(sys.argv[2])
+open(beat, "a").close()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for _ in range(n):
+    if os.fork() == 0:
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            if os.fork() != 0:
+                os._exit(0)
+            os.setsid()
+            os.utime(beat)
+        os._exit(0)
+print("chains started", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_no_fork_chain_outlives_its_cancelled_job(lab: Lab) -> None:
+    """A scan of /proc misses a process that forks and exits faster than the scan: the watchdog, a
+    subreaper, kills its direct children (every orphan ends up one) until it has none (issue 24
+    review: 8 of 17 cancels left a chain running, re-parented to pid 1)."""
+    d = lab.daemon(cpu_slots=3, cancel_grace_s=0.5)
+    beats = [d.work / f"beat{i}" for i in range(3)]
+    jobs = [d.submit("--", sys.executable, "-c", CHAIN, str(b), "2") for b in beats]
+    for job in jobs:
+        d.wait_reason(job, lambda j: j.status == "running", 20.0)
+    wait_until(lambda: all(b.exists() for b in beats), 10.0, "the chains to start")
+    for job in jobs:
+        d.cli_ok("cancel", job)
+    for job in jobs:
+        assert d.wait_status(job, TERMINAL, timeout_s=30.0).status == "cancelled"
+    time.sleep(0.5)
+    before = [b.stat().st_mtime_ns for b in beats]
+    time.sleep(1.0)
+    after = [b.stat().st_mtime_ns for b in beats]
+    assert before == after, "a fork chain of a cancelled job still runs (its heartbeat moved)"

@@ -276,3 +276,49 @@ def test_one_subnet_holds_at_most_its_share_of_the_strangers_budget() -> None:
     assert limits.admit("192.168.7.9", lambda: None) is not None  # old enough: the oldest of its /24 goes
     assert limits.admit("192.168.8.1", lambda: None) is not None  # another /24 is untouched by the first's
     assert limits.stats().unauthenticated == 5 and limits.stats().evicted == 7
+
+
+def test_ipv4_clients_of_a_dual_stack_listener_count_in_their_own_24() -> None:
+    from gpulayerd.net.limits import subnet_of
+
+    assert subnet_of("::ffff:127.0.1.1") == subnet_of("127.0.1.1") == "127.0.1.0/24"
+    assert subnet_of("::ffff:10.0.0.9") != subnet_of("::ffff:127.0.0.9")
+    assert subnet_of("2001:db8::1") == "2001:db8::/64" and subnet_of("not-an-ip") == "not-an-ip"
+
+
+@pytest.fixture
+def two_members(tmp_path: Path) -> tuple[Identity, Identity]:
+    """Two nodes of one cluster (real certificates): a, the signer, and b."""
+    token = ca.cluster_init(tmp_path / "a", "lab", uses=2, addresses=["127.0.0.1:1"])
+    b = ca.cluster_join(tmp_path / "b", token, signer=tmp_path / "a")
+    return identity.load_or_create_identity(tmp_path / "a"), b
+
+
+@pytest.mark.asyncio
+async def test_a_revoked_node_cannot_hold_the_peer_ports_slots(two_members: tuple[Identity, Identity]) -> None:
+    """A revoked node's certificate still verifies against the CA: its connections used to finish the
+    handshake, be marked authenticated (never evicted) and, sending no request, never meet the
+    revocation check; eight of them filled the total and a member was refused (issue 24 review)."""
+    a, b = two_members
+    revoked = {b.node_id}
+    limits = ConnectionLimits(total=8, per_address=8, clock=_Clock(), unauthenticated=4)
+    runner, port = await start_peer_site(make_peer_app(router_of({"member.release": _pong}), revoked.__contains__),
+                                         "127.0.0.1", 0, tls.server_ssl_context(a), handshake_timeout_s=1.0,
+                                         limits=limits, is_revoked=revoked.__contains__)
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(8):
+            _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client_ssl_context(b),
+                                                           local_addr=("127.0.0.3", 0), server_hostname="x")
+            held.append(writer)
+        # Each is closed once its handshake is done, and gives its slot back.
+        assert await _until(lambda: limits.stats().open_total == 0, within_s=5.0), limits.stats()
+        assert (await _ask(a, port)).ok  # a member is answered
+    finally:
+        for w in held:
+            w.close()
+        await runner.cleanup()
+
+
+async def _pong(sender: Sender, msg: Release) -> Ack:
+    return Ack(ok=True)
