@@ -100,7 +100,7 @@ def test_devices_view_shows_live_metrics_only_while_watched(lab: Lab) -> None:
         assert f"GPU {gpu} " in text and "°C" in text and "/300 W" in text
         assert "metrics-job" in text.split("GPU 0", 1)[0]  # the devices table names the granted job
         starts, _ = samplers(fake, d.proc.pid)
-        assert starts == 1  # one long-lived process, not one per poll (its stop: tests/unit/test_gpu_metrics.py)
+        assert starts == 1  # one long-lived process, not one per poll (its stop: tests/integration/components/test_gpu_metrics_sampler.py)
     finally:
         foreign.kill()
         foreign.wait()

@@ -801,6 +801,7 @@ def build(o: Owner, kind: str, offset: int, who: str, extra: int | None) -> Even
     lease_s=st.sampled_from([10.0, 30.0]),
     steps=st.lists(STEP, min_size=10, max_size=60),
 )
+@pytest.mark.slow
 def test_random_event_sequences_keep_the_invariants(retries: int, lease_s: float, steps: list) -> None:
     o = Owner(job(retries_left=retries, lease_s=lease_s))
     for dt, kind, offset, who, extra, back in steps:

@@ -405,4 +405,5 @@ class AttemptMachine(RuleBasedStateMachine):
 TestHoldRound = HoldRoundMachine.TestCase
 TestHoldRound.settings = settings(max_examples=150, stateful_step_count=25, deadline=None)
 TestAttempt = AttemptMachine.TestCase
+TestAttempt.pytestmark = [pytest.mark.slow]  # (hypothesis: 300 sequences, ~2 s)
 TestAttempt.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)

@@ -47,6 +47,9 @@ from gpulayerd.models import (
 )
 
 MiB = 2**20
+
+pytestmark = pytest.mark.slow  # (hypothesis property tests, 1-2 s each)
+
 T = TypeVar("T")
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

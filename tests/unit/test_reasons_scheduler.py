@@ -84,6 +84,7 @@ shape = st.sampled_from(SHAPES)
 # line ("1 free of 4" -> "2 free of 4") with them.
 @example(cpu_slots=4, gpus=1, holders=[(0, 1, {}), (0, 1, {}), (0, 1, {}), (1, 1, {})],
          queued=[(0, 3, {}), (1, 1, {})], ends=[0], late=[])
+@pytest.mark.slow
 async def test_every_waiting_jobs_reason_is_a_fresh_evaluations(
         tmp_path: Path, cpu_slots: int, gpus: int, holders: list[tuple[int, int, dict[str, str]]],
         queued: list[tuple[int, int, dict[str, str]]], ends: list[int],

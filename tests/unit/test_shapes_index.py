@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,6 +89,7 @@ def _apply(kind: str, arg: object, ws: dict[str, WorkerSnapshot], queue: dict[st
         ws[node] = replace(w, cpu_slots_total=total, cpu_slots_free=arg % (total + 1))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(histories())
 def test_the_incremental_book_decides_what_a_full_pass_decides(
@@ -143,6 +145,7 @@ def test_the_prefilter_never_drops_a_worker_the_full_judgement_accepts(
         assert kept[w.node_id] is True
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(workers(), min_size=1, max_size=4, unique_by=lambda w: w.node_id), st.data())
 def test_fit_only_gives_explains_verdict_and_placement(ws: list[WorkerSnapshot], data: st.DataObject) -> None:
@@ -172,6 +175,7 @@ def test_the_index_drops_workers_by_accelerator_memory_and_count_without_judging
 # ----------------------------------------------------------------- kept answers (issue 17)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(workers(), min_size=1, max_size=3, unique_by=lambda w: w.node_id), st.data())
 def test_kept_decisions_of_jobs_in_one_memory_bucket_or_unchecked_workdir_are_explains(

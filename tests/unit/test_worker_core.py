@@ -456,5 +456,6 @@ class WorkerMachine(RuleBasedStateMachine):
 
 
 TestWorkerMachine = WorkerMachine.TestCase
+TestWorkerMachine.pytestmark = [pytest.mark.slow]  # (hypothesis: 400 sequences, ~6 s)
 TestWorkerMachine.settings = settings(max_examples=400, stateful_step_count=50, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])

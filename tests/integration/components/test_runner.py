@@ -35,7 +35,7 @@ from gpulayerd.runs.layout import claim_run_dir
 from gpulayerd.runs.process import job_processes, record_of
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunState, RunStatus
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PREFIX = f"pytest{os.getpid()}-"
 GRACE_S = 0.5
 POLL_S = 0.05

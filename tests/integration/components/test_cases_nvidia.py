@@ -44,7 +44,7 @@ from tests.fakes import (
     smi_header,
 )
 
-CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
+CASES = Path(__file__).resolve().parents[2] / "data" / "cases"
 MIB = 2**20
 FULL = gpu_query_argv()
 NO_CC = gpu_query_argv(compute_cap=False)

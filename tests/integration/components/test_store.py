@@ -28,7 +28,7 @@ from gpulayerd.store import (
     schema,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_700_000_000.0  # a fixed wall-clock time
 
 

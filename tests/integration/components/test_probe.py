@@ -24,7 +24,7 @@ from tests.fakes.envs import add_dists, make_env
 
 PROBE = Path(probe_module.__file__)
 VENV_PYTHON = sys.executable
-CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
+CASES = Path(__file__).resolve().parents[2] / "data" / "cases"
 
 
 def clean_env(**extra: str) -> dict[str, str]:

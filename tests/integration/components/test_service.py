@@ -38,7 +38,7 @@ from gpulayerd.host.service_user import (
     service_target,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 REPO_UNIT = REPO_ROOT / "systemd" / "gpulayerd.service"
 REPO_PLIST = REPO_ROOT / "launchd" / "io.gpulayer.gpulayerd.plist"
 START = "systemctl --user daemon-reload && systemctl --user enable --now gpulayerd"

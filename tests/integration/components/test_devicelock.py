@@ -14,7 +14,7 @@ import pytest
 
 from gpulayerd.runs.devicelock import DeviceLockError, DeviceLocks
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 OTHER_DAEMON = """
 import json, sys

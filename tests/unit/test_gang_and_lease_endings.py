@@ -1,4 +1,5 @@
-"""Sequences a review found wrong in the gang and lease paths, kept as regressions.
+"""Gang and lease endings: a killed rank's late exit, a hold that expires before its commit, ranks
+and remote runs stopped at their lease deadline (each once found wrong by a review).
 
 Each runs the real services of several daemons over the loopback fakes (fake clock, no sleeps).
 """

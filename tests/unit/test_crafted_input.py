@@ -1,4 +1,5 @@
-"""Regression tests for defects a review found by attacking issues 14, 16 and 17 (crafted input).
+"""Crafted input: Rich markup in peer text, deeply nested TOML, arguments that are not UTF-8, the
+run key, Ctrl-C before the answer (defects a review found by attacking issues 14, 16 and 17).
 
 Each test failed before its fix: a Rich-markup host/GPU/framework text crashed the TUI's tables,
 a deeply nested TOML file (profiles, job spec) and a non-UTF-8 argument printed tracebacks,

@@ -21,7 +21,7 @@ from gpulayerd import cli
 from gpulayerd.host.service_system import render_launchd_daemon, render_systemd_system_unit, set_system_owner
 from gpulayerd.host.service_user import LAUNCHD_LABEL, PLACEHOLDER_GPULAYERD, find_gpulayerd, is_pristine
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 REPO_SYSTEM_UNIT = REPO_ROOT / "systemd" / "gpulayerd-system.service"
 REPO_DAEMON_PLIST = REPO_ROOT / "launchd" / "io.gpulayer.gpulayerd.system.plist"
 

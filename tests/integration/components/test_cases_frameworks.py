@@ -32,7 +32,7 @@ from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import EnvironmentModel, JobSpec, SpecError, job_spec_from_mapping
 from tests.fakes.envs import make_env
 
-CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
+CASES = Path(__file__).resolve().parents[2] / "data" / "cases"
 
 
 def case(name: str) -> dict[str, Any]:

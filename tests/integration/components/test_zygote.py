@@ -19,7 +19,7 @@ from gpulayerd.runs import layout
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner, RunnerError, RunState
 from gpulayerd.runs.zygote import ZygoteLaunch, ZygoteRefused, check_run_dir
-from tests.unit.test_runner import (
+from tests.integration.components.test_runner import (
     GRACE_S,
     POLL_S,
     _kill_leftovers,

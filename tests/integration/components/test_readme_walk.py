@@ -187,7 +187,7 @@ def test_devices_says_mig_parents_and_lost_gpus_are_not_scheduled_and_mig_names_
         tmp_path: Path) -> None:
     from gpulayerd.cli.render import render_capabilities
     from tests.fakes.nvidia_recorded import LOST_AMONG_ROWS, MIG_BOX, MIG_UUIDS
-    from tests.unit.test_hardware_truth import probe, worker_of
+    from tests.integration.components.test_hardware_truth import probe, worker_of
 
     caps, _ = worker_of(probe(tmp_path / "a", MIG_BOX)[0])
     out = render_capabilities(caps)

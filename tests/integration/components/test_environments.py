@@ -20,7 +20,7 @@ from gpulayerd.gpu.environments import EnvironmentProber, default_interpreter
 from gpulayerd.gpu.probe_report import snapshot_from_report
 from tests.fakes.envs import add_dists, make_env
 
-CASES = Path(__file__).resolve().parents[1] / "data" / "cases"
+CASES = Path(__file__).resolve().parents[2] / "data" / "cases"
 PROBE_TIMEOUT_S = 60.0
 
 

@@ -22,7 +22,7 @@ from gpulayerd.gpu.environments import TORCH_PENDING_NOTE, EnvironmentProber
 from gpulayerd.models import SubmitRequest
 from tests.fakes.daemons import W1, Lab
 from tests.fakes.envs import fake_torch, make_env
-from tests.unit.test_environments import counting_interpreter, starts
+from tests.integration.components.test_environments import counting_interpreter, starts
 
 PROBE_TIMEOUT_S = 60.0
 LAND_TIMEOUT_S = 60.0  # a limit on a condition wait, not a timing assert

@@ -10,7 +10,7 @@ import pytest
 
 from gpulayerd import cli
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_tui_without_the_package_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch,

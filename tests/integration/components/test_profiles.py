@@ -24,7 +24,7 @@ from gpulayerd.models import SubmitRequest
 from tests.fakes.daemons import Lab, d
 from tests.fakes.envs import make_env
 
-WORKERS = sorted((Path(__file__).resolve().parents[1] / "data" / "workers").glob("*.json"))
+WORKERS = sorted((Path(__file__).resolve().parents[2] / "data" / "workers").glob("*.json"))
 SHIPPED = load_profiles([SHIPPED_PROFILES])
 
 
@@ -43,7 +43,7 @@ def test_shipped_profiles_are_documented_and_valid() -> None:
     assert p.items() == {"frameworks.torch": "==2.4.*", "python": ">=3.8", "cuda_runtime": "==12.4",
                          "min_driver_version": "525.60.13", "os": "linux"}
     assert all(p.description for p in SHIPPED.values())
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert "gpulayer profiles" in readme and "profiles.toml" in readme
 
 
