@@ -59,6 +59,8 @@ def test_gpulayer_tui_shows_a_waiting_jobs_reason_at_80x24_and_quits(real_daemon
                                                                      tmux: list[str]) -> None:
     # a job holding all 4 CPU slots, and one behind it that waits: "Busy: cpu slots 0 free of 4 …"
     holder = submit(real_daemon, "--name", "holder", "--nproc", "4", "--", "sleep", "120")
+    # (it may wait a moment for the environment's torch check: the waiting job must come after it runs)
+    real_daemon.wait_status(holder, {"running"}, timeout_s=60.0)
     waiting = submit(real_daemon, "--name", "in-tmux", "--", "true")
     try:
         command = f"{tool('gpulayer')} --state-dir {real_daemon.state_dir} tui"
