@@ -281,7 +281,7 @@ async def start_peer_site(app: web.Application, host: str, port: int, context: s
     is not done within ``handshake_timeout_s`` seconds is closed, and connections over
     ``limits`` (default: 512 in total, 64 per remote address) are reset as they are accepted;
     ``max_connection_s`` (None: no limit) bounds how long any one connection stays open; a connection
-    whose certificate names a node ``is_revoked`` reports revoked is closed once its handshake is done.
+    whose certificate names a node ``is_revoked`` reports revoked never holds a member's slot.
 
     Returns:
         The runner (``await runner.cleanup()`` stops it) and the bound port.

@@ -29,8 +29,9 @@ class _Authenticating(asyncio.Protocol):
     """aiohttp's request handler, told to the listener when its TLS handshake ended with a client
     certificate (asyncio calls ``connection_made`` once the handshake is done): the connection then
     keeps its slot (:meth:`~gpulayerd.net.limits.LimitedListener.authenticated`) - unless the
-    certificate names a revoked node (``is_revoked``): that connection is closed at once (its
-    certificate still verifies against the CA; it must not hold a member's slot without a request)."""
+    certificate names a revoked node (``is_revoked``): that one stays a stranger's (its certificate
+    still verifies against the CA, but it must not hold a member's slot; it can be evicted, and its
+    requests are answered 403 "removed from the cluster")."""
 
     def __init__(self, inner: asyncio.Protocol, listener: LimitedListener,
                  is_revoked: Callable[[str], bool] | None) -> None:
@@ -41,16 +42,12 @@ class _Authenticating(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ssl_obj = transport.get_extra_info("ssl_object")
         sock = transport.get_extra_info("socket")
-        revoked = False
         with contextlib.suppress(OSError, ValueError, AttributeError):
             der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
-            if der and self._is_revoked is not None and self._is_revoked(peer_node_id(der)):
-                revoked = True
-            elif der and sock is not None:
+            revoked = der is not None and self._is_revoked is not None and self._is_revoked(peer_node_id(der))
+            if der and not revoked and sock is not None:
                 self._listener.authenticated(sock.fileno())
         self._inner.connection_made(transport)
-        if revoked:
-            transport.close()
 
     def data_received(self, data: bytes) -> None:
         self._inner.data_received(data)
@@ -100,8 +97,8 @@ async def start_tls_site(app: web.Application, host: str, port: int, context: ss
     A connection whose TLS handshake has not finished ``handshake_timeout_s`` seconds after it
     was accepted is closed; one over a limit of ``limits`` is reset as it is accepted; with
     ``max_connection_s``, every connection is shut down that long after it was accepted; one whose
-    client certificate names a node ``is_revoked`` says is revoked is closed once its handshake is
-    done; an idle kept-alive connection is closed after ``keepalive_timeout_s``.
+    client certificate names a node ``is_revoked`` says is revoked is never counted as a member's
+    (it can be evicted); an idle kept-alive connection is closed after ``keepalive_timeout_s``.
 
     Returns:
         The runner (``await runner.cleanup()`` stops serving) and the bound port.

@@ -298,7 +298,8 @@ def two_members(tmp_path: Path) -> tuple[Identity, Identity]:
 async def test_a_revoked_node_cannot_hold_the_peer_ports_slots(two_members: tuple[Identity, Identity]) -> None:
     """A revoked node's certificate still verifies against the CA: its connections used to finish the
     handshake, be marked authenticated (never evicted) and, sending no request, never meet the
-    revocation check; eight of them filled the total and a member was refused (issue 24 review)."""
+    revocation check; eight of them filled the total and a member was refused (issue 24 review).
+    Now they stay strangers': within the strangers' budget, evicted for a member."""
     a, b = two_members
     revoked = {b.node_id}
     limits = ConnectionLimits(total=8, per_address=8, clock=_Clock(), unauthenticated=4)
@@ -308,12 +309,13 @@ async def test_a_revoked_node_cannot_hold_the_peer_ports_slots(two_members: tupl
     held: list[asyncio.StreamWriter] = []
     try:
         for _ in range(8):
-            _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client_ssl_context(b),
-                                                           local_addr=("127.0.0.3", 0), server_hostname="x")
-            held.append(writer)
-        # Each is closed once its handshake is done, and gives its slot back.
-        assert await _until(lambda: limits.stats().open_total == 0, within_s=5.0), limits.stats()
-        assert (await _ask(a, port)).ok  # a member is answered
+            with contextlib.suppress(OSError):  # (over the strangers' budget: reset)
+                _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls.client_ssl_context(b),
+                                                          local_addr=("127.0.0.3", 0), server_hostname="x")
+                held.append(writer)
+        stats = limits.stats()
+        assert 0 < stats.open_total == stats.unauthenticated <= 4, stats  # none counted as a member's
+        assert (await _ask(a, port)).ok  # a member is answered (it takes the slot of one of them)
     finally:
         for w in held:
             w.close()
