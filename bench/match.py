@@ -286,8 +286,8 @@ def bench_hints() -> None:
     gc.collect()  # the hints' garbage is not the fit-only path's cost
     after = min(best_of(partial(explain_many, queue, workers, SUPPORT_MATRIX)))
     root = Path(__file__).resolve().parents[1] / "gpulayerd"
-    importers = [p.name for p in (root / "core" / "matching.py", root / "app" / "scheduler.py")
-                 if "core.hints" in p.read_text(encoding="utf-8")]
+    importers = [p.name for p in (root / "core" / "matching" / "evaluate.py", root / "app" / "owner" / "scheduler.py")
+                 if "core.matching.hints" in p.read_text(encoding="utf-8")]
     print(f"fit-only path (explain_many 64 workers x 1000 distinct jobs): {_ms(before)} before hints, "
           f"{_ms(after)} after ({after / before:.2f}x); modules of the fit-only path that use hints: "
           f"{', '.join(importers) or 'none'}")
