@@ -1,12 +1,15 @@
-"""The daemon's services: each one object with narrow collaborators, wired by :mod:`gpulayerd.daemon`.
+"""The daemon's services, by role: each one object with narrow collaborators passed in, built in
+dependency order by :mod:`gpulayerd.daemon`.
 
-- :mod:`.machine`: this machine's capabilities, probing, and its snapshot for the matcher.
-- :mod:`.jobs`: the jobs owned here driven through the pure claim machine (:mod:`gpulayerd.core.protocol.claims`).
-- :mod:`.owner`: submit/list/show/cancel/logs of the jobs owned here; grants and reports from workers.
-- :mod:`.scheduler`: one pass matches queued jobs and offers the rest to peers.
-- :mod:`.worker`: runs on this machine (local and for other owners), claims, renewals, reports.
-- :mod:`.gang`: gang coordinator (owner) and member (worker) of multi-host jobs.
-- :mod:`.starter`: the one routine that starts an attempt.
-- :mod:`.recovery`: re-adoption of runs after a restart.
-- :mod:`.cluster`: membership and the peer API's dispatch to the services above.
+- :mod:`.common`: what every role shares (clock, signals and the change feed, ports, names, who
+  asks, the jobs owned here, the attempt stopper, the ledger, fair-share usage, log reads, the
+  loops' supervisor).
+- :mod:`.worker`: attempts that run on this machine (the machine, accounts, environment checks,
+  the worker service, the starter, a gang member, live metrics, recovery).
+- :mod:`.owner`: jobs submitted here (the owner service, idempotent submits, profile expansion,
+  the scheduler and its helpers, gang placement, explanations).
+- :mod:`.cluster`: membership and heartbeats, trust at run time, the self-first transport.
+- :mod:`.roles`: THE role checks of the route table (peer and local routes).
+- :mod:`.remote_jobs`: any job id on any machine of the cluster.
+- :mod:`.local`: the local API's service; :mod:`.leases`: the one-second lease tick.
 """

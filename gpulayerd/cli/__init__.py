@@ -4,7 +4,10 @@ Exit codes: 0 ok, 1 failure, 2 usage error (bad flags, bad job spec, bad input f
 Every command that prints a table takes ``--json``.
 
 One module per group of subcommands (:mod:`~gpulayerd.cli.devices`, :mod:`~gpulayerd.cli.jobs`,
-:mod:`~gpulayerd.cli.cluster`, :mod:`~gpulayerd.cli.service`, :mod:`~gpulayerd.cli.tui`); each adds
+:mod:`~gpulayerd.cli.run`, :mod:`~gpulayerd.cli.users`, :mod:`~gpulayerd.cli.profiles`,
+:mod:`~gpulayerd.cli.cluster`, :mod:`~gpulayerd.cli.service`, :mod:`~gpulayerd.cli.tui`,
+:mod:`~gpulayerd.cli.completion`; helpers: :mod:`~gpulayerd.cli.http`, :mod:`~gpulayerd.cli.logs`,
+:mod:`~gpulayerd.cli.jobs_table`, :mod:`~gpulayerd.cli.render`, :mod:`~gpulayerd.cli.exits`); each adds
 its parsers and raises :class:`~gpulayerd.cli.exits.UsageError` or
 :class:`~gpulayerd.cli.exits.CommandFailed`, which :func:`main` turns into exit codes.
 

@@ -6,6 +6,10 @@ state dir is the global ``--state-dir`` (env ``GPULAYER_STATE_DIR``), else the d
 the same rule gpulayerd uses. ``cluster token`` and ``cluster remove`` write files the
 running daemon reads when it needs them (tokens at each enrollment, revocations each
 heartbeat round); after init or join, restart gpulayerd.
+
+
+(Same name as the package :mod:`gpulayerd.app.cluster`: the same idea (this machine in a cluster),
+the commands here and the service there.)
 """
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""The pure scheduling core: no I/O, no clock, no randomness. Imports only the stdlib."""
+"""The pure scheduling core: no I/O, no clock, no randomness; imports the stdlib and ``packaging``
+only. :mod:`.types`, :mod:`.verdict` and :mod:`.job_facts` (shared values), :mod:`.matching` (a job
+against a worker), :mod:`.protocol` (the claim, worker, gang and hold state machines),
+:mod:`.fairshare`, :mod:`.users`, :mod:`.reasons` and :mod:`.launch`."""

@@ -123,7 +123,7 @@ class FitState(str, enum.Enum):
 
 
 class Verdict(str, enum.Enum):
-    """The overall answer of :func:`explain`, best state over all workers."""
+    """The overall answer of :func:`~gpulayerd.core.matching.evaluate.explain`, best state over all workers."""
 
     FITS_NOW = "fits now"
     FITS_BUT_BUSY = "fits but busy"
@@ -163,7 +163,7 @@ class WorkerExplanation:
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """The answer of :func:`explain`.
+    """The answer of :func:`~gpulayerd.core.matching.evaluate.explain`.
 
     Attributes:
         job_id: the job.

@@ -2,7 +2,11 @@
 (:mod:`.atomic`), private and public directories (:mod:`.privdirs`), the one-daemon-per-machine
 lock (:mod:`.machinelock`), where the local socket lives (:mod:`.sockets`), service-manager
 notification (:mod:`.notify`), the service files for systemd and launchd (:mod:`.service_user`,
-:mod:`.service_system`) and the runtime profile files (:mod:`.profile_files`).
+:mod:`.service_system`), the runtime profile files (:mod:`.profile_files`, read as job-spec
+requirements), file locks (:mod:`.filelocks`, fcntl's one importer), what the OS says of CPUs,
+memory, interfaces and processes (:mod:`.sysinfo`, psutil's one importer) and subordinate uids
+(:mod:`.subids`).
 
-Nothing here knows jobs, peers or the store; ``app`` and the CLI use it.
+Nothing here knows peers, the store or the services; ``gpu``, ``net``, ``runs`` (its layer),
+``app`` and the CLI use it.
 """

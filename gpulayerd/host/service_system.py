@@ -1,6 +1,6 @@
 """gpulayerd in system mode, the lab install: a systemd system unit or a launchd daemon, run as root.
 
-``sudo gpulayer service install --system`` writes ``/etc/systemd/system/gpulayerd.host.service_user``
+``sudo gpulayer service install --system`` writes ``/etc/systemd/system/gpulayerd.service``
 (Linux) or ``/Library/LaunchDaemons/io.gpulayer.gpulayerd.plist`` (macOS, owned root:wheel,
 mode 0644, as launchd demands of a daemon's plist). Both run ``gpulayerd --system`` as root,
 with no ``User=``/``UserName``: the daemon starts each job as the user who submitted it.

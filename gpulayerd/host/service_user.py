@@ -3,7 +3,7 @@
 System mode (the lab install, run as root) has its own renderings in :mod:`gpulayerd.host.service_system`
 and its targets here (:func:`system_service_target`).
 
-Linux gets a systemd *user* unit (``~/.config/systemd/user/gpulayerd.host.service_user``, or under
+Linux gets a systemd *user* unit (``~/.config/systemd/user/gpulayerd.service``, or under
 ``$XDG_CONFIG_HOME``), macOS a LaunchAgent (``~/Library/LaunchAgents/io.gpulayer.gpulayerd.plist``).
 Both run this installation's ``gpulayerd`` (found next to ``sys.executable``) with the
 chosen ``--python`` interpreters, as absolute paths.
@@ -13,7 +13,7 @@ file changed by hand is told apart from one this command wrote: ``install`` and
 ``uninstall`` refuse to replace or remove a changed file without ``--force``. Nothing
 here runs ``systemctl`` or ``launchctl``. The ``gpulayer service`` commands are in
 :mod:`gpulayerd.cli.service`; this module knows nothing of the CLI.
-The repo's ``systemd/gpulayerd.host.service_user`` and ``launchd/io.gpulayer.gpulayerd.plist``
+The repo's ``systemd/gpulayerd.service`` and ``launchd/io.gpulayer.gpulayerd.plist``
 are these renderings with placeholder paths (:data:`PLACEHOLDER_GPULAYERD`,
 :data:`PLACEHOLDER_HOME`); a test keeps them in sync.
 """

@@ -1,6 +1,7 @@
 """This daemon's identity: its key, its certificate, and where the cluster files live.
 
-With :mod:`gpulayerd.net.ca`, the only modules that import ``cryptography``. Files live in
+With :mod:`gpulayerd.net.ca`, :mod:`~gpulayerd.net.enroll`, :mod:`~gpulayerd.net.joining` and
+:mod:`~gpulayerd.net.revocation`, the only modules that import ``cryptography``. Files live in
 ``<state dir>/identity/`` (directory mode 0700; every file 0600, written atomically and
 never readable by others, not even while being written):
 

@@ -1,12 +1,14 @@
 """The daemon's SQLite store: jobs it owns, their attempts and history, devices it granted.
 
 The only package that imports aiosqlite. :class:`Store` owns the one connection
-(:mod:`~gpulayerd.store.db`) and exposes one object per group of tables:
+(:mod:`~gpulayerd.store.db`; migrations in :mod:`~gpulayerd.store.schema`, row types in
+:mod:`~gpulayerd.store.rows`) and exposes one object per group of tables:
 
-- ``store.jobs`` (:class:`JobsTable`): ``jobs``, ``attempts`` and ``events``;
-- ``store.runs`` (:class:`RunsTable`): ``grants`` and ``remote_runs``;
-- ``store.peers`` (:class:`PeersTable`): ``peers``;
-- ``store.gangs`` (:class:`GangsTable`): ``gangs`` (the owner's multi-host attempts).
+- ``store.jobs`` (:class:`JobsTable`, :mod:`~gpulayerd.store.jobs`): ``jobs``, ``attempts`` and ``events``;
+- ``store.runs`` (:class:`RunsTable`, :mod:`~gpulayerd.store.runs`): ``grants`` and ``remote_runs``;
+- ``store.peers`` (:class:`PeersTable`, :mod:`~gpulayerd.store.peers`): ``peers``;
+- ``store.gangs`` (:class:`GangsTable`, :mod:`~gpulayerd.store.gangs`): ``gangs`` (the owner's
+  multi-host attempts).
 
 A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
 only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.

@@ -1,4 +1,8 @@
-"""The ``grants`` and ``remote_runs`` tables: devices this daemon granted, runs it does for others."""
+"""The ``grants`` and ``remote_runs`` tables: devices this daemon granted, runs it does for others.
+
+(Same name as the package :mod:`gpulayerd.runs`: the same idea (the attempts run on this machine),
+their rows here and their processes there.)
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gang placement (core.holds) and gang attempts (core.gang): events in, actions out.
+"""Gang placement (core.protocol.holds) and gang attempts (core.protocol.gang): events in, actions out.
 
 Worked cases first (the crash case of issue 10 among them), then two hypothesis state
 machines checked at teardown: a hold round commits on all its members or on none and

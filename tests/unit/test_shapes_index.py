@@ -1,4 +1,4 @@
-"""The incremental judgement (core.shapes.ShapeBook) and the indexed fit-only matcher (core.index)
+"""The incremental judgement (core.matching.shapes.ShapeBook) and the indexed fit-only matcher (core.matching.index)
 decide exactly what a full :func:`explain` pass decides."""
 
 from __future__ import annotations

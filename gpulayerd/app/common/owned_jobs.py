@@ -55,7 +55,7 @@ class Granted:
 
 
 class OwnedJobs:
-    """The owner's job state: rows in the store, leases in memory, decisions from ``core.claims``."""
+    """The owner's job state: rows in the store, leases in memory, decisions from ``core.protocol.claims``."""
 
     def __init__(self, *, store: Store, signals: Signals, clock: Clock, runs: RunControl | None = None) -> None:
         """``runs`` stops attempts (:class:`~gpulayerd.app.common.stopper.AttemptStopper`; None: a

@@ -432,7 +432,7 @@ class Scheduler:
         workers = [worker, *remote]  # as last observed by self.book
         waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
         offers: list[tuple[JobRow, str]] = []
-        loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.claims.choose_target)
+        loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.protocol.claims.choose_target)
         writes: list[tuple[JobRow, str, Explanation]] = []  # reasons to store, a batch at a time
         q, gang, shape_req = self._queue, self._gang, self._req
         for n, job_id in enumerate(ids):

@@ -1,4 +1,5 @@
-"""Matching a job to a worker (pure): requirements and versions, nearest-miss hints, runtime
-profiles, device shapes and indexes, runtime and CUDA-compatibility checks, and :mod:`.evaluate`,
-which puts them together (the verdict types are :mod:`gpulayerd.core.verdict`, shared with fair
-share and reasons)."""
+"""Matching a job to a worker (pure): :mod:`.requirements` and :mod:`.versions`, nearest-miss
+:mod:`.hints` (with :mod:`.hint_versions`), runtime :mod:`.profiles`, device :mod:`.shapes` and the
+fit-only :mod:`.index`, :mod:`.runtime_checks` and :mod:`.cuda_compat`, and :mod:`.evaluate`, which
+puts them together (the verdict types are :mod:`gpulayerd.core.verdict`, shared with fair share and
+reasons)."""

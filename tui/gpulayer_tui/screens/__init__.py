@@ -1,1 +1,2 @@
-"""The TUI's screens: main (Devices, Jobs, Peers), job detail, and the cancel confirmation."""
+"""The TUI's screens: main (Devices, Jobs, Peers, Environments), job detail, the cancel confirmation,
+and help (the keys)."""
