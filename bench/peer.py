@@ -9,8 +9,9 @@ Prints one line per figure with its target; asserts nothing.
   loopback network): a report from the attempt's holder and from another member (the whole
   refusal: stale, counted, logged), a claim from the worker the job was offered to (its fit
   re-judged) and from one it was not, a log read and a kill from the run's owner and from
-  another member. Target <= 0.1 ms a check (the median of many); the store-backed reads are
-  the cost.
+  another member. Target <= 0.1 ms a check (the median of many). The checks decide from what the
+  services keep in memory (the holder cache, the offer book, the spec cache, the ledger, the stored
+  runs read once): none reads SQLite per message.
 - local API during a flood (root: two hosts as network namespaces, tests/lan/harness.py):
   h2's daemon (defaults, a cluster of one) answers ``GET /v1/health`` and ``GET /v1/jobs``
   one at a time over its unix socket, p50/p99, first alone and then (spread over the
@@ -139,12 +140,12 @@ async def _authz_figures(n: int) -> list[tuple[str, float]]:
                 ("claim from a member it was not offered to (refused: the offer book; no read)",
                  lambda: check(owner_roles, "claim", member, claim.model_copy(update={"worker": W2}), False)),
                 ("claim of a job with no standing offer (one not known here, or after an owner restart; "
-                 "refused: one store read)",
+                 "refused: the holder and spec caches, no read)",
                  lambda: check(owner_roles, "claim", member, Claim(msg_id=new_msg_id(), worker=W2,
                                                                    job_id="zzzzzzzzzzzz"), False)),
                 ("logs from the run's owner (allowed; the worker's ledger, no read)",
                  lambda: check(w1_roles, "logs", its_owner, logs, True)),
-                ("logs from another member (refused: one store read, every owner of the job id here)",
+                ("logs from another member (refused: the job's stored runs, kept in memory; no read)",
                  lambda: check(w1_roles, "logs", member, logs, False)),
                 ("kill from the run's owner (allowed; the worker's ledger, no read)",
                  lambda: check(w1_roles, "kill", its_owner, kill, True)),

@@ -44,7 +44,6 @@ from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import evaluate
-from gpulayerd.core.protocol.claims import ACTIVE
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState
@@ -178,11 +177,15 @@ class PeerRoles:
         entry = self._ledger.state.runs.get((msg.job_id, msg.attempt))
         if entry is not None and entry.owner == sender.node_id:
             return None  # it runs here for the sender (its job id was bound to it when the run began)
-        stored = await self._store.runs.job_claims(msg.job_id)  # one read: every owner and run of the job here
-        other = await self._other_owner(msg.job_id, sender.node_id, stored)
+        # Every run of the job stored here (from memory after the first look: no read per message).
+        stored = await self._store.runs.stored_runs(msg.job_id)
+        for known in self._ledger.state.owners_of(msg.job_id, runs_only=True):
+            if (known or self.node_id) != sender.node_id:
+                return f"job {msg.job_id} is another owner's here ({(known or self.node_id)[:12]})"
+        other = next((owner for owner, _ in stored if owner != sender.node_id), None)
         if other is not None:
             return f"job {msg.job_id} is another owner's here ({other[:12]})"
-        if (entry is not None and entry.owner == sender.node_id) or (sender.node_id, msg.attempt) in stored:
+        if (sender.node_id, msg.attempt) in stored:
             return None
         return f"no attempt {msg.attempt} of job {msg.job_id!r} runs here for it"
 
@@ -229,16 +232,16 @@ class PeerRoles:
                 if others and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, others):
                     return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {others}'s jobs"
                 return f"job {msg.job_id} was not offered to it"
-            row = await self._jobs.get(msg.job_id)
-            if row is None:
-                return f"no job {msg.job_id} here"
-            if row.holder == sender.node_id and row.status in ACTIVE:
-                self._jobs.note_holder(row.id, row.attempt, row.holder)
-                return None  # the holder asking again, after a restart of this owner
-            user = self._jobs.spec(row).user or ""
+            # No read: the holder cache knows every active job owned here (recovery fills it at start,
+            # every grant and end keeps it), so a holder asking again was let through above; the
+            # job's user, for the words, comes from the spec cache when it is there.
+            spec = self._jobs.cached_spec(msg.job_id)
+            user = (spec.user or "") if spec is not None else ""
             if user and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, user):
                 return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {user}'s jobs"
-            return f"job {row.id} was not offered to it"
+            if held is not None:
+                return f"job {msg.job_id} was not offered to it (attempt {held[0]} is {(held[1] or '?')[:12]}'s)"
+            return f"job {msg.job_id} was not offered to it (no standing offer here)"
         # (a job that names no user runs as the user its owner is bound to: see Accounts.vet)
         if user and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, user):
             return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {user}'s jobs"

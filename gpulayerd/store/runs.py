@@ -39,6 +39,21 @@ class RunsTable:
     def __init__(self, db: Database) -> None:
         """Work through ``db``, shared with the other table objects."""
         self._db = db
+        # job -> {(owner, attempt)} of every stored remote run: read once, then kept exact here (this
+        # table is the only writer of remote_runs, whose rows are never deleted); ~100 bytes a run.
+        self._runs_of: dict[str, set[tuple[str, int]]] | None = None
+
+    async def stored_runs(self, job_id: str) -> frozenset[tuple[str, int]]:
+        """(owner, attempt) of every run of job ``job_id`` stored here for another owner (a gang
+        member's run of a job owned here has this node as owner). From memory after the first call
+        (one read of the whole table): the peer role checks ask it for every log or kill."""
+        if self._runs_of is None:
+            index: dict[str, set[tuple[str, int]]] = {}
+            for owner, job, attempt in await self._db.fetch_all("SELECT owner, job_id, attempt FROM remote_runs", ()):
+                index.setdefault(str(job), set()).add((str(owner), int(attempt)))
+            if self._runs_of is None:
+                self._runs_of = index
+        return frozenset(self._runs_of.get(job_id, ()))
 
     async def grants(self) -> list[GrantRow]:
         """Every device currently granted, by device index."""
@@ -98,6 +113,8 @@ class RunsTable:
                     INSERT_GRANT, [(u, i, a, row.job_id, row.attempt, now_wall, row.owner) for u, i, a in grants])
         except Rollback:
             return False
+        if self._runs_of is not None:
+            self._runs_of.setdefault(row.job_id, set()).add((row.owner, row.attempt))
         return True
 
     async def end_remote_run(self, owner: str, job_id: str, attempt: int, state: str, exit_code: int | None,

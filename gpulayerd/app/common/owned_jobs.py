@@ -180,8 +180,10 @@ class OwnedJobs:
     # --- holders (a cache of the active jobs' rows: the report route's role check reads it first)
 
     def holder_of(self, job_id: str) -> tuple[int, str | None] | None:
-        """(current attempt, holder) of an active job as this owner last wrote or read it; None if not
-        known here (read the store). Never the only word: the claim machine decides from the row."""
+        """(current attempt, holder) of an active job owned here; None if the job is not active here.
+        Complete for the active jobs (recovery notes them at start; grants and ends keep it), so the
+        claim role refuses without a read; never the only word for a grant: the claim machine
+        decides from the row."""
         return self._holders.get(job_id)
 
     def note_holder(self, job_id: str, attempt: int, holder: str | None) -> None:

@@ -53,6 +53,7 @@ class Recovery:
                                                    self._clock.wall())
                 continue
             self._jobs.set_lease(row.id, now + row.lease_s)
+            self._jobs.note_holder(row.id, row.attempt, row.holder)  # (the claim role's check reads no row)
             if a.worker != self.node_id:
                 continue  # runs on a peer: its lease counts as renewed now; it reports when it can
             if read_placement(a.placement_json).gang:
