@@ -14,6 +14,7 @@ from gpulayerd.core.fairshare import credible_holdings
 from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.store import SCHEMA_VERSION, JobRow, RemoteRunRow, Store
 from gpulayerd.store.schema import MIGRATIONS
+from tests.fakes.daemons import W1, Lab
 
 holdings = st.dictionaries(st.sampled_from(["alice", "bob", "carol", "root"]),
                            st.tuples(st.integers(0, 10), st.integers(0, 10)), max_size=4)
@@ -99,3 +100,45 @@ async def test_schema_5_keys_existing_grants_by_their_runs_owner(tmp_path: Path)
         assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     finally:
         con.close()
+
+
+# ------------------------------------------------------- role checks from memory (no read per message)
+
+
+@pytest.mark.asyncio
+async def test_after_an_owner_restart_the_holder_asking_again_is_let_through_from_memory(lab: Lab) -> None:
+    """The claim role reads no row: recovery notes every active job's holder, so the holder whose
+    grant reply was lost may ask again after a restart of the owner; another member may not."""
+    from gpulayerd import routes
+    from gpulayerd.net.transport import Sender
+    from gpulayerd.net.wire import Claim, new_msg_id
+    from tests.fakes.daemons import W2, d
+    from tests.unit.test_route_table import running_on_w1
+
+    job = await running_on_w1(lab)
+    owner = await lab.restart(d(lab, "owner"))
+    roles = owner.services.router._roles
+    assert owner.services.jobs.holder_of(job) == (1, W1)  # noted by recovery
+    holder, member = Sender(W1, "system", ""), Sender(W2, "system", "")
+    assert await roles.check(routes.PEER["claim"], holder, Claim(msg_id=new_msg_id(), worker=W1, job_id=job)) is None
+    why = await roles.check(routes.PEER["claim"], member, Claim(msg_id=new_msg_id(), worker=W2, job_id=job))
+    assert why is not None and "was not offered to it" in why
+
+
+@pytest.mark.asyncio
+async def test_stored_runs_are_read_once_and_kept_exact(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "w.db")
+    try:
+        def run(owner: str, job: str, attempt: int) -> RemoteRunRow:
+            return RemoteRunRow(owner=owner, job_id=job, attempt=attempt, spec_json="{}", placement_json="{}",
+                                lease_s=30.0, run_dir=f"/r/{job}/{attempt}", state="running", started_at=1.0)
+
+        assert await store.runs.insert_remote_run(run("o1", "j1", 1), [], 1.0)
+        assert await store.runs.stored_runs("j1") == {("o1", 1)}  # the first look reads the table
+        assert await store.runs.insert_remote_run(run("o1", "j1", 2), [], 2.0)  # kept in memory too
+        assert await store.runs.insert_remote_run(run("o2", "j2", 1), [], 3.0)
+        assert not await store.runs.insert_remote_run(run("o2", "j1", 3), [], 4.0)  # another owner's id: refused
+        assert await store.runs.stored_runs("j1") == {("o1", 1), ("o1", 2)}
+        assert await store.runs.stored_runs("j2") == {("o2", 1)} and await store.runs.stored_runs("none") == set()
+    finally:
+        await store.close()
