@@ -812,3 +812,16 @@ def test_random_event_sequences_keep_the_invariants(retries: int, lease_s: float
         o.validate()
     grants = [a for a in o.outbox if isinstance(a, GrantClaim)]
     assert len({(g.attempt, g.worker) for g in grants}) == len({g.attempt for g in grants})
+
+
+def test_report_event_is_the_one_mapping_of_a_workers_reports() -> None:
+    from gpulayerd.core.protocol.claims import LeaseRenewed, RunExited, RunLost, RunStarted, report_event
+
+    assert report_event("started", 2, "w1", stimulus_id="m") == RunStarted(2, "w1", "m")
+    assert report_event("renew", 2, "w1", stimulus_id="m") == LeaseRenewed(2, "w1", "m")
+    assert report_event("exited", 2, "w1", exit_code=0, reason="ignored for 0") == RunExited(2, "w1", 0, "", "")
+    assert report_event("exited", 2, "w1", exit_code=3, reason="oom") == RunExited(2, "w1", 3, "oom", "")
+    assert report_event("lost", 2, "w1" * 10, never_started=True) == RunLost(2, "w1" * 10, "lost on w1w1w1w1w1w1",
+                                                                            True, "")
+    with pytest.raises(ValueError, match="unknown report kind 'done'"):
+        report_event("done", 1, "w1")

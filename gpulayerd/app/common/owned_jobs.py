@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.signals import Signals
@@ -311,27 +311,66 @@ class OwnedJobs:
             job_id, attempt, pid, create_time, pgid, self._clock.wall(), then, kind))
 
     async def _apply_joined(self, job_id: str, event: claims.Event,
-                            write: Callable[[claims.PersistJob | None, str], Awaitable[bool]]) -> None:
+                            write: Callable[[claims.PersistJob | None, str], Awaitable[bool]], *,
+                            write_alone: bool = True) -> list[claims.Action]:
         """:meth:`apply`, with a write of the attempt (``write``) in the same transaction as the job's
         leading compare-and-set (or alone when the event changes no job row). ``write`` gets that
         PersistJob (or None) and the event kind, and returns False if the compare-and-set lost: the
-        attempt's write is kept, and the event is applied again from a fresh row."""
+        attempt's write is kept, and the event is applied again from a fresh row. Without
+        ``write_alone``, the attempt is written only with a change of the job (a peer's report on an
+        attempt that is not current, or a duplicate, writes nothing).
+
+        Returns:
+            The actions carried out (a stale report: its ReplyStale, and nothing is written).
+        """
         row = await self.get(job_id)
         actions = claims.handle(self.record(row), event, self._clock.monotonic()) if row is not None else []
+        if any(isinstance(a, claims.ReplyStale) for a in actions):
+            return actions  # refused by the claim machine: nothing is written, not even the attempt
         persist = actions[0] if actions and isinstance(actions[0], claims.PersistJob) else None
+        if not write_alone and not any(isinstance(a, claims.PersistJob) for a in actions):
+            await self.run_actions(job_id, actions)
+            return actions
         if persist is None and any(isinstance(a, claims.PersistJob) for a in actions):
             await write(None, "state")  # not the leading action: the two writes go apart
-            await self.apply(job_id, event)
-            return
+            return await self.apply(job_id, event)
         if not await write(persist, "state"):
-            await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
-            return
+            return await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
         if persist is not None:
             self._remember_holder(persist.record)
             self._signals.job_changed(job_id)
             if persist.record.status is JobStatus.QUEUED:
                 self._signals.wake()
         await self.run_actions(job_id, actions[1:] if persist is not None else actions)
+        return actions
+
+    async def reported(self, job_id: str, kind: str, attempt: int, worker: str, *, exit_code: int | None = None,
+                       reason: str = "", never_started: bool = False, stimulus_id: str = "") -> list[claims.Action]:
+        """A peer's report on an attempt of a job owned here (``kind``: started, renew, exited, lost):
+        one decision of the claim machine (:func:`~gpulayerd.core.protocol.claims.report_event`), its
+        actions carried out with the attempt row written in the same transaction as the job's.
+
+        Returns:
+            The actions carried out: a ReplyStale when the sender must stop that run (nothing written).
+        """
+        event = claims.report_event(kind, attempt, worker, exit_code=exit_code, reason=reason,
+                                    never_started=never_started, stimulus_id=stimulus_id)
+        if kind == "renew":
+            return await self.apply(job_id, event)
+        wall = self._clock.wall()
+        if kind == "started":  # (a peer's run: its processes are the peer's, none recorded here)
+            actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.mark_running(
+                job_id, attempt, 0, 0.0, 0, wall, then, k), write_alone=False)
+        else:
+            state: Literal["exited", "lost"] = "exited" if kind == "exited" else "lost"
+            actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.end_attempt(
+                job_id, attempt, state, exit_code, reason, wall, then, k), write_alone=False)
+        ended = next((a for a in actions if isinstance(a, claims.PersistJob)
+                      and a.record.status not in claims.ACTIVE), None)
+        if ended is not None:
+            self.drop_lease(job_id)
+            self._signals.wake()
+        return actions
 
     async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
                      stimulus_id: str = "", *, worker: str) -> None:

@@ -472,40 +472,16 @@ class OwnerService:
         gang_reply = await self._gangs.report(row, sender, msg)
         if gang_reply is not None:
             return gang_reply
-        event: claims.Event
-        if msg.kind == "started":
-            event = claims.RunStarted(msg.attempt, worker, msg.msg_id)
-        elif msg.kind == "renew":
-            event = claims.LeaseRenewed(msg.attempt, worker, msg.msg_id)
-        elif msg.kind == "exited":
-            event = claims.RunExited(msg.attempt, worker, msg.exit_code,
-                                     msg.reason if msg.exit_code != 0 else "", msg.msg_id)
-        else:
-            event = claims.RunLost(msg.attempt, worker, msg.reason or f"lost on {worker[:12]}", msg.never_started,
-                                   msg.msg_id)
-        # Decide first (pure), store after: a report the claim machine refuses writes nothing.
-        record = self._jobs.record(row)
-        preview = claims.handle(record, event, self._clock.monotonic())
-        stale = next((a for a in preview if isinstance(a, claims.ReplyStale)), None)
-        if stale is not None:
-            return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
-        if any(isinstance(a, claims.PersistJob) for a in preview):
-            # The holder's own report on its current attempt: the attempt row first (a restart
-            # settles a job whose attempt row ended), then the job.
-            if msg.kind in ("exited", "lost"):
-                await self._store.jobs.end_attempt(row.id, msg.attempt, msg.kind, msg.exit_code, msg.reason,
-                                                   self._clock.wall())
-            elif msg.kind == "started":
-                await self._store.jobs.mark_running(row.id, msg.attempt, 0, 0.0, 0, self._clock.wall())
-        actions = await self._jobs.apply(row.id, event)
+        # One decision of the claim machine; the attempt row and the job row written together.
+        actions = await self._jobs.reported(row.id, msg.kind, msg.attempt, worker, exit_code=msg.exit_code,
+                                            reason=msg.reason, never_started=msg.never_started,
+                                            stimulus_id=msg.msg_id)
         stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
-        if msg.kind in ("exited", "lost") and msg.attempt == record.attempt and worker == record.holder:
-            self._jobs.drop_lease(row.id)
-            self._signals.wake()
-        fresh = await self._jobs.get(row.id)
-        return RunReportReply(ok=True, current_attempt=fresh.attempt if fresh is not None else row.attempt)
+        persisted = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+        return RunReportReply(ok=True, current_attempt=persisted.record.attempt if persisted is not None
+                              else row.attempt)
 
     async def check_leases(self, grace_s: float) -> None:
         """Owner side of the lease tick: attempts whose lease ran out are lost."""

@@ -262,6 +262,25 @@ Action = PersistJob | ExtendLease | GrantClaim | DenyClaim | KillRun | ReplyStal
 # ---------------------------------------------------------------------------- handle
 
 
+def report_event(kind: str, attempt: int, worker: str, *, exit_code: int | None = None, reason: str = "",
+                 never_started: bool = False, stimulus_id: str = "") -> Event:
+    """The event a worker's report on ``attempt`` is (``kind``: ``started``, ``renew``, ``exited`` or
+    ``lost``): the one mapping of reports to the claim machine, for a peer's and this node's alike.
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if kind == "started":
+        return RunStarted(attempt, worker, stimulus_id)
+    if kind == "renew":
+        return LeaseRenewed(attempt, worker, stimulus_id)
+    if kind == "exited":
+        return RunExited(attempt, worker, exit_code, reason if exit_code != 0 else "", stimulus_id)
+    if kind == "lost":
+        return RunLost(attempt, worker, reason or f"lost on {worker[:12]}", never_started, stimulus_id)
+    raise ValueError(f"unknown report kind {kind!r} (started, renew, exited, lost)")
+
+
 def handle(job: JobRecord, event: Event, now: float) -> list[Action]:
     """Decide what ``event`` does to ``job`` at owner-monotonic time ``now``.
 
