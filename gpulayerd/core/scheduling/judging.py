@@ -1,38 +1,26 @@
-"""The scheduler's pure helpers: queue keys, frozen snapshots, peer loads, spreading offers, fair share.
-
-Used by :mod:`gpulayerd.app.owner.scheduler` (kept apart to keep that module readable); no I/O.
-"""
+"""The scheduler's judgements beside the matcher: queue keys, frozen snapshots, peer loads,
+spreading offers over peers, fair share in a waiting job's reason (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import freeze
 from gpulayerd.core.protocol.claims import WorkerLoad, choose_target
+from gpulayerd.core.scheduling.steps import Key, QueuedJob
 from gpulayerd.core.types import JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
-from gpulayerd.store import JobRow
 
-__all__ = ["CHUNK", "Key", "order_key", "others_hold_gpus", "pair_key", "peer_loads", "slim", "spread",
-           "with_fair_share", "without_paths"]
+__all__ = ["order_key", "others_hold_gpus", "pair_key", "peer_loads", "spread", "with_fair_share", "without_paths"]
 
-
-def slim(row: JobRow) -> JobRow:
-    """``row`` as the queue in memory keeps it: without the stored explanation (only writes need it)
-    and without its spec (the shape's request stands for it; a claim or an offer reads the spec,
-    :meth:`gpulayerd.app.common.owned_jobs.OwnedJobs.spec_of`)."""
-    return replace(row, explanation_json=None, spec_json="")
+# ---------------------------------------------------------------------------------------- helpers
 
 
-Key = tuple[float, float, str, str]
-CHUNK = 128  # jobs judged between two turns of the event loop (about 0.2 ms)
-
-
-def order_key(row: JobRow, user: str, scores: dict[str, float]) -> Key:
+def order_key(job: QueuedJob, user: str, scores: Mapping[str, float]) -> Key:
     """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
-    return (scores.get(user, 0.0), float(row.seq if row.seq is not None else 0), row.id, user)
+    return (scores.get(user, 0.0), float(job.seq if job.seq is not None else 0), job.id, user)
 
 
 def pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
@@ -46,7 +34,7 @@ def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable
     return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
 
 
-def peer_loads(remote: list[WorkerSnapshot]) -> dict[str, WorkerLoad]:
+def peer_loads(remote: Sequence[WorkerSnapshot]) -> dict[str, WorkerLoad]:
     """Each peer's busy CPU slots of its capacity, from its last snapshot."""
     out: dict[str, WorkerLoad] = {}
     for w in remote:
@@ -56,8 +44,7 @@ def peer_loads(remote: list[WorkerSnapshot]) -> dict[str, WorkerLoad]:
     return out
 
 
-def spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None,
-            me: str) -> Explanation:
+def spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None, me: str) -> Explanation:
     """``e`` placed on the peer :func:`gpulayerd.core.protocol.claims.choose_target` picks among the peers
     (not ``me``) that fit now, counted into ``loads``, instead of always the lowest node id."""
     rows = {r.worker: r for r in e.workers
@@ -75,8 +62,8 @@ def others_hold_gpus(req: JobRequest, worker: WorkerSnapshot) -> bool:
     return fairshare.gpus_of(req) > 0 and any(n > 0 and u != req.user for u, n in worker.gpus_held_by_user.items())
 
 
-def with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, usage: dict[str, fairshare.Usage],
-                     ahead: dict[str, None]) -> Explanation:
+def with_fair_share(e: Explanation, req: JobRequest, worker: WorkerSnapshot, usage: Mapping[str, fairshare.Usage],
+                    ahead: Mapping[str, None]) -> Explanation:
     """``e`` with a FAIR_SHARE rejection on this machine's row when the job waits here (fits, but
     busy) while a user with less usage holds a GPU here or waits ahead of it."""
     if e.verdict is not Verdict.FITS_BUT_BUSY:

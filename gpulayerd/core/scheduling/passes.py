@@ -1,0 +1,568 @@
+"""The scheduler's pass, decided: events in, actions out, the clock as an argument (no I/O).
+
+One pass matches the queued jobs owned here against this machine and the peers. In fair-share
+order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fairshare`; within one
+user, submission order): a job that fits here now is claimed here; one that fits only a peer is
+offered to the best such peer; a multi-host job goes to the gang coordinator. Identical jobs
+behind one that did not fit here are not judged again in the same walk. Then every one-host job
+still queued gets its current reason, judged against this machine as the walk left it and the
+peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
+reason changed): a short code and the deciding words (:mod:`gpulayerd.core.reasons`), e.g.
+``Busy: cpu slots 1 free of 2 on ws-1 (needs 2)``. A job that waits here while a user with less
+usage holds a device here (or waits ahead of it) says so (``FairShare: ...``).
+
+Incremental: every (shape, worker) row and every shape's explanation is kept in a
+:class:`~gpulayerd.core.matching.shapes.ShapeBook` until that worker's snapshot changes, so a
+pass re-judges only what changed; the queue is kept in fair-share order; when this machine is as
+the last pass left it, the jobs that pass left still cannot start here, so only new jobs (and
+gangs, and CPU-only jobs when only the free CPU slots changed) are walked.
+
+The machine is :class:`SchedulerCore`; one pass is the generator :meth:`SchedulerCore.run_pass`:
+it yields one :data:`Action` at a time and is sent the answer (:data:`Answer`) of each; an I/O
+error is thrown into it (``generator.throw``), which leaves it walking every job at the next
+pass. The service that carries the actions out is :class:`gpulayerd.app.owner.scheduler.Scheduler`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Generator, Hashable, Mapping, Sequence
+from dataclasses import replace
+
+from gpulayerd.core import fairshare
+from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.scheduling.judging import (
+    order_key,
+    others_hold_gpus,
+    pair_key,
+    peer_loads,
+    spread,
+    with_fair_share,
+    without_paths,
+)
+from gpulayerd.core.scheduling.steps import (
+    Action,
+    Answer,
+    Claim,
+    ClaimAnswered,
+    Count,
+    Key,
+    MachineRead,
+    Pass,
+    QueueChanges,
+    QueuedJob,
+    QueueLoaded,
+    ReadChanges,
+    ReadMachine,
+    ReadQueue,
+    SendOffer,
+    StoreReasons,
+    ToGang,
+    Yield,
+)
+from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.core.verdict import Explanation, Verdict
+
+__all__ = ["CHUNK", "REASON_BATCH", "SchedulerCore"]
+
+CHUNK = 128
+"""Jobs judged between two :class:`Yield` actions (about 0.2 ms: a long queue never holds up the API)."""
+
+REASON_BATCH = 256
+"""Reason lines written in one :class:`StoreReasons` at most while a walk is under way."""
+
+
+# ---------------------------------------------------------------------------------------- the machine
+
+
+class SchedulerCore:
+    """The scheduler's state and decisions (pure: no I/O, no clock of its own).
+
+    Args:
+        node_id: this machine's node id.
+        support: the support matrix jobs are judged with.
+        offer_interval_s: an offer to the same peer is repeated at most this often (s).
+        fair_share: whether the caller keeps a usage book (without one, submission order).
+    """
+
+    def __init__(self, node_id: str, support: SupportMatrix, *, offer_interval_s: float,
+                 fair_share: bool = True) -> None:
+        self.node_id = node_id
+        self.book = ShapeBook(support)  # kept rows and verdicts (gpulayerd.core.matching.shapes)
+        self._offer_interval_s = offer_interval_s
+        self._fair = fair_share
+        self.offered: dict[str, tuple[str, float]] = {}  # our job -> (worker, when offered)
+        # One request per requirement shape (its first queued job's): jobs of a shape are judged alike.
+        self._shape_reqs: dict[int, JobRequest] = {}
+        self._busy = True  # the last pass left something that needs the timer (see idle)
+        self._last_inputs: object = None  # peers and fair-share order the last pass saw
+        self.queue: dict[str, QueuedJob] = {}  # queued job -> as kept
+        self._event = -1  # the last event of the store applied (-1: reload)
+        self._dropped = 0  # jobs that left the queue since the kept answers were last pruned
+        self._order: tuple[object, list[Key]] | None = None  # (users' ranks, the queue's keys, sorted)
+        self._unordered: list[str] = []  # jobs added since the order was last brought up to date
+        self._workdirs: set[tuple[str | None, str | None]] | None = None  # (user, workdir) pairs to check
+        # this machine after the last walk: (frozen without paths, the same without CPU slots, it, workdirs)
+        self._settled: tuple[Hashable, Hashable, WorkerSnapshot, set[str]] | None = None
+        self._told: dict[str, Explanation] = {}  # job -> the kept explanation its stored reason came from
+        self._users: Counter[str] = Counter()  # queued jobs per user
+        self.gang: set[str] = set()  # queued multi-host jobs (walked every pass)
+        self._members: dict[int, dict[str, None]] = {}  # shape -> its queued jobs
+        self._job_sid: dict[str, int] = {}  # queued job -> its shape
+        self._shape_told: dict[int, str] = {}  # shape -> the reason line every one of its jobs has stored
+        self._cpu_shapes: dict[int, None] = {}  # queued shapes that ask for no device (they read CPU slots)
+        self._revisit: dict[int, None] = {}  # shapes whose line must be judged again at the next pass
+        self._reasons_epochs: tuple[int, int] | None = None  # the book's epochs at the last shape walk
+        # This pass cannot vouch that the jobs it did not walk still cannot start here: a job that fits
+        # was not granted, a claim took devices, or the machine changed by more than a claim did.
+        self._unsure = False
+
+    # ------------------------------------------------------------------ queries
+
+    def queued(self, job_id: str) -> bool:
+        """Whether ``job_id`` is in the kept queue (else its :class:`QueuedJob` must carry its request)."""
+        return job_id in self.queue
+
+    def request(self, job_id: str) -> JobRequest:
+        """The request of queued ``job_id``'s shape (another job's id, the same requirements).
+
+        Raises:
+            KeyError: ``job_id`` is not queued here.
+        """
+        return self._shape_reqs[self._job_sid[job_id]]
+
+    def inputs(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> object:
+        """What a pass reads that changes without a wake-up: the peers' snapshots, the users' order."""
+        order: list[str] = []
+        if usage is not None and self._users:
+            users = sorted(self._users)
+            order = [c.user for c in fairshare.order((fairshare.Candidate(u, u, 0.0) for u in users), usage)]
+        return (freeze(sorted(remote, key=lambda w: w.node_id)), tuple(order))
+
+    def idle(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> bool:
+        """True when a timer-only pass would decide nothing new: the last pass left no job waiting
+        on a cause no event reports (a missing workdir or account, a process gpulayer did not start,
+        an offer to repeat, a multi-host job, a fair-share figure that decays), and neither the
+        peers' snapshots nor the users' fair-share order changed since."""
+        return not self._busy and self.inputs(remote, usage) == self._last_inputs
+
+    # ------------------------------------------------------------------ the pass
+
+    def run_pass(self) -> Pass:
+        """One scheduling pass (a generator: see the module's doc)."""
+        new = yield from self._refresh()
+        self._busy = False
+        machine: MachineRead | None = None
+        if self.queue:
+            machine = yield from self._place(new)
+        if self._dropped > max(64, len(self.queue) // 8):  # forget the shapes only jobs gone had
+            self._dropped = 0
+            self.book.retain(r.job_id for r in self._shape_reqs.values())
+        if machine is None:
+            machine = yield from self._read_machine(local=False)
+        self._last_inputs = self.inputs(machine.remote, machine.usage)
+
+    def _read_machine(self, *, local: bool = True) -> Generator[Action, Answer, MachineRead]:
+        workdirs = tuple(sorted(self._workdirs or (), key=pair_key)) if local else ()
+        got = yield ReadMachine(workdirs, local)
+        assert isinstance(got, MachineRead)
+        return got
+
+    # ------------------------------------------------------------------ the queue
+
+    def _refresh(self) -> Generator[Action, Answer, list[str]]:
+        """Bring the kept queue up to the store (the truth): the jobs with an event since the last
+        refresh, or every queued job at the first pass or when the count of queued jobs disagrees.
+        Returns the ids new to the queue, in submission order."""
+        if self._event >= 0:
+            got = yield ReadChanges(self._event)
+            assert isinstance(got, QueueChanges)
+            new: list[str] = []
+            for job, queued in got.changed:
+                self._told.pop(job.id, None)  # its stored reason may have changed with the event
+                if queued:
+                    if job.id not in self.queue:
+                        new.append(job.id)
+                    self._add(job)
+                else:
+                    self._drop(job.id)
+            self._event = got.head
+            if len(self.queue) == got.count:
+                return sorted(new, key=lambda j: self.queue[j].seq or 0)
+        loaded = yield ReadQueue()
+        assert isinstance(loaded, QueueLoaded)
+        known = self.queue
+        self._dropped += len(known)
+        self.queue, self._users, self._told, self.gang = {}, Counter(), {}, set()
+        self._members, self._job_sid, self._shape_told = {}, {}, {}
+        self._cpu_shapes, self._revisit, self._reasons_epochs, self._shape_reqs = {}, {}, None, {}
+        for job in loaded.queued:
+            self._add(job)
+        self._event, self._order, self._settled, self._workdirs = loaded.head, None, None, None
+        self._unordered = []
+        return [job.id for job in loaded.queued if job.id not in known]
+
+    def _add(self, job: QueuedJob) -> None:
+        """Keep ``job`` (queued) in the queue.
+
+        Raises:
+            ValueError: ``job`` is new to the queue and carries no request.
+        """
+        req = job.request
+        if req is not None:
+            job = replace(job, request=None)
+        if job.id not in self.queue:
+            if req is None:
+                raise ValueError(f"queued job {job.id!r} is new to the scheduler and carries no request")
+            self._unordered.append(job.id)
+            self._users[req.user] += 1
+            if self._workdirs is not None:
+                self._workdirs.add((req.user or None, req.workdir))
+            sid = self._job_sid[job.id] = self.book.shape_of(req, keep=False)
+            if sid not in self._shape_reqs:  # the shape's first queued job: its request stands for all
+                self._shape_reqs[sid] = req
+                self.book.shape_of(req)
+                if req.gpu_count == 0:
+                    self._cpu_shapes[sid] = None
+            self._members.setdefault(sid, {})[job.id] = None
+        self.queue[job.id] = job
+        sid = self._job_sid[job.id]
+        self._shape_told.pop(sid, None)  # its stored reason may differ from its shape's
+        self._revisit[sid] = None
+
+    def _drop(self, job_id: str) -> None:
+        """``job_id`` left the queue (claimed, cancelled, ...)."""
+        job = self.queue.pop(job_id, None)
+        self._told.pop(job_id, None)
+        self.gang.discard(job_id)
+        self.offered.pop(job_id, None)
+        sid = self._job_sid.pop(job_id, None)
+        if sid is None:
+            return
+        user = self._shape_reqs[sid].user
+        members = self._members.get(sid, {})
+        members.pop(job_id, None)
+        if not members:
+            self._members.pop(sid, None)
+            self._shape_told.pop(sid, None)
+            self._cpu_shapes.pop(sid, None)
+            self._revisit.pop(sid, None)
+            self._shape_reqs.pop(sid, None)
+        if job is not None:
+            self._dropped += 1
+            self._users[user] -= 1
+            if self._users[user] <= 0:
+                del self._users[user]
+
+    def _ordered_keys(self, usage: Mapping[str, fairshare.Usage] | None) -> list[Key]:
+        """The queue's keys in fair-share order: kept sorted while the users' ranking holds (new jobs
+        inserted, jobs gone skipped: filter on the queue), re-sorted when it changes."""
+        users = self._users_key(usage)
+        q, req = self.queue, self.request
+        scores = {u: sc for sc, u in users}
+        if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
+            keys = sorted(order_key(job, req(job.id).user, scores) for job in q.values())
+            self._order = (users, keys)
+            self._workdirs = {(r.user or None, r.workdir) for r in self._shape_reqs.values()}
+        else:
+            keys = self._order[1]
+            for j in self._unordered:
+                if j in q:
+                    bisect.insort(keys, order_key(q[j], req(j).user, scores))
+        self._unordered = []
+        return keys
+
+    def _users_key(self, usage: Mapping[str, fairshare.Usage] | None) -> tuple[tuple[float, str], ...]:
+        """Each user's rank by fair-share score (equal scores, equal ranks; 0 without a usage book)."""
+        if usage is None or not self._fair:
+            return tuple((0.0, u) for u in sorted(self._users))
+        scores = {u: fairshare.score(usage, u) for u in self._users}
+        rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
+        return tuple((rank[scores[u]], u) for u in sorted(self._users))
+
+    def _fair_order(self, ids: list[str], usage: Mapping[str, fairshare.Usage] | None) -> list[str]:
+        """``ids`` (queued) in fair-share order (submission order without a usage book)."""
+        if usage is None or not self._fair:
+            return ids
+        seqs = [self.queue[j].seq for j in ids]
+        cands = [fairshare.Candidate(j, self.request(j).user, float(seq if seq is not None else i))
+                 for i, (j, seq) in enumerate(zip(ids, seqs, strict=True))]
+        return [c.job_id for c in fairshare.order(cands, usage)]
+
+    def _settled_for(self, worker: WorkerSnapshot, *, devices_only: bool = False) -> bool:
+        """Whether every job the last pass walked still cannot be placed here: this machine is as
+        that pass left it, but for the answers about paths no job of that pass has. With
+        ``devices_only``, whether every job that asks for devices still cannot: the same, but for the
+        free CPU slots too (a judgement of such a job never reads them)."""
+        if self._settled is None:
+            return False
+        frozen, dev_frozen, old, workdirs = self._settled
+        if devices_only:
+            if without_paths(worker, cpu_slots=False) != dev_frozen:
+                return False
+        elif without_paths(worker) != frozen:
+            return False
+        if (worker.existing_paths is None) != (old.existing_paths is None):
+            return False
+        changed = set((worker.existing_paths or frozenset()) ^ (old.existing_paths or frozenset()))
+        changed |= worker.unanswered_paths ^ old.unanswered_paths
+        changed |= {p for _, p in worker.denied_paths ^ old.denied_paths}
+        return not (changed & workdirs)
+
+    def _place(self, new: list[str]) -> Generator[Action, Answer, MachineRead]:
+        fast_ids = set(new)
+        self._unsure = False
+        if self._workdirs is None:
+            self._workdirs = {(r.user or None, r.workdir) for r in self._shape_reqs.values()}
+        machine = yield from self._read_machine()
+        assert machine.local is not None
+        worker, remote, usage = machine.local, list(machine.remote), machine.usage
+        self.book.observe([worker, *remote])
+        settled = self._settled_for(worker)
+        devices_settled = settled or self._settled_for(worker, devices_only=True)
+        # Set again when the walks are through: a walk that raises (a claim, a snapshot) leaves the
+        # next pass walking every job (this one took the new jobs out of "new" already).
+        self._settled = None
+        q = self.queue
+        if settled and new:
+            yield Count("scheduler_new_jobs_first")
+            # Every job the last pass left here still cannot start here: place the new ones first
+            # (in their fair-share order), before the whole queue is walked for its reasons.
+            worker, placed = yield from self._walk(self._fair_order(new, usage), worker, remote)
+            fast_ids -= placed
+        keys = self._ordered_keys(usage)
+        if devices_settled:
+            # Walk only the new jobs, gangs, and the jobs that ask for no device when the CPU slots
+            # changed (sorted by the queue's own key: no walk over the whole queue).
+            scores = {u: sc for sc, u in self._users_key(usage)}
+            few = fast_ids | (self.gang & q.keys())
+            if not settled:
+                yield Count("scheduler_cpu_only_walks")
+                few.update(j for sid in self._cpu_shapes for j in self._members.get(sid, ()))
+            ids_walked = sorted((j for j in few if j in q), key=lambda j: order_key(q[j], self.request(j).user, scores))
+        else:
+            ids_walked = [k[2] for k in keys if k[2] in q]
+        worker, _ = yield from self._walk(ids_walked, worker, remote)
+        assert self._workdirs is not None
+        self._settled = None if self._unsure else (
+            without_paths(worker), without_paths(worker, cpu_slots=False), worker,
+            {wd for _, wd in self._workdirs if wd is not None})
+        yield from self._reasons(worker, remote, usage, machine.now)
+        # After the reasons: they judged the shapes the walk skipped, at this machine's version.
+        self._busy = self._busy or self.book.volatile(worker.node_id)
+        return replace(machine, local=worker)
+
+    def _walk(self, ids: list[str], worker: WorkerSnapshot,
+              remote: list[WorkerSnapshot]) -> Generator[Action, Answer, tuple[WorkerSnapshot, set[str]]]:
+        """Claim here, in order, each queued job of ``ids`` that fits here now (multi-host jobs go to
+        the gang coordinator). Returns this machine after the claims and the ids claimed. Stops early
+        once every shape of the queue did not fit since the last claim (no later job can fit then)."""
+        blocked: set[int] = set()  # shapes that did not fit here since the last claim
+        placed: set[str] = set()
+        q = self.queue
+        for n, job_id in enumerate(ids):
+            if n % CHUNK == CHUNK - 1:
+                yield Yield()
+            job = q.get(job_id)
+            if job is None:
+                continue  # claimed earlier in this pass
+            req = self.request(job_id)
+            if req.distributed is not None and req.distributed.nnodes > 1:
+                self._busy = True  # the gang coordinator keeps its own timers
+                self.gang.add(job_id)
+                yield ToGang(job, worker)
+                continue
+            sig = self.book.shape_of(req)
+            if sig in blocked:  # an identical job did not fit: neither does this one
+                continue
+            ev = self.book.row(req, worker)  # kept until this machine's snapshot changes
+            if ev.placement is None:
+                blocked.add(sig)
+                if not self.gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
+                    break  # every queued job has a shape that did not fit: the rest would be skipped
+                continue
+            got = yield Claim(job, ev.placement)
+            assert isinstance(got, ClaimAnswered)
+            if job_id not in q:
+                continue  # gone from the queue meanwhile
+            if not got.granted or got.local is None:
+                self._unsure = True  # it fits but was not granted: the next pass walks every job again
+                continue
+            placed.add(job_id)
+            self._drop(job_id)
+            before, devices_version = worker, self.book.version(worker.node_id, devices_only=True)
+            worker = replace(got.local, existing_paths=worker.existing_paths, denied_paths=worker.denied_paths,
+                             unanswered_paths=worker.unanswered_paths, path_timeout_s=worker.path_timeout_s)
+            self.book.observe([worker, *remote])
+            # The fresh snapshot holds whatever else changed meanwhile (a run that ended, a GPU
+            # freed): the jobs this walk passed over or never walks were not judged against that.
+            # A claim of CPU slots only leaves all but the free slots as they were (the book's
+            # devices version) and frees none; anything else makes the next pass walk every job.
+            self._unsure = (self._unsure or bool(ev.placement.device_uuids)
+                            or self.book.version(worker.node_id, devices_only=True) != devices_version
+                            or (worker.cpu_slots_free or 0) > (before.cpu_slots_free or 0))
+            blocked.clear()
+        return worker, placed
+
+    def _reasons(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
+                 usage: Mapping[str, fairshare.Usage] | None, now: float) -> Generator[Action, Answer, None]:
+        """Offer each job that fits only a peer now to it; every other job records why it waits.
+
+        Judged against ``worker`` as the placing left it (after this pass's claims) and the peers'
+        last snapshots: identical jobs share one explanation (the fair-share part is each job's
+        own), and a job's reason is stored only when it changed.
+        """
+        if len(self._users) <= 1:
+            try:
+                yield from self._reasons_by_shape(worker, remote, usage or {}, now)
+            except BaseException:
+                self._shape_told.clear()  # lines marked told may not have been written
+                self._reasons_epochs = None
+                raise
+            return
+        try:
+            yield from self._reasons_by_job(worker, remote, usage or {}, now)
+        except BaseException:
+            self._told.clear()  # lines marked told may not have been written
+            raise
+
+    def _store(self, writes: list[tuple[QueuedJob, str, Explanation]]) -> Generator[Action, Answer, None]:
+        """Store ``writes`` (then kept as the jobs' reasons) and empty it."""
+        if not writes:
+            return
+        yield StoreReasons(tuple(writes))
+        for job, text, _ in writes:
+            if job.id in self.queue:
+                self.queue[job.id] = replace(job, reason=text)
+        writes.clear()
+
+    def _reasons_by_job(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
+                        usage: Mapping[str, fairshare.Usage], now: float) -> Generator[Action, Answer, None]:
+        """:meth:`_reasons` when the queue holds several users' jobs: job by job in fair-share order (who
+        waits ahead is part of each job's fair-share line)."""
+        self._shape_told.clear()  # rows written job by job below
+        self._reasons_epochs = None
+        q = self.queue
+        ids = [k[2] for k in self._ordered_keys(usage) if k[2] in q]
+        workers = [worker, *remote]  # as last observed by self.book
+        waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
+        offers: list[tuple[str, str]] = []
+        loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.protocol.claims.choose_target)
+        writes: list[tuple[QueuedJob, str, Explanation]] = []
+        for n, job_id in enumerate(ids):
+            if n % CHUNK == CHUNK - 1:
+                if len(writes) >= REASON_BATCH:
+                    yield from self._store(writes)
+                yield Yield()
+            job = q.get(job_id)
+            if job is None or job_id in self.gang:
+                continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
+            req = self.request(job_id)
+            e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
+            if e.placement is not None and e.placement.worker != self.node_id:
+                self._busy = True  # offers are repeated every offer_interval_s
+                e = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                offers.append((job_id, e.placement.worker if e.placement is not None else ""))
+            elif e.verdict is Verdict.FITS_BUT_BUSY:
+                fair = with_fair_share(e, req, worker, usage, waiting)
+                # Fair-share figures change with the clock (and a user holding GPUs here may come to pass it over).
+                self._busy = self._busy or fair is not e or others_hold_gpus(req, worker)
+                e = fair
+                waiting[req.user] = None
+                self._told.pop(job_id, None)
+            else:
+                waiting[req.user] = None
+                if self._told.get(job_id) is e:
+                    continue  # the same judgement as when its reason was stored
+                self._told[job_id] = e
+            text = self.book.reason(e)
+            if text != job.reason:
+                writes.append((job, text, e))
+        yield from self._store(writes)
+        yield from self._offers(offers, now)  # together, after the writes: a peer sees the pass's offers at once
+
+    def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
+                          usage: Mapping[str, fairshare.Usage], now: float) -> Generator[Action, Answer, None]:
+        """:meth:`_reasons` when the queue holds one user's jobs: fair share can then name nobody who
+        waits ahead, so every job of a shape gets its shape's line. Each shape is judged once; its jobs
+        are visited only when that line changed or one of them is new or had an event.
+
+        Only shapes whose line can have changed are judged: all of them when what a job that asks
+        for devices reads changed (the book's devices epoch), else the shapes that ask for no
+        device when the CPU slots changed, those with a new job or an event, and those whose line
+        the clock changes (an offer repeated, fair-share figures)."""
+        self._told.clear()  # rows written shape by shape below
+        workers = [worker, *remote]  # as last observed by self.book
+        offers: list[tuple[str, str]] = []
+        loads = peer_loads(remote)
+        writes: list[tuple[QueuedJob, str, Explanation]] = []
+        q = self.queue
+        visited = 0
+        epochs, last = self.book.epochs(), self._reasons_epochs
+        if last is None or last[1] != epochs[1]:
+            todo = list(self._members)
+        else:
+            todo = list(self._revisit)
+            if last[0] != epochs[0]:
+                todo += [sid for sid in self._cpu_shapes if sid not in self._revisit]
+            todo.sort()  # shape ids grow with first sight: the order of a walk over every shape
+        self._reasons_epochs, self._revisit = None, {}  # set again when this walk is through
+        for n, sid in enumerate(todo):
+            if n % CHUNK == CHUNK - 1:
+                yield Yield()
+            members = self._members.get(sid)
+            if not members:
+                continue
+            first = next((j for j in members if j in q), None)
+            if first is None:
+                continue
+            req = self.request(first)
+            if req.distributed is not None and req.distributed.nnodes > 1:
+                continue  # the gang coordinator's (a shape is all multi-host jobs or none)
+            e = self.book.explanation(req, workers, same_id=False)
+            if e.placement is not None and e.placement.worker != self.node_id:
+                self._busy = True  # offers are repeated every offer_interval_s
+                self._shape_told.pop(sid, None)
+                self._revisit[sid] = None
+                for job_id in list(members):
+                    job = q.get(job_id)
+                    if job is None or job_id in self.gang:
+                        continue
+                    one = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                    offers.append((job_id, one.placement.worker if one.placement else ""))
+                    text = self.book.reason(one)
+                    if text != job.reason:
+                        writes.append((job, text, one))
+                continue
+            if e.verdict is Verdict.FITS_BUT_BUSY:
+                fair = with_fair_share(e, req, worker, usage, {})
+                if fair is not e or others_hold_gpus(req, worker):
+                    self._busy = True  # fair-share figures change with the clock
+                    self._revisit[sid] = None
+                e = fair
+            text = self.book.reason(e)
+            if self._shape_told.get(sid) == text:
+                continue
+            for job_id in list(members):
+                visited += 1
+                if visited % CHUNK == 0:
+                    if len(writes) >= REASON_BATCH:
+                        yield from self._store(writes)
+                    yield Yield()
+                kept = q.get(job_id)
+                if kept is not None and job_id not in self.gang and kept.reason != text:
+                    writes.append((kept, text, e))
+            self._shape_told[sid] = text
+        yield from self._store(writes)
+        self._reasons_epochs = epochs
+        yield from self._offers(offers, now)
+
+    def _offers(self, offers: list[tuple[str, str]], now: float) -> Generator[Action, Answer, None]:
+        """Offer each job to its target, at most every ``offer_interval_s`` to the same peer."""
+        for job_id, target in offers:
+            last = self.offered.get(job_id)
+            if last is not None and last[0] == target and now - last[1] < self._offer_interval_s:
+                continue
+            self.offered[job_id] = (target, now)
+            yield SendOffer(job_id, target)
