@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -267,6 +268,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 SchedulerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 TestSchedulerPasses = SchedulerMachine.TestCase
+TestSchedulerPasses.pytestmark = [pytest.mark.slow]  # (hypothesis: 300 sequences of 40 steps, ~6 s)
 
 
 def test_a_pass_claims_what_fits_here_offers_what_fits_a_peer_and_says_why_the_rest_waits() -> None:

@@ -1,7 +1,7 @@
 """The owner role: jobs submitted to this machine. Submit, cancel, list, explain and logs
 (:mod:`.owner`), idempotent submits (:mod:`.idempotency`), profiles expanded at submit
-(:mod:`.profile_expansion`), the scheduler's pass and its helpers (:mod:`.scheduler`,
-:mod:`.placing`), gang placement (:mod:`.gang_placement`) and explanations of a job's state
+(:mod:`.profile_expansion`), the scheduler's I/O driver (:mod:`.scheduler`; its decisions are
+:mod:`gpulayerd.core.scheduling`), gang placement (:mod:`.gang_placement`) and explanations of a job's state
 (:mod:`.explainer`).
 
 May use ``app.worker`` (a job owned here can run here) and ``app.common``; ``app.worker`` never

@@ -98,11 +98,13 @@ class Scheduler:
         answer: core.Answer = None
         failure: BaseException | None = None
         while True:
+            thrown, failure = failure, None
             try:
-                action = steps.throw(failure) if failure is not None else steps.send(answer)
+                action = steps.throw(thrown) if thrown is not None else steps.send(answer)
             except StopIteration:
                 break
-            failure = None
+            finally:
+                thrown = None  # an error that leaves the pass keeps no reference to this frame
             try:
                 answer = await self._carry_out(action)
             except BaseException as e:  # thrown into the pass: it forgets what it cannot vouch for
@@ -144,7 +146,7 @@ class Scheduler:
         """Claim a job that fits here now through the worker; this machine afresh when granted."""
         row = await self._jobs.get(action.job.id)
         if row is None or row.status is not JobStatus.QUEUED:
-            return core.ClaimAnswered(False)  # gone from the queue meanwhile
+            return core.ClaimAnswered(False, gone=True)  # cancelled or claimed meanwhile
         if not await self._worker.claim_local(row, self._jobs.spec(row), action.placement):
             return core.ClaimAnswered(False)
         return core.ClaimAnswered(True, await self._machine.snapshot(refresh_apps=False))

@@ -384,8 +384,8 @@ class SchedulerCore:
                 continue
             got = yield Claim(job, ev.placement)
             assert isinstance(got, ClaimAnswered)
-            if job_id not in q:
-                continue  # gone from the queue meanwhile
+            if got.gone:
+                continue  # cancelled or claimed meanwhile: its event drops it at the next refresh
             if not got.granted or got.local is None:
                 self._unsure = True  # it fits but was not granted: the next pass walks every job again
                 continue

@@ -150,10 +150,12 @@ class MachineRead:
 
 @dataclass(frozen=True, slots=True)
 class ClaimAnswered:
-    """The answer to :class:`Claim`: ``granted``, and this machine after it (``local``, when granted)."""
+    """The answer to :class:`Claim`: ``granted``, and this machine after it (``local``, when granted);
+    ``gone``: not granted because the job left the queue meanwhile (nothing else is in doubt)."""
 
     granted: bool
     local: WorkerSnapshot | None = None
+    gone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
