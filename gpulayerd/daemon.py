@@ -419,8 +419,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     names = Names(node_id, hostname, node)
     # This node's own messages to itself go through the same dispatcher, as its certificate names it.
     transport = SelfFirstTransport(Sender(node_id, machine.accounts.mode, machine.accounts.user), node, router)
-    stopper = AttemptStopper(node_id=node_id, ledger=ledger, runner=runner, transport=transport, signals=signals)
-    jobs = OwnedJobs(store=store, signals=signals, clock=clock, runs=stopper)
+    stopper = AttemptStopper(node_id=node_id, transport=transport, signals=signals)
+    jobs = OwnedJobs(store=store, signals=signals, clock=clock, runs=stopper, node_id=node_id)
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
                            signals=signals, clock=clock, usage=usage)
@@ -437,7 +437,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
                              names=names, requesters=requesters, time_limit_s=min(3.0, config.peer_timeout_s))
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
-                      requesters=requesters, support=support, clock=clock, names=names)
+                      requesters=requesters, support=support, clock=clock, names=names,
+                      own=lambda: machine.snapshot(refresh_apps=False))
     router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
                                cluster=cluster), roles)
 

@@ -32,6 +32,8 @@ The roles (see :class:`gpulayerd.routes.Role` for their words):
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from pydantic import BaseModel
 
 from gpulayerd import routes
@@ -44,7 +46,7 @@ from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import evaluate
-from gpulayerd.core.types import SupportMatrix
+from gpulayerd.core.types import SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState
 from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob
@@ -99,11 +101,12 @@ class PeerRoles:
         support: the support matrix (the fit of a claimer).
         clock: monotonic time (offers stand for a while).
         names: node ids -> host names, for the refusals' words.
+        own: this machine's snapshot now (the fit of this node's own claims; None: not known).
     """
 
     def __init__(self, *, node_id: str, store: Store, jobs: OwnedJobs, gangs: GangCoordinator, ledger: Ledger,
                  directory: Directory | None, requesters: Requesters, support: SupportMatrix, clock: Clock,
-                 names: Names | None = None) -> None:
+                 names: Names | None = None, own: Callable[[], Awaitable[WorkerSnapshot]] | None = None) -> None:
         self.node_id = node_id
         self._store = store
         self._jobs = jobs
@@ -114,6 +117,7 @@ class PeerRoles:
         self._support = support
         self._clock = clock
         self._names = names
+        self._own = own
 
     def _name(self, node_id: str) -> str:
         name = self._names.name_of(node_id) if self._names is not None else None
@@ -168,7 +172,11 @@ class PeerRoles:
             h = self._ledger.state.holds.get(msg.hold_id)
             if h is not None and (h.owner != sender.node_id or h.job_id != msg.job_id):
                 return f"hold {msg.hold_id} is another owner's or another job's"
-        other = await self._other_owner(msg.job_id, sender.node_id, runs_only=True)
+        # This node's own offer: its job is owned here, so only a peer's run stored under the same
+        # id can bind it to another owner (from memory; a peer's offer reads every claim of the id).
+        own: list[tuple[str, int | None]] | None = [(o, a) for o, a in await self._store.runs.stored_runs(
+            msg.job_id)] if sender.node_id == self.node_id else None
+        other = await self._other_owner(msg.job_id, sender.node_id, own, runs_only=True)
         if other is not None:
             return f"job id {msg.job_id} is another owner's here ({other[:12]})"
         return None
@@ -245,7 +253,10 @@ class PeerRoles:
         # (a job that names no user runs as the user its owner is bound to: see Accounts.vet)
         if user and sender.mode != SYSTEM and not vouches(sender.mode, sender.user, user):
             return f"it is {sender.user or 'nobody'}'s personal-mode node: it may not run {user}'s jobs"
-        snapshot = self._directory.snapshot_of(sender.node_id) if self._directory is not None else None
+        if sender.node_id == self.node_id:  # this node's own claim: judged on this machine as it is now
+            snapshot = await self._own() if self._own is not None else None
+        else:
+            snapshot = self._directory.snapshot_of(sender.node_id) if self._directory is not None else None
         if snapshot is None:
             return "its capabilities are not known here"
         spec = self._jobs.cached_spec(msg.job_id) or await self._jobs.spec_of(msg.job_id)

@@ -10,10 +10,11 @@ device grants in that transaction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -234,6 +235,7 @@ class JobsTable:
         run_dir: str,
         now_wall: float,
         kind: str = "state",
+        history: Sequence[tuple[str, float, str]] = (),
     ) -> bool:
         """Grant a claim: the queued→claimed compare-and-set, its attempt row and its devices.
 
@@ -246,6 +248,9 @@ class JobsTable:
             grants: (device_uuid, device_index, accelerator) of every device granted.
             run_dir: where the attempt's logs go.
             now_wall: wall-clock time of the grant.
+            kind: the grant's event kind (the queued→claimed change).
+            history: (kind, wall-clock time, words) of events that led to it (the offer, the
+                claim), written before the grant's own event, in the same transaction.
 
         Returns:
             False, writing nothing, if the job was no longer as expected or any of the
@@ -257,30 +262,58 @@ class JobsTable:
         rec = action.record
         if rec.status is not JobStatus.CLAIMED:
             raise ValueError(f"claim() needs a PersistJob to 'claimed', not {rec.status.value!r}")
-        uuids = [uuid for uuid, _index, _accelerator in grants]
-        if len(set(uuids)) != len(uuids):
-            logger.warning("job_id=%s: claim lists a device twice: %s", rec.job_id, uuids)
-            return False
         taken: list[str] = []
-
-        def grant(db: sqlite3.Connection) -> None:
-            if uuids:
-                taken.extend(str(r[0]) for r in db.execute(SELECT_GRANTED, (json.dumps(uuids),)).fetchall())
-                if taken:
-                    raise Rollback
-            _cas(db, action, now_wall, kind)
-            db.execute(_INSERT_ATTEMPT, (rec.job_id, rec.attempt, worker, placement_json, run_dir))
-            db.executemany(INSERT_GRANT,
-                           [(uuid, index, acc, rec.job_id, rec.attempt, now_wall, "") for uuid, index, acc in grants])
-
         try:
-            await self._db.run(grant)  # one hop to the store's thread
+            await self._db.run(lambda db: _write_claim(db, action, worker, placement_json, grants, run_dir,
+                                                       now_wall, kind, history, taken))  # one hop
         except Rollback:
-            if taken:
-                logger.info("job_id=%s stimulus_id=%s: claim refused, devices already granted: %s",
-                            rec.job_id, action.stimulus_id, ", ".join(taken))
             return False
         return True
+
+    async def claim_decided(
+        self,
+        job_id: str,
+        decide: Callable[[JobRow], Sequence[object]],
+        worker: str,
+        placement_json: str,
+        grants: Sequence[tuple[str, int, str]],
+        run_dir_of: Callable[[int], str] | None,
+        now_wall: float,
+        kind: str = "state",
+        history: Sequence[tuple[str, float, str]] = (),
+    ) -> tuple[JobRow | None, Sequence[object], bool]:
+        """Read job ``job_id``, decide its claim and write it (as :meth:`claim`), in one transaction:
+        no compare-and-set can lose to a change between the read and the write.
+
+        Args:
+            decide: the claim machine's actions for the row read (pure: it runs on the store's thread).
+            run_dir_of: the run directory of the attempt decided, when it runs here.
+
+        Returns:
+            (the row read, None if no such job; the actions decided; whether the grant was written:
+            False when the actions hold no claim to write, or a device is already granted).
+        """
+        out: list[object] = [None, (), False]
+
+        def txn(db: sqlite3.Connection) -> None:
+            rows = db.execute(_GET_JOB, (job_id,)).fetchall()
+            if not rows:
+                return
+            row = job_row(rows[0])
+            actions = decide(row)
+            out[0], out[1] = row, actions
+            action = actions[0] if actions and isinstance(actions[0], PersistJob) else None
+            if action is None or action.record.status is not JobStatus.CLAIMED:
+                return
+            run_dir = run_dir_of(action.record.attempt) if run_dir_of is not None else ""
+            _write_claim(db, action, worker, placement_json, grants, run_dir, now_wall, kind, history, [])
+            out[2] = True
+
+        with contextlib.suppress(Rollback):
+            await self._db.run(txn)  # one hop to the store's thread
+        row, actions, written = out
+        return (row if isinstance(row, JobRow) else None), actions if isinstance(actions, (list, tuple)) else (), \
+            bool(written)
 
     async def set_explanation(self, job_id: str, reason: str, explanation_json: str | None) -> None:
         """Refresh a waiting job's one-line reason and explanation (no event, no status change).
@@ -507,3 +540,33 @@ def _cas(db: sqlite3.Connection, action: PersistJob, now_wall: float, kind: str)
     if action.reason:  # always, through apply(); claim() passes the claim's reason
         db.execute(_INSERT_EVENT, event_params(rec.job_id, now_wall, kind, action.expect_status, rec.status,
                                                rec.attempt, action.reason, action.stimulus_id)).fetchall()
+
+
+def _write_claim(db: sqlite3.Connection, action: PersistJob, worker: str, placement_json: str,
+                 grants: Sequence[tuple[str, int, str]], run_dir: str, now_wall: float, kind: str,
+                 history: Sequence[tuple[str, float, str]], taken: list[str]) -> None:
+    """The writes of a granted claim in the caller's transaction (store thread): its history events,
+    the compare-and-set, the attempt row and the device grants.
+
+    Raises:
+        Rollback: the job was no longer as expected, a device is listed twice or already granted
+            (its uuids are added to ``taken``).
+    """
+    rec = action.record
+    uuids = [uuid for uuid, _index, _accelerator in grants]
+    if len(set(uuids)) != len(uuids):
+        logger.warning("job_id=%s: claim lists a device twice: %s", rec.job_id, uuids)
+        raise Rollback
+    if uuids:
+        taken.extend(str(r[0]) for r in db.execute(SELECT_GRANTED, (json.dumps(uuids),)).fetchall())
+        if taken:
+            logger.info("job_id=%s stimulus_id=%s: claim refused, devices already granted: %s",
+                        rec.job_id, action.stimulus_id, ", ".join(taken))
+            raise Rollback
+    for h_kind, at, words in history:
+        db.execute(_INSERT_EVENT, event_params(rec.job_id, at, h_kind, JobStatus.QUEUED, JobStatus.QUEUED,
+                                               rec.attempt, words, action.stimulus_id)).fetchall()
+    _cas(db, action, now_wall, kind)
+    db.execute(_INSERT_ATTEMPT, (rec.job_id, rec.attempt, worker, placement_json, run_dir))
+    db.executemany(INSERT_GRANT,
+                   [(uuid, index, acc, rec.job_id, rec.attempt, now_wall, "") for uuid, index, acc in grants])

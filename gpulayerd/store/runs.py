@@ -7,6 +7,7 @@ their rows here and their processes there.)
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,26 +92,26 @@ class RunsTable:
             one owner's job on a worker, so its run directory and logs are that owner's alone.
         """
         uuids = [uuid for uuid, _i, _a in grants]
+
+        def insert(db: sqlite3.Connection) -> None:
+            if uuids and db.execute(SELECT_GRANTED, (json.dumps(uuids),)).fetchall():
+                raise Rollback
+            if db.execute("SELECT 1 FROM remote_runs WHERE owner = ? AND job_id = ? AND attempt = ?",
+                          (row.owner, row.job_id, row.attempt)).fetchall():
+                raise Rollback
+            owners = {str(r[0]) for r in db.execute(_JOB_OWNERS, (row.job_id, row.job_id, row.job_id)).fetchall()}
+            if owners - {row.owner, "" if row.owner == node_id else row.owner}:
+                raise Rollback
+            db.execute(
+                "INSERT INTO remote_runs (owner, job_id, attempt, spec_json, placement_json, lease_s, "
+                "run_dir, state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.owner, row.job_id, row.attempt, row.spec_json, row.placement_json, row.lease_s,
+                 row.run_dir, row.state, row.started_at))
+            db.executemany(INSERT_GRANT,
+                           [(u, i, a, row.job_id, row.attempt, now_wall, row.owner) for u, i, a in grants])
+
         try:
-            async with self._db.transaction() as db:
-                if uuids and await db.execute_fetchall(SELECT_GRANTED, (json.dumps(uuids),)):
-                    raise Rollback
-                known = await db.execute_fetchall(
-                    "SELECT 1 FROM remote_runs WHERE owner = ? AND job_id = ? AND attempt = ?",
-                    (row.owner, row.job_id, row.attempt))
-                if known:
-                    raise Rollback
-                owners = {str(r[0]) for r in await db.execute_fetchall(
-                    _JOB_OWNERS, (row.job_id, row.job_id, row.job_id))}
-                if owners - {row.owner, "" if row.owner == node_id else row.owner}:
-                    raise Rollback
-                await db.execute(
-                    "INSERT INTO remote_runs (owner, job_id, attempt, spec_json, placement_json, lease_s, "
-                    "run_dir, state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row.owner, row.job_id, row.attempt, row.spec_json, row.placement_json, row.lease_s,
-                     row.run_dir, row.state, row.started_at))
-                await db.executemany(
-                    INSERT_GRANT, [(u, i, a, row.job_id, row.attempt, now_wall, row.owner) for u, i, a in grants])
+            await self._db.run(insert)  # one hop to the store's thread
         except Rollback:
             return False
         if self._runs_of is not None:
@@ -120,18 +121,28 @@ class RunsTable:
     async def end_remote_run(self, owner: str, job_id: str, attempt: int, state: str, exit_code: int | None,
                              reason: str, now_wall: float) -> None:
         """Record how a remote attempt ended and release its devices (idempotent)."""
-        async with self._db.transaction() as db:
-            await db.execute(
+
+        def end(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE remote_runs SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
                 "WHERE owner = ? AND job_id = ? AND attempt = ? AND state NOT IN ('exited', 'lost')",
                 (state, exit_code, reason, now_wall, owner, job_id, attempt))
-            await db.execute(RELEASE_GRANTS, (owner, job_id, attempt))
+            db.execute(RELEASE_GRANTS, (owner, job_id, attempt))
+
+        await self._db.run(end)  # one hop to the store's thread
 
     async def mark_remote_reported(self, owner: str, job_id: str, attempt: int) -> None:
         """The owner acknowledged the end of this attempt."""
-        await self._db.write_one(
-            "UPDATE remote_runs SET reported = 1 WHERE owner = ? AND job_id = ? AND attempt = ?",
-            (owner, job_id, attempt))
+        await self.mark_remote_reported_many([(owner, job_id, attempt)])
+
+    async def mark_remote_reported_many(self, acked: Sequence[tuple[str, str, int]]) -> None:
+        """The owners acknowledged the ends of these (owner, job, attempt), in one transaction."""
+        rows = list(acked)
+
+        def mark(db: sqlite3.Connection) -> None:
+            db.executemany("UPDATE remote_runs SET reported = 1 WHERE owner = ? AND job_id = ? AND attempt = ?", rows)
+
+        await self._db.run(mark)  # one hop to the store's thread
 
     async def remote_runs(self, *, active: bool | None = None, unreported: bool = False) -> list[RemoteRunRow]:
         """Remote attempts: ``active`` True for running ones, False for ended ones."""

@@ -50,15 +50,15 @@ async def test_a_claim_that_raises_does_not_leave_the_new_jobs_unwalked(tmp_path
         a = await _submit(lab, d, (0, 1, {}), "a")  # fits now
         await lab.settle()
         worker = d.services.worker
-        real = worker.claim_local
+        real = worker.claim_own
 
-        async def boom(row, spec, placement):  # type: ignore[no-untyped-def]
+        async def boom(job_id, spec, placement):  # type: ignore[no-untyped-def]
             raise OSError("transient")
 
-        worker.claim_local = boom  # type: ignore[method-assign]
+        worker.claim_own = boom  # type: ignore[method-assign]
         with pytest.raises(OSError):
             await d.services.scheduler.run_once()  # the supervisor restarts the loop
-        worker.claim_local = real  # type: ignore[method-assign]
+        worker.claim_own = real  # type: ignore[method-assign]
         for _ in range(3):
             await lab.schedule()
         row = await d.store.jobs.get_job(a)

@@ -93,14 +93,20 @@ async def test_owned_jobs_start_and_exit_cost_one_commit_each(store: Store, monk
 
 
 async def _count_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the jobs read from the store: alone, or in a claim's own transaction."""
     reads: list[str] = []
-    get = store.jobs.get_job
+    get, decided = store.jobs.get_job, store.jobs.claim_decided
 
     async def counted(job_id: str) -> JobRow | None:
         reads.append(job_id)
         return await get(job_id)
 
+    async def counted_claim(job_id: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(job_id)
+        return await decided(job_id, *args, **kwargs)
+
     monkeypatch.setattr(store.jobs, "get_job", counted)
+    monkeypatch.setattr(store.jobs, "claim_decided", counted_claim)
     return reads
 
 

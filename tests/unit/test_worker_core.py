@@ -33,7 +33,6 @@ from gpulayerd.core.protocol.worker import (
     KeepHold,
     KillAsked,
     KillRun,
-    LocalClaimed,
     OfferFits,
     OfferReceived,
     OfferRejected,
@@ -44,7 +43,6 @@ from gpulayerd.core.protocol.worker import (
     RefuseHold,
     RefuseKill,
     RenewalAnswered,
-    RenewLocal,
     ReportAnswered,
     ReportOwed,
     RoundEnded,
@@ -53,7 +51,6 @@ from gpulayerd.core.protocol.worker import (
     SendClaim,
     SendRenewals,
     SendReport,
-    StartLocal,
     StartRun,
     Tick,
     WorkerState,
@@ -222,33 +219,34 @@ def test_a_bad_offer_is_dropped(w: Worker) -> None:
     assert w.feed(OfferRejected(A, "j1")) == [DropOffer(A, "j1", "bad offer")]
 
 
-# ------------------------------------------------------------------ local runs
+# ------------------------------------------------------------------ this node's own jobs
 
 
-def test_a_local_claim_for_a_held_device_must_not_start(w: Worker) -> None:
+ME = "owner-me"  # this worker's own node id: a job owned here is offered, claimed and renewed as a peer's
+
+
+def test_an_own_jobs_claim_for_a_held_device_waits_as_a_peers_does(w: Worker) -> None:
     w.feed(HoldPlaced("h1", A, "g1", G0, 10.0))
-    assert w.feed(LocalClaimed(("j9", 1), 30.0, G0)) == []
-    assert w.feed(LocalClaimed(("j9", 1), 30.0, G1)) == [StartLocal(("j9", 1))]
+    w.feed(OfferReceived(ME, "j9"))
+    assert w.feed(OfferFits(ME, "j9", G0)) == []  # kept: claimed when the device is free here
+    assert w.feed(OfferFits(ME, "j9", G1)) == [SendClaim(ME, "j9", G1)]
 
 
-def test_local_runs_renew_at_once_and_peer_runs_in_one_round_per_owner(w: Worker) -> None:
-    w.feed(LocalClaimed(("loc", 1), 30.0, G1))
-    w.feed(RunStarted(("loc", 1), None, 30.0))
+def test_runs_renew_in_one_round_per_owner_this_node_included(w: Worker) -> None:
+    granted_run(w, ME, "loc", devices=G1)
     granted_run(w, A, "j1")
     granted_run(w, A, "j2", devices=frozenset())
     granted_run(w, B, "j3", devices=frozenset())
     acts = w.feed(Tick(), 101.0)
-    assert acts == [RenewLocal(("loc", 1)), SendRenewals(A, (("j1", 1), ("j2", 1)), ()),
-                    SendRenewals(B, (("j3", 1),), ())]
-    # A is frozen: its round stays in flight; B answers and gets its next round.
+    assert acts == [SendRenewals(A, (("j1", 1), ("j2", 1)), ()), SendRenewals(B, (("j3", 1),), ()),
+                    SendRenewals(ME, (("loc", 1),), ())]
+    # A is frozen: its round stays in flight; B and this node answer and get their next round.
     w.feed(RenewalAnswered(("j3", 1), "ok", 101.0), 102.0)
     w.feed(RoundEnded(B))
-    assert w.feed(Tick(), 103.0) == [RenewLocal(("loc", 1)), SendRenewals(B, (("j3", 1),), ())]
+    w.feed(RoundEnded(ME))
+    assert w.feed(Tick(), 103.0) == [SendRenewals(B, (("j3", 1),), ()), SendRenewals(ME, (("loc", 1),), ())]
     assert w.state.runs[("j3", 1)].deadline == 131.0
     assert w.state.runs[("j1", 1)].deadline == 130.0  # unanswered: it stays
-
-
-# ------------------------------------------------------------------ renewals
 
 
 def test_an_answered_renewal_moves_the_deadline_forward_only(w: Worker) -> None:
@@ -323,7 +321,7 @@ def test_only_the_owner_may_kill_a_running_attempt(w: Worker) -> None:
 
 # ------------------------------------------------------------------ state machine
 
-OWNERS = st.sampled_from([A, B])
+OWNERS = st.sampled_from([A, B, ME])
 JOBS = st.sampled_from(["j1", "j2", "j3"])
 DEVICES = st.frozensets(st.sampled_from(["GPU-0", "GPU-1", "GPU-2"]), max_size=2)
 
@@ -377,19 +375,14 @@ class WorkerMachine(RuleBasedStateMachine):
             self.attempts += 1
         self._feed(ClaimAnswered(owner, job, outcome, max(self.attempts, 1), 30.0))  # type: ignore[arg-type]
 
-    @rule(devices=DEVICES)
-    def local_claim(self, devices: frozenset[str]) -> None:
-        self.attempts += 1
-        self._feed(LocalClaimed((f"loc{self.attempts}", 1), 20.0, devices))
-
     @precondition(lambda self: any(not r.running for r in self.w.state.runs.values()))
     @rule(data=st.data())
     def start(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(sorted(k for k, r in self.w.state.runs.items() if not r.running)))
         self._feed(RunStarted(key, self.w.state.runs[key].owner, self.w.state.runs[key].lease_s))
 
-    @rule(owner=st.one_of(st.none(), OWNERS))
-    def adopt(self, owner: str | None) -> None:
+    @rule(owner=OWNERS)
+    def adopt(self, owner: str) -> None:
         self.attempts += 1
         self._feed(RunStarted((f"adopted{self.attempts}", 1), owner, 30.0))
 
@@ -417,8 +410,6 @@ class WorkerMachine(RuleBasedStateMachine):
             if isinstance(a, SendRenewals):
                 for k in a.runs:
                     self.sent_at[k] = self.w.now
-            elif isinstance(a, RenewLocal):
-                self.sent_at[a.key] = self.w.now
 
     @precondition(lambda self: bool(self.sent_at))
     @rule(data=st.data(), answer=st.sampled_from(["ok", "stale", "none"]))

@@ -59,14 +59,13 @@ class RunEntry:
 
     Attributes:
         handle: its watchdog and process group.
-        owner: node id of the job's owner when we run it for a peer (or for our own gang
-            member role); None when this daemon owns the job and runs it locally.
+        owner: node id of the job's owner (this daemon's own for a job owned here).
         lease_s: the lease the owner granted, seconds (renewals move the deadline by it).
         cpu_slots: CPU slots it takes; gpu: True if it runs on accelerators.
     """
 
     handle: RunHandle
-    owner: str | None
+    owner: str
     lease_s: float
     cpu_slots: int
     gpu: bool
@@ -117,7 +116,7 @@ class Ledger:
         self._starting[key] = cpu_slots_of(spec)
         self._users[key] = _holding_of(spec)
 
-    def started(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float) -> None:
+    def started(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str, lease_s: float) -> None:
         """An attempt runs here now (or was re-adopted after a restart)."""
         self._starting.pop(key, None)
         self._users[key] = _holding_of(spec)
@@ -179,8 +178,12 @@ class Ledger:
         return self._holds.pop(hold_id, None)
 
     def held_devices(self) -> dict[str, str]:
-        """Device uuid -> ``"<job> (held)"`` for every device a hold reserves."""
-        return {u: f"{h.job_id} (held)" for h in self._holds.values() for u in h.placement.device_uuids if u}
+        """Device uuid -> the job that has it here before the store's grants say so: ``"<job>"`` for
+        a claim in flight or a granted attempt not yet started, ``"<job> (held)"`` for a hold."""
+        out = {u: job for (_, job), o in self._state.offers.items() for u in (o.claiming or ())}
+        out.update((u, job) for (job, _), r in self._state.runs.items() for u in r.devices)
+        out.update((u, f"{h.job_id} (held)") for h in self._holds.values() for u in h.placement.device_uuids if u)
+        return out
 
     # --- fair share
 

@@ -9,6 +9,7 @@ leases count as renewed at restart).
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from gpulayerd.core.protocol.worker import OFFER_KEPT_S
 from gpulayerd.errors import AmbiguousJob, NoSuchJob
 from gpulayerd.models import JobSpec
 from gpulayerd.models.stored import spec_of
+from gpulayerd.net.wire import Offer, new_msg_id
 from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
 
 __all__ = ["OFFER_STANDING_S", "SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
@@ -54,21 +56,46 @@ class Granted:
     fresh: bool
 
 
+def _record(row: JobRow, lease: float | None) -> JobRecord:
+    """The claim machine's view of ``row`` with the lease this owner keeps for it (see :meth:`OwnedJobs.record`)."""
+    rec = row.record()
+    return replace(rec, lease_expires_at=lease) if rec.status in claims.ACTIVE and lease else rec
+
+
+def _decide_claim(row: JobRow, *, lease: float | None, event: claims.ClaimRequested, now: float) -> list[claims.Action]:
+    """The claim machine's actions for ``event`` on ``row`` (pure: it runs on the store's thread)."""
+    return claims.handle(_record(row, lease), event, now)
+
+
+def _granted(actions: Sequence[object]) -> tuple[claims.PersistJob | None, claims.GrantClaim | None]:
+    """The PersistJob and GrantClaim of a claim's actions (None for each one missing)."""
+    persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+    grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
+    return persist, grant
+
+
 class OwnedJobs:
     """The owner's job state: rows in the store, leases in memory, decisions from ``core.protocol.claims``."""
 
-    def __init__(self, *, store: Store, signals: Signals, clock: Clock, runs: RunControl | None = None) -> None:
+    def __init__(self, *, store: Store, signals: Signals, clock: Clock, runs: RunControl | None = None,
+                 node_id: str = "") -> None:
         """``runs`` stops attempts (:class:`~gpulayerd.app.common.stopper.AttemptStopper`; None: a
-        ``KillRun`` is only recorded, for tests of the bookkeeping alone)."""
+        ``KillRun`` is only recorded, for tests of the bookkeeping alone); ``node_id``: this owner
+        (named in its offers)."""
+        self._node_id = node_id
         self._store = store
         self._signals = signals
         self._clock = clock
         self._leases: dict[str, float] = {}  # job -> owner-monotonic lease end
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # least recently used first
         self._runs = runs
-        self._offers: dict[tuple[str, str], tuple[float, str]] = {}  # (job, worker) -> (when offered, job's user)
+        # (job, worker) -> (when offered, job's user, when offered in wall-clock s: the history's)
+        self._offers: dict[tuple[str, str], tuple[float, str, float]] = {}
         self._offered_jobs: dict[str, tuple[float, str]] = {}  # job -> (its latest offer, its user)
         self._holders: dict[str, tuple[int, str | None]] = {}  # active job -> (attempt, holder), a cache
+        # Active job -> its row as this owner last read or wrote it: reports are decided from it without
+        # a read (the compare-and-set of every write catches a stale one, and a fresh read follows).
+        self._active: dict[str, JobRow] = {}
 
     # --- reading
 
@@ -91,7 +118,17 @@ class OwnedJobs:
 
     async def get(self, job_id: str) -> JobRow | None:
         """The job ``job_id`` (exact), or None."""
-        return await self._store.jobs.get_job(job_id)
+        row = await self._store.jobs.get_job(job_id)
+        if row is not None and row.status in claims.ACTIVE:
+            self._active[job_id] = row
+        return row
+
+    async def current(self, job_id: str) -> JobRow | None:
+        """The job ``job_id`` as this owner last read or wrote it while it is claimed or running (no
+        read), else as stored: for a decision whose write is a compare-and-set (a stale row loses
+        it, and the decision is taken again from a fresh read)."""
+        kept = self._active.get(job_id)
+        return kept if kept is not None else await self.get(job_id)
 
     def spec(self, row: JobRow) -> JobSpec:
         """The job's spec, parsed from the stored JSON; the :data:`SPEC_CACHE_SIZE` most recently used
@@ -122,17 +159,25 @@ class OwnedJobs:
 
     def record(self, row: JobRow) -> JobRecord:
         """The claim machine's view of ``row``, with the lease as this owner keeps it."""
-        rec = row.record()
-        lease = self._leases.get(row.id)
-        return replace(rec, lease_expires_at=lease) if rec.status in claims.ACTIVE and lease else rec
+        return _record(row, self._leases.get(row.id))
 
     # --- offers
+
+    def make_offer(self, job_id: str, spec: JobSpec, worker: str) -> Offer:
+        """The offer of queued job ``job_id`` (its ``spec``) to ``worker`` (this node's own included),
+        noted as made now (:meth:`offered`): the spec without environment values (tokens go only
+        with the grant, to the worker that runs the job)."""
+        offered = spec.model_dump(mode="json")
+        offered["env"] = dict.fromkeys(spec.env, "")
+        self.offered(job_id, worker, spec.user or "")  # before the send: it may claim before it answers
+        return Offer(msg_id=new_msg_id(), owner=self._node_id, job_id=job_id, spec=offered,
+                     lease_s=spec.policy.lease_s)
 
     def offered(self, job_id: str, worker: str, user: str = "") -> None:
         """This owner offers job ``job_id`` (of ``user``) to ``worker`` now (it may claim it while the
         offer stands)."""
         now = self._clock.monotonic()
-        self._offers[(job_id, worker)] = (now, user)
+        self._offers[(job_id, worker)] = (now, user, self._clock.wall())
         self._offered_jobs[job_id] = (now, user)
         if len(self._offers) > MAX_OFFERS_KEPT:
             self._offers = {k: v for k, v in self._offers.items() if now - v[0] <= OFFER_STANDING_S}
@@ -206,11 +251,20 @@ class OwnedJobs:
                                                        self._clock.wall())
                 self._leases.pop(job_id, None)
 
-    def _remember_holder(self, rec: JobRecord) -> None:
+    def _remember_holder(self, rec: JobRecord, row: JobRow | None = None, reason: str = "") -> None:
+        """Note the job as a successful write left it (``row``: the row it was decided from)."""
         if rec.status in claims.ACTIVE:
             self._holders[rec.job_id] = (rec.attempt, rec.holder)
+            base = row if row is not None else self._active.get(rec.job_id)
+            if base is None:
+                return
+            self._active[rec.job_id] = replace(
+                base, status=rec.status, attempt=rec.attempt, holder=rec.holder, retries_left=rec.retries_left,
+                lease_expires_at=rec.lease_expires_at, cancel_requested=rec.cancel_requested,
+                reason=reason or base.reason)
         else:
             self._holders.pop(rec.job_id, None)
+            self._active.pop(rec.job_id, None)
 
     # --- deciding
 
@@ -220,8 +274,9 @@ class OwnedJobs:
             if isinstance(action, claims.PersistJob):
                 same = action.record.status is action.expect_status
                 if not await self._store.jobs.apply(action, self._clock.wall(), kind=kind if same else "state"):
+                    self._active.pop(job_id, None)  # decided from a stale row: the retry reads it afresh
                     return False
-                self._remember_holder(action.record)
+                self._remember_holder(action.record, reason=action.reason)
                 self._signals.job_changed(job_id)
                 if action.record.status is JobStatus.QUEUED:
                     self._signals.wake()
@@ -234,14 +289,19 @@ class OwnedJobs:
                                               remote=isinstance(action, claims.KillRun))
         return True
 
-    async def apply(self, job_id: str, event: claims.Event, kind: str = "state") -> list[claims.Action]:
+    async def apply(self, job_id: str, event: claims.Event, kind: str = "state",
+                    row: JobRow | None = None) -> list[claims.Action]:
         """Feed ``event`` to the job's claim machine until its actions are carried out (5 tries).
+
+        ``row``: the job as the caller just read it, decided from first without a read (a
+        compare-and-set that lost reads again).
 
         Returns:
             The actions carried out (empty if the job is gone or nothing changed).
         """
+        given = row
         for _ in range(5):
-            row = await self.get(job_id)
+            row, given = (given, None) if given is not None else (await self.get(job_id), None)
             if row is None:
                 return []
             actions = claims.handle(self.record(row), event, self._clock.monotonic())
@@ -267,28 +327,41 @@ class OwnedJobs:
         Returns:
             :class:`Granted`, or the reason of the refusal.
         """
+        event = claims.ClaimRequested(worker, stimulus_id)
+        offer = self._offers.get((job_id, worker))
         seen = row
         for _ in range(tries + (seen is not None)):
-            given = seen is not None
-            row, seen = (seen, None) if given else (await self.get(job_id), None)
-            if row is None:
-                return "no such job"
-            now = self._clock.monotonic()
-            actions = claims.handle(self.record(row), claims.ClaimRequested(worker, stimulus_id), now)
-            persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
-            grant = next((a for a in actions if isinstance(a, claims.GrantClaim)), None)
-            if given and (grant is None or persist is None):
-                continue  # anything but a new grant is decided from a fresh read
-            if grant is None:
-                deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
-                return deny.reason if deny else "denied"
-            if persist is None:  # the holder asked again: the same grant
-                return Granted(grant.attempt, grant.lease_s, fresh=False)
-            run_dir = run_dir_of(grant.attempt) if run_dir_of is not None else ""
-            if await self._store.jobs.claim(persist, worker, placement_json, list(grants), run_dir,
-                                            self._clock.wall()):
+            now, wall = self._clock.monotonic(), self._clock.wall()
+            # The history of a grant, for a peer and this node alike: the offer, the claim, the grant.
+            history = [("offer", offer[2], f"offered to {worker}")] if offer is not None else []
+            history.append(("claim", wall, f"claimed by {worker}"))
+            if seen is not None:
+                row, seen = seen, None
+                actions: Sequence[object] = claims.handle(self.record(row), event, now)
+                persist, grant = _granted(actions)
+                if grant is None or persist is None:
+                    continue  # anything but a new grant is decided from a fresh read
+                run_dir = run_dir_of(grant.attempt) if run_dir_of is not None else ""
+                written = await self._store.jobs.claim(persist, worker, placement_json, list(grants), run_dir, wall,
+                                                       kind="grant", history=history)
+            else:
+                # (the lease read here: the decision runs on the store's thread)
+                decide = functools.partial(_decide_claim, lease=self._leases.get(job_id), event=event, now=now)
+                read, actions, written = await self._store.jobs.claim_decided(
+                    job_id, decide, worker, placement_json, list(grants), run_dir_of, wall, kind="grant",
+                    history=history)
+                if read is None:
+                    return "no such job"
+                row = read
+                persist, grant = _granted(actions)
+                if grant is None:
+                    deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
+                    return deny.reason if deny else "denied"
+                if persist is None:  # the holder asked again: the same grant
+                    return Granted(grant.attempt, grant.lease_s, fresh=False)
+            if written and persist is not None and grant is not None:
                 self._leases[job_id] = now + row.lease_s
-                self._remember_holder(persist.record)
+                self._remember_holder(persist.record, row, persist.reason)
                 self._signals.job_changed(job_id)
                 return Granted(grant.attempt, grant.lease_s, fresh=True)
         return "the job changed meanwhile"
@@ -312,7 +385,7 @@ class OwnedJobs:
 
     async def _apply_joined(self, job_id: str, event: claims.Event,
                             write: Callable[[claims.PersistJob | None, str], Awaitable[bool]], *,
-                            write_alone: bool = True) -> list[claims.Action]:
+                            write_alone: bool = True, row: JobRow | None = None) -> list[claims.Action]:
         """:meth:`apply`, with a write of the attempt (``write``) in the same transaction as the job's
         leading compare-and-set (or alone when the event changes no job row). ``write`` gets that
         PersistJob (or None) and the event kind, and returns False if the compare-and-set lost: the
@@ -320,10 +393,14 @@ class OwnedJobs:
         ``write_alone``, the attempt is written only with a change of the job (a peer's report on an
         attempt that is not current, or a duplicate, writes nothing).
 
+        ``row``: the job as the caller just read it (decided from without a read; the
+        compare-and-set catches a stale one, and the event is then applied from a fresh read).
+
         Returns:
             The actions carried out (a stale report: its ReplyStale, and nothing is written).
         """
-        row = await self.get(job_id)
+        if row is None:
+            row = await self.get(job_id)
         actions = claims.handle(self.record(row), event, self._clock.monotonic()) if row is not None else []
         if any(isinstance(a, claims.ReplyStale) for a in actions):
             return actions  # refused by the claim machine: nothing is written, not even the attempt
@@ -335,9 +412,10 @@ class OwnedJobs:
             await write(None, "state")  # not the leading action: the two writes go apart
             return await self.apply(job_id, event)
         if not await write(persist, "state"):
+            self._active.pop(job_id, None)  # decided from a stale row: the retry reads it afresh
             return await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
         if persist is not None:
-            self._remember_holder(persist.record)
+            self._remember_holder(persist.record, row, persist.reason)
             self._signals.job_changed(job_id)
             if persist.record.status is JobStatus.QUEUED:
                 self._signals.wake()
@@ -345,26 +423,28 @@ class OwnedJobs:
         return actions
 
     async def reported(self, job_id: str, kind: str, attempt: int, worker: str, *, exit_code: int | None = None,
-                       reason: str = "", never_started: bool = False, stimulus_id: str = "") -> list[claims.Action]:
+                       reason: str = "", never_started: bool = False, stimulus_id: str = "",
+                       row: JobRow | None = None) -> list[claims.Action]:
         """A peer's report on an attempt of a job owned here (``kind``: started, renew, exited, lost):
         one decision of the claim machine (:func:`~gpulayerd.core.protocol.claims.report_event`), its
         actions carried out with the attempt row written in the same transaction as the job's.
 
         Returns:
             The actions carried out: a ReplyStale when the sender must stop that run (nothing written).
+            ``row``: the job as the caller just read it (see :meth:`_apply_joined`).
         """
         event = claims.report_event(kind, attempt, worker, exit_code=exit_code, reason=reason,
                                     never_started=never_started, stimulus_id=stimulus_id)
         if kind == "renew":
-            return await self.apply(job_id, event)
+            return await self.apply(job_id, event, row=row)
         wall = self._clock.wall()
         if kind == "started":  # (a peer's run: its processes are the peer's, none recorded here)
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.mark_running(
-                job_id, attempt, 0, 0.0, 0, wall, then, k), write_alone=False)
+                job_id, attempt, 0, 0.0, 0, wall, then, k), write_alone=False, row=row)
         else:
             state: Literal["exited", "lost"] = "exited" if kind == "exited" else "lost"
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.end_attempt(
-                job_id, attempt, state, exit_code, reason, wall, then, k), write_alone=False)
+                job_id, attempt, state, exit_code, reason, wall, then, k), write_alone=False, row=row)
         ended = next((a for a in actions if isinstance(a, claims.PersistJob)
                       and a.record.status not in claims.ACTIVE), None)
         if ended is not None:

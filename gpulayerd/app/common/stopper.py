@@ -4,15 +4,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from gpulayerd.app.common.ledger import Ledger
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.errors import PeerCallError
 from gpulayerd.net.transport import KILL, PeerTransport
 from gpulayerd.net.wire import Kill, new_msg_id
-from gpulayerd.runs.runner import Runner
 
 __all__ = ["AttemptStopper"]
 
@@ -20,22 +17,17 @@ log = logging.getLogger(__name__)
 
 
 class AttemptStopper:
-    """Stops attempts of jobs owned here: a run of this machine through its watchdog, a run on a
-    peer with a ``kill`` message.
+    """Stops attempts of jobs owned here with a ``kill`` message to the worker that runs them (this
+    node's own worker through the self-first transport: the same route and role check).
 
     Args:
         node_id: this node.
-        ledger: what runs here (a run of a job owned here has no peer owner).
-        runner: the watchdogs.
         transport: the peer API.
         signals: where background sends are spawned.
     """
 
-    def __init__(self, *, node_id: str, ledger: Ledger, runner: Runner, transport: PeerTransport,
-                 signals: Signals) -> None:
+    def __init__(self, *, node_id: str, transport: PeerTransport, signals: Signals) -> None:
         self.node_id = node_id
-        self._ledger = ledger
-        self._runner = runner
         self._transport = transport
         self._signals = signals
 
@@ -44,12 +36,10 @@ class AttemptStopper:
 
         Without ``remote`` (a stale reply to ``worker``), only an attempt that ``worker`` runs
         is stopped: a run here is stopped only when ``worker`` is this node, so that a
-        peer's stale (or forged) report about an attempt running here never kills it.
+        peer's stale (or forged) report about an attempt running here never kills it (a peer
+        that reports stale attempts of its own is answered "stale" and stops them itself).
         """
-        entry = self._ledger.get((job_id, attempt))
-        if entry is not None and entry.owner is None and (remote or worker == self.node_id):
-            await asyncio.to_thread(self._runner.cancel, entry.handle)
-        elif remote and worker and worker != self.node_id:
+        if worker and (remote or worker == self.node_id):
             self._signals.spawn(self._send_kill(worker, job_id, attempt, reason))
 
     async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:

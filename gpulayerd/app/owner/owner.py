@@ -445,18 +445,20 @@ class OwnerService:
         """Peer route ``claim`` (role: a worker the job was offered to, that fits it and may run its
         user's jobs): the compare-and-set, then GRANT (with the spec, environment values included:
         the sender runs it) or DENY."""
-        worker = sender.node_id
-        row = await self._jobs.get(msg.job_id)
-        if row is None:
-            return ClaimReply(granted=False, reason="no such job")
-        granted = await self._jobs.grant(row.id, worker, msg.msg_id, dump_placement(msg.placement, worker))
+        worker, job_id = sender.node_id, msg.job_id
+        # Where its logs go, when the claimer is this machine (shown with the attempt).
+        here = (lambda n: str(self._starter.run_dir(job_id, n))) if worker == self.node_id else None
+        # Read, decided and written in one transaction of the store.
+        granted = await self._jobs.grant(job_id, worker, msg.msg_id, dump_placement(msg.placement, worker),
+                                         run_dir_of=here)
         if not isinstance(granted, Granted):
             self._signals.stats["claim_requests_denied"] += 1
             return ClaimReply(granted=False, reason=granted)
         if granted.fresh:
             self._signals.stats["claim_requests_granted"] += 1
+        spec = await self._jobs.spec_of(job_id)  # (cached: parsed at submit)
         return ClaimReply(granted=True, attempt=granted.attempt, lease_s=granted.lease_s,
-                          spec=self._jobs.spec(row).model_dump(mode="json"))
+                          spec=spec.model_dump(mode="json") if spec is not None else None)
 
     async def report(self, sender: Sender, msg: RunReport) -> RunReportReply:
         """Peer route ``report`` (role: the holder of the attempt, or of an earlier one): a worker
@@ -466,7 +468,7 @@ class OwnerService:
         (the sender stops that run), and then nothing is stored.
         """
         worker = sender.node_id
-        row = await self._jobs.get(msg.job_id)
+        row = await self._jobs.current(msg.job_id)  # (kept while active: decided without a read)
         if row is None:
             return RunReportReply(ok=False, stale=True)
         gang_reply = await self._gangs.report(row, sender, msg)
@@ -475,7 +477,7 @@ class OwnerService:
         # One decision of the claim machine; the attempt row and the job row written together.
         actions = await self._jobs.reported(row.id, msg.kind, msg.attempt, worker, exit_code=msg.exit_code,
                                             reason=msg.reason, never_started=msg.never_started,
-                                            stimulus_id=msg.msg_id)
+                                            stimulus_id=msg.msg_id, row=row)
         stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)

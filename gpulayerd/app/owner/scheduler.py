@@ -31,7 +31,6 @@ from gpulayerd.core.verdict import Explanation
 from gpulayerd.errors import PeerCallError
 from gpulayerd.models import ExplanationModel
 from gpulayerd.net.transport import OFFER, PeerTransport
-from gpulayerd.net.wire import Offer, new_msg_id
 from gpulayerd.store import JobRow, Store
 
 __all__ = ["Scheduler"]
@@ -143,11 +142,12 @@ class Scheduler:
         return core.Resume()
 
     async def _claim(self, action: core.Claim) -> core.ClaimAnswered:
-        """Claim a job that fits here now through the worker; this machine afresh when granted."""
-        row = await self._jobs.get(action.job.id)
-        if row is None or row.status is not JobStatus.QUEUED:
-            return core.ClaimAnswered(False, gone=True)  # cancelled or claimed meanwhile
-        if not await self._worker.claim_local(row, self._jobs.spec(row), action.placement):
+        """Offer a job that fits here now to this node and claim it (:meth:`WorkerService.claim_own`:
+        the same messages as a peer's); this machine afresh when granted."""
+        spec = await self._jobs.spec_of(action.job.id)  # (cached: no read)
+        if spec is None:
+            return core.ClaimAnswered(False, gone=True)  # removed meanwhile
+        if not await self._worker.claim_own(action.job.id, spec, action.placement):
             return core.ClaimAnswered(False)
         return core.ClaimAnswered(True, await self._machine.snapshot(refresh_apps=False))
 
@@ -163,13 +163,8 @@ class Scheduler:
         row = await self._jobs.get(job_id)
         if row is None or row.status is not JobStatus.QUEUED:
             return  # claimed meanwhile: never offer a job that is no longer queued
-        spec = self._jobs.spec(row)
-        # Environment values (tokens) go only with the grant, to the worker that runs the job.
-        offered = spec.model_dump(mode="json")
-        offered["env"] = dict.fromkeys(spec.env, "")
-        offer = Offer(msg_id=new_msg_id(), owner=self.node_id, job_id=row.id, spec=offered, lease_s=row.lease_s)
+        offer = self._jobs.make_offer(row.id, self._jobs.spec(row), worker)
         self._signals.stats["offers_sent"] += 1
-        self._jobs.offered(row.id, worker, spec.user or "")  # before the send: it may claim before it answers
         try:
             await self._transport.call(worker, OFFER, offer)
         except PeerCallError as e:

@@ -1,8 +1,10 @@
 """After a restart: re-adopt the runs whose watchdog lives, account for the rest.
 
 Persisted leases count as renewed at restart (the owner gives every active attempt a
-full lease from now). A run whose watchdog never started is given up for good and
-its attempt is lost (never started: re-queued for free).
+full lease from now). Every run on this machine, of a job owned here or a peer's, is
+re-adopted from its run row (``remote_runs``) and reported to its owner as at its start. A
+run whose watchdog never started is given up for good and its attempt is lost (never
+started: re-queued for free); so is an attempt granted here that never got its run row.
 """
 
 from __future__ import annotations
@@ -54,44 +56,30 @@ class Recovery:
                 continue
             self._jobs.set_lease(row.id, now + row.lease_s)
             self._jobs.note_holder(row.id, row.attempt, row.holder)  # (the claim role's check reads no row)
-            if a.worker != self.node_id:
-                continue  # runs on a peer: its lease counts as renewed now; it reports when it can
-            if read_placement(a.placement_json).gang:
-                continue  # a gang's attempt: GangCoordinator.recover resumes it
-            handle = await self._adopt_or_give_up(a.run_dir)
-            if handle is None:
+            if a.worker != self.node_id or read_placement(a.placement_json).gang:
+                continue  # runs on a peer (its lease counts as renewed now), or a gang's (GangCoordinator.recover)
+            # It runs here: the worker side re-adopts it from its run row (below) and reports to this
+            # owner as any worker does; granted here but never given a run row, it never started.
+            if await self._store.runs.remote_run(self.node_id, row.id, a.attempt) is None:
                 await self._jobs.lost(row.id, a.attempt, "the daemon stopped before the job started",
                                       worker=self.node_id, never_started=True, stimulus_id=f"lost-{row.id}-{a.attempt}")
-                continue
-            status = await asyncio.to_thread(self._runner.poll, handle)
-            if a.state == "claimed" and (status.running or status.exit_code is not None):
-                # The daemon died between starting the watchdog and recording it.
-                await self._store.jobs.mark_running(row.id, a.attempt, handle.watchdog_pid,
-                                                    handle.watchdog_create_time, handle.job_pgid or 0,
-                                                    self._clock.wall())
-                await self._jobs.started(row.id, a.attempt, self.node_id, f"adopt-{row.id}")
-            if status.running:
-                log.info("re-adopted job %s attempt %d (watchdog pid %d)", row.id, a.attempt, handle.watchdog_pid)
-                await self._store.jobs.add_event(row.id, "adopted", f"re-adopted after daemon restart "
-                                                 f"(watchdog pid {handle.watchdog_pid})", attempt=a.attempt,
-                                                 now_wall=self._clock.wall())
-                await asyncio.to_thread(self._runner.extend_deadline, handle, now + row.lease_s)
-                self._worker.track((row.id, a.attempt), handle, self._jobs.spec(row), None, row.lease_s)
-            else:
-                await self._worker.finished((row.id, a.attempt), status)
         await self._settle_ended_attempts()
         for r in await self._store.runs.remote_runs(active=True):
             key = (r.job_id, r.attempt)
-            handle = await asyncio.to_thread(self._runner.adopt, Path(r.run_dir))
+            handle = await self._adopt_or_give_up(r.run_dir)
             if handle is None:
-                await self._store.runs.end_remote_run(r.owner, r.job_id, r.attempt, "lost", None,
-                                                      "the daemon stopped before the job started",
-                                                      self._clock.wall())
+                await self._worker.never_started(key, r.owner, "the daemon stopped before the job started")
                 continue
             status = await asyncio.to_thread(self._runner.poll, handle)
             if status.running:
+                log.info("re-adopted job %s attempt %d of %s (watchdog pid %d)", r.job_id, r.attempt, r.owner[:12],
+                         handle.watchdog_pid)
                 await asyncio.to_thread(self._runner.extend_deadline, handle, now + r.lease_s)
-                self._worker.track(key, handle, spec_of(r.spec_json), r.owner, r.lease_s)
+                self._worker.adopt(key, handle, spec_of(r.spec_json), r.owner, r.lease_s)
+                if r.owner == self.node_id:
+                    await self._store.jobs.add_event(r.job_id, "adopted", f"re-adopted after daemon restart "
+                                                     f"(watchdog pid {handle.watchdog_pid})", attempt=r.attempt,
+                                                     now_wall=self._clock.wall())
             else:
                 await self._worker.finished(key, status, owner=r.owner)
 

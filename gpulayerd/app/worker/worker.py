@@ -1,11 +1,12 @@
-"""The worker: attempts that run on this machine, for this daemon's own jobs and for peers.
+"""The worker: attempts that run on this machine, for this daemon's own jobs and for peers alike.
 
-Local jobs: the scheduler decides, :meth:`WorkerService.claim_local` takes the device
-locks and the owner's compare-and-set, and the attempt starts in the background.
-Peers' jobs: offers are kept and claimed when they fit here now (late binding); a
-granted attempt gets its device grants in our store, runs under its watchdog, renews
-its lease (only an answered renewal moves the watchdog's deadline) and reports its end
-until the owner acknowledges it.
+Every job is offered, claimed, renewed and reported through the same messages, whoever owns it:
+a job owned here that fits here now is offered to this node itself and claimed from it
+(:meth:`WorkerService.claim_own`, through the self-first transport: the same role checks and
+handlers as a peer's); a peer's offer is kept and claimed when it fits here now (late binding). A
+granted attempt gets its run row and device grants in our store and starts in the background,
+runs under its watchdog, renews its lease (only an answered renewal moves the watchdog's
+deadline) and reports its end until the owner acknowledges it.
 
 Renewals and reports go to each owner concurrently and within a time bound, one round
 in flight per owner: an owner that does not answer (powered off, stopped) delays only
@@ -32,7 +33,7 @@ from typing import Literal
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.ledger import Ledger, RunKey
 from gpulayerd.app.common.logread import read_log
-from gpulayerd.app.common.owned_jobs import Granted, OwnedJobs
+from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals, log_failure
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
@@ -40,18 +41,17 @@ from gpulayerd.app.worker.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.fairshare import Candidate
 from gpulayerd.core.matching.evaluate import evaluate
-from gpulayerd.core.protocol import claims
 from gpulayerd.core.protocol import worker as core
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
 from gpulayerd.errors import PeerBadRequest, PeerCallError
 from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError, job_spec_from_mapping
-from gpulayerd.net.transport import CLAIM, REPORT, PeerTransport, Sender
+from gpulayerd.net.transport import CLAIM, OFFER, REPORT, PeerTransport, Sender
 from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.exitnote import retry_delays
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
-from gpulayerd.store import JobRow, RemoteRunRow, Store, StoreError
+from gpulayerd.store import RemoteRunRow, Store, StoreError
 
 __all__ = ["OFFER_KEPT_S", "ReportKind", "WorkerService"]
 
@@ -67,22 +67,39 @@ def _devices(placement: Placement) -> list[str]:
     return [u for u in placement.device_uuids if u]
 
 
-def _granted_spec(granted: dict[str, object] | None, offered: JobSpec, job_id: str) -> JobSpec:
+def _offered_spec(offer: Offer) -> JobSpec:
+    """The spec of a kept (vetted) offer.
+
+    Raises:
+        SpecError: it does not parse.
+    """
+    # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
+    return job_spec_from_mapping(offer.spec, source=f"offer of {offer.job_id}", base_dir="/")
+
+
+def _granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None) -> JobSpec:
     """The spec to run: the one the grant carries (the only message that must hold the job's
-    environment values), else the offer's; as the offer's user either way (the one vetted)."""
-    if not granted:
-        return offered
-    try:
-        spec = job_spec_from_mapping(granted, source=f"grant of {job_id}", base_dir="/")
-    except SpecError as e:
-        log.warning("job_id=%s: the grant's spec does not parse (%s); running the offered one", job_id, e)
-        return offered
-    if spec.user != offered.user:
-        if spec.user:  # (a grant that names no user is an older owner's: its offer's user was vetted)
-            log.warning("job_id=%s: the grant names user %r, the offer %r: running it as %r", job_id, spec.user,
-                        offered.user, offered.user)
-        spec = spec.model_copy(update={"user": offered.user})
-    return spec
+    environment values), else the offer's (``offered``, parsed already, or parsed now); as the
+    offer's user either way (the one vetted).
+
+    Raises:
+        SpecError: neither the grant's spec nor the offer's parses.
+    """
+    user = offer.spec.get("user")
+    vetted = user if isinstance(user, str) else ""
+    if granted:
+        try:
+            spec = job_spec_from_mapping(granted, source=f"grant of {offer.job_id}", base_dir="/")
+        except SpecError as e:
+            log.warning("job_id=%s: the grant's spec does not parse (%s); running the offered one", offer.job_id, e)
+        else:
+            if spec.user != vetted:
+                if spec.user:  # (a grant that names no user is an older owner's: its offer's user was vetted)
+                    log.warning("job_id=%s: the grant names user %r, the offer %r: running it as %r", offer.job_id,
+                                spec.user, vetted, vetted)
+                spec = spec.model_copy(update={"user": vetted})
+            return spec
+    return offered if offered is not None else _offered_spec(offer)
 
 
 class WorkerService:
@@ -108,82 +125,40 @@ class WorkerService:
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
+        self._acked: list[tuple[str, str, int]] = []  # (owner, job, attempt): end reports acknowledged, to store
 
     def _apply(self, event: core.Event) -> list[core.Action]:
         return self._ledger.apply(event, self._clock.monotonic())
 
-    # ------------------------------------------------------------- local jobs
+    # ------------------------------------------------------------- jobs owned here
 
-    async def claim_local(self, row: JobRow, spec: JobSpec, placement: Placement) -> bool:
-        """Claim a job owned here for this machine and start it in the background.
+    async def claim_own(self, job_id: str, spec: JobSpec, placement: Placement) -> bool:
+        """A job owned here that fits this machine now (``placement``, the scheduler's): offered to this
+        node and claimed from it with the same offer and claim messages as a peer's job (through the
+        self-first transport: the same role checks and handlers), then started in the background.
 
-        Claims are sequential so that each scheduling decision sees the grants before it;
-        the watchdog start (a Python start-up) runs concurrently, counted as starting in
-        the ledger until it runs.
+        Claims are sequential so that each scheduling decision sees the grants before it; the
+        watchdog start (a Python start-up) runs concurrently, counted as starting in the ledger
+        until it runs.
 
         Returns:
-            True if the attempt was granted (it starts soon), False if not (devices
-            taken by another daemon meanwhile, or the job changed).
+            True if the attempt was granted (it starts soon), False if not (the offer was refused,
+            devices taken by another daemon meanwhile, or the job changed).
         """
-        uuids = _devices(placement)
-        fds = await self._locks.async_try_acquire(uuids) if uuids else []
-        if fds is None:
-            self._signals.wake()
-            return False  # another daemon on this machine took a device meanwhile
-        placement_json = PlacementModel.from_core(placement).model_dump_json()
+        me = self.node_id
         try:
-            granted = await self._jobs.grant(
-                row.id, self.node_id, f"claim-{row.id}", placement_json, device_grants(placement),
-                run_dir_of=lambda attempt: str(self._starter.run_dir(row.id, attempt)), tries=1, row=row)
-        except BaseException:
-            self._locks.release(fds)
-            raise
-        if not isinstance(granted, Granted) or not granted.fresh:
-            self._locks.release(fds)
+            ack = await self._transport.call(me, OFFER, self._jobs.make_offer(job_id, spec, me))
+        except PeerCallError as e:
+            log.info("job_id=%s: offer to this node failed: %s", job_id, e)
             return False
-        key = (row.id, granted.attempt)
-        if not any(isinstance(a, core.StartLocal)
-                   for a in self._apply(core.LocalClaimed(key, row.lease_s, frozenset(uuids)))):
-            self._locks.release(fds)  # a device is in use here (a hold, a peer's run): nothing ran
-            await self._jobs.lost(row.id, granted.attempt, "a device was in use on this machine",
-                                  worker=self.node_id, never_started=True,
-                                  stimulus_id=f"lost-{row.id}-{granted.attempt}")
+        if not ack.ok:
+            log.info("job_id=%s: this node did not keep its own offer: %s", job_id, ack.reason)
             return False
-        self._signals.devices_changed()
-        self._ledger.starting(key, spec)
-        self._signals.spawn(self._start_local(key, spec, placement, row.lease_s, fds), name=f"start-{key}")
-        return True
-
-    async def _start_local(self, key: RunKey, spec: JobSpec, placement: Placement, lease_s: float,
-                           fds: list[int]) -> None:
-        job_id, attempt = key
-        try:
-            handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
-        except BaseException as e:
-            self._ledger.not_started(key)
-            self._apply(core.RunEnded(key, None, "exited", reason=str(e)))
-            if not isinstance(e, RunnerError):
-                raise
-            code = e.status.exit_code if e.status is not None else None
-            await self._jobs.exited(job_id, attempt, code, str(e), f"could not start: {e}", worker=self.node_id)
-            return
-        finally:
-            if fds:
-                self._locks.release(fds)
-        # The end of a short job is recorded after its start, not beside it: the two would race for
-        # the job's row and the loser would read it and write it again.
-        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.track(key, handle, spec, None, lease_s, after=recorded)
-        try:
-            await self._jobs.started(job_id, attempt, self.node_id, f"start-{job_id}-{attempt}",
-                                     run=(handle.watchdog_pid, handle.watchdog_create_time, handle.job_pgid))
-        finally:
-            if not recorded.done():
-                recorded.set_result(None)
+        return await self._consider(me, job_id, placement)
 
     # ------------------------------------------------------------- watching runs
 
-    def track(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str | None, lease_s: float,
+    def track(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str, lease_s: float,
               after: asyncio.Future[None] | None = None) -> None:
         """Count a running attempt in the ledger and watch it until it exits.
 
@@ -191,8 +166,8 @@ class WorkerService:
         the re-adoption).
 
         Args:
-            owner: the owner's node id when we run it for a peer (or a gang), None for a job owned here.
-            after: done once the start is recorded: the end is recorded only after it.
+            owner: the owner's node id (this node's for a job owned here).
+            after: done once the start is reported: the end is reported only after it.
         """
         self._apply(core.RunStarted(key, owner, lease_s))
         self._ledger.started(key, handle, spec, owner, lease_s)
@@ -200,13 +175,35 @@ class WorkerService:
         task.add_done_callback(log_failure)
         self._watchers[key] = task
 
+    def adopt(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str, lease_s: float) -> None:
+        """Watch a run re-adopted after a restart (see :meth:`track`) and tell its owner, in the
+        background, that it runs (a ``started`` report the restart may have cut off: a duplicate
+        changes nothing there); its end is reported only after that."""
+        told: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.track(key, handle, spec, owner, lease_s, after=told)
+
+        async def tell() -> None:
+            try:
+                await self.report(owner, key, "started", None, "")
+            finally:
+                if not told.done():
+                    told.set_result(None)
+
+        self._signals.spawn(tell(), name=f"adopted-{key[0]}-{key[1]}")
+
+    async def never_started(self, key: RunKey, owner: str, reason: str) -> None:
+        """A run whose watchdog never started (and now never will, after a restart): its end is
+        recorded as lost and its owner told it never started (re-queued without using a retry)."""
+        await self._store.runs.end_remote_run(owner, key[0], key[1], "lost", None, reason, self._clock.wall())
+        await self._carry_out(self._apply(core.RunEnded(key, owner, "lost", None, reason, never_started=True)))
+
     async def _watch(self, key: RunKey, handle: RunHandle, after: asyncio.Future[None] | None) -> None:
         status = await self._runner.async_wait(handle)
         if after is not None:
             await asyncio.shield(after)
         await self.finished(key, status)
 
-    async def finished(self, key: RunKey, status: RunStatus, owner: str | None = None) -> None:
+    async def finished(self, key: RunKey, status: RunStatus, owner: str = "") -> None:
         """Record the end of an attempt that ran here and tell its owner (once per attempt).
 
         A store that cannot take the end (a full disk: ``database or disk is full``) is
@@ -214,8 +211,7 @@ class WorkerService:
         is not declared lost; then a watchdog that kept the end in memory is told it may go.
 
         Args:
-            owner: for an attempt not tracked (found ended after a restart): its owner
-                when it ran for a peer, None when owned here.
+            owner: for an attempt not tracked (found ended after a restart): its owner.
         """
         job_id, attempt = key
         entry = self._ledger.ended(key)
@@ -253,40 +249,25 @@ class WorkerService:
         self._watchers.pop(key, None)
         if entry is not None and status.kept:  # only a watchdog that kept its record waits for this
             await asyncio.to_thread(self._runner.recorded, entry.handle)
-        if owner is not None:
-            await self._carry_out(actions)
+        await self._carry_out(actions)
 
-    async def _record_end(self, key: RunKey, owner: str | None, kind: Literal["exited", "lost"],
+    async def _record_end(self, key: RunKey, owner: str, kind: Literal["exited", "lost"],
                           status: RunStatus, text: str) -> None:
-        """Write an attempt's end to the store (idempotent: a retry after a failure is safe).
+        """Write an attempt's end to the store (idempotent: a retry after a failure is safe); its
+        owner is told by the report the core owes it.
 
         Raises:
             StoreError: the store cannot take it (e.g. the disk is full).
         """
         job_id, attempt = key
-        if owner is not None:
-            await self._store.runs.end_remote_run(owner, job_id, attempt, kind, status.exit_code, text,
-                                                  self._clock.wall())
-            self._signals.devices_changed()
-            self._signals.wake()
-            return
-        if kind == "lost":
-            await self._jobs.lost(job_id, attempt, text or "the job's watchdog is gone", worker=self.node_id,
-                                  stimulus_id=f"lost-{job_id}-{attempt}")
-        else:
-            # A start failure or a watchdog error says more than the bare exit code.
-            why = status.detail if status.reason in ("start_failed", "error") else ""
-            await self._jobs.exited(job_id, attempt, status.exit_code, text, why, f"exit-{job_id}-{attempt}",
-                                    worker=self.node_id)
+        await self._store.runs.end_remote_run(owner, job_id, attempt, kind, status.exit_code, text,
+                                              self._clock.wall())
         self._signals.devices_changed()
+        self._signals.wake()
 
-    async def _keep_lease(self, key: RunKey, owner: str | None, lease_s: float | None) -> None:
+    async def _keep_lease(self, key: RunKey, owner: str, lease_s: float | None) -> None:
         """While an ended attempt's end cannot be recorded, keep its lease (so it is not declared lost)."""
-        if lease_s is None:
-            return
-        if owner is None:
-            self._jobs.set_lease(key[0], self._clock.monotonic() + lease_s)
-        else:
+        if lease_s is not None:
             await self.report(owner, key, "renew", None, "")
 
     async def _carry_out(self, actions: Sequence[core.Action]) -> None:
@@ -334,7 +315,8 @@ class WorkerService:
             return Ack(ok=True, reason="already running it")  # a late duplicate offer
         self._signals.stats["offers_received"] += 1
         self._offers[(owner, msg.job_id)] = msg
-        self._signals.wake()
+        if owner != self.node_id:  # (this node's own offer is claimed at once: no pass needed)
+            self._signals.wake()
         return Ack(ok=True)
 
     async def take_offers(self) -> None:
@@ -367,39 +349,60 @@ class WorkerService:
             if isinstance(a, core.DropOffer):
                 self._offers.pop((a.owner, a.job_id), None)
 
-    async def _consider(self, owner: str, job_id: str) -> None:
-        offer = self._offers.get((owner, job_id))
+    async def _consider(self, owner: str, job_id: str, placement: Placement | None = None) -> bool:
+        """Claim the kept offer of ``owner``'s job ``job_id`` if it fits here now (``placement``: as
+        the caller judged it just now, else judged here), then start it in the background.
+
+        Returns:
+            True if a claim was granted (the attempt starts soon).
+        """
+        offer = self._offers.get((owner, job_id))  # (one's own offer is kept as a peer's is)
         if offer is None:
-            return
-        try:
-            # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
-            spec = job_spec_from_mapping(offer.spec, source=f"offer of {job_id}", base_dir="/")
-        except SpecError as e:
-            log.warning("job_id=%s: bad offer from %s: %s", job_id, owner[:12], e)
-            self._drop_offers(self._apply(core.OfferRejected(owner, job_id)))
-            return
-        req = spec.to_core(job_id)
-        worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
-        ev = evaluate(req, worker, self._support)
-        if ev.placement is None:
-            return  # keep the offer: claim it when devices free up
-        uuids = _devices(ev.placement)
+            return False
+        spec: JobSpec | None = None  # parsed only to judge it here (a placement given was judged on it)
+        if placement is None:
+            try:
+                spec = _offered_spec(offer)
+            except SpecError as e:
+                log.warning("job_id=%s: bad offer from %s: %s", job_id, owner[:12], e)
+                self._drop_offers(self._apply(core.OfferRejected(owner, job_id)))
+                return False
+            req = spec.to_core(job_id)
+            worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user, req.workdir)])
+            placement = evaluate(req, worker, self._support).placement
+            if placement is None:
+                return False  # keep the offer: claim it when devices free up
+        uuids = _devices(placement)
         fds = await self._locks.async_try_acquire(uuids) if uuids else []
         if fds is None:
-            return
+            self._signals.wake()  # another daemon on this machine took a device meanwhile
+            return False
+        handed = False
         try:
             actions = self._apply(core.OfferFits(owner, job_id, frozenset(uuids)))
             self._drop_offers(actions)
-            if any(isinstance(a, core.SendClaim) for a in actions):
-                await self._claim_remote(owner, offer, spec, ev.placement, fds)
+            if not any(isinstance(a, core.SendClaim) for a in actions):
+                return False
+            granted = await self._claim(owner, offer, spec, placement)
+            if granted is None:
+                return False
+            key, lease_s, run_spec = granted
+            self._ledger.starting(key, run_spec)  # counted before the next scheduling decision
+            self._signals.devices_changed()
+            self._signals.spawn(self._start_run(owner, key, lease_s, run_spec, placement, fds), name=f"start-{key}")
+            handed = True  # the start releases the device locks
+            return True
         finally:
-            if fds:
+            if fds and not handed:
                 self._locks.release(fds)
 
-    async def _claim_remote(self, owner: str, offer: Offer, spec: JobSpec, placement: Placement,
-                            fds: list[int]) -> None:
+    async def _claim(self, owner: str, offer: Offer, spec: JobSpec | None,
+                     placement: Placement) -> tuple[RunKey, float, JobSpec] | None:
+        """Send the claim; the attempt to start (its key, lease and the spec to run) if granted
+        (a grant whose spec cannot be run is ended at once as never started)."""
         stats = self._signals.stats
         answer = core.ClaimAnswered(owner, offer.job_id, "failed")
+        reply = None
         try:
             claim = Claim(msg_id=new_msg_id(), worker=self.node_id, job_id=offer.job_id,
                           placement=PlacementModel.from_core(placement).model_dump(mode="json"))
@@ -409,28 +412,37 @@ class WorkerService:
             except PeerCallError as e:
                 stats["claims_failed"] += 1
                 log.info("job_id=%s: claim at %s failed: %s", offer.job_id, owner[:12], e)
-                return
+                return None
             if not reply.granted:
                 stats["claims_denied"] += 1
                 log.debug("job_id=%s: claim denied by %s: %s", offer.job_id, owner[:12], reply.reason)
                 answer = core.ClaimAnswered(owner, offer.job_id, "denied")
-                return
+                return None
             stats["claims_granted"] += 1
             answer = core.ClaimAnswered(owner, offer.job_id, "granted", reply.attempt, reply.lease_s)
         finally:
             actions = self._apply(answer)  # also when cancelled: the claim is never left in flight
             self._drop_offers(actions)
-        for a in actions:
-            if isinstance(a, core.StartRun):
-                await self._start_remote(owner, a.key, a.lease_s, _granted_spec(reply.spec, spec, offer.job_id),
-                                         placement, fds)
+        start = next((a for a in actions if isinstance(a, core.StartRun)), None)
+        if start is None or reply is None:
+            return None
+        try:
+            return start.key, start.lease_s, _granted_spec(reply.spec, offer, spec)
+        except SpecError as e:
+            log.warning("job_id=%s: granted, but no spec of it runs here: %s", offer.job_id, e)
+            await self._carry_out(self._apply(core.RunEnded(start.key, owner, "lost", None,
+                                                            f"its spec does not parse here: {e}", never_started=True)))
+            return None
 
-    async def _start_remote(self, owner: str, key: RunKey, lease_s: float, spec: JobSpec, placement: Placement,
-                            fds: list[int]) -> None:
+    async def _start_run(self, owner: str, key: RunKey, lease_s: float, spec: JobSpec, placement: Placement,
+                         fds: list[int]) -> None:
+        """Start a granted attempt (counted as starting in the ledger by the caller): its run row and
+        device grants, its watchdog, then the ``started`` report to its owner (its end is reported
+        only after that). Releases the device locks ``fds`` once the watchdog holds them."""
         job_id, attempt = key
         started = False
         try:
-            if await self._store.runs.remote_run(owner, job_id, attempt):
+            if (owner, attempt) in await self._store.runs.stored_runs(job_id):  # (from memory)
                 self._apply(core.RunEnded(key, owner, "exited", report=False))
                 return  # a duplicate grant of an attempt a previous life of this daemon ran
             row = RemoteRunRow(owner=owner, job_id=job_id, attempt=attempt, spec_json=spec.model_dump_json(),
@@ -442,11 +454,9 @@ class WorkerService:
                 await self._carry_out(self._apply(core.RunEnded(key, owner, "lost", None, "devices taken meanwhile",
                                                                 never_started=True)))
                 return
-            self._ledger.starting(key, spec)
             try:
                 handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
             except RunnerError as e:
-                self._ledger.not_started(key)
                 await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", None, str(e),
                                                       self._clock.wall())
                 await self._carry_out(self._apply(core.RunEnded(key, owner, "exited", None,
@@ -454,12 +464,22 @@ class WorkerService:
                 return
             started = True
         finally:
-            if not started and key in self._ledger.state.runs:  # cancelled or failed on the way
+            if fds:
+                self._locks.release(fds)
+            if not started:
                 self._ledger.not_started(key)
-                self._apply(core.RunEnded(key, owner, "lost", report=False))
-        self.track(key, handle, spec, owner, lease_s)
+                if key in self._ledger.state.runs:  # cancelled or failed on the way
+                    self._apply(core.RunEnded(key, owner, "lost", report=False))
+        # The end of a short job is reported after its start, not beside it: the owner would
+        # otherwise decide on the two in either order.
+        reported: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.track(key, handle, spec, owner, lease_s, after=reported)
         self._signals.devices_changed()
-        await self.report(owner, key, "started", None, "")
+        try:
+            await self.report(owner, key, "started", None, "")
+        finally:
+            if not reported.done():
+                reported.set_result(None)
 
     async def report(self, owner: str, key: RunKey, kind: ReportKind, exit_code: int | None, reason: str,
                      never_started: bool = False) -> RunReportReply | None:
@@ -475,8 +495,20 @@ class WorkerService:
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
         reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started)
         if reply is not None:
-            await self._store.runs.mark_remote_reported(owed.owner, key[0], key[1])
+            # Stored with the next renewal tick, many in one write: a restart before it sends the
+            # report again, and its owner answers a duplicate as it did the first.
+            self._acked.append((owed.owner, key[0], key[1]))
         self._apply(core.ReportAnswered(key, reply is not None))
+
+    async def _store_acks(self) -> None:
+        """Store the acknowledgements of end reports received since the last call (one write)."""
+        acked, self._acked = self._acked, []
+        if acked:
+            try:
+                await self._store.runs.mark_remote_reported_many(acked)
+            except (StoreError, OSError) as e:  # (a full disk): kept for the next tick; renewals go on
+                log.info("cannot store %d acknowledged end reports yet: %s", len(acked), e)
+                self._acked[:0] = acked
 
     async def kill(self, sender: Sender, msg: Kill) -> Ack:
         """Peer route ``kill`` (role: the owner of the run): the owner stops an attempt we run for it."""
@@ -513,10 +545,11 @@ class WorkerService:
     async def renew(self) -> None:
         """Renew the lease of every attempt running here and move its watchdog's deadline.
 
-        Jobs owned here renew at once; each peer owner gets one concurrent round (its
-        renewals and owed end reports, bounded by ``2 × peer_timeout_s``), started only
-        when its previous round is over.
+        Each owner (this node for the jobs owned here) gets one concurrent round (its renewals and
+        owed end reports, bounded by ``2 × peer_timeout_s``), started only when its previous round
+        is over.
         """
+        await self._store_acks()
         if not self._owed_loaded:
             self._owed_loaded = True
             for r in await self._store.runs.remote_runs(active=False, unreported=True):
@@ -524,12 +557,7 @@ class WorkerService:
                     r.owner, "lost" if r.state == "lost" else "exited", r.exit_code, r.reason)))
         now = self._clock.monotonic()
         for a in self._ledger.apply(core.Tick(), now):
-            if isinstance(a, core.RenewLocal):
-                actions = await self._jobs.apply(a.key[0], claims.LeaseRenewed(a.key[1], self.node_id))
-                answer: Literal["ok", "none"] = (
-                    "ok" if any(isinstance(x, claims.ExtendLease) for x in actions) else "none")
-                await self._carry_out(self._ledger.apply(core.RenewalAnswered(a.key, answer, now), now))
-            elif isinstance(a, core.SendRenewals):
+            if isinstance(a, core.SendRenewals):
                 self._signals.spawn(self._renew_round(a, now), name=f"renew-{a.owner[:12]}")
 
     async def _renew_round(self, round_: core.SendRenewals, now: float) -> None:
@@ -556,7 +584,9 @@ class WorkerService:
         await self._carry_out(self._ledger.apply(core.RenewalAnswered(key, answer, now), self._clock.monotonic()))
 
     async def close(self) -> None:
-        """Stop watching runs (the jobs keep running under their watchdogs)."""
+        """Stop watching runs (the jobs keep running under their watchdogs); store the acknowledged
+        end reports (those a failure leaves are sent again after a restart)."""
+        await self._store_acks()
         watchers = list(self._watchers.values())
         for t in watchers:
             t.cancel()

@@ -12,10 +12,11 @@ What it keeps (:class:`WorkerState`, never changed in place: :func:`handle` retu
   claim in flight per offer; an offer of a job already running here is acknowledged,
   never claimed twice.
 - holds: gang holds (devices reserved until commit, release or expiry).
-- runs: attempts starting or running here, for a peer owner or for this daemon
-  (owner None), with their lease and the deadline their watchdog holds. Only an
+- runs: attempts starting or running here, each for its owner (a peer, or this daemon
+  itself: a job owned here is offered, claimed, renewed and reported through the same
+  messages, sent to itself), with their lease and the deadline their watchdog holds. Only an
   answered renewal moves a deadline, and only forward.
-- rounds: the peer owners with a renewal round in flight (one per owner, so an owner
+- rounds: the owners with a renewal round in flight (one per owner, so an owner
   that does not answer delays only its own runs).
 - owed: end reports not yet acknowledged by their owner: sent at once, then again in
   each of that owner's rounds until an answer comes; never sent after it.
@@ -49,7 +50,6 @@ from gpulayerd.core.protocol.worker_msgs import (
     KeepHold,
     KillAsked,
     KillRun,
-    LocalClaimed,
     OfferFits,
     OfferReceived,
     OfferRejected,
@@ -60,7 +60,6 @@ from gpulayerd.core.protocol.worker_msgs import (
     RefuseHold,
     RefuseKill,
     RenewalAnswered,
-    RenewLocal,
     ReportAnswered,
     ReportOwed,
     RoundEnded,
@@ -70,7 +69,6 @@ from gpulayerd.core.protocol.worker_msgs import (
     SendClaim,
     SendRenewals,
     SendReport,
-    StartLocal,
     StartRun,
     Tick,
 )
@@ -78,10 +76,10 @@ from gpulayerd.core.protocol.worker_msgs import (
 __all__ = [
     "OFFER_KEPT_S", "Action", "ClaimAnswered", "ConsiderOffer", "DropHold", "DropOffer", "EndKind", "Event",
     "ExtendDeadline", "HoldCommitted", "HoldPlaced", "HoldRecord", "HoldReleased", "HoldsChecked", "KeepHold",
-    "KeptOffer", "KillAsked", "KillRun", "LocalClaimed", "OfferFits", "OfferReceived", "OfferRejected",
-    "OffersReviewed", "OwedReport", "RecordEnd", "RefuseCommit", "RefuseHold", "RefuseKill", "RenewLocal",
+    "KeptOffer", "KillAsked", "KillRun", "OfferFits", "OfferReceived", "OfferRejected",
+    "OffersReviewed", "OwedReport", "RecordEnd", "RefuseCommit", "RefuseHold", "RefuseKill",
     "RenewalAnswered", "ReportAnswered", "ReportOwed", "RoundEnded", "RunEnded", "RunKey", "RunRecord", "RunStarted",
-    "SendClaim", "SendRenewals", "SendReport", "StartLocal", "StartRun", "Tick", "WorkerState", "handle",
+    "SendClaim", "SendRenewals", "SendReport", "StartRun", "Tick", "WorkerState", "handle",
 ]
 
 OFFER_KEPT_S = 60.0
@@ -117,13 +115,13 @@ class RunRecord:
     """An attempt starting (``running`` False) or running here.
 
     Attributes:
-        owner: the owner's node id, None for a job owned by this daemon.
+        owner: the owner's node id (this daemon's own for a job owned here).
         lease_s: the lease its owner granted, seconds.
         deadline: when its watchdog kills it unless a renewal moves it (monotonic s).
         devices: device uuids it has.
     """
 
-    owner: str | None
+    owner: str
     lease_s: float
     deadline: float
     devices: frozenset[str] = frozenset()
@@ -156,12 +154,11 @@ class WorkerState:
         """True if an attempt of ``owner``'s job ``job_id`` starts or runs here."""
         return any(r.owner == owner and k[0] == job_id for k, r in self.runs.items())
 
-    def owners_of(self, job_id: str, *, runs_only: bool = False) -> frozenset[str | None]:
+    def owners_of(self, job_id: str, *, runs_only: bool = False) -> frozenset[str]:
         """Every owner this worker keeps something of job ``job_id`` for (an offer, a hold, a run,
         an owed report; with ``runs_only``, a run or an owed report: what binds a job id to its
-        owner here, as offers and holds, which any member may send, do not); None stands for this
-        worker itself (a job owned here)."""
-        out: set[str | None] = set()
+        owner here, as offers and holds, which any member may send, do not)."""
+        out: set[str] = set()
         if not runs_only:
             out.update(owner for owner, job in self.offers if job == job_id)
             out.update(h.owner for h in self.holds.values() if h.job_id == job_id)
@@ -181,7 +178,7 @@ def handle(state: WorkerState, event: Event, now: float) -> tuple[WorkerState, l
     """
     if isinstance(event, (OfferReceived, OfferRejected, OffersReviewed, OfferFits, ClaimAnswered)):
         return _offers(state, event, now)
-    if isinstance(event, (LocalClaimed, RunStarted, RunEnded, KillAsked)):
+    if isinstance(event, (RunStarted, RunEnded, KillAsked)):
         return _runs(state, event, now)
     if isinstance(event, (ReportOwed, ReportAnswered, Tick, RenewalAnswered, RoundEnded)):
         return _leases(state, event, now)
@@ -237,7 +234,7 @@ def _offers(state: WorkerState, ev: OfferReceived | OfferRejected | OffersReview
     return replace(state, runs={**state.runs, run_key: run}), [drop, StartRun(run_key, ev.owner, ev.lease_s)]
 
 
-def _runs(state: WorkerState, ev: LocalClaimed | RunStarted | RunEnded | KillAsked,
+def _runs(state: WorkerState, ev: RunStarted | RunEnded | KillAsked,
           now: float) -> tuple[WorkerState, list[Action]]:
     key = ev.key
     run = state.runs.get(key)
@@ -245,11 +242,6 @@ def _runs(state: WorkerState, ev: LocalClaimed | RunStarted | RunEnded | KillAsk
         if run is None or not run.running or run.owner != ev.owner:
             return state, [RefuseKill(key, "no such attempt here")]
         return state, [KillRun(key, ev.reason or "asked by its owner")]
-    if isinstance(ev, LocalClaimed):
-        if run is not None or key in state.ended or ev.devices & state.devices_in_use():
-            return state, []  # a duplicate, or a device in use here: it must not start
-        new = RunRecord(None, ev.lease_s, now + ev.lease_s, ev.devices)
-        return replace(state, runs={**state.runs, key: new}), [StartLocal(key)]
     if isinstance(ev, RunStarted):
         if key in state.ended or (run is not None and run.running):
             return state, []  # a duplicate
@@ -262,7 +254,7 @@ def _runs(state: WorkerState, ev: LocalClaimed | RunStarted | RunEnded | KillAsk
     runs = {k: v for k, v in state.runs.items() if k != key}
     state = replace(state, runs=runs, ended=state.ended | {key})
     owner = run.owner if run is not None else ev.owner
-    if owner is None or not ev.report:
+    if not ev.report:
         return state, [RecordEnd(key, owner)]
     owed = OwedReport(owner, ev.kind, ev.exit_code, ev.reason, ev.never_started, sending=True)
     return replace(state, owed={**state.owed, key: owed}), [RecordEnd(key, owner), SendReport(key, owed)]
@@ -303,11 +295,7 @@ def _tick(state: WorkerState) -> tuple[WorkerState, list[Action]]:
     actions: list[Action] = []
     renew: dict[str, list[RunKey]] = {}
     for key, run in sorted(state.runs.items()):
-        if not run.running:
-            continue
-        if run.owner is None:
-            actions.append(RenewLocal(key))
-        else:
+        if run.running:
             renew.setdefault(run.owner, []).append(key)
     report: dict[str, list[RunKey]] = {}
     for key, o in sorted(state.owed.items()):

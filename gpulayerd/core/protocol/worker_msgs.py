@@ -12,9 +12,9 @@ from typing import Literal
 __all__ = [
     "Action", "ClaimAnswered", "ConsiderOffer", "DropHold", "DropOffer", "EndKind", "Event", "ExtendDeadline",
     "HoldCommitted", "HoldPlaced", "HoldReleased", "HoldsChecked", "KeepHold", "KillAsked", "KillRun",
-    "LocalClaimed", "OfferFits", "OfferReceived", "OfferRejected", "OffersReviewed", "OwedReport", "RecordEnd",
-    "RefuseCommit", "RefuseHold", "RefuseKill", "RenewLocal", "RenewalAnswered", "ReportAnswered", "ReportOwed",
-    "RoundEnded", "RunEnded", "RunKey", "RunStarted", "SendClaim", "SendRenewals", "SendReport", "StartLocal",
+    "OfferFits", "OfferReceived", "OfferRejected", "OffersReviewed", "OwedReport", "RecordEnd",
+    "RefuseCommit", "RefuseHold", "RefuseKill", "RenewalAnswered", "ReportAnswered", "ReportOwed",
+    "RoundEnded", "RunEnded", "RunKey", "RunStarted", "SendClaim", "SendRenewals", "SendReport",
     "StartRun", "Tick",
 ]
 
@@ -81,30 +81,21 @@ class ClaimAnswered:
 
 
 @dataclass(frozen=True, slots=True)
-class LocalClaimed:
-    """A job owned here was granted attempt ``key[1]`` on this machine; its watchdog starts now."""
-
-    key: RunKey
-    lease_s: float
-    devices: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
 class RunStarted:
     """The attempt's watchdog runs (started now, or re-adopted after a restart): the deadline is now + lease."""
 
     key: RunKey
-    owner: str | None
+    owner: str
     lease_s: float
     devices: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class RunEnded:
-    """The attempt ended (or never started). With ``report`` and a peer owner, its end is owed to it."""
+    """The attempt ended (or never started). With ``report``, its end is owed to its owner."""
 
     key: RunKey
-    owner: str | None
+    owner: str
     kind: EndKind
     exit_code: int | None = None
     reason: str = ""
@@ -192,7 +183,7 @@ class KillAsked:
     reason: str = ""
 
 
-Event = (OfferReceived | OfferRejected | OffersReviewed | OfferFits | ClaimAnswered | LocalClaimed | RunStarted
+Event = (OfferReceived | OfferRejected | OffersReviewed | OfferFits | ClaimAnswered | RunStarted
          | RunEnded | ReportOwed | ReportAnswered | Tick | RenewalAnswered | RoundEnded | HoldPlaced | HoldReleased
          | HoldCommitted | HoldsChecked | KillAsked)
 
@@ -237,20 +228,6 @@ class StartRun:
 
 
 @dataclass(frozen=True, slots=True)
-class StartLocal:
-    """Start the watchdog of ``key``, a job owned here (without it, the attempt must not start)."""
-
-    key: RunKey
-
-
-@dataclass(frozen=True, slots=True)
-class RenewLocal:
-    """Renew the lease of a job owned here that runs here (the owner is this daemon)."""
-
-    key: RunKey
-
-
-@dataclass(frozen=True, slots=True)
 class SendRenewals:
     """One concurrent, time-bounded round with ``owner``: renew ``runs``, send the owed ``reports``."""
 
@@ -277,10 +254,10 @@ class ExtendDeadline:
 
 @dataclass(frozen=True, slots=True)
 class RecordEnd:
-    """The end of ``key`` is new: record it (the store, or the owner's job when owned here). Once per attempt."""
+    """The end of ``key`` is new: record it in the store (its owner is told by a report). Once per attempt."""
 
     key: RunKey
-    owner: str | None
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,5 +308,5 @@ class RefuseCommit:
     reason: str
 
 
-Action = (DropOffer | ConsiderOffer | SendClaim | StartRun | StartLocal | RenewLocal | SendRenewals | SendReport
+Action = (DropOffer | ConsiderOffer | SendClaim | StartRun | SendRenewals | SendReport
           | ExtendDeadline | RecordEnd | KillRun | RefuseKill | KeepHold | RefuseHold | DropHold | RefuseCommit)

@@ -48,11 +48,11 @@ async def test_a_gpu_freed_during_a_cpu_claim_is_not_absorbed_into_the_settled_s
         await lab.settle()
 
         worker = d.services.worker
-        real_claim = worker.claim_local
+        real_claim = worker.claim_own
 
-        async def claim_then_gpu_run_ends(row, spec, placement):  # type: ignore[no-untyped-def]
-            ok = await real_claim(row, spec, placement)
-            if row.id == c2 and g1 in {j for j, _ in d.runner.running()}:
+        async def claim_then_gpu_run_ends(job_id, spec, placement):  # type: ignore[no-untyped-def]
+            ok = await real_claim(job_id, spec, placement)
+            if job_id == c2 and g1 in {j for j, _ in d.runner.running()}:
                 # While the pass awaits (store writes, the fresh snapshot), the GPU run ends.
                 d.runner.exit(g1, running[g1].attempt, 0)
                 for _ in range(400):
@@ -64,9 +64,9 @@ async def test_a_gpu_freed_during_a_cpu_claim_is_not_absorbed_into_the_settled_s
                     await asyncio.sleep(0)
             return ok
 
-        worker.claim_local = claim_then_gpu_run_ends  # type: ignore[method-assign]
+        worker.claim_own = claim_then_gpu_run_ends  # type: ignore[method-assign]
         await lab.schedule()  # the devices-only pass: c2 starts, g1 ends meanwhile
-        worker.claim_local = real_claim  # type: ignore[method-assign]
+        worker.claim_own = real_claim  # type: ignore[method-assign]
         await lab.settle()
         for _ in range(3):  # the exit woke the scheduler: passes follow
             await lab.schedule()
