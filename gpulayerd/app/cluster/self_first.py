@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from gpulayerd.errors import PeerBadRequest, PeerCallError
+from gpulayerd.errors import PeerCallError
 from gpulayerd.net.transport import PeerDispatch, PeerRoute, PeerTransport, Sender
 
 __all__ = ["SelfFirstTransport"]
@@ -40,13 +40,16 @@ class SelfFirstTransport:
 
         Raises:
             PeerRefused: this node lacks the route's role (here or there).
-            PeerCallError: no such route here, not in a cluster, or the remote call failed.
+            PeerCallError: no such route here, not in a cluster, the remote call failed, or this
+                node's handler failed (its error chained: nothing is left half-told).
         """
         if node_id == self.node_id:
             try:
                 return await self._local.dispatch(route, self.me, body)
-            except (LookupError, PeerBadRequest) as e:
-                raise PeerCallError(f"{route.path} on this node: {e}") from e
+            except PeerCallError:
+                raise  # (PeerRefused: this node lacks the route's role)
+            except Exception as e:  # a handler's failure (a full disk, say) is a failed call, as a peer's 5xx is
+                raise PeerCallError(f"{route.path} on this node: {type(e).__name__}: {e}") from e
         if self._remote is None:
             raise PeerCallError("not in a cluster")
         return await self._remote.call(node_id, route, body)

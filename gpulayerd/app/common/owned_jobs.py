@@ -13,7 +13,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.signals import Signals
@@ -30,6 +30,8 @@ __all__ = ["OFFER_STANDING_S", "SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunCo
 
 SPEC_CACHE_SIZE = 512
 """Parsed job specs kept by :meth:`OwnedJobs.spec` (least recently used dropped first)."""
+
+_T = TypeVar("_T")
 
 OFFER_STANDING_S = OFFER_KEPT_S + 5.0
 """An offer this owner sent stands this long (seconds): a worker keeps an offer for
@@ -65,6 +67,12 @@ def _record(row: JobRow, lease: float | None) -> JobRecord:
 def _decide_claim(row: JobRow, *, lease: float | None, event: claims.ClaimRequested, now: float) -> list[claims.Action]:
     """The claim machine's actions for ``event`` on ``row`` (pure: it runs on the store's thread)."""
     return claims.handle(_record(row, lease), event, now)
+
+
+def _refuses(actions: Sequence[object]) -> bool:
+    """Whether the claim machine's ``actions`` change nothing or answer "stale" (decisions taken from a
+    kept row only after a fresh read)."""
+    return not actions or any(isinstance(a, claims.ReplyStale) for a in actions)
 
 
 def _granted(actions: Sequence[object]) -> tuple[claims.PersistJob | None, claims.GrantClaim | None]:
@@ -268,12 +276,22 @@ class OwnedJobs:
 
     # --- deciding
 
+    async def _forgetting(self, job_id: str, write: Awaitable[_T]) -> _T:
+        """``write``'s result; a write that raises (cancelled included: it may have committed) drops
+        the job's kept row, so that the next decision reads it afresh."""
+        try:
+            return await write
+        except BaseException:
+            self._active.pop(job_id, None)
+            raise
+
     async def run_actions(self, job_id: str, actions: Sequence[claims.Action], kind: str = "state") -> bool:
         """Carry out ``actions``; False if the leading compare-and-set lost (the caller retries)."""
         for action in actions:
             if isinstance(action, claims.PersistJob):
                 same = action.record.status is action.expect_status
-                if not await self._store.jobs.apply(action, self._clock.wall(), kind=kind if same else "state"):
+                if not await self._forgetting(job_id, self._store.jobs.apply(action, self._clock.wall(),
+                                                                             kind=kind if same else "state")):
                     self._active.pop(job_id, None)  # decided from a stale row: the retry reads it afresh
                     return False
                 self._remember_holder(action.record, reason=action.reason)
@@ -301,10 +319,13 @@ class OwnedJobs:
         """
         given = row
         for _ in range(5):
+            kept = given is not None
             row, given = (given, None) if given is not None else (await self.get(job_id), None)
             if row is None:
                 return []
             actions = claims.handle(self.record(row), event, self._clock.monotonic())
+            if kept and _refuses(actions):
+                continue  # "stale" or nothing, from a row kept in memory: said only after a fresh read
             if await self.run_actions(job_id, actions, kind):
                 return actions
         return []
@@ -342,14 +363,14 @@ class OwnedJobs:
                 if grant is None or persist is None:
                     continue  # anything but a new grant is decided from a fresh read
                 run_dir = run_dir_of(grant.attempt) if run_dir_of is not None else ""
-                written = await self._store.jobs.claim(persist, worker, placement_json, list(grants), run_dir, wall,
-                                                       kind="grant", history=history)
+                written = await self._forgetting(job_id, self._store.jobs.claim(
+                    persist, worker, placement_json, list(grants), run_dir, wall, kind="grant", history=history))
             else:
                 # (the lease read here: the decision runs on the store's thread)
                 decide = functools.partial(_decide_claim, lease=self._leases.get(job_id), event=event, now=now)
-                read, actions, written = await self._store.jobs.claim_decided(
+                read, actions, written = await self._forgetting(job_id, self._store.jobs.claim_decided(
                     job_id, decide, worker, placement_json, list(grants), run_dir_of, wall, kind="grant",
-                    history=history)
+                    history=history))
                 if read is None:
                     return "no such job"
                 row = read
@@ -399,9 +420,13 @@ class OwnedJobs:
         Returns:
             The actions carried out (a stale report: its ReplyStale, and nothing is written).
         """
+        kept = row is not None
         if row is None:
             row = await self.get(job_id)
         actions = claims.handle(self.record(row), event, self._clock.monotonic()) if row is not None else []
+        if kept and _refuses(actions):  # "stale" or nothing, from a row kept in memory: read it afresh
+            row = await self.get(job_id)
+            actions = claims.handle(self.record(row), event, self._clock.monotonic()) if row is not None else []
         if any(isinstance(a, claims.ReplyStale) for a in actions):
             return actions  # refused by the claim machine: nothing is written, not even the attempt
         persist = actions[0] if actions and isinstance(actions[0], claims.PersistJob) else None
@@ -411,7 +436,7 @@ class OwnedJobs:
         if persist is None and any(isinstance(a, claims.PersistJob) for a in actions):
             await write(None, "state")  # not the leading action: the two writes go apart
             return await self.apply(job_id, event)
-        if not await write(persist, "state"):
+        if not await self._forgetting(job_id, write(persist, "state")):
             self._active.pop(job_id, None)  # decided from a stale row: the retry reads it afresh
             return await self.apply(job_id, event)  # a concurrent change won: retry as apply() would
         if persist is not None:
@@ -445,12 +470,16 @@ class OwnedJobs:
             state: Literal["exited", "lost"] = "exited" if kind == "exited" else "lost"
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.end_attempt(
                 job_id, attempt, state, exit_code, reason, wall, then, k), write_alone=False, row=row)
-        ended = next((a for a in actions if isinstance(a, claims.PersistJob)
-                      and a.record.status not in claims.ACTIVE), None)
-        if ended is not None:
+        self._ended(job_id, actions)
+        return actions
+
+    def _ended(self, job_id: str, actions: Sequence[claims.Action]) -> None:
+        """After an attempt's end was decided: when it ended the job's attempt (the job queued again
+        or finished), its lease is dropped and the scheduler woken; a stale or duplicate end (nothing
+        changed) leaves the current attempt's lease alone."""
+        if any(isinstance(a, claims.PersistJob) and a.record.status not in claims.ACTIVE for a in actions):
             self.drop_lease(job_id)
             self._signals.wake()
-        return actions
 
     async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
                      stimulus_id: str = "", *, worker: str) -> None:
@@ -463,12 +492,10 @@ class OwnedJobs:
             detail: what the attempt row keeps (the watchdog's words).
             why: the job's reason for a failure, when it says more than the exit code.
         """
-        await self._apply_joined(
+        self._ended(job_id, await self._apply_joined(
             job_id, claims.RunExited(attempt, worker, exit_code, why, stimulus_id),
             lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "exited", exit_code, detail,
-                                                            self._clock.wall(), then, kind))
-        self.drop_lease(job_id)
-        self._signals.wake()
+                                                            self._clock.wall(), then, kind)))
 
     async def lost(self, job_id: str, attempt: int, reason: str, *, worker: str, never_started: bool = False,
                    stimulus_id: str = "") -> None:
@@ -476,9 +503,7 @@ class OwnedJobs:
 
         Like :meth:`exited`, only for what this daemon (``worker``, the attempt's holder) saw itself.
         """
-        await self._apply_joined(
+        self._ended(job_id, await self._apply_joined(
             job_id, claims.RunLost(attempt, worker, reason, never_started, stimulus_id),
             lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason,
-                                                            self._clock.wall(), then, kind))
-        self.drop_lease(job_id)
-        self._signals.wake()
+                                                            self._clock.wall(), then, kind)))

@@ -493,12 +493,15 @@ class WorkerService:
             return None
 
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
-        reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started)
-        if reply is not None:
-            # Stored with the next renewal tick, many in one write: a restart before it sends the
-            # report again, and its owner answers a duplicate as it did the first.
-            self._acked.append((owed.owner, key[0], key[1]))
-        self._apply(core.ReportAnswered(key, reply is not None))
+        reply = None
+        try:
+            reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started)
+            if reply is not None:
+                # Stored with the next renewal tick, many in one write: a restart before it sends the
+                # report again, and its owner answers a duplicate as it did the first.
+                self._acked.append((owed.owner, key[0], key[1]))
+        finally:  # (whatever happened: an unanswered report is sent again in the owner's next round)
+            self._apply(core.ReportAnswered(key, reply is not None))
 
     async def _store_acks(self) -> None:
         """Store the acknowledgements of end reports received since the last call (one write)."""
