@@ -67,7 +67,8 @@ async def test_end_attempt_with_its_cas(store: Store) -> None:
 
 
 @pytest.mark.asyncio
-async def test_owned_jobs_start_and_exit_cost_one_commit_each(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_workers_start_and_exit_reports_cost_one_commit_each(store: Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     await claimed(store)
     owned = OwnedJobs(store=store, signals=Signals(), clock=FakeClock())
     db: Any = store.jobs._db  # counting the store's transactions
@@ -80,14 +81,14 @@ async def test_owned_jobs_start_and_exit_cost_one_commit_each(store: Store, monk
         return await run(fn)
 
     monkeypatch.setattr(db, "run", counted)
-    await owned.started("j", 1, "w1", "start-j-1", run=(4242, 1.5, 4243))
+    await owned.reported("j", "started", 1, "w1", stimulus_id="start-j-1")
     assert commits == 1
-    await owned.exited("j", 1, 3, "exited 3", "", "exit-j-1", worker="w1")
+    await owned.reported("j", "exited", 1, "w1", exit_code=3, reason="exited 3", stimulus_id="exit-j-1")
     assert commits == 2
     got = await store.jobs.get_job("j")
     assert got is not None and (got.status, got.exit_code, got.reason) == (JobStatus.FAILED, 3, "exited 3")
     [att] = await store.jobs.attempts("j")
-    assert (att.state, att.watchdog_pid, att.exit_code) == ("exited", 4242, 3)
+    assert (att.state, att.exit_code) == ("exited", 3)
     assert [(e.from_status, e.to_status) for e in await store.jobs.events("j")][-2:] == [
         (JobStatus.CLAIMED, JobStatus.RUNNING), (JobStatus.RUNNING, JobStatus.FAILED)]
 

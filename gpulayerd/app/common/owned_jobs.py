@@ -387,22 +387,10 @@ class OwnedJobs:
                 return Granted(grant.attempt, grant.lease_s, fresh=True)
         return "the job changed meanwhile"
 
-    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str,
-                      run: tuple[int | None, float | None, int | None] | None = None) -> None:
-        """The attempt's processes started on ``worker``.
-
-        Args:
-            run: (watchdog pid, its create time, the job's process group) when they run here: stored
-                on the attempt (:meth:`gpulayerd.store.jobs.JobsTable.mark_running`) in the same
-                transaction as the job's change to running (one commit).
-        """
-        event = claims.RunStarted(attempt, worker, stimulus_id)
-        if run is None:
-            await self.apply(job_id, event)
-            return
-        pid, create_time, pgid = run
-        await self._apply_joined(job_id, event, lambda then, kind: self._store.jobs.mark_running(
-            job_id, attempt, pid, create_time, pgid, self._clock.wall(), then, kind))
+    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str) -> None:
+        """The attempt's processes started on ``worker`` (a gang's, as its coordinator saw it; a
+        one-host attempt's start comes as a ``started`` report, :meth:`reported`)."""
+        await self.apply(job_id, claims.RunStarted(attempt, worker, stimulus_id))
 
     async def _apply_joined(self, job_id: str, event: claims.Event,
                             write: Callable[[claims.PersistJob | None, str], Awaitable[bool]], *,
@@ -450,9 +438,10 @@ class OwnedJobs:
     async def reported(self, job_id: str, kind: str, attempt: int, worker: str, *, exit_code: int | None = None,
                        reason: str = "", never_started: bool = False, stimulus_id: str = "",
                        row: JobRow | None = None) -> list[claims.Action]:
-        """A peer's report on an attempt of a job owned here (``kind``: started, renew, exited, lost):
-        one decision of the claim machine (:func:`~gpulayerd.core.protocol.claims.report_event`), its
-        actions carried out with the attempt row written in the same transaction as the job's.
+        """A worker's report (this node's own included) on an attempt of a job owned here (``kind``:
+        started, renew, exited, lost): one decision of the claim machine
+        (:func:`~gpulayerd.core.protocol.claims.report_event`), its actions carried out with the
+        attempt row written in the same transaction as the job's.
 
         Returns:
             The actions carried out: a ReplyStale when the sender must stop that run (nothing written).
@@ -463,7 +452,7 @@ class OwnedJobs:
         if kind == "renew":
             return await self.apply(job_id, event, row=row)
         wall = self._clock.wall()
-        if kind == "started":  # (a peer's run: its processes are the peer's, none recorded here)
+        if kind == "started":  # (its processes are in the worker's run row, none recorded here)
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.mark_running(
                 job_id, attempt, 0, 0.0, 0, wall, then, k), write_alone=False, row=row)
         else:
@@ -485,8 +474,8 @@ class OwnedJobs:
                      stimulus_id: str = "", *, worker: str) -> None:
         """The attempt ended with ``exit_code``: record it on the attempt, then on the job.
 
-        Only for what this daemon saw itself (``worker`` is this node, the holder of a local
-        or gang attempt); a peer's report goes through the owner's report route.
+        Only for what this daemon saw itself (``worker`` is this node, a gang's coordinator); a
+        worker's report, this node's own included, goes through the owner's report route.
 
         Args:
             detail: what the attempt row keeps (the watchdog's words).
