@@ -196,8 +196,9 @@ async def test_a_kill_in_each_window_of_a_job_run_here_runs_it_once_and_ends_it(
 
 @pytest.mark.asyncio
 async def test_a_full_disk_at_the_workers_end_and_ack_writes_keeps_the_lease_and_records_the_end(lab: Lab) -> None:
-    """The worker side cannot store the run's end (end_remote_run) nor the acks for a while: the
-    attempt's lease is kept meanwhile, the end is recorded once there is room, the job runs once."""
+    """The worker side cannot store the run's end (end_remote_run) nor the acks for a while: its owner
+    is told of the exit at once (the job succeeded, once), the worker's end is recorded once there is
+    room, and every end report ends up acknowledged in the store."""
     owner = d(lab, "owner")
     job = await _own_running(lab, retries=1)
     runs: Any = owner.store.runs
@@ -218,13 +219,16 @@ async def test_a_full_disk_at_the_workers_end_and_ack_writes_keeps_the_lease_and
 
     runs.end_remote_run, runs.mark_remote_reported_many = end_remote_run, acks
     owner.runner.exit(job, 1, 0)
-    await lab.run_for(30)  # three leases: the lease must be kept all along
+    await lab.run_for(30)  # three leases
     assert full["end"] >= 3
-    assert (await view(lab, job)).status == "running"
+    assert (await view(lab, job)).status == "succeeded"
+    run = await owner.store.runs.remote_run(OWNER, job, 1)
+    assert run is not None and run.state == "running"  # its end not recorded here yet
     full["on"] = False
     await lab.run_for(10)
     v = await view(lab, job)
     assert v.status == "succeeded", (v.status, v.reason)
+    assert [a.attempt for a in (await lab.job(owner, job)).attempts or []] == [1]
     assert full["acks"] >= 3
     run = await owner.store.runs.remote_run(OWNER, job, 1)
     assert run is not None and run.state == "exited"

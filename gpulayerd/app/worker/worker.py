@@ -16,7 +16,6 @@ What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.wor
 kept by the :class:`Ledger`); this service does the I/O: locks, the store, the starter,
 the runner, the transport.
 
-
 (Same name as :mod:`gpulayerd.core.protocol.worker`: the same idea (the worker's bookkeeping),
 decided there (pure) and carried out here.)
 """
@@ -204,7 +203,7 @@ class WorkerService:
         await self.finished(key, status)
 
     async def finished(self, key: RunKey, status: RunStatus, owner: str = "") -> None:
-        """Record the end of an attempt that ran here and tell its owner (once per attempt).
+        """Tell its owner an attempt that ran here ended, and record the end here (once per attempt).
 
         A store that cannot take the end (a full disk: ``database or disk is full``) is
         retried with backoff until it can, the attempt's lease renewed meanwhile so that it
@@ -232,6 +231,9 @@ class WorkerService:
         if not any(isinstance(a, core.RecordEnd) for a in actions):
             self._watchers.pop(key, None)
             return  # its end was recorded already
+        # Its owner is told at once, while the end is recorded here: a restart before either repeats
+        # both (the run row says running, the watchdog keeps its exit record); a repeat changes nothing.
+        await self._carry_out(actions)
         failed = 0
         for delay in retry_delays(0.1, min(2.0, max(entry.lease_s / 3, 0.1)) if entry is not None else 2.0):
             try:
@@ -249,7 +251,6 @@ class WorkerService:
         self._watchers.pop(key, None)
         if entry is not None and status.kept:  # only a watchdog that kept its record waits for this
             await asyncio.to_thread(self._runner.recorded, entry.handle)
-        await self._carry_out(actions)
 
     async def _record_end(self, key: RunKey, owner: str, kind: Literal["exited", "lost"],
                           status: RunStatus, text: str) -> None:
