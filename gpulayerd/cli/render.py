@@ -124,6 +124,8 @@ def _state(d: DeviceModel) -> str:
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return "MIG mode"  # SCHEDULED says: no (MIG instances only)
     state = fmt.device_state(d.granted_to, d.foreign_pids)
+    if state == "free" and d.to_core().hidden_use:
+        return "busy: memory in use by processes not visible here"
     if not d.processes_known and state == "free":
         return "processes unknown (busy)" if d.to_core().unknown_use else "processes unknown (idle by memory.used)"
     return state

@@ -151,9 +151,11 @@ that outlived its daemon's records): no event says when it lets go, so a job wai
 re-judged every scheduling pass."""
 
 UNKNOWN_PROCESSES_IDLE_MAX_BYTES = 512 * 2**20
-"""A GPU whose process list is unknown counts as free only if nvidia-smi's ``memory.used`` is
-at most this (512 MiB: an idle datacenter GPU reports a few MiB, a display adds up to a few
-hundred); above it, or with ``memory.used`` unknown, it counts as busy."""
+"""A GPU counts as free only if nvidia-smi's ``memory.used`` is at most this (512 MiB: an idle
+datacenter GPU reports a few MiB, a display adds up to a few hundred) unless a process it lists
+accounts for the use: above it with no process listed (processes nvidia-smi cannot show, as in a
+container with its own PID namespace), or with the process list unknown and ``memory.used`` above
+it or unknown, it counts as busy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,17 +235,29 @@ class DeviceSnapshot:
 
     @property
     def busy(self) -> bool:
-        """True if the device is granted to a job, used by a foreign process, or its processes
-        are unknown and its ``memory.used`` is unknown or above :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`."""
+        """True if the device is granted to a job, used by a foreign process, or in use by processes
+        nobody can name (:attr:`unknown_use`)."""
         return self.granted_to is not None or bool(self.foreign_pids) or self.unknown_use
 
     @property
     def unknown_use(self) -> bool:
-        """True if the process list is unknown and memory use does not show the device idle."""
-        if self.processes_known:
-            return False
+        """True if memory is in use that no listed process accounts for: the process list is unknown
+        and ``memory.used`` is unknown or above :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`; or (a GPU with
+        dedicated memory) no process is listed while ``memory.used`` is above it (:attr:`hidden_use`)."""
         used = self.memory_used_bytes
-        return used is None or used > UNKNOWN_PROCESSES_IDLE_MAX_BYTES
+        if not self.processes_known:
+            return used is None or used > UNKNOWN_PROCESSES_IDLE_MAX_BYTES
+        return self.hidden_use
+
+    @property
+    def hidden_use(self) -> bool:
+        """True if nvidia-smi lists no process on this dedicated-memory GPU while its ``memory.used``
+        is above :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`: processes it cannot show use it (another
+        container's PID namespace). Unified-memory parts report system RAM there, so never them."""
+        used = self.memory_used_bytes
+        return (self.processes_known and not self.foreign_pids and self.accelerator is Accelerator.CUDA
+                and self.memory_kind is MemoryKind.DEDICATED and used is not None
+                and used > UNKNOWN_PROCESSES_IDLE_MAX_BYTES)
 
     @property
     def sort_key(self) -> tuple[str, int]:

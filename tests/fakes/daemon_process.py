@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -119,9 +120,11 @@ class FakeGpu:
     memory_mib: int
     name: str = "NVIDIA Fake"
     compute_cap: str = "8.6"
+    used_mib: int = 0
 
     def row(self) -> str:
-        return f"{self.index}, {self.uuid}, {self.name}, {self.memory_mib}, 0, {self.compute_cap}, 550.54.15\n"
+        return (f"{self.index}, {self.uuid}, {self.name}, {self.memory_mib}, {self.used_mib}, {self.compute_cap}, "
+                "550.54.15\n")
 
 
 class FakeGpus:
@@ -138,8 +141,14 @@ class FakeGpus:
     def uuid_of(self, index: int) -> str:
         return self.gpus[index].uuid
 
+    def set_used(self, index: int, used_mib: int) -> None:
+        """GPU ``index``'s ``memory.used`` (MiB) from now on, the process list as it was."""
+        self.gpus[index] = dataclasses.replace(self.gpus[index], used_mib=used_mib)
+        self.set_apps(self._apps)
+
     def set_apps(self, apps: Sequence[tuple[int, int]]) -> None:
         """Compute processes as (GPU index, pid) pairs; empty: "No running processes found"."""
+        self._apps = list(apps)
         rows = "".join(f"{self.uuid_of(i)}, {pid}, 100\n" for i, pid in apps) or "No running processes found\n"
         scenario = {"responses": [
             response(gpu_query_argv(), "".join(g.row() for g in self.gpus)),

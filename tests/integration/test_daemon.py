@@ -539,3 +539,29 @@ def test_watchdog_killed_under_a_live_job_never_leaves_two_copies(cpu_daemon: Da
     assert is_dead(first_job_pid)  # never two copies at once
     d.cli_ok("cancel", job_id)
     d.wait_status(job_id, {"cancelled"}, timeout_s=30)
+
+
+def test_a_gpu_whose_memory_is_used_by_processes_not_listed_is_busy(lab: Lab) -> None:
+    """bug-44's kind: inside a container (its own PID namespace) nvidia-smi shows GPU 0 with
+    7325 MiB of 24564 MiB used and no process; it is busy (memory in use by processes not visible
+    here), never granted, and free again once its memory.used is back under 512 MiB."""
+    fake = lab.fake_gpus([24564, 24564])
+    fake.set_used(0, 7325)
+    fake.set_used(1, 1)
+    d = lab.daemon(fake=fake, probe_interval_s=0.5)
+    devices = d.cli_ok("devices")
+    assert "busy: memory in use by processes not visible here" in devices, devices
+
+    both = d.submit("--accelerator", "cuda", "--gpus", "2", "--gpu-memory-gb", "20", *hold("release"))
+    waiting = d.wait_reason(both, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued"
+    assert "memory in use by processes not visible here (memory.used 7325 MiB" in waiting.reason, waiting.reason
+    one = d.submit("--accelerator", "cuda", "--gpu-memory-gb", "20", *hold("release"))
+    job = d.wait_status(one, {"running"})
+    assert placement_of(job)[0] == [1]  # never GPU 0
+
+    fake.set_used(0, 3)  # the other container's process ended
+    (d.work / "release").touch()
+    assert d.wait_status(one, TERMINAL).status == "succeeded"
+    assert d.wait_status(both, TERMINAL, timeout_s=20).status == "succeeded"
+    assert sorted(placement_of(d.job(both))[0]) == [0, 1]

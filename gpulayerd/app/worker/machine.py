@@ -30,6 +30,7 @@ from gpulayerd.app.worker.envchecks import TorchChecks
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.types import (
     OUTSIDE_HOLDER,
+    UNKNOWN_PROCESSES_IDLE_MAX_BYTES,
     Accelerator,
     DeviceKind,
     DeviceSnapshot,
@@ -227,6 +228,9 @@ class Machine:
         self._core: tuple[Capabilities, WorkerSnapshot] | None = None  # _caps and its to_core(), kept
         self._ready = asyncio.Event()
         self._hw_at: float | None = None  # monotonic time of the last hardware probe; None: never probed
+        # Devices this daemon's runs, holds or claims had when the last hardware probe read memory.used:
+        # that reading is (partly) theirs, so it says nothing of processes this daemon cannot see.
+        self._ours_at_probe: frozenset[str] = frozenset()
         self._hw_failed = False
         self._hw_lock = asyncio.Lock()
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
@@ -251,7 +255,9 @@ class Machine:
         """Probe devices (in a thread) and every configured interpreter; publish a change if any."""
         started = self._clock.monotonic()
         async with self._hw_lock:
+            ours = self._ledger.state.devices_in_use()
             inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+            self._ours_at_probe = ours
         self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
         self._inventory = inventory
         async with self._env_lock:
@@ -327,6 +333,8 @@ class Machine:
             granted_to = grants.get(d.uuid or "") or held.get(d.uuid or "")
             if granted_to is None and d.uuid in elsewhere:
                 granted_to = ANOTHER_DAEMON
+            if granted_to is None and d.uuid in self._ours_at_probe:
+                d = replace(d, memory_used_bytes=None)  # our run's use, read before it ended: not a stranger's
             foreign = tuple(p for p in d.foreign_pids if p not in ours)
             devices.append(replace(d, granted_to=granted_to, foreign_pids=foreign))
         total = self._config.effective_cpu_slots
@@ -374,9 +382,10 @@ class Machine:
             started = self._clock.monotonic()
             if self._hw_at is not None and started - self._hw_at < REPROBE_AFTER_S and not self._hw_failed:
                 return False
+            ours = self._ledger.state.devices_in_use()
             inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
             self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
-            self._inventory = inventory
+            self._inventory, self._ours_at_probe = inventory, ours
         assert self._caps is not None
         fresh = build_capabilities(inventory, [], self.node_id, self._clock.wall())
         caps = self._caps.model_copy(update={"devices": fresh.devices, "health": fresh.health,
@@ -432,7 +441,8 @@ def _hardware_failed(health: Iterable[ProbeHealth]) -> bool:
 def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
     return (
         tuple((d.uuid, d.index, d.memory_total_bytes, d.compute_capability, d.execution_supported,
-               tuple(d.foreign_pids), d.state, d.mig_enabled, d.driver_version) for d in caps.devices),
+               tuple(d.foreign_pids), d.state, d.mig_enabled, d.driver_version,
+               (d.memory_used_bytes or 0) > UNKNOWN_PROCESSES_IDLE_MAX_BYTES) for d in caps.devices),
         tuple((h.source, h.status) for h in caps.health),
         # Every environment fact the matcher reads: a torch check landing or a `pip install` wakes it.
         tuple((e.interpreter, e.ok, e.python_version,

@@ -402,6 +402,12 @@ def _busy_rejection(d: DeviceSnapshot, worker: str) -> Rejection:
     if d.granted_to is not None:
         return Rejection(RejectionCode.RESERVED, "free devices", "free", f"granted to {d.granted_to}", worker,
                          f"{label} is granted to job {d.granted_to}", device=d.index)
+    if d.hidden_use:
+        used = f"{(d.memory_used_bytes or 0) / 2**20:.0f} MiB"
+        return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", "memory in use", worker,
+                         f"{label} is in use: memory in use by processes not visible here (memory.used "
+                         f"{used}, no process listed; free only at <= "
+                         f"{UNKNOWN_PROCESSES_IDLE_MAX_BYTES // 2**20} MiB)", device=d.index)
     if not d.foreign_pids and d.unknown_use:
         used = "unknown" if d.memory_used_bytes is None else f"{d.memory_used_bytes / 2**20:.0f} MiB"
         return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", "processes unknown", worker,

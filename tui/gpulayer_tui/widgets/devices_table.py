@@ -89,6 +89,8 @@ def _state(peer: PeerView, d: DeviceModel, labeller: JobLabeller | None, live: G
         return Text(fmt.cut("busy (pid " + ", ".join(str(p) for p in pids) + ")", STATE_CELLS), style="red")
     if not d.execution_supported:
         return Text("detection only", style="dim")
+    if d.to_core().hidden_use:
+        return Text(fmt.cut("busy (processes not visible here)", STATE_CELLS), style="red")
     if not d.processes_known:
         busy = d.to_core().unknown_use
         return Text("procs unknown (busy)" if busy else "procs unknown (idle)",
