@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.core.visible import exclusion_problem
 from gpulayerd.gpu.cpus import default_cpu_slots
 from gpulayerd.host.sockets import (  # the socket rule, shared with the CLI (which must not import this module)
     SYSTEM_RUNTIME_DIR,
@@ -139,6 +140,9 @@ class DaemonConfig(BaseModel):
             CPU-slot-seconds) for fair share, seconds (default one day).
         max_gpus_per_user: at most this many GPUs of this worker held by one user's jobs at
             once; None = no cap.
+        exclude_gpus: GPUs this daemon never schedules, by nvidia-smi index or uuid (``GPU-...``,
+            ``MIG-...``); shown ``excluded (config)`` (the daemon's own ``CUDA_VISIBLE_DEVICES``
+            restricts them too: :mod:`gpulayerd.core.visible`).
         log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
             bytes; the rest is dropped with a note (the state disk is shared).
     """
@@ -185,7 +189,16 @@ class DaemonConfig(BaseModel):
     allow_root_jobs: bool = False
     fairshare_half_life_s: float = Field(default=86400.0, gt=0)
     max_gpus_per_user: int | None = Field(default=None, ge=0)
+    exclude_gpus: list[int | str] = Field(default_factory=list)
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
+
+    @field_validator("exclude_gpus")
+    @classmethod
+    def _exclude_gpus(cls, v: list[int | str]) -> list[int | str]:
+        problem = exclusion_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("listen")
     @classmethod

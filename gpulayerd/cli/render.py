@@ -110,6 +110,8 @@ def _scheduled(d: DeviceModel) -> str:
 
     if d.state is DeviceState.LOST:
         return "no (lost)"
+    if d.state is DeviceState.EXCLUDED:
+        return "no (excluded)"
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return "no (MIG instances only)"
     return "yes" if d.execution_supported else "no (detection only)"
@@ -121,6 +123,8 @@ def _state(d: DeviceModel) -> str:
 
     if d.state is DeviceState.LOST:
         return f"lost: {d.state_reason}" if d.state_reason else "lost"
+    if d.state is DeviceState.EXCLUDED:
+        return f"excluded ({d.state_reason or 'config'})"
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return "MIG mode"  # SCHEDULED says: no (MIG instances only)
     state = fmt.device_state(d.granted_to, d.foreign_pids)

@@ -1,4 +1,5 @@
 """The pure scheduling core: no I/O, no clock, no randomness; imports the stdlib and ``packaging``
 only. :mod:`.types`, :mod:`.verdict` and :mod:`.job_facts` (shared values), :mod:`.matching` (a job
 against a worker), :mod:`.protocol` (the claim, worker, gang and hold state machines),
-:mod:`.fairshare`, :mod:`.users`, :mod:`.reasons` and :mod:`.launch`."""
+:mod:`.fairshare`, :mod:`.users`, :mod:`.reasons`, :mod:`.launch`, :mod:`.visible` (which GPUs
+the daemon may schedule) and :mod:`.scheduling` (the scheduler's pass, decided)."""

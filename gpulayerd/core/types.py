@@ -138,11 +138,14 @@ class DeviceKind(str, enum.Enum):
 
 
 class DeviceState(str, enum.Enum):
-    """Whether the probe could read a device: ``lost`` devices (named only in a diagnostic
-    line, e.g. ``Unable to determine the device handle for GPU 0000:41:00.0``) are never granted."""
+    """Whether the probe could read a device and the daemon may schedule it: ``lost`` devices
+    (named only in a diagnostic line, e.g. ``Unable to determine the device handle for GPU
+    0000:41:00.0``) and ``excluded`` ones (kept out by the daemon's ``CUDA_VISIBLE_DEVICES`` or
+    ``NVIDIA_VISIBLE_DEVICES``, or by ``exclude_gpus``: :mod:`gpulayerd.core.visible`) are never granted."""
 
     OK = "ok"
     LOST = "lost"
+    EXCLUDED = "excluded"
 
 
 OUTSIDE_HOLDER = "(another gpulayerd on this machine)"

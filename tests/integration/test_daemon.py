@@ -25,6 +25,7 @@ from gpulayerd.runs.devicelock import DeviceLocks
 
 from .conftest import (
     GPULAYER,
+    GPULAYERD,
     TERMINAL,
     Daemon,
     Lab,
@@ -565,3 +566,33 @@ def test_a_gpu_whose_memory_is_used_by_processes_not_listed_is_busy(lab: Lab) ->
     assert d.wait_status(one, TERMINAL).status == "succeeded"
     assert d.wait_status(both, TERMINAL, timeout_s=20).status == "succeeded"
     assert sorted(placement_of(d.job(both))[0]) == [0, 1]
+
+
+def test_the_daemons_own_cuda_visible_devices_keeps_a_gpu_out(lab: Lab) -> None:
+    """bug-45: started with CUDA_VISIBLE_DEVICES=1 (to keep a display card out), the daemon lists
+    GPU 0 as excluded and never grants it; the job gets CUDA_VISIBLE_DEVICES='1'."""
+    fake = lab.fake_gpus([2048, 24576])
+    d = lab.daemon(fake=fake, env={"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    devices = d.cli_ok("devices")
+    assert "excluded (CUDA_VISIBLE_DEVICES)" in devices and "no (excluded)" in devices, devices
+    first = d.submit("--accelerator", "cuda", "--", "python", "-c", SHOW_ENV)
+    job = d.wait_status(first, TERMINAL)
+    assert job.status == "succeeded" and placement_of(job)[0] == [1]
+    assert d.cli_ok("logs", first) == "'1' 'PCI_BUS_ID'\n"
+    two = d.submit("--accelerator", "cuda", "--gpus", "2", "--", "true")
+    waiting = d.wait_reason(two, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued"
+    assert "GPU 0 is excluded by the daemon's CUDA_VISIBLE_DEVICES" in d.cli_ok("explain", two)
+
+
+def test_exclude_gpus_keeps_a_gpu_out_and_a_malformed_one_stops_the_start(lab: Lab) -> None:
+    fake = lab.fake_gpus([24576, 24576])
+    d = lab.daemon(fake=fake, exclude_gpus=[0])  # type: ignore[arg-type]
+    assert "excluded (config)" in d.cli_ok("devices")
+    job = d.wait_status(d.submit("--accelerator", "cuda", "--", "true"), TERMINAL)
+    assert job.status == "succeeded" and placement_of(job)[0] == [1]
+    config = lab.root / "bad.toml"
+    config.write_text('exclude_gpus = ["gpu0"]\n', encoding="utf-8")
+    r = subprocess.run([GPULAYERD, "--state-dir", str(lab.root / "bad-state"), "--config", str(config)],
+                       check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "exclude_gpus" in r.stderr and "GPU-... or MIG-..." in r.stderr, r.stderr

@@ -41,6 +41,7 @@ from gpulayerd.core.types import (
     SupportMatrix,
     WorkerSnapshot,
 )
+from gpulayerd.core.visible import Visibility, apply_visibility
 from gpulayerd.gpu.command import DEVNULL, Popen, TimeoutExpired, run_command
 from gpulayerd.gpu.compose import build_capabilities
 from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host
@@ -231,6 +232,13 @@ class Machine:
         # Devices this daemon's runs, holds or claims had when the last hardware probe read memory.used:
         # that reading is (partly) theirs, so it says nothing of processes this daemon cannot see.
         self._ours_at_probe: frozenset[str] = frozenset()
+        # The GPUs this daemon may schedule: its own CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and
+        # the admin's exclude_gpus (nvidia-smi lists every GPU whatever the variables say).
+        self._visibility = Visibility.of(os.environ, config.exclude_gpus)
+        if self._visibility.restricts:
+            log.warning("scheduling only the GPUs allowed by %s",
+                        "; ".join([*(f"{k}={os.environ.get(k, '')!r}" for k in self._visibility.visible),
+                                   *([f"exclude_gpus={config.exclude_gpus}"] if config.exclude_gpus else [])]))
         self._hw_failed = False
         self._hw_lock = asyncio.Lock()
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
@@ -240,6 +248,16 @@ class Machine:
         # Whose jobs run here (DESIGN §9): a personal worker runs its own account's only.
         self.accounts = Accounts(clock, mode=config.mode, user=own_account() if config.mode == "personal" else "",
                                  allow_root_jobs=config.allow_root_jobs)
+
+    def _visible(self, inventory: HostInventory) -> HostInventory:
+        """``inventory`` with the GPUs this daemon may not schedule marked excluded, and a note for
+        each entry that names no device (:func:`gpulayerd.core.visible.apply_visibility`)."""
+        if not self._visibility.restricts:
+            return inventory
+        devices, notes = apply_visibility(inventory.devices, self._visibility)
+        health = tuple(replace(h, message="; ".join(x for x in (h.message, *notes) if x))
+                       if notes and h.source == "nvidia-smi" else h for h in inventory.health)
+        return replace(inventory, devices=devices, health=health, notes=(*inventory.notes, *notes))
 
     async def wait_ready(self) -> None:
         """Wait for the first probe."""
@@ -256,7 +274,8 @@ class Machine:
         started = self._clock.monotonic()
         async with self._hw_lock:
             ours = self._ledger.state.devices_in_use()
-            inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+            inventory = self._visible(
+                await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
             self._ours_at_probe = ours
         self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
         self._inventory = inventory
@@ -383,7 +402,8 @@ class Machine:
             if self._hw_at is not None and started - self._hw_at < REPROBE_AFTER_S and not self._hw_failed:
                 return False
             ours = self._ledger.state.devices_in_use()
-            inventory = await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia)
+            inventory = self._visible(
+                await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
             self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
             self._inventory, self._ours_at_probe = inventory, ours
         assert self._caps is not None

@@ -232,7 +232,7 @@ def _fixes(job: JobRequest, base: _Changes, w: WorkerSnapshot, rejections: Seque
 
 
 def _usable(job: JobRequest, d: DeviceSnapshot) -> bool:
-    if d.accelerator is not job.accelerator or not d.execution_supported or d.state is DeviceState.LOST:
+    if d.accelerator is not job.accelerator or not d.execution_supported or d.state is not DeviceState.OK:
         return False
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return False

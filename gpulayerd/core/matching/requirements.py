@@ -380,6 +380,12 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
 
 def _mig_or_state_rejections(job: JobRequest, d: DeviceSnapshot, label: str, rej: _Rej) -> bool:
     """Lost devices, whole GPUs in MIG mode and MIG instances for multi-device jobs; True if rejected."""
+    if d.state is DeviceState.EXCLUDED:
+        why = "by exclude_gpus in the daemon's config" if d.state_reason == "config" else (
+            f"by the daemon's {d.state_reason or 'CUDA_VISIBLE_DEVICES'}")
+        rej(RejectionCode.EXECUTION_UNSUPPORTED, "device state", "ok", "excluded",
+            f"{label} is excluded {why}: it is never granted")
+        return True
     if d.state is DeviceState.LOST:
         rej(RejectionCode.PROBE_UNHEALTHY, "device state", "ok", "lost",
             f"{label}{f' ({d.pci_bus_id})' if d.pci_bus_id else ''} is lost: nvidia-smi said "

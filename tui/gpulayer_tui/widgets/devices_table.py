@@ -82,6 +82,8 @@ def _state(peer: PeerView, d: DeviceModel, labeller: JobLabeller | None, live: G
         return Text(fmt.cut(reason, STATE_CELLS), style="bold red")
     if d.kind.value == "gpu" and d.mig_enabled:
         return Text("MIG mode", style="cyan")
+    if d.state.value == "excluded":
+        return Text(fmt.cut(f"excluded ({fmt.escape(d.state_reason or 'config')})", STATE_CELLS), style="dim")
     if d.granted_to:
         return Text(fmt.cut(_holder(d.granted_to, labeller, live), STATE_CELLS), style="yellow")
     pids = [p.pid for p in live.processes] if live is not None else d.foreign_pids
