@@ -286,23 +286,25 @@ def test_rejected_at_submit_with_reason(cpu_daemon: Daemon, flags: list[str], wo
 
 def test_cuda_and_cpu_jobs_see_exactly_their_devices(lab: Lab) -> None:
     fake = lab.fake_gpus([16384, 81920, 40960, 24576])  # 16, 80, 40, 24 GiB
-    # The daemon's own CUDA_VISIBLE_DEVICES must not reach any job.
-    d = lab.daemon(fake=fake, env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    # The daemon's own CUDA_VISIBLE_DEVICES restricts what it schedules (GPUs 1 and 3, in nvidia-smi's
+    # PCI order whatever CUDA_DEVICE_ORDER says) but never reaches a job as it is.
+    d = lab.daemon(fake=fake, env={"CUDA_VISIBLE_DEVICES": "1,3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
     devices = d.call(lambda c: c.devices())
     assert [(x.index, x.uuid) for x in devices.devices] == [(g.index, g.uuid) for g in fake.gpus]
+    assert [x.state.value for x in devices.devices] == ["excluded", "ok", "excluded", "ok"]
 
     cpu = d.submit("--env", "CUDA_VISIBLE_DEVICES=0", "--", "python", "-c",
                    'import os; print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), '
                    'repr(os.environ.get("HIP_VISIBLE_DEVICES")))')
     one = d.submit("--accelerator", "cuda", "--", "python", "-c", SHOW_ENV)
-    two = d.submit("--accelerator", "cuda", "--gpus", "2", "--gpu-memory-gb", "30", "--", "python", "-c", SHOW_ENV)
+    two = d.submit("--accelerator", "cuda", "--gpus", "2", "--gpu-memory-gb", "20", "--", "python", "-c", SHOW_ENV)
 
     job = d.wait_status(cpu, TERMINAL)
     assert job.status == "succeeded"
     assert d.cli_ok("logs", cpu) == "'' ''\n"
     assert placement_of(job) == ([], [])
 
-    for job_id, count, min_bytes in ((one, 1, 0), (two, 2, 30 * 10**9)):
+    for job_id, count, min_bytes in ((one, 1, 0), (two, 2, 20 * 10**9)):
         job = d.wait_status(job_id, TERMINAL)
         assert job.status == "succeeded", job.reason
         shown = d.show(job_id)
@@ -311,6 +313,7 @@ def test_cuda_and_cpu_jobs_see_exactly_their_devices(lab: Lab) -> None:
         assert len(indices) == count
         assert uuids == [fake.uuid_of(i) for i in indices]
         assert all(fake.gpus[i].memory_mib * 2**20 >= min_bytes for i in indices)
+        assert set(indices) <= {1, 3}  # never a GPU the daemon's own variable keeps out
         visible = ",".join(str(i) for i in indices)
         assert d.cli_ok("logs", job_id) == f"{visible!r} 'PCI_BUS_ID'\n"
     assert f"GPU {visible}" in d.cli_ok("show", two)
