@@ -97,6 +97,14 @@ def _matches(entry: str, d: DeviceSnapshot) -> bool:
     return bool(d.uuid) and (d.uuid == entry or (d.uuid or "").startswith(entry))
 
 
+def _with_instances(devices: Sequence[DeviceSnapshot], i: int) -> list[int]:
+    """Device ``i`` and, for a whole GPU, its MIG instances (by position in ``devices``)."""
+    d = devices[i]
+    if d.kind is not DeviceKind.GPU or not d.uuid:
+        return [i]
+    return [i, *(k for k, m in enumerate(devices) if m.parent_uuid == d.uuid)]
+
+
 def apply_visibility(devices: Sequence[DeviceSnapshot], vis: Visibility
                      ) -> tuple[tuple[DeviceSnapshot, ...], tuple[str, ...]]:
     """``devices`` with those this daemon may not schedule marked excluded (state ``excluded``,
@@ -116,10 +124,7 @@ def apply_visibility(devices: Sequence[DeviceSnapshot], vis: Visibility
             if not hit:
                 notes.append(f"{name} entry {entry!r} matches no device here")
             for i in hit:
-                allowed.add(i)
-                d = devices[i]
-                if d.kind is DeviceKind.GPU:  # its MIG instances come with it
-                    allowed.update(k for k, m in enumerate(devices) if m.parent_uuid and m.parent_uuid == d.uuid)
+                allowed.update(_with_instances(devices, i))  # a GPU comes with its MIG instances
         for i, d in enumerate(out):
             if d.accelerator.value == "cuda" and i not in allowed and d.state is DeviceState.OK:
                 out[i] = replace(d, state=DeviceState.EXCLUDED, state_reason=name)
@@ -128,10 +133,7 @@ def apply_visibility(devices: Sequence[DeviceSnapshot], vis: Visibility
         if not hit:
             notes.append(f"exclude_gpus entry {entry!r} matches no device here")
         for i in hit:
-            d = out[i]
-            targets = [i] + ([k for k, m in enumerate(devices) if m.parent_uuid and m.parent_uuid == d.uuid]
-                             if d.kind is DeviceKind.GPU else [])
-            for k in targets:
+            for k in _with_instances(devices, i):
                 if out[k].state is DeviceState.OK:
                     out[k] = replace(out[k], state=DeviceState.EXCLUDED, state_reason="config")
     return tuple(out), tuple(notes)

@@ -131,10 +131,6 @@ class RunsTable:
 
         await self._db.run(end)  # one hop to the store's thread
 
-    async def mark_remote_reported(self, owner: str, job_id: str, attempt: int) -> None:
-        """The owner acknowledged the end of this attempt."""
-        await self.mark_remote_reported_many([(owner, job_id, attempt)])
-
     async def mark_remote_reported_many(self, acked: Sequence[tuple[str, str, int]]) -> None:
         """The owners acknowledged the ends of these (owner, job, attempt), in one transaction."""
         rows = list(acked)

@@ -112,34 +112,34 @@ async def _count_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[st
 
 
 @pytest.mark.asyncio
-async def test_a_grant_from_the_queue_row_reads_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    row = await store.jobs.insert_job(job("j"), "submitted")
+async def test_a_grant_reads_the_job_only_in_its_own_transaction(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    await store.jobs.insert_job(job("j"), "submitted")
     owned = OwnedJobs(store=store, signals=Signals(), clock=FakeClock())
     reads = await _count_reads(store, monkeypatch)
-    granted = await owned.grant("j", "w1", "claim-j", "{}", row=row, tries=1)
-    assert granted == Granted(1, 30.0, fresh=True) and reads == []
+    granted = await owned.grant("j", "w1", "claim-j", "{}", tries=1)
+    assert granted == Granted(1, 30.0, fresh=True) and reads == ["j"]  # the claim's own read
     got = await store.jobs.get_job("j")
     assert got is not None and (got.status, got.holder, got.attempt) == (JobStatus.CLAIMED, "w1", 1)
 
 
 @pytest.mark.asyncio
-async def test_a_stale_queue_row_is_caught_and_decided_again_from_the_store(
+async def test_a_second_claimer_and_a_cancelled_job_are_refused_and_nothing_is_granted_twice(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scheduler's row says queued; meanwhile another worker claimed the job (or a cancel was asked):
-    the compare-and-set refuses the stale decision and a fresh read decides, never two grants."""
-    row = await store.jobs.insert_job(job("j"), "submitted")
+    """Another worker claimed the job first (or a cancel was asked): the claim, read and decided in
+    its own transaction, is refused; never two grants."""
+    await store.jobs.insert_job(job("j"), "submitted")
     owned = OwnedJobs(store=store, signals=Signals(), clock=FakeClock())
     assert await owned.grant("j", "w2", "claim-j-w2", "{}", tries=1) == Granted(1, 30.0, fresh=True)
     reads = await _count_reads(store, monkeypatch)
-    refused = await owned.grant("j", "w1", "claim-j-w1", "{}", row=row, tries=1)
+    refused = await owned.grant("j", "w1", "claim-j-w1", "{}", tries=1)
     assert not isinstance(refused, Granted) and reads == ["j"]
     got = await store.jobs.get_job("j")
     assert got is not None and (got.holder, got.attempt) == ("w2", 1)
     assert len(await store.jobs.attempts("j")) == 1
 
-    row2 = await store.jobs.insert_job(job("k"), "submitted")
+    await store.jobs.insert_job(job("k"), "submitted")
     await owned.apply("k", claims.CancelRequested("cancelled by user", "cancel-k"))
-    granted = await owned.grant("k", "w1", "claim-k", "{}", row=row2, tries=1)
+    granted = await owned.grant("k", "w1", "claim-k", "{}", tries=1)
     assert not isinstance(granted, Granted)
     got = await store.jobs.get_job("k")
     assert got is not None and got.status is JobStatus.CANCELLED and await store.jobs.attempts("k") == []

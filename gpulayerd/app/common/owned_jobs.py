@@ -331,56 +331,38 @@ class OwnedJobs:
         return []
 
     async def grant(self, job_id: str, worker: str, stimulus_id: str, placement_json: str,
-                    grants: Sequence[tuple[str, int, str]] = (), run_dir_of: Callable[[int], str] | None = None,
-                    tries: int = 3, row: JobRow | None = None) -> Granted | str:
-        """The claim compare-and-set: grant ``worker`` the next attempt of a queued job.
+                    run_dir_of: Callable[[int], str] | None = None, tries: int = 3) -> Granted | str:
+        """The claim: grant ``worker`` the next attempt of a queued job, the job read, decided and
+        written in one store transaction (:meth:`~gpulayerd.store.jobs.JobsTable.claim_decided`).
 
         Args:
             placement_json: what the worker will use (stored with the attempt).
-            grants: (device uuid, index, kind) device grants on this machine, stored with it.
             run_dir_of: the run directory of an attempt number, when it runs here.
-            tries: how many fresh reads of the job to decide from (a compare-and-set that lost
-                reads again).
-            row: the job as the caller last saw it (the scheduler's queue), decided from first
-                without a read; the compare-and-set (status, attempt, cancel request) catches a
-                stale one, and a fresh read follows (not counted in ``tries``).
+            tries: how many times to decide (a claim whose devices are granted meanwhile is tried again).
 
         Returns:
             :class:`Granted`, or the reason of the refusal.
         """
         event = claims.ClaimRequested(worker, stimulus_id)
         offer = self._offers.get((job_id, worker))
-        seen = row
-        for _ in range(tries + (seen is not None)):
+        for _ in range(tries):
             now, wall = self._clock.monotonic(), self._clock.wall()
             # The history of a grant, for a peer and this node alike: the offer, the claim, the grant.
             history = [("offer", offer[2], f"offered to {worker}")] if offer is not None else []
             history.append(("claim", wall, f"claimed by {worker}"))
-            if seen is not None:
-                row, seen = seen, None
-                actions: Sequence[object] = claims.handle(self.record(row), event, now)
-                persist, grant = _granted(actions)
-                if grant is None or persist is None:
-                    continue  # anything but a new grant is decided from a fresh read
-                run_dir = run_dir_of(grant.attempt) if run_dir_of is not None else ""
-                written = await self._forgetting(job_id, self._store.jobs.claim(
-                    persist, worker, placement_json, list(grants), run_dir, wall, kind="grant", history=history))
-            else:
-                # (the lease read here: the decision runs on the store's thread)
-                decide = functools.partial(_decide_claim, lease=self._leases.get(job_id), event=event, now=now)
-                read, actions, written = await self._forgetting(job_id, self._store.jobs.claim_decided(
-                    job_id, decide, worker, placement_json, list(grants), run_dir_of, wall, kind="grant",
-                    history=history))
-                if read is None:
-                    return "no such job"
-                row = read
-                persist, grant = _granted(actions)
-                if grant is None:
-                    deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
-                    return deny.reason if deny else "denied"
-                if persist is None:  # the holder asked again: the same grant
-                    return Granted(grant.attempt, grant.lease_s, fresh=False)
-            if written and persist is not None and grant is not None:
+            # (the lease read here: the decision runs on the store's thread)
+            decide = functools.partial(_decide_claim, lease=self._leases.get(job_id), event=event, now=now)
+            row, actions, written = await self._forgetting(job_id, self._store.jobs.claim_decided(
+                job_id, decide, worker, placement_json, [], run_dir_of, wall, kind="grant", history=history))
+            if row is None:
+                return "no such job"
+            persist, grant = _granted(actions)
+            if grant is None:
+                deny = next((a for a in actions if isinstance(a, claims.DenyClaim)), None)
+                return deny.reason if deny else "denied"
+            if persist is None:  # the holder asked again: the same grant
+                return Granted(grant.attempt, grant.lease_s, fresh=False)
+            if written:
                 self._leases[job_id] = now + row.lease_s
                 self._remember_holder(persist.record, row, persist.reason)
                 self._signals.job_changed(job_id)
