@@ -112,26 +112,33 @@ def _scheduled(d: DeviceModel) -> str:
         return "no (lost)"
     if d.state is DeviceState.EXCLUDED:
         return "no (excluded)"
+    if d.state is DeviceState.UNUSABLE:
+        return "no (unusable)"
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return "no (MIG instances only)"
     return "yes" if d.execution_supported else "no (detection only)"
 
 
 def _state(d: DeviceModel) -> str:
-    """STATE of ``gpulayer devices``: lost (with the tool's words), MIG mode, processes unknown, or grants."""
-    from gpulayerd.core.types import DeviceKind, DeviceState
+    """STATE of ``gpulayer devices``: lost or unusable (with the tool's words), excluded, MIG mode, processes
+    unknown, or grants; an exclusive compute mode is added."""
+    from gpulayerd.core.types import EXCLUSIVE_COMPUTE_MODES, DeviceKind, DeviceState
 
     if d.state is DeviceState.LOST:
         return f"lost: {d.state_reason}" if d.state_reason else "lost"
     if d.state is DeviceState.EXCLUDED:
         return f"excluded ({d.state_reason or 'config'})"
+    if d.state is DeviceState.UNUSABLE:
+        return f"unusable: {d.state_reason}" if d.state_reason else "unusable"
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return "MIG mode"  # SCHEDULED says: no (MIG instances only)
     state = fmt.device_state(d.granted_to, d.foreign_pids)
     if state == "free" and d.to_core().hidden_use:
-        return "busy: memory in use by processes not visible here"
-    if not d.processes_known and state == "free":
-        return "processes unknown (busy)" if d.to_core().unknown_use else "processes unknown (idle by memory.used)"
+        state = "busy: memory in use by processes not visible here"
+    elif not d.processes_known and state == "free":
+        state = "processes unknown (busy)" if d.to_core().unknown_use else "processes unknown (idle by memory.used)"
+    if d.compute_mode in EXCLUSIVE_COMPUTE_MODES:
+        state += f" [{d.compute_mode}: one process at a time]"
     return state
 
 

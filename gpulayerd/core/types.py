@@ -140,12 +140,23 @@ class DeviceKind(str, enum.Enum):
 class DeviceState(str, enum.Enum):
     """Whether the probe could read a device and the daemon may schedule it: ``lost`` devices
     (named only in a diagnostic line, e.g. ``Unable to determine the device handle for GPU
-    0000:41:00.0``) and ``excluded`` ones (kept out by the daemon's ``CUDA_VISIBLE_DEVICES`` or
-    ``NVIDIA_VISIBLE_DEVICES``, or by ``exclude_gpus``: :mod:`gpulayerd.core.visible`) are never granted."""
+    0000:41:00.0``), ``unusable`` ones (listed, but a field reads ``[GPU requires reset]`` or
+    ``[Unknown Error]``, or the compute mode is ``Prohibited``) and ``excluded`` ones (kept out by
+    the daemon's ``CUDA_VISIBLE_DEVICES`` or ``NVIDIA_VISIBLE_DEVICES``, or by ``exclude_gpus``:
+    :mod:`gpulayerd.core.visible`) are never granted."""
 
     OK = "ok"
     LOST = "lost"
+    UNUSABLE = "unusable"
     EXCLUDED = "excluded"
+
+
+EXCLUSIVE_COMPUTE_MODES: frozenset[str] = frozenset({"Exclusive_Process", "Exclusive_Thread"})
+"""nvidia-smi ``compute_mode`` values in which one CUDA process at a time may use the GPU: a second
+gets "all CUDA-capable devices are busy or unavailable"."""
+
+PROHIBITED_COMPUTE_MODE = "Prohibited"
+"""nvidia-smi ``compute_mode`` in which no CUDA process may use the GPU."""
 
 
 OUTSIDE_HOLDER = "(another gpulayerd on this machine)"
@@ -204,8 +215,11 @@ class DeviceSnapshot:
         mig_enabled: a whole GPU's current MIG mode (nvidia-smi ``mig.mode.current``); True
             means it is never granted whole, only its instances are; None if unknown or n/a.
         pci_bus_id: nvidia-smi ``pci.bus_id`` (``00000000:41:00.0``); None if unknown.
-        state: ``lost`` when nvidia-smi named the GPU only in a diagnostic line.
+        state: ``lost`` when nvidia-smi named the GPU only in a diagnostic line, ``unusable`` when
+            a field reads a fault or the compute mode is Prohibited, ``excluded`` by the daemon.
         state_reason: the tool's words for a state other than ``ok``.
+        compute_mode: nvidia-smi ``compute_mode`` (``Default``, ``Exclusive_Process``,
+            ``Prohibited``); None if unknown (treated as Default).
         processes_known: False when the process list could not be read for this device:
             then it is busy unless ``memory_used_bytes`` <= :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`.
         memory_approximate: ``memory_total_bytes`` is an estimate, not a figure a tool gave:
@@ -235,6 +249,7 @@ class DeviceSnapshot:
     state_reason: str = ""
     processes_known: bool = True
     memory_approximate: bool = False
+    compute_mode: str | None = None
 
     @property
     def busy(self) -> bool:
@@ -246,10 +261,13 @@ class DeviceSnapshot:
     def unknown_use(self) -> bool:
         """True if memory is in use that no listed process accounts for: the process list is unknown
         and ``memory.used`` is unknown or above :data:`UNKNOWN_PROCESSES_IDLE_MAX_BYTES`; or (a GPU with
-        dedicated memory) no process is listed while ``memory.used`` is above it (:attr:`hidden_use`)."""
+        dedicated memory) no process is listed while ``memory.used`` is above it (:attr:`hidden_use`). In an
+        exclusive compute mode (:data:`EXCLUSIVE_COMPUTE_MODES`) an unknown process list is always use."""
         used = self.memory_used_bytes
         if not self.processes_known:
-            return used is None or used > UNKNOWN_PROCESSES_IDLE_MAX_BYTES
+            # In an exclusive compute mode even a small unseen process takes the whole GPU.
+            return (used is None or used > UNKNOWN_PROCESSES_IDLE_MAX_BYTES
+                    or self.compute_mode in EXCLUSIVE_COMPUTE_MODES)
         return self.hidden_use
 
     @property

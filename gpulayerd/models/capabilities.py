@@ -64,6 +64,8 @@ class DeviceModel(BaseModel):
     processes_known: bool = True
     memory_approximate: bool = False
     """``memory_total_bytes`` is an estimate (the Apple GPU's recommended working set), not a tool's figure."""
+    compute_mode: str | None = None
+    """nvidia-smi ``compute_mode`` (``Default``, ``Exclusive_Process``, ``Prohibited``); None if unknown."""
 
     @field_validator("compute_capability", mode="before")
     @classmethod
@@ -96,6 +98,7 @@ class DeviceModel(BaseModel):
             state_reason=self.state_reason,
             processes_known=self.processes_known,
             memory_approximate=self.memory_approximate,
+            compute_mode=self.compute_mode,
         )
 
     @classmethod
@@ -125,6 +128,7 @@ class DeviceModel(BaseModel):
             state_reason=d.state_reason,
             processes_known=d.processes_known,
             memory_approximate=d.memory_approximate,
+            compute_mode=d.compute_mode,
         )
 
 

@@ -29,7 +29,7 @@ __all__ = [
 FAKE_BIN = Path(__file__).resolve().parent / "bin"
 FORMAT = "--format=csv,noheader,nounits"
 COMPUTE_APPS_ARGV = ["--query-compute-apps=gpu_uuid,pid,used_memory", FORMAT]
-MIG_MODE_ARGV = ["--query-gpu=index,uuid,pci.bus_id,mig.mode.current", FORMAT]
+MIG_MODE_ARGV = ["--query-gpu=index,uuid,pci.bus_id,mig.mode.current,compute_mode,pstate", FORMAT]
 """The MIG-mode query the daemon runs after ``--query-gpu`` (gpulayerd.gpu.nvidia.followup)."""
 
 

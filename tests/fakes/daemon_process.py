@@ -41,7 +41,7 @@ import psutil
 from gpulayerd.api.client import DaemonClient
 from gpulayerd.core.job_facts import TERMINAL_STATES
 from gpulayerd.models import JobView
-from tests.fakes import COMPUTE_APPS_ARGV, gpu_query_argv, install_fake_tool, response, smi_header
+from tests.fakes import COMPUTE_APPS_ARGV, MIG_MODE_ARGV, gpu_query_argv, install_fake_tool, response, smi_header
 from tests.fakes.envcache import keep_env_cache, seed_env_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -121,10 +121,16 @@ class FakeGpu:
     name: str = "NVIDIA Fake"
     compute_cap: str = "8.6"
     used_mib: int = 0
+    compute_mode: str = "Default"
+    pstate: str = "P8"
 
     def row(self) -> str:
         return (f"{self.index}, {self.uuid}, {self.name}, {self.memory_mib}, {self.used_mib}, {self.compute_cap}, "
                 "550.54.15\n")
+
+    def state_row(self) -> str:
+        """Its row of the second query (``MIG_MODE_ARGV``): bus id, MIG mode, compute mode, pstate."""
+        return f"{self.index}, {self.uuid}, 00000000:{self.index + 1:02X}:00.0, [N/A], {self.compute_mode}, {self.pstate}\n"
 
 
 class FakeGpus:
@@ -146,12 +152,21 @@ class FakeGpus:
         self.gpus[index] = dataclasses.replace(self.gpus[index], used_mib=used_mib)
         self.set_apps(self._apps)
 
+    def set_state(self, index: int, *, pstate: str | None = None, compute_mode: str | None = None) -> None:
+        """GPU ``index``'s live field ``pstate`` (``[GPU requires reset]`` after an Xid) and compute mode
+        from now on."""
+        gpu = self.gpus[index]
+        self.gpus[index] = dataclasses.replace(gpu, pstate=gpu.pstate if pstate is None else pstate,
+                                               compute_mode=gpu.compute_mode if compute_mode is None else compute_mode)
+        self.set_apps(self._apps)
+
     def set_apps(self, apps: Sequence[tuple[int, int]]) -> None:
         """Compute processes as (GPU index, pid) pairs; empty: "No running processes found"."""
         self._apps = list(apps)
         rows = "".join(f"{self.uuid_of(i)}, {pid}, 100\n" for i, pid in apps) or "No running processes found\n"
         scenario = {"responses": [
             response(gpu_query_argv(), "".join(g.row() for g in self.gpus)),
+            response(MIG_MODE_ARGV, "".join(g.state_row() for g in self.gpus)),
             response(COMPUTE_APPS_ARGV, rows),
             smi_header(),  # plain nvidia-smi: the banner with the driver's CUDA Version
         ]}

@@ -104,8 +104,8 @@ _QUERY = (
 
 MIG_BOX: list[dict[str, Any]] = [
     response(FULL, TWO_H100),
-    response(MIG_MODE_ARGV, f"0, {H100_MIG}, 00000000:19:00.0, Enabled\n"
-                            f"1, {H100_WHOLE}, 00000000:3B:00.0, Disabled\n"),
+    response(MIG_MODE_ARGV, f"0, {H100_MIG}, 00000000:19:00.0, Enabled, Default, P0\n"
+                            f"1, {H100_WHOLE}, 00000000:3B:00.0, Disabled, Default, P0\n"),
     response(["-L"], _LIST),
     response(["-q", "-d", "MEMORY,PIDS"], _QUERY),
     response(COMPUTE_APPS_ARGV, f"{H100_MIG}, 4242, 500\n"),
@@ -120,9 +120,9 @@ LOST_AMONG_ROWS: list[dict[str, Any]] = [
              f"2, {_G}c2, NVIDIA A100-SXM4-40GB, 40960, 0, 8.0, 535.104.05\n",
              exit_code=15),
     response(MIG_MODE_ARGV,
-             f"0, {_G}c0, 00000000:07:00.0, Disabled\n"
+             f"0, {_G}c0, 00000000:07:00.0, Disabled, Default, P0\n"
              "Unable to determine the device handle for GPU 0000:41:00.0: Unknown Error\n"
-             f"2, {_G}c2, 00000000:C7:00.0, Disabled\n",
+             f"2, {_G}c2, 00000000:C7:00.0, Disabled, Default, P0\n",
              exit_code=15),
     response(COMPUTE_APPS_ARGV, "No running processes found\n"),
 ]
@@ -133,8 +133,9 @@ APPS_FAILED: list[dict[str, Any]] = [
              f"0, {_G}d0, NVIDIA L40S, 46068, 30000, 8.9, 550.54.15\n"
              f"1, {_G}d1, NVIDIA L40S, 46068, 2048, 8.9, 550.54.15\n"
              f"2, {_G}d2, NVIDIA L40S, 46068, 3, 8.9, 550.54.15\n"),
-    response(MIG_MODE_ARGV, f"0, {_G}d0, 00000000:01:00.0, [N/A]\n1, {_G}d1, 00000000:02:00.0, [N/A]\n"
-                            f"2, {_G}d2, 00000000:03:00.0, [N/A]\n"),
+    response(MIG_MODE_ARGV, f"0, {_G}d0, 00000000:01:00.0, [N/A], Default, P0\n"
+                            f"1, {_G}d1, 00000000:02:00.0, [N/A], Default, P8\n"
+                            f"2, {_G}d2, 00000000:03:00.0, [N/A], Default, P8\n"),
     response(COMPUTE_APPS_ARGV, f"{_G}d0, 111, 29000\nUnable to determine the process list: Unknown Error\n",
              exit_code=15),
 ]

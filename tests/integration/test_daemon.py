@@ -599,3 +599,22 @@ def test_exclude_gpus_keeps_a_gpu_out_and_a_malformed_one_stops_the_start(lab: L
     r = subprocess.run([GPULAYERD, "--state-dir", str(lab.root / "bad-state"), "--config", str(config)],
                        check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "exclude_gpus" in r.stderr and "GPU-... or MIG-..." in r.stderr, r.stderr
+
+
+def test_a_gpu_that_needs_a_reset_is_never_granted_until_it_reads_fine_again(lab: Lab) -> None:
+    """bug-41: after an Xid, GPU 0 is listed with its name and memory while its live field reads
+    '[GPU requires reset]'; GPU 1 is busy. The job waits and says both; after the reset it runs on GPU 0."""
+    fake = lab.fake_gpus([81559, 81559])
+    fake.set_state(0, pstate="[GPU requires reset]")
+    fake.set_apps([(1, os.getpid())])
+    d = lab.daemon(fake=fake, probe_interval_s=0.5)
+    devices = d.cli_ok("devices")
+    assert "unusable: GPU requires reset (pstate)" in devices and "no (unusable)" in devices, devices
+    job_id = d.submit("--accelerator", "cuda", "--gpu-memory-gb", "40", "--", "true")
+    waiting = d.wait_reason(job_id, lambda j: j.reason != "waiting for the scheduler")
+    assert waiting.status == "queued"
+    assert "GPU 1 is busy with processes gpulayer did not start" in waiting.reason, waiting.reason
+    assert "GPU 0 is unusable: nvidia-smi reads 'GPU requires reset (pstate)'" in d.cli_ok("explain", job_id)
+    fake.set_state(0, pstate="P0")  # nvidia-smi -r
+    job = d.wait_status(job_id, TERMINAL, timeout_s=20)
+    assert job.status == "succeeded" and placement_of(job)[0] == [0]

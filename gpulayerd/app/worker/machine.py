@@ -461,7 +461,7 @@ def _hardware_failed(health: Iterable[ProbeHealth]) -> bool:
 def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
     return (
         tuple((d.uuid, d.index, d.memory_total_bytes, d.compute_capability, d.execution_supported,
-               tuple(d.foreign_pids), d.state, d.mig_enabled, d.driver_version,
+               tuple(d.foreign_pids), d.state, d.mig_enabled, d.driver_version, d.compute_mode,
                (d.memory_used_bytes or 0) > UNKNOWN_PROCESSES_IDLE_MAX_BYTES) for d in caps.devices),
         tuple((h.source, h.status) for h in caps.health),
         # Every environment fact the matcher reads: a torch check landing or a `pip install` wakes it.

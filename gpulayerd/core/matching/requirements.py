@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows
 from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import (
+    EXCLUSIVE_COMPUTE_MODES,
     GB,
     UNKNOWN_PROCESSES_IDLE_MAX_BYTES,
     Accelerator,
@@ -391,6 +392,16 @@ def _mig_or_state_rejections(job: JobRequest, d: DeviceSnapshot, label: str, rej
             f"{label}{f' ({d.pci_bus_id})' if d.pci_bus_id else ''} is lost: nvidia-smi said "
             f"{d.state_reason or 'nothing more'!r}; it is never granted")
         return True
+    if d.state is DeviceState.UNUSABLE:
+        if d.state_reason == "compute mode Prohibited":
+            rej(RejectionCode.EXECUTION_UNSUPPORTED, "compute mode", "Default or Exclusive_Process", "Prohibited",
+                f"{label} is in compute mode Prohibited: no CUDA process may use it; it is never granted "
+                "(an admin changes it with nvidia-smi -c DEFAULT)")
+        else:
+            rej(RejectionCode.PROBE_UNHEALTHY, "device state", "ok", "unusable",
+                f"{label} is unusable: nvidia-smi reads {d.state_reason or 'a fault'!r}; it is never granted "
+                "until it is reset (nvidia-smi -r, or a reboot)")
+        return True
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         rej(RejectionCode.EXECUTION_UNSUPPORTED, "mig", "whole GPU", "MIG mode",
             f"{label} is in MIG mode: only its MIG instances are granted, never the whole GPU")
@@ -421,8 +432,11 @@ def _busy_rejection(d: DeviceSnapshot, worker: str) -> Rejection:
                          f"{used} (free only at <= {UNKNOWN_PROCESSES_IDLE_MAX_BYTES // 2**20} MiB)",
                          device=d.index)
     pids = ", ".join(str(p) for p in d.foreign_pids)
+    exclusive = (f"; it is in compute mode {d.compute_mode}, so a second process would get 'all CUDA-capable "
+                 "devices are busy or unavailable'") if d.compute_mode in EXCLUSIVE_COMPUTE_MODES else ""
     return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", f"pids {pids}", worker,
-                     f"{label} is busy with processes gpulayer did not start (pid {pids})", device=d.index)
+                     f"{label} is busy with processes gpulayer did not start (pid {pids}){exclusive}",
+                     device=d.index)
 
 
 def _objective(d: DeviceSnapshot) -> tuple[int, str, int]:
@@ -481,7 +495,10 @@ def choose_devices(
                               f"{worker.name or wid} has {len(fit)}"))
         return None, rejs, []
     if len(free) < want_n:
-        return None, [], [_busy_rejection(d, wid) for d in fit if d.busy]
+        # A device that needs a reset (or was lost) may come back: say so beside the busy ones.
+        faulty = [r for d, rs in per_dev if d.state in (DeviceState.UNUSABLE, DeviceState.LOST)
+                  for r in rs if r.code is RejectionCode.PROBE_UNHEALTHY]
+        return None, [], [_busy_rejection(d, wid) for d in fit if d.busy] + faulty
     chosen = sorted(free, key=_objective)[:want_n]
     return chosen, [], []
 

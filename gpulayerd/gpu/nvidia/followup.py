@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from gpulayerd.core.types import Accelerator, DeviceKind, DeviceSnapshot, DeviceState
+from gpulayerd.core.types import PROHIBITED_COMPUTE_MODE, Accelerator, DeviceKind, DeviceSnapshot, DeviceState
 from gpulayerd.gpu.command import CommandRunner, decisive_line
 from gpulayerd.gpu.nvidia.mig import (
     MIG_MODE_FIELDS,
@@ -24,7 +24,7 @@ from gpulayerd.gpu.nvidia.mig import (
     parse_mig_modes,
     parse_query,
 )
-from gpulayerd.gpu.nvidia.parse import parse_nvidia_csv
+from gpulayerd.gpu.nvidia.parse import classify_nvidia_failure, fault_state, parse_nvidia_csv
 
 __all__ = ["LIST_ARGS", "MIG_MODE_ARGS", "QUERY_ARGS", "finish_devices", "mig_topology"]
 
@@ -38,19 +38,31 @@ QUERY_ARGS: tuple[str, ...] = ("-q", "-d", "MEMORY,PIDS")
 
 
 def mig_topology(path: str, runner: CommandRunner, timeout_s: float, notes: list[str]) -> dict[int, GpuTopology]:
-    """Each GPU's bus id and MIG mode, by index; rows of a failed answer are kept.
+    """Each GPU's bus id, MIG mode, compute mode and live-field faults, by index; rows of a failed
+    answer are kept.
 
     A GPU missing from the answer has MIG mode unknown, treated as disabled (said in ``notes``):
-    drivers before MIG (R450) reject the field.
+    drivers before MIG (R450) reject the field; the query is then asked once more without the
+    fields the tool rejected, so the compute mode and the live field are still read.
     """
+    fields = MIG_MODE_FIELDS
     result = runner([path, *MIG_MODE_ARGS], timeout_s)
-    parsed = parse_nvidia_csv(result.stdout, MIG_MODE_FIELDS)
-    found = parse_mig_modes(parsed.rows)
+    parsed = parse_nvidia_csv(result.stdout, fields)
+    if not parsed.rows and not result.timed_out and not result.not_found:
+        failure = classify_nvidia_failure(result.stdout, result.stderr, result.returncode, False)
+        rejected = set(failure.unsupported_fields) - {"index"}
+        if rejected & set(fields):
+            fields = tuple(f for f in fields if f not in rejected)
+            dropped = ", ".join(sorted(rejected & set(MIG_MODE_FIELDS)))
+            notes.append(f"nvidia-smi rejected --query-gpu field(s) {dropped}; asked again without them")
+            result = runner([path, f"--query-gpu={','.join(fields)}", _FORMAT], timeout_s)
+            parsed = parse_nvidia_csv(result.stdout, fields)
+    found = parse_mig_modes(parsed.rows, parsed.faults)
     if result.timed_out or result.not_found or result.returncode != 0 or not found:
         words = decisive_line([*parsed.diagnostics, *result.stderr.splitlines()]) or (
             "timed out" if result.timed_out else f"exit status {result.returncode}")
-        notes.append(f"MIG mode unknown for GPUs not listed by nvidia-smi --query-gpu=...mig.mode.current "
-                     f"({words}); treated as MIG disabled")
+        notes.append(f"MIG mode, compute mode and live state unknown for GPUs not listed by nvidia-smi "
+                     f"--query-gpu=...mig.mode.current ({words}); treated as MIG disabled, compute mode Default")
     return found
 
 
@@ -86,7 +98,7 @@ def finish_devices(
         d = dev
         topo = topology.get(d.index)
         if topo is not None and (topo.uuid is None or d.uuid is None or topo.uuid == d.uuid):
-            d = replace(d, pci_bus_id=topo.bus_id, mig_enabled=topo.mig_enabled)
+            d = _with_topology(d, topo)
         if failed:
             rows = known_pids.get(d.uuid or "")
             d = replace(d, foreign_pids=rows) if rows else replace(d, processes_known=False)
@@ -99,6 +111,20 @@ def finish_devices(
     for gpu in lost:
         out = _mark_lost(out, gpu, topology)
     return tuple(out), lost
+
+
+def _with_topology(d: DeviceSnapshot, topo: GpuTopology) -> DeviceSnapshot:
+    """Bus id, MIG mode and compute mode from the second query; a fault it read (``pstate`` reads
+    ``[GPU requires reset]``) or compute mode Prohibited makes the GPU ``unusable``."""
+    d = replace(d, pci_bus_id=topo.bus_id, mig_enabled=topo.mig_enabled, compute_mode=topo.compute_mode)
+    if d.state is not DeviceState.OK:
+        return d
+    if topo.fault:
+        state, reason = fault_state(topo.fault)
+        return replace(d, state=state, state_reason=reason)
+    if topo.compute_mode == PROHIBITED_COMPUTE_MODE:
+        return replace(d, state=DeviceState.UNUSABLE, state_reason="compute mode Prohibited")
+    return d
 
 
 def _with_migs(

@@ -44,8 +44,10 @@ __all__ = [
     "parse_query",
 ]
 
-MIG_MODE_FIELDS: tuple[str, ...] = ("index", "uuid", "pci.bus_id", "mig.mode.current")
-"""The ``--query-gpu`` fields asked for MIG mode and bus ids (a second, small query)."""
+MIG_MODE_FIELDS: tuple[str, ...] = ("index", "uuid", "pci.bus_id", "mig.mode.current", "compute_mode", "pstate")
+"""The ``--query-gpu`` fields of the second, small query: bus id, MIG mode, compute mode and one
+live field (``pstate``; after an Xid it reads ``[GPU requires reset]`` while identity and memory
+still read fine)."""
 
 MIG_INDEX_BASE = 1000
 """A MIG device's ``index`` is ``MIG_INDEX_BASE * (parent index + 1) + Device N`` (GPU 0's
@@ -85,18 +87,27 @@ class GpuTopology:
         bus_id: normalised PCI bus id; None if unreadable.
         mig_enabled: ``mig.mode.current`` is Enabled (True) or Disabled (False); None for
             ``[N/A]`` (a GPU without MIG) or unreadable.
+        compute_mode: ``compute_mode`` as printed (``Default``, ``Exclusive_Process``,
+            ``Prohibited``); None if not asked or unreadable.
+        fault: fields of this row that read a fault placeholder, with the tool's words
+            (:func:`gpulayerd.gpu.nvidia.parse.fault_placeholder`).
     """
 
     index: int
     uuid: str | None
     bus_id: str | None
     mig_enabled: bool | None
+    compute_mode: str | None = None
+    fault: tuple[tuple[str, str], ...] = ()
 
 
-def parse_mig_modes(rows: Sequence[Mapping[str, str | None]]) -> dict[int, GpuTopology]:
-    """Type the rows of the MIG-mode query (already split by ``parse_nvidia_csv``), by index."""
+def parse_mig_modes(rows: Sequence[Mapping[str, str | None]],
+                    faults: Sequence[Mapping[str, str]] = ()) -> dict[int, GpuTopology]:
+    """Type the rows of the MIG-mode query (already split by ``parse_nvidia_csv``; ``faults`` its
+    fault placeholders, row by row), by index."""
     out: dict[int, GpuTopology] = {}
-    for row in rows:
+    faults = list(faults) or [{} for _ in rows]
+    for row, fault in zip(rows, faults, strict=True):
         index = row.get("index")
         if index is None or not index.strip().isdigit():
             continue
@@ -107,8 +118,22 @@ def parse_mig_modes(rows: Sequence[Mapping[str, str | None]]) -> dict[int, GpuTo
             uuid=row.get("uuid"),
             bus_id=normalise_bus_id(bus) if bus else None,
             mig_enabled=True if mode == "enabled" else False if mode == "disabled" else None,
+            compute_mode=_compute_mode(row.get("compute_mode")),
+            fault=tuple(fault.items()),
         )
     return out
+
+
+_COMPUTE_MODES = {m.lower().replace(" ", "_"): m
+                  for m in ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")}
+
+
+def _compute_mode(text: str | None) -> str | None:
+    """nvidia-smi's ``compute_mode`` in its canonical spelling (``Exclusive_Process``; older tools
+    print ``Exclusive Process``); an unknown word is kept as printed."""
+    if text is None:
+        return None
+    return _COMPUTE_MODES.get(text.strip().lower().replace(" ", "_"), text.strip())
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gpulayerd.core.types import (
     Accelerator,
     DeviceSnapshot,
+    DeviceState,
     MemoryKind,
     ProbeStatus,
     SupportMatrix,
@@ -34,6 +35,8 @@ __all__ = [
     "NvidiaFailure",
     "NvidiaGpu",
     "classify_nvidia_failure",
+    "fault_placeholder",
+    "fault_state",
     "is_placeholder",
     "nvidia_devices",
     "nvidia_gpus",
@@ -67,6 +70,22 @@ _NO_DEVICES = re.compile(r"no devices were found", re.IGNORECASE)
 _UNSUPPORTED_FIELD = re.compile(r"is not a valid field to query", re.IGNORECASE)
 _FIELD_NAME = re.compile(r"Field\s+\"?([A-Za-z0-9_.]+)\"?\s+is not a valid field", re.IGNORECASE)
 _UNIT_SUFFIX = re.compile(r"\s*\[[^\]]*\]$")
+_FAULT = re.compile(r"^\[\s*(.*(?:requires reset|unknown error|gpu is lost|gpu lost|fallen off).*?)\s*\]$",
+                    re.IGNORECASE)
+
+
+def fault_placeholder(value: str | None) -> str | None:
+    """The tool's words if an nvidia-smi field reads a fault instead of a value, else None.
+
+    ``[GPU requires reset]`` (NVML_ERROR_RESET_REQUIRED, after an Xid or GSP fault), ``[Unknown
+    Error]`` and ``[GPU is lost]`` mean the GPU cannot run work now: ``"GPU requires reset"``.
+    ``[N/A]``, ``[Not Supported]`` and ``[Insufficient Permissions]`` are not faults (None): the
+    reading is merely unknown.
+    """
+    if value is None:
+        return None
+    m = _FAULT.match(value.strip())
+    return m.group(1) if m else None
 
 
 def is_placeholder(value: str) -> bool:
@@ -88,10 +107,13 @@ class NvidiaCsv:
             name -> stripped text, or None where the tool printed a placeholder.
         diagnostics: non-blank lines that are not rows (messages, truncated lines),
             verbatim, in output order.
+        faults: one mapping per row (same order as ``rows``): field name -> the tool's words for
+            each field that read a fault placeholder (:func:`fault_placeholder`); empty when none.
     """
 
     rows: tuple[Mapping[str, str | None], ...] = ()
     diagnostics: tuple[str, ...] = ()
+    faults: tuple[Mapping[str, str], ...] = ()
 
 
 def parse_nvidia_csv(stdout: str, fields: Sequence[str]) -> NvidiaCsv:
@@ -102,6 +124,7 @@ def parse_nvidia_csv(stdout: str, fields: Sequence[str]) -> NvidiaCsv:
     diagnostic, never a row. Placeholders set their one field to None; the row stays.
     """
     rows: list[Mapping[str, str | None]] = []
+    faults: list[Mapping[str, str]] = []
     diagnostics: list[str] = []
     names = [f.strip().lower() for f in fields]
     for line in stdout.splitlines():
@@ -118,7 +141,9 @@ def parse_nvidia_csv(stdout: str, fields: Sequence[str]) -> NvidiaCsv:
         if [_UNIT_SUFFIX.sub("", v).lower() for v in values] == names:
             continue
         rows.append({f: (None if is_placeholder(v) else v) for f, v in zip(fields, values, strict=True)})
-    return NvidiaCsv(rows=tuple(rows), diagnostics=tuple(diagnostics))
+        faults.append({f: words for f, v in zip(fields, values, strict=True)
+                       if (words := fault_placeholder(v)) is not None})
+    return NvidiaCsv(rows=tuple(rows), diagnostics=tuple(diagnostics), faults=tuple(faults))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +158,8 @@ class NvidiaGpu:
         memory_used_mib: ``memory.used`` in MiB.
         compute_capability: ``compute_cap`` as (major, minor).
         driver_version: ``driver_version``, kept as the string the tool printed.
+        fault: fields that read a fault placeholder, with the tool's words
+            (``(("memory.used", "GPU requires reset"),)``); empty for a healthy row.
     """
 
     index: int
@@ -142,6 +169,7 @@ class NvidiaGpu:
     memory_used_mib: int | None = None
     compute_capability: tuple[int, int] | None = None
     driver_version: str | None = None
+    fault: tuple[tuple[str, str], ...] = ()
 
 
 def nvidia_gpus(parsed: NvidiaCsv) -> tuple[tuple[NvidiaGpu, ...], tuple[str, ...]]:
@@ -153,7 +181,8 @@ def nvidia_gpus(parsed: NvidiaCsv) -> tuple[tuple[NvidiaGpu, ...], tuple[str, ..
     """
     gpus: list[NvidiaGpu] = []
     notes: list[str] = []
-    for row in parsed.rows:
+    faults = parsed.faults or tuple({} for _ in parsed.rows)
+    for row, fault in zip(parsed.rows, faults, strict=True):
         index = _parse_int(row.get("index"), "index", notes)
         if index is None:
             notes.append(f"nvidia-smi row without a usable index ignored: {dict(row)!r}")
@@ -173,6 +202,7 @@ def nvidia_gpus(parsed: NvidiaCsv) -> tuple[tuple[NvidiaGpu, ...], tuple[str, ..
                 memory_used_mib=_parse_int(row.get("memory.used"), f"GPU {index} memory.used", notes),
                 compute_capability=cc,
                 driver_version=row.get("driver_version"),
+                fault=tuple(fault.items()),
             )
         )
     return tuple(gpus), tuple(notes)
@@ -230,9 +260,20 @@ def nvidia_devices(
                 execution_supported=schedulable,
                 float64=True,
                 foreign_pids=pids.get(gpu.uuid, ()) if gpu.uuid else (),
+                state=fault_state(gpu.fault)[0],
+                state_reason=fault_state(gpu.fault)[1],
             )
         )
     return tuple(devices), tuple(notes)
+
+
+def fault_state(fault: Sequence[tuple[str, str]]) -> tuple[DeviceState, str]:
+    """(``state``, ``state_reason``) of a GPU whose fields read fault placeholders: ``unusable`` with
+    the tool's words and the fields (``"GPU requires reset (pstate, memory.used)"``); (ok, "") when none."""
+    if not fault:
+        return DeviceState.OK, ""
+    words = list(dict.fromkeys(w for _, w in fault))
+    return DeviceState.UNUSABLE, f"{'; '.join(words)} ({', '.join(f for f, _ in fault)})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,9 @@ def _state(peer: PeerView, d: DeviceModel, labeller: JobLabeller | None, live: G
     if d.state.value == "lost":  # named only in nvidia-smi's diagnostic lines: never granted
         reason = f"lost: {fmt.escape(d.state_reason)}" if d.state_reason else "lost"
         return Text(fmt.cut(reason, STATE_CELLS), style="bold red")
+    if d.state.value == "unusable":  # a field reads [GPU requires reset], or compute mode Prohibited
+        reason = f"unusable: {fmt.escape(d.state_reason)}" if d.state_reason else "unusable"
+        return Text(fmt.cut(reason, STATE_CELLS), style="bold red")
     if d.kind.value == "gpu" and d.mig_enabled:
         return Text("MIG mode", style="cyan")
     if d.state.value == "excluded":
@@ -97,6 +100,8 @@ def _state(peer: PeerView, d: DeviceModel, labeller: JobLabeller | None, live: G
         busy = d.to_core().unknown_use
         return Text("procs unknown (busy)" if busy else "procs unknown (idle)",
                     style="red" if busy else "yellow")
+    if d.compute_mode in ("Exclusive_Process", "Exclusive_Thread"):
+        return Text("free (exclusive)", style="green")
     return Text("free", style="green")
 
 
