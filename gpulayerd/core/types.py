@@ -338,6 +338,9 @@ class EnvironmentSnapshot:
             daemon answers from package metadata first): ``torch_cuda``, ``torch_mps``,
             ``distributed_backends`` and ``mps_recommended_max_bytes`` are then unknown, and a
             requirement on them is not satisfied until the check lands.
+        import_errors: framework -> the decisive line of its import failure, as the probe saw it
+            (``"ImportError: .../libtorch_cuda.so: undefined symbol: __nvJitLinkComplete_12_4"``):
+            a job naming that framework is rejected here with it, CPU jobs included.
     """
 
     interpreter: str
@@ -353,6 +356,7 @@ class EnvironmentSnapshot:
     translated: bool | None = None
     mps_recommended_max_bytes: int | None = None
     torch_pending: bool = False
+    import_errors: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

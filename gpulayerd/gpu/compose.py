@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpulayerd.core.types import EnvironmentSnapshot, SupportMatrix
 from gpulayerd.gpu.apple import with_recommended_working_set
-from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, NvidiaSmi, discover_host
+from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, NvidiaSmi, discover_host, driver_unsettled
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.models import (
     Capabilities,
@@ -57,6 +57,7 @@ def build_capabilities(
     notes = list(inventory.notes)
     for e in environments:
         notes.extend(f"{e.interpreter}: {n}" for n in e.notes)
+    notes.extend(_cuda_without_smi(inventory, environments))
     return Capabilities(
         node_id=node_id,
         hostname=inventory.hostname,
@@ -71,6 +72,19 @@ def build_capabilities(
         taken_at=taken_at,
         driver_cuda=_driver_cuda(inventory),
     )
+
+
+def _cuda_without_smi(inventory: HostInventory, environments: Sequence[EnvironmentSnapshot]) -> list[str]:
+    """A note when torch reports CUDA while nvidia-smi is missing (a Jetson, a container without the
+    driver's tools): the GPUs exist but no device is listed, so none is scheduled."""
+    from gpulayerd.core.types import Accelerator, ProbeStatus
+
+    smi = next((h for h in inventory.health if h.source == "nvidia-smi"), None)
+    if smi is None or smi.status is not ProbeStatus.NOT_FOUND or any(
+            d.accelerator is Accelerator.CUDA for d in inventory.devices):
+        return []
+    return [f"CUDA works through torch ({e.interpreter}) but nvidia-smi is missing: devices unknown, none is "
+            "scheduled" for e in environments if e.torch_cuda is True][:1]
 
 
 def _driver_cuda(inventory: HostInventory) -> str | None:
@@ -97,5 +111,6 @@ def collect_capabilities(
 ) -> Capabilities:
     """Probe hardware and every interpreter now, and return this machine's capabilities."""
     inventory = discover_host(discovery or DiscoveryConfig(), support, nvidia=nvidia)
+    prober.set_driver_state(inventory.driver_state, persist=not driver_unsettled(inventory.health))
     envs = [prober.probe(i) for i in interpreters]
     return build_capabilities(inventory, envs, node_id or machine_node_id(inventory.hostname), time.time())

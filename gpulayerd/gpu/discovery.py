@@ -14,11 +14,13 @@ module setting that tests must patch.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import platform
 import shutil
 import socket
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ from gpulayerd.host import sysinfo
 __all__ = [
     "NVIDIA_SMI_SEARCH_DIRS",
     "ROCM_SMI_SEARCH_DIRS",
+    "DEVICE_NODE_GLOBS",
     "AppleFacts",
     "DiscoveryConfig",
     "HostInventory",
@@ -40,6 +43,8 @@ __all__ = [
     "apple_devices",
     "classify_nvidia_failure",
     "discover_host",
+    "driver_state_of",
+    "driver_unsettled",
     "find_executable",
     "find_nvidia_smi",
     "find_rocm_smi",
@@ -51,6 +56,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+DEVICE_NODE_GLOBS: tuple[str, ...] = ("/dev/nvidia*", "/dev/kfd")
+"""The GPU drivers' character devices (NVIDIA's ``/dev/nvidia0``, ``nvidiactl``, ``nvidia-uvm``; ROCm's
+``/dev/kfd``): made when the driver loads, so their identity tells a driver (re)load."""
+
+HEALTH_SOURCE_OF = {Accelerator.CUDA: "nvidia-smi", Accelerator.ROCM: "rocm-smi", Accelerator.MPS: "apple"}
 
 
 def find_executable(name: str, path_env: str | None, extra_dirs: Sequence[str]) -> str | None:
@@ -116,6 +127,8 @@ class DiscoveryConfig:
         query_compute_apps: also ask nvidia-smi which processes use each GPU.
         use_gpus: look for GPUs at all; False (a daemon run beside another one on this machine,
             ``isolated``) reports none, with a health entry saying why: CPU slots only.
+        device_node_globs: the driver's device nodes, whose identity is part of
+            :attr:`HostInventory.driver_state` (they are made anew when the driver loads).
     """
 
     nvidia_smi_timeout_s: float = 20.0
@@ -129,6 +142,7 @@ class DiscoveryConfig:
     meminfo_path: str | None = "/proc/meminfo"
     query_compute_apps: bool = True
     use_gpus: bool = True
+    device_node_globs: tuple[str, ...] = DEVICE_NODE_GLOBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +161,10 @@ class HostInventory:
         notes: unknown values, skipped output lines, retried queries, in words.
         driver_cuda: the newest CUDA the NVIDIA driver supports, from nvidia-smi's ``CUDA Version:``
             header (else the driver -> CUDA table); None without an NVIDIA GPU.
+        driver_state: what an import-based framework check depends on, in one string: each GPU
+            tool's probe status and driver versions, and the identity (inode, device number) of the
+            driver's device nodes (``/dev/nvidia*``, ``/dev/kfd``). It changes when the driver
+            becomes ready, is upgraded or reloaded; the environment prober keys its torch answers on it.
     """
 
     devices: tuple[DeviceSnapshot, ...]
@@ -158,6 +176,38 @@ class HostInventory:
     machine: str
     notes: tuple[str, ...] = ()
     driver_cuda: str | None = None
+    driver_state: str = ""
+
+
+def driver_state_of(health: Sequence[ProbeHealth], devices: Sequence[DeviceSnapshot],
+                    node_globs: Sequence[str]) -> str:
+    """:attr:`HostInventory.driver_state` from a probe's health, its devices and the device nodes on disk:
+    ``"nvidia-smi=ok 550.54.15;rocm-smi=not_found;nodes=nvidia0:1234:195,0 ..."``. Never raises."""
+    parts = []
+    for h in sorted(health, key=lambda h: h.source):
+        drivers = sorted({d.driver_version for d in devices
+                          if d.driver_version and HEALTH_SOURCE_OF.get(d.accelerator) == h.source})
+        parts.append(f"{h.source}={h.status.value}{' ' + ','.join(drivers) if drivers else ''}")
+    nodes = []
+    for pattern in node_globs:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode):
+                nodes.append(f"{os.path.basename(path)}:{st.st_ino}:{os.major(st.st_rdev)},{os.minor(st.st_rdev)}")
+    return ";".join([*parts, "nodes=" + " ".join(nodes)])
+
+
+_UNSETTLED = frozenset({ProbeStatus.DRIVER_UNAVAILABLE, ProbeStatus.DRIVER_LIBRARY_MISMATCH, ProbeStatus.TIMEOUT,
+                        ProbeStatus.ERROR})
+
+
+def driver_unsettled(health: Sequence[ProbeHealth]) -> bool:
+    """True while a GPU tool exists but cannot reach its driver (not loaded yet, a driver/library
+    mismatch, hung): framework answers taken then are not worth keeping across a restart."""
+    return any(h.source in ("nvidia-smi", "rocm-smi") and h.status in _UNSETTLED for h in health)
 
 
 def discover_host(
@@ -259,6 +309,7 @@ def discover_host(
         machine=machine,
         notes=tuple(notes),
         driver_cuda=driver_cuda,
+        driver_state=driver_state_of(health, devices, config.device_node_globs),
     )
 
 

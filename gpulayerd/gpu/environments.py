@@ -93,6 +93,7 @@ class _CacheEntry:
     env_fingerprint: str
     dir_mtimes_ns: Mapping[str, int | None]
     snapshot: EnvironmentSnapshot
+    driver_state: str = ""  # the GPU driver state a torch-checked answer was taken under
 
 
 class EnvironmentProber:
@@ -108,7 +109,10 @@ class EnvironmentProber:
     Checking this costs only ``stat`` calls. Entries live in memory and, when
     ``cache_dir`` is given, as JSON files there, so a new process gets a cached answer
     without running Python. Probes that failed or whose torch stage did not finish
-    are not cached. A driver change is not seen by the key: pass ``use_cache=False``.
+    are not cached. A torch-checked answer also depends on the GPU driver: it is valid only
+    under the driver state it was taken in (:meth:`set_driver_state`, from
+    :attr:`gpulayerd.gpu.discovery.HostInventory.driver_state`), so "CUDA unavailable" seen
+    before the driver was ready is asked again once it is.
     """
 
     def __init__(
@@ -150,9 +154,23 @@ class EnvironmentProber:
             json.dumps([[name, base.get(name)] for name in _FINGERPRINT_VARS]).encode()
         ).hexdigest()[:16]
         self._memory: dict[tuple[str, bool], _CacheEntry] = {}
+        self._driver_state = ""
+        self._persist_torch = True
         self._lock = threading.Lock()
         self._torch_runs: set[int] = set()  # process groups of torch checks running now
         self._warned: set[str] = set()
+
+    def set_driver_state(self, state: str, *, persist: bool = True) -> None:
+        """Take the GPU driver state that torch-checked answers depend on from now on
+        (``HostInventory.driver_state``): an answer taken under another state is no longer used.
+
+        Args:
+            state: the driver state, any string; "" (the default) for a prober that never hears one.
+            persist: False while the driver is not ready (nvidia-smi cannot reach it): answers taken
+                then stay in memory only, so a restarted daemon checks again.
+        """
+        with self._lock:
+            self._driver_state, self._persist_torch = state, persist
 
     def probe(
         self, interpreter: str, *, use_cache: bool = True, torch_check: bool = True
@@ -230,6 +248,8 @@ class EnvironmentProber:
                 return cached, True
         interpreter_stat = _stat_key(path)
         probe_stat = _stat_key(str(_PROBE_SCRIPT))
+        with self._lock:
+            driver_state, persist = (self._driver_state, self._persist_torch) if torch_check else ("", True)
         snapshot, dir_mtimes_ns = self._run_probe(path, torch_check)
         snapshot = with_cuda_builds(snapshot, dir_mtimes_ns)  # torch/version.py, cupy-cuda12x, ...
         if dir_mtimes_ns is not None and interpreter_stat is not None and probe_stat is not None:
@@ -239,10 +259,12 @@ class EnvironmentProber:
                 env_fingerprint=self._env_fingerprint,
                 dir_mtimes_ns=dir_mtimes_ns,
                 snapshot=snapshot,
+                driver_state=driver_state,
             )
             with self._lock:
                 self._memory[key] = entry
-            self._save(key, entry)
+            if persist:
+                self._save(key, entry)
             return snapshot, True
         return snapshot, False
 
@@ -338,9 +360,11 @@ class EnvironmentProber:
     def _cached(self, key: tuple[str, bool]) -> EnvironmentSnapshot | None:
         with self._lock:
             entry = self._memory.get(key)
+        if entry is not None and not self._same_driver(key, entry):
+            entry = None  # taken under another driver state: maybe one on disk was taken under this one
         if entry is None:
             entry = self._load(key)
-            if entry is None:
+            if entry is None or not self._same_driver(key, entry):
                 return None
         if not self._still_valid(key[0], entry):
             with self._lock:
@@ -350,6 +374,10 @@ class EnvironmentProber:
             self._memory[key] = entry
         return entry.snapshot
 
+    def _same_driver(self, key: tuple[str, bool], entry: _CacheEntry) -> bool:
+        with self._lock:
+            return not key[1] or entry.driver_state == self._driver_state
+
     def _still_valid(self, path: str, entry: _CacheEntry) -> bool:
         if entry.env_fingerprint != self._env_fingerprint:
             return False
@@ -357,14 +385,17 @@ class EnvironmentProber:
             return False
         return all(_mtime_ns(d) == mtime for d, mtime in entry.dir_mtimes_ns.items())
 
-    def _cache_file(self, key: tuple[str, bool]) -> Path | None:
+    def _cache_file(self, key: tuple[str, bool], driver_state: str) -> Path | None:
         if self._cache_dir is None:
             return None
-        ident = json.dumps([key[0], key[1], self._env_fingerprint, _CACHE_FORMAT])
+        ident = json.dumps([key[0], key[1], self._env_fingerprint, _CACHE_FORMAT]
+                           + ([driver_state] if key[1] and driver_state else []))
         return self._cache_dir / f"env-{hashlib.sha256(ident.encode()).hexdigest()[:32]}.json"
 
     def _load(self, key: tuple[str, bool]) -> _CacheEntry | None:
-        file = self._cache_file(key)
+        with self._lock:
+            driver_state = self._driver_state if key[1] else ""
+        file = self._cache_file(key, driver_state)
         if file is None:
             return None
         try:
@@ -385,6 +416,7 @@ class EnvironmentProber:
                 env_fingerprint=str(data["env_fingerprint"]),
                 dir_mtimes_ns=dirs,
                 snapshot=EnvironmentModel.model_validate(data["snapshot"]).to_core(),
+                driver_state=str(data.get("driver_state", "")),
             )
         except FileNotFoundError:
             return None
@@ -393,7 +425,7 @@ class EnvironmentProber:
             return None
 
     def _save(self, key: tuple[str, bool], entry: _CacheEntry) -> None:
-        file = self._cache_file(key)
+        file = self._cache_file(key, entry.driver_state)
         if file is None:
             return
         data = {
@@ -404,6 +436,7 @@ class EnvironmentProber:
             "probe_stat": list(entry.probe_stat),
             "env_fingerprint": entry.env_fingerprint,
             "dir_mtimes_ns": dict(entry.dir_mtimes_ns),
+            "driver_state": entry.driver_state,
             "snapshot": EnvironmentModel.from_core(entry.snapshot).model_dump(mode="json"),
         }
         try:

@@ -74,6 +74,7 @@ def snapshot_from_report(
                      "it never gets the Apple GPU (mps)")
     torch = report.get("torch")
     mps_bytes = torch.get("mps_recommended_max_memory") if isinstance(torch, Mapping) else None
+    error = torch.get("error") if isinstance(torch, Mapping) and report.get("torch_stage") == "ran" else None
     return EnvironmentSnapshot(
         interpreter=interpreter,
         python_version=python_version,
@@ -88,6 +89,7 @@ def snapshot_from_report(
         mps_recommended_max_bytes=(
             mps_bytes if isinstance(mps_bytes, int) and not isinstance(mps_bytes, bool) and mps_bytes > 0 else None
         ),
+        import_errors={"torch": error[:300]} if isinstance(error, str) and error and torch_unfinished is None else {},
     )
 
 

@@ -169,6 +169,8 @@ class EnvironmentModel(BaseModel):
     translated: bool | None = None
     mps_recommended_max_bytes: int | None = Field(default=None, ge=0)
     torch_pending: bool = False
+    import_errors: dict[str, str] = Field(default_factory=dict, max_length=16)
+    """framework -> the decisive line of its import failure (``torch`` -> ``ImportError: ...``)."""
 
     def to_core(self) -> EnvironmentSnapshot:
         """Convert to an :class:`EnvironmentSnapshot`."""
@@ -192,6 +194,7 @@ class EnvironmentModel(BaseModel):
             translated=self.translated,
             mps_recommended_max_bytes=self.mps_recommended_max_bytes,
             torch_pending=self.torch_pending,
+            import_errors=dict(self.import_errors),
         )
 
     @classmethod
@@ -217,6 +220,7 @@ class EnvironmentModel(BaseModel):
             translated=e.translated,
             mps_recommended_max_bytes=e.mps_recommended_max_bytes,
             torch_pending=e.torch_pending,
+            import_errors=dict(sorted(e.import_errors.items())),
         )
 
 

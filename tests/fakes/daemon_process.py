@@ -160,6 +160,13 @@ class FakeGpus:
                                                compute_mode=gpu.compute_mode if compute_mode is None else compute_mode)
         self.set_apps(self._apps)
 
+    def set_driver_unavailable(self) -> None:
+        """Every call answers as nvidia-smi does before the driver is loaded (exit 9), until
+        :meth:`set_apps` (or another setter) writes the GPUs' answers again."""
+        message = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
+                   "the latest NVIDIA driver is installed and running.\n")
+        self._write({"responses": [], "default": response([], message, exit_code=9)})
+
     def set_apps(self, apps: Sequence[tuple[int, int]]) -> None:
         """Compute processes as (GPU index, pid) pairs; empty: "No running processes found"."""
         self._apps = list(apps)
@@ -170,6 +177,9 @@ class FakeGpus:
             response(COMPUTE_APPS_ARGV, rows),
             smi_header(),  # plain nvidia-smi: the banner with the driver's CUDA Version
         ]}
+        self._write(scenario)
+
+    def _write(self, scenario: dict[str, Any]) -> None:
         path = self.tool.path.with_name("nvidia-smi.json")
         tmp = path.with_name(".nvidia-smi.json.tmp")
         tmp.write_text(json.dumps(scenario), encoding="utf-8")

@@ -44,7 +44,7 @@ from gpulayerd.core.types import (
 from gpulayerd.core.visible import Visibility, apply_visibility
 from gpulayerd.gpu.command import DEVNULL, Popen, TimeoutExpired, run_command
 from gpulayerd.gpu.compose import build_capabilities
-from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host
+from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host, driver_unsettled
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia.query import ComputeApps, NvidiaSmi, query_compute_apps
 from gpulayerd.models import Capabilities, DeviceModel
@@ -279,6 +279,9 @@ class Machine:
             self._ours_at_probe = ours
         self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
         self._inventory = inventory
+        # A torch answer taken under another driver state (before the driver was ready, another
+        # driver version) is asked again; one taken while the driver is not ready is never kept on disk.
+        self._prober.set_driver_state(inventory.driver_state, persist=not driver_unsettled(inventory.health))
         async with self._env_lock:
             # Metadata first (or the cached full answer): torch's import-based check runs in the
             # background and lands through _apply_environment (TorchChecks).
@@ -468,5 +471,6 @@ def _hardware_key(caps: Capabilities) -> tuple[object, ...]:
         tuple((e.interpreter, e.ok, e.python_version,
                tuple((k, f.version, f.valid) for k, f in sorted(e.frameworks.items())),
                tuple(sorted(e.cuda_builds.items())), e.torch_pending, e.torch_cuda, e.torch_mps,
-               e.distributed_backends, e.translated) for e in caps.environments),
+               e.distributed_backends, e.translated, tuple(sorted(e.import_errors.items())))
+              for e in caps.environments),
     )

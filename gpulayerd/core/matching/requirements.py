@@ -7,16 +7,14 @@ no clock, no randomness. Memory is compared in bytes; "GB" in messages is 10^9 b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from gpulayerd.core.matching.device_state import busy_rejection, device_label, state_rejections
 from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows
 from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import (
-    EXCLUSIVE_COMPUTE_MODES,
     GB,
-    UNKNOWN_PROCESSES_IDLE_MAX_BYTES,
     Accelerator,
-    DeviceKind,
     DeviceSnapshot,
     DeviceState,
     EnvironmentSnapshot,
@@ -46,15 +44,6 @@ def _gb_wanted(n_bytes: int) -> str:
 
 def _cc(cc: tuple[int, int]) -> str:
     return f"{cc[0]}.{cc[1]}"
-
-
-_Rej = Callable[[RejectionCode, str, str, str, str], None]
-
-
-def _dev_label(d: DeviceSnapshot) -> str:
-    if d.kind is DeviceKind.MIG:
-        return f"MIG {d.mig_profile or '?'} ({d.uuid})"
-    return f"GPU {d.index}" if d.accelerator is not Accelerator.MPS else "Apple GPU"
 
 
 # --- environments
@@ -103,6 +92,14 @@ def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> l
                 Rejection(
                     RejectionCode.FRAMEWORK_MISSING, f"frameworks.{name}", spec, "not installed", worker,
                     f"{name} is not installed in {where}", environment=where,
+                )
+            )
+            continue
+        if name in env.import_errors:  # installed, but importing it fails here: no job naming it runs
+            out.append(
+                Rejection(
+                    RejectionCode.ENVIRONMENT_BROKEN, f"frameworks.{name}", spec, "import fails", worker,
+                    f"{name}: import fails: {env.import_errors[name]} (in {where})", environment=where,
                 )
             )
             continue
@@ -306,7 +303,10 @@ def _env_found(requirement: str, e: EnvironmentSnapshot) -> str:
     if requirement == "python":
         return e.python_version or "unknown"
     if requirement.startswith("frameworks."):
-        fw = e.frameworks.get(requirement.split(".", 1)[1])
+        name = requirement.split(".", 1)[1]
+        fw = e.frameworks.get(name)
+        if fw is not None and name in e.import_errors:
+            return f"{fw.version or '?'}, import fails"
         return "not installed" if fw is None else fw.version or "unknown"
     if requirement in ("torch.cuda", "torch.mps"):
         v = e.torch_cuda if requirement == "torch.cuda" else e.torch_mps
@@ -329,7 +329,7 @@ def _pending_why(e: EnvironmentSnapshot) -> str:
 
 
 def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[Rejection]:
-    label = _dev_label(d)
+    label = device_label(d)
     out: list[Rejection] = []
 
     def rej(code: RejectionCode, req: str, wanted: str, found: str, msg: str) -> None:
@@ -341,7 +341,7 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
             f"{label} ({d.accelerator.value}) is detection-only: gpulayer never schedules on it",
         )
         return out
-    if _mig_or_state_rejections(job, d, label, rej):
+    if state_rejections(job, d, label, rej):
         return out
     if job.gpu_memory_kind is not None:
         want = job.gpu_memory_kind.value
@@ -377,66 +377,6 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
             rej(RejectionCode.FLOAT64_UNSUPPORTED, "requires_float64", "yes", "no",
                 f"{label} ({d.accelerator.value}) has no 64-bit floats")
     return out
-
-
-def _mig_or_state_rejections(job: JobRequest, d: DeviceSnapshot, label: str, rej: _Rej) -> bool:
-    """Lost devices, whole GPUs in MIG mode and MIG instances for multi-device jobs; True if rejected."""
-    if d.state is DeviceState.EXCLUDED:
-        why = "by exclude_gpus in the daemon's config" if d.state_reason == "config" else (
-            f"by the daemon's {d.state_reason or 'CUDA_VISIBLE_DEVICES'}")
-        rej(RejectionCode.EXECUTION_UNSUPPORTED, "device state", "ok", "excluded",
-            f"{label} is excluded {why}: it is never granted")
-        return True
-    if d.state is DeviceState.LOST:
-        rej(RejectionCode.PROBE_UNHEALTHY, "device state", "ok", "lost",
-            f"{label}{f' ({d.pci_bus_id})' if d.pci_bus_id else ''} is lost: nvidia-smi said "
-            f"{d.state_reason or 'nothing more'!r}; it is never granted")
-        return True
-    if d.state is DeviceState.UNUSABLE:
-        if d.state_reason == "compute mode Prohibited":
-            rej(RejectionCode.EXECUTION_UNSUPPORTED, "compute mode", "Default or Exclusive_Process", "Prohibited",
-                f"{label} is in compute mode Prohibited: no CUDA process may use it; it is never granted "
-                "(an admin changes it with nvidia-smi -c DEFAULT)")
-        else:
-            rej(RejectionCode.PROBE_UNHEALTHY, "device state", "ok", "unusable",
-                f"{label} is unusable: nvidia-smi reads {d.state_reason or 'a fault'!r}; it is never granted "
-                "until it is reset (nvidia-smi -r, or a reboot)")
-        return True
-    if d.kind is DeviceKind.GPU and d.mig_enabled:
-        rej(RejectionCode.EXECUTION_UNSUPPORTED, "mig", "whole GPU", "MIG mode",
-            f"{label} is in MIG mode: only its MIG instances are granted, never the whole GPU")
-        return True
-    if d.kind is DeviceKind.MIG and job.gpu_count > 1:
-        rej(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(job.gpu_count), "MIG instance",
-            f"{label} is a MIG instance: a process can use only one, so a job asking for "
-            f"gpu_count {job.gpu_count} needs whole GPUs")
-        return True
-    return False
-
-
-def _busy_rejection(d: DeviceSnapshot, worker: str) -> Rejection:
-    label = _dev_label(d)
-    if d.granted_to is not None:
-        return Rejection(RejectionCode.RESERVED, "free devices", "free", f"granted to {d.granted_to}", worker,
-                         f"{label} is granted to job {d.granted_to}", device=d.index)
-    if d.hidden_use:
-        used = f"{(d.memory_used_bytes or 0) / 2**20:.0f} MiB"
-        return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", "memory in use", worker,
-                         f"{label} is in use: memory in use by processes not visible here (memory.used "
-                         f"{used}, no process listed; free only at <= "
-                         f"{UNKNOWN_PROCESSES_IDLE_MAX_BYTES // 2**20} MiB)", device=d.index)
-    if not d.foreign_pids and d.unknown_use:
-        used = "unknown" if d.memory_used_bytes is None else f"{d.memory_used_bytes / 2**20:.0f} MiB"
-        return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", "processes unknown", worker,
-                         f"{label} may be in use: its process list could not be read and its memory.used is "
-                         f"{used} (free only at <= {UNKNOWN_PROCESSES_IDLE_MAX_BYTES // 2**20} MiB)",
-                         device=d.index)
-    pids = ", ".join(str(p) for p in d.foreign_pids)
-    exclusive = (f"; it is in compute mode {d.compute_mode}, so a second process would get 'all CUDA-capable "
-                 "devices are busy or unavailable'") if d.compute_mode in EXCLUSIVE_COMPUTE_MODES else ""
-    return Rejection(RejectionCode.FOREIGN_PROCESS, "free devices", "free", f"pids {pids}", worker,
-                     f"{label} is busy with processes gpulayer did not start (pid {pids}){exclusive}",
-                     device=d.index)
 
 
 def _objective(d: DeviceSnapshot) -> tuple[int, str, int]:
@@ -498,7 +438,7 @@ def choose_devices(
         # A device that needs a reset (or was lost) may come back: say so beside the busy ones.
         faulty = [r for d, rs in per_dev if d.state in (DeviceState.UNUSABLE, DeviceState.LOST)
                   for r in rs if r.code is RejectionCode.PROBE_UNHEALTHY]
-        return None, [], [_busy_rejection(d, wid) for d in fit if d.busy] + faulty
+        return None, [], [busy_rejection(d, wid) for d in fit if d.busy] + faulty
     chosen = sorted(free, key=_objective)[:want_n]
     return chosen, [], []
 
@@ -544,7 +484,7 @@ def _device_rows(
         for d, rs in per_dev:
             mine = [r for r in rs if r.requirement in (requirement, "accelerator")]
             n_ok += not mine
-            found.append(f"{_dev_label(d)}: {_device_value(requirement, d)}")
+            found.append(f"{device_label(d)}: {_device_value(requirement, d)}")
         checks.append(Check(requirement, wanted, ", ".join(found), n_ok >= job.gpu_count))
 
 

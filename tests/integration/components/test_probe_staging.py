@@ -90,14 +90,21 @@ async def test_metadata_answer_first_then_the_torch_check_lands_and_a_waiting_jo
         await lab.schedule()
         assert (await lab.job(w1, job)).status == "running"
         assert starts(counter) == 2  # the metadata probe, then the full one
+        assert machine._inventory is not None
+        driver_state = machine._inventory.driver_state
     finally:
         await lab.close()
 
-    # The next start reads the full answer from the cache: no Python runs, nothing pending.
+    # The next start (same driver state) reads the full answer from the cache: no Python runs, nothing pending.
     fresh = EnvironmentProber(PROBE_TIMEOUT_S, cache_dir)
+    fresh.set_driver_state(driver_state)
     snap, needs_check = await asyncio.to_thread(fresh.metadata_first, str(python))
     assert (needs_check, snap.torch_pending, snap.distributed_backends) == (False, False, ("gloo",))
     assert starts(counter) == 2
+    # Under another driver state (the driver became ready, another version) the torch answer is asked again.
+    fresh.set_driver_state(driver_state + ";nvidia-smi=ok 570.86.15")
+    snap, needs_check = await asyncio.to_thread(fresh.metadata_first, str(python))
+    assert (needs_check, snap.torch_pending) == (True, True)
 
 
 def test_without_torch_the_metadata_answer_is_final(tmp_path: Path) -> None:
