@@ -33,9 +33,9 @@ from gpulayerd.gpu.rocm import ROCM_SMI_SEARCH_DIRS, probe_rocm
 from gpulayerd.host import sysinfo
 
 __all__ = [
+    "DEVICE_NODE_GLOBS",
     "NVIDIA_SMI_SEARCH_DIRS",
     "ROCM_SMI_SEARCH_DIRS",
-    "DEVICE_NODE_GLOBS",
     "AppleFacts",
     "DiscoveryConfig",
     "HostInventory",
