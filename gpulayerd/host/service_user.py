@@ -155,6 +155,13 @@ _LAUNCHD_PLIST = """\
 \t<key>ProgramArguments</key>
 \t<array>
 {program_arguments}\t</array>
+\t<!-- launchd gives an agent only /usr/bin:/bin:/usr/sbin:/sbin: without this PATH, tools from
+\t     Homebrew or /usr/local (and python3 there) are invisible to gpulayerd and to its probes. -->
+\t<key>EnvironmentVariables</key>
+\t<dict>
+\t\t<key>PATH</key>
+\t\t<string>{path}</string>
+\t</dict>
 \t<key>RunAtLoad</key>
 \t<true/>
 \t<!-- Start again after a crash or a failed start (at most every 10 s), not after a clean stop. -->
@@ -302,10 +309,18 @@ def render_systemd_unit(gpulayerd: str, interpreters: Sequence[str]) -> str:
                                     "replaces a changed file only with --force)\n")
 
 
+LAUNCHD_PATH: tuple[str, ...] = ("/opt/homebrew/bin", "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin")
+"""The agent's PATH after this installation's own ``bin``: Homebrew (Apple silicon, then Intel) before the
+system's directories, instead of launchd's bare ``/usr/bin:/bin:/usr/sbin:/sbin``."""
+
+
 def render_launchd_plist(gpulayerd: str, interpreters: Sequence[str], log_path: str) -> str:
-    """The LaunchAgent plist running ``gpulayerd --python P ...``, logging to ``log_path``, sealed."""
+    """The LaunchAgent plist running ``gpulayerd --python P ...``, logging to ``log_path``, sealed; its
+    ``EnvironmentVariables`` PATH is ``gpulayerd``'s directory, then :data:`LAUNCHD_PATH`."""
     argv = [gpulayerd, *(a for p in interpreters for a in ("--python", p))]
+    path = ":".join(dict.fromkeys([os.path.dirname(gpulayerd), *LAUNCHD_PATH]))
     body = (_LAUNCHD_PLIST.replace("{label}", LAUNCHD_LABEL)
+            .replace("{path}", escape(path))
             .replace("{program_arguments}", "".join(f"\t\t<string>{escape(a)}</string>\n" for a in argv))
             .replace("{log_path}", escape(log_path)))
     return _seal(body, 1, lambda d: f"<!-- gpulayer-sha256: {d} (written by gpulayer service install, which "

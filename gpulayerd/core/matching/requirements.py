@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpulayerd.core.matching.device_state import busy_rejection, device_label, state_rejections
-from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows
+from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows, torch_cuda_build
 from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import (
     GB,
@@ -185,10 +185,16 @@ def _torch_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) ->
                 )
             )
         elif not avail:
+            why = f"torch in {where} reports {acc.value} unavailable"
+            if acc is Accelerator.CUDA and torch_cuda_build(env) == "":
+                version = env.frameworks["torch"].version
+                why = (f"torch{' ' + version if version else ''} in {where} is a CPU-only build (torch.version.cuda "
+                       "is None): it never uses a GPU; a CUDA wheel of torch is needed "
+                       "(pip install torch --index-url https://download.pytorch.org/whl/cu124)")
             out.append(
                 Rejection(
                     RejectionCode.TORCH_BACKEND_UNAVAILABLE, name, "available", "not available", worker,
-                    f"torch in {where} reports {acc.value} unavailable", environment=where,
+                    why, environment=where,
                 )
             )
     if job.distributed is not None:

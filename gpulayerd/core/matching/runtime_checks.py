@@ -114,7 +114,8 @@ def _compat(env: EnvironmentSnapshot, worker: WorkerSnapshot) -> tuple[Compat, l
             unknown = True
         elif result is Compat.TOO_OLD:
             need = minimum_driver(build) or "?"
-            have = driver or f"a driver for CUDA {worker.driver_cuda}"
+            have = (f"{driver} (CUDA {worker.driver_cuda})" if driver and worker.driver_cuda else driver
+                    or f"a driver for CUDA {worker.driver_cuda}")
             rejs.append(Rejection(
                 RejectionCode.CUDA_DRIVER_INCOMPATIBLE, "cuda_compat", f"driver >= {need}", driver or "unknown",
                 worker.node_id,

@@ -224,7 +224,10 @@ def test_rendered_plist_loads_and_every_path_is_absolute(home: Path, capsys: pyt
         data = plistlib.load(f)
     assert set(data) == {"Label", "ProgramArguments", "RunAtLoad", "KeepAlive", "AbandonProcessGroup",
                          "ProcessType", "StandardOutPath", "StandardErrorPath", "SoftResourceLimits",
-                         "HardResourceLimits"}
+                         "HardResourceLimits", "EnvironmentVariables"}
+    assert data["EnvironmentVariables"] == {"PATH": ":".join(dict.fromkeys(
+        [os.path.dirname(this_gpulayerd()), "/opt/homebrew/bin", "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin",
+         "/sbin"]))}
     assert data["SoftResourceLimits"] == data["HardResourceLimits"] == {"NumberOfFiles": 10240}
     assert data["Label"] == LAUNCHD_LABEL
     assert data["ProgramArguments"] == [this_gpulayerd(), "--python", sys.executable, "--python", str(odd)]
