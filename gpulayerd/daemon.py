@@ -406,6 +406,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, use_gpus=not config.isolated),
         nvidia=NvidiaSmi(),
         support=support, signals=signals, clock=clock)
+    starter.activation_of = machine.activation_of
     if capabilities is not None:
         machine.use_capabilities(capabilities)
     cluster: ClusterNode | None = None

@@ -55,6 +55,13 @@ def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
     out += ["", "Python environments:"]
     for e in caps.environments:
         out.append(f"  {_e(e.interpreter)}")
+        if e.configured:  # a shim resolved once: jobs run the interpreter above, whatever their workdir says
+            out.append(f"    configured as {_e(e.configured)} ({_e(e.launcher or 'launcher')}): jobs run the "
+                       "interpreter above")
+        if e.activation.get("CONDA_PREFIX"):
+            extra = sorted(k for k in e.activation if not k.startswith("CONDA_"))
+            out.append(f"    conda environment {_e(e.activation.get('CONDA_DEFAULT_ENV', '?'))}: jobs run activated"
+                       + (f" (also sets {_e(', '.join(extra))})" if extra else ""))
         if not e.ok:
             out.append(f"    broken: {_e('; '.join(e.notes))}")
             continue

@@ -341,6 +341,13 @@ class EnvironmentSnapshot:
         import_errors: framework -> the decisive line of its import failure, as the probe saw it
             (``"ImportError: .../libtorch_cuda.so: undefined symbol: __nvJitLinkComplete_12_4"``):
             a job naming that framework is rejected here with it, CPU jobs included.
+        configured: the interpreter as configured when it is not ``interpreter`` itself (a pyenv,
+            asdf or mise shim, a launcher script, resolved once to the interpreter it starts);
+            None when they are the same.
+        launcher: what ``configured`` is (``"pyenv shim"``); "" when None.
+        activation: a conda environment's activation, variable -> value (``CONDA_PREFIX``,
+            ``CONDA_DEFAULT_ENV``, what ``etc/conda/activate.d`` exports): jobs and probes run with
+            it and the prefix's ``bin`` first on PATH; empty for other interpreters.
     """
 
     interpreter: str
@@ -357,6 +364,9 @@ class EnvironmentSnapshot:
     mps_recommended_max_bytes: int | None = None
     torch_pending: bool = False
     import_errors: Mapping[str, str] = field(default_factory=dict)
+    configured: str | None = None
+    launcher: str = ""
+    activation: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,8 @@ def run_bounded(
     env: Mapping[str, str] | None = None,
     max_output_bytes: int | None = None,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    cwd: str | None = None,
+    as_ids: tuple[int, int] | None = None,
 ) -> RunOutcome:
     """Run ``argv`` in its own process group; kill the group on timeout or too much stdout.
 
@@ -80,6 +82,8 @@ def run_bounded(
             much of stderr's head is kept; None for no limit.
         started: called with the process once it runs (its pid is its process group's id),
             e.g. to kill it early from another thread.
+        cwd: the working directory; None keeps this process's.
+        as_ids: (uid, gid) to run as, with no supplementary groups (needs root); None: as this process.
 
     Returns:
         What the command did.
@@ -99,6 +103,10 @@ def run_bounded(
         stderr=subprocess.PIPE,
         env=None if env is None else dict(env),
         start_new_session=True,
+        cwd=cwd,
+        user=None if as_ids is None else as_ids[0],
+        group=None if as_ids is None else as_ids[1],
+        extra_groups=None if as_ids is None else [],
     )
     try:
         if started is not None:

@@ -37,6 +37,7 @@ from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.command import Popen, RunOutcome, run_bounded
 from gpulayerd.gpu.cuda_build import with_cuda_builds
 from gpulayerd.gpu.dist_files import mark_files_on_disk
+from gpulayerd.gpu.interpreters import InterpreterResolver, ResolvedInterpreter
 from gpulayerd.gpu.probe_report import (
     dir_mtimes,
     excerpt,
@@ -48,7 +49,7 @@ from gpulayerd.gpu.probe_report import (
 from gpulayerd.host.atomic import write_atomic
 from gpulayerd.models import EnvironmentModel
 
-__all__ = ["TORCH_PENDING_NOTE", "EnvironmentProber", "default_interpreter"]
+__all__ = ["TORCH_PENDING_NOTE", "EnvironmentProber", "default_interpreter", "with_activation"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class EnvironmentProber:
         self._lock = threading.Lock()
         self._torch_runs: set[int] = set()  # process groups of torch checks running now
         self._warned: set[str] = set()
+        self._resolver = InterpreterResolver(base, timeout_s)
 
     def set_driver_state(self, state: str, *, persist: bool = True) -> None:
         """Take the GPU driver state that torch-checked answers depend on from now on
@@ -200,8 +202,11 @@ class EnvironmentProber:
 
         Costs ``stat`` calls (and a cache file read on a fresh prober): call it off the event loop.
         """
-        path, problem = _resolve_interpreter(interpreter)
-        return None if problem is not None else self._cached((path, torch_check))
+        found, problem = self._locate(interpreter)
+        if problem is not None:
+            return None
+        snap = self._cached((found.path, torch_check))
+        return None if snap is None else _as_configured(snap, found)
 
     def metadata_first(self, interpreter: str) -> tuple[EnvironmentSnapshot, bool]:
         """The fast answer: the full (torch-checked) snapshot when cached, else package metadata only.
@@ -237,20 +242,21 @@ class EnvironmentProber:
     def _probe(
         self, interpreter: str, *, use_cache: bool, torch_check: bool
     ) -> tuple[EnvironmentSnapshot, bool]:
-        path, problem = _resolve_interpreter(interpreter)
+        found, problem = self._locate(interpreter)
         if problem is not None:
-            self._warn_once(f"{path}:{problem}", "environment probe of %s: %s", path, problem)
-            return EnvironmentSnapshot(interpreter=path, ok=False, notes=(problem,)), False
+            self._warn_once(f"{found.path}:{problem}", "environment probe of %s: %s", found.path, problem)
+            return _as_configured(EnvironmentSnapshot(interpreter=found.path, ok=False, notes=(problem,)), found), False
+        path = found.path
         key = (path, torch_check)
         if use_cache:
             cached = self._cached(key)
             if cached is not None:
-                return cached, True
+                return _as_configured(cached, found), True
         interpreter_stat = _stat_key(path)
         probe_stat = _stat_key(str(_PROBE_SCRIPT))
         with self._lock:
             driver_state, persist = (self._driver_state, self._persist_torch) if torch_check else ("", True)
-        snapshot, dir_mtimes_ns = self._run_probe(path, torch_check)
+        snapshot, dir_mtimes_ns = self._run_probe(path, torch_check, found.activation)
         snapshot = with_cuda_builds(snapshot, dir_mtimes_ns)  # torch/version.py, cupy-cuda12x, ...
         if dir_mtimes_ns is not None and interpreter_stat is not None and probe_stat is not None:
             entry = _CacheEntry(
@@ -265,8 +271,16 @@ class EnvironmentProber:
                 self._memory[key] = entry
             if persist:
                 self._save(key, entry)
-            return snapshot, True
-        return snapshot, False
+            return _as_configured(snapshot, found), True
+        return _as_configured(snapshot, found), False
+
+    def _locate(self, interpreter: str) -> tuple[ResolvedInterpreter, str | None]:
+        """The interpreter behind ``interpreter`` (a shim resolved, conda activation read), or why none."""
+        path, problem = _resolve_interpreter(interpreter)
+        if problem is not None:
+            return ResolvedInterpreter(path, path), problem
+        found = self._resolver.resolve(path)
+        return found, found.problem
 
     async def async_probe(
         self, interpreter: str, *, use_cache: bool = True, torch_check: bool = True
@@ -281,7 +295,7 @@ class EnvironmentProber:
     # ------------------------------------------------------------------ running
 
     def _run_probe(
-        self, path: str, torch_check: bool
+        self, path: str, torch_check: bool, activation: Mapping[str, str] | None = None
     ) -> tuple[EnvironmentSnapshot, dict[str, int | None] | None]:
         """Run the probe once; return the snapshot and, if it may be cached, its directory mtimes."""
         argv = [path, str(_PROBE_SCRIPT)]
@@ -295,7 +309,8 @@ class EnvironmentProber:
             runs.append(proc.pid)
 
         try:
-            outcome = run_bounded(argv, self._timeout_s, env=self._env, max_output_bytes=self._max_output_bytes,
+            outcome = run_bounded(argv, self._timeout_s, env=with_activation(self._env, activation or {}),
+                                  max_output_bytes=self._max_output_bytes,
                                   started=started if torch_check else None)
         except OSError as e:
             return self._failed(path, f"cannot run interpreter {path}: {e.strerror or e}"), None
@@ -457,6 +472,26 @@ class EnvironmentProber:
 
 
 # ------------------------------------------------------------------- files and processes
+
+
+def with_activation(env: Mapping[str, str], activation: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with a conda environment's activation applied (its variables over ``env``'s, its
+    ``bin`` first on PATH); ``env`` unchanged (a copy) without one."""
+    out = dict(env)
+    if not activation:
+        return out
+    out.update(activation)
+    prefix = activation.get("CONDA_PREFIX")
+    if prefix:
+        out["PATH"] = f"{prefix}/bin" + (f":{env['PATH']}" if env.get("PATH") else "")
+    return out
+
+
+def _as_configured(snap: EnvironmentSnapshot, found: ResolvedInterpreter) -> EnvironmentSnapshot:
+    """``snap`` saying how it was reached: the configured shim, the conda activation jobs get."""
+    notes = snap.notes + ((found.activation_note,) if found.activation_note else ())
+    return dataclasses.replace(snap, configured=found.configured if found.configured != snap.interpreter else None,
+                               launcher=found.launcher, activation=dict(found.activation), notes=notes)
 
 
 def _resolve_interpreter(interpreter: str) -> tuple[str, str | None]:

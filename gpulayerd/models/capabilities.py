@@ -171,6 +171,12 @@ class EnvironmentModel(BaseModel):
     torch_pending: bool = False
     import_errors: dict[str, str] = Field(default_factory=dict, max_length=16)
     """framework -> the decisive line of its import failure (``torch`` -> ``ImportError: ...``)."""
+    configured: str | None = Field(default=None, max_length=4096)
+    """The interpreter as configured when it is a shim or launcher resolved to ``interpreter``."""
+    launcher: str = Field(default="", max_length=64)
+    """What ``configured`` is: ``pyenv shim``, ``asdf shim``, ``mise shim``, ``Python launcher``."""
+    activation: dict[str, str] = Field(default_factory=dict, max_length=256)
+    """A conda environment's activation (``CONDA_PREFIX``, ...) that jobs run with."""
 
     def to_core(self) -> EnvironmentSnapshot:
         """Convert to an :class:`EnvironmentSnapshot`."""
@@ -195,6 +201,9 @@ class EnvironmentModel(BaseModel):
             mps_recommended_max_bytes=self.mps_recommended_max_bytes,
             torch_pending=self.torch_pending,
             import_errors=dict(self.import_errors),
+            configured=self.configured,
+            launcher=self.launcher,
+            activation=dict(self.activation),
         )
 
     @classmethod
@@ -221,6 +230,9 @@ class EnvironmentModel(BaseModel):
             mps_recommended_max_bytes=e.mps_recommended_max_bytes,
             torch_pending=e.torch_pending,
             import_errors=dict(sorted(e.import_errors.items())),
+            configured=e.configured,
+            launcher=e.launcher,
+            activation=dict(sorted(e.activation.items())),
         )
 
 

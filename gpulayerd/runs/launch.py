@@ -136,6 +136,7 @@ def build_env(
     attempt: int,
     dist_timeout_s: float,
     user: JobUser | None = None,
+    activation: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The full environment of a job.
 
@@ -151,6 +152,9 @@ def build_env(
     :data:`DEFAULT_PATH`; ``PYTHONUNBUFFERED=1``; the spec's ``env`` (which may override any
     of these but ``USER`` and ``LOGNAME``, which always name the account); gpulayer's
     variables.
+
+    ``activation`` (a conda environment's, :attr:`EnvironmentSnapshot.activation`) comes after the
+    base layers and before the spec's ``env``: its variables, and its prefix's ``bin`` first on PATH.
 
     The spec's ``GPULAYER_*`` variables are always dropped. gpulayer's variables, last:
     :func:`gpulayerd.core.launch.launch_env` (``CUDA_VISIBLE_DEVICES``,
@@ -172,6 +176,10 @@ def build_env(
         env.update(HOME=user.home, SHELL=user.shell, USER=user.name, LOGNAME=user.name,
                    PATH=spec.path or DEFAULT_PATH)
     env["PYTHONUNBUFFERED"] = "1"
+    if activation:
+        env.update(activation)
+        if activation.get("CONDA_PREFIX"):
+            env["PATH"] = f"{activation['CONDA_PREFIX']}/bin" + (f":{env['PATH']}" if env.get("PATH") else "")
     env.update({k: v for k, v in spec.env.items() if not k.startswith("GPULAYER_")})
     if user is not None:
         env.update(USER=user.name, LOGNAME=user.name)

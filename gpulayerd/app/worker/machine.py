@@ -309,6 +309,13 @@ class Machine:
             self._signals.devices_changed()
             self._signals.wake()
 
+    def activation_of(self, interpreter: str) -> dict[str, str]:
+        """The conda activation jobs run ``interpreter`` with (from the last probe); {} for others."""
+        caps = self._caps
+        if caps is None:
+            return {}
+        return next((dict(e.activation) for e in caps.environments if e.interpreter == interpreter), {})
+
     def use_capabilities(self, caps: Capabilities) -> None:
         """Take ``caps`` as this machine's probed capabilities (for a machine that is not probed,
         e.g. one made up by a test); :meth:`probe_loop` would replace them."""

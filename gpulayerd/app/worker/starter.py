@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +61,13 @@ class Starter:
     (:func:`gpulayerd.runs.launch.build_env`).
     """
 
-    def __init__(self, config: DaemonConfig, runner: Runner, clock: Clock) -> None:
+    def __init__(self, config: DaemonConfig, runner: Runner, clock: Clock,
+                 activation_of: Callable[[str], Mapping[str, str]] | None = None) -> None:
         self._config = config
         self._runner = runner
         self._clock = clock
+        # interpreter -> its conda activation (Machine.activation_of); set once the machine exists.
+        self.activation_of = activation_of
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
         """Where an attempt's logs and watchdog state live: ``<state>/runs/<job>/<attempt>``.
@@ -112,7 +116,8 @@ class Starter:
             argv = build_gang_argv(spec, placement.environment, nnodes=gang.nnodes, node_rank=gang.node_rank,
                                    master_addr=gang.master_addr, master_port=gang.master_port,
                                    log_dir=log_dir)
-        env = build_env(os.environ, spec, placement, job_id, attempt, self._config.dist_timeout_s, user)
+        activation = self.activation_of(placement.environment) if self.activation_of is not None else None
+        env = build_env(os.environ, spec, placement, job_id, attempt, self._config.dist_timeout_s, user, activation)
         if gang is not None:
             env["GLOO_SOCKET_IFNAME"] = gang.interface
             env["NCCL_SOCKET_IFNAME"] = gang.interface
