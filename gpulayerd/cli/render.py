@@ -59,9 +59,9 @@ def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
             out.append(f"    configured as {_e(e.configured)} ({_e(e.launcher or 'launcher')}): jobs run the "
                        "interpreter above")
         if e.activation.get("CONDA_PREFIX"):
-            extra = sorted(k for k in e.activation if not k.startswith("CONDA_"))
+            sets = sorted(k for k in e.activation if not k.startswith("CONDA_"))
             out.append(f"    conda environment {_e(e.activation.get('CONDA_DEFAULT_ENV', '?'))}: jobs run activated"
-                       + (f" (also sets {_e(', '.join(extra))})" if extra else ""))
+                       + (f" (also sets {_e(', '.join(sets))})" if sets else ""))
         if not e.ok:
             out.append(f"    broken: {_e('; '.join(e.notes))}")
             continue
