@@ -145,6 +145,8 @@ class DaemonConfig(BaseModel):
             restricts them too: :mod:`gpulayerd.core.visible`).
         log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
             bytes; the rest is dropped with a note (the state disk is shared).
+        allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (``kern.hv_vmm_present``
+            = 1) as ``mps``; off by default, since Metal in a VM is paravirtual and partial.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -191,6 +193,7 @@ class DaemonConfig(BaseModel):
     max_gpus_per_user: int | None = Field(default=None, ge=0)
     exclude_gpus: list[int | str] = Field(default_factory=list)
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
+    allow_virtual_mps: bool = False
 
     @field_validator("exclude_gpus")
     @classmethod

@@ -403,7 +403,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
         prober=EnvironmentProber(timeout_s=config.env_probe_timeout_s,
                                  cache_dir=config.state_dir / "cache" / "environments"),
-        discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, use_gpus=not config.isolated),
+        discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, use_gpus=not config.isolated,
+                                  allow_virtual_mps=config.allow_virtual_mps),
         nvidia=NvidiaSmi(),
         support=support, signals=signals, clock=clock)
     starter.activation_of = machine.activation_of

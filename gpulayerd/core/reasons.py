@@ -28,6 +28,7 @@ class ReasonCode(str, enum.Enum):
     FAIR_SHARE = "FairShare"
     USER_CAP = "UserCap"
     HOSTS = "Hosts"
+    GANG_SKEW = "GangSkew"
     OFFLINE = "Offline"
     NO_WORKER = "NoWorker"
     REJECTED = "Rejected"
@@ -56,6 +57,8 @@ MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.FAIR_SHARE: "fits, but a user with less recent usage goes first",
     ReasonCode.USER_CAP: "fits, but the user holds max_gpus_per_user GPUs there already",
     ReasonCode.HOSTS: "a multi-host job: fewer workers fit than it needs hosts",
+    ReasonCode.GANG_SKEW: "a multi-host job: enough workers fit, but no set of them has the same framework "
+                          "versions and Python minor version",
     ReasonCode.OFFLINE: "fits only workers that are offline",
     ReasonCode.NO_WORKER: "no worker is known",
     ReasonCode.REJECTED: "no worker can ever run it (checked at submit)",

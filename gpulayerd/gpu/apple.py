@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from gpulayerd.core.types import (
     Accelerator,
     DeviceSnapshot,
+    DeviceState,
     EnvironmentSnapshot,
     MemoryKind,
     ProbeHealth,
@@ -69,6 +70,8 @@ class AppleFacts:
         notes: commands that failed, in words.
         wired_limit_mb: ``sysctl -n iogpu.wired_limit_mb`` (MiB) when an admin set it (non-zero);
             None when unset (0) or when the sysctl does not exist (older macOS, Intel).
+        virtual: this macOS runs in a virtual machine: ``sysctl -n kern.hv_vmm_present`` is 1, or
+            the chip's name says Virtual; None when neither could tell.
     """
 
     machine: str | None = None
@@ -78,6 +81,7 @@ class AppleFacts:
     macos_version: str | None = None
     notes: tuple[str, ...] = ()
     wired_limit_mb: int | None = None
+    virtual: bool | None = None
 
     @property
     def apple_silicon(self) -> bool | None:
@@ -162,6 +166,9 @@ def read_apple_facts(
     # Absent before macOS 14 and on Intel Macs; 0 means "macOS decides".
     wired_text = (ask([sysctl, "-n", "iogpu.wired_limit_mb"], quiet=True) or "").strip()
     wired = int(wired_text) if wired_text.isdigit() and int(wired_text) > 0 else None
+    vmm_text = ask([sysctl, "-n", "kern.hv_vmm_present"], quiet=True)  # absent on older macOS
+    virtual = True if chip is not None and "virtual" in chip.lower() else (
+        None if vmm_text is None else vmm_text.strip() == "1")
     return AppleFacts(
         machine=machine,
         arm64_hardware=arm64,
@@ -170,6 +177,7 @@ def read_apple_facts(
         macos_version=version,
         notes=tuple(notes),
         wired_limit_mb=wired,
+        virtual=virtual,
     )
 
 
@@ -190,8 +198,16 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def probe_apple(facts: AppleFacts, support: SupportMatrix) -> AppleProbe:
-    """Decide from macOS facts whether this Mac has an ``mps`` device; pure."""
+VIRTUAL_MPS = "virtual machine"
+"""``state_reason`` of the Apple GPU of a macOS virtual machine, excluded unless ``allow_virtual_mps``."""
+
+
+def probe_apple(facts: AppleFacts, support: SupportMatrix, allow_virtual: bool = False) -> AppleProbe:
+    """Decide from macOS facts whether this Mac has an ``mps`` device; pure.
+
+    In a virtual machine (:attr:`AppleFacts.virtual`) Metal is paravirtual and partial (no MPS on
+    most hosts' VMs, or a slow one): the device is listed ``excluded (virtual machine)`` with a note,
+    and scheduled only with ``allow_virtual`` (the config's ``allow_virtual_mps``)."""
     notes = list(facts.notes)
     silicon = facts.apple_silicon
     if silicon is None:
@@ -235,6 +251,12 @@ def probe_apple(facts: AppleFacts, support: SupportMatrix) -> AppleProbe:
         float64=False,
         memory_approximate=working_set is not None,
     )
+    if facts.virtual:
+        notes.append("Apple GPU in a virtual machine (kern.hv_vmm_present = 1): Metal there is paravirtual; "
+                     + ("scheduled for mps because allow_virtual_mps is set" if allow_virtual else
+                        "not scheduled for mps unless allow_virtual_mps = true in the daemon's config"))
+        if not allow_virtual:
+            device = replace(device, state=DeviceState.EXCLUDED, state_reason=VIRTUAL_MPS)
     words = [facts.chip or "Apple silicon"]
     if facts.macos_version:
         words.append(f"macOS {facts.macos_version}")

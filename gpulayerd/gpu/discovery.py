@@ -127,6 +127,7 @@ class DiscoveryConfig:
         query_compute_apps: also ask nvidia-smi which processes use each GPU.
         use_gpus: look for GPUs at all; False (a daemon run beside another one on this machine,
             ``isolated``) reports none, with a health entry saying why: CPU slots only.
+        allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (else it is ``excluded``).
         device_node_globs: the driver's device nodes, whose identity is part of
             :attr:`HostInventory.driver_state` (they are made anew when the driver loads).
     """
@@ -143,6 +144,7 @@ class DiscoveryConfig:
     query_compute_apps: bool = True
     use_gpus: bool = True
     device_node_globs: tuple[str, ...] = DEVICE_NODE_GLOBS
+    allow_virtual_mps: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +290,7 @@ def discover_host(
                 sysctl=find_executable("sysctl", path_env, ("/usr/sbin", "/sbin")) or "/usr/sbin/sysctl",
                 sw_vers=find_executable("sw_vers", path_env, ("/usr/bin",)) or "/usr/bin/sw_vers",
             )
-            apple = probe_apple(facts, support)
+            apple = probe_apple(facts, support, config.allow_virtual_mps)
             devices.extend(apple.devices)
             health.append(apple.health)
             notes.extend(apple.notes)

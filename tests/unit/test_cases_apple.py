@@ -157,3 +157,28 @@ def test_translation_and_architecture_survive_the_capability_json() -> None:
     w = mac_worker(MAC_16, env)
     assert (w.environments[0].machine, w.environments[0].translated) == ("x86_64", True)
     assert FrameworkVersion("torch", "2.4.1", "torch") == w.environments[0].frameworks["torch"]
+
+
+MAC_VM = {**MAC_16, ("sysctl", "-n", "kern.hv_vmm_present"): CommandResult("1\n", "", 0)}
+
+
+def test_a_macos_virtual_machine_gpu_is_noted_and_not_scheduled_unless_allowed() -> None:
+    facts = read_apple_facts(recorded(MAC_VM), 5.0)
+    assert facts.virtual is True and read_apple_facts(recorded(MAC_16), 5.0).virtual is None
+    probe = probe_apple(facts, SUPPORT_MATRIX)
+    (mps,) = probe.devices
+    assert (mps.state.value, mps.state_reason) == ("excluded", "virtual machine")
+    assert any("virtual machine (kern.hv_vmm_present = 1)" in n and "allow_virtual_mps = true" in n
+               for n in probe.notes)
+    inv = HostInventory(devices=probe.devices, health=(probe.health,), cpu_count=8,
+                        memory_total_bytes=MEMSIZE_16_GIB, hostname="mac", platform="Darwin", machine="arm64")
+    worker = build_capabilities(inv, (native(),), "mac-node", 0.0).to_core()
+    refused = match(mps_job(4), worker, SUPPORT_MATRIX)
+    assert not isinstance(refused, Placement)
+    assert any("GPU of a macOS virtual machine" in r.message and "allow_virtual_mps" in r.message for r in refused)
+    allowed = probe_apple(facts, SUPPORT_MATRIX, allow_virtual=True)
+    assert allowed.devices[0].state.value == "ok"
+    # A chip named Virtual says so even where the sysctl does not exist.
+    named = {**MAC_16, ("sysctl", "-n", "hw.memsize", "machdep.cpu.brand_string"):
+             CommandResult(f"{MEMSIZE_16_GIB}\nApple M1 (Virtual)\n", "", 0)}
+    assert read_apple_facts(recorded(named), 5.0).virtual is True

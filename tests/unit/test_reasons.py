@@ -140,7 +140,8 @@ def test_each_code_names_the_deciding_words(case: str, j: JobRequest, workers: l
 
 def test_the_cases_cover_every_code_a_rejection_or_verdict_can_give() -> None:
     covered = {c[3][0] for c in CASES}
-    assert covered | {"Pending", "FairShare"} == {c.value for c in ReasonCode}
+    # FairShare is added by the scheduler (below), GangSkew by the gang coordinator (test_gangskew).
+    assert covered | {"Pending", "FairShare", "GangSkew"} == {c.value for c in ReasonCode}
 
 
 def test_a_fair_share_rejection_decides_over_busy_devices_and_keeps_its_text() -> None:

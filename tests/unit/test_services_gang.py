@@ -150,3 +150,31 @@ async def test_logs_of_each_rank_come_from_the_member_that_ran_it_and_where_name
     assert listed.status == "succeeded"
     assert (listed.where_node, listed.where_devices) == (d(lab, "owner").node_id, [])
     assert listed.where_hosts == (await view(lab, job)).where_hosts == ["w1", "w2"]  # by node rank
+
+
+@pytest.mark.asyncio
+async def test_a_gang_is_never_formed_across_torch_versions_and_forms_on_hosts_that_agree(lab: Lab) -> None:
+    """Issue 27: w1 has torch 2.4.0, w2 2.12.0; a 2-host job waits with GangSkew naming both, then runs
+    on w1 and w3 (torch 2.4.0) once w3 joins; w2 is never a member."""
+    from tests.fakes.daemons import caps_for
+
+    caps = caps_for(W2, "w2", lab.clock.wall())
+    caps.environments[0].frameworks["torch"] = caps.environments[0].frameworks["torch"].model_copy(
+        update={"version": "2.12.0"})
+    d(lab, "w2").services.machine.use_capabilities(caps)
+    await lab.net.heartbeat()
+    job = await lab.submit(d(lab, "owner"), nnodes=2, cpus=2)
+    await lab.run_for(3.0)
+    v = await view(lab, job)
+    assert v.status == "queued"
+    assert (v.reason or "").startswith("GangSkew: torch 2.12.0 on w2, 2.4.0 on w1"), v.reason
+
+    await lab.add("w3", W3, cpu_slots=2)
+    await lab.net.heartbeat()
+
+    async def running() -> bool:
+        return (await view(lab, job)).status == "running"
+
+    await lab.run_until("running on w1 and w3", running, limit_s=30)
+    assert d(lab, "w1").runner.get(job, 1) is not None and d(lab, "w3").runner.get(job, 1) is not None
+    assert d(lab, "w2").runner.get(job, 1) is None

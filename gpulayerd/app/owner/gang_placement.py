@@ -28,6 +28,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.matching.evaluate import evaluate, explain
+from gpulayerd.core.matching.gangskew import consistent_members
 from gpulayerd.core.protocol import gang as core
 from gpulayerd.core.protocol import holds
 from gpulayerd.core.protocol.claims import ACTIVE
@@ -88,7 +89,8 @@ class GangCoordinator:
             return
         remote = self._directory.worker_snapshots() if self._directory is not None else []
         workers = [local, *remote]
-        fits = [w.node_id for w in workers if evaluate(req, w, self._support).placement is not None]
+        fitting = [(w, p) for w in workers if (p := evaluate(req, w, self._support).placement) is not None]
+        fits = [w.node_id for w, _ in fitting]
         n = req.distributed.nnodes
         if len(set(fits)) < n:
             e = explain(req, workers, self._support)
@@ -97,8 +99,15 @@ class GangCoordinator:
                 await self._store.jobs.set_explanation(row.id, text, ExplanationModel.from_core(e).model_dump_json())
                 self._signals.job_changed(row.id)
             return
+        members, skew = consistent_members(req, fitting, n)  # same frameworks and Python on every host
+        if skew is not None:
+            if skew != row.reason:
+                e = explain(req, workers, self._support)
+                await self._store.jobs.set_explanation(row.id, skew, ExplanationModel.from_core(e).model_dump_json())
+                self._signals.job_changed(row.id)
+            return
         self._busy.add(row.id)
-        self._signals.spawn(self._round(row, spec, fits, n), name=f"gang-{row.id}")
+        self._signals.spawn(self._round(row, spec, members, n), name=f"gang-{row.id}")
 
     async def _round(self, row: JobRow, spec: JobSpec, candidates: Sequence[str], n: int) -> None:
         try:

@@ -33,6 +33,11 @@ def device_label(d: DeviceSnapshot) -> str:
 def state_rejections(job: JobRequest, d: DeviceSnapshot, label: str, rej: Rej) -> bool:
     """Call ``rej`` for a device never granted as it is (excluded, lost, unusable: needs a reset or compute
     mode Prohibited), a whole GPU in MIG mode, or a MIG instance for a multi-device job; True if rejected."""
+    if d.state is DeviceState.EXCLUDED and d.state_reason == "virtual machine":
+        rej(RejectionCode.EXECUTION_UNSUPPORTED, "device state", "ok", "virtual machine",
+            f"{label} is the GPU of a macOS virtual machine: it is not scheduled for mps unless the admin sets "
+            "allow_virtual_mps = true")
+        return True
     if d.state is DeviceState.EXCLUDED:
         why = "by exclude_gpus in the daemon's config" if d.state_reason == "config" else (
             f"by the daemon's {d.state_reason or 'CUDA_VISIBLE_DEVICES'}")

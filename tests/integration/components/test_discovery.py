@@ -280,7 +280,7 @@ def test_apple_silicon_is_one_mps_device_with_unified_memory() -> None:
     calls: list[tuple[str, ...]] = []
     facts = read_apple_facts(recorded(APPLE_M2_MAX, calls), 5.0)
     assert facts == AppleFacts("arm64", True, 68719476736, "Apple M2 Max", "14.5")
-    assert set(calls) == {*APPLE_M2_MAX, ("sysctl", "-n", "iogpu.wired_limit_mb")}
+    assert set(calls) == {*APPLE_M2_MAX, ("sysctl", "-n", "iogpu.wired_limit_mb"), ("sysctl", "-n", "kern.hv_vmm_present")}
     (mps,) = apple_devices(facts, SUPPORT_MATRIX)
     assert (mps.accelerator, mps.index, mps.name) == (Accelerator.MPS, 0, "Apple M2 Max")
     # 64 GiB of RAM: Metal recommends 3/4 of it for GPU work (tests/unit/test_cases_apple.py)
