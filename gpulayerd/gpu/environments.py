@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
+import pwd
 import shutil
 import signal
 import sys
@@ -37,7 +39,7 @@ from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.command import Popen, RunOutcome, run_bounded
 from gpulayerd.gpu.cuda_build import with_cuda_builds
 from gpulayerd.gpu.dist_files import mark_files_on_disk
-from gpulayerd.gpu.interpreters import InterpreterResolver, ResolvedInterpreter
+from gpulayerd.gpu.interpreters import InterpreterResolver, ResolvedInterpreter, run_identity
 from gpulayerd.gpu.probe_report import (
     dir_mtimes,
     excerpt,
@@ -297,8 +299,12 @@ class EnvironmentProber:
     def _run_probe(
         self, path: str, torch_check: bool, activation: Mapping[str, str] | None = None
     ) -> tuple[EnvironmentSnapshot, dict[str, int | None] | None]:
-        """Run the probe once; return the snapshot and, if it may be cached, its directory mtimes."""
-        argv = [path, str(_PROBE_SCRIPT)]
+        """Run the probe once; return the snapshot and, if it may be cached, its directory mtimes.
+
+        The probe's source goes on the command line (``-c``), so an account that cannot read this
+        installation can run it; it runs from ``/``, and, when the daemon is root, as the owner of an
+        interpreter that belongs to another account (:func:`gpulayerd.gpu.interpreters.run_identity`)."""
+        argv = [path, "-c", _probe_source(), "--probe"]
         if not torch_check:
             argv.append("--no-torch")
         runs: list[int] = []
@@ -308,10 +314,13 @@ class EnvironmentProber:
                 self._torch_runs.add(proc.pid)
             runs.append(proc.pid)
 
+        ids = run_identity(path)
+        env = with_activation(self._env, activation or {})
+        if ids is not None:
+            env["HOME"] = _home(ids[0])
         try:
-            outcome = run_bounded(argv, self._timeout_s, env=with_activation(self._env, activation or {}),
-                                  max_output_bytes=self._max_output_bytes,
-                                  started=started if torch_check else None)
+            outcome = run_bounded(argv, self._timeout_s, env=env, max_output_bytes=self._max_output_bytes,
+                                  started=started if torch_check else None, cwd="/", as_ids=ids)
         except OSError as e:
             return self._failed(path, f"cannot run interpreter {path}: {e.strerror or e}"), None
         finally:
@@ -472,6 +481,18 @@ class EnvironmentProber:
 
 
 # ------------------------------------------------------------------- files and processes
+
+
+@functools.cache
+def _probe_source() -> str:
+    return _PROBE_SCRIPT.read_text(encoding="utf-8")
+
+
+def _home(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"
 
 
 def with_activation(env: Mapping[str, str], activation: Mapping[str, str]) -> dict[str, str]:

@@ -20,23 +20,42 @@ import json
 import logging
 import os
 import pwd
+import re
+import stat
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpulayerd.gpu.command import RunOutcome, decisive_line, run_bounded
 
-__all__ = ["ACTIVATION_IGNORED", "InterpreterResolver", "ResolvedInterpreter", "launcher_kind"]
+__all__ = [
+    "ACTIVATION_IGNORED",
+    "MAX_ACTIVATION_VALUE",
+    "MAX_ACTIVATION_VARS",
+    "InterpreterResolver",
+    "ResolvedInterpreter",
+    "launcher_kind",
+    "run_identity",
+]
 
 log = logging.getLogger(__name__)
 
-ACTIVATION_IGNORED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PATH", "HOME", "LANG"})
-"""Variables never taken from a conda environment's activation scripts (PATH gets the prefix's
-``bin`` in front instead)."""
+ACTIVATION_IGNORED = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PATH", "HOME", "LANG", "SHELL", "USER", "LOGNAME",
+                                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES"})
+"""Variables never taken from a conda environment's activation (the account's, gpulayer's grants; PATH
+gets the prefix's ``bin`` in front instead), nor any ``GPULAYER_*``."""
 
+MAX_ACTIVATION_VARS = 128
+"""At most this many variables are taken from one conda environment's activation (the rest: a note)."""
+MAX_ACTIVATION_VALUE = 8192
+"""A longer activation value is dropped with a note (characters)."""
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NOBODY = "nobody"
 _RESOLVE_CODE = "import sys; print(sys.executable)"
-_ACTIVATE = ('for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do [ -f "$f" ] && . "$f"; done; '
-             'env -0')
+# The scripts' own output goes to stderr; only `env -0` reaches stdout (descriptor 3 is the real stdout).
+_ACTIVATE = ('exec 3>&1 1>&2; for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do [ -f "$f" ] && . "$f"; done; '
+             'env -0 >&3')
 _CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -64,26 +83,78 @@ class ResolvedInterpreter:
     activation_note: str = ""
 
 
+_SHIM_TEMPLATES = (
+    ("pyenv", re.compile(rb'libexec/pyenv"?\s+exec\b|\bpyenv\s+exec\b')),
+    ("asdf", re.compile(rb"\basdf\s+exec\b|asdf/lib/commands/command-exec")),
+    ("mise", re.compile(rb"\b(?:mise|rtx)\s+(?:exec|x)\b")),
+)
+
+
 def launcher_kind(path: str) -> str | None:
     """``"pyenv shim"``, ``"asdf shim"`` or ``"mise shim"`` when ``path`` is a version manager's shim (a
-    ``#!`` script naming the tool, or a link to its binary), ``"Python launcher"`` for ``py``: each picks
-    the interpreter by directory. None otherwise: an interpreter, a venv's link to one, or a wrapper
-    script of the admin's (it may set variables for the interpreter, so it is run as it is). Reads at
-    most 4 KiB; never raises."""
+    ``#!`` script that hands over with ``pyenv exec`` / ``asdf exec`` / ``mise exec``, or a link to the
+    ``mise``/``rtx`` binary), ``"Python launcher"`` for ``py``: each picks the interpreter by directory.
+    None otherwise: an interpreter, a venv's link to one, or a wrapper script of the admin's (it may set
+    variables for the interpreter, so it is run as it is). Reads at most 4 KiB; never raises."""
     try:
         real = os.path.realpath(path)
         with open(real, "rb") as f:
             head = f.read(4096)
     except OSError:
         return None
-    text = head.decode("utf-8", "replace")
     name = os.path.basename(real)
-    for tool in ("pyenv", "asdf", "mise", "rtx"):
-        if (head.startswith(b"#!") and tool in text) or name == tool:
-            return f"{'mise' if tool == 'rtx' else tool} shim"
+    if name in ("mise", "rtx"):
+        return "mise shim"
+    if head.startswith(b"#!"):
+        for tool, template in _SHIM_TEMPLATES:
+            if template.search(head):
+                return f"{tool} shim"
     if name == "py":
         return "Python launcher"
     return None
+
+
+def run_identity(path: str) -> tuple[int, int] | None:
+    """Whom to run ``path`` as, when this process is root (else None: as this process).
+
+    Walks from the file (as given, then its real path) up to ``/``: the first entry that belongs to
+    another account decides, the file is run as that account (a user's venv, pyenv, conda env); an
+    entry of root's that others could replace (group/other-writable, not sticky) makes it ``nobody``;
+    None (as root) only when root owns the whole chain and nobody else can change it. Never raises
+    (nobody's ids, or (65534, 65534), when in doubt).
+    """
+    if os.geteuid() != 0:
+        return None
+    chains = [os.path.abspath(path)]
+    try:
+        chains.append(os.path.realpath(path))
+    except OSError:
+        return _nobody_ids()
+    for start in chains:
+        entry = start
+        while True:
+            try:
+                st = os.lstat(entry)
+            except OSError:
+                return _nobody_ids()
+            if st.st_uid != 0:
+                return (st.st_uid, st.st_gid)
+            writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode)
+            if writable and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+                return _nobody_ids()
+            parent = os.path.dirname(entry)
+            if parent == entry:
+                break
+            entry = parent
+    return None
+
+
+def _nobody_ids() -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam(_NOBODY)
+        return (pw.pw_uid, pw.pw_gid)
+    except KeyError:
+        return (65534, 65534)
 
 
 class InterpreterResolver:
@@ -144,36 +215,45 @@ class InterpreterResolver:
         base = {"CONDA_PREFIX": prefix, "CONDA_DEFAULT_ENV": name, "CONDA_SHLVL": "1",
                 "PATH": f"{prefix}/bin:{_CLEAN_PATH}", "HOME": _home_of(prefix), "LANG": "C.UTF-8"}
         out = {k: v for k, v in base.items() if k.startswith("CONDA_")}
+        found: dict[str, str] = {}
+        state_vars: dict[str, str] = {}
         try:
             with open(os.path.join(prefix, "conda-meta", "state"), encoding="utf-8") as f:
                 state = json.load(f)
             extra = state.get("env_vars", {}) if isinstance(state, dict) else {}
-            out.update({str(k): str(v) for k, v in extra.items()} if isinstance(extra, dict) else {})
+            state_vars = {str(k): str(v) for k, v in extra.items()} if isinstance(extra, dict) else {}
         except (OSError, ValueError):
             pass
+        note = ""
         scripts = os.path.join(prefix, "etc", "conda", "activate.d")
-        if not os.path.isdir(scripts):
-            return out, ""
-        outcome = self._run(["bash", "--noprofile", "--norc", "-c", _ACTIVATE], prefix, base)
-        if outcome is None or outcome.returncode != 0:
-            words = decisive_line(outcome.stderr_tail.decode("utf-8", "replace").splitlines()) if outcome else ""
-            return out, f"conda activation scripts in {scripts} failed: {words or 'bash could not be run'}"
-        for item in outcome.stdout.decode("utf-8", "replace").split("\0"):
-            k, sep, v = item.partition("=")
-            if sep and k and k not in ACTIVATION_IGNORED and base.get(k) != v:
-                out[k] = v
-        return out, ""
+        if os.path.isdir(scripts):
+            outcome = self._run(["bash", "--noprofile", "--norc", "-c", _ACTIVATE], prefix, base)
+            if outcome is None or outcome.returncode != 0:
+                words = decisive_line(outcome.stderr_tail.decode("utf-8", "replace").splitlines()) if outcome else ""
+                note = f"conda activation scripts in {scripts} failed: {words or 'bash could not be run'}"
+            else:
+                for item in outcome.stdout.decode("utf-8", "replace").split("\0"):
+                    k, sep, v = item.partition("=")
+                    if sep and base.get(k) != v:
+                        found[k] = v
+        dropped = 0
+        for k, v in [*found.items(), *((k, v) for k, v in state_vars.items() if k not in found)]:
+            if not _NAME.fullmatch(k) or k in ACTIVATION_IGNORED or k.startswith("GPULAYER_") or k in out:
+                continue
+            if len(out) >= MAX_ACTIVATION_VARS or len(v) > MAX_ACTIVATION_VALUE:
+                dropped += 1
+                continue
+            out[k] = v
+        if dropped:
+            note = "; ".join(x for x in (note, f"{dropped} conda activation variable(s) dropped (more than "
+                                               f"{MAX_ACTIVATION_VARS}, or longer than {MAX_ACTIVATION_VALUE})") if x)
+        return out, note
 
     def _run(self, argv: list[str], owned_by: str, env: Mapping[str, str]) -> RunOutcome | None:
-        """Run from ``/``; as the owner of ``owned_by`` when this process is root and it is not."""
-        ids: tuple[int, int] | None = None
-        try:
-            st = os.stat(owned_by)
-            if os.geteuid() == 0 and st.st_uid != 0:
-                ids = (st.st_uid, st.st_gid)
-                env = {**env, "HOME": _home_of(owned_by)}
-        except OSError:
-            return None
+        """Run from ``/``; as :func:`run_identity` of ``owned_by`` says (never as root for others' files)."""
+        ids = run_identity(owned_by)
+        if ids is not None:
+            env = {**env, "HOME": _home_of_uid(ids[0])}
         try:
             return run_bounded(argv, self._timeout_s, env=env, max_output_bytes=1 << 20, cwd="/", as_ids=ids)
         except OSError:
@@ -191,6 +271,13 @@ def _identity(path: str) -> tuple[int, ...] | None:
 def _home_of(path: str) -> str:
     """The home directory of the account owning ``path``; ``/`` when unknown."""
     try:
-        return pwd.getpwuid(os.stat(path).st_uid).pw_dir
-    except (OSError, KeyError):
+        return _home_of_uid(os.stat(path).st_uid)
+    except OSError:
+        return "/"
+
+
+def _home_of_uid(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
         return "/"

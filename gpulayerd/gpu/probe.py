@@ -533,9 +533,10 @@ def main(argv: list[str]) -> int:
     except Exception:
         out_fd = None
     sys.stdout = sys.stderr
-    # Do not let this script's own directory shadow installed modules.
-    here = os.path.dirname(os.path.abspath(__file__))
-    if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == here:
+    # Do not let this script's own directory (or, run with -c, the working directory) shadow
+    # installed modules.
+    here = os.path.dirname(os.path.abspath(__file__)) if "__file__" in globals() else None
+    if sys.path and (sys.path[0] == "" or (here is not None and os.path.abspath(sys.path[0]) == here)):
         del sys.path[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -5,7 +5,7 @@ Readers tolerate unknown fields (the JSON is versioned with ``v``). Units: ``*_b
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -169,13 +169,15 @@ class EnvironmentModel(BaseModel):
     translated: bool | None = None
     mps_recommended_max_bytes: int | None = Field(default=None, ge=0)
     torch_pending: bool = False
-    import_errors: dict[str, str] = Field(default_factory=dict, max_length=16)
+    import_errors: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=16)
     """framework -> the decisive line of its import failure (``torch`` -> ``ImportError: ...``)."""
     configured: str | None = Field(default=None, max_length=4096)
     """The interpreter as configured when it is a shim or launcher resolved to ``interpreter``."""
     launcher: str = Field(default="", max_length=64)
     """What ``configured`` is: ``pyenv shim``, ``asdf shim``, ``mise shim``, ``Python launcher``."""
-    activation: dict[str, str] = Field(default_factory=dict, max_length=256)
+    activation: dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=8192)]] = Field(
+        default_factory=dict, max_length=160)
     """A conda environment's activation (``CONDA_PREFIX``, ...) that jobs run with."""
 
     def to_core(self) -> EnvironmentSnapshot:

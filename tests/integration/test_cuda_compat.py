@@ -35,7 +35,7 @@ def test_driver_470_refuses_a_cu124_build_and_driver_550_runs_it(lab: Lab) -> No
 
     job = d.submit("--accelerator", "cuda", "--framework", "torch>=2.4", "--", "python", "-c", "pass")
     wait_until(lambda: d.show(job)["reason"].startswith("Driver:"), 15, "the compatibility reason")
-    message = f"torch 2.4.1+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); {host} has 470.82.01"
+    message = f"torch 2.4.1+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); {host} has 470.82.01 (CUDA 11.4)"
     assert d.show(job)["reason"] == f"Driver: {message} on {host} in {python}"
     explained = json.loads(d.cli_ok("explain", "--json", job))
     assert [r["message"] for w in explained["workers"] for r in w["rejections"]] == [message]

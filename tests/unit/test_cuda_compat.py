@@ -133,7 +133,7 @@ def test_cuda_job_is_rejected_on_a_driver_too_old_for_the_build() -> None:
     assert e.verdict is Verdict.FITS_NOWHERE
     (rej,) = e.workers[0].rejections
     assert rej.code is RejectionCode.CUDA_DRIVER_INCOMPATIBLE
-    assert rej.message == "torch 2.4.1+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); ws-3 has 470.82.01"
+    assert rej.message == "torch 2.4.1+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); ws-3 has 470.82.01 (CUDA 11.4)"
     assert (rej.requirement, rej.wanted, rej.found) == ("cuda_compat", "driver >= 525.60.13", "470.82.01")
     row = next(c for c in e.workers[0].checks if c.requirement == "cuda_compat")
     assert row.ok is False
@@ -144,7 +144,7 @@ def test_same_job_fits_driver_550_and_a_local_tag_is_a_build_too() -> None:
     assert e.verdict is Verdict.FITS_NOW
     tagged = _env(torch="2.4.1+cu121", builds={})
     rej = explain(CUDA_JOB, [_worker("old", "470.82.01", tagged)], SUPPORT_MATRIX).workers[0].rejections
-    assert [r.message for r in rej] == ["torch 2.4.1+cu121 needs driver ≥ 525.60.13 (CUDA 12.x); old has 470.82.01"]
+    assert [r.message for r in rej] == ["torch 2.4.1+cu121 needs driver ≥ 525.60.13 (CUDA 12.x); old has 470.82.01 (CUDA 11.4)"]
 
 
 def test_unknown_driver_or_build_is_a_note_not_a_rejection() -> None:

@@ -60,3 +60,11 @@ def test_an_exact_pin_ignores_the_local_build_tag() -> None:
     fits = [worker("h1", "2.13.0+cu124"), worker("h2", "2.13.0+cu126")]
     assert consistent_members(job(torch="==2.13.0"), fits, 2) == (["h1", "h2"], None)
     assert consistent_members(job(torch=">=2.13"), fits, 2)[1] is not None
+
+
+def test_unknown_versions_never_agree_and_long_lists_are_cut() -> None:
+    members, reason = consistent_members(job(), [worker("h1", "2.13.0", "?"), worker("h2", "2.13.0", "?")], 2)
+    assert members == [] and reason is not None and "python" in reason
+    many = [worker(f"n{i:03d}", f"2.{i}.0") for i in range(200)]
+    _, reason = consistent_members(job(), many, 2)
+    assert reason is not None and len(reason) < 600 and "and 196 more version(s)" in reason

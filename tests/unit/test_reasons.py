@@ -127,7 +127,7 @@ CASES: list[tuple[str, JobRequest, list[WorkerSnapshot], tuple[str, str]]] = [
      ("Busy", "needs 2 hosts at once, 1 fit now; cpu slots 0 free of 2 on ws-2 (needs 2)")),
     ("driver too old for the CUDA build: path last", job(**CUDA),
      [ws(devices=(gpu(0, driver_version="470.82.01"),), envs=(env(cuda_builds={"torch": "12.4"}),))],
-     ("Driver", f"torch 2.4.0+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); ws-1 has 470.82.01 on ws-1 in {PY}")),
+     ("Driver", f"torch 2.4.0+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); ws-1 has 470.82.01 (CUDA 11.4) on ws-1 in {PY}")),
     ("operating system", job(os="darwin"), [ws(os="linux")], ("OS", "ws-1 runs linux, darwin required")),
 ]
 

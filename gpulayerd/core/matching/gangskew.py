@@ -36,7 +36,8 @@ def _pinned(spec: str | None) -> bool:
 
 def gang_key(job: JobRequest, worker: WorkerSnapshot, placement: Placement) -> tuple[tuple[str, str], ...]:
     """What must be equal across members: (name, version) of each compared framework and
-    ``("python", "3.11")``; a version the worker does not know is ``"?"`` (equal only to itself)."""
+    ``("python", "3.11")``; a version the worker does not know is ``"?"``, and a key holding one
+    also holds the worker's node id: an unknown version never agrees with another host's."""
     env = _environment(worker, placement)
     out: list[tuple[str, str]] = []
     for name in _compared(job):
@@ -48,6 +49,8 @@ def gang_key(job: JobRequest, worker: WorkerSnapshot, placement: Placement) -> t
     python = env.python_version if env is not None and env.python_version else "?"
     minor = ".".join(python.split(".")[:2])
     out.append(("python", minor))
+    if any(v == "?" for _, v in out):
+        out.append(("node", worker.node_id))
     return tuple(out)
 
 
@@ -73,15 +76,30 @@ def consistent_members(job: JobRequest, fits: Sequence[tuple[WorkerSnapshot, Pla
     names = {w.node_id: w.name or w.node_id for w, _ in ordered}
     keys = [(gang_key(job, w, p), w.node_id) for w, p in ordered]
     parts = []
-    for i, name in enumerate([n for n, _ in keys[0][0]] if keys else []):
+    compared = [*_compared(job), "python"]
+    for i, name in enumerate(compared):
         seen: dict[str, list[str]] = {}
         for key, node in keys:
             seen.setdefault(key[i][1], []).append(names[node])
         if len(seen) > 1:
             ranked = sorted(seen.items(), key=lambda kv: _version_order(kv[0]), reverse=True)
-            parts.append(f"{name} " + ", ".join(f"{v} on {'+'.join(sorted(hosts))}" for v, hosts in ranked))
+            parts.append(f"{name} " + ", ".join(f"{v} on {_hosts(hosts)}" for v, hosts in ranked[:_MAX_LISTED])
+                         + (f", and {len(ranked) - _MAX_LISTED} more version(s)" if len(ranked) > _MAX_LISTED else ""))
+    for i, name in enumerate(compared):
+        unknown = [names[n] for k, n in keys if k[i][1] == "?"]
+        if unknown:
+            parts.append(f"{name} version unknown on {_hosts(unknown)}")
     return [], f"{GANG_SKEW}: " + "; ".join(parts) + (
         f" (a {nnodes}-host job needs its hosts to agree; pin the versions or align the environments)")
+
+
+_MAX_LISTED = 4
+
+
+def _hosts(hosts: Sequence[str]) -> str:
+    """``h1+h2``, at most :data:`_MAX_LISTED` names, then ``+N more``; each name cut to 64 characters."""
+    shown = "+".join(h[:64] for h in sorted(hosts)[:_MAX_LISTED])
+    return shown + (f"+{len(hosts) - _MAX_LISTED} more" if len(hosts) > _MAX_LISTED else "")
 
 
 def _version_order(version: str) -> tuple[int, ...]:

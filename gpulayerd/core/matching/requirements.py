@@ -95,6 +95,14 @@ def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> l
                 )
             )
             continue
+        if name == "torch" and env.torch_pending:  # whether it imports is known once the torch check lands
+            out.append(
+                Rejection(
+                    RejectionCode.UNKNOWN_METRIC, f"frameworks.{name}", spec, "pending", worker,
+                    f"whether torch imports in {where} is not known yet{_pending_why(env)}", environment=where,
+                )
+            )
+            continue
         if name in env.import_errors:  # installed, but importing it fails here: no job naming it runs
             out.append(
                 Rejection(

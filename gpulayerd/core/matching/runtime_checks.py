@@ -22,6 +22,7 @@ import re
 from gpulayerd.core.matching.cuda_compat import (
     Compat,
     cuda_major,
+    driver_cuda_version,
     driver_supports,
     minimum_driver,
     parse_driver_version,
@@ -114,7 +115,8 @@ def _compat(env: EnvironmentSnapshot, worker: WorkerSnapshot) -> tuple[Compat, l
             unknown = True
         elif result is Compat.TOO_OLD:
             need = minimum_driver(build) or "?"
-            have = (f"{driver} (CUDA {worker.driver_cuda})" if driver and worker.driver_cuda else driver
+            driver_cuda = (driver_cuda_version(driver) if driver else None) or worker.driver_cuda
+            have = (f"{driver} (CUDA {driver_cuda})" if driver and driver_cuda else driver
                     or f"a driver for CUDA {worker.driver_cuda}")
             rejs.append(Rejection(
                 RejectionCode.CUDA_DRIVER_INCOMPATIBLE, "cuda_compat", f"driver >= {need}", driver or "unknown",

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpulayerd.core.types import DeviceSnapshot, DeviceState, ProbeHealth, ProbeStatus, SupportMatrix
+from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, ProbeHealth, ProbeStatus, SupportMatrix
 from gpulayerd.gpu.command import CommandRunner, decisive_line
 from gpulayerd.gpu.nvidia.followup import finish_devices, mig_topology
 from gpulayerd.gpu.nvidia.parse import (
@@ -202,7 +202,8 @@ class NvidiaSmi:
         newest = max(drivers, key=_driver_key, default=None)
         driver_cuda = self.driver_cuda(path, runner, timeout_s, newest)
         status = ProbeStatus.OK
-        faulty = [d for d in devices if d.state is DeviceState.UNUSABLE and d.state_reason != "compute mode Prohibited"]
+        faulty = [d for d in devices if d.kind is DeviceKind.GPU and d.state is DeviceState.UNUSABLE
+                  and d.state_reason != "compute mode Prohibited"]
         if lost or faulty:
             status = ProbeStatus.DEGRADED
             words = [gpu.line for gpu in lost] + [f"GPU {d.index}: {d.state_reason}" for d in faulty]

@@ -63,14 +63,14 @@ def state_lines(e: ExplanationModel) -> list[str]:
 
 
 def reason_lines(e: ExplanationModel) -> list[str]:
-    """Every rejection message, word for word: before matching, then per worker."""
+    """Every rejection message, word for word (escaped): before matching, then per worker."""
     lines = [f"✗ {r.requirement}: {r.message}" for r in e.rejections]
     for w in e.workers:
         lines += [f"✗ {w.name}: {r.message}" for r in w.rejections]
         if w.placement is not None:
             devs = ", ".join(str(i) for i in w.placement.device_indices) or "none (CPU)"
             lines.append(f"✓ {w.name}: would run with {w.placement.environment} on devices: {devs}")
-    return lines
+    return [fmt.escape(line) for line in lines]
 
 
 def hint_lines(e: ExplanationModel) -> list[str]:

@@ -84,5 +84,5 @@ class JobSummary(Static):
             text.append("\nenv:     " + fmt.escape(" ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))))
         if spec.policy.retries:
             text.append(f"\npolicy:  retries {spec.policy.retries}, lease {spec.policy.lease_s:g} s")
-        text.append(f"\nreason:  {row.reason or fmt.DASH}")
+        text.append(f"\nreason:  {fmt.escape(row.reason) if row.reason else fmt.DASH}")
         self.update(text)
