@@ -314,7 +314,8 @@ class EnvironmentProber:
                 self._torch_runs.add(proc.pid)
             runs.append(proc.pid)
 
-        ids = run_identity(path)
+        # The daemon's own interpreter runs as the daemon: its files are already trusted as much.
+        ids = None if os.path.abspath(path) == os.path.abspath(sys.executable) else run_identity(path)
         env = with_activation(self._env, activation or {})
         if ids is not None:
             env["HOME"] = _home(ids[0])
