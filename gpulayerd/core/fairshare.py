@@ -261,20 +261,16 @@ def gpu_cap_rejection(job_user: str, job_gpus: int, worker: WorkerSnapshot) -> R
 
 
 def fair_share_reason(waiting_user: str, ahead_user: str, usage: Mapping[str, Usage], *, gpus: bool = True) -> str:
-    """The wait reason: ``fair share: alice used 6.1 GPU-h today, bob 0.2`` (GPU-hours, one decimal).
+    """The wait reason: ``fair share: bob's jobs go first (less recent GPU use than alice)``.
 
-    "today" is the decayed usage (half-life a day by default). For a CPU job (``gpus`` False)
-    CPU-slot-hours are named too, since they decided: ``... 0.0 GPU-h and 3.5 slot-h today, bob 0.0 and 0.4``.
+    Who goes first and why, never the decaying figures: the words (and so the stored reason) change only
+    when the order of the users changes, not at every fair-share tick. The figures are in ``gpulayer
+    users`` and ``show``. ``usage`` is accepted for the callers' convenience and not read.
     """
-    def hours(user: str) -> tuple[float, float]:
-        u = usage.get(user)
-        return (u.gpu_hours, u.cpu_slot_hours) if u is not None else (0.0, 0.0)
-
+    del usage
     me, other = waiting_user or "(unknown user)", ahead_user or "(unknown user)"
-    (mg, ms), (og, os_) = hours(waiting_user), hours(ahead_user)
-    if gpus:
-        return f"fair share: {me} used {mg:.1f} GPU-h today, {other} {og:.1f}"
-    return f"fair share: {me} used {mg:.1f} GPU-h and {ms:.1f} slot-h today, {other} {og:.1f} and {os_:.1f}"
+    kind = "GPU" if gpus else "GPU and CPU-slot"
+    return f"fair share: {other}'s jobs go first (less recent {kind} use than {me})"
 
 
 def passed_over_by(job_user: str, others: Sequence[str], usage: Mapping[str, Usage]) -> str | None:

@@ -1,6 +1,6 @@
 """Why a job waits, in one line that starts with a short code, like squeue's REASON column.
 
-A waiting job's reason reads ``<Code>: <words>``, e.g. ``Busy: cpu slots 1 free of 2 on ws-1
+A waiting job's reason reads ``<Code>: <words>``, e.g. ``Resources: cpu slots 1 free of 2 on ws-1
 (needs 2)``: the code says what kind of wait it is (the same for every job waiting for the
 same kind of thing), the words the deciding numbers, file paths last (a cut line keeps the
 meaning). :func:`reason_of` maps an :class:`~gpulayerd.core.verdict.Explanation` to its
@@ -23,8 +23,7 @@ class ReasonCode(str, enum.Enum):
 
     PENDING = "Pending"
     READY = "Ready"
-    BUSY = "Busy"
-    IN_USE = "InUse"
+    RESOURCES = "Resources"
     FAIR_SHARE = "FairShare"
     USER_CAP = "UserCap"
     HOSTS = "Hosts"
@@ -32,7 +31,7 @@ class ReasonCode(str, enum.Enum):
     OFFLINE = "Offline"
     NO_WORKER = "NoWorker"
     REJECTED = "Rejected"
-    RESOURCES = "Resources"
+    DEVICE_COUNT = "DeviceCount"
     ACCELERATOR = "Accelerator"
     MEMORY = "Memory"
     COMPUTE_CAPABILITY = "ComputeCapability"
@@ -52,9 +51,9 @@ class ReasonCode(str, enum.Enum):
 MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.PENDING: "not judged yet (just submitted or requeued): the next scheduling pass says",
     ReasonCode.READY: "fits a worker now: being started there (or offered to it)",
-    ReasonCode.BUSY: "fits, but the devices or CPU slots are held by other gpulayer jobs",
-    ReasonCode.IN_USE: "fits, but a device is used by processes gpulayer did not start",
-    ReasonCode.FAIR_SHARE: "fits, but a user with less recent usage goes first",
+    ReasonCode.RESOURCES: "fits, but every qualifying device (or CPU slot) is held: by other gpulayer jobs (named) "
+                          "or by processes gpulayer did not start (their pids)",
+    ReasonCode.FAIR_SHARE: "fits, devices free up, but a user with less recent usage goes first (named)",
     ReasonCode.USER_CAP: "fits, but the user holds max_gpus_per_user GPUs there already",
     ReasonCode.HOSTS: "a multi-host job: fewer workers fit than it needs hosts",
     ReasonCode.GANG_SKEW: "a multi-host job: enough workers fit, but no set of them has the same framework "
@@ -62,7 +61,7 @@ MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.OFFLINE: "fits only workers that are offline",
     ReasonCode.NO_WORKER: "no worker is known",
     ReasonCode.REJECTED: "no worker can ever run it (checked at submit)",
-    ReasonCode.RESOURCES: "no worker has enough qualifying devices or CPU slots in all",
+    ReasonCode.DEVICE_COUNT: "no worker has that many devices (or CPU slots) of the kind in all, even all free",
     ReasonCode.ACCELERATOR: "no worker has a device of the wanted kind that gpulayer runs jobs on",
     ReasonCode.MEMORY: "the devices have too little memory, or the wrong kind",
     ReasonCode.COMPUTE_CAPABILITY: "the CUDA compute capability is too low",
@@ -87,7 +86,7 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.ACCELERATOR_MISMATCH: ReasonCode.ACCELERATOR,
     RejectionCode.EXECUTION_UNSUPPORTED: ReasonCode.ACCELERATOR,
     RejectionCode.PROBE_UNHEALTHY: ReasonCode.PROBE,
-    RejectionCode.NOT_ENOUGH_DEVICES: ReasonCode.RESOURCES,
+    RejectionCode.NOT_ENOUGH_DEVICES: ReasonCode.DEVICE_COUNT,
     RejectionCode.INSUFFICIENT_MEMORY: ReasonCode.MEMORY,
     RejectionCode.MEMORY_KIND_MISMATCH: ReasonCode.MEMORY,
     RejectionCode.COMPUTE_CAPABILITY_TOO_LOW: ReasonCode.COMPUTE_CAPABILITY,
@@ -102,8 +101,8 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.WORKDIR_MISSING: ReasonCode.WORKDIR,
     RejectionCode.WORKDIR_UNANSWERED: ReasonCode.WORKDIR,
     RejectionCode.WORKDIR_DENIED: ReasonCode.WORKDIR,
-    RejectionCode.RESERVED: ReasonCode.BUSY,
-    RejectionCode.FOREIGN_PROCESS: ReasonCode.IN_USE,
+    RejectionCode.RESERVED: ReasonCode.RESOURCES,
+    RejectionCode.FOREIGN_PROCESS: ReasonCode.RESOURCES,
     RejectionCode.WORKER_OFFLINE: ReasonCode.OFFLINE,
     RejectionCode.NO_ACCOUNT: ReasonCode.NO_ACCOUNT,
     RejectionCode.OTHER_USERS_WORKER: ReasonCode.NOT_ALLOWED,
@@ -117,9 +116,33 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.CUDA_RUNTIME_MISMATCH: ReasonCode.FRAMEWORK,
 }
 
-# Among the rejections of the rows that decide, these win over the first one (in this order):
-# the fair-share wait and the per-user cap hold even when the devices free up.
-_FIRST = (RejectionCode.FAIR_SHARE, RejectionCode.USER_GPU_CAP)
+# The ladder: among the rejections of the rows that decide, the first kind found here decides.
+# A limit no waiting lifts (the per-user cap), then a constraint no known device can ever meet,
+# then devices held by others (Resources: every holder named), then the fair-share order (others
+# go first once devices free up), then what may be transient (unknown values, a probe's trouble
+# with a device, which decides only when nothing else keeps the job off that device), then the
+# device count (alone when the worker has fewer devices in all).
+_LADDER: tuple[frozenset[RejectionCode], ...] = (
+    frozenset({RejectionCode.USER_GPU_CAP}),
+    frozenset({RejectionCode.ACCELERATOR_MISMATCH, RejectionCode.EXECUTION_UNSUPPORTED, RejectionCode.OS_MISMATCH,
+               RejectionCode.NO_ACCOUNT, RejectionCode.OTHER_USERS_WORKER, RejectionCode.ROOT_JOBS_NOT_ALLOWED,
+               RejectionCode.USER_NOT_VOUCHED, RejectionCode.DRIVER_TOO_OLD, RejectionCode.CUDA_DRIVER_INCOMPATIBLE,
+               RejectionCode.INSUFFICIENT_MEMORY, RejectionCode.MEMORY_KIND_MISMATCH,
+               RejectionCode.COMPUTE_CAPABILITY_TOO_LOW, RejectionCode.FLOAT64_UNSUPPORTED,
+               RejectionCode.ENVIRONMENT_BROKEN, RejectionCode.PYTHON_VERSION, RejectionCode.FRAMEWORK_MISSING,
+               RejectionCode.FRAMEWORK_VERSION, RejectionCode.INVALID_VERSION, RejectionCode.TORCH_BACKEND_UNAVAILABLE,
+               RejectionCode.BACKEND_MISMATCH, RejectionCode.CUDA_RUNTIME_MISMATCH, RejectionCode.WORKDIR_MISSING,
+               RejectionCode.WORKDIR_DENIED}),
+    frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS}),
+    frozenset({RejectionCode.FAIR_SHARE}),
+    frozenset({RejectionCode.UNKNOWN_METRIC, RejectionCode.WORKDIR_UNANSWERED, RejectionCode.WORKER_OFFLINE}),
+    frozenset({RejectionCode.PROBE_UNHEALTHY}),
+    # "needs N qualifying devices, has K" follows from the devices' own rejections above; alone (more
+    # than the worker has in all, even free) it decides as DeviceCount.
+    frozenset({RejectionCode.NOT_ENOUGH_DEVICES}),
+)
+_HELD = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS, RejectionCode.PROBE_UNHEALTHY})
+_MAX_NAMED = 3  # holders named in one Resources reason; "and N more" after
 
 _PREFIX = re.compile(r"^([A-Za-z0-9]+): ")
 _KNOWN = {c.value for c in ReasonCode}
@@ -143,9 +166,12 @@ def reason_of(e: Explanation) -> Reason:
 
     Job-level rejections give ``Rejected``; "fits now" gives ``Ready``; no worker gives
     ``NoWorker``. Otherwise the rows of the verdict's state decide (the busy rows for
-    "fits but busy", the offline rows, else the rows that do not fit): a fair-share or
-    per-user-cap rejection there, else the first rejection of the first such row (rows in
-    node-id order). A multi-host job's words start with how many hosts fit now.
+    "fits but busy", the offline rows, else the rows that do not fit), each by the ladder
+    (:data:`_LADDER`: per-user cap > a constraint no device meets > devices held, every holder
+    named > the fair-share order > unknown or transient > a probe's trouble > the device count,
+    which is alone when the worker has fewer devices in all):
+    of busy rows the one closest to running, else the first (node-id order). A multi-host job's
+    words start with how many hosts fit now.
     """
     if e.rejections:
         return Reason(ReasonCode.REJECTED, "; ".join(r.message for r in e.rejections))
@@ -160,12 +186,17 @@ def reason_of(e: Explanation) -> Reason:
     if e.hosts_needed > 1:
         now = sum(1 for w in e.workers if w.state is FitState.FITS_NOW)
         hosts = f"needs {e.hosts_needed} hosts at once, {now} fit now"
-    deciding = _deciding(rows)
+    deciding = _deciding(rows, state is FitState.FITS_BUT_BUSY)
     if deciding is None:  # a multi-host job with too few workers (or a row without a rejection)
         return Reason(ReasonCode.HOSTS if hosts else ReasonCode.NO_WORKER, hosts or e.verdict.value)
     row, rej = deciding
     words = _words(rej, row)
-    return Reason(_BY_REJECTION.get(rej.code, ReasonCode.RESOURCES), f"{hosts}; {words}" if hosts else words)
+    if rej.code in (RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS) and rej.device is not None:
+        # Every holder of the devices the job could use (and a device that needs attention) is named.
+        held = [r for r in row.rejections if r.code in _HELD and r.device is not None]
+        more = f"; and {len(held) - _MAX_NAMED} more" if len(held) > _MAX_NAMED else ""
+        words = "; ".join(r.message for r in held[:_MAX_NAMED]) + more + f" (on {row.name or row.worker})"
+    return Reason(_BY_REJECTION.get(rej.code, ReasonCode.DEVICE_COUNT), f"{hosts}; {words}" if hosts else words)
 
 
 def reason_text(e: Explanation) -> str:
@@ -210,13 +241,30 @@ def _fits_now(e: Explanation) -> str:
     return f"fits now on {name}" + (f" GPU {devs}" if devs else "")
 
 
-def _deciding(rows: list[WorkerExplanation]) -> tuple[WorkerExplanation, Rejection] | None:
-    for code in _FIRST:
-        for w in rows:
-            for r in w.rejections:
-                if r.code is code:
-                    return w, r
-    return (rows[0], rows[0].rejections[0]) if rows else None
+def _deciding(rows: list[WorkerExplanation], busy: bool) -> tuple[WorkerExplanation, Rejection] | None:
+    """Each row's decisive rejection is its one highest on :data:`_LADDER` (its first when none is on it).
+    Of rows that fit but are busy, the row closest to running decides (lowest on the ladder: a row
+    where only the fair-share order holds the job back beats one whose devices are all held); else the
+    first row (node-id order)."""
+    if not rows:
+        return None
+    picked = [(_rank(r), row, r) for row in rows for r in [_decisive(row)]]
+    if busy:
+        _, row, rej = max(picked, key=lambda p: p[0])
+        return row, rej
+    return picked[0][1], picked[0][2]
+
+
+def _decisive(row: WorkerExplanation) -> Rejection:
+    for kinds in _LADDER:
+        for r in row.rejections:
+            if r.code in kinds:
+                return r
+    return row.rejections[0]
+
+
+def _rank(r: Rejection) -> int:
+    return next((i for i, kinds in enumerate(_LADDER) if r.code in kinds), -1)
 
 
 def _words(r: Rejection, row: WorkerExplanation) -> str:

@@ -327,7 +327,7 @@ def test_two_cuda_jobs_never_share_a_gpu_on_one_gpu_host(lab: Lab) -> None:
     second = d.submit("--accelerator", "cuda", "--name", "second", *hold("release-2"))
     waiting = d.wait_reason(second, lambda j: j.reason != "waiting for the scheduler")
     assert waiting.status == "queued"
-    assert waiting.reason.startswith("Busy: GPU 0 is granted to job ") and first in waiting.reason, waiting.reason
+    assert waiting.reason.startswith("Resources: GPU 0 is granted to job ") and first in waiting.reason, waiting.reason
     assert waiting.attempts == []
 
     # gpulayer jobs / show say why it waits.

@@ -39,7 +39,7 @@ def test_bug_35_daemon_under_taskset_has_one_cpu_slot(lab: Lab) -> None:
     first = d.submit("--", "python", "-c", work)
     d.wait_status(first, {"running"}, timeout_s=30)
     second = d.submit("--", "python", "-c", work)
-    waiting = d.wait_reason(second, lambda j: j.reason.startswith("Busy"), timeout_s=30)
+    waiting = d.wait_reason(second, lambda j: j.reason.startswith("Resources"), timeout_s=30)
     assert waiting.status == "queued" and "cpu slots 0 free of 1" in waiting.reason, waiting.reason
     (d.work / "release").touch()
     for job in (first, second):

@@ -8,7 +8,7 @@ from typing import Any
 
 from .conftest import Daemon, Lab
 
-BUSY = re.compile(r"^Busy: cpu slots 1 free of 2 on \S+ \(needs 2\)$")
+BUSY = re.compile(r"^Resources: cpu slots 1 free of 2 on \S+ \(needs 2\)$")
 
 
 def _waiting(d: Daemon, ids: list[str], timeout_s: float = 15.0) -> list[dict[str, Any]]:
@@ -32,13 +32,13 @@ def test_two_identical_jobs_behind_a_busy_cpu_slot_both_say_busy_with_the_number
     try:
         first, second = _waiting(d, same)
         assert (first["status"], second["status"]) == ("queued", "queued")
-        assert (first["reason_code"], second["reason_code"]) == ("Busy", "Busy"), (first, second)
+        assert (first["reason_code"], second["reason_code"]) == ("Resources", "Resources"), (first, second)
         assert BUSY.match(first["reason"]) and second["reason"] == first["reason"], (first, second)
 
         table = d.cli_ok("jobs")
         for job_id in same:
             line = next(x for x in table.splitlines() if x.startswith(job_id))
-            assert "Busy: cpu slots 1 free of 2 on" in line, table
+            assert "Resources: cpu slots 1 free of 2 on" in line, table
     finally:
         for job_id in same:
             d.cli("cancel", job_id)

@@ -35,7 +35,7 @@ def test_name_and_reason_flex_with_the_terminal() -> None:
 def test_a_row_leads_with_the_code_and_escapes_user_text() -> None:
     queued = make_job("j1", "queued", reason="waiting for the scheduler")
     assert reason_cell(queued) == "Pending: waiting for the scheduler"
-    assert reason_cell(make_job("j2", "queued", reason="Busy: GPU 0 held")) == "Busy: GPU 0 held"
+    assert reason_cell(make_job("j2", "queued", reason="Resources: GPU 0 held")) == "Resources: GPU 0 held"
     assert reason_cell(make_job("j3", "succeeded", reason="exited 0")) == "exited 0"
     evil = make_job("j4", "queued", name="a\nb\x1b[31m", owner="eve\x07",
                     reason="Workdir: no such dir\n/x").model_copy(update={"holder_name": "h\x1b"})
@@ -45,7 +45,7 @@ def test_a_row_leads_with_the_code_and_escapes_user_text() -> None:
 
 
 def test_filter_terms_match_fields_and_words_match_the_row() -> None:
-    cuda = make_job("j1", "queued", owner="alice", reason="Busy: GPU 0", requirements={"accelerator": "cuda"})
+    cuda = make_job("j1", "queued", owner="alice", reason="Resources: GPU 0", requirements={"accelerator": "cuda"})
     mps = make_job("j2", "running", owner="bob", reason="mentions cuda", requirements={"accelerator": "mps"})
 
     def shown(text: str) -> list[str]:
@@ -55,7 +55,7 @@ def test_filter_terms_match_fields_and_words_match_the_row() -> None:
     assert shown("acc:cuda") == ["j1"] and shown("cuda") == ["j2"]  # a word matches the text, acc: the field
     assert shown("state:queued") == ["j1"] and shown("state:run") == ["j2"]
     assert shown("state:queued,running user:bob") == ["j2"]
-    assert shown("code:busy") == ["j1"] and shown("USER:Alice gpu") == ["j1"]
+    assert shown("code:resources") == ["j1"] and shown("USER:Alice gpu") == ["j1"]
     assert shown("nosuch:thing") == [] and JobFilter.parse("").empty
 
 

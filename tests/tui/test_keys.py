@@ -22,7 +22,7 @@ from tests.tui.helpers import screen_text, wait_for
 
 FAST = TuiSettings(retry_s=0.05, log_poll_s=60.0, age_refresh_s=0)
 SIZES = [(80, 24), (120, 40)]
-BUSY = "Busy: cpu slots 0 free of 4 on lab-ws-02 (needs 2)"
+BUSY = "Resources: cpu slots 0 free of 4 on lab-ws-02 (needs 2)"
 EVIL_NAME = "\x1b]0;title\x07\x1b[2Ja\nfake [b]row[/b]"
 
 
@@ -78,8 +78,8 @@ async def test_jobs_view(size: tuple[int, int]) -> None:
 
 
 async def shows_the_reason_code_and_deciding_words(pilot: Pilot[None], app: GpulayerApp, table: JobsTable) -> None:
-    line = row_line(app, "queued", "Busy:")
-    assert "Busy: cpu slots 0 free of 4" in line and "llm-fine" in line
+    line = row_line(app, "queued", "Resources:")
+    assert "Resources: cpu slots 0 free of" in line and "llm-fine" in line
     assert "Framework: torch 2.5.1" in row_line(app, "Framework:")
     header = row_line(app, "STATE", "REASON")
     assert header.index("STATE") < header.index("REASON") < header.index("NAME") < header.index("USER")

@@ -57,7 +57,7 @@ def send(tmux: list[str], *keys: str) -> None:
 
 def test_gpulayer_tui_shows_a_waiting_jobs_reason_at_80x24_and_quits(real_daemon: RealDaemon,
                                                                      tmux: list[str]) -> None:
-    # a job holding all 4 CPU slots, and one behind it that waits: "Busy: cpu slots 0 free of 4 …"
+    # a job holding all 4 CPU slots, and one behind it that waits: "Resources: cpu slots 0 free of 4 …"
     holder = submit(real_daemon, "--name", "holder", "--nproc", "4", "--", "sleep", "120")
     # (it may wait a moment for the environment's torch check: the waiting job must come after it runs)
     real_daemon.wait_status(holder, {"running"}, timeout_s=60.0)
@@ -68,9 +68,9 @@ def test_gpulayer_tui_shows_a_waiting_jobs_reason_at_80x24_and_quits(real_daemon
         subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", "-s", "tui", command], env=env,
                        check=True, timeout=10)
         # the Jobs view shows the reason's code and deciding words in the waiting job's row
-        screen = wait_screen(tmux, "in-tmux", "Busy: cpu slots 0 free of 4", "2 Jobs", "q Quit", "? Help")
+        screen = wait_screen(tmux, "in-tmux", "Resources: cpu slots 0 free of 4", "2 Jobs", "q Quit", "? Help")
         row = next(line for line in screen.splitlines() if "in-tmux" in line)
-        assert "queued" in row and "Busy: cpu slots 0 free of 4" in row, screen
+        assert "queued" in row and "Resources: cpu slots 0 free of 4" in row, screen
         send(tmux, "d")
         wait_screen(tmux, "CPU only")
         send(tmux, "2", "?")  # back to the jobs, and the help panel lists the keys

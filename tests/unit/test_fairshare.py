@@ -161,16 +161,19 @@ def test_bob_goes_before_alice_who_used_more() -> None:
     usage = {"alice": Usage(6.1 * 3600, 0), "bob": Usage(0.2 * 3600, 0)}
     cands = [Candidate("a1", "alice", 1), Candidate("a2", "alice", 2), Candidate("b1", "bob", 3)]
     assert [c.job_id for c in order(cands, usage)] == ["b1", "a1", "a2"]
-    assert fair_share_reason("alice", "bob", usage) == "fair share: alice used 6.1 GPU-h today, bob 0.2"
+    assert fair_share_reason("alice", "bob", usage) == "fair share: bob's jobs go first (less recent GPU use than alice)"
+    # No figures: the words stay the same while the usage decays.
+    later = {"alice": Usage(3.0 * 3600, 0), "bob": Usage(0.1 * 3600, 0)}
+    assert fair_share_reason("alice", "bob", later) == fair_share_reason("alice", "bob", usage)
     assert passed_over_by("alice", ["bob", "alice"], usage) == "bob"
     assert passed_over_by("bob", ["alice"], usage) is None
 
 
-def test_a_cpu_jobs_reason_names_the_slot_hours_that_decided() -> None:
+def test_a_cpu_jobs_reason_names_the_kind_of_use_that_decided() -> None:
     usage = {"alice": Usage(0, 3.5 * 3600), "bob": Usage(0, 0.4 * 3600)}
     assert passed_over_by("alice", ["bob"], usage) == "bob"
     assert fair_share_reason("alice", "bob", usage, gpus=False) == (
-        "fair share: alice used 0.0 GPU-h and 3.5 slot-h today, bob 0.0 and 0.4")
+        "fair share: bob's jobs go first (less recent GPU and CPU-slot use than alice)")
 
 
 # ------------------------------------------------------------------ the per-user GPU cap

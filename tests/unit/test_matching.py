@@ -290,9 +290,9 @@ def test_explain_table_rows_observed_vs_wanted() -> None:
                envs=(env(frameworks={"torch": "2.4.1+cu121"}, torch_cuda=True),))
     ev = evaluate(j, w, SUPPORT_MATRIX)
     rows = {c.requirement: c for c in ev.checks}
-    assert rows["gpu_memory_gb"].found == "GPU 0: 16.0 GB dedicated, GPU 1: 48.0 GB dedicated"
+    assert rows["gpu_memory_gb"].found == "1 of 2 device(s) meet it: GPU 0: 16.0 GB dedicated, GPU 1: 48.0 GB dedicated"
     assert rows["gpu_memory_gb"].ok is True  # one device meets memory on its own
-    assert rows["min_cuda_compute_capability"].found == "GPU 0: 8.9, GPU 1: 7.0"
+    assert rows["min_cuda_compute_capability"].found == "1 of 2 device(s) meet it: GPU 0: 8.9, GPU 1: 7.0"
     assert rows["min_cuda_compute_capability"].ok is True
     assert rows["gpu_count"].ok is False  # but no single device meets both
     assert rows["frameworks.torch"].found == "2.4.1+cu121"

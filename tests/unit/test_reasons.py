@@ -25,7 +25,7 @@ from gpulayerd.core.types import (
     ProbeStatus,
     WorkerSnapshot,
 )
-from gpulayerd.core.verdict import Rejection, RejectionCode
+from gpulayerd.core.verdict import FitState, Rejection, RejectionCode, Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from gpulayerd.models import JobView
 
@@ -69,15 +69,15 @@ CUDA = {"accelerator": Accelerator.CUDA, "gpu_count": 1}
 
 CASES: list[tuple[str, JobRequest, list[WorkerSnapshot], tuple[str, str]]] = [
     ("cpu slots held by other jobs", job(distributed=DistributedRequest(1, 2, "gloo")),
-     [ws(cpu_slots_total=2, cpu_slots_free=1)], ("Busy", "cpu slots 1 free of 2 on ws-1 (needs 2)")),
+     [ws(cpu_slots_total=2, cpu_slots_free=1)], ("Resources", "cpu slots 1 free of 2 on ws-1 (needs 2)")),
     ("a GPU granted to another job", job(**CUDA), [ws(devices=(gpu(0, granted_to="m8other"),))],
-     ("Busy", "GPU 0 is granted to job m8other (on ws-1)")),
+     ("Resources", "GPU 0 is granted to job m8other (on ws-1)")),
     ("a GPU used outside gpulayer", job(**CUDA), [ws(devices=(gpu(0, foreign_pids=(41, 42)),))],
-     ("InUse", "GPU 0 is busy with processes gpulayer did not start (pid 41, 42) (on ws-1)")),
+     ("Resources", "GPU 0 is busy with processes gpulayer did not start (pid 41, 42) (on ws-1)")),
     ("too few slots in all", job(distributed=DistributedRequest(1, 4, "gloo")), [ws(cpu_slots_total=2, cpu_slots_free=2)],
-     ("Resources", "needs 4 CPU slots, worker ws-1 has 2 in all")),
+     ("DeviceCount", "needs 4 CPU slots, worker ws-1 has 2 in all")),
     ("too few GPUs in all", job(**{**CUDA, "gpu_count": 2}), [ws(devices=(gpu(0),))],
-     ("Resources", "needs 2 qualifying cuda device(s), worker ws-1 has 1")),
+     ("DeviceCount", "needs 2 whole cuda device(s) at once, worker ws-1 has 1 in all")),
     ("no CUDA device", job(**CUDA), [ws()], ("Accelerator", "worker ws-1 has no cuda device (it is CPU-only)")),
     ("too little memory", job(**CUDA, gpu_memory_bytes=40 * GB), [ws(devices=(gpu(0, 24.0),))],
      ("Memory", "GPU 0 has 24.0 GB < 40 GB required (on ws-1)")),
@@ -124,7 +124,7 @@ CASES: list[tuple[str, JobRequest, list[WorkerSnapshot], tuple[str, str]]] = [
      ("Hosts", "needs 2 hosts at once, 1 fit now")),
     ("multi-host: one host busy", job(distributed=DistributedRequest(2, 2, "gloo")),
      [ws("n1"), ws("n2", cpu_slots_total=2, cpu_slots_free=0)],
-     ("Busy", "needs 2 hosts at once, 1 fit now; cpu slots 0 free of 2 on ws-2 (needs 2)")),
+     ("Resources", "needs 2 hosts at once, 1 fit now; cpu slots 0 free of 2 on ws-2 (needs 2)")),
     ("driver too old for the CUDA build: path last", job(**CUDA),
      [ws(devices=(gpu(0, driver_version="470.82.01"),), envs=(env(cuda_builds={"torch": "12.4"}),))],
      ("Driver", f"torch 2.4.0+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); ws-1 has 470.82.01 (CUDA 11.4) on ws-1 in {PY}")),
@@ -144,32 +144,39 @@ def test_the_cases_cover_every_code_a_rejection_or_verdict_can_give() -> None:
     assert covered | {"Pending", "FairShare", "GangSkew"} == {c.value for c in ReasonCode}
 
 
-def test_a_fair_share_rejection_decides_over_busy_devices_and_keeps_its_text() -> None:
-    worker = ws(devices=(gpu(0, granted_to="m8bob"),), mode="system")
-    e = explain(job(**CUDA, user="alice"), [worker], SUPPORT_MATRIX)
+def test_held_devices_decide_over_the_fair_share_order_which_decides_once_they_free_up() -> None:
     usage = {"alice": fairshare.Usage(gpu_s=6.1 * 3600), "bob": fairshare.Usage(gpu_s=0.2 * 3600)}
     text = fairshare.fair_share_reason("alice", "bob", usage)
     fair = Rejection(RejectionCode.FAIR_SHARE, "fair_share", "alice", "bob", "n1", text)
+    held = ws(devices=(gpu(0, granted_to="m8bob"),), mode="system")
+    e = explain(job(**CUDA, user="alice"), [held], SUPPORT_MATRIX)
     row = e.workers[0]
     e = replace(e, workers=(replace(row, rejections=(*row.rejections, fair)),))
-    assert reason_text(e) == "FairShare: fair share: alice used 6.1 GPU-h today, bob 0.2"
+    assert reason_text(e) == "Resources: GPU 0 is granted to job m8bob (on ws-1)"
+    # On a second worker only the fair-share order holds the job back: that row is closer to running.
+    free = ws("n2", devices=(gpu(0),), mode="system")
+    e2 = explain(job(**CUDA, user="alice"), [held, free], SUPPORT_MATRIX)
+    rows = tuple(replace(r, state=FitState.FITS_BUT_BUSY, rejections=(*r.rejections, fair)) if r.worker == "n2"
+                 else replace(r, rejections=(*r.rejections, fair)) for r in e2.workers)
+    e2 = replace(e2, verdict=Verdict.FITS_BUT_BUSY, placement=None, workers=rows)
+    assert reason_text(e2) == "FairShare: fair share: bob's jobs go first (less recent GPU use than alice)"
 
 
 def test_the_busy_row_decides_over_rows_that_never_fit() -> None:
     j = job(**CUDA)
     e = explain(j, [ws("n1"), ws("n2", devices=(gpu(0, granted_to="m8b"),))], SUPPORT_MATRIX)
-    assert reason_text(e) == "Busy: GPU 0 is granted to job m8b (on ws-2)"
+    assert reason_text(e) == "Resources: GPU 0 is granted to job m8b (on ws-2)"
 
 
 def test_a_row_without_a_name_is_named_by_its_node_id() -> None:
     e = explain(job(distributed=DistributedRequest(1, 2, "gloo")),
                 [WorkerSnapshot("n9", environments=(env(),), cpu_slots_total=1, cpu_slots_free=1)], SUPPORT_MATRIX)
-    assert reason_text(e) == "Resources: needs 2 CPU slots, worker n9 has 1 in all"
+    assert reason_text(e) == "DeviceCount: needs 2 CPU slots, worker n9 has 1 in all"
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("Busy: cpu slots 1 free of 2 on ws-1 (needs 2)", ("Busy", "cpu slots 1 free of 2 on ws-1 (needs 2)")),
-    ("FairShare: fair share: a used 1.0 GPU-h today, b 0.0", ("FairShare", "fair share: a used 1.0 GPU-h today, b 0.0")),
+    ("Resources: cpu slots 1 free of 2 on ws-1 (needs 2)", ("Resources", "cpu slots 1 free of 2 on ws-1 (needs 2)")),
+    ("FairShare: fair share: b's jobs go first", ("FairShare", "fair share: b's jobs go first")),
     ("waiting for the scheduler", ("", "waiting for the scheduler")),
     ("Note: not a code", ("", "Note: not a code")),
     ("exited 3", ("", "exited 3")),
@@ -181,7 +188,7 @@ def test_split_knows_only_the_documented_codes(text: str, expected: tuple[str, s
 
 
 @pytest.mark.parametrize(("status", "reason", "code"), [
-    ("queued", "Busy: cpu slots 0 free of 1 on ws-1 (needs 1)", "Busy"),
+    ("queued", "Resources: cpu slots 0 free of 1 on ws-1 (needs 1)", "Resources"),
     ("queued", "waiting for the scheduler", "Pending"),
     ("queued", "attempt 1 lost: no lease renewal", "Pending"),
     ("rejected", "needs 80 GB; the largest GPU has 24 GB", "Rejected"),
@@ -201,7 +208,7 @@ def test_every_code_has_a_meaning_and_is_documented() -> None:
 
 
 @pytest.mark.parametrize(("status", "reason", "cell"), [
-    ("queued", "Busy: cpu slots 0 free of 1 on ws-1 (needs 1)", "Busy: cpu slots 0 free of 1 on ws-1 (needs 1)"),
+    ("queued", "Resources: cpu slots 0 free of 1 on ws-1 (needs 1)", "Resources: cpu slots 0 free of 1 on ws-1 (needs 1)"),
     ("queued", "waiting for the scheduler", "Pending: waiting for the scheduler"),
     ("rejected", "a cuda job needs gpu_count >= 1", "Rejected: a cuda job needs gpu_count >= 1"),
     ("running", "claimed by ws-1 (attempt 1)", "claimed by ws-1 (attempt 1)"),

@@ -15,6 +15,7 @@ from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import (
     GB,
     Accelerator,
+    DeviceKind,
     DeviceSnapshot,
     DeviceState,
     EnvironmentSnapshot,
@@ -442,6 +443,12 @@ def choose_devices(
     want_n = job.gpu_count
     checks.append(Check("gpu_count", f">= {want_n}", f"{len(fit)} qualify, {len(free)} free",
                         len(free) >= want_n if len(fit) >= want_n else False))
+    # A process uses one MIG instance at most: a multi-device job counts whole devices only.
+    total = len(kind) if want_n == 1 else sum(1 for d in kind if d.kind is not DeviceKind.MIG)
+    if want_n > total:  # never, even with every device free and qualifying: the count decides
+        what = f"{acc.value} device(s)" if want_n == 1 else f"whole {acc.value} device(s)"
+        return None, [Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), f"{total} in all", wid,
+                                f"needs {want_n} {what} at once, worker {worker.name or wid} has {total} in all")], []
     if len(fit) < want_n:
         rejs = [r for _, rs in per_dev for r in rs]
         rejs.append(Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), str(len(fit)), wid,
@@ -480,6 +487,10 @@ def _no_device_found(worker: WorkerSnapshot) -> str:
     return "none (has: " + ", ".join(kinds) + ")" if kinds else "none (cpu only)"
 
 
+_GATES = frozenset({"accelerator", "device state", "mig", "compute mode", "gpu_count"})
+"""Requirement names of the per-device rejections that keep a device from being granted at all."""
+
+
 def _device_rows(
     job: JobRequest, per_dev: Sequence[tuple[DeviceSnapshot, list[Rejection]]], checks: list[Check]
 ) -> None:
@@ -496,10 +507,12 @@ def _device_rows(
         found = []
         n_ok = 0
         for d, rs in per_dev:
-            mine = [r for r in rs if r.requirement in (requirement, "accelerator")]
-            n_ok += not mine
+            # A device counts only if it can be granted at all (not lost, excluded, unusable, in MIG
+            # mode, detection-only) and meets this requirement.
+            n_ok += not any(r.requirement == requirement or r.requirement in _GATES for r in rs)
             found.append(f"{device_label(d)}: {_device_value(requirement, d)}")
-        checks.append(Check(requirement, wanted, ", ".join(found), n_ok >= job.gpu_count))
+        counted = f"{n_ok} of {len(per_dev)} device(s) meet it: "
+        checks.append(Check(requirement, wanted, counted + ", ".join(found), n_ok >= job.gpu_count))
 
 
 def _device_value(requirement: str, d: DeviceSnapshot) -> str:

@@ -8,7 +8,7 @@ behind one that did not fit here are not judged again in the same walk. Then eve
 still queued gets its current reason, judged against this machine as the walk left it and the
 peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
 reason changed): a short code and the deciding words (:mod:`gpulayerd.core.reasons`), e.g.
-``Busy: cpu slots 1 free of 2 on ws-1 (needs 2)``. A job that waits here while a user with less
+``Resources: cpu slots 1 free of 2 on ws-1 (needs 2)``. A job that waits here while a user with less
 usage holds a device here (or waits ahead of it) says so (``FairShare: ...``).
 
 Incremental: every (shape, worker) row and every shape's explanation is kept in a

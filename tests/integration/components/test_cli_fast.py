@@ -120,7 +120,7 @@ def test_select_keeps_unfinished_jobs_and_the_latest_finished() -> None:
 
 _JOB = {"id": "m8qgmtbntdp5", "name": "train", "submitted_by": "alice", "owner": "n1", "owner_name": "ws-1",
         "status": "queued", "attempt": 0, "holder": None, "holder_name": None, "reason": "GPU 0 held — by bob…",
-        "reason_code": "Busy", "exit_code": None, "submitted_at": 1_700_000_000.0, "spec": {"user": "alice"},
+        "reason_code": "Resources", "exit_code": None, "submitted_at": 1_700_000_000.0, "spec": {"user": "alice"},
         "where_node": None, "where_name": None, "where_devices": [], "where_hosts": []}
 
 
@@ -181,7 +181,7 @@ def test_help_and_jobs_import_only_what_they_use(tmp_path: Path) -> None:
     assert out.splitlines()[0].split() == ["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"]
     cells = out.splitlines()[1].split()
     del cells[5]  # AGE
-    assert cells == ["m8qgmtbntdp5", "train", "alice", "queued", "—", "Busy:", "GPU", "0", "held", "—", "by", "bob…"]
+    assert cells == ["m8qgmtbntdp5", "train", "alice", "queued", "—", "Resources:", "GPU", "0", "held", "—", "by", "bob…"]
     # (gpulayerd.core.job_facts, the job states and whose a job is, imports nothing: it may come)
     heavy = ("aiohttp", "pydantic", "asyncio", "wcwidth", "socket", "shutil", "typing", "gpulayerd.models",
              "gpulayerd.core.types", "gpulayerd.core.matching", "gpulayerd.core.protocol", "gpulayerd.cli.devices",
@@ -215,7 +215,7 @@ def test_the_narrow_characters_are_one_cell_for_wcwidth_too() -> None:
 
     assert len(text._NARROW) > 1000 and {"—", "…", "✓", "✗", "é", "≈", "│"} <= text._NARROW
     assert [ch for ch in sorted(text._NARROW) if wcwidth(ch) != 1] == []
-    for value in ("Busy: GPU 0 held — by bob…", "日本語 — x", "e\u0301t\u00e9", "\u00a0nbsp", "ok ✓"):
+    for value in ("Resources: GPU 0 held — by bob…", "日本語 — x", "e\u0301t\u00e9", "\u00a0nbsp", "ok ✓"):
         assert text.width(value) == wcswidth(value), value
 
 

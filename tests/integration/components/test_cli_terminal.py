@@ -59,14 +59,14 @@ def test_gpulayerd_has_a_version_flag(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_jobs_lines_fit_80_cells_with_a_long_and_a_cjk_name() -> None:
     jobs = [_job("m8qgmtbntdp5", LONG, "running", "running on ws-1"), _job("m8qgmtf8q1vv", CJK, reason=WAITING),
-            _job("m8qgmtf8q1vw", "plain", reason="Busy: cpu slots 0 free of 2 on ws-1 (needs 1)")]
+            _job("m8qgmtf8q1vw", "plain", reason="Resources: cpu slots 0 free of 2 on ws-1 (needs 1)")]
     out = render_jobs(jobs, DEFAULT, 80, now=10.0)
     lines = out.splitlines()
     assert [text.width(line) for line in lines if text.width(line) > 80] == []
     assert lines[0].split() == ["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"]
     # The reason keeps its code and deciding words; the cut names end in "…" at the same column.
     assert "Accelerator: no worker has" in lines[2]
-    assert "Busy: cpu slots 0 free of 2" in lines[3]
+    assert "Resources: cpu slots 0 free" in lines[3]
     assert "…" in lines[1] and "…" in lines[2]
     starts = {text.width(line[: line.index(" alice ")]) for line in lines[1:]}
     assert len(starts) == 1, starts  # USER starts in the same cell on every row (CJK counted as 2)
@@ -147,9 +147,9 @@ def test_cut_counts_cells_and_never_splits_a_wide_character() -> None:
 def test_show_escapes_the_name_reason_and_history_of_a_job() -> None:
     from gpulayerd.cli.render import render_job
 
-    out = render_job(_job("j1", "a\x1b]0;title\x07b", reason="Busy: on \x1b[2Jws-1"))
+    out = render_job(_job("j1", "a\x1b]0;title\x07b", reason="Resources: on \x1b[2Jws-1"))
     assert "\x1b" not in out and "\x07" not in out
-    assert "a\\x1b]0;title\\x07b" in out and "Busy: on \\x1b[2Jws-1" in out
+    assert "a\\x1b]0;title\\x07b" in out and "Resources: on \\x1b[2Jws-1" in out
 
 
 def test_devices_without_a_daemon_says_it_probes_this_machine_itself(

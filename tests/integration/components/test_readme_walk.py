@@ -237,16 +237,16 @@ def _job(job_id: str, name: str, reason: str) -> JobView:
 
 
 def test_jobs_at_80_columns_keep_the_reason_and_drop_a_lone_user() -> None:
-    jobs = [_job("m8qgmtbntdp5", "hyperparameter-sweep-lr-3e-4", "Busy: cpu slots 0 free of 2 on ws-1 (needs 1)"),
-            _job("m8qgmtbntdp6", "eval", "Busy: GPU 0 held by bob's job m8qg (train)")]
+    jobs = [_job("m8qgmtbntdp5", "hyperparameter-sweep-lr-3e-4", "Resources: cpu slots 0 free of 2 on ws-1 (needs 1)"),
+            _job("m8qgmtbntdp6", "eval", "Resources: GPU 0 held by bob's job m8qg (train)")]
     columns = default_columns(jobs, "alice")  # alice's own jobs: no USER to tell apart
     assert columns == ["id", "name", "state", "where", "age", "reason"]
     assert "user" in default_columns(jobs, "bob")  # bob reading alice's jobs sees whose they are
     lines = render_jobs(jobs, columns, 80, now=10.0).splitlines()
     assert all(text.width(line) <= 80 for line in lines)
-    assert lines[1].endswith("  hyperpa…  queued  —      10s  Busy: cpu slots 0 free of 2 on ws-1…"), lines[1]
-    wider = render_jobs(jobs, columns, 90, now=10.0).splitlines()  # below 100: REASON before NAME
-    assert wider[1].endswith("  hyperpar…  queued  —      10s  Busy: cpu slots 0 free of 2 on ws-1 (needs 1)")
+    assert lines[1].endswith("  hyperpa…  queued  —      10s  Resources: cpu slots 0 free of 2 on…"), lines[1]
+    wider = render_jobs(jobs, columns, 94, now=10.0).splitlines()  # below 100: REASON before NAME
+    assert wider[1].endswith("  hyperpa…  queued  —      10s  Resources: cpu slots 0 free of 2 on ws-1 (needs 1)")
     bobs = _job("m8qgmtbntdp7", "x", "Pending")
     bobs = bobs.model_copy(update={"spec": bobs.spec.model_copy(update={"user": "bob"})})
     assert "user" in default_columns([*jobs, bobs], "alice")

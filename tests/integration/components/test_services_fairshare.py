@@ -89,11 +89,13 @@ async def test_bob_goes_before_alices_next_job_and_alice_is_told_why(lab: Lab, p
     usage = {u.user: u for u in await ws.services.api.async_users()}
     assert usage[a.name].gpu_hours == pytest.approx(1.0, abs=0.05)  # 2 GPUs × 30 min (decay: a day)
     for j in alice[2:]:
+        # Both GPUs are held (by alice's second job and bob's first): that decides, the holders named;
+        # the fair-share order (bob first) stays in explain's rows and decides once a GPU frees up.
         reason = (await lab.job(ws, j)).reason
-        assert reason.startswith(f"FairShare: fair share: {a.name} used 1.0 GPU-h today, {b.name} 0.0"), reason
+        assert reason.startswith("Resources: GPU 0 is granted to job "), reason
+        assert alice[1] in reason and bob[0] in reason, reason
     explained = await ws.services.owner.explain(alice[2])  # what `gpulayer explain` shows
-    assert explained.summary.startswith(f"fits but busy: fair share: {a.name} used 1.0 GPU-h"), explained.summary
-    assert [r.code for w in explained.workers for r in w.rejections][:1] == ["FAIR_SHARE"], explained.workers
+    assert "FAIR_SHARE" in [r.code for w in explained.workers for r in w.rejections], explained.workers
 
     await _end_one(lab, ws, alice[1])
     await lab.step()

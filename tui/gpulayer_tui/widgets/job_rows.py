@@ -99,7 +99,7 @@ _STATE_RANK = {s: i for i, s in enumerate(
 
 
 def reason_cell(job: JobView) -> str:
-    """A job's reason with its code first (``"Busy: cpu slots 0 free of 4 …"``), escaped, on one line.
+    """A job's reason with its code first (``"Resources: cpu slots 0 free of 4 …"``), escaped, on one line.
 
     A queued job not judged yet reads ``Pending: …``; a finished job's reason has no code.
     """

@@ -1,0 +1,116 @@
+"""The explain table ticks only what devices meet, and the decisive reason on a busy lab box (issue 28).
+
+Property: over random boxes (memory, compute capability, device states, MIG mode, detection-only)
+and jobs, a device row (``gpu_memory_gb``, ``min_cuda_compute_capability``) is ✓ only when at least
+``gpu_count`` devices that can be granted at all meet it. The box of the issue (2 x A6000, an RTX 4090
+used by a foreign process, an A100 in MIG mode with 3 instances, a lost GPU) gives the decisive reasons
+a user expects.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulayerd.core.matching.evaluate import evaluate, explain
+from gpulayerd.core.reasons import reason_of
+from gpulayerd.core.types import (
+    GB,
+    Accelerator,
+    DeviceKind,
+    DeviceSnapshot,
+    DeviceState,
+    EnvironmentSnapshot,
+    FrameworkVersion,
+    JobRequest,
+    MemoryKind,
+    WorkerSnapshot,
+)
+from gpulayerd.gpu.support import SUPPORT_MATRIX
+
+ENV = (EnvironmentSnapshot(interpreter="/usr/bin/python3", python_version="3.11.7",
+                           frameworks={"torch": FrameworkVersion("torch", "2.4.0", "torch")}, torch_cuda=True,
+                           distributed_backends=("gloo", "nccl")),)
+
+device = st.builds(
+    lambda i, mem, cc, state, mig, sup: DeviceSnapshot(
+        Accelerator.CUDA, i, f"GPU-{i}", "NVIDIA", mem * GB, 0, MemoryKind.DEDICATED, cc, "550.54.15", sup, True,
+        state=state, mig_enabled=mig),
+    st.just(0), st.sampled_from([16, 24, 48, 80]), st.sampled_from([(7, 0), (8, 6), (9, 0)]),
+    st.sampled_from(list(DeviceState)), st.booleans(), st.booleans())
+
+
+def _grantable(d: DeviceSnapshot) -> bool:
+    return d.state is DeviceState.OK and d.execution_supported and not d.mig_enabled
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(device, min_size=1, max_size=5), st.integers(1, 3), st.sampled_from([None, 20, 40, 60]),
+       st.sampled_from([None, (8, 0), (9, 0)]))
+def test_no_tick_on_a_requirement_too_few_grantable_devices_meet(
+        devices: list[DeviceSnapshot], count: int, mem_gb: int | None, cc: tuple[int, int] | None) -> None:
+    devices = [DeviceSnapshot(**{**{f: getattr(d, f) for f in d.__slots__}, "index": i, "uuid": f"GPU-{i}"})  # type: ignore[arg-type]
+               for i, d in enumerate(devices)]
+    job = JobRequest(job_id="j", accelerator=Accelerator.CUDA, gpu_count=count,
+                     gpu_memory_bytes=None if mem_gb is None else mem_gb * GB, min_cuda_compute_capability=cc)
+    checks = {c.requirement: c for c in evaluate(job, WorkerSnapshot("n1", devices=tuple(devices), environments=ENV),
+                                                 SUPPORT_MATRIX).checks}
+    meets = {
+        "gpu_memory_gb": lambda d: mem_gb is not None and (d.memory_total_bytes or 0) >= mem_gb * GB,
+        "min_cuda_compute_capability": lambda d: cc is not None and d.compute_capability is not None
+        and d.compute_capability >= cc,
+    }
+    for requirement, ok in meets.items():
+        row = checks.get(requirement)
+        if row is not None and row.ok:
+            assert sum(1 for d in devices if _grantable(d) and ok(d)) >= count, (requirement, row, devices)
+
+
+def _gpu(i: int, name: str, mem_mib: int, cc: tuple[int, int], **kw: object) -> DeviceSnapshot:
+    return DeviceSnapshot(Accelerator.CUDA, i, f"GPU-box-{i}", name, mem_mib * 2**20, 0, MemoryKind.DEDICATED, cc,
+                          "550.54.15", True, True, **kw)  # type: ignore[arg-type]
+
+
+def _box() -> WorkerSnapshot:
+    migs = tuple(DeviceSnapshot(Accelerator.CUDA, 4000 + k, f"MIG-{k}", "NVIDIA A100 80GB PCIe", gb * 10**9, 0,
+                                MemoryKind.DEDICATED, (8, 0), "550.54.15", True, True, kind=DeviceKind.MIG,
+                                parent_uuid="GPU-box-3", mig_profile=p)
+                 for k, (p, gb) in enumerate([("3g.40gb", 40), ("2g.20gb", 20), ("1g.10gb", 10)]))
+    devices = (
+        _gpu(0, "NVIDIA RTX A6000", 49140, (8, 6), granted_to="m8vit-a"),
+        _gpu(1, "NVIDIA RTX A6000", 49140, (8, 6), granted_to="m8vit-b"),
+        _gpu(2, "NVIDIA GeForce RTX 4090", 24564, (8, 9), foreign_pids=(10866,)),
+        _gpu(3, "NVIDIA A100 80GB PCIe", 81920, (8, 0), mig_enabled=True),
+        *migs,
+        _gpu(5, "NVIDIA RTX A6000", 49140, (8, 6), state=DeviceState.LOST,
+             state_reason="Unable to determine the device handle for GPU 0000:21:00.0: Unknown Error"),
+    )
+    return WorkerSnapshot("vm-node", name="vm", devices=devices, environments=ENV, mode="system")
+
+
+def _why(**kw: object) -> tuple[str, str]:
+    r = reason_of(explain(JobRequest(job_id="j", accelerator=Accelerator.CUDA, **kw), [_box()],  # type: ignore[arg-type]
+                          SUPPORT_MATRIX))
+    return r.code.value, r.words
+
+
+def test_the_box_two_held_gpus_name_both_holders() -> None:  # vit-huge-2gpu
+    code, words = _why(gpu_count=2, gpu_memory_bytes=40 * GB)
+    assert code == "Resources", words
+    assert "m8vit-a" in words and "m8vit-b" in words
+
+
+def test_the_box_a_24gb_only_job_names_the_foreign_pid() -> None:  # gpu2-24gb-only
+    code, words = _why(gpu_count=1, gpu_memory_bytes=24 * GB, min_cuda_compute_capability=(8, 9))
+    assert (code, "pid 10866" in words) == ("Resources", True), words
+
+
+def test_the_box_eight_gpus_is_a_count_no_worker_can_meet() -> None:  # 8gpu-nccl-ddp
+    assert _why(gpu_count=8) == ("DeviceCount", "needs 8 whole cuda device(s) at once, worker vm has 5 in all")
+
+
+def test_the_box_a_lost_gpu_is_no_reason_for_a_job_it_could_not_run_anyway() -> None:
+    code, words = _why(gpu_count=1, gpu_memory_bytes=200 * GB)
+    assert code == "Memory" and "lost" not in words and "0000:21:00" not in words, (code, words)
+    code, words = _why(gpu_count=1, min_cuda_compute_capability=(9, 0))
+    assert code == "ComputeCapability", (code, words)
