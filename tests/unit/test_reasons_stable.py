@@ -5,7 +5,6 @@ holds the devices and who goes first, never decaying figures. Driven through the
 
 from __future__ import annotations
 
-
 from gpulayerd.core.fairshare import Usage
 from gpulayerd.core.types import Accelerator, JobRequest
 from tests.unit.test_scheduling_core import Job, SchedulerMachine, drive
