@@ -62,12 +62,15 @@ class _Tail:
 
 
 def outcome(job: JobView) -> str:
-    """How a finished job ended, in one line: "job X succeeded", "job X failed: exited 3", ..."""
+    """How a finished job ended, in one line: "job X succeeded", "job X failed: exited 3", "job X failed:
+    could not start: command not found: trian.py (exit 127)", ..."""
     if job.status == "succeeded":
         return f"job {job.id} succeeded"
-    if job.status == "failed" and job.exit_code is not None and job.exit_code >= 0:
-        return f"job {job.id} failed: exited {job.exit_code}"
     why = fmt.escape(fmt.one_line(job.reason, 300))  # the reason may quote a job's or a peer's text
+    if job.status == "failed" and job.exit_code is not None and job.exit_code >= 0:
+        if job.reason.startswith("could not start"):  # the recorded start failure, then its exit code
+            return f"job {job.id} failed: {why} (exit {job.exit_code})"
+        return f"job {job.id} failed: exited {job.exit_code}"
     return f"job {job.id} {job.status}" + (f": {why}" if why else "")
 
 

@@ -28,6 +28,13 @@ class RunnerError(Exception):
         super().__init__(message)
         self.status = status
 
+    @property
+    def cause(self) -> str:
+        """What went wrong, first: the watchdog's words when it recorded them ("command not found: X"),
+        else the message."""
+        detail = self.status.detail if self.status is not None else ""
+        return detail or str(self)
+
 
 class RunState(str, enum.Enum):
     """Where an attempt stands, as seen from its run directory."""

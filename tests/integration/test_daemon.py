@@ -123,9 +123,13 @@ def test_command_not_found_fails_with_the_reason(cpu_daemon: Daemon) -> None:
     d = cpu_daemon
     job_id = d.submit("--retries", "2", "--", "no-such-program-gpulayer-test")
     job = d.wait_status(job_id, TERMINAL)
-    assert job.status == "failed"
-    assert "command not found: no-such-program-gpulayer-test" in job.reason
+    assert (job.status, job.exit_code) == ("failed", 127)  # the shell's code for a command not found
+    assert job.reason == "could not start: command not found: no-such-program-gpulayer-test"  # the cause first
     assert job.attempt == 1  # not retried: it can never start
+    run = d.cli("run", "--", "/nonexistent/cmd")
+    assert run.returncode == 127, run
+    assert run.stderr.rstrip().endswith("failed: could not start: command not found: /nonexistent/cmd (exit 127)"), \
+        run.stderr
 
 
 def test_logs_keep_multibyte_characters_across_chunks(cpu_daemon: Daemon) -> None:

@@ -201,9 +201,10 @@ def test_code_for_a_status(status: str, reason: str, code: str) -> None:
 
 def test_every_code_has_a_meaning_and_is_documented() -> None:
     assert set(MEANINGS) == set(ReasonCode)
-    docs = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
-    for code in ReasonCode:
-        assert f"| `{code.value}` |" in docs, code
+    for name in ("architecture.md", "reasons.md"):
+        docs = (Path(__file__).parents[2] / "docs" / name).read_text()
+        for code in ReasonCode:
+            assert f"| `{code.value}` |" in docs, (name, code)
 
 
 

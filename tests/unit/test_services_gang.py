@@ -24,7 +24,9 @@ async def test_a_gang_runs_rank_0_on_the_lowest_node_id_and_succeeds_when_every_
     assert "--node-rank 0" in argv1 or "--node_rank=0" in argv1 or "--node-rank=0" in argv1
     assert "--node-rank 1" in argv2 or "--node_rank=1" in argv2 or "--node-rank=1" in argv2
     await lab.run_for(2 * LEASE_S)  # the gang's lease is renewed by its members
-    assert (await view(lab, job)).status == "running"
+    running = await view(lab, job)
+    assert running.status == "running"
+    assert running.reason == "running on w1+w2 (a gang of 2, rank 0 on w1)", running.reason  # not its owner
     d(lab, "w1").runner.exit(job, 1, 0)
     await lab.step()
     assert (await view(lab, job)).status == "running"

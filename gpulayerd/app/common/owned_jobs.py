@@ -369,10 +369,10 @@ class OwnedJobs:
                 return Granted(grant.attempt, grant.lease_s, fresh=True)
         return "the job changed meanwhile"
 
-    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str) -> None:
-        """The attempt's processes started on ``worker`` (a gang's, as its coordinator saw it; a
-        one-host attempt's start comes as a ``started`` report, :meth:`reported`)."""
-        await self.apply(job_id, claims.RunStarted(attempt, worker, stimulus_id))
+    async def started(self, job_id: str, attempt: int, worker: str, stimulus_id: str, where: str = "") -> None:
+        """The attempt's processes started on ``worker`` (a gang's, as its coordinator saw it, with its
+        members as ``where``; a one-host attempt's start comes as a ``started`` report, :meth:`reported`)."""
+        await self.apply(job_id, claims.RunStarted(attempt, worker, stimulus_id, where))
 
     async def _apply_joined(self, job_id: str, event: claims.Event,
                             write: Callable[[claims.PersistJob | None, str], Awaitable[bool]], *,

@@ -213,7 +213,10 @@ class GangCoordinator:
         if isinstance(action, core.PersistGang):
             await self._save(action.gang)
         elif isinstance(action, core.MarkStarted):
-            await self._jobs.started(g.job_id, g.attempt, self.node_id, f"gang-start-{g.job_id}-{g.attempt}")
+            names = [self._names.name_of(m) or m[:12] for m in g.members]  # rank 0 first
+            where = f"{'+'.join(names)} (a gang of {len(names)}, rank 0 on {names[0]})"
+            await self._jobs.started(g.job_id, g.attempt, self.node_id, f"gang-start-{g.job_id}-{g.attempt}",
+                                     where=where)
         elif isinstance(action, core.ExtendGangLease):
             self._jobs.set_lease(g.job_id, action.expires_at)
         elif isinstance(action, core.KillMembers):

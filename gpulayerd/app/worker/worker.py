@@ -457,11 +457,11 @@ class WorkerService:
                 return
             try:
                 handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
-            except RunnerError as e:
-                await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", None, str(e),
-                                                      self._clock.wall())
-                await self._carry_out(self._apply(core.RunEnded(key, owner, "exited", None,
-                                                                f"could not start: {e}")))
+            except RunnerError as e:  # the cause first ("command not found: X") and its exit code (127)
+                code, why = e.status.exit_code if e.status else None, e.cause
+                await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", code, why, self._clock.wall())
+                await self._carry_out(self._apply(core.RunEnded(key, owner, "exited", code,
+                                                                f"could not start: {why}")))
                 return
             started = True
         finally:

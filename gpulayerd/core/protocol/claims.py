@@ -121,11 +121,13 @@ class ClaimRequested:
 
 @dataclass(frozen=True, slots=True)
 class RunStarted:
-    """The worker started the job's processes for ``attempt``."""
+    """The worker started the job's processes for ``attempt``; ``where`` names where they run when that
+    is not ``worker`` alone (a gang: its members, ``h2+h3``), for the job's reason."""
 
     attempt: int
     worker: str
     stimulus_id: str = ""
+    where: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +343,7 @@ def _started(job: JobRecord, ev: RunStarted, now: float) -> list[Action]:
     if job.status is JobStatus.RUNNING:
         return []  # duplicate
     new = replace(job, status=JobStatus.RUNNING, lease_expires_at=now + job.lease_s)
-    actions: list[Action] = [_persist(job, new, f"running on {ev.worker}", ev.stimulus_id)]
+    actions: list[Action] = [_persist(job, new, f"running on {ev.where or ev.worker}", ev.stimulus_id)]
     if job.cancel_requested:
         actions.append(KillRun(ev.worker, ev.attempt, "cancelled by user"))
     return actions
