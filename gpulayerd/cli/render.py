@@ -57,9 +57,9 @@ def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
         out.append(f"  {_e(e.interpreter)}")
         if e.configured:  # a shim resolved once: jobs run the interpreter above, whatever their workdir says
             out.append(f"    configured as {_e(e.configured)} ({_e(e.launcher or 'launcher')}): jobs run the "
-                       "interpreter above")
+                       "interpreter above, its directory first on PATH")
         if e.activation.get("CONDA_PREFIX"):
-            sets = sorted(k for k in e.activation if not k.startswith("CONDA_"))
+            sets = sorted(k for k in e.activation if not k.startswith("CONDA_") and k != "PATH")
             out.append(f"    conda environment {_e(e.activation.get('CONDA_DEFAULT_ENV', '?'))}: jobs run activated"
                        + (f" (also sets {_e(', '.join(sets))})" if sets else ""))
         if not e.ok:

@@ -497,15 +497,15 @@ def _home(uid: int) -> str:
 
 
 def with_activation(env: Mapping[str, str], activation: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with a conda environment's activation applied (its variables over ``env``'s, its
-    ``bin`` first on PATH); ``env`` unchanged (a copy) without one."""
+    """``env`` with an environment's activation applied (its variables over ``env``'s; its ``PATH``,
+    a directory, first on PATH); ``env`` unchanged (a copy) without one."""
     out = dict(env)
     if not activation:
         return out
-    out.update(activation)
-    prefix = activation.get("CONDA_PREFIX")
-    if prefix:
-        out["PATH"] = f"{prefix}/bin" + (f":{env['PATH']}" if env.get("PATH") else "")
+    out.update({k: v for k, v in activation.items() if k != "PATH"})
+    first = activation.get("PATH")
+    if first:
+        out["PATH"] = first + (f":{env['PATH']}" if env.get("PATH") else "")
     return out
 
 

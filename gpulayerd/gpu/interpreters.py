@@ -70,8 +70,9 @@ class ResolvedInterpreter:
             ``"asdf shim"``, ``"mise shim"``, ``"Python launcher"``; "" when they are the same.
         problem: why the shim named no interpreter (its own words: ``pyenv: version `3.10.4'
             is not installed``); None when resolved.
-        activation: a conda environment's activation, variable -> value (``CONDA_PREFIX`` set
-            means conda); empty for any other interpreter.
+        activation: variable -> value jobs run with: a conda environment's activation (``CONDA_PREFIX``
+            set means conda), and ``PATH``, which names the directory put first on the job's PATH
+            (the conda prefix's ``bin``, or a resolved shim's interpreter's); empty for others.
         activation_note: what went wrong reading the activation scripts; "" when nothing did.
     """
 
@@ -205,6 +206,10 @@ class InterpreterResolver:
             real = named
             log.info("%s is a %s: probing and running %s", path, kind, real)
         activation, note = self._activation(real)
+        if kind is not None and real != path and "PATH" not in activation:
+            # A script's nested `python` must find this interpreter too, not the shim (which would
+            # pick another version by the workdir's .python-version).
+            activation["PATH"] = os.path.dirname(real)
         return ResolvedInterpreter(real, path, (kind or "") if real != path else "", None, activation, note)
 
     def _activation(self, interpreter: str) -> tuple[dict[str, str], str]:
@@ -215,6 +220,7 @@ class InterpreterResolver:
         base = {"CONDA_PREFIX": prefix, "CONDA_DEFAULT_ENV": name, "CONDA_SHLVL": "1",
                 "PATH": f"{prefix}/bin:{_CLEAN_PATH}", "HOME": _home_of(prefix), "LANG": "C.UTF-8"}
         out = {k: v for k, v in base.items() if k.startswith("CONDA_")}
+        out["PATH"] = f"{prefix}/bin"  # put first on the job's PATH (not a value to set)
         found: dict[str, str] = {}
         state_vars: dict[str, str] = {}
         try:

@@ -153,8 +153,9 @@ def build_env(
     of these but ``USER`` and ``LOGNAME``, which always name the account); gpulayer's
     variables.
 
-    ``activation`` (a conda environment's, :attr:`EnvironmentSnapshot.activation`) comes after the
-    base layers and before the spec's ``env``: its variables, and its prefix's ``bin`` first on PATH.
+    ``activation`` (:attr:`EnvironmentSnapshot.activation`: a conda environment's, a resolved shim's)
+    comes after the base layers and before the spec's ``env``: its variables, and its ``PATH`` (a
+    directory) first on PATH.
 
     The spec's ``GPULAYER_*`` variables are always dropped. gpulayer's variables, last:
     :func:`gpulayerd.core.launch.launch_env` (``CUDA_VISIBLE_DEVICES``,
@@ -177,9 +178,9 @@ def build_env(
                    PATH=spec.path or DEFAULT_PATH)
     env["PYTHONUNBUFFERED"] = "1"
     if activation:
-        env.update(activation)
-        if activation.get("CONDA_PREFIX"):
-            env["PATH"] = f"{activation['CONDA_PREFIX']}/bin" + (f":{env['PATH']}" if env.get("PATH") else "")
+        env.update({k: v for k, v in activation.items() if k != "PATH"})
+        if activation.get("PATH"):  # a directory to put first: the environment's bin
+            env["PATH"] = activation["PATH"] + (f":{env['PATH']}" if env.get("PATH") else "")
     env.update({k: v for k, v in spec.env.items() if not k.startswith("GPULAYER_")})
     if user is not None:
         env.update(USER=user.name, LOGNAME=user.name)

@@ -144,13 +144,18 @@ def test_bug49_a_pyenv_shim_is_resolved_once_and_jobs_run_exactly_the_probed_int
     assert (env.interpreter, env.configured, env.launcher) == (str(ml), str(shim), "pyenv shim")
     assert env.frameworks["torch"].version == "2.4.1"
     devices = d.cli_ok("devices")
-    assert f"configured as {shim} (pyenv shim): jobs run the interpreter above" in devices, devices
+    assert f"configured as {shim} (pyenv shim): jobs run the interpreter above, its directory first on PATH" \
+        in devices, devices
     # proj/.python-version names plain-3.11 (no torch): the job still runs the probed ml-3.11.
     job_id = d.submit("--workdir", str(proj), "--framework", "torch>=2.4", "--",
                       "python", "-c", "import sys, torch; print(sys.executable, torch.__version__)")
     job = d.wait_status(job_id, TERMINAL)
     assert job.status == "succeeded", d.cli_ok("logs", job_id)
     assert d.cli_ok("logs", job_id) == f"{ml} 2.4.1\n"
+    # A `python` a script calls finds the same interpreter: its directory is first on the job's PATH.
+    nested = d.submit("--workdir", str(proj), "--", "sh", "-c", "python -c 'import sys; print(sys.executable)'")
+    assert d.wait_status(nested, TERMINAL).status == "succeeded"
+    assert d.cli_ok("logs", nested) == f"{ml}\n"
 
 
 def test_bug49_a_shim_whose_version_is_not_installed_is_a_broken_environment_with_pyenvs_words(lab: Lab) -> None:

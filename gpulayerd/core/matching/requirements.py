@@ -100,7 +100,7 @@ def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> l
             out.append(
                 Rejection(
                     RejectionCode.UNKNOWN_METRIC, f"frameworks.{name}", spec, "pending", worker,
-                    f"whether torch imports in {where} is not known yet{_pending_why(env)}", environment=where,
+                    f"whether torch imports in {where} is not known{_pending_why(env)}", environment=where,
                 )
             )
             continue

@@ -105,5 +105,6 @@ def test_conda_activation_output_names_and_limits(tmp_path: Path) -> None:
     act = found.activation
     assert act["CONDA_PREFIX"] == str(prefix) and act["CUDA_HOME"] == "/opt/cuda"
     assert not [k for k in act if " " in k or "\n" in act[k]]  # the script's echo never became a variable
-    assert not {"HOME", "PATH", "USER", "GPULAYER_JOB_ID"} & set(act)
+    assert not {"HOME", "USER", "GPULAYER_JOB_ID"} & set(act)
+    assert act["PATH"] == f"{prefix}/bin"  # the directory put first, never the state's "/evil"
     assert len(act) <= MAX_ACTIVATION_VARS and "conda activation variable(s) dropped" in found.activation_note
