@@ -86,6 +86,8 @@ class LocalApi:
         me.addresses = list(self._directory.addresses)
         me.port = self._directory.port
         me.cluster = self._directory.cluster_id
+        if self._directory.removed:
+            me.state = "removed"  # members refuse this node: `gpulayer cluster show` says what to do
         return [me, *self._directory.views()]
 
     async def async_requester(self, creds: PeerCredentials) -> Requester:

@@ -339,6 +339,7 @@ def _cmd_signer_add(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from gpulayerd import text as fmt
     from gpulayerd.net import identity
 
     state_dir = _state_dir(args)
@@ -352,6 +353,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print(f"cluster:    {_label(ident)}")
         print(f"mode:       {_mode_label(ident)}")
         print(f"signer:     {'yes (holds the CA key)' if _is_signer(ident) else 'no'}")
+        removed = _removed(ident)
+        if removed is not None:
+            print(f"removed:    {fmt.escape(removed)}: members refuse this node; run 'gpulayer cluster leave', "
+                  "then join again with a new token")
     else:
         print("cluster:    none (run 'gpulayer cluster init', or 'gpulayer cluster join -')")
     print("files:")
@@ -370,11 +375,24 @@ def _show_json(ident: Identity, token: str | None) -> dict[str, object]:
         "mode": ident.mode if ident.in_cluster else None,
         "user": (ident.user or None) if ident.in_cluster else None,
         "signer": ident.in_cluster and _is_signer(ident),
+        "removed": ident.in_cluster and _removed(ident) is not None,
         "files": {k: str(p) if p.exists() else None for k, p in _files(ident).items()},
     }
     if token is not None:
         out["token"] = token
     return out
+
+
+def _removed(ident: Identity) -> str | None:
+    """When and how this node learnt it was removed from the cluster (its ``removed`` mark), or None."""
+    from gpulayerd.net.revocation import REMOVED_MARK
+
+    try:
+        at, _, words = (ident.key_path.parent / REMOVED_MARK).read_text(encoding="utf-8").strip().partition(" ")
+    except OSError:
+        return None
+    when = time.ctime(int(at)) if at.isdigit() else "at some time"
+    return f"removed from the cluster (learnt {when}; a member said: {words[:200]})"
 
 
 def _is_signer(ident: Identity) -> bool:

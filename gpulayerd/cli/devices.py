@@ -138,8 +138,8 @@ def _cmd_peers(args: argparse.Namespace) -> int:
                               for n in {d.name for d in caps.devices if d.name}}))
             or "cpu only")
         seen = fmt.ago(p.last_heartbeat_at, now)
-        trust = "self" if p.state == "self" else ("trusted" if p.trusted else "foreign" if p.state == "foreign"
-                                                   else "untrusted")
+        trust = "self" if p.state == "self" else "removed" if p.state == "removed" else (
+            "trusted" if p.trusted else "foreign" if p.state == "foreign" else "untrusted")
         rows.append([p.node_id[:12], p.name, ", ".join(p.addresses) + (f":{p.port}" if p.port else ""),
                      p.version, trust, p.state, seen, gpus])
     print(fmt.table(["NODE", "NAME", "ADDRESSES", "VERSION", "TRUST", "STATE", "HEARTBEAT", "DEVICES"], rows))

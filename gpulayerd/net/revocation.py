@@ -31,6 +31,9 @@ __all__ = ["REVOCATIONS_JSON", "Revocation", "add_entries", "load_entries", "rev
            "verify_entry"]
 
 REVOCATIONS_JSON = "revocations.json"
+REMOVED_MARK = "removed"
+"""Beside a node's identity: written when a member refused this node as removed from the cluster
+(``<epoch seconds> <the member's words>``); ``gpulayer cluster show`` says so."""
 _MAX_ENTRIES = 4096
 
 

@@ -235,6 +235,11 @@ class LoopbackNode:
         """The loopback interface."""
         return "lo"
 
+    @property
+    def removed(self) -> bool:
+        """Never removed from the loopback cluster."""
+        return False
+
     def _up(self, peer: str) -> bool:
         entry = self.seen.get(peer)
         return entry is not None and self.network.clock.monotonic() - entry[2] <= self.network.suspect_after_s

@@ -95,3 +95,16 @@ def test_removed_node_is_refused_by_every_member(lan_factory: Callable[..., Lan]
     time.sleep(3.0)  # several offer intervals (1 s): an offer to h3 would have been claimed by now
     view = h1.job(after)
     assert (view.status, view.attempts) == ("queued", []), view
+
+    # The removal is visible (issue 28): the members list h3 as removed, not "trusted, down"; h3 itself,
+    # refused at its next heartbeats, says so in `peers` and `cluster show`.
+    for member in (h1, h2):
+        row = next(line for line in member.cli_ok("peers").splitlines() if line.startswith(h3.node_id[:12]))
+        assert "removed" in row.split() and "trusted" not in row.split(), (member.name, row)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and "removed:" not in h3.cli_ok("cluster", "show"):
+        time.sleep(0.3)
+    shown = h3.cli_ok("cluster", "show")
+    assert "removed:    removed from the cluster" in shown and "gpulayer cluster leave" in shown, shown
+    me = next(line for line in h3.cli_ok("peers").splitlines() if line.startswith(h3.node_id[:12]))
+    assert "removed" in me.split(), me

@@ -28,7 +28,7 @@ from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.core.fairshare import credible_holdings
 from gpulayerd.core.types import Accelerator, WorkerSnapshot
-from gpulayerd.errors import PeerCallError
+from gpulayerd.errors import PeerCallError, PeerRefused
 from gpulayerd.models import Capabilities, PeerView
 from gpulayerd.net.peers import Peer, PeerTable
 from gpulayerd.net.transport import CAPABILITIES, HEARTBEAT, PeerNetwork, PeerRoute, Sender
@@ -201,6 +201,8 @@ class ClusterNode:
         try:
             reply, who = await self.client.call_at(host, port, HEARTBEAT, msg, expect_node=node_id)
         except PeerCallError as e:
+            if isinstance(e, PeerRefused) and "this node was removed from the cluster" in e.reason:
+                await self.trust.note_removed(e.reason)
             self.table.heartbeat_failed(key)
             log.debug("heartbeat to %s (%s:%d) failed: %s", key[:12], host, port, e)
             if was_up:
@@ -286,8 +288,14 @@ class ClusterNode:
         return p.name if p is not None else None
 
     def views(self) -> list[PeerView]:
-        """Every peer for ``gpulayer peers``."""
-        return self.table.views(self._clock.monotonic())
+        """Every peer for ``gpulayer peers``; one removed from the cluster is in state ``removed``."""
+        return [v.model_copy(update={"state": "removed"}) if self.trust.is_revoked(v.node_id) else v
+                for v in self.table.views(self._clock.monotonic())]
+
+    @property
+    def removed(self) -> bool:
+        """Whether this node was removed from the cluster (:attr:`ClusterTrust.removed`)."""
+        return self.trust.removed
 
     def trusted_ids(self) -> list[str]:
         """Node ids of every trusted peer."""

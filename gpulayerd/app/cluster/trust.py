@@ -42,6 +42,7 @@ __all__ = ["RENEW_CHECK_S", "Trust"]
 log = logging.getLogger(__name__)
 
 RENEW_CHECK_S = 3600.0
+REMOVED_MARK = "removed"  # gpulayerd.net.revocation.REMOVED_MARK (imported lazily there)
 ENROLL_MAX_CONNECTIONS = 128  # the enrollment listener: open connections in all
 ENROLL_MAX_PER_ADDRESS = 8  # ... and from one address
 ENROLL_MAX_CONNECTION_S = 15.0  # no enrollment connection stays open longer (slow or unfinished requests)
@@ -72,6 +73,22 @@ class Trust:
     def is_revoked(self, node_id: str) -> bool:
         """Whether ``node_id`` was removed from the cluster (a verified entry is known)."""
         return node_id in self._revoked
+
+    @property
+    def removed(self) -> bool:
+        """Whether THIS node was removed from the cluster: a member refused it as removed, or a verified
+        revocation of it arrived; kept in ``removed`` beside its identity (``gpulayer cluster show``)."""
+        return self._identity.node_id in self._revoked or (self._idir / REMOVED_MARK).exists()
+
+    async def note_removed(self, words: str) -> None:
+        """A member answered that this node was removed (``words``): keep it beside the identity, once."""
+        mark = self._idir / REMOVED_MARK
+        if await asyncio.to_thread(mark.exists):
+            return
+        log.warning("this node was removed from the cluster (a member said: %s): run 'gpulayer cluster leave', "
+                    "then join again with a new token", words)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(mark.write_text, f"{int(self._clock.wall())} {words}\n", "utf-8")
 
     def entries(self) -> list[Revoked] | None:
         """What heartbeats carry: the newest :data:`MAX_REVOKED` entries (None when none)."""

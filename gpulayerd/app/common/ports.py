@@ -40,6 +40,11 @@ class Directory(Protocol):
         """The network interface of the first LAN address (for GLOO/NCCL_SOCKET_IFNAME)."""
         ...
 
+    @property
+    def removed(self) -> bool:
+        """Whether this node was removed from the cluster (members refuse it)."""
+        ...
+
     def worker_snapshots(self) -> list[WorkerSnapshot]:
         """Every trusted peer with known capabilities, offline ones marked so."""
         ...
