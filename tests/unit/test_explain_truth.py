@@ -114,3 +114,11 @@ def test_the_box_a_lost_gpu_is_no_reason_for_a_job_it_could_not_run_anyway() -> 
     assert code == "Memory" and "lost" not in words and "0000:21:00" not in words, (code, words)
     code, words = _why(gpu_count=1, min_cuda_compute_capability=(9, 0))
     assert code == "ComputeCapability", (code, words)
+
+
+def test_the_box_a_lost_gpu_the_job_could_use_is_named_beside_the_holders() -> None:
+    code, words = _why(gpu_count=1, gpu_memory_bytes=45 * GB)  # the A6000s: two held, one lost
+    assert code == "Resources" and "m8vit-a" in words and "m8vit-b" in words, words
+    assert "is lost" in words, words
+    code, words = _why(gpu_count=1, gpu_memory_bytes=60 * GB)  # too big for the lost A6000: not named
+    assert "lost" not in words, (code, words)

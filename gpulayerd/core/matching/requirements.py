@@ -8,6 +8,7 @@ no clock, no randomness. Memory is compared in bytes; "GB" in messages is 10^9 b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gpulayerd.core.matching.device_state import busy_rejection, device_label, state_rejections
 from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows, torch_cuda_build
@@ -394,6 +395,11 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
     return out
 
 
+def _could_run(job: JobRequest, d: DeviceSnapshot, worker: str) -> bool:
+    """Whether ``job`` would qualify for ``d`` if the probe had no trouble with it (lost, unusable)."""
+    return not _device_rejections(job, replace(d, state=DeviceState.OK, state_reason=""), worker)
+
+
 def _objective(d: DeviceSnapshot) -> tuple[int, str, int]:
     # Best fit: the smallest device that satisfies the job, then uuid, then index.
     return (d.memory_total_bytes or 0, d.uuid or "", d.index)
@@ -449,6 +455,9 @@ def choose_devices(
         what = f"{acc.value} device(s)" if want_n == 1 else f"whole {acc.value} device(s)"
         return None, [Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), f"{total} in all", wid,
                                 f"needs {want_n} {what} at once, worker {worker.name or wid} has {total} in all")], []
+    # A device's probe trouble (lost, needs a reset) is a reason only for a job it could otherwise run.
+    per_dev = [(d, [r for r in rs if r.code is not RejectionCode.PROBE_UNHEALTHY or _could_run(job, d, wid)])
+               for d, rs in per_dev]
     if len(fit) < want_n:
         rejs = [r for _, rs in per_dev for r in rs]
         rejs.append(Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), str(len(fit)), wid,
