@@ -167,9 +167,9 @@ def reason_of(e: Explanation) -> Reason:
     Job-level rejections give ``Rejected``; "fits now" gives ``Ready``; no worker gives
     ``NoWorker``. Otherwise the rows of the verdict's state decide (the busy rows for
     "fits but busy", the offline rows, else the rows that do not fit), each by the ladder
-    (:data:`_LADDER`: per-user cap > a constraint no device meets > devices held, every holder
-    named > the fair-share order > unknown or transient > a probe's trouble > the device count,
-    which is alone when the worker has fewer devices in all):
+    (more devices than the worker has in all first, then :data:`_LADDER`: per-user cap > a
+    constraint no device meets > devices held, every holder named > the fair-share order > unknown
+    or transient > a probe's trouble > too few qualifying devices):
     of busy rows the one closest to running, else the first (node-id order). A multi-host job's
     words start with how many hosts fit now.
     """
@@ -256,6 +256,9 @@ def _deciding(rows: list[WorkerExplanation], busy: bool) -> tuple[WorkerExplanat
 
 
 def _decisive(row: WorkerExplanation) -> Rejection:
+    for r in row.rejections:  # more devices than the worker has in all: nothing else matters there
+        if r.code is RejectionCode.NOT_ENOUGH_DEVICES and r.found.endswith(" in all"):
+            return r
     for kinds in _LADDER:
         for r in row.rejections:
             if r.code in kinds:
@@ -264,7 +267,7 @@ def _decisive(row: WorkerExplanation) -> Rejection:
 
 
 def _rank(r: Rejection) -> int:
-    return next((i for i, kinds in enumerate(_LADDER) if r.code in kinds), -1)
+    return next((i for i, kinds in enumerate(_LADDER) if r.code in kinds), -1)  # ("in all": last, never busy)
 
 
 def _words(r: Rejection, row: WorkerExplanation) -> str:

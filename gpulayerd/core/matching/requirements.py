@@ -451,10 +451,11 @@ def choose_devices(
                         len(free) >= want_n if len(fit) >= want_n else False))
     # A process uses one MIG instance at most: a multi-device job counts whole devices only.
     total = len(kind) if want_n == 1 else sum(1 for d in kind if d.kind is not DeviceKind.MIG)
-    if want_n > total:  # never, even with every device free and qualifying: the count decides
+    if want_n > total:  # never, even with every device free and qualifying: the count decides (first)
         what = f"{acc.value} device(s)" if want_n == 1 else f"whole {acc.value} device(s)"
-        return None, [Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), f"{total} in all", wid,
-                                f"needs {want_n} {what} at once, worker {worker.name or wid} has {total} in all")], []
+        count = Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), f"{total} in all", wid,
+                          f"needs {want_n} {what} at once, worker {worker.name or wid} has {total} in all")
+        return None, [count, *(r for _, rs in per_dev for r in rs)], []
     # A device's probe trouble (lost, needs a reset) is a reason only for a job it could otherwise run.
     per_dev = [(d, [r for r in rs if r.code is not RejectionCode.PROBE_UNHEALTHY or _could_run(job, d, wid)])
                for d, rs in per_dev]
