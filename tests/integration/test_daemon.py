@@ -622,3 +622,6 @@ def test_a_gpu_that_needs_a_reset_is_never_granted_until_it_reads_fine_again(lab
     fake.set_state(0, pstate="P0")  # nvidia-smi -r
     job = d.wait_status(job_id, TERMINAL, timeout_s=20)
     assert job.status == "succeeded" and placement_of(job)[0] == [0]
+    log = d.log_path.read_text(encoding="utf-8")  # an admin's trail, as Slurm logs a drain and a resume
+    assert "cuda device 0 (NVIDIA Fake 79GB) is unusable: GPU requires reset (pstate)" in log, log[-2000:]
+    assert "cuda device 0 (NVIDIA Fake 79GB) is ok again" in log, log[-2000:]

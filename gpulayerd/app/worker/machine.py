@@ -278,6 +278,7 @@ class Machine:
                 await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
             self._ours_at_probe = ours
         self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
+        _log_state_changes(self._inventory, inventory)
         self._inventory = inventory
         # A torch answer taken under another driver state (before the driver was ready, another
         # driver version) is asked again; one taken while the driver is not ready is never kept on disk.
@@ -415,6 +416,7 @@ class Machine:
             inventory = self._visible(
                 await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
             self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
+            _log_state_changes(self._inventory, inventory)
             self._inventory, self._ours_at_probe = inventory, ours
         assert self._caps is not None
         fresh = build_capabilities(inventory, [], self.node_id, self._clock.wall())
@@ -462,6 +464,23 @@ def with_apps(d: DeviceSnapshot, apps: ComputeApps) -> DeviceSnapshot:
         return replace(d, foreign_pids=apps.pids_by_uuid.get(d.uuid or "", ()), processes_known=True)
     rows = apps.valid_rows.get(d.uuid or "")
     return replace(d, foreign_pids=rows, processes_known=True) if rows else replace(d, processes_known=False)
+
+
+def _log_state_changes(before: HostInventory | None, after: HostInventory) -> None:
+    """Log each device that turned lost or unusable (WARNING, with the tool's words) or came back (INFO),
+    as an admin reads a node's drain and resume in Slurm's log."""
+    was = {(d.uuid or str(d.index)): d for d in before.devices} if before is not None else {}
+    for d in after.devices:
+        old = was.get(d.uuid or str(d.index))
+        bad = d.state in (DeviceState.LOST, DeviceState.UNUSABLE)
+        if (old is None and not bad) or (old is not None and old.state is d.state):
+            continue
+        name = f"{d.accelerator.value} device {d.index} ({d.name or d.uuid or '?'})"
+        if bad:
+            log.warning("%s is %s: %s; it is not granted until it reads fine again", name, d.state.value,
+                        d.state_reason or "no reason given")
+        elif old is not None and old.state in (DeviceState.LOST, DeviceState.UNUSABLE):
+            log.info("%s is %s again", name, d.state.value)
 
 
 def _hardware_failed(health: Iterable[ProbeHealth]) -> bool:
