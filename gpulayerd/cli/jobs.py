@@ -365,17 +365,22 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
     # The daemon filters (state, user, the 20 latest finished) and sends only the fields printed.
     fields = None if args.json else _fields_for(args.format)
 
-    def listed(c: SyncClient) -> tuple[list[Any], int, int]:
+    def listed(c: SyncClient) -> tuple[list[Any], int, list[Any]]:
         jobs = c.jobs(states=args.state, limit=args.limit, scope=scope, user=user, finished=finished, fields=fields)
         hidden = int(c.header("X-Gpulayer-Left-Out") or 0)
-        if scope != "cluster":
-            return jobs, hidden, 0
-        # Trusted peers that miss heartbeats were not asked (or did not answer): say so.
-        return jobs, hidden, sum(1 for p in c.peers() if p.trusted and p.state in ("suspect", "down"))
+        return jobs, hidden, (c.peers() if scope == "cluster" else [])
 
-    jobs, hidden, down = call_daemon(args, listed)
+    jobs, hidden, peers = call_daemon(args, listed)
+    # Trusted peers that miss heartbeats were not asked (or did not answer): say so.
+    down = sum(1 for p in peers if p.trusted and p.state in ("suspect", "down"))
     if down:
         print(fmt.peers_down(down), file=sys.stderr)
+    if peers and peers[0].state == "removed":  # this daemon itself (listed first)
+        print("this node was removed from the cluster: the members refuse it, so only its own jobs are listed "
+              "and they run only here (gpulayer cluster show says what to do)", file=sys.stderr)
+    gone = [fmt.escape(p.name or p.node_id[:12]) for p in peers[1:] if p.state == "removed"]
+    if gone:
+        print(f"jobs owned by {', '.join(gone)} are not listed: removed from the cluster", file=sys.stderr)
     if args.json:
         print("[" + ",".join(_dumps(j) for j in jobs) + "]")
         return EXIT_OK

@@ -108,3 +108,6 @@ def test_removed_node_is_refused_by_every_member(lan_factory: Callable[..., Lan]
     assert "removed:    removed from the cluster" in shown and "gpulayer cluster leave" in shown, shown
     me = next(line for line in h3.cli_ok("peers").splitlines() if line.startswith(h3.node_id[:12]))
     assert "removed" in me.split(), me
+    assert "this node was removed from the cluster" in h3.cli("jobs").stderr
+    listed = h1.cli("jobs")
+    assert f"jobs owned by {h3.hostname} are not listed: removed from the cluster" in listed.stderr, listed.stderr
