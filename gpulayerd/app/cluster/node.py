@@ -252,7 +252,11 @@ class ClusterNode:
     # ------------------------------------------------------------------ queries (Directory)
 
     def worker_snapshots(self) -> list[WorkerSnapshot]:
-        """Every trusted peer with known capabilities, offline ones marked so."""
+        """Every trusted peer with known capabilities, offline ones marked so; none once this node was
+        removed from the cluster (the members refuse it: its jobs are judged against this machine alone,
+        never "fits a member but it is offline")."""
+        if self.trust.removed:
+            return []
         now = self._clock.monotonic()
         out = []
         for p in self.table.trusted_peers():

@@ -62,6 +62,7 @@ class Trust:
         self._pending: dict[str, Revoked] = {}
         self._absorbing: asyncio.Task[None] | None = None
         self._next_renew = 0.0
+        self._removed = False  # this node was refused as removed (its mark, read at load)
         self.enroll_port = 0
         self.contexts: list[ssl.SSLContext] = []
         """TLS contexts that present this node's certificate (reloaded after a renewal)."""
@@ -78,11 +79,12 @@ class Trust:
     def removed(self) -> bool:
         """Whether THIS node was removed from the cluster: a member refused it as removed, or a verified
         revocation of it arrived; kept in ``removed`` beside its identity (``gpulayer cluster show``)."""
-        return self._identity.node_id in self._revoked or (self._idir / REMOVED_MARK).exists()
+        return self._removed or self._identity.node_id in self._revoked
 
     async def note_removed(self, words: str) -> None:
         """A member answered that this node was removed (``words``): keep it beside the identity, once."""
         mark = self._idir / REMOVED_MARK
+        self._removed = True
         if await asyncio.to_thread(mark.exists):
             return
         log.warning("this node was removed from the cluster (a member said: %s): run 'gpulayer cluster leave', "
@@ -98,7 +100,8 @@ class Trust:
         return [Revoked(node_id=e.node_id, at=e.at, sig=e.sig) for e in newest]
 
     async def load(self) -> None:
-        """Read ``revocations.json`` (at start)."""
+        """Read ``revocations.json`` and this node's ``removed`` mark (at start)."""
+        self._removed = await asyncio.to_thread((self._idir / REMOVED_MARK).exists)
         await self._reload()
 
     def offer(self, entries: list[Revoked]) -> None:
