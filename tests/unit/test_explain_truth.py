@@ -122,3 +122,9 @@ def test_the_box_a_lost_gpu_the_job_could_use_is_named_beside_the_holders() -> N
     assert "is lost" in words, words
     code, words = _why(gpu_count=1, gpu_memory_bytes=60 * GB)  # too big for the lost A6000: not named
     assert "lost" not in words, (code, words)
+
+
+def test_the_accelerator_row_counts_the_devices_that_can_be_granted() -> None:
+    e = explain(JobRequest(job_id="j", accelerator=Accelerator.CUDA, gpu_count=1), [_box()], SUPPORT_MATRIX)
+    (row,) = [c for c in e.workers[0].checks if c.requirement == "accelerator"]
+    assert (row.found, row.ok) == ("8 x cuda (6 grantable)", True)  # the MIG-mode A100 and the lost A6000 not

@@ -424,8 +424,12 @@ def choose_devices(
         return _cpu_slots(job, worker, checks)
     kind = sorted((d for d in worker.devices if d.accelerator is acc), key=lambda d: d.sort_key)
     supported = [d for d in kind if d.execution_supported]
+    # Devices that can be granted at all: not lost, unusable or excluded, not a GPU split by MIG.
+    grantable = [d for d in supported if d.state is DeviceState.OK and not (d.kind is DeviceKind.GPU and d.mig_enabled)]
     found_acc = f"{len(supported)} x {acc.value}" if supported else _no_device_found(worker)
-    checks.append(Check("accelerator", acc.value, found_acc, bool(supported)))
+    if supported and len(grantable) < len(supported):
+        found_acc += f" ({len(grantable)} grantable)"
+    checks.append(Check("accelerator", acc.value, found_acc, bool(grantable)))
     if not kind:
         health = next((h for h in worker.health if h.source == HEALTH_SOURCE.get(acc)), None)
         if health is not None and health.status not in (ProbeStatus.OK, ProbeStatus.NOT_FOUND,
