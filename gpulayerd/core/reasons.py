@@ -259,11 +259,31 @@ def _decisive(row: WorkerExplanation) -> Rejection:
     for r in row.rejections:  # more devices than the worker has in all: nothing else matters there
         if r.code is RejectionCode.NOT_ENOUGH_DEVICES and r.found.endswith(" in all"):
             return r
+    if row.state is FitState.NO_FIT:
+        # On a worker where the job does not fit, what is true of the worker as a whole (its
+        # environments, workdir, accounts) decides first; then a device the job could run on but the
+        # probe lost (it may come back); then too few qualifying devices when some qualify (the
+        # shortfall, not one device's objection); then the devices' own objections.
+        for step in range(3):
+            found = next((r for r in row.rejections if _early(r, step)), None)
+            if found is not None:
+                return found
     for kinds in _LADDER:
         for r in row.rejections:
             if r.code in kinds:
                 return r
     return row.rejections[0]
+
+
+def _early(r: Rejection, step: int) -> bool:
+    """The three kinds that decide first on a worker where the job does not fit, in ``step`` order."""
+    if step == 0:
+        return r.code in _LADDER[1] and r.device is None  # the worker's environments, workdir, accounts
+    if step == 1:
+        return r.code is RejectionCode.PROBE_UNHEALTHY and r.device is not None  # a device it could run on
+    # some qualify, too few (the worker's count; not a device's own "MIG instance" objection)
+    return (r.code is RejectionCode.NOT_ENOUGH_DEVICES and r.device is None and r.found.isdigit()
+            and r.found != "0")
 
 
 def _rank(r: Rejection) -> int:

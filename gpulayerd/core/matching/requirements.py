@@ -396,8 +396,10 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
 
 
 def _could_run(job: JobRequest, d: DeviceSnapshot, worker: str) -> bool:
-    """Whether ``job`` would qualify for ``d`` if the probe had no trouble with it (lost, unusable)."""
-    return not _device_rejections(job, replace(d, state=DeviceState.OK, state_reason=""), worker)
+    """Whether ``job`` might qualify for ``d`` if the probe had no trouble with it (lost, unusable): no
+    objection but values the lost device no longer reports (unknown memory or compute capability)."""
+    healthy = replace(d, state=DeviceState.OK, state_reason="")
+    return not [r for r in _device_rejections(job, healthy, worker) if r.code is not RejectionCode.UNKNOWN_METRIC]
 
 
 def _objective(d: DeviceSnapshot) -> tuple[int, str, int]:
@@ -454,7 +456,9 @@ def choose_devices(
     checks.append(Check("gpu_count", f">= {want_n}", f"{len(fit)} qualify, {len(free)} free",
                         len(free) >= want_n if len(fit) >= want_n else False))
     # A process uses one MIG instance at most: a multi-device job counts whole devices only.
-    total = len(kind) if want_n == 1 else sum(1 for d in kind if d.kind is not DeviceKind.MIG)
+    # Devices that may ever be granted: not excluded, not a GPU split by MIG (lost ones may come back).
+    ever = [d for d in kind if d.state is not DeviceState.EXCLUDED and not (d.kind is DeviceKind.GPU and d.mig_enabled)]
+    total = len(ever) if want_n == 1 else sum(1 for d in ever if d.kind is not DeviceKind.MIG)
     if want_n > total:  # never, even with every device free and qualifying: the count decides (first)
         what = f"{acc.value} device(s)" if want_n == 1 else f"whole {acc.value} device(s)"
         count = Rejection(RejectionCode.NOT_ENOUGH_DEVICES, "gpu_count", str(want_n), f"{total} in all", wid,
