@@ -195,12 +195,14 @@ class DaemonConfig(BaseModel):
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
     allow_virtual_mps: bool = False
 
-    @field_validator("exclude_gpus")
+    @field_validator("exclude_gpus", mode="before")
     @classmethod
-    def _exclude_gpus(cls, v: list[int | str]) -> list[int | str]:
-        problem = exclusion_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
+    def _exclude_gpus(cls, v: object) -> object:
+        # Before the type check: [-1, 1.5] is answered with the key and what is allowed, not pydantic's words.
+        if isinstance(v, (list, tuple)):
+            problem = exclusion_problem(v)
+            if problem is not None:
+                raise ValueError(problem)
         return v
 
     @field_validator("listen")

@@ -73,3 +73,15 @@ def test_a_malformed_exclude_gpus_names_the_key_and_the_allowed_values(bad: list
     problem = exclusion_problem(bad)
     assert problem is not None and problem.startswith("exclude_gpus: ") and "GPU-... or MIG-..." in problem
     assert exclusion_problem([0, 3, "GPU-8f3c", "MIG-1"]) is None
+
+
+@pytest.mark.parametrize("bad", [[-1, 1.5], [1.5], [-1]])
+def test_the_config_key_is_checked_before_its_types_and_names_itself(bad: list[object]) -> None:
+    from pydantic import ValidationError
+
+    from gpulayerd.config import DaemonConfig
+
+    with pytest.raises(ValidationError) as e:
+        DaemonConfig(exclude_gpus=bad)  # type: ignore[arg-type]
+    text = str(e.value)
+    assert "is not a GPU index (an integer >= 0) or a uuid" in text and "allowed:" in text, text

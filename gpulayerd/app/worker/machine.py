@@ -236,9 +236,10 @@ class Machine:
         # the admin's exclude_gpus (nvidia-smi lists every GPU whatever the variables say).
         self._visibility = Visibility.of(os.environ, config.exclude_gpus)
         if self._visibility.restricts:
-            log.warning("scheduling only the GPUs allowed by %s",
-                        "; ".join([*(f"{k}={os.environ.get(k, '')!r}" for k in self._visibility.visible),
-                                   *([f"exclude_gpus={config.exclude_gpus}"] if config.exclude_gpus else [])]))
+            kept_out = [f"those {k}={os.environ.get(k, '')!r} does not name" for k in self._visibility.visible]
+            kept_out += [f"those in exclude_gpus={config.exclude_gpus}"] if config.exclude_gpus else []
+            log.info("GPUs kept out of scheduling: %s", "; ".join(kept_out))
+        self._unmatched_told: set[str] = set()  # entries of those that name no device, logged once each
         self._hw_failed = False
         self._hw_lock = asyncio.Lock()
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
@@ -255,6 +256,10 @@ class Machine:
         if not self._visibility.restricts:
             return inventory
         devices, notes = apply_visibility(inventory.devices, self._visibility)
+        for note in notes:
+            if note not in self._unmatched_told and len(self._unmatched_told) < 64:
+                self._unmatched_told.add(note)
+                log.warning("%s", note)  # a typo there leaves the GPU meant schedulable
         health = tuple(replace(h, message="; ".join(x for x in (h.message, *notes) if x))
                        if notes and h.source == "nvidia-smi" else h for h in inventory.health)
         return replace(inventory, devices=devices, health=health, notes=(*inventory.notes, *notes))
