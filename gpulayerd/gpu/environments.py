@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import sys
@@ -39,7 +38,7 @@ from gpulayerd.core.types import EnvironmentSnapshot
 from gpulayerd.gpu.command import Popen, RunOutcome, run_bounded
 from gpulayerd.gpu.cuda_build import with_cuda_builds
 from gpulayerd.gpu.dist_files import mark_files_on_disk
-from gpulayerd.gpu.interpreters import InterpreterResolver, ResolvedInterpreter, run_identity
+from gpulayerd.gpu.interpreters import InterpreterResolver, ResolvedInterpreter, home_of_uid, run_identity
 from gpulayerd.gpu.probe_report import (
     dir_mtimes,
     excerpt,
@@ -318,7 +317,7 @@ class EnvironmentProber:
         ids = None if os.path.abspath(path) == os.path.abspath(sys.executable) else run_identity(path)
         env = with_activation(self._env, activation or {})
         if ids is not None:
-            env["HOME"] = _home(ids[0])
+            env["HOME"] = home_of_uid(ids[0])
         try:
             outcome = run_bounded(argv, self._timeout_s, env=env, max_output_bytes=self._max_output_bytes,
                                   started=started if torch_check else None, cwd="/", as_ids=ids)
@@ -487,13 +486,6 @@ class EnvironmentProber:
 @functools.cache
 def _probe_source() -> str:
     return _PROBE_SCRIPT.read_text(encoding="utf-8")
-
-
-def _home(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        return "/"
 
 
 def with_activation(env: Mapping[str, str], activation: Mapping[str, str]) -> dict[str, str]:

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_ACTIVATION_VARS",
     "InterpreterResolver",
     "ResolvedInterpreter",
+    "home_of_uid",
     "launcher_kind",
     "run_identity",
 ]
@@ -259,7 +260,7 @@ class InterpreterResolver:
         """Run from ``/``; as :func:`run_identity` of ``owned_by`` says (never as root for others' files)."""
         ids = run_identity(owned_by)
         if ids is not None:
-            env = {**env, "HOME": _home_of_uid(ids[0])}
+            env = {**env, "HOME": home_of_uid(ids[0])}
         try:
             return run_bounded(argv, self._timeout_s, env=env, max_output_bytes=1 << 20, cwd="/", as_ids=ids)
         except OSError:
@@ -277,12 +278,13 @@ def _identity(path: str) -> tuple[int, ...] | None:
 def _home_of(path: str) -> str:
     """The home directory of the account owning ``path``; ``/`` when unknown."""
     try:
-        return _home_of_uid(os.stat(path).st_uid)
+        return home_of_uid(os.stat(path).st_uid)
     except OSError:
         return "/"
 
 
-def _home_of_uid(uid: int) -> str:
+def home_of_uid(uid: int) -> str:
+    """The home directory of account ``uid`` (the user database); ``/`` when it has none."""
     try:
         return pwd.getpwuid(uid).pw_dir
     except KeyError:

@@ -35,15 +35,16 @@ def add_dists(directory: Path, dists: Mapping[str, str]) -> None:
         )
 
 
-def fake_torch(*, cuda: bool, nccl: bool, prelude: str = "") -> str:
+def fake_torch(*, cuda: bool | str, nccl: bool, prelude: str = "") -> str:
     """``torch/__init__.py`` with just what the environment probe reads: version (from a
-    ``torch/version.py`` the caller writes), CUDA available with one device or not, no MPS, gloo,
-    NCCL or not. ``prelude`` runs first (e.g. a wait on a gate file)."""
+    ``torch/version.py`` the caller writes), CUDA available with one device or not (``cuda``: a
+    bool, or a Python expression evaluated at each call, e.g. whether a flag file exists), no MPS,
+    gloo, NCCL or not. ``prelude`` runs first (e.g. a wait on a gate file, an import)."""
     return f"""{prelude}from . import version
 __version__ = version.__version__
 class cuda:
     is_available = staticmethod(lambda: {cuda})
-    device_count = staticmethod(lambda: {int(cuda)})
+    device_count = staticmethod(lambda: int({cuda}))
 class backends:
     class mps:
         is_built = staticmethod(lambda: False)

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from tests.fakes.envs import make_env
+from tests.fakes.envs import fake_torch, make_env
 
 from .conftest import TERMINAL, Lab
 
@@ -30,22 +30,7 @@ def torch_env(root: Path, version: str, cuda_build: str | None, init: str) -> Pa
 
 def flag_torch(flag: Path) -> str:
     """torch whose CUDA is available exactly while ``flag`` exists (the driver is ready)."""
-    return f"""import os
-from . import version
-__version__ = version.__version__
-class cuda:
-    is_available = staticmethod(lambda: os.path.exists({str(flag)!r}))
-    device_count = staticmethod(lambda: int(os.path.exists({str(flag)!r})))
-class backends:
-    class mps:
-        is_built = staticmethod(lambda: False)
-        is_available = staticmethod(lambda: False)
-class distributed:
-    is_available = staticmethod(lambda: True)
-    is_gloo_available = staticmethod(lambda: True)
-    is_nccl_available = staticmethod(lambda: False)
-    is_mpi_available = staticmethod(lambda: False)
-"""
+    return fake_torch(cuda=f"os.path.exists({str(flag)!r})", nccl=False, prelude="import os\n")
 
 
 def test_bug52_torch_checked_before_the_driver_was_ready_is_checked_again(lab: Lab) -> None:
@@ -174,9 +159,8 @@ def test_a_conda_environment_runs_jobs_and_probes_activated(lab: Lab) -> None:
     """Its activate.d script exports LD_LIBRARY_PATH (torch here finds CUDA only with it), its
     conda-meta/state sets a variable; jobs get both, CONDA_PREFIX and the prefix's bin first on PATH."""
     prefix = lab.root / "miniforge" / "envs" / "ml"
-    torch_init = flag_torch(Path("/nonexistent")).replace(
-        "is_available = staticmethod(lambda: os.path.exists('/nonexistent'))",
-        "is_available = staticmethod(lambda: os.environ.get('LD_LIBRARY_PATH', '').endswith('/lib/cudnn'))")
+    torch_init = fake_torch(cuda="os.environ.get('LD_LIBRARY_PATH', '').endswith('/lib/cudnn')", nccl=False,
+                            prelude="import os\n")
     python = torch_env(prefix, "2.5.1", None, torch_init)
     (prefix / "conda-meta").mkdir()
     (prefix / "conda-meta" / "state").write_text(json.dumps({"env_vars": {"LAB_DATA": "/data/lab"}}),

@@ -66,15 +66,15 @@ def consistent_members(job: JobRequest, fits: Sequence[tuple[WorkerSnapshot, Pla
         nnodes: how many hosts the job needs.
     """
     ordered = sorted(fits, key=lambda f: f[0].node_id)
+    keys = [(gang_key(job, w, p), w.node_id) for w, p in ordered]
     groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
-    for worker, placement in ordered:
-        groups.setdefault(gang_key(job, worker, placement), []).append(worker.node_id)
+    for key, node in keys:
+        groups.setdefault(key, []).append(node)
     agreeing = [ids for ids in groups.values() if len(ids) >= nnodes]
     if agreeing:
         best = min(agreeing, key=lambda ids: ids[:nnodes])
         return best[:nnodes], None
     names = {w.node_id: w.name or w.node_id for w, _ in ordered}
-    keys = [(gang_key(job, w, p), w.node_id) for w, p in ordered]
     parts = []
     compared = [*_compared(job), "python"]
     for i, name in enumerate(compared):

@@ -246,6 +246,7 @@ def nvidia_devices(
             notes.append(f"GPU {gpu.index} ({gpu.name}): memory.total unknown")
         if gpu.compute_capability is None:
             notes.append(f"GPU {gpu.index} ({gpu.name}): compute capability unknown")
+        state, reason = fault_state(gpu.fault)
         devices.append(
             DeviceSnapshot(
                 accelerator=Accelerator.CUDA,
@@ -260,8 +261,8 @@ def nvidia_devices(
                 execution_supported=schedulable,
                 float64=True,
                 foreign_pids=pids.get(gpu.uuid, ()) if gpu.uuid else (),
-                state=fault_state(gpu.fault)[0],
-                state_reason=fault_state(gpu.fault)[1],
+                state=state,
+                state_reason=reason,
             )
         )
     return tuple(devices), tuple(notes)
