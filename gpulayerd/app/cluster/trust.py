@@ -42,7 +42,6 @@ __all__ = ["RENEW_CHECK_S", "Trust"]
 log = logging.getLogger(__name__)
 
 RENEW_CHECK_S = 3600.0
-REMOVED_MARK = "removed"  # gpulayerd.net.revocation.REMOVED_MARK (imported lazily there)
 ENROLL_MAX_CONNECTIONS = 128  # the enrollment listener: open connections in all
 ENROLL_MAX_PER_ADDRESS = 8  # ... and from one address
 ENROLL_MAX_CONNECTION_S = 15.0  # no enrollment connection stays open longer (slow or unfinished requests)
@@ -83,6 +82,8 @@ class Trust:
 
     async def note_removed(self, words: str) -> None:
         """A member answered that this node was removed (``words``): keep it beside the identity, once."""
+        from gpulayerd.net.revocation import REMOVED_MARK
+
         mark = self._idir / REMOVED_MARK
         self._removed = True
         if await asyncio.to_thread(mark.exists):
@@ -101,6 +102,8 @@ class Trust:
 
     async def load(self) -> None:
         """Read ``revocations.json`` and this node's ``removed`` mark (at start)."""
+        from gpulayerd.net.revocation import REMOVED_MARK
+
         self._removed = await asyncio.to_thread((self._idir / REMOVED_MARK).exists)
         await self._reload()
 
