@@ -64,6 +64,15 @@ def test_no_tick_on_a_requirement_too_few_grantable_devices_meet(
         row = checks.get(requirement)
         if row is not None and row.ok:
             assert sum(1 for d in devices if _grantable(d) and ok(d)) >= count, (requirement, row, devices)
+    # Ticks stay true together: the ✓ rows are met by enough devices at once, else the device table shows.
+    ticked = [meets[r] for r in meets if r in checks and checks[r].ok]
+    together = sum(1 for d in devices if _grantable(d) and all(ok(d) for ok in ticked))
+    assert not ticked or together >= count, (checks, devices)
+    table = "device requirements together" in checks
+    both = sum(1 for d in devices if _grantable(d) and all(ok(d) for ok in meets.values()))
+    assert table == (mem_gb is not None and cc is not None and both < count
+                     and all(sum(1 for d in devices if _grantable(d) and ok(d)) >= count for ok in meets.values())), (
+        checks, devices)
 
 
 def _gpu(i: int, name: str, mem_mib: int, cc: tuple[int, int], **kw: object) -> DeviceSnapshot:

@@ -290,11 +290,20 @@ def test_explain_table_rows_observed_vs_wanted() -> None:
                envs=(env(frameworks={"torch": "2.4.1+cu121"}, torch_cuda=True),))
     ev = evaluate(j, w, SUPPORT_MATRIX)
     rows = {c.requirement: c for c in ev.checks}
-    assert rows["gpu_memory_gb"].found == "1 of 2 device(s) meet it: GPU 0: 16.0 GB dedicated, GPU 1: 48.0 GB dedicated"
-    assert rows["gpu_memory_gb"].ok is True  # one device meets memory on its own
-    assert rows["min_cuda_compute_capability"].found == "1 of 2 device(s) meet it: GPU 0: 8.9, GPU 1: 7.0"
-    assert rows["min_cuda_compute_capability"].ok is True
-    assert rows["gpu_count"].ok is False  # but no single device meets both
+    # Each requirement is met by one device, but not the same one: no independent ticks, a device table.
+    assert rows["gpu_memory_gb"].found == ("1 of 2 device(s) meet it, not on the same device as the rest: "
+                                           "GPU 0: 16.0 GB dedicated, GPU 1: 48.0 GB dedicated")
+    assert rows["gpu_memory_gb"].ok is None
+    assert rows["min_cuda_compute_capability"].found == ("1 of 2 device(s) meet it, not on the same device as the "
+                                                         "rest: GPU 0: 8.9, GPU 1: 7.0")
+    assert rows["min_cuda_compute_capability"].ok is None
+    assert (rows["GPU 0"].wanted, rows["GPU 0"].found, rows["GPU 0"].ok) == (
+        "all of the above", "✗ memory 16.0 GB dedicated, ✓ cc 8.9", False)
+    assert (rows["GPU 1"].found, rows["GPU 1"].ok) == ("✓ memory 48.0 GB dedicated, ✗ cc 7.0", False)
+    together = rows["device requirements together"]
+    assert (together.wanted, together.found, together.ok) == ("on >= 1 device(s)", "0 of 2 device(s) meet them all",
+                                                              False)
+    assert rows["gpu_count"].ok is False
     assert rows["frameworks.torch"].found == "2.4.1+cu121"
     assert rows["frameworks.torch"].ok is True
     assert rows["torch.cuda"].found == "available"

@@ -7,10 +7,10 @@ no clock, no randomness. Memory is compared in bytes; "GB" in messages is 10^9 b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 from gpulayerd.core.matching.device_state import busy_rejection, device_label, state_rejections
+from gpulayerd.core.matching.devicerows import device_rows
 from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows, torch_cuda_build
 from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import (
@@ -451,7 +451,7 @@ def choose_devices(
     per_dev = [(d, _device_rejections(job, d, wid)) for d in kind]
     fit = [d for d, rs in per_dev if not rs]
     free = [d for d in fit if not d.busy]
-    _device_rows(job, per_dev, checks)
+    device_rows(job, per_dev, checks)
     want_n = job.gpu_count
     checks.append(Check("gpu_count", f">= {want_n}", f"{len(fit)} qualify, {len(free)} free",
                         len(free) >= want_n if len(fit) >= want_n else False))
@@ -503,49 +503,6 @@ def _cpu_slots(
 def _no_device_found(worker: WorkerSnapshot) -> str:
     kinds = sorted({d.accelerator.value for d in worker.devices})
     return "none (has: " + ", ".join(kinds) + ")" if kinds else "none (cpu only)"
-
-
-_GATES = frozenset({"accelerator", "device state", "mig", "compute mode", "gpu_count"})
-"""Requirement names of the per-device rejections that keep a device from being granted at all."""
-
-
-def _device_rows(
-    job: JobRequest, per_dev: Sequence[tuple[DeviceSnapshot, list[Rejection]]], checks: list[Check]
-) -> None:
-    rows: list[tuple[str, str]] = []
-    if job.gpu_memory_kind is not None:
-        rows.append(("gpu_memory_kind", job.gpu_memory_kind.value))
-    if job.gpu_memory_bytes is not None:
-        rows.append(("gpu_memory_gb", f">= {_gb_wanted(job.gpu_memory_bytes)}"))
-    if job.min_cuda_compute_capability is not None:
-        rows.append(("min_cuda_compute_capability", f">= {_cc(job.min_cuda_compute_capability)}"))
-    if job.requires_float64:
-        rows.append(("requires_float64", "yes"))
-    for requirement, wanted in rows:
-        found = []
-        n_ok = 0
-        for d, rs in per_dev:
-            # A device counts only if it can be granted at all (not lost, excluded, unusable, in MIG
-            # mode, detection-only) and meets this requirement.
-            n_ok += not any(r.requirement == requirement or r.requirement in _GATES for r in rs)
-            found.append(f"{device_label(d)}: {_device_value(requirement, d)}")
-        counted = f"{n_ok} of {len(per_dev)} device(s) meet it: "
-        checks.append(Check(requirement, wanted, counted + ", ".join(found), n_ok >= job.gpu_count))
-
-
-def _device_value(requirement: str, d: DeviceSnapshot) -> str:
-    if requirement == "gpu_memory_gb":
-        if d.memory_total_bytes is None:
-            return "unknown"
-        kind = f" {d.memory_kind.value}" if d.memory_kind is not None else ""
-        return f"{_gb(d.memory_total_bytes)}{kind}"
-    if requirement == "gpu_memory_kind":
-        return d.memory_kind.value if d.memory_kind is not None else "unknown"
-    if requirement == "min_cuda_compute_capability":
-        return _cc(d.compute_capability) if d.compute_capability is not None else "unknown"
-    if requirement == "requires_float64":
-        return "unknown" if d.float64 is None else ("yes" if d.float64 else "no")
-    return "—"
 
 
 # --- workdir

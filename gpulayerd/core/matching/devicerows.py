@@ -1,0 +1,105 @@
+"""The explain table's per-device requirement rows (pure): one row per requirement a device must
+meet on its own (memory kind, memory, compute capability, float64), ticked only when enough devices
+that can be granted at all meet it, and, where the requirements are met by different devices (GPU 0
+has the memory, GPU 1 the compute capability), a devices × requirements table instead of independent
+ticks. Memory in messages is in GB of 10^9 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpulayerd.core.matching.device_state import device_label
+from gpulayerd.core.types import GB, DeviceSnapshot, JobRequest
+from gpulayerd.core.verdict import Check, Rejection
+
+__all__ = ["GATES", "MAX_TABLE_DEVICES", "device_rows"]
+
+GATES = frozenset({"accelerator", "device state", "mig", "compute mode", "gpu_count"})
+"""Requirement names of the per-device rejections that keep a device from being granted at all."""
+
+MAX_TABLE_DEVICES = 16
+"""The most device rows of a devices × requirements table (more are counted in one line)."""
+
+
+def _cc(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+def _wanted_rows(job: JobRequest) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    if job.gpu_memory_kind is not None:
+        rows.append(("gpu_memory_kind", job.gpu_memory_kind.value))
+    if job.gpu_memory_bytes is not None:
+        rows.append(("gpu_memory_gb", f">= {job.gpu_memory_bytes / GB:g} GB"))
+    if job.min_cuda_compute_capability is not None:
+        rows.append(("min_cuda_compute_capability", f">= {_cc(job.min_cuda_compute_capability)}"))
+    if job.requires_float64:
+        rows.append(("requires_float64", "yes"))
+    return rows
+
+
+def device_rows(
+    job: JobRequest, per_dev: Sequence[tuple[DeviceSnapshot, list[Rejection]]], checks: list[Check]
+) -> None:
+    """Append the per-device requirement rows of ``job`` against ``per_dev`` (each device with its
+    rejections) to ``checks``.
+
+    A requirement row is ✓ only when at least ``job.gpu_count`` devices that can be granted at all
+    (not lost, excluded, unusable, in MIG mode, detection-only) meet it. When two or more rows
+    would each be ✓ but fewer than ``job.gpu_count`` devices meet them all together, those rows are
+    left unticked (ok None, "not on the same device") and one row per device follows (requirement
+    ``GPU i``, wanted "all of the above", found each requirement's value with ✓/✗), then a row
+    counting the devices that meet them all (✗).
+    """
+    rows = _wanted_rows(job)
+    if not rows:
+        return
+    names = {name for name, _ in rows}
+    failed = [(d, {r.requirement for r in rs}) for d, rs in per_dev]
+    grantable = [(d, f) for d, f in failed if not f & GATES]
+    n_ok = {name: sum(name not in f for _, f in grantable) for name in names}
+    together = sum(not (f & names) for _, f in grantable)
+    apart = together < job.gpu_count and sum(n >= job.gpu_count for n in n_ok.values()) >= 2
+    for name, wanted in rows:
+        found = ", ".join(f"{device_label(d)}: {_device_value(name, d)}" for d, _ in per_dev)
+        counted = f"{n_ok[name]} of {len(per_dev)} device(s) meet it"
+        if apart and n_ok[name] >= job.gpu_count:
+            checks.append(Check(name, wanted, f"{counted}, not on the same device as the rest: {found}", None))
+        else:
+            checks.append(Check(name, wanted, f"{counted}: {found}", n_ok[name] >= job.gpu_count))
+    if not apart:
+        return
+    for d, f in failed[:MAX_TABLE_DEVICES]:
+        cells = [f"{'✗' if name in f else '✓'} {_short(name)} {_device_value(name, d)}" for name, _ in rows]
+        if f & GATES:
+            cells.append("✗ cannot be granted")
+        checks.append(Check(device_label(d), "all of the above", ", ".join(cells), not (f & (names | GATES))))
+    if len(failed) > MAX_TABLE_DEVICES:
+        checks.append(Check(f"{len(failed) - MAX_TABLE_DEVICES} more device(s)", "all of the above", "not listed",
+                            None))
+    checks.append(Check("device requirements together", f"on >= {job.gpu_count} device(s)",
+                        f"{together} of {len(per_dev)} device(s) meet them all", False))
+
+
+_SHORT = {"gpu_memory_kind": "memory kind", "gpu_memory_gb": "memory", "min_cuda_compute_capability": "cc",
+          "requires_float64": "float64"}
+
+
+def _short(requirement: str) -> str:
+    return _SHORT.get(requirement, requirement)
+
+
+def _device_value(requirement: str, d: DeviceSnapshot) -> str:
+    if requirement == "gpu_memory_gb":
+        if d.memory_total_bytes is None:
+            return "unknown"
+        kind = f" {d.memory_kind.value}" if d.memory_kind is not None else ""
+        return f"{d.memory_total_bytes / GB:.1f} GB{kind}"
+    if requirement == "gpu_memory_kind":
+        return d.memory_kind.value if d.memory_kind is not None else "unknown"
+    if requirement == "min_cuda_compute_capability":
+        return _cc(d.compute_capability) if d.compute_capability is not None else "unknown"
+    if requirement == "requires_float64":
+        return "unknown" if d.float64 is None else ("yes" if d.float64 else "no")
+    return "—"
