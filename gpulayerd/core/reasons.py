@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict, WorkerExplanation
 
-__all__ = ["MEANINGS", "Reason", "ReasonCode", "code_for", "code_of", "reason_of", "reason_text", "split"]
+__all__ = ["MEANINGS", "Reason", "ReasonCode", "code_for", "code_of", "reason_of", "reason_text", "removed_reason",
+           "split"]
 
 
 class ReasonCode(str, enum.Enum):
@@ -46,6 +47,7 @@ class ReasonCode(str, enum.Enum):
     NOT_ALLOWED = "NotAllowed"
     DRIVER = "Driver"
     OS = "OS"
+    REMOVED = "Removed"
 
 
 MEANINGS: dict[ReasonCode, str] = {
@@ -76,6 +78,8 @@ MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.NOT_ALLOWED: "the worker does not run this user's jobs (personal worker, root jobs off, not vouched)",
     ReasonCode.DRIVER: "the NVIDIA driver is older than required, or too old for the environment's CUDA build",
     ReasonCode.OS: "no worker runs the wanted operating system",
+    ReasonCode.REMOVED: "this machine was removed from the cluster: only it can run its jobs now, and it does "
+                        "not fit here (the reason here follows; gpulayer cluster show says what to do)",
 }
 """Every code and what it means (docs/architecture.md, "Reasons", shows the same table)."""
 
@@ -202,6 +206,16 @@ def reason_of(e: Explanation) -> Reason:
 def reason_text(e: Explanation) -> str:
     """``reason_of(e).text``: the line stored as a waiting job's reason."""
     return reason_of(e).text
+
+
+def removed_reason(reason: str) -> str:
+    """The reason shown for a waiting job of a machine removed from the cluster: ``Removed: …``, with
+    ``reason`` (how it stands on this machine alone) after it. A reason with no code (not judged yet:
+    "waiting for the scheduler", or ``""``) stays as it is."""
+    if not code_of(reason):
+        return reason
+    return (f"{ReasonCode.REMOVED.value}: this machine was removed from the cluster and runs its jobs alone "
+            f"(gpulayer cluster show) · {reason}")
 
 
 def split(text: str) -> tuple[str, str]:

@@ -109,5 +109,13 @@ def test_removed_node_is_refused_by_every_member(lan_factory: Callable[..., Lan]
     me = next(line for line in h3.cli_ok("peers").splitlines() if line.startswith(h3.node_id[:12]))
     assert "removed" in me.split(), me
     assert "this node was removed from the cluster" in h3.cli("jobs").stderr
+    # A job h3 cannot run itself waits saying the removal is why nobody else takes it.
+    alone = h3.submit({"command": ["true"], "requirements": {"accelerator": "cuda", "gpu_memory_gb": 40}}).id
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and h3.job(alone).reason_code == "Pending":
+        time.sleep(0.3)
+    waiting = h3.job(alone)
+    assert waiting.status == "queued" and waiting.reason_code == "Removed", waiting.reason
+    assert "removed from the cluster" in waiting.reason and "Memory: " in waiting.reason, waiting.reason
     listed = h1.cli("jobs")
     assert f"jobs owned by {h3.hostname} are not listed: removed from the cluster" in listed.stderr, listed.stderr

@@ -11,7 +11,16 @@ import pytest
 from gpulayerd.cli.render import reason_cell
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.evaluate import explain
-from gpulayerd.core.reasons import MEANINGS, ReasonCode, code_for, code_of, reason_of, reason_text, split
+from gpulayerd.core.reasons import (
+    MEANINGS,
+    ReasonCode,
+    code_for,
+    code_of,
+    reason_of,
+    reason_text,
+    removed_reason,
+    split,
+)
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -140,8 +149,9 @@ def test_each_code_names_the_deciding_words(case: str, j: JobRequest, workers: l
 
 def test_the_cases_cover_every_code_a_rejection_or_verdict_can_give() -> None:
     covered = {c[3][0] for c in CASES}
-    # FairShare is added by the scheduler (below), GangSkew by the gang coordinator (test_gangskew).
-    assert covered | {"Pending", "FairShare", "GangSkew"} == {c.value for c in ReasonCode}
+    # FairShare is added by the scheduler (below), GangSkew by the gang coordinator (test_gangskew),
+    # Removed by a removed machine's job view (below, and tests/lan/test_revocation_lan.py).
+    assert covered | {"Pending", "FairShare", "GangSkew", "Removed"} == {c.value for c in ReasonCode}
 
 
 def test_held_devices_decide_over_the_fair_share_order_which_decides_once_they_free_up() -> None:
@@ -220,3 +230,12 @@ def test_the_jobs_tables_reason_cell_starts_with_the_code(status: str, reason: s
                                    "updated_at": 0.0, "spec": {"command": ["true"], "workdir": "/tmp"}})
     assert reason_cell(view) == cell
     assert json.loads(view.model_dump_json())["reason_code"] == code_for(status, reason)
+
+
+def test_a_removed_machines_waiting_job_says_so_first_and_keeps_the_local_reason() -> None:
+    shown = removed_reason("Memory: GPU 0 has 17.2 GB < 40 GB required on h3")
+    assert shown.startswith("Removed: this machine was removed from the cluster")
+    assert shown.endswith(" · Memory: GPU 0 has 17.2 GB < 40 GB required on h3")
+    assert code_for("queued", shown) == "Removed"
+    assert removed_reason("") == ""
+    assert removed_reason("waiting for the scheduler") == "waiting for the scheduler"  # not judged yet

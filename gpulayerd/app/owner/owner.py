@@ -24,6 +24,7 @@ from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import explain, validate
 from gpulayerd.core.protocol import claims
 from gpulayerd.core.protocol.claims import JobStatus
+from gpulayerd.core.reasons import removed_reason
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import FitState, RejectionCode
@@ -404,6 +405,13 @@ class OwnerService:
         query.left_out = max(0, sum(counts.get(s.value, 0) for s in done) - query.finished)
         return rows
 
+    def _reason(self, row: JobRow) -> str:
+        """``row``'s reason as shown: a waiting job of a machine removed from the cluster says so first."""
+        reason = self._names.readable(row.reason)
+        if row.status is JobStatus.QUEUED and self._directory is not None and self._directory.removed:
+            return removed_reason(reason)
+        return reason
+
     def view(self, row: JobRow, explanation: bool = True) -> JobView:
         """The API's view of a job owned here (without attempts and history; without the last
         explanation too when ``explanation`` is False: a listing that does not show it)."""
@@ -412,7 +420,7 @@ class OwnerService:
             owner_name=self._names.hostname, status=row.status.value,
             attempt=row.attempt, holder=row.holder, holder_name=self._names.name_of(row.holder),
             retries_left=row.retries_left, cancel_requested=row.cancel_requested,
-            reason=self._names.readable(row.reason), exit_code=row.exit_code,
+            reason=self._reason(row), exit_code=row.exit_code,
             submitted_at=row.submitted_at, updated_at=row.updated_at, spec=self._jobs.spec(row),
             # The last matching is the answer only while the job waits (or was rejected at submit):
             # a running or finished job is told by `explain`'s state, never by a stale "fits".
