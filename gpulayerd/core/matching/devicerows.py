@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpulayerd.core.matching.device_state import device_label
-from gpulayerd.core.types import GB, DeviceSnapshot, JobRequest
+from gpulayerd.core.types import GB, DeviceSnapshot, JobRequest, MemoryKind
 from gpulayerd.core.verdict import Check, Rejection
 
 __all__ = ["GATES", "MAX_TABLE_DEVICES", "device_rows"]
 
 GATES = frozenset({"accelerator", "device state", "mig", "compute mode", "gpu_count"})
 """Requirement names of the per-device rejections that keep a device from being granted at all."""
+
+_NONE: frozenset[str] = frozenset()
 
 MAX_TABLE_DEVICES = 16
 """The most device rows of a devices × requirements table (more are counted in one line)."""
@@ -55,26 +57,42 @@ def device_rows(
     rows = _wanted_rows(job)
     if not rows:
         return
-    names = {name for name, _ in rows}
-    failed = [(d, {r.requirement for r in rs}) for d, rs in per_dev]
-    grantable = [(d, f) for d, f in failed if not f & GATES]
-    n_ok = {name: sum(name not in f for _, f in grantable) for name in names}
-    together = sum(not (f & names) for _, f in grantable)
-    apart = together < job.gpu_count and sum(n >= job.gpu_count for n in n_ok.values()) >= 2
+    names = [name for name, _ in rows]
+    failed = [{r.requirement for r in rs} if rs else _NONE for _, rs in per_dev]
+    n_ok = dict.fromkeys(names, 0)
+    together = 0
+    for f in failed:  # one pass: what each grantable device meets, and whether it meets them all
+        if not f:
+            together += 1
+            for name in names:
+                n_ok[name] += 1
+        elif f.isdisjoint(GATES):
+            missed = False
+            for name in names:
+                if name in f:
+                    missed = True
+                else:
+                    n_ok[name] += 1
+            together += not missed
+    count = job.gpu_count
+    apart = together < count and sum(n >= count for n in n_ok.values()) >= 2
+    labels = [device_label(d) for d, _ in per_dev]
     for name, wanted in rows:
-        found = ", ".join(f"{device_label(d)}: {_device_value(name, d)}" for d, _ in per_dev)
-        counted = f"{n_ok[name]} of {len(per_dev)} device(s) meet it"
-        if apart and n_ok[name] >= job.gpu_count:
-            checks.append(Check(name, wanted, f"{counted}, not on the same device as the rest: {found}", None))
+        found = ", ".join([f"{label}: {_device_value(name, d)}" for label, (d, _) in zip(labels, per_dev, strict=True)])
+        n = n_ok[name]
+        if apart and n >= count:
+            checks.append(Check(name, wanted, f"{n} of {len(per_dev)} device(s) meet it, not on the same device as "
+                                              f"the rest: {found}", None))
         else:
-            checks.append(Check(name, wanted, f"{counted}: {found}", n_ok[name] >= job.gpu_count))
+            checks.append(Check(name, wanted, f"{n} of {len(per_dev)} device(s) meet it: {found}", n >= count))
     if not apart:
         return
-    for d, f in failed[:MAX_TABLE_DEVICES]:
-        cells = [f"{'✗' if name in f else '✓'} {_short(name)} {_device_value(name, d)}" for name, _ in rows]
-        if f & GATES:
+    for (d, _), label, f in list(zip(per_dev, labels, failed, strict=True))[:MAX_TABLE_DEVICES]:
+        cells = [f"{'✗' if name in f else '✓'} {_short(name)} {_device_value(name, d)}" for name in names]
+        gated = not f.isdisjoint(GATES)
+        if gated:
             cells.append("✗ cannot be granted")
-        checks.append(Check(device_label(d), "all of the above", ", ".join(cells), not (f & (names | GATES))))
+        checks.append(Check(label, "all of the above", ", ".join(cells), not gated and f.isdisjoint(names)))
     if len(failed) > MAX_TABLE_DEVICES:
         checks.append(Check(f"{len(failed) - MAX_TABLE_DEVICES} more device(s)", "all of the above", "not listed",
                             None))
@@ -90,14 +108,17 @@ def _short(requirement: str) -> str:
     return _SHORT.get(requirement, requirement)
 
 
+_KIND_AFTER: dict[MemoryKind | None, str] = {None: "", **{k: f" {k.value}" for k in MemoryKind}}
+"""What follows a memory size: " dedicated", " unified" (enum ``.value`` is slow in a hot loop)."""
+
+
 def _device_value(requirement: str, d: DeviceSnapshot) -> str:
     if requirement == "gpu_memory_gb":
         if d.memory_total_bytes is None:
             return "unknown"
-        kind = f" {d.memory_kind.value}" if d.memory_kind is not None else ""
-        return f"{d.memory_total_bytes / GB:.1f} GB{kind}"
+        return f"{d.memory_total_bytes / GB:.1f} GB{_KIND_AFTER[d.memory_kind]}"
     if requirement == "gpu_memory_kind":
-        return d.memory_kind.value if d.memory_kind is not None else "unknown"
+        return _KIND_AFTER[d.memory_kind][1:] or "unknown"
     if requirement == "min_cuda_compute_capability":
         return _cc(d.compute_capability) if d.compute_capability is not None else "unknown"
     if requirement == "requires_float64":

@@ -102,18 +102,27 @@ def match(job: JobRequest, worker: WorkerSnapshot, support: SupportMatrix) -> Pl
     return list(ev.rejections)
 
 
-def evaluate(job: JobRequest, worker: WorkerSnapshot, support: SupportMatrix) -> WorkerExplanation:
-    """Full evaluation of one worker: fit state, table rows, rejections, placement."""
+def evaluate(job: JobRequest, worker: WorkerSnapshot, support: SupportMatrix, *,
+             table: bool = True) -> WorkerExplanation:
+    """Full evaluation of one worker: fit state, table rows, rejections, placement.
+
+    ``table`` False leaves out the per-device requirement rows of the table (the costliest text to
+    build) for callers that read only the state, the placement and the rejections (the fit-only
+    path, the hints' re-judgement); everything else is the same."""
     job_level = validate(job, support)
     if job_level:
         rejs = tuple(_with_worker(r, worker.node_id) for r in job_level)
         return WorkerExplanation(worker.node_id, worker.name, worker.online, FitState.NO_FIT, (), rejs, None)
+    return _evaluate_valid(job, worker, table)
 
+
+def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True) -> WorkerExplanation:
+    """:func:`evaluate` of a job that passed :func:`validate` (checked once per job, not per worker)."""
     checks: list[Check] = []
     static: list[Rejection] = []
     busy: list[Rejection] = []
 
-    chosen, dev_static, dev_busy = choose_devices(job, worker, checks)
+    chosen, dev_static, dev_busy = choose_devices(job, worker, checks, table=table)
     static.extend(dev_static)
     busy.extend(dev_busy)
     cap = gpu_cap_rejection(job.user, gpus_of(job), worker)  # fair share: max_gpus_per_user
@@ -169,7 +178,7 @@ def explain(job: JobRequest, workers: Iterable[WorkerSnapshot], support: Support
     job_level = validate(job, support)
     if job_level:
         return Explanation(job.job_id, Verdict.FITS_NOWHERE, None, tuple(job_level), ())
-    return assemble(job, [evaluate(job, w, support) for w in sorted(workers, key=lambda w: w.node_id)])
+    return assemble(job, [_evaluate_valid(job, w) for w in sorted(workers, key=lambda w: w.node_id)])
 
 
 def assemble(job: JobRequest, rows: Sequence[WorkerExplanation]) -> Explanation:

@@ -187,7 +187,7 @@ def _other_accelerators(job: JobRequest, w: WorkerSnapshot, support: SupportMatr
         moved = _apply(job, base)
         if validate(moved, support):
             continue
-        ev = evaluate(moved, w, support)
+        ev = evaluate(moved, w, support, table=False)
         for cand in _fixes(moved, base, w, ev.rejections):
             out.append(replace(cand, cost=cand.cost + 1.0 + 0.5 * (len(base) - 1)))
     return out
@@ -444,7 +444,7 @@ def _verify(job: JobRequest, cand: _Candidate, change: str, workers: Sequence[Wo
         if (_cannot_improve(blockers[w.node_id], changed) or not _devices_may_fit(moved, w)
                 or not _envs_may_fit(moved, w, changed)):
             continue
-        ev = evaluate(moved, w, support)
+        ev = evaluate(moved, w, support, table=False)
         rank = _RANK[ev.state]
         if rank < current:
             fits.append((rank, w.node_id, _target(ev, w)))

@@ -221,7 +221,7 @@ def _fit_only(job: JobRequest, index: WorkerIndex, support: SupportMatrix) -> Fi
         if not now:
             continue
         n += 1
-        state = (row := evaluate(job, w, support)).state
+        state = (row := evaluate(job, w, support, table=False)).state
         if state is FitState.FITS_NOW:
             return FitDecision(job.job_id, Verdict.FITS_NOW, row.placement, n)
         busy = busy or state is FitState.FITS_BUT_BUSY
@@ -232,7 +232,7 @@ def _fit_only(job: JobRequest, index: WorkerIndex, support: SupportMatrix) -> Fi
         if now:
             continue  # judged above: neither fits now nor busy
         n += 1
-        state = evaluate(job, w, support).state
+        state = evaluate(job, w, support, table=False).state
         if state is FitState.FITS_BUT_BUSY:
             return FitDecision(job.job_id, Verdict.FITS_BUT_BUSY, None, n)
         offline = offline or state is FitState.FITS_OFFLINE

@@ -408,11 +408,12 @@ def _objective(d: DeviceSnapshot) -> tuple[int, str, int]:
 
 
 def choose_devices(
-    job: JobRequest, worker: WorkerSnapshot, checks: list[Check]
+    job: JobRequest, worker: WorkerSnapshot, checks: list[Check], *, table: bool = True
 ) -> tuple[list[DeviceSnapshot] | None, list[Rejection], list[Rejection]]:
     """Pick ``job.gpu_count`` free qualifying devices on ``worker`` (CPU slots for a CPU job).
 
-    Appends the accelerator, per-device requirement and count rows to ``checks``. Among free
+    Appends the accelerator, per-device requirement (unless ``table`` is False) and count rows to
+    ``checks``. Among free
     qualifying devices the best fit wins: smallest memory, then uuid, then index.
 
     Returns:
@@ -451,7 +452,8 @@ def choose_devices(
     per_dev = [(d, _device_rejections(job, d, wid)) for d in kind]
     fit = [d for d, rs in per_dev if not rs]
     free = [d for d in fit if not d.busy]
-    device_rows(job, per_dev, checks)
+    if table:
+        device_rows(job, per_dev, checks)
     want_n = job.gpu_count
     checks.append(Check("gpu_count", f">= {want_n}", f"{len(fit)} qualify, {len(free)} free",
                         len(free) >= want_n if len(fit) >= want_n else False))
