@@ -21,12 +21,12 @@ from textual.binding import Binding, BindingType
 from textual.signal import Signal
 from textual.widgets import Input
 
-from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable
+from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable, connection_problem
 from gpulayer_tui.screens.confirm import ConfirmCancel
 from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.screens.help import HelpScreen
 from gpulayer_tui.screens.main import MainScreen
-from gpulayer_tui.state import ClusterState, Connection, ConnectionState
+from gpulayer_tui.state import ClusterState, Connection, ConnectionState, cancel_refusal
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView, PeerView
@@ -126,6 +126,10 @@ class GpulayerApp(App[None]):
     def _confirm_cancel(self, event: JobsTable.CancelRequested | JobDetailScreen.CancelRequested) -> None:
         job_id = event.job_id
         job = self.state.jobs.get(job_id)
+        why = None if job is None else cancel_refusal(job, self.state.requester)
+        if why is not None:  # the keys are not offered then; a message from elsewhere is told why
+            self.notify(why, severity="warning", markup=False)
+            return
         label = job_id if job is None else (f"{job_id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
                                             + f", {job.status}")
 
@@ -162,8 +166,8 @@ class GpulayerApp(App[None]):
                 problem = str(e)
             except ApiRequestError as e:
                 problem = f"the daemon answered {e.status} ({e.code}): {e}"
-            except Exception as e:  # whatever broke, say so and try again
-                problem = f"{type(e).__name__}: {e}"
+            except Exception as e:  # whatever broke, say so in words and try again
+                problem = connection_problem(e)
             finally:
                 if isinstance(stream, AsyncGenerator):
                     await stream.aclose()
@@ -199,6 +203,7 @@ class GpulayerApp(App[None]):
         peers = await self.client.peers()
         jobs = await self.client.jobs()
         self.state.daemon = f"{health.hostname} · gpulayerd {health.version}"
+        self.state.requester = health.requester
         self.sub_title = self.state.daemon
         self.state.peers = peers
         self.state.reset_jobs(jobs)
