@@ -10,6 +10,7 @@ the daemon goes away the screens say so, and the app reconnects every ``retry_s`
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ class TuiSettings:
         retry_s: seconds between attempts to reach a daemon that went away.
         log_poll_s: seconds between log reads of a running job shown in detail.
         age_refresh_s: seconds between updates of ages and "… ago" (0: never, for snapshots).
-        theme: a Textual theme name; None: the default, or ``ansi-dark`` on a 16-colour terminal.
+        theme: a Textual theme name; None: the default, or ``ansi-dark`` on a 16-colour terminal and under
+            NO_COLOR (where only bold, dim, reverse and underline show).
         metrics_poll_s: seconds between reads of the live GPU metrics while the Devices view is
             shown (0: never; the daemon samples only while they are read).
     """
@@ -71,7 +73,10 @@ class GpulayerApp(App[None]):
 
     def __init__(self, client: DaemonApi, *, clock: Callable[[], float], settings: TuiSettings) -> None:
         """The app; see :func:`make_app`."""
-        super().__init__()
+        # NO_COLOR: no colour at all, only bold/dim/reverse/underline (Textual's NoColor filter). Without
+        # ansi_color Textual would grey every colour by its luminance instead (Monochrome): red text
+        # became grey 237 on a grey 235 background.
+        super().__init__(ansi_color=True if "NO_COLOR" in os.environ else None)
         self.client = client
         self.clock = clock
         self.settings = settings
@@ -88,7 +93,7 @@ class GpulayerApp(App[None]):
     def on_mount(self) -> None:
         if self.settings.theme is not None:
             self.theme = self.settings.theme
-        elif self.console.color_system in ("standard", "windows"):
+        elif self.no_color or self.console.color_system in ("standard", "windows"):
             self.theme = "ansi-dark"
         self.push_screen(MainScreen(self, clock=self.clock, age_refresh_s=self.settings.age_refresh_s,
                                     metrics=getattr(self.client, "metrics", None),
