@@ -30,9 +30,9 @@ from gpulayerd.models import (
     UserUsageView,
 )
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.text import http_error
+from gpulayerd.text import escape, http_error
 
-__all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable"]
+__all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable", "connection_problem"]
 
 _JOBS = TypeAdapter(list[JobView])
 _PEERS = TypeAdapter(list[PeerView])
@@ -40,11 +40,50 @@ _USERS = TypeAdapter(list[UserUsageView])
 
 
 class DaemonUnreachable(Exception):
-    """Nothing answers on the daemon's socket."""
+    """Nothing answers on the daemon's socket, or the connection broke (``cause``: what happened, in words)."""
 
     def __init__(self, socket_path: Path, cause: str) -> None:
         super().__init__(f"cannot reach gpulayerd at {socket_path}: {cause}")
         self.socket_path = socket_path
+        self.cause = cause
+
+
+def connection_problem(e: BaseException) -> str:
+    """What went wrong with a connection to the daemon, in words ("the daemon closed the connection"),
+    never a Python repr such as ``<TransferEncodingError: 400, …>``; control characters escaped.
+
+    Args:
+        e: what aiohttp (or the socket) raised: a connect failure, a connection broken before or
+            during an answer, a timeout; anything else is named by its type and message.
+    """
+    if isinstance(e, DaemonUnreachable):
+        return e.cause
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return _connect_failure(e.os_error)
+    if isinstance(e, aiohttp.ClientPayloadError):  # TransferEncodingError, ContentLengthError: cut short
+        return "the daemon closed the connection in the middle of an answer"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "the daemon closed the connection"
+    if isinstance(e, TimeoutError):  # aiohttp's ServerTimeoutError too
+        return "no answer in time (the daemon is overloaded or stopped)"
+    if isinstance(e, OSError) and e.errno is not None:  # aiohttp's ClientOSError too
+        if e.errno in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+            return "the daemon closed the connection"
+        return escape((e.strerror or str(e)).lower())
+    if isinstance(e, aiohttp.ClientConnectionError):
+        return escape(f"the connection broke ({str(e) or type(e).__name__})")
+    return escape(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+
+
+def _connect_failure(e: OSError) -> str:
+    """Why connecting to the socket failed (no file system check: this runs on the event loop)."""
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "no such file (is gpulayerd running?)"
+    if e.errno == errno.ECONNREFUSED:
+        return "connection refused: nothing listens on it (a daemon that died leaves its socket behind)"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied (the socket or its folder keeps this user out)"
+    return escape((e.strerror or str(e)).lower())
 
 
 class ApiRequestError(Exception):
@@ -116,23 +155,14 @@ class DaemonClient:
                         err = ApiErrorBody(code="http_error", message=http_error(resp.status, raw))
                     raise ApiRequestError(resp.status, err)
                 return raw
-        except aiohttp.ClientConnectorError as e:
-            raise self._unreachable(e) from e
-        except aiohttp.ClientConnectionError as e:
-            raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+            raise DaemonUnreachable(self.socket_path, connection_problem(e)) from e
 
     async def _call(self, name: str, job_ref: str = "", body: BaseModel | None = None,
                     params: dict[str, Any] | list[tuple[str, str]] | None = None) -> bytes:
         """Local route ``name`` of :data:`gpulayerd.routes.LOCAL_ROUTES` (``job_ref`` fills ``{job}``)."""
         return await self._request(routes.LOCAL[name].method, routes.local_path(name, quote(job_ref, safe="")), body,
                                    params=params)
-
-    def _unreachable(self, e: aiohttp.ClientConnectorError) -> DaemonUnreachable:
-        """Why a connection to the socket failed, in words (no file system check on the event loop)."""
-        if e.os_error.errno in (errno.ENOENT, errno.ENOTDIR):
-            return DaemonUnreachable(self.socket_path, "no socket (is gpulayerd running?)")
-        return DaemonUnreachable(self.socket_path, "nothing answers on the socket (a daemon that died "
-                                 "leaves it behind)")
 
     async def health(self) -> HealthView:
         """``GET /v1/health``."""
@@ -236,10 +266,8 @@ class DaemonClient:
                     event, data = "", ""
                     if change is not None:
                         yield change
-        except aiohttp.ClientConnectorError as e:
-            raise self._unreachable(e) from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-            raise DaemonUnreachable(self.socket_path, str(e) or type(e).__name__) from e
+            raise DaemonUnreachable(self.socket_path, connection_problem(e)) from e
 
 
 def _change_event(event: str, data: str) -> ChangeEvent | None:

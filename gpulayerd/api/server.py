@@ -43,6 +43,7 @@ from gpulayerd.models import (
     JobView,
     LogChunk,
     PeerView,
+    RequesterView,
     SpecError,
     SubmitRequest,
     UserUsageView,
@@ -235,8 +236,10 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     app = web.Application(middlewares=[_errors, _who_asks(service)], client_max_size=4 * 2**20)
     closing = asyncio.Event()
 
-    async def health(_: web.Request) -> web.Response:
-        return _json(service.health())
+    async def health(request: web.Request) -> web.Response:
+        asker = _requester(request)  # the kernel's answer, never the request's
+        you = RequesterView(uid=asker.uid, user=asker.user, admin=asker.admin)
+        return _json(service.health().model_copy(update={"requester": you}))
 
     async def devices(_: web.Request) -> web.Response:
         return _json(await service.async_capabilities())

@@ -22,13 +22,15 @@ _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()
 
 KEYS: tuple[tuple[str, str], ...] = (
     ("?, F1", "help: every key of the view shown, grouped (?, F1, esc or q close it)"),
-    ("q, F10, ctrl+c", "quit (ctrl+c copies while the filter box has the focus)"),
+    ("q, F10, ctrl+c", "quit (q and esc close a detail or a question first; ctrl+c copies in the filter box)"),
     ("1 2 3 4 (d p e)", "Devices, Jobs, Peers, Environments views; Tab moves the focus"),
     ("j/k up/down", "move the cursor (PgUp/PgDn, Home/End: by pages, to the ends)"),
+    ("g G", "to the first, the last row (or the top, the bottom of a pane)"),
+    ("ctrl+f ctrl+b", "a page down, up; ctrl+d ctrl+u: half a page"),
     ("enter, l", "the job's detail (why it waits, timeline), or its log"),
-    ("c, F9", "cancel the job (asks first; only jobs that have not finished)"),
+    ("c, F9", "cancel the job (asks first; only jobs that have not finished, yours unless you are an admin)"),
     ("s, S", "sort by the next column (its header shows ▲/▼), reverse the order"),
-    ("/", "filter: state:queued acc:cuda user:alice code:Busy name: id: where: plus words; esc clears"),
+    ("/", "filter: state:queued acc:cuda user:alice code:Busy name: id: where: reason: plus words; esc clears"),
     ("esc", "back from a detail, clear the filter"),
     ("w t l e", "in a detail: why, timeline, log, stdout/stderr"),
 )

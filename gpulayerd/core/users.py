@@ -11,6 +11,9 @@ runs on a worker only as that worker's local account ``alice``. Two rules:
   account, a personal-mode worker runs only its own user's jobs, and a system-mode
   worker runs root's jobs only when it allows them.
 
+And one rule of the local API: :func:`may_manage`, who may cancel a job and read its logs and
+spec (the daemon checks it; the TUI offers cancel by it).
+
 No I/O: whether an account exists comes in as the worker's ``missing_accounts``.
 
 
@@ -23,10 +26,16 @@ from __future__ import annotations
 from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.core.verdict import Rejection, RejectionCode
 
-__all__ = ["PERSONAL", "SYSTEM", "account_rejection", "vouch_refusal", "vouches"]
+__all__ = ["PERSONAL", "SYSTEM", "account_rejection", "may_manage", "vouch_refusal", "vouches"]
 
 PERSONAL = "personal"
 SYSTEM = "system"
+
+
+def may_manage(user: str, admin: bool, owner_user: str) -> bool:
+    """Whether the account ``user`` (an admin here or not) may cancel, read the logs and see the full
+    spec of a job of ``owner_user``: an admin may for every job, anyone else for their own ("" owns none)."""
+    return admin or (bool(owner_user) and owner_user == user)
 
 
 def vouches(owner_mode: str, owner_user: str, job_user: str) -> bool:

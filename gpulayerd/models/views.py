@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from gpulayerd.core.reasons import code_for
+from gpulayerd.core.users import may_manage
 from gpulayerd.models.capabilities import Capabilities
 from gpulayerd.models.explanation import ExplanationModel, PlacementModel
 from gpulayerd.models.spec import JobSpec
@@ -176,6 +177,30 @@ class ApiErrorBody(BaseModel):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+class RequesterView(BaseModel):
+    """Who asks the local API, as the daemon sees them (from the kernel's peer credentials of the
+    socket, never from the request).
+
+    Attributes:
+        uid: the asking process's user id.
+        user: its account name (``"uid N"`` when the user database has none).
+        admin: may cancel any job and read any job's logs and spec (root; a member of the admin
+            group in system mode; the daemon's own user in personal mode). Others manage only
+            their own jobs.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    uid: int
+    user: str
+    admin: bool = False
+
+    def may_manage(self, owner_user: str) -> bool:
+        """True if this requester may cancel, read the logs and see the full spec of a job of ``owner_user``
+        (:func:`gpulayerd.core.users.may_manage`, the rule the daemon checks)."""
+        return may_manage(self.user, self.admin, owner_user)
+
+
 class HealthView(BaseModel):
     """``GET /v1/health``."""
 
@@ -189,6 +214,9 @@ class HealthView(BaseModel):
     state_dir: str
     counters: dict[str, int] = Field(default_factory=dict)
     """Protocol counters: offers sent/received, claims sent/granted/denied/failed, ..."""
+    requester: RequesterView | None = None
+    """Who asked this health (the TUI offers cancel on the jobs they may manage); None from a daemon
+    before this field."""
 
 
 class PeerView(BaseModel):

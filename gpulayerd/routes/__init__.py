@@ -133,7 +133,7 @@ _JOB = "{job}"
 
 LOCAL_ROUTES: tuple[Route, ...] = (
     Route("health", "GET", "/v1/health", "", "HealthView", Role.LOCAL_USER, "local.health",
-          "liveness, identity and protocol counters"),
+          "liveness, identity, protocol counters and who asks (user, admin: from the kernel)"),
     Route("devices", "GET", "/v1/devices", "", "Capabilities", Role.LOCAL_USER, "local.async_capabilities",
           "this machine's devices (with grant state), environments and probe health"),
     Route("peers", "GET", "/v1/peers", "", "list[PeerView]", Role.LOCAL_USER, "local.async_peers",

@@ -24,13 +24,17 @@ from gpulayerd.models import (
     LogChunk,
     PeerView,
     RejectionModel,
+    RequesterView,
     WorkerExplanationModel,
+    job_user,
 )
 from gpulayerd.models.metrics import GpuMetricsView, GpuProcessView, MetricsView
 
 WORKERS_DIR = Path(__file__).resolve().parents[1] / "data" / "workers"
 NOW = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC: the fixed clock of the TUI tests
 FAKE_SOCKET = Path("/nonexistent/gpulayerd.sock")
+ALICE_ADMIN = RequesterView(uid=1000, user="alice", admin=True)
+"""The TUI's user by default: alice on her personal daemon, where she is the admin (cancels every job)."""
 
 
 def load_caps(name: str) -> Capabilities:
@@ -116,13 +120,15 @@ class FakeDaemonClient:
 
     def __init__(self, *, jobs: Iterable[JobView] = (), peers: Iterable[PeerView] = (),
                  explanations: dict[str, ExplanationModel] | None = None, hostname: str = "lab-ws-02",
-                 metrics: MetricsView | None = None) -> None:
+                 metrics: MetricsView | None = None, requester: RequesterView | None = ALICE_ADMIN) -> None:
         self.jobs_by_id: dict[str, JobView] = {j.id: j for j in jobs}
         self.peer_list: list[PeerView] = list(peers)
         self.explanations: dict[str, ExplanationModel] = dict(explanations or {})
         self.logs_by_job: dict[tuple[str, str], str] = {}
         self.complete: set[str] = set()
         self.hostname = hostname
+        self.requester = requester
+        """Who the TUI runs as (health's answer); cancel refuses other users' jobs unless admin, as the daemon."""
         self.reachable = True
         self.calls: list[tuple[str, ...]] = []
         self.metrics_view = metrics or MetricsView(available=False, message="no working nvidia-smi on this machine")
@@ -173,7 +179,7 @@ class FakeDaemonClient:
     async def health(self) -> HealthView:
         self._call("health")
         return HealthView(ok=True, version="0.1.0", node_id="n" * 52, hostname=self.hostname, pid=4242,
-                          state_dir="/home/alice/.local/state/gpulayer")
+                          state_dir="/home/alice/.local/state/gpulayer", requester=self.requester)
 
     async def peers(self) -> list[PeerView]:
         self._call("peers")
@@ -204,6 +210,8 @@ class FakeDaemonClient:
         job = self.jobs_by_id.get(job_ref)
         if job is None:
             raise self._not_found(job_ref)
+        if self.requester is not None and not self.requester.may_manage(job_user(job.spec.user, job.submitted_by)):
+            raise ApiRequestError(403, ApiErrorBody(code="forbidden", message=f"job {job_ref} is not yours"))
         done = job.model_copy(update={"status": "cancelled", "reason": "cancelled by the user"})
         self.put_job(done)
         return done

@@ -57,6 +57,12 @@ def test_filter_terms_match_fields_and_words_match_the_row() -> None:
     assert shown("state:queued,running user:bob") == ["j2"]
     assert shown("code:resources") == ["j1"] and shown("USER:Alice gpu") == ["j1"]
     assert shown("nosuch:thing") == [] and JobFilter.parse("").empty
+    # an unknown key is a word (no job has it) and is named, once, with the keys there are
+    typo = JobFilter.parse("stat:queued Stat:running nosuch:x 12:30 Resources:")
+    assert typo.unknown == ("stat", "nosuch")  # not a time, not a reason code typed as a word
+    assert typo.problem == ("unknown keys stat:, nosuch: · keys: state: acc: user: name: id: where: code: "
+                            "reason:")
+    assert shown("status:queued") == ["j1"] and not JobFilter.parse("status:queued").problem  # state's other name
 
 
 @pytest.mark.asyncio

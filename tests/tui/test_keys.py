@@ -85,8 +85,7 @@ async def shows_the_reason_code_and_deciding_words(pilot: Pilot[None], app: Gpul
     assert header.index("STATE") < header.index("REASON") < header.index("NAME") < header.index("USER")
     # the whole reason of the highlighted job is in the status line
     table.select_job("m8kk00000003")
-    await pilot.pause()
-    assert "/opt/venv/bin/python" in screen_text(app)
+    await wait_for(pilot, lambda: "/opt/venv/bin/python" in screen_text(app), "the status line")
 
 
 SHOWN_AS = {"question_mark": "?", "slash": "/", "escape": "esc", "up": "↑", "down": "↓", "left": "←",
@@ -94,14 +93,17 @@ SHOWN_AS = {"question_mark": "?", "slash": "/", "escape": "esc", "up": "↑", "d
             "f9": "F9", "f10": "F10"}
 
 
-def assert_every_binding_on_screen(app: GpulayerApp, *owners: type[object]) -> None:
-    """Each key of each owner's BINDINGS is on a line of the help box on screen, followed by its description."""
+def assert_every_binding_on_screen(app: GpulayerApp, *owners: type[object], shadowed: tuple[str, ...] = ()) -> None:
+    """Each key of each owner's BINDINGS is on a line of the help box on screen, followed by its description
+    (but ``shadowed`` keys: bound by the screen shown, they are listed there and not under Everywhere)."""
     lines = screen_text(app).splitlines()
     top = next(i for i, ln in enumerate(lines) if "gpulayer keys" in ln)
     bottom = next(i for i, ln in enumerate(lines) if i > top and ln.lstrip().startswith("╰"))
     text = "\n".join(lines[top:bottom])  # not the footer below it
     for owner in owners:
         for binding in Binding.make_bindings(owner.BINDINGS):  # type: ignore[attr-defined]
+            if binding.key in shadowed and owner is GpulayerApp:
+                continue
             key = re.escape(SHOWN_AS.get(binding.key, binding.key))
             row = re.compile(rf"(?:^|[\s│])(?:\S+, )*{key}(?:, \S+)*\s+{re.escape(binding.description)}(?:\s|│|$)",
                              re.MULTILINE)
@@ -138,7 +140,8 @@ async def the_detail_help_lists_its_keys(pilot: Pilot[None], app: GpulayerApp, t
     await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
     await pilot.pause()
     assert app.screen.query_one("#help-scroll", VerticalScroll).max_scroll_y == 0, screen_text(app)
-    assert_every_binding_on_screen(app, GpulayerApp, JobDetailScreen)
+    assert_every_binding_on_screen(app, GpulayerApp, JobDetailScreen, shadowed=("q",))
+    assert not re.search(r"\bq\b[^│]*Quit", screen_text(app)), screen_text(app)  # q is Back here, not Quit
     await pilot.press("escape")
     await wait_for(pilot, lambda: isinstance(app.screen, JobDetailScreen), "the help to close")
     await pilot.press("escape")

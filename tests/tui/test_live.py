@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
 import time
 
 import pytest
@@ -47,6 +49,9 @@ async def test_a_submitted_job_shows_up_within_a_second(real_daemon: RealDaemon)
         took = await wait_for(pilot, lambda: job.id in table(app).shown_ids, "the new job's row", timeout_s=5)
         assert took < 1.0, f"the job showed up after {took:.2f} s"
         assert "tui-appears" in screen_text(app)
+        # who the TUI runs as, from the kernel through health: this user, the admin of a personal daemon
+        me = app.state.requester
+        assert me is not None and (me.uid, me.user, me.admin) == (os.getuid(), pwd.getpwuid(os.getuid()).pw_name, True)
 
 
 @pytest.mark.asyncio

@@ -1,10 +1,18 @@
-"""``gpulayer tui`` in a real terminal: tmux, 80x24, against a real gpulayerd."""
+"""``gpulayer tui`` in a real terminal: tmux, 80x24, against a real gpulayerd; and on a pty that goes away."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import select
 import shutil
+import signal
+import struct
 import subprocess
+import sys
+import termios
 import time
 import uuid
 from collections.abc import Iterator
@@ -84,3 +92,73 @@ def test_gpulayer_tui_shows_a_waiting_jobs_reason_at_80x24_and_quits(real_daemon
     finally:
         for job_id in (waiting, holder):
             real_daemon.cli("cancel", job_id)
+
+
+HANGUP_CHILD = """
+import fcntl, signal, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty becomes the controlling terminal of this new session
+if sys.argv[1] == "nohup":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: the kernel's hang-up signal does nothing
+from gpulayer_tui.launch import main
+sys.exit(main(["--socket", sys.argv[2]]))
+"""
+
+
+class PtyTui:
+    """``python -m gpulayer_tui`` (through :func:`gpulayer_tui.launch.main`) on a fresh pty of 80x24."""
+
+    def __init__(self, mode: str, socket: str) -> None:
+        self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        env = {**clean_env(), "TERM": "xterm-256color"}
+        self.proc = subprocess.Popen([sys.executable, "-c", HANGUP_CHILD, mode, socket], stdin=slave, stdout=slave,
+                                     stderr=slave, start_new_session=True, env=env, close_fds=True)
+        os.close(slave)
+        self.output = b""
+
+    def read(self, until: bytes | None, timeout_s: float) -> bool:
+        """Read what the TUI wrote, until ``until`` shows (True), the pty closes or the time is up (False)."""
+        end = time.monotonic() + timeout_s
+        while until is None or until not in self.output:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self.master], [], [], left)[0]:
+                return False
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: every process closed the terminal
+                return False
+            if not chunk:
+                return False
+            self.output += chunk
+        return True
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            os.close(self.master)
+
+
+def test_a_lost_terminal_or_sighup_ends_the_tui_within_2_s() -> None:
+    """The issue: a killed tmux session left the TUI at 99 % CPU on a deleted pty (SIGHUP ignored, Textual
+    reading end-of-file in a loop). Both ways a terminal goes away end it: the hang-up itself, and SIGHUP."""
+    socket = "/nonexistent/gltui.sock"  # the TUI runs and says the daemon is not reachable
+    nohup, hup = PtyTui("nohup", socket), PtyTui("hup", socket)
+    try:
+        for tui in (nohup, hup):
+            assert tui.read(b"daemon not reachable", timeout_s=30), tui.output[-2000:]
+        os.close(nohup.master)  # the terminal goes away; SIGHUP is ignored
+        hup.proc.send_signal(signal.SIGHUP)  # the terminal stays; the TUI leaves it as it found it
+        start = time.monotonic()
+        assert nohup.proc.wait(timeout=10) == 128 + signal.SIGHUP
+        took = time.monotonic() - start
+        assert took < 2.0, f"the TUI ended {took:.2f} s after its terminal"
+        hup.read(None, timeout_s=10)  # its last words, until it closes the pty
+        assert hup.proc.wait(timeout=10) == 128 + signal.SIGHUP
+        assert time.monotonic() - start < 2.0
+        last = hup.output.rsplit(b"daemon not reachable", 1)[-1]
+        assert b"\x1b[?1049l" in last, last[-300:]  # back from the alternate screen: the terminal restored
+    finally:
+        nohup.kill()
+        hup.kill()

@@ -9,18 +9,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from gpulayerd.api.client import ApiRequestError, ChangeEvent, DaemonUnreachable
+from gpulayerd.api.client import ApiRequestError, ChangeEvent, DaemonUnreachable, connection_problem
 from gpulayerd.models import ExplanationModel, HealthView, JobView, LogChunk, PeerView
 from gpulayerd.models.metrics import MetricsView
 
-__all__ = ["ApiRequestError", "ChangeEvent", "DaemonApi", "DaemonUnreachable"]
+__all__ = ["ApiRequestError", "ChangeEvent", "DaemonApi", "DaemonUnreachable", "connection_problem"]
 
 
 class DaemonApi(Protocol):
     """The local daemon's API as the TUI uses it."""
 
     async def health(self) -> HealthView:
-        """Identity of the daemon (host name, version)."""
+        """Identity of the daemon (host name, version) and who asks (``requester``: user, admin or not)."""
         ...
 
     async def peers(self) -> list[PeerView]:

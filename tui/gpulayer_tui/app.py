@@ -10,6 +10,7 @@ the daemon goes away the screens say so, and the app reconnects every ``retry_s`
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -21,12 +22,12 @@ from textual.binding import Binding, BindingType
 from textual.signal import Signal
 from textual.widgets import Input
 
-from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable
+from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable, connection_problem
 from gpulayer_tui.screens.confirm import ConfirmCancel
 from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.screens.help import HelpScreen
 from gpulayer_tui.screens.main import MainScreen
-from gpulayer_tui.state import ClusterState, Connection, ConnectionState
+from gpulayer_tui.state import ClusterState, Connection, ConnectionState, cancel_refusal
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView, PeerView
@@ -42,7 +43,8 @@ class TuiSettings:
         retry_s: seconds between attempts to reach a daemon that went away.
         log_poll_s: seconds between log reads of a running job shown in detail.
         age_refresh_s: seconds between updates of ages and "… ago" (0: never, for snapshots).
-        theme: a Textual theme name; None: the default, or ``ansi-dark`` on a 16-colour terminal.
+        theme: a Textual theme name; None: the default, or ``ansi-dark`` on a 16-colour terminal and under
+            NO_COLOR (where only bold, dim, reverse and underline show).
         metrics_poll_s: seconds between reads of the live GPU metrics while the Devices view is
             shown (0: never; the daemon samples only while they are read).
     """
@@ -71,7 +73,10 @@ class GpulayerApp(App[None]):
 
     def __init__(self, client: DaemonApi, *, clock: Callable[[], float], settings: TuiSettings) -> None:
         """The app; see :func:`make_app`."""
-        super().__init__()
+        # NO_COLOR: no colour at all, only bold/dim/reverse/underline (Textual's NoColor filter). Without
+        # ansi_color Textual would grey every colour by its luminance instead (Monochrome): red text
+        # became grey 237 on a grey 235 background.
+        super().__init__(ansi_color=True if "NO_COLOR" in os.environ else None)
         self.client = client
         self.clock = clock
         self.settings = settings
@@ -88,7 +93,7 @@ class GpulayerApp(App[None]):
     def on_mount(self) -> None:
         if self.settings.theme is not None:
             self.theme = self.settings.theme
-        elif self.console.color_system in ("standard", "windows"):
+        elif self.no_color or self.console.color_system in ("standard", "windows"):
             self.theme = "ansi-dark"
         self.push_screen(MainScreen(self, clock=self.clock, age_refresh_s=self.settings.age_refresh_s,
                                     metrics=getattr(self.client, "metrics", None),
@@ -126,6 +131,10 @@ class GpulayerApp(App[None]):
     def _confirm_cancel(self, event: JobsTable.CancelRequested | JobDetailScreen.CancelRequested) -> None:
         job_id = event.job_id
         job = self.state.jobs.get(job_id)
+        why = None if job is None else cancel_refusal(job, self.state.requester)
+        if why is not None:  # the keys are not offered then; a message from elsewhere is told why
+            self.notify(why, severity="warning", markup=False)
+            return
         label = job_id if job is None else (f"{job_id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
                                             + f", {job.status}")
 
@@ -162,8 +171,8 @@ class GpulayerApp(App[None]):
                 problem = str(e)
             except ApiRequestError as e:
                 problem = f"the daemon answered {e.status} ({e.code}): {e}"
-            except Exception as e:  # whatever broke, say so and try again
-                problem = f"{type(e).__name__}: {e}"
+            except Exception as e:  # whatever broke, say so in words and try again
+                problem = connection_problem(e)
             finally:
                 if isinstance(stream, AsyncGenerator):
                     await stream.aclose()
@@ -199,6 +208,7 @@ class GpulayerApp(App[None]):
         peers = await self.client.peers()
         jobs = await self.client.jobs()
         self.state.daemon = f"{health.hostname} · gpulayerd {health.version}"
+        self.state.requester = health.requester
         self.sub_title = self.state.daemon
         self.state.peers = peers
         self.state.reset_jobs(jobs)

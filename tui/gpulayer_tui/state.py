@@ -12,9 +12,11 @@ from typing import Literal, Protocol
 
 from textual.signal import Signal
 
-from gpulayerd.models import TERMINAL_STATES, JobView, PeerView
+from gpulayerd import text as fmt
+from gpulayerd.models import TERMINAL_STATES, JobView, PeerView, RequesterView, job_user
 
-__all__ = ["TERMINAL", "WAITING", "ClusterState", "Connection", "ConnectionState", "StateSource"]
+__all__ = ["TERMINAL", "WAITING", "ClusterState", "Connection", "ConnectionState", "StateSource", "cancel_refusal",
+           "may_not_manage"]
 
 ConnectionState = Literal["connecting", "connected", "unreachable"]
 
@@ -49,6 +51,9 @@ class ClusterState:
     connection: Connection = field(default_factory=Connection)
     daemon: str = ""
     """Whom the app talks to: "host (gpulayerd VERSION)", once known."""
+    requester: RequesterView | None = None
+    """Who the app runs as, as the daemon sees it (its health answer); None: not known yet, or an older
+    daemon (then cancel is offered on every job and the daemon decides)."""
 
     def reset_jobs(self, jobs: Iterable[JobView]) -> None:
         """Replace every job (after a resync)."""
@@ -57,6 +62,29 @@ class ClusterState:
     def put_job(self, job: JobView) -> None:
         """Add or replace one job."""
         self.jobs[job.id] = job
+
+
+def may_not_manage(job: JobView, requester: RequesterView | None) -> str | None:
+    """Why ``requester`` may not cancel ``job`` or read its logs ("job X is bob's: only bob or an admin
+    may cancel it"), escaped; None when they may, or when who asks is not known."""
+    owner = job_user(job.spec.user, job.submitted_by)
+    if requester is None or requester.may_manage(owner):
+        return None
+    you = fmt.escape(requester.user)
+    if not owner:
+        return f"job {fmt.escape(job.id)} names no user: only an admin may cancel it (you are {you})"
+    return f"job {fmt.escape(job.id)} is {fmt.escape(owner)}'s: only {fmt.escape(owner)} or an admin may cancel it " \
+           f"(you are {you})"
+
+
+def cancel_refusal(job: JobView, requester: RequesterView | None) -> str | None:
+    """Why ``job`` cannot be cancelled by ``requester`` now (finished, already cancelling, another user's
+    job), in words and escaped; None when cancel may be offered."""
+    if job.status in TERMINAL:
+        return f"job {fmt.escape(job.id)} has ended ({job.status}): nothing to cancel"
+    if job.cancel_requested:
+        return f"job {fmt.escape(job.id)} is being cancelled already"
+    return may_not_manage(job, requester)
 
 
 class StateSource(Protocol):

@@ -35,6 +35,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel
 
 from gpulayerd.core.job_facts import job_user as user_of
+from gpulayerd.core.users import may_manage
 from gpulayerd.errors import Forbidden
 from gpulayerd.models import JobView
 
@@ -139,7 +140,7 @@ class Requester:
 
     def may_manage(self, owner_user: str) -> bool:
         """True if this requester may cancel, read the logs and see the full spec of a job of ``owner_user``."""
-        return self.admin or (bool(owner_user) and owner_user == self.user)
+        return may_manage(self.user, self.admin, owner_user)
 
 
 def job_user(job: JobView) -> str:

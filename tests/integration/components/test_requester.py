@@ -35,7 +35,7 @@ from gpulayerd.app.common.requester import (
 from gpulayerd.app.local import LocalApi
 from gpulayerd.app.roles import LocalRoles
 from gpulayerd.errors import Forbidden
-from gpulayerd.models import SubmitRequest
+from gpulayerd.models import RequesterView, SubmitRequest
 from tests.fakes.accounts import Accounts
 from tests.fakes.daemons import OWNER, Lab, d
 
@@ -298,6 +298,8 @@ async def test_another_users_cancel_and_logs_answer_403_naming_the_owner(lab: La
     job = await submit_as_alice(lab)
     sock = await serve(_EveryoneIsBob(mode="system", admin_group=""))
     async with DaemonClient(sock) as c:
+        # health says who asks, from the kernel: the TUI offers cancel by it
+        assert (await c.health()).requester == RequesterView(uid=BOB.uid, user="bob", admin=False)
         for call in (c.cancel(job), c.logs(job)):
             with pytest.raises(ApiRequestError) as err:
                 await call

@@ -16,7 +16,7 @@ __all__ = ["ConfirmCancel"]
 
 
 class ConfirmCancel(ModalScreen[bool]):
-    """"Cancel job X?": dismissed with True (``y`` or the Yes button) or False (``n``, escape, No)."""
+    """"Cancel job X?": dismissed with True (``y`` or the Yes button) or False (``n``, escape, ``q``, No)."""
 
     DEFAULT_CSS = """
     ConfirmCancel {
@@ -40,7 +40,7 @@ class ConfirmCancel(ModalScreen[bool]):
     HELP_GROUP: ClassVar[str] = "Cancel a job?"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "answer(True)", "Yes, cancel it"),
-        Binding("n,escape", "answer(False)", "No"),
+        Binding("n,escape,q", "answer(False)", "No"),
     ]
 
     def __init__(self, job_id: str, label: str) -> None:

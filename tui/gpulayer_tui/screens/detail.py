@@ -7,20 +7,21 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from gpulayer_tui.api import ApiRequestError, DaemonApi, DaemonUnreachable
-from gpulayer_tui.state import TERMINAL, Connection, StateSource
+from gpulayer_tui.state import TERMINAL, Connection, StateSource, cancel_refusal, may_not_manage
 from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.explanation import ExplanationView
 from gpulayer_tui.widgets.job_summary import JobSummary
 from gpulayer_tui.widgets.log_tail import LogTail
+from gpulayer_tui.widgets.paging import PagedScroll
 from gpulayer_tui.widgets.timeline import Timeline
 from gpulayerd.models import JobView
 
@@ -50,7 +51,7 @@ class JobDetailScreen(Screen[None]):
 
     HELP_GROUP: ClassVar[str] = "Job detail"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "back", "Back"),
+        Binding("escape,q", "back", "Back"),
         Binding("w", "show_tab('why')", "Why"),
         Binding("t", "show_tab('timeline')", "Timeline"),
         Binding("l", "show_tab('log')", "Log"),
@@ -92,7 +93,7 @@ class JobDetailScreen(Screen[None]):
         yield ConnectionBanner(id="connection")
         yield JobSummary(clock=self._clock, id="job-summary")
         with TabbedContent(initial=self._tab, id="detail-tabs"):
-            with TabPane("w Why", id="why"), VerticalScroll(id="why-scroll"):
+            with TabPane("w Why", id="why"), PagedScroll(id="why-scroll"):
                 yield ExplanationView(id="explanation")
             with TabPane("t Timeline", id="timeline"):
                 yield Timeline(id="timeline-table")
@@ -113,6 +114,7 @@ class JobDetailScreen(Screen[None]):
         self.load_job()
         self.load_explanation()
         self.follow_log()
+        self._focus_tab(self._tab)
 
     # ----------------------------------------------------------------- actions
 
@@ -121,6 +123,7 @@ class JobDetailScreen(Screen[None]):
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
+        self._focus_tab(tab)
 
     def action_toggle_stream(self) -> None:
         self._stream = "stderr" if self._stream == "stdout" else "stdout"
@@ -128,11 +131,37 @@ class JobDetailScreen(Screen[None]):
         self.follow_log()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Cancel is offered only while the job has not finished."""
+        """Cancel is offered only while the job has not finished (hidden otherwise), to its user and
+        admins (greyed for others; pressing it says why)."""
         if action == "cancel_job":
             job = self._source.state.jobs.get(self.job_id)
-            return job is None or (job.status not in TERMINAL and not job.cancel_requested)
+            if job is None:
+                return True
+            if job.status in TERMINAL or job.cancel_requested:
+                return False
+            return None if may_not_manage(job, self._source.state.requester) else True
         return True
+
+    def on_key(self, event: events.Key) -> None:
+        """c or F9 where cancel is not offered: say why (a greyed key does nothing otherwise)."""
+        job = self._source.state.jobs.get(self.job_id)
+        if event.key in ("c", "f9") and job is not None:
+            why = cancel_refusal(job, self._source.state.requester)
+            if why is not None:
+                event.stop()
+                self.notify(why, severity="warning", markup=False)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id is not None:
+            self._focus_tab(event.pane.id)
+
+    def _focus_tab(self, tab: str) -> None:
+        """Give the focus to what the tab shows (its pane or table), so the moving keys work at once."""
+        pane = self.query_one(f"#{tab}", TabPane)
+        target = next((w for w in pane.query(Widget) if w.focusable), None)
+        if target is not None:
+            target.focus()
 
     def action_cancel_job(self) -> None:
         if self.check_action("cancel_job", ()):

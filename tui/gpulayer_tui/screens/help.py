@@ -19,10 +19,12 @@ from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.dom import DOMNode
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
+
+from gpulayer_tui.widgets.paging import PagedScroll
 
 __all__ = ["KEY_NAMES", "HelpGroup", "HelpScreen", "help_groups", "key_label"]
 
@@ -66,38 +68,57 @@ def _own_bindings(node: DOMNode) -> Iterator[tuple[str, list[Binding]]]:
             yield str(cls.__dict__.get("HELP_GROUP", cls.__name__)), list(Binding.make_bindings(raw))
 
 
-def _nodes(app: App[object], screen: Screen[object]) -> Iterator[DOMNode]:
-    """The focused widget and its ancestors up to ``screen``, the app, then the screen's other widgets."""
+def _shown(node: DOMNode, screen: Screen[object]) -> bool:
+    """True unless ``node`` or a container of it is not displayed (the panes of the other views)."""
+    n: DOMNode | None = node
+    while n is not None and n is not screen:
+        if not n.display:
+            return False
+        n = n.parent
+    return True
+
+
+def _nodes(app: App[object], screen: Screen[object]) -> Iterator[tuple[DOMNode, bool]]:
+    """(node, in the focus chain): the focused widget and its ancestors up to ``screen``, the app (True:
+    where Textual looks for a key's binding, in this order), then the screen's other shown widgets
+    (False; those of the view shown, not the hidden tabs' widgets)."""
     seen: set[int] = set()
     node: DOMNode | None = screen.focused
     chain: list[DOMNode] = []
     while node is not None and node is not screen and node is not app:
         chain.append(node)
         node = node.parent
-    for n in (*chain, screen, app, *screen.walk_children()):
+    others = [n for n in screen.walk_children() if _shown(n, screen)]
+    for n, in_chain in (*((c, True) for c in (*chain, screen, app)), *((o, False) for o in others)):
         if id(n) not in seen:
             seen.add(id(n))
-            yield n
+            yield n, in_chain
 
 
 def help_groups(app: App[object], screen: Screen[object]) -> list[HelpGroup]:
-    """Every binding gpulayer declares for ``screen``, grouped by the class that declares it.
+    """Every binding gpulayer declares for ``screen``'s view shown, grouped by the class that declares it.
 
     Order: the focused widget's classes, its containers', the screen's, the app's, then the other
-    widgets of the screen. Bindings of one class with the same action share a row ("c, F9"). A
-    group whose every (key, description) an earlier group lists is left out (j/k of a table that
-    the jobs list also moves with); Textual's own widgets are not listed.
+    shown widgets of the screen (a hidden view's, such as the jobs list's under Devices, are left
+    out). Bindings of one class with the same action share a row ("c, F9"). A key that a class
+    earlier in the focus chain binds is left out of the later ones (in a detail ``q`` is Back, not
+    the app's Quit). A group whose every (key, description) an earlier group lists is left out (j/k
+    of a table that the jobs list also moves with); Textual's own widgets are not listed.
     """
     groups: dict[str, dict[tuple[str, str], list[str]]] = {}
     listed: set[tuple[str, str]] = set()
-    for node in _nodes(app, screen):
-        for title, bindings in _own_bindings(node):
+    taken: set[str] = set()  # keys bound earlier in the focus chain: those bindings win
+    for node, in_chain in _nodes(app, screen):
+        for title, all_bindings in _own_bindings(node):
+            bindings = [b for b in all_bindings if not (in_chain and b.key in taken)]
             if title in groups or all((b.key, b.description) in listed for b in bindings):
                 continue
             rows = groups[title] = {}
             for b in bindings:
                 listed.add((b.key, b.description))
                 rows.setdefault((b.action, b.description), []).append(key_label(b))
+            if in_chain:
+                taken.update(b.key for b in bindings)
     return [HelpGroup(title, tuple((", ".join(keys), what) for (_, what), keys in rows.items()))
             for title, rows in groups.items() if rows]
 
@@ -178,7 +199,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         left, right = _split(self._groups)
         with Vertical(id="help-box"):
-            with VerticalScroll(id="help-scroll"), Horizontal(id="help-columns"):
+            with PagedScroll(id="help-scroll"), Horizontal(id="help-columns"):
                 for column in (left, right):
                     with Vertical(classes="help-column"):
                         for g in column:

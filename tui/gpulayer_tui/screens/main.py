@@ -11,6 +11,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
+from textual.validation import ValidationResult, Validator
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
 from gpulayer_tui.state import Connection, StateSource
@@ -18,16 +19,24 @@ from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.devices_table import DevicesTable, job_label, probe_text
 from gpulayer_tui.widgets.environments_table import EnvironmentsTable, probe_lines
 from gpulayer_tui.widgets.gpu_metrics import GpuMetricsPanel, MetricsFetch
-from gpulayer_tui.widgets.job_rows import reason_cell
+from gpulayer_tui.widgets.job_rows import JobFilter, reason_cell
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayer_tui.widgets.peers_table import PeersTable
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView, PeerView
 
-__all__ = ["VIEWS", "MainScreen"]
+__all__ = ["VIEWS", "KnownFilterKeys", "MainScreen"]
 
 VIEWS: tuple[str, ...] = ("devices", "jobs", "peers", "environments")
 """Ids of the views (tab panes), in tab order."""
+
+
+class KnownFilterKeys(Validator):
+    """The filter's check: every ``key:`` typed is one the filter knows (:attr:`JobFilter.problem`)."""
+
+    def validate(self, value: str) -> ValidationResult:
+        problem = JobFilter.parse(value).problem
+        return self.failure(problem) if problem else self.success()
 
 
 class MainScreen(Screen[None]):
@@ -102,7 +111,7 @@ class MainScreen(Screen[None]):
                 yield GpuMetricsPanel(self._metrics, poll_s=self._metrics_poll_s, id="gpu-metrics")
             with TabPane("2 Jobs", id="jobs"):
                 yield Input(placeholder="filter: state:queued acc:cuda user:alice words… (enter: keep, esc: clear)",
-                            id="jobs-filter", select_on_focus=False)
+                            id="jobs-filter", select_on_focus=False, validators=[KnownFilterKeys()])
                 yield JobsTable(clock=self._clock, age_refresh_s=self._age_refresh_s, id="jobs-table")
                 yield Static("", id="jobs-reason", classes="status-line")
                 yield Static("", id="jobs-status", classes="status-line")
@@ -116,6 +125,7 @@ class MainScreen(Screen[None]):
     def on_mount(self) -> None:
         source = self._source
         jobs = self.query_one(JobsTable)
+        jobs.requester = source.state.requester
         jobs.set_jobs(source.state.jobs.values())
         self.query_one(DevicesTable).labeller = self._job_label
         self._show_peers(source.state.peers)
@@ -170,6 +180,10 @@ class MainScreen(Screen[None]):
     @on(Input.Changed, "#jobs-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.query_one(JobsTable).filter_text = event.value
+        # an unknown key is said in the filter line (marked invalid), never "0 of 40 jobs" alone
+        result = event.validation_result
+        self.query_one("#jobs-filter", Input).border_subtitle = \
+            "" if result is None or result.is_valid else "; ".join(result.failure_descriptions)
         self._update_status()
 
     @on(Input.Submitted, "#jobs-filter")
@@ -207,7 +221,10 @@ class MainScreen(Screen[None]):
         self._update_status()
 
     def _jobs_reset(self, jobs: list[JobView]) -> None:
-        self.query_one(JobsTable).set_jobs(jobs)
+        table = self.query_one(JobsTable)
+        table.requester = self._source.state.requester  # read again with the jobs: it may have changed
+        table.set_jobs(jobs)
+        table.refresh_bindings()
         self._update_status()
 
     def _show_peers(self, peers: list[PeerView]) -> None:

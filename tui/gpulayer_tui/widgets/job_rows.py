@@ -17,6 +17,7 @@ from gpulayerd.models import JobView, job_user
 
 __all__ = [
     "COLUMNS",
+    "FILTER_KEYS",
     "SORTS",
     "SORT_COLUMN",
     "JobFilter",
@@ -169,9 +170,13 @@ def column_widths(width: int, *, show_user: bool, name_max: int) -> tuple[int, .
     return tuple(fixed[k] if k in fixed else flex[k] for k, _ in COLUMNS)
 
 
-_FIELDS = {"state": "state", "s": "state", "acc": "acc", "accelerator": "acc", "user": "user", "u": "user",
-           "name": "name", "n": "name", "id": "id", "where": "where", "host": "where", "code": "code",
+_FIELDS = {"state": "state", "status": "state", "s": "state", "acc": "acc", "accelerator": "acc", "user": "user",
+           "u": "user", "name": "name", "n": "name", "id": "id", "where": "where", "host": "where", "code": "code",
            "reason": "reason"}
+
+FILTER_KEYS: tuple[str, ...] = ("state", "acc", "user", "name", "id", "where", "code", "reason")
+"""The ``field:`` keys of the filter, as its help and its complaint about an unknown key list them
+(``status:`` is ``state:``; ``s: u: n: host: accelerator:`` also work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,25 +187,41 @@ class JobFilter:
     asks for, exactly: ``cpu``, ``cuda``, ``mps``, ``rocm``), ``user:``, ``name:``, ``id:``,
     ``where:``/``host:``, ``code:`` (the reason's code, exactly) and ``reason:`` (words in the
     reason); a value may list alternatives with commas (``state:queued,running``). Free words
-    must appear somewhere in the row's text. All case-insensitive; an unknown ``field:`` is a
-    free word.
+    must appear somewhere in the row's text. All case-insensitive. An unknown ``field:value``
+    (``stat:queued``) is matched as a free word and named in :attr:`unknown`, so the screen can
+    say so instead of showing no job without a reason.
     """
 
     terms: tuple[tuple[str, tuple[str, ...]], ...] = ()
     words: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    """The unknown keys typed (``("stat",)``), in order, each once."""
 
     @classmethod
     def parse(cls, text: str) -> JobFilter:
         """The filter that ``text`` describes (empty text: everything matches)."""
         terms: list[tuple[str, tuple[str, ...]]] = []
         words: list[str] = []
+        unknown: dict[str, None] = {}
         for token in text.lower().split():
             key, sep, value = token.partition(":")
             if sep and key in _FIELDS and value:
                 terms.append((_FIELDS[key], tuple(v for v in value.split(",") if v)))
             else:
                 words.append(token)
-        return cls(tuple(terms), tuple(words))
+                if sep and value and key.isalpha():  # "stat:queued"; not "12:30", "Resources:"
+                    unknown[key] = None
+        return cls(tuple(terms), tuple(words), tuple(unknown))
+
+    @property
+    def problem(self) -> str:
+        """What is wrong with the filter, in words ("" when nothing): the unknown keys and the known ones
+        ("unknown key stat: · keys: state: acc: …")."""
+        if not self.unknown:
+            return ""
+        keys = " ".join(f"{k}:" for k in FILTER_KEYS)
+        named = ", ".join(f"{fmt.escape(k)}:" for k in self.unknown)
+        return f"unknown key{'s' if len(self.unknown) > 1 else ''} {named} · keys: {keys}"
 
     @property
     def empty(self) -> bool:

@@ -29,7 +29,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpulayer_tui.state import TERMINAL
+from gpulayer_tui.state import TERMINAL, cancel_refusal, may_not_manage
 from gpulayer_tui.widgets.job_rows import (
     COLUMNS,
     SORTS,
@@ -42,7 +42,7 @@ from gpulayer_tui.widgets.job_rows import (
     sort_mark,
 )
 from gpulayerd import text as fmt
-from gpulayerd.models import JobView
+from gpulayerd.models import JobView, RequesterView
 
 __all__ = ["COLUMNS", "SORTS", "STATE_STYLES", "JobsTable", "job_cells"]
 
@@ -81,7 +81,7 @@ class JobsTable(ScrollView, can_focus=True):
 
     Posts :class:`OpenRequested` (enter, click on the highlighted row, ``l``) and
     :class:`CancelRequested` (``c``, F9; offered only while the highlighted job can still be
-    cancelled) for the highlighted job, and :class:`JobHighlighted` when the highlighted job,
+    cancelled, by :attr:`requester`) for the highlighted job, and :class:`JobHighlighted` when the highlighted job,
     or its data, changes. Columns: see :mod:`gpulayer_tui.widgets.job_rows`; USER is hidden
     while every shown row has the same user. A cursor on the last row follows rows added below.
     """
@@ -130,6 +130,12 @@ class JobsTable(ScrollView, can_focus=True):
         Binding("pagedown", "page(1)", "Page down", show=False),
         Binding("home", "first", "First job", show=False),
         Binding("end", "last", "Last job", show=False),
+        Binding("g", "first", "First job", show=False),
+        Binding("G", "last", "Last job", show=False),
+        Binding("ctrl+b", "page(-1)", "Page up", show=False),
+        Binding("ctrl+f", "page(1)", "Page down", show=False),
+        Binding("ctrl+u", "half_page(-1)", "Half a page up", show=False),
+        Binding("ctrl+d", "half_page(1)", "Half a page down", show=False),
         Binding("left", "scroll_left", "Scroll left", show=False),
         Binding("right", "scroll_right", "Scroll right", show=False),
     ]
@@ -145,6 +151,10 @@ class JobsTable(ScrollView, can_focus=True):
 
     sort_reverse: reactive[bool] = reactive(False, init=False)
     """True: the sort order reversed (the header shows ▼ instead of ▲)."""
+
+    requester: RequesterView | None = None
+    """Who the TUI runs as (set by the screen from the daemon's answer): cancel is offered only on the jobs
+    they may cancel; None: on every job (the daemon decides)."""
 
     class OpenRequested(Message):
         """Show a job's detail (``tab``: the detail tab to open first)."""
@@ -321,12 +331,24 @@ class JobsTable(ScrollView, can_focus=True):
         self._resort()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Cancel is offered only for a job that has not finished (hidden otherwise)."""
+        """Cancel is offered only for a job that has not finished (hidden otherwise) and that
+        :attr:`requester` may cancel (greyed otherwise; pressing it says why)."""
         if action == "cancel_job":
             job_id = self.highlighted_id
             job = self._jobs.get(job_id) if job_id is not None else None
-            return job is not None and job.status not in TERMINAL and not job.cancel_requested
+            if job is None or job.status in TERMINAL or job.cancel_requested:
+                return False
+            return None if may_not_manage(job, self.requester) else True
         return True
+
+    def on_key(self, event: events.Key) -> None:
+        """c or F9 where cancel is not offered: say why (a greyed key does nothing otherwise)."""
+        if event.key in ("c", "f9") and self.highlighted_id is not None:
+            job = self._jobs.get(self.highlighted_id)
+            why = None if job is None else cancel_refusal(job, self.requester)
+            if why is not None:
+                event.stop()
+                self.notify(why, severity="warning", markup=False)
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -374,6 +396,9 @@ class JobsTable(ScrollView, can_focus=True):
 
     def action_page(self, direction: int) -> None:
         self.cursor_index += direction * max(1, self.scrollable_content_region.height - 1)
+
+    def action_half_page(self, direction: int) -> None:
+        self.cursor_index += direction * max(1, (self.scrollable_content_region.height - 1) // 2)
 
     def action_first(self) -> None:
         self.cursor_index = 0

@@ -27,8 +27,15 @@ class KeyedTable(DataTable[Cell]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("j", "cursor_down", "Down", show=False),
         Binding("k", "cursor_up", "Up", show=False),
+        Binding("home,g", "scroll_top", "First row", show=False),
+        Binding("end,G", "scroll_bottom", "Last row", show=False),
+        Binding("ctrl+b", "page_up", "Page up", show=False),
+        Binding("ctrl+f", "page_down", "Page down", show=False),
+        Binding("ctrl+u", "half_page(-1)", "Half a page up", show=False),
+        Binding("ctrl+d", "half_page(1)", "Half a page down", show=False),
     ]
-    """j/k move like the arrows, as in the jobs table (DataTable's own bindings stay)."""
+    """j/k move like the arrows, Home/End and g/G to the first and last row, ctrl+b/ctrl+f a page and
+    ctrl+u/ctrl+d half a page, as in the jobs table (DataTable's other bindings stay)."""
 
     COLUMNS: ClassVar[Sequence[tuple[str, str]]] = ()
     """(key, header) of each column, in order; widths follow the content."""
@@ -50,6 +57,11 @@ class KeyedTable(DataTable[Cell]):
         if self._pending is not None:
             self.sync_rows(self._pending)
             self._pending = None
+
+    def action_half_page(self, direction: int) -> None:
+        """Move the cursor half the visible rows up (-1) or down (1)."""
+        rows = max(1, (self.scrollable_content_region.height - (self.header_height if self.show_header else 0)) // 2)
+        self.move_cursor(row=max(0, min(self.row_count - 1, self.cursor_row + direction * rows)))
 
     @property
     def row_keys(self) -> list[str]:
