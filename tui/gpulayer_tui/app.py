@@ -152,11 +152,11 @@ class GpulayerApp(App[None]):
         try:
             job = await self.client.cancel(job_id)
         except (DaemonUnreachable, ApiRequestError) as e:
-            self.notify(f"cannot cancel {job_id}: {e}", severity="error")
+            self.notify(fmt.escape(f"cannot cancel {job_id}: {e}"), severity="error", markup=False)
             return
         self._put_job(job)
         more = " (stopping)" if job.cancel_requested and job.status == "running" else ""
-        self.notify(f"job {job.id}: {job.status}{more}")
+        self.notify(fmt.escape(f"job {job.id}: {job.status}{more}"), markup=False)
 
     @work(exclusive=True, group="daemon-feed")
     async def follow_daemon(self) -> None:
@@ -229,7 +229,7 @@ class GpulayerApp(App[None]):
         self.state.connection = new
         self.connection_changed.publish(new)
         if old.state == "unreachable" and state == "connected":
-            self.notify(f"connected again to {message}")
+            self.notify(fmt.escape(f"connected again to {message}"), markup=False)  # a host name: never markup
 
 
 def make_app(client: DaemonApi, *, clock: Callable[[], float] = time.time,
