@@ -46,7 +46,10 @@ class Checker:
         self.faulty_until = 0.0  # true time before which the idle check is off
         self.faults_active = 0
         self.checked = 0
+        self.violation: Violation | None = None  # the first one (a start is checked in a loop callback)
         self._free_since: dict[tuple[str, int], float] = {}  # (node, k) -> since when >= k GPUs free
+        self.every_s = 0.5  # the idle check's period (seconds of true time)
+        self._next = 0.0
 
     def bind(self) -> None:
         """Take the running loop (starts are reported from threads)."""
@@ -64,8 +67,11 @@ class Checker:
     def fail(self, what: str) -> None:
         """Raise a :class:`Violation` naming the seed and the last events."""
         trace = "\n  ".join(self.sim.trace[-25:])
-        raise Violation(f"INVARIANT VIOLATED (seed {self.sim.seed}, t={self.sim.time.now:.3f} s): {what}\n"
-                        f"reproduce: seed={self.sim.seed}\nlast events:\n  {trace}")
+        v = Violation(f"INVARIANT VIOLATED (seed {self.sim.seed}, t={self.sim.time.now:.3f} s): {what}\n"
+                      f"reproduce: seed={self.sim.seed}\nlast events:\n  {trace}")
+        if self.violation is None:
+            self.violation = v
+        raise v
 
     # ------------------------------------------------------------------ at every start
 
@@ -88,8 +94,11 @@ class Checker:
     # ------------------------------------------------------------------ at every step
 
     def step(self) -> None:
-        """The idle check (see the module docstring)."""
+        """The idle check (see the module docstring); at most every ``every_s`` of true time."""
         now = self.sim.time.now
+        if now < self._next:
+            return
+        self._next = now + self.every_s
         if self.faults_active or now < self.faulty_until:
             self._free_since.clear()
             return

@@ -20,10 +20,11 @@ from seeded random sources; the one exception is the thread hand-offs' completio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import string
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from gpulayerd.store import Store
 from tests.fakes.runner import FakeRunner
 
 from .clock import NodeClock, SimTime
-from .invariants import Checker
+from .invariants import Checker, Violation
 from .network import SimNetwork, SimNode, spawn
 from .store import MemoryDisk
 
@@ -283,6 +284,8 @@ class Sim:
                                 "requirements": {"accelerator": "cuda", "gpu_count": gpus},
                                 "policy": {"retries": 3, "lease_s": 60.0}}
         view = await d.services.owner.submit(SubmitRequest(spec=spec, submitted_by=user))
+        assert view.id not in self.jobs, f"job id {view.id} acknowledged twice"
+        self.note(f"submit {view.id} on {d.name} ({gpus} GPU)")
         self.jobs[view.id] = Job(view.id, d.name, gpus, duration_s, self.time.now)
         return view.id
 
@@ -296,8 +299,9 @@ class Sim:
         return self.checker.loop
 
     def _on_start(self, node: str, job_id: str, attempt: int, devices: str) -> None:
-        self.note(f"start {job_id[:8]}/{attempt} on {node} gpus {devices}")
-        self.checker.started(node, job_id, attempt, devices)
+        self.note(f"start {job_id}/{attempt} on {node} gpus {devices}")
+        with contextlib.suppress(Violation):  # kept by the checker: run_until raises it
+            self.checker.started(node, job_id, attempt, devices)
         job = self.jobs.get(job_id)
         if job is None:
             return
@@ -330,10 +334,16 @@ class Sim:
             if busy:
                 await asyncio.wait(busy)
 
-    async def run_until(self, t_end: float, *, every: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Step until true time ``t_end``: quiet, check the invariants, fire the next timers."""
+    async def run_until(self, t_end: float) -> None:
+        """Step until true time ``t_end``: quiet, check the invariants, fire the next timers.
+
+        Raises:
+            Violation: an invariant broke (the message names the seed and the last events).
+        """
         while True:
             await self.quiet()
+            if self.checker.violation is not None:
+                raise self.checker.violation
             self.checker.step()
             due = self.time.next_due()
             if due is None or due > t_end:
