@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=540.0, help="real seconds for all N together")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # each figure as soon as it is known
     logging.getLogger("gpulayerd.store.db").setLevel(logging.ERROR)
     ns = [int(x) for x in args.nodes.split(",")]
     weights = [n * n for n in ns]
