@@ -334,8 +334,10 @@ class Services:
 
 
 def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember,
-                  remote_jobs: RemoteJobs, cluster: ClusterNode | None) -> dict[str, PeerHandler]:
-    """Every peer route's handler by the name the route table gives it (``heartbeat`` only in a cluster)."""
+                  remote_jobs: RemoteJobs, cluster: ClusterNode | None,
+                  heartbeat: PeerHandler | None = None) -> dict[str, PeerHandler]:
+    """Every peer route's handler by the name the route table gives it (``heartbeat`` only in a cluster:
+    the :class:`ClusterNode`'s, else ``heartbeat``, a given :class:`PeerNode`'s own membership)."""
 
     async def capabilities(sender: Sender, msg: object) -> Capabilities:
         del sender, msg
@@ -360,6 +362,8 @@ def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerServic
     }
     if cluster is not None:
         handlers["cluster.heartbeat"] = cluster.heartbeat
+    elif heartbeat is not None:
+        handlers["cluster.heartbeat"] = heartbeat
     return handlers
 
 
@@ -378,12 +382,14 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         runner: starts and watches attempts (default: a :class:`Runner` of watchdog processes).
         capabilities: this machine as given, never probed (default: probed by ``Machine.probe_loop``).
         peers: makes the cluster part (default: a :class:`ClusterNode` when the identity is in a
-            cluster, else none); :attr:`Services.cluster` is set only for a :class:`ClusterNode`.
+            cluster, else none); :attr:`Services.cluster` is set only for a :class:`ClusterNode`. A
+            node it makes that has a ``heartbeat`` method answers the heartbeat route with it (the
+            simulator's membership, ``tests/sim``).
         hostname: this machine's name for people (default: ``socket.gethostname()``).
     """
     clock = clock or Clock()
     rng = rng or random.SystemRandom()
-    signals = Signals()
+    signals = Signals(clock)
     node_id = identity.node_id
     hostname = hostname or socket.gethostname()
     # THE peer dispatcher, made first and empty: the network serves it and this node's own calls go
@@ -442,7 +448,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                       requesters=requesters, support=support, clock=clock, names=names,
                       own=lambda: machine.snapshot(refresh_apps=False))
     router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
-                               cluster=cluster), roles)
+                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None)), roles)
 
     async def locate_nvidia_smi() -> str | None:
         return nvidia_path(await machine.capabilities())

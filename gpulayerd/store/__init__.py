@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from gpulayerd.store.db import Database, StoreDamaged, StoreGone
+from gpulayerd.store.db import Connect, Database, StoreDamaged, StoreGone
 from gpulayerd.store.gangs import GangRow, GangsTable
 from gpulayerd.store.jobs import JobsTable
 from gpulayerd.store.peers import PeersTable
@@ -46,6 +46,7 @@ __all__ = [
     "AmbiguousJobId",
     "AttemptRow",
     "AttemptState",
+    "Connect",
     "EventRow",
     "GangRow",
     "GangsTable",
@@ -83,7 +84,8 @@ class Store:
         self.gangs = GangsTable(db)
 
     @classmethod
-    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True) -> Store:
+    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,
+                   connect: Connect | None = None) -> Store:
         """Open (creating if needed) the store at ``path`` and migrate it to :data:`SCHEMA_VERSION`.
 
         Args:
@@ -91,6 +93,7 @@ class Store:
             busy_timeout_s: how long a statement waits for another process's lock.
             empty_ok: whether an existing empty file may be taken for a new store (see
                 :meth:`Database.open`; the daemon allows it only in a new state dir).
+            connect: the SQLite driver (default: aiosqlite; a simulation runs statements in its loop).
 
         Raises:
             StoreDamaged: the file is damaged (``PRAGMA quick_check``), truncated or not SQLite;
@@ -98,7 +101,7 @@ class Store:
             StoreError: the file cannot be opened or migrated, is another account's, or it was
                 written by newer code (its schema version is above :data:`SCHEMA_VERSION`).
         """
-        return cls(await Database.open(path, busy_timeout_s=busy_timeout_s, empty_ok=empty_ok))
+        return cls(await Database.open(path, busy_timeout_s=busy_timeout_s, empty_ok=empty_ok, connect=connect))
 
     @property
     def path(self) -> Path:

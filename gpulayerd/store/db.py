@@ -31,13 +31,16 @@ import aiosqlite
 from gpulayerd.store.rows import StoreError, StoreFull
 from gpulayerd.store.schema import migrate
 
-__all__ = ["Database", "Params", "Rollback", "StoreDamaged", "StoreGone"]
+__all__ = ["Connect", "Database", "Params", "Rollback", "StoreDamaged", "StoreGone"]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 Params = Sequence[object] | Mapping[str, object]
 """SQL parameters: positional (``?``) or named (``:name``)."""
+Connect = Callable[[Path], Awaitable[aiosqlite.Connection]]
+"""The store's driver port: opens the connection at a path (``aiosqlite.connect`` unless a simulation
+gives one that runs the statements in the event loop's thread)."""
 
 
 _FILE_MODE = 0o600
@@ -73,7 +76,8 @@ class Database:
         self._gone_event = asyncio.Event()
 
     @classmethod
-    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True) -> Database:
+    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,
+                   connect: Connect | None = None) -> Database:
         """Open (creating if needed) the SQLite file at ``path``, check it and migrate it.
 
         The file and its ``-wal``/``-shm`` files are made 0600 (created so when missing).
@@ -84,6 +88,7 @@ class Database:
             empty_ok: whether an existing file of 0 bytes may be taken for a new store (the daemon
                 allows it only in a new state dir: elsewhere an emptied file is damage, refused
                 with the recovery hint, never silently a store with no jobs).
+            connect: the driver (default: ``aiosqlite.connect`` in autocommit mode).
 
         Raises:
             StoreDamaged: the file is damaged (``PRAGMA quick_check``), truncated or not SQLite;
@@ -93,7 +98,7 @@ class Database:
         """
         *identity, created = await asyncio.to_thread(_private_files, path, empty_ok)
         try:
-            conn = await aiosqlite.connect(path, isolation_level=None)
+            conn = await (connect(path) if connect is not None else aiosqlite.connect(path, isolation_level=None))
         except sqlite3.Error as e:
             if created:
                 await asyncio.to_thread(_forget_new, path)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 __all__ = ["Clock"]
 
@@ -25,3 +29,8 @@ class Clock:
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``."""
         await asyncio.sleep(seconds)
+
+    async def wait_for(self, awaitable: Awaitable[_T], timeout_s: float) -> _T:
+        """``awaitable``'s result, or :class:`asyncio.TimeoutError` after ``timeout_s`` seconds of this
+        clock (``asyncio.wait_for`` here; a simulated clock times out in its own time)."""
+        return await asyncio.wait_for(awaitable, timeout_s)

@@ -8,6 +8,7 @@ import logging
 from collections import Counter
 from collections.abc import Coroutine
 
+from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.feed import Change, ChangeFeed
 
 __all__ = ["Signals", "log_failure"]
@@ -24,12 +25,16 @@ def log_failure(task: asyncio.Task[None]) -> None:
 class Signals:
     """The change feed (for the TUI), the scheduler's wake-up, protocol counters and background tasks.
 
+    Args:
+        clock: what :meth:`wait_wake` times out on (default: the system's).
+
     Attributes:
         feed: every change, pushed to ``/v1/events`` subscribers.
         stats: protocol counters shown by ``/v1/health`` (offers, claims, ...).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or Clock()
         self.feed = ChangeFeed()
         self.stats: Counter[str] = Counter()
         self._wake = asyncio.Event()
@@ -54,7 +59,7 @@ class Signals:
     async def wait_wake(self, timeout_s: float) -> None:
         """Wait for a wake-up asked for since the last :meth:`clear_wake` (or ``timeout_s``)."""
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout_s)
+            await self._clock.wait_for(self._wake.wait(), timeout_s)
 
     def woken(self) -> bool:
         """Whether a wake-up was asked for since the last :meth:`clear_wake`."""

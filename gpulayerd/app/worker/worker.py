@@ -571,7 +571,7 @@ class WorkerService:
                  *(self._send_report(k, owed[k]) for k in round_.reports if k in owed)]
         bound_s = 2 * self._config.peer_timeout_s
         try:
-            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), bound_s)
+            results = await self._clock.wait_for(asyncio.gather(*calls, return_exceptions=True), bound_s)
         except asyncio.TimeoutError:
             log.info("owner %s did not answer %d renewals/reports within %.0f s", owner[:12], len(calls), bound_s)
             return

@@ -1,0 +1,179 @@
+"""Figures for a simulated department: ``python bench/sim.py --nodes 100 --minutes 10 --seed 1``.
+
+Runs N real daemons (``tests/sim``: daemon.build, real services, route table and role checks;
+simulated network with 1 ms median latency, clock, runner and in-memory store) with 2 GPUs
+each and today's protocol and default timings, phase by phase, and prints each figure beside
+the department target (the issue's, set for 500 nodes). With several ``--nodes`` it prints the
+growth exponent of each figure with N (least-squares slope of log figure over log N).
+
+Phases (seconds of simulated time; ``--minutes`` is the simulated span asked for):
+
+1. idle: 10 s to settle, then an idle window: messages and bytes each node sends per second,
+   by kind (heartbeats include capability fetches; "gossip" is the part of the heartbeat
+   bytes that carries fair-share holdings, which ride in every heartbeat and reply);
+2. failure detection: one daemon is killed; seconds until each other daemon stops counting
+   it up (it leaves "up" after ``suspect_after_s``: then it is no longer offered jobs);
+3. load: the lab mix (1- and 2-GPU jobs of 1-5 minutes, 70 % of the GPUs busy on average)
+   for the rest of the span: traffic per node per second, submit->start p50/p99 (simulated
+   seconds, jobs started in the window), claim conflicts per placement (claims denied by
+   owners over claims granted);
+4. burst: 1,000 one-GPU jobs of 30 s submitted at once from 10 machines onto the idle
+   cluster, time until the last starts, beside the ideal ((ceil(1000 / GPUs) - 1) x 30 s).
+
+Memory per simulated daemon: the process's resident set growth while the daemons were built
+and ran, divided by N (each has its own services, store and peer table). The simulator runs
+each phase only while its real-time budget (``--budget-s`` per N) lasts; a phase cut short
+says so: that is the first limit met (the cost of simulating all-to-all heartbeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.sim.workload import burst, copy_traffic, detection_time, lab_mix, percentile, traffic_per_node_s
+from tests.sim.world import Sim
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _fmt(traffic: dict[str, tuple[float, float]]) -> str:
+    total_b = sum(b for _, b in traffic.values())
+    total_m = sum(m for m, _ in traffic.values())
+    parts = ", ".join(f"{k} {m:.1f} msg {b / 1e3:.2f} KB" for k, (m, b) in traffic.items())
+    return f"{total_m:.1f} msg/s {total_b / 1e3:.2f} KB/s ({parts})"
+
+
+async def measure(n: int, minutes: float, seed: int, budget_s: float) -> dict[str, float]:
+    """Every figure for ``n`` daemons (see the module docstring); NaN for a phase cut short."""
+    out: dict[str, float] = {}
+    t_real = time.perf_counter()
+
+    def left() -> float:
+        return budget_s - (time.perf_counter() - t_real)
+
+    with tempfile.TemporaryDirectory() as td:
+        rss0 = _rss_bytes()
+        sim = Sim(Path(td), seed=seed, n=n, skew_ppm=100)
+        await sim.start()
+        span = minutes * 60
+        await sim.run_for(10)
+        # 1. idle
+        idle_s = 10.0 if n >= 100 else 20.0
+        before, t0 = copy_traffic(sim), time.perf_counter()
+        await sim.run_for(idle_s)
+        per_sim_s = (time.perf_counter() - t0) / idle_s
+        idle = traffic_per_node_s(before, copy_traffic(sim), n, idle_s)
+        out["idle_bytes"] = sum(b for _, b in idle.values())
+        out["idle_msgs"] = sum(m for m, _ in idle.values())
+        hb_msg = sim.daemons["n000"].node
+        gossip = len(hb_msg._message().model_dump_json(include={"holdings", "revoked"})) if hb_msg else 0
+        print(f"N={n}: real seconds per simulated second (idle): {per_sim_s:.2f}")
+        print(f"N={n}: idle traffic per node: {_fmt(idle)}; of each heartbeat, {gossip} B are holdings/revocations "
+              f"(gossip)   [target <= 2 KB/s at N=500]")
+        # 2. failure detection
+        seen = await detection_time(sim, sorted(sim.daemons)[-1], limit_s=20.0)
+        out["detect_p50"] = percentile(seen, 50)
+        out["detect_max"] = max(seen) if seen else math.nan
+        print(f"N={n}: dead daemon no longer up for the others after p50 {out['detect_p50']:.2f} s, "
+              f"max {out['detect_max']:.2f} s   [target <= 10 s]")
+        # 3. load
+        load_s = max(30.0, span - 10 - idle_s - 20 - 150)
+        cost_s = per_sim_s * 3 * load_s  # the load costs about 3x idle per simulated second
+        if cost_s > left() * 0.6:
+            load_s = max(10.0, left() * 0.6 / (3 * per_sim_s))
+            print(f"N={n}: load window cut to {load_s:.0f} simulated s (real-time budget)")
+        granted0 = sum(d.services.signals.stats["claim_requests_granted"] for d in sim.daemons.values() if d.services)
+        denied0 = sum(d.services.signals.stats["claim_requests_denied"] for d in sim.daemons.values() if d.services)
+        before, start = copy_traffic(sim), sim.time.now
+        task = asyncio.ensure_future(lab_mix(sim, load_s, util=0.7))
+        await sim.run_for(load_s)
+        task.cancel()
+        load = traffic_per_node_s(before, copy_traffic(sim), n - 1, load_s)
+        waits = [j.started - j.submitted for j in sim.jobs.values() if j.started is not None and j.submitted >= start]
+        granted = sum(d.services.signals.stats["claim_requests_granted"] for d in sim.daemons.values()
+                      if d.services) - granted0
+        denied = sum(d.services.signals.stats["claim_requests_denied"] for d in sim.daemons.values()
+                     if d.services) - denied0
+        out["load_bytes"] = sum(b for _, b in load.values())
+        out["load_msgs"] = sum(m for m, _ in load.values())
+        out["start_p50_ms"] = percentile(waits, 50) * 1e3
+        out["start_p99_ms"] = percentile(waits, 99) * 1e3
+        out["conflicts"] = denied / granted if granted else math.nan
+        print(f"N={n}: load traffic per node: {_fmt(load)}   [target <= 20 KB/s at N=500]")
+        print(f"N={n}: submit->start ({len(waits)} jobs) p50 {out['start_p50_ms']:.0f} ms, "
+              f"p99 {out['start_p99_ms']:.0f} ms (simulated, 1 ms latency)   [target p50 <= 100 ms]")
+        print(f"N={n}: claim conflicts per placement {out['conflicts']:.3f} ({denied} denied / {granted} granted)")
+        # 4. burst: wait for the load's jobs to end first
+        await sim.run_for(300)
+        gpus = sum(d.gpus for d in sim.daemons.values() if d.services)
+        ideal = (math.ceil(1000 / gpus) - 1) * 30.0
+        out["burst_ratio"] = math.nan
+        if left() < per_sim_s * 3 * (ideal + 60):
+            print(f"N={n}: 1,000-job burst not run: the real-time budget is spent (first limit met)")
+        else:
+            t0s = sim.time.now
+            ids = set(await burst(sim, 1000))
+            while sim.time.now - t0s < 4 * ideal + 120 and left() > 0:
+                await sim.run_for(5)
+                if all(sim.jobs[j].started is not None for j in ids):
+                    break
+            last = max((sim.jobs[j].started or math.nan) for j in ids) if ids else math.nan
+            placed = last - t0s
+            out["burst_ratio"] = placed / ideal if ideal > 0 else math.nan
+            print(f"N={n}: 1,000-job burst placed in {placed:.1f} s, ideal {ideal:.0f} s ({gpus} GPUs): "
+                  f"{out['burst_ratio']:.2f}x   [target <= 2x]")
+        out["mem_per_daemon"] = (_rss_bytes() - rss0) / n
+        print(f"N={n}: memory per simulated daemon {out['mem_per_daemon'] / 2**20:.1f} MiB (RSS growth / N)")
+        print(f"N={n}: {sim.net.calls} calls, {sim.steps} steps, {time.perf_counter() - t_real:.0f} s real; "
+              f"handler errors {len(sim.net.errors)}")
+        await sim.close()
+    return out
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=False) if y > 0 and not math.isnan(y)]
+    if len(pts) < 2:
+        return math.nan
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else math.nan
+
+
+def main() -> None:
+    """Parse the flags, run each N, print the figures and their growth with N."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="100", help="N, or N1,N2,... (growth exponents)")
+    ap.add_argument("--minutes", type=float, default=10.0, help="simulated span per N (minutes)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="real seconds for all N together")
+    args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # each figure as soon as it is known
+    logging.getLogger("gpulayerd.store.db").setLevel(logging.ERROR)
+    ns = [int(x) for x in args.nodes.split(",")]
+    weights = [n * n for n in ns]
+    results = {}
+    for n, w in zip(ns, weights, strict=False):
+        budget = args.budget_s * w / sum(weights)
+        results[n] = asyncio.run(measure(n, args.minutes, args.seed, budget))
+    if len(ns) > 1:
+        print("growth with N (exponent of N, least squares over " + ", ".join(map(str, ns)) + "):")
+        for key in results[ns[0]]:
+            print(f"  {key}: N^{_slope([float(n) for n in ns], [results[n][key] for n in ns]):.2f}   "
+                  + "  ".join(f"N={n}: {results[n][key]:.4g}" for n in ns))
+
+
+if __name__ == "__main__":
+    main()
