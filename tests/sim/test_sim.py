@@ -10,7 +10,6 @@ a quiet period. "Eventually" is bounded: every acknowledged job has ended within
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,7 +68,6 @@ async def faulty_department(root: Path, seed: int, n: int = 20) -> tuple[Sim, fl
 
 @pytest.mark.asyncio
 async def test_three_seeds_of_twenty_daemons_with_faults_hold_every_invariant(tmp_path: Path) -> None:
-    started = time.perf_counter()
     for seed in (1, 2, 3):
         sim, settle_s, counts = await faulty_department(tmp_path, seed)
         print(f"seed {seed}: {len(sim.jobs)} jobs {counts}, all ended {settle_s:.0f} s after the faults healed, "
@@ -78,7 +76,7 @@ async def test_three_seeds_of_twenty_daemons_with_faults_hold_every_invariant(tm
         assert counts.get("succeeded", 0) >= 0.9 * len(sim.jobs)
         assert settle_s <= QUIET_BOUND_S
         assert sim.checker.checked >= len(sim.jobs)
-    assert time.perf_counter() - started < 120  # CI budget 60 s on a quiet machine (2 shared cores here)
+    # Its time (budget 60 s on a quiet 2-core machine) is in scripts/test's ten slowest, never asserted.
 
 
 def _plant_claim_without_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
