@@ -155,20 +155,34 @@ def accrue(book: UsageBook, holdings: Mapping[str, Mapping[str, Holding]], now: 
     Returns:
         A new book (``book`` is not changed).
     """
+    reports = {node: _kept(report) for node, report in holdings.items()}
+    if reports and all(_unchanged(book, node, kept, now) for node, kept in reports.items()):
+        # Every node reports what it held, without a gap: integrating later gives the same sums,
+        # so only the reports' arrival is noted (heartbeats from N peers would otherwise walk the
+        # whole book N times a round).
+        return replace(book, seen_at={**book.seen_at, **dict.fromkeys(reports, now)})
     book = _advance(book, now)
-    if not holdings:
+    if not reports:
         return book
-    held = dict(book.held)
-    seen = dict(book.seen_at)
     when = book.at if book.at is not None else now
-    for node, report in holdings.items():
-        kept = {u: h for u, h in report.items() if h.gpus > 0 or h.cpu_slots > 0}
-        if len(kept) > MAX_REPORTED_USERS:
-            biggest = sorted(kept, key=lambda u: (-kept[u].gpus, -kept[u].cpu_slots, u))[:MAX_REPORTED_USERS]
-            kept = {u: kept[u] for u in biggest}
-        held[node] = kept
-        seen[node] = when
-    return replace(book, held=held, seen_at=seen)
+    return replace(book, held={**book.held, **reports}, seen_at={**book.seen_at, **dict.fromkeys(reports, when)})
+
+
+def _kept(report: Mapping[str, Holding]) -> dict[str, Holding]:
+    """A report without empty holdings, cut to the :data:`MAX_REPORTED_USERS` biggest holders."""
+    kept = {u: h for u, h in report.items() if h.gpus > 0 or h.cpu_slots > 0}
+    if len(kept) > MAX_REPORTED_USERS:
+        biggest = sorted(kept, key=lambda u: (-kept[u].gpus, -kept[u].cpu_slots, u))[:MAX_REPORTED_USERS]
+        kept = {u: kept[u] for u in biggest}
+    return kept
+
+
+def _unchanged(book: UsageBook, node: str, kept: Mapping[str, Holding], now: float) -> bool:
+    """Whether ``node``'s report ``kept`` at ``now`` repeats its last one, which still counts at
+    ``now`` (not stale; the book's own node never is), so nothing needs integrating yet."""
+    if book.at is None or now < book.at or node not in book.held or book.held[node] != kept:
+        return False
+    return node == book.own_node or now < book.seen_at.get(node, book.at) + book.stale_after_s
 
 
 def credible_holdings(holdings: Mapping[str, tuple[int, int]], *, sender_mode: str, sender_user: str,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpulayerd.core import fairshare as fairshare_core
 from gpulayerd.core.fairshare import (
     CPU_SLOT_WEIGHT,
     MAX_REPORTED_USERS,
@@ -72,6 +74,42 @@ def test_accruing_in_steps_equals_accruing_at_once(steps: list[float]) -> None:
         now += s
         stepped = accrue(stepped, report, now)
     assert usage_at(stepped, now)["alice"].gpu_s == pytest.approx(usage_at(book, now)["alice"].gpu_s, rel=1e-6)
+
+
+def _accrue_walking_the_book(book: UsageBook, holdings: dict[str, dict[str, Holding]], now: float) -> UsageBook:
+    """The reference: every report integrates the whole book up to its arrival (no repeat shortcut)."""
+    moved = fairshare_core._advance(book, now)
+    if not holdings:
+        return moved
+    when = moved.at if moved.at is not None else now
+    return dataclasses.replace(moved, held={**moved.held, **{n: fairshare_core._kept(r) for n, r in holdings.items()}},
+                               seen_at={**moved.seen_at, **dict.fromkeys(holdings, when)})
+
+
+report_steps = st.lists(st.tuples(st.floats(0.0, 40.0), st.sampled_from(["own", "n1", "n2", "n3"]),
+                                  st.dictionaries(st.sampled_from(["alice", "bob"]),
+                                                  st.builds(Holding, st.integers(0, 2), st.integers(0, 2)),
+                                                  max_size=2)),
+                        min_size=1, max_size=40)
+
+
+@FAST
+@given(steps=report_steps, later=st.floats(0.0, 100.0))
+def test_repeated_reports_noted_without_walking_the_book_give_the_same_usage(
+        steps: list[tuple[float, str, dict[str, Holding]]], later: float) -> None:
+    fast = slow = UsageBook(half_life_s=300.0, stale_after_s=30.0, own_node="own")
+    now = 0.0
+    for dt, node, report in steps:  # heartbeats mostly repeat the last report: the shortcut's case
+        start = now + dt
+        for now in (start, start + 0.5):  # a monotonic clock; the last one is kept
+            fast = accrue(fast, {node: report}, now)
+            slow = _accrue_walking_the_book(slow, {node: report}, now)
+    for at in (now, now + later):
+        got, want = usage_at(fast, at), usage_at(slow, at)
+        assert set(got) == set(want)
+        for user, u in want.items():
+            assert got[user].gpu_s == pytest.approx(u.gpu_s, rel=1e-9, abs=1e-9)
+            assert got[user].cpu_slot_s == pytest.approx(u.cpu_slot_s, rel=1e-9, abs=1e-9)
 
 
 def test_a_report_replaces_the_nodes_previous_one_and_never_adds_to_it() -> None:
