@@ -25,6 +25,7 @@ gpulayerd: ``gpulayer_tui`` may import it.
 from __future__ import annotations
 
 import re
+from itertools import groupby
 
 __all__ = ["TerminalText", "sanitize"]
 
@@ -225,12 +226,14 @@ class TerminalText:
         if not self._styled:
             return "".join(self._chars)
         out: list[str] = []
-        shown = ""
-        for ch, style in zip(self._chars, self._styles):
+        shown, pos, chars = "", 0, self._chars
+        for style, run in groupby(self._styles):
+            k = len(list(run))
             if style != shown:
                 out.append(f"\x1b[0;{style}m" if style else "\x1b[0m")
                 shown = style
-            out.append(ch)
+            out.append("".join(chars[pos:pos + k]))
+            pos += k
         if shown:
             out.append("\x1b[0m")
         return "".join(out)
