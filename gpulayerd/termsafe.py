@@ -14,8 +14,9 @@ SGR colour and style sequences, as ``less -R`` does; everything else is dropped:
 
 A carriage return overwrites the line as a terminal would: the text after it replaces the
 line's characters from its start, one character per character, and what is longer stays
-(a tqdm progress bar shows one line, its last state); a backspace moves back one character. Input may arrive in pieces cut anywhere,
-inside an escape sequence or between ``\\r`` and ``\\n``: the state carries over.
+(a tqdm progress bar shows one line, its last state); a backspace moves back one character.
+Input may arrive in pieces cut anywhere, inside an escape sequence or between ``\\r`` and
+``\\n``: the state carries over.
 
 Each output line is whole in itself: with SGR kept, it starts with the style in force and
 ends with a reset when styled, so a viewer may show any line alone. Imports nothing of
