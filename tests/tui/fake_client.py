@@ -223,7 +223,7 @@ class FakeDaemonClient:
         job = self.jobs_by_id.get(job_ref)
         if job is None:
             raise self._not_found(job_ref)
-        data = self._log_bytes(job_ref, stream)
+        data = self.log_bytes(job_ref, stream)
         part = whole_chars(data[offset:offset + min(limit or LOG_CHUNK_BYTES, LOG_CHUNK_BYTES)])
         nxt = offset + len(part)
         self.bytes_served += len(part)
@@ -232,7 +232,7 @@ class FakeDaemonClient:
                         data=part.decode(errors="replace"), complete=job_ref in self.complete and nxt >= len(data),
                         size=len(data))
 
-    def _log_bytes(self, job_ref: str, stream: str) -> bytes:
+    def log_bytes(self, job_ref: str, stream: str) -> bytes:
         """The log as bytes, encoded once per version of its text (a test may hold 1,000,000 lines)."""
         text = self.logs_by_job.get((job_ref, stream), "")
         cached = self._encoded.get((job_ref, stream))
