@@ -102,20 +102,21 @@ class LogView(Vertical):
     }
     """
 
+    HELP_GROUP: ClassVar[str] = "Log"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up,k", "scroll_lines(-1)", "Up", show=False),
-        Binding("down,j", "scroll_lines(1)", "Down", show=False),
+        Binding("up,k", "scroll_lines(-1)", "Line up (pauses following)", show=False),
+        Binding("down,j", "scroll_lines(1)", "Line down", show=False),
         Binding("pageup,ctrl+b,b", "scroll_pages(-1)", "Page up", show=False),
         Binding("pagedown,ctrl+f,space", "scroll_pages(1)", "Page down", show=False),
         Binding("ctrl+u", "scroll_half(-1)", "Half page up", show=False),
         Binding("ctrl+d", "scroll_half(1)", "Half page down", show=False),
-        Binding("left", "sideways(-1)", "Left", show=False),
-        Binding("right", "sideways(1)", "Right", show=False),
+        Binding("left", "sideways(-1)", "Scroll left", show=False),
+        Binding("right", "sideways(1)", "Scroll right", show=False),
         Binding("home,g", "start", "Line 1"),
         Binding("end,G,F", "end", "End, follow"),
         Binding("slash", "search", "Search"),
-        Binding("n", "search_again(True)", "Next", show=False),
-        Binding("N", "search_again(False)", "Previous", show=False),
+        Binding("n", "search_again(True)", "Next match", show=False),
+        Binding("N", "search_again(False)", "Previous match", show=False),
     ]
 
     def __init__(self, *, poll_s: float, id: str | None = None) -> None:
