@@ -175,18 +175,20 @@ class LogPages:
 
     async def fill(self) -> bool:
         """Read what the view needs next (one read): lines above or below it; forget the far side.
-        True when something was read."""
+        True when it held more (False: nothing more to read, or nothing came)."""
         async with self._lock:
             if self.top < self.margin and self.begin > 0:
+                begin = self.begin
                 before = await self._get(max(0, self.begin - self.read_bytes), min(self.begin, self.read_bytes))
                 self._prepend(before)
-                self._trim()
-                return True
+                self._trim(above=False)
+                return self.begin < begin
             below = len(self.lines) - self.top - self.height
             if below < self.margin and self.size is not None and self.end < self.size:
+                end = self.end
                 self._append(await self._get(self.end, self.read_bytes))
-                self._trim()
-                return True
+                self._trim(above=True)
+                return self.end > end
             return False
 
     async def poll(self) -> bool:
@@ -199,7 +201,7 @@ class LogPages:
                 self._append(chunk)
                 if self.following:
                     self.top = self.max_top
-                self._trim()
+                self._trim(above=True)
                 return self.end > old
             old_size = self.size
             await self._get(self.size or 0, 1)
@@ -242,12 +244,14 @@ class LogPages:
                     break
                 self._append(chunk)
                 self.top = self.max_top
-                self._trim()
+                self._trim(above=True)
         else:
             start = max(0, size - self.read_bytes)
             self._reset(await self._get(start, self.read_bytes), align=start > 0)
-            while len(self.lines) < self.height + self.margin and self.begin > 0 \
+            begin = None
+            while len(self.lines) < self.height + self.margin and 0 < self.begin != begin \
                     and self.end - self.begin < self.keep_bytes:
+                begin = self.begin
                 self._prepend(await self._get(max(0, self.begin - self.read_bytes),
                                               min(self.begin, self.read_bytes)))
         self.following = True
@@ -266,12 +270,7 @@ class LogPages:
 
     def _reset(self, chunk: LogChunk, *, align: bool) -> None:
         """Hold only ``chunk`` (from its first whole line when ``align``)."""
-        data, start = chunk.data, chunk.offset
-        if align:
-            cut = data.find("\n")
-            if cut >= 0:  # a line longer than the chunk is shown from where the chunk starts
-                start += len(data[:cut + 1].encode())
-                data = data[cut + 1:]
+        data, start = _first_whole_line(chunk) if align else (chunk.data, chunk.offset)
         self.lines, self._starts = [], []
         self.begin = self.end = start
         self._tail, self._open_line = None, False
@@ -312,12 +311,7 @@ class LogPages:
         """Add ``chunk``, which ends at :attr:`begin`, above the lines held (from its first whole line)."""
         if chunk.next_offset <= chunk.offset:
             return
-        data, start = chunk.data, chunk.offset
-        if start > 0:
-            cut = data.find("\n")
-            if cut >= 0:
-                start += len(data[:cut + 1].encode())
-                data = data[cut + 1:]
+        data, start = _first_whole_line(chunk)
         t = TerminalText()
         lines = t.feed(data)
         last = t.end()
@@ -333,13 +327,14 @@ class LogPages:
         self.top += len(lines)
         self.begin = start
 
-    def _trim(self) -> None:
-        """Forget the side farther from the view while more than :attr:`keep_bytes` are held."""
+    def _trim(self, *, above: bool) -> None:
+        """Forget lines above the view (``above``; after reading below it) or below it (after reading
+        above it) while more than :attr:`keep_bytes` are held, never within :attr:`margin` lines of
+        the view (so what is forgotten is not what the view reads next)."""
         excess = (self.end - self.begin) - self.keep_bytes
         if excess <= 0 or not self.lines:
             return
-        view_start = self._starts[self.top]
-        if view_start - self.begin >= self.end - self.position:
+        if above:
             k = min(bisect.bisect_left(self._starts, self.begin + excess), self.top - self.margin)
             if k > 0:
                 del self.lines[:k]
@@ -367,6 +362,11 @@ class LogPages:
         start = max(0, offset - self.read_bytes // 2)
         self._reset(await self._get(start, self.read_bytes), align=start > 0)
         i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        end = None
+        while len(self.lines) - i < self.height + self.margin and end != self.end < (self.size or 0) \
+                and self.end - self.begin < self.keep_bytes:
+            end = self.end
+            self._append(await self._get(self.end, self.read_bytes))
         self.match_at = self._starts[i] if self._starts else None
         self.top = min(i, self.max_top)
 
@@ -414,3 +414,13 @@ class LogPages:
             carry = text[:first] if first else text[:self.read_bytes]
             pos = chunk.offset
         return f"not found in the {read // 1_000_000} MB before (N searches on from there)"
+
+
+def _first_whole_line(chunk: LogChunk) -> tuple[str, int]:
+    """``chunk``'s text from its first whole line, and that line's byte offset: after its first newline
+    (unless it starts the log); a chunk with no line starting in it (a line longer than a chunk) whole."""
+    data = chunk.data
+    cut = data.find("\n") if chunk.offset > 0 else -1
+    if cut < 0 or cut == len(data) - 1:
+        return data, chunk.offset
+    return data[cut + 1:], chunk.offset + len(data[:cut + 1].encode())

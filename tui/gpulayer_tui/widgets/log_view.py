@@ -142,7 +142,9 @@ class LogView(Vertical):
 
     def show(self, read: Read, label: str) -> None:
         """Show the log that ``read`` reads (another stream, another attempt), titled ``label``, from its end."""
-        self._read, self._label, self._note = read, label, "reading…"
+        self._read, self._label, self._note, self._pattern = read, label, "reading…", ""
+        lines = self.query_one(LogLines)
+        lines.pattern, lines.x = "", 0
         self._open()
 
     @property
