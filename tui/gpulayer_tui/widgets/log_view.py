@@ -131,6 +131,7 @@ class LogView(Vertical):
         self._label = ""
         self._note = ""
         self._pattern = ""
+        self._shown_title = ""
         self._read: Read | None = None
         self.pages: LogPages | None = None
 
@@ -230,9 +231,10 @@ class LogView(Vertical):
                 self._note = ""
                 self._changed()
                 while not (pages.complete and pages.end >= (pages.size or 0)):
-                    grew = await pages.poll()
-                    self._changed()
-                    if not grew:
+                    if await pages.poll():
+                        self._changed()
+                    else:
+                        self._retitle()
                         await asyncio.sleep(self._poll_s)
                 return
             except AttemptChanged:
@@ -297,7 +299,14 @@ class LogView(Vertical):
         if self.pages is not None and lines.size.height and lines.size.height != self.pages.height:
             self.pages.resize(lines.size.height)
         lines.refresh()
-        self.border_title = Text(self._title())
+        self._retitle()
+
+    def _retitle(self) -> None:
+        """Say where the view is in the border title (when that changed)."""
+        title = self._title()
+        if title != self._shown_title:
+            self._shown_title = title
+            self.border_title = Text(title)
 
     def _title(self) -> str:
         pages = self.pages
