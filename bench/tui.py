@@ -12,6 +12,8 @@ with the app headless at 120x40:
   polled every second (as a user watching GPUs while jobs change);
 - one live-metrics update: 8 GPUs with 2 processes each, from a poll's answer until the GPU
   cards and the devices table are updated (target 16 ms), and until the next whole frame.
+- a 1,000,000-line log: from ``l`` on the job's row until a whole frame shows the log's last
+  line (target 1 s), and the bytes read from the log API to get there.
 
 It asserts nothing; figures depend on the machine (printed first).
 """
@@ -247,6 +249,54 @@ def main() -> None:
     print(f"one live-metrics update, 8 GPUs: applied in median {statistics.median(applied):6.2f} ms, worst "
           f"{max(applied):6.2f} ms (target {UPDATE_TARGET_MS:.0f} ms: {verdict}); with the next frame "
           f"median {statistics.median(framed):6.2f} ms, worst {max(framed):6.2f} ms ({len(applied)} updates)")
+    print(log_open_figure())
+
+
+# ---------------------------------------------------------------------- a 1,000,000-line log
+
+LOG_OPEN_TARGET_MS = 1000.0
+LOG_LINES = 1_000_000
+
+
+async def log_open() -> tuple[float, int, int]:
+    """Milliseconds from ``l`` on a running job's row until a whole frame shows the last line of its
+    1,000,000-line log; the bytes read from the log API to get there; the log's size."""
+    from gpulayer_tui.screens.detail import JobDetailScreen
+    from gpulayer_tui.widgets.log_view import LogView
+
+    fake = fake_daemon(10)
+    job = make_job("m8benchlog01", "running", name="long-log", holder_name="lab-ws-02", reason="started")
+    fake.jobs_by_id[job.id] = job
+    log = "".join(f"step {i:>7} loss {1 / i:.6f} lr 3e-4\n" for i in range(1, LOG_LINES + 1))
+    fake.logs_by_job[(job.id, "stdout")] = log
+    last = f"step {LOG_LINES:>7} loss {1 / LOG_LINES:.6f} lr 3e-4"
+    app = make_app(fake, clock=lambda: NOW, settings=SETTINGS)
+    async with app.run_test(size=SIZE) as pilot:
+        while table_of(app).row_count != 11:
+            await pilot.pause(0.01)
+        table_of(app).select_job(job.id)
+        await pilot.pause()
+        fake.log_bytes(job.id, "stdout")  # the fake encodes the log once, before the clock starts
+        served = fake.bytes_served
+        start = time.perf_counter()
+        await pilot.press("l")
+        while not (isinstance(app.screen, JobDetailScreen)
+                   and app.screen.query_one(LogView).shown_text[-1:] == [last]):
+            await asyncio.sleep(0.001)
+        compose_frame(app)
+        took = (time.perf_counter() - start) * 1000
+        read = fake.bytes_served - served
+        await pilot.press("q")
+    return took, read, len(log.encode())
+
+
+def log_open_figure() -> str:
+    """The line ``bench/tui.py`` prints for :func:`log_open` (best of 3)."""
+    runs = [asyncio.run(log_open()) for _ in range(3)]
+    took, read, size = min(runs)
+    verdict = "ok" if took <= LOG_OPEN_TARGET_MS else "MISSED"
+    return (f"1,000,000-line log ({size / 1e6:.0f} MB): open at the last line {took:7.1f} ms (target "
+            f"{LOG_OPEN_TARGET_MS:.0f} ms: {verdict}), {read / 1024:.0f} KiB read from the log API (best of 3)")
 
 
 if __name__ == "__main__":

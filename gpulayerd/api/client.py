@@ -220,9 +220,14 @@ class DaemonClient:
         return JobView.model_validate_json(await self._call("cancel", job_ref))
 
     async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
-                   attempt: int | None = None, rank: int | None = None) -> LogChunk:
-        """``GET /v1/jobs/{id}/logs``: text from byte ``offset`` (``rank``: a multi-host job's node rank)."""
+                   attempt: int | None = None, rank: int | None = None, limit: int | None = None) -> LogChunk:
+        """``GET /v1/jobs/{id}/logs``: text from byte ``offset`` (``rank``: a multi-host job's node rank;
+        ``limit``: at most that many bytes, 1 to :data:`~gpulayerd.models.LOG_CHUNK_BYTES`; None: up to
+        that). A daemon from before ``limit`` ignores it and may send more; ``size`` says how long the
+        log is (None from a daemon from before ``size``)."""
         params = {"stream": stream, "offset": str(offset)}
+        if limit is not None:
+            params["limit"] = str(limit)
         if attempt is not None:
             params["attempt"] = str(attempt)
         if rank is not None:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpulayerd.api.tlssite import start_tls_site
 from gpulayerd.errors import PeerBadRequest, PeerCallError, PeerRefused
-from gpulayerd.models import ApiErrorBody
+from gpulayerd.models import LOG_CHUNK_BYTES, ApiErrorBody
 from gpulayerd.net.identity import PeerIdentity
 from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.tls import peer_identity, peer_node_id
@@ -87,7 +87,8 @@ def request_problem(msg: BaseModel | None) -> str | None:
 
     ``job_id`` and ``hold_id`` (which name rows and, for job ids, run directories) must be 1 to
     64 letters, digits, ``_`` or ``-`` starting with a letter or digit (no ``/``, ``.``, NUL...);
-    ``attempt`` must be 1 to 2**31 - 1; a log ``offset`` must be 0 to :data:`MAX_LOG_OFFSET`.
+    ``attempt`` must be 1 to 2**31 - 1; a log ``offset`` must be 0 to :data:`MAX_LOG_OFFSET`, its
+    ``limit`` 1 to :data:`~gpulayerd.models.LOG_CHUNK_BYTES`.
     """
     if msg is None:
         return None
@@ -100,6 +101,8 @@ def request_problem(msg: BaseModel | None) -> str | None:
         return f"attempt must be 1 to {MAX_ATTEMPT}"
     if isinstance(msg, LogRequest) and not 0 <= msg.offset <= MAX_LOG_OFFSET:
         return f"offset must be 0 to {MAX_LOG_OFFSET}"
+    if isinstance(msg, LogRequest) and msg.limit is not None and not 1 <= msg.limit <= LOG_CHUNK_BYTES:
+        return f"limit must be 1 to {LOG_CHUNK_BYTES} bytes"
     return None
 
 

@@ -35,6 +35,7 @@ from gpulayerd.app.common.requester import PeerCredentials, Requester, peer_cred
 from gpulayerd.app.owner.idempotency import REPLAYED_HEADER, Submitted
 from gpulayerd.errors import GpulayerError
 from gpulayerd.models import (
+    LOG_CHUNK_BYTES,
     ApiErrorBody,
     Capabilities,
     ExplanationModel,
@@ -132,8 +133,10 @@ class LocalService(Protocol):
         ...
 
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
-                         requester: Requester | None = None, rank: int | None = None) -> LogChunk:
-        """A chunk of a job's log from byte ``offset`` (``rank``: a multi-host job's node rank).
+                         requester: Requester | None = None, rank: int | None = None,
+                         limit: int | None = None) -> LogChunk:
+        """A chunk of a job's log from byte ``offset`` (``rank``: a multi-host job's node rank; ``limit``:
+        at most that many bytes, None: :data:`~gpulayerd.models.LOG_CHUNK_BYTES`).
 
         Raises Forbidden: not ``requester``'s; BadRequest: no such rank.
         """
@@ -304,11 +307,13 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         offset = _int_param(request, "offset", 0) or 0
         attempt = _int_param(request, "attempt", None)
         rank = _int_param(request, "rank", None)
-        if rank is not None:  # only then: services from before ranks take no ``rank``
-            return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt,
-                                                  _requester(request), rank=rank))
+        extra: dict[str, int] = {}  # only what was asked: services from before ranks take no ``rank``
+        if rank is not None:
+            extra["rank"] = rank
+        if "limit" in request.query:
+            extra["limit"] = _log_limit(request.query["limit"])
         return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt,
-                                              _requester(request)))
+                                              _requester(request), **extra))
 
     async def users(_: web.Request) -> web.Response:
         return _json(await service.async_users())
@@ -402,6 +407,17 @@ def _fields_param(raw: str | None) -> dict[str, Any] | None:
         elif include.get(top) is not True:
             include.setdefault(top, {})[sub] = True
     return include
+
+
+def _log_limit(raw: str) -> int:
+    """A log read's ``limit``: 1 to :data:`LOG_CHUNK_BYTES` bytes. Raises ApiError (400) naming the field."""
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ApiError(400, "bad_request", f"limit must be an integer number of bytes, got {raw!r}") from e
+    if not 1 <= value <= LOG_CHUNK_BYTES:
+        raise ApiError(400, "bad_request", f"limit must be 1 to {LOG_CHUNK_BYTES} bytes, got {value}")
+    return value
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:

@@ -153,12 +153,13 @@ class LocalApi:
         return await self._owner.cancel(job_ref, requester)
 
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
-                         requester: Requester | None = None, rank: int | None = None) -> LogChunk:
+                         requester: Requester | None = None, rank: int | None = None,
+                         limit: int | None = None) -> LogChunk:
         """See :meth:`OwnerService.logs` and :meth:`RemoteJobs.logs` (any job of the cluster)."""
         remote = self._remote_jobs()
         if remote is not None:
-            return await remote.logs(job_ref, stream, offset, attempt, requester, rank=rank)
-        return await self._owner.logs(job_ref, stream, offset, attempt, requester, rank=rank)
+            return await remote.logs(job_ref, stream, offset, attempt, requester, rank=rank, limit=limit)
+        return await self._owner.logs(job_ref, stream, offset, attempt, requester, rank=rank, limit=limit)
 
     # ------------------------------------------------------------------ fair share (GET /v1/users)
 

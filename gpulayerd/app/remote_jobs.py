@@ -142,7 +142,7 @@ class RemoteJobs:
         return await self._forward(where, "explain", requester, ExplanationModel)
 
     async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None, requester: Requester | None,
-                   rank: int | None = None) -> LogChunk:
+                   rank: int | None = None, limit: int | None = None) -> LogChunk:
         """A chunk of the job's log (see :meth:`OwnerService.logs`), from its owner; owner
         unreachable, from a run of it held here (or by a peer that answers).
 
@@ -151,9 +151,9 @@ class RemoteJobs:
         """
         where = await self.locate(job_ref)
         if where.owner == self.node_id:
-            return await self._owner.logs(where.job_id, stream, offset, attempt, requester, rank=rank)
+            return await self._owner.logs(where.job_id, stream, offset, attempt, requester, rank=rank, limit=limit)
         return await self._forward(where, "logs", requester, LogChunk, stream=stream, offset=offset,
-                                   attempt=attempt, rank=rank)
+                                   attempt=attempt, rank=rank, limit=limit)
 
     async def cancel(self, job_ref: str, requester: Requester | None) -> JobView:
         """Cancel the job on its owner.
@@ -366,7 +366,7 @@ class RemoteJobs:
                 "explain": lambda: self._owner.explain(msg.job_id, requester),
                 "cancel": lambda: self._owner.cancel(msg.job_id, requester),
                 "logs": lambda: self._owner.logs(msg.job_id, msg.stream, msg.offset, msg.attempt, requester,
-                                                 rank=msg.rank),
+                                                 rank=msg.rank, limit=msg.limit),
             }
             return await calls[action]()
         if action == "cancel":
@@ -375,11 +375,11 @@ class RemoteJobs:
         why = (f"owner {self._names.name_of(run.owner)} unreachable from {self._names.name_of(sender.node_id)}"
                if run is not None else "")
         return await self._held_answer(action, msg.job_id, requester, why, stream=msg.stream, offset=msg.offset,
-                                       attempt=msg.attempt, rank=msg.rank)
+                                       attempt=msg.attempt, rank=msg.rank, limit=msg.limit)
 
     async def _held_answer(self, action: str, job_id: str, requester: Requester | None, why: str, *,
                            stream: str = "stdout", offset: int = 0, attempt: int | None = None,
-                           rank: int | None = None) -> BaseModel:
+                           rank: int | None = None, limit: int | None = None) -> BaseModel:
         """What this worker knows of ``job_id`` from the latest run of it held here.
 
         ``rank`` is ignored: the log held here is this worker's rank's.
@@ -408,7 +408,7 @@ class RemoteJobs:
             raise Forbidden(f"job {job_id} belongs to {user or 'nobody'}")  # (checked before too: not trusted alone)
         if action == "logs":
             return await read_log(Path(run.run_dir) / f"{stream}.log", job_id, run.attempt, stream, offset,
-                                  run.state != "running")
+                                  run.state != "running", limit)
         if action == "explain":
             return ExplanationModel(job_id=job_id, verdict=status, summary=knows)
         view = JobView(id=job_id, name=spec.name, submitted_by=user, owner=run.owner,

@@ -328,9 +328,12 @@ class SyncClient:
         return self._call("cancel", job_ref)
 
     def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
-             attempt: int | None = None, rank: int | None = None) -> Any:
-        """``GET /v1/jobs/{id}/logs``: text from byte ``offset`` (``rank``: a multi-host job's node rank)."""
+             attempt: int | None = None, rank: int | None = None, limit: int | None = None) -> Any:
+        """``GET /v1/jobs/{id}/logs``: text from byte ``offset`` (``rank``: a multi-host job's node rank;
+        ``limit``: at most that many bytes, None: up to 1 MiB)."""
         params = [("stream", stream), ("offset", str(offset))]
+        if limit is not None:
+            params.append(("limit", str(limit)))
         if attempt is not None:
             params.append(("attempt", str(attempt)))
         if rank is not None:

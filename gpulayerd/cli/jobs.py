@@ -96,12 +96,17 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
         description="A job's stdout, then its stderr when stdout is empty (else how much stderr holds). "
         "A multi-host job: every rank's lines prefixed with [rank N], or --rank N. With -f: until the "
         "job ends, saying why it waits; the last line (on stderr) says how it ended, and the exit "
-        "status is 0 when it succeeded, 1 otherwise.")
+        "status is 0 when it succeeded, 1 otherwise. To a terminal, another user's job output is shown "
+        "safe: colours kept, every other escape sequence and control character dropped, a carriage "
+        "return overwriting its line (a progress bar shows its last state); piped output and your own "
+        "jobs' output are the bytes as written (--raw: always).")
     lg.add_argument("job", metavar="ID", help="the job's id")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.add_argument("--stderr", action="store_true", help="the standard error log instead of stdout")
     lg.add_argument("--attempt", type=int, metavar="N", help="an earlier attempt (default: the latest)")
     lg.add_argument("--rank", type=int, metavar="R", help="node rank R of a multi-host job (0: the first host)")
+    lg.add_argument("--raw", action="store_true",
+                    help="print the output as written, escape sequences included, also to a terminal")
     lg.set_defaults(func=_cmd_logs)
 
     c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM, grace, SIGKILL to its process group)")

@@ -6,11 +6,18 @@ multi-host job's ranks are each read from the member that ran them (the owner as
 without ``--rank`` every rank's lines are printed with a ``[rank N] `` prefix. ``-f`` follows
 the job to its end, prints while it waits why it waits (once, and again when that changes),
 and ends with one line on stderr stating the outcome: exit 0 when the job succeeded, else 1.
+
+Output to a terminal goes through :class:`gpulayerd.termsafe.TerminalText` (colours kept, every
+other escape sequence and control character dropped, ``\r`` overwriting its line; a line shows
+once it is complete) unless the reader is the job's user or ``--raw`` is given; piped output is
+always the text as the daemon sent it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 import sys
 import time
 from dataclasses import dataclass
@@ -19,12 +26,13 @@ from typing import TYPE_CHECKING, TextIO
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK
 from gpulayerd.core.job_facts import TERMINAL_STATES
+from gpulayerd.termsafe import TerminalText
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import JobView
 
-__all__ = ["POLL_S", "follow_logs", "outcome"]
+__all__ = ["POLL_S", "follow_logs", "outcome", "sanitizes"]
 
 POLL_S = 0.3
 """Seconds between reads while following a job that has nothing new."""
@@ -38,15 +46,19 @@ class _Tail:
 
     rank: int | None
     prefix: str
+    safe: TerminalText | None = None
     offset: int = 0
     attempt: int | None = None
     printed: int = 0
     partial: str = ""
 
     def emit(self, data: str, out: TextIO) -> None:
-        """Write ``data``: as is, or line by line after the prefix (a cut line waits for its end)."""
+        """Write ``data``: as is, or line by line after the prefix (a cut line waits for its end);
+        with :attr:`safe`, only whole sanitized lines."""
         self.printed += len(data)
-        if not self.prefix:
+        if self.safe is not None:
+            out.write("".join(f"{self.prefix}{line}\n" for line in self.safe.feed(data)))
+        elif not self.prefix:
             out.write(data)
         else:
             *lines, self.partial = (self.partial + data).split("\n")
@@ -54,11 +66,25 @@ class _Tail:
         out.flush()
 
     def flush(self, out: TextIO) -> None:
-        """Write a last line that has no newline."""
+        """Write a last line that has no newline (without a prefix: as it is, without one)."""
+        if self.safe is not None:
+            self.partial = self.safe.end()
         if self.partial:
-            out.write(f"{self.prefix}{self.partial}\n")
+            out.write(f"{self.prefix}{self.partial}\n" if self.prefix else self.partial)
             out.flush()
             self.partial = ""
+
+
+def sanitizes(out: TextIO, job: JobView, raw: bool) -> bool:
+    """Whether job output written to ``out`` goes through the sanitizer: ``out`` is a terminal, the
+    reader (this process's user) is not the job's user, and ``--raw`` was not given."""
+    if raw or not out.isatty():
+        return False
+    try:
+        reader = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        reader = str(os.getuid())  # an account without a name is nobody's job user
+    return job.submitted_by != reader
 
 
 def outcome(job: JobView) -> str:
@@ -85,9 +111,9 @@ def _ranks(job: JobView, attempt: int | None, rank: int | None) -> list[int | No
     return [None]
 
 
-def _tails(ranks: list[int | None], asked: int | None) -> list[_Tail]:
+def _tails(ranks: list[int | None], asked: int | None, safe: bool = False) -> list[_Tail]:
     many = asked is None and len(ranks) > 1
-    return [_Tail(r, f"[rank {r}] " if many else "") for r in ranks]
+    return [_Tail(r, f"[rank {r}] " if many else "", TerminalText() if safe else None) for r in ranks]
 
 
 def _drain(c: SyncClient, job_id: str, t: _Tail, stream: str, attempt: int | None, out: TextIO) -> bool:
@@ -107,21 +133,21 @@ def _drain(c: SyncClient, job_id: str, t: _Tail, stream: str, attempt: int | Non
         return bool(chunk.complete)
 
 
-def _stderr_note(c: SyncClient, job_id: str, t: _Tail, args: argparse.Namespace) -> None:
+def _stderr_note(c: SyncClient, job: JobView, t: _Tail, args: argparse.Namespace) -> None:
     """After a rank's stdout: its stderr when stdout was empty, else how many bytes stderr holds."""
     if t.printed == 0:
-        err = _Tail(t.rank, t.prefix)
-        _drain(c, job_id, err, "stderr", args.attempt, sys.stderr)
+        err = _Tail(t.rank, t.prefix, TerminalText() if sanitizes(sys.stderr, job, args.raw) else None)
+        _drain(c, job.id, err, "stderr", args.attempt, sys.stderr)
         err.flush(sys.stderr)
         return
-    chunk = c.logs(job_id, stream="stderr", offset=0, attempt=args.attempt, rank=t.rank)
+    chunk = c.logs(job.id, stream="stderr", offset=0, attempt=args.attempt, rank=t.rank)
     size = chunk.size if chunk.size is not None else len(chunk.data.encode())
     if size <= 0:
         return
     flags = "--stderr" + (f" --rank {t.rank}" if t.rank is not None else "") + (
         f" --attempt {args.attempt}" if args.attempt is not None else "")
     who = f"rank {t.rank} stderr" if t.rank is not None and t.prefix else "stderr"
-    print(f"({who}: {fmt.size(size)}: gpulayer logs {flags} {job_id})", file=sys.stderr)
+    print(f"({who}: {fmt.size(size)}: gpulayer logs {flags} {job.id})", file=sys.stderr)
 
 
 def follow_logs(c: SyncClient, args: argparse.Namespace) -> int:
@@ -132,7 +158,8 @@ def follow_logs(c: SyncClient, args: argparse.Namespace) -> int:
     """
     job = c.job(args.job)
     stream = "stderr" if args.stderr else "stdout"
-    tails = _tails(_ranks(job, args.attempt, args.rank), args.rank)
+    safe = sanitizes(sys.stdout, job, args.raw)
+    tails = _tails(_ranks(job, args.attempt, args.rank), args.rank, safe)
     waited = ""
     while True:
         complete = True
@@ -154,12 +181,12 @@ def follow_logs(c: SyncClient, args: argparse.Namespace) -> int:
         if ranks != [t.rank for t in tails]:
             for t in tails:
                 t.flush(sys.stdout)
-            tails = _tails(ranks, args.rank)  # it started on several hosts (or on other ones)
+            tails = _tails(ranks, args.rank, safe)  # it started on several hosts (or on other ones)
     for t in tails:
         t.flush(sys.stdout)
     if stream == "stdout":
         for t in tails:
-            _stderr_note(c, job.id, t, args)
+            _stderr_note(c, job, t, args)
     if not args.follow:
         return EXIT_OK
     if job.status not in _TERMINAL:

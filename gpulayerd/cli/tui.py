@@ -33,6 +33,10 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("/", "filter: state:queued acc:cuda user:alice code:Busy name: id: where: reason: plus words; esc clears"),
     ("esc", "back from a detail, clear the filter"),
     ("w t l e", "in a detail: why, timeline, log, stdout/stderr"),
+    ("in a log: g G F", "line 1 (also Home); the end, following it like less +F (also End)"),
+    ("  PgUp PgDn", "by pages, as do ctrl+b ctrl+f b space as in less; ctrl+u ctrl+d by half pages; j/k "
+                    "up/down and the wheel by lines; scrolling up pauses following"),
+    ("  / n N", "search forward; the next match, the previous one"),
 )
 """The TUI's keys as ``gpulayer tui --help`` lists them (tests check them against the app's bindings)."""
 

@@ -48,6 +48,7 @@ from gpulayerd.models.spec import (
     parse_compute_capability,
 )
 from gpulayerd.models.views import (
+    LOG_CHUNK_BYTES,
     ApiErrorBody,
     AttemptView,
     EventView,
@@ -66,6 +67,7 @@ __all__ = [
     "CAPABILITIES_VERSION",
     "JOB_STATES",
     "KNOWN_FRAMEWORKS",
+    "LOG_CHUNK_BYTES",
     "TERMINAL_STATES",
     "ApiErrorBody",
     "AttemptView",

@@ -150,8 +150,18 @@ class JobList(BaseModel):
     jobs: list[JobView] = Field(default_factory=list)
 
 
+LOG_CHUNK_BYTES = 1 << 20
+"""The most one :class:`LogChunk` carries (1 MiB): the default and the largest ``limit`` of a log read."""
+
+
 class LogChunk(BaseModel):
-    """``GET /v1/jobs/{id}/logs``: bytes ``[offset, next_offset)`` of one log, as text."""
+    """``GET /v1/jobs/{id}/logs``: bytes ``[offset, next_offset)`` of one log, as text.
+
+    A reader that wants a window asks for ``limit`` bytes from ``offset``, e.g. the last 64 KiB
+    with ``offset = size - 65536`` (``size`` from any earlier chunk). ``data`` is decoded as UTF-8
+    (invalid bytes as U+FFFD), so its length in bytes may differ from ``next_offset - offset``:
+    read on from ``next_offset``.
+    """
 
     model_config = ConfigDict(extra="ignore")
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpulayerd.models import LOG_CHUNK_BYTES
+
 __all__ = [
     "JOB_ACTIONS",
     "MAX_HOLDINGS_USERS",
@@ -181,12 +183,15 @@ class Kill(_Msg):
 
 
 class LogRequest(_Msg):
-    """Owner -> worker: bytes of a remote attempt's log."""
+    """Owner -> worker: bytes of a remote attempt's log (``limit``: at most that many, 1 to
+    :data:`~gpulayerd.models.LOG_CHUNK_BYTES`, checked by the receiver; None: up to that; a worker
+    from before ``limit`` sends up to that)."""
 
     job_id: str
     attempt: int
     stream: Literal["stdout", "stderr"] = "stdout"
     offset: int = 0
+    limit: int | None = None
 
 
 JOB_ACTIONS = ("show", "explain", "logs", "cancel")
@@ -204,7 +209,8 @@ class JobRequest(_Msg):
     believes the name only when the sender's certificate vouches for it
     (:func:`gpulayerd.core.users.vouches`), and decides itself, from its own ``admin_group``,
     whether that user is an admin there. ``admin`` is what the sender thinks and is not used.
-    ``stream``, ``offset``, ``attempt`` and ``rank`` are for ``logs``.
+    ``stream``, ``offset``, ``attempt``, ``rank`` and ``limit`` are for ``logs`` (``limit``: bytes,
+    1 to :data:`~gpulayerd.models.LOG_CHUNK_BYTES`; None: up to that).
     """
 
     msg_id: str
@@ -215,6 +221,7 @@ class JobRequest(_Msg):
     offset: int = Field(default=0, ge=0, le=2**53)
     attempt: int | None = None
     rank: int | None = Field(default=None, ge=0, le=4096)
+    limit: int | None = Field(default=None, ge=1, le=LOG_CHUNK_BYTES)
 
 
 MAX_STATUSES = 16

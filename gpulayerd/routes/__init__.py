@@ -156,7 +156,7 @@ LOCAL_ROUTES: tuple[Route, ...] = (
     Route("cancel", "POST", f"/v1/jobs/{_JOB}/cancel", "", "JobView", Role.JOB_USER_OR_ADMIN, "local.async_cancel",
           "cancel a job"),
     Route("logs", "GET", f"/v1/jobs/{_JOB}/logs", "", "LogChunk", Role.JOB_USER_OR_ADMIN, "local.async_logs",
-          "a chunk of a job's log", query=("stream", "offset", "attempt", "rank")),
+          "a chunk of a job's log", query=("stream", "offset", "attempt", "rank", "limit")),
 )
 """The local API (unix socket)."""
 

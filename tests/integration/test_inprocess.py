@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from gpulayerd import daemon
-from gpulayerd.api.client import DaemonClient
+from gpulayerd.api.client import ApiRequestError, DaemonClient
 from gpulayerd.config import DaemonConfig
 from gpulayerd.models import JobView
 from tests.fakes.envcache import keep_env_cache, seed_env_cache
@@ -172,6 +172,12 @@ async def test_the_daemon_serves_jobs_without_blocking_its_loop(
         assert done.exit_code == 0
         chunk = await c.logs(ok.id)
         assert chunk.data == "hi\n"
+        chunk = await c.logs(ok.id, offset=1, limit=1)  # a window: the chunk says the log's size
+        assert (chunk.data, chunk.next_offset, chunk.size, chunk.complete) == ("i", 2, 3, False)
+        for bad in (0, -5, (1 << 20) + 1):
+            with pytest.raises(ApiRequestError, match="limit must be 1 to 1048576 bytes") as e:
+                await c.logs(ok.id, limit=bad)
+            assert e.value.status == 400
 
         long = await c.submit(spec(root, "sleep", "60", name="long"))
         await wait_status(c, long.id, {"running"})

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from gpulayerd.api.client import ApiRequestError, ChangeEvent, DaemonUnreachable
+from gpulayerd.app.common.logread import whole_chars
 from gpulayerd.models import (
+    LOG_CHUNK_BYTES,
     ApiErrorBody,
     Capabilities,
     CheckModel,
@@ -125,6 +127,11 @@ class FakeDaemonClient:
         self.peer_list: list[PeerView] = list(peers)
         self.explanations: dict[str, ExplanationModel] = dict(explanations or {})
         self.logs_by_job: dict[tuple[str, str], str] = {}
+        self.log_attempt: dict[str, int] = {}
+        """The attempt a job's log belongs to (default: the job's attempt, at least 1)."""
+        self.bytes_served = 0
+        """Bytes of logs answered so far."""
+        self._encoded: dict[tuple[str, str], tuple[str, bytes]] = {}
         self.complete: set[str] = set()
         self.hostname = hostname
         self.requester = requester
@@ -217,17 +224,30 @@ class FakeDaemonClient:
         return done
 
     async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
-                   attempt: int | None = None) -> LogChunk:
-        self._call("logs", job_ref, stream, str(offset))
+                   attempt: int | None = None, limit: int | None = None) -> LogChunk:
+        """Up to ``limit`` bytes (default and at most LOG_CHUNK_BYTES, as the daemon) from ``offset``,
+        cut on whole characters; counts the bytes served (:attr:`bytes_served`)."""
+        self._call("logs", job_ref, stream, str(offset), str(limit))
         job = self.jobs_by_id.get(job_ref)
         if job is None:
             raise self._not_found(job_ref)
-        data = self.logs_by_job.get((job_ref, stream), "").encode()
-        part = data[offset:]
+        data = self.log_bytes(job_ref, stream)
+        part = whole_chars(data[offset:offset + min(limit or LOG_CHUNK_BYTES, LOG_CHUNK_BYTES)])
         nxt = offset + len(part)
-        return LogChunk(job_id=job_ref, attempt=max(job.attempt, 1), stream="stderr" if stream == "stderr"
-                        else "stdout", offset=offset, next_offset=nxt, data=part.decode(),
-                        complete=job_ref in self.complete and nxt >= len(data))
+        self.bytes_served += len(part)
+        return LogChunk(job_id=job_ref, attempt=self.log_attempt.get(job_ref, max(job.attempt, 1)),
+                        stream="stderr" if stream == "stderr" else "stdout", offset=offset, next_offset=nxt,
+                        data=part.decode(errors="replace"), complete=job_ref in self.complete and nxt >= len(data),
+                        size=len(data))
+
+    def log_bytes(self, job_ref: str, stream: str) -> bytes:
+        """The log as bytes, encoded once per version of its text (a test may hold 1,000,000 lines)."""
+        text = self.logs_by_job.get((job_ref, stream), "")
+        cached = self._encoded.get((job_ref, stream))
+        if cached is None or cached[0] is not text:
+            cached = (text, text.encode())
+            self._encoded[(job_ref, stream)] = cached
+        return cached[1]
 
     async def metrics(self) -> MetricsView:
         self._call("metrics")

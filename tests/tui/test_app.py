@@ -13,7 +13,7 @@ from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.devices_table import DevicesTable
 from gpulayer_tui.widgets.explanation import ExplanationView
 from gpulayer_tui.widgets.jobs_table import JobsTable
-from gpulayer_tui.widgets.log_tail import LogTail
+from gpulayer_tui.widgets.log_view import LogView
 from tests.tui.fake_client import NOW, FakeDaemonClient, make_job, make_peer, waiting_explanation
 from tests.tui.helpers import screen_text, wait_for
 
@@ -121,12 +121,14 @@ async def test_detail_of_a_waiting_job_shows_the_reasons_timeline_and_follows_th
         table(app).select_job("m8aa00000001")
         await pilot.press("l")
         await wait_for(pilot, lambda: isinstance(app.screen, JobDetailScreen), "the detail screen")
-        log = app.screen.query_one(LogTail)
-        await wait_for(pilot, lambda: "loss 2.30" in log.received_text, "the log")
+        log = app.screen.query_one(LogView)
+        await wait_for(pilot, lambda: log.shown_text == ["step 1 loss 2.30"], "the log")
         fake.logs_by_job[("m8aa00000001", "stdout")] += "step 2 loss 1.70\n"
-        await wait_for(pilot, lambda: "loss 1.70" in log.received_text, "the next log line")
+        await wait_for(pilot, lambda: log.shown_text == ["step 1 loss 2.30", "step 2 loss 1.70"],
+                       "the next log line")
         offsets = [int(c[3]) for c in fake.calls if c[:2] == ("logs", "m8aa00000001")]
-        assert offsets[0] == 0 and 17 in offsets and offsets.count(0) == 1  # reads on from where it was
+        assert offsets[:2] == [0, 0] and 17 in offsets  # its size, its end, then on from where it was
+        assert offsets.count(0) == 2
         # an error reply is shown, not raised: this job has no explanation in the fake
         await pilot.press("w")
         await wait_for(pilot, lambda: "cannot explain: internal error: probe failed" in screen_text(app),

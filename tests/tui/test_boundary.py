@@ -1,5 +1,5 @@
-"""gpulayer_tui may import only gpulayerd.models, gpulayerd.api.client and gpulayerd.text (and what they
-import); gpulayerd never imports gpulayer_tui."""
+"""gpulayer_tui may import only gpulayerd.models, gpulayerd.api.client, gpulayerd.text and gpulayerd.termsafe
+(and what they import); gpulayerd never imports gpulayer_tui."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ALLOWED = ("gpulayerd.models", "gpulayerd.api.client", "gpulayerd.text")
+ALLOWED = ("gpulayerd.models", "gpulayerd.api.client", "gpulayerd.text", "gpulayerd.termsafe")
 TUI_PACKAGE = REPO_ROOT / "tui" / "gpulayer_tui"
 
 

@@ -10,6 +10,7 @@ from gpulayer_tui.app import GpulayerApp
 from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.screens.main import MainScreen
 from gpulayer_tui.widgets.jobs_table import JobsTable
+from gpulayer_tui.widgets.log_view import LogView
 from gpulayerd.cli.tui import KEYS
 from tests.tui.daemon import clean_env, tool
 
@@ -22,7 +23,7 @@ def test_tui_help_lists_every_key_the_tui_binds() -> None:
     listed = " ".join(k for k, _ in KEYS)
     listed_words = set(listed.replace(",", " ").replace("/", " / ").replace("(", " ").replace(")", " ").split())
     listed_words |= {w for _, what in KEYS for w in what.replace(",", " ").replace("/", " ").replace("(", " ").replace(":", " ").split()}
-    for owner in (GpulayerApp, MainScreen, JobsTable, JobDetailScreen):
+    for owner in (GpulayerApp, MainScreen, JobsTable, JobDetailScreen, LogView):
         for binding in owner.BINDINGS:
             assert isinstance(binding, Binding)
             for key in binding.key.split(","):

@@ -161,6 +161,8 @@ async def test_logs_of_a_remote_run_go_only_to_its_owner_from_the_stored_run_dir
     assert (chunk.data, chunk.next_offset, chunk.complete) == ("step 1\nstep 2\n", 14, False)
     chunk = await owner.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1, offset=7))
     assert chunk.data == "step 2\n"
+    chunk = await owner.services.owner.logs(job, "stdout", 7, None, limit=4)  # a window, through the peer route
+    assert (chunk.data, chunk.offset, chunk.next_offset, chunk.size) == ("step", 7, 11, 14)
 
     with pytest.raises(PeerCallError, match="403"):  # another member: refused, whatever it asks
         await w2.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1))
@@ -196,10 +198,21 @@ async def test_a_log_offset_out_of_range_is_a_bad_request(lab: Lab, offset: int)
         await owner.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1, offset=offset))
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("limit", [0, -1, (1 << 20) + 1])
+async def test_a_log_limit_out_of_range_is_a_bad_request(lab: Lab, limit: int) -> None:
+    owner = d(lab, "owner")
+    job = await running_on_w1(lab)
+    with pytest.raises(PeerCallError, match="400"):
+        await owner.node.call(W1, LOGS, LogRequest(job_id=job, attempt=1, limit=limit))
+
+
 def test_request_problem_checks_ids_attempts_and_offsets() -> None:
     assert request_problem(LogRequest(job_id="06f3k2m9q1ab", attempt=1, offset=0)) is None
     assert request_problem(LogRequest(job_id="06f3k2m9q1ab", attempt=1, offset=MAX_LOG_OFFSET)) is None
     assert "offset" in (request_problem(LogRequest(job_id="j", attempt=1, offset=-1)) or "")
+    assert "limit" in (request_problem(LogRequest(job_id="j", attempt=1, limit=0)) or "")
+    assert request_problem(LogRequest(job_id="j", attempt=1, limit=1 << 20)) is None
     assert "job_id" in (request_problem(LogRequest(job_id="../x", attempt=1)) or "")
     assert "attempt" in (request_problem(LogRequest(job_id="j", attempt=0)) or "")
     assert "attempt" in (request_problem(LogRequest(job_id="j", attempt=-3)) or "")

@@ -90,6 +90,8 @@ async def test_show_explain_logs_cancel_of_a_job_owned_elsewhere_are_forwarded(l
         assert e.job_id == job
         chunk = await api.async_logs(job, "stdout", 0, None, ALICE)
         assert (chunk.job_id, chunk.attempt, chunk.data) == (job, 1, "step 1\n")
+        chunk = await api.async_logs(job, "stdout", 5, None, ALICE, limit=1)  # a window, forwarded
+        assert (chunk.data, chunk.next_offset, chunk.size) == ("1", 6, 7)
         with pytest.raises(Forbidden, match=f"job {job} belongs to {ME}"):
             await api.async_logs(job, "stdout", 0, None, BOB)
         with pytest.raises(Forbidden, match=f"job {job} belongs to {ME}"):

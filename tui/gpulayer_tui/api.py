@@ -44,8 +44,8 @@ class DaemonApi(Protocol):
         ...
 
     async def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
-                   attempt: int | None = None) -> LogChunk:
-        """A chunk of a job's log from byte ``offset``."""
+                   attempt: int | None = None, *, limit: int | None = None) -> LogChunk:
+        """A chunk of a job's log from byte ``offset``, at most ``limit`` bytes (None: up to 1 MiB)."""
         ...
 
     async def metrics(self) -> MetricsView:

@@ -336,8 +336,10 @@ class OwnerService:
         return self.view(await self._jobs.row(row.id))
 
     async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
-                   requester: Requester | None = None, rank: int | None = None) -> LogChunk:
-        """Bytes of a job's log from ``offset`` (at most 1 MiB), as text, wherever the attempt ran.
+                   requester: Requester | None = None, rank: int | None = None,
+                   limit: int | None = None) -> LogChunk:
+        """Bytes of a job's log from ``offset`` (at most ``limit``, at most and by default 1 MiB), as
+        text, wherever the attempt ran.
 
         Only the job's user and admins may read them: that is the route's role, checked before
         (see :meth:`cancel`). ``rank``: of a multi-host job, node rank ``rank``'s log, read from
@@ -366,13 +368,13 @@ class OwnerService:
             if worker != self.node_id:
                 try:
                     chunk = await self._transport.call(worker, LOGS, LogRequest(
-                        job_id=row.id, attempt=n, stream=stream, offset=offset))
+                        job_id=row.id, attempt=n, stream=stream, offset=offset, limit=limit))
                 except PeerCallError as e:
                     raise PeerUnreachable(f"cannot read the log on {worker[:12]}: {e}") from e
                 return chunk.model_copy(update={"complete": chunk.complete or (
                     terminal and chunk.next_offset == chunk.offset)})
         path = self._starter.log_path(row.id, n, stream)
-        return await read_log(path, row.id, n, stream, offset, terminal)
+        return await read_log(path, row.id, n, stream, offset, terminal, limit)
 
     def _placed(self, view: JobView, latest: AttemptRow | None) -> JobView:
         """``view`` with WHERE (``where_*``) from its current attempt's row; none while it waits."""

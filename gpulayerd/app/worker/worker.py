@@ -542,7 +542,7 @@ class WorkerService:
         path = Path(run.run_dir) / f"{msg.stream}.log"
         entry = self._ledger.get((run.job_id, run.attempt))
         finished = run.state != "running" or entry is None or entry.owner != owner
-        return await read_log(path, run.job_id, run.attempt, msg.stream, msg.offset, finished)
+        return await read_log(path, run.job_id, run.attempt, msg.stream, msg.offset, finished, msg.limit)
 
     # ------------------------------------------------------------- leases
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -20,10 +19,10 @@ from gpulayer_tui.state import TERMINAL, Connection, StateSource, cancel_refusal
 from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.explanation import ExplanationView
 from gpulayer_tui.widgets.job_summary import JobSummary
-from gpulayer_tui.widgets.log_tail import LogTail
+from gpulayer_tui.widgets.log_view import LogView
 from gpulayer_tui.widgets.paging import PagedScroll
 from gpulayer_tui.widgets.timeline import Timeline
-from gpulayerd.models import JobView
+from gpulayerd.models import JobView, LogChunk
 
 __all__ = ["TABS", "JobDetailScreen"]
 
@@ -44,7 +43,7 @@ class JobDetailScreen(Screen[None]):
     JobDetailScreen #why-scroll {
         height: 1fr;
     }
-    JobDetailScreen #log-tail {
+    JobDetailScreen #log-view {
         height: 1fr;
     }
     """
@@ -98,7 +97,7 @@ class JobDetailScreen(Screen[None]):
             with TabPane("t Timeline", id="timeline"):
                 yield Timeline(id="timeline-table")
             with TabPane("l Log", id="log"):
-                yield LogTail(id="log-tail")
+                yield LogView(poll_s=self._log_poll_s, id="log-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -124,6 +123,10 @@ class JobDetailScreen(Screen[None]):
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
         self._focus_tab(tab)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id:  # a tab chosen with the mouse: its keys work at once too
+            self._focus_tab(event.pane.id)
 
     def action_toggle_stream(self) -> None:
         self._stream = "stderr" if self._stream == "stdout" else "stdout"
@@ -188,39 +191,14 @@ class JobDetailScreen(Screen[None]):
         except (DaemonUnreachable, ApiRequestError) as e:
             view.query_one("#verdict", Static).update(Text(f"cannot explain: {e}"))
 
-    @work(exclusive=True, group="detail-log")
-    async def follow_log(self) -> None:
-        """Append the log as it grows, from the start of the latest attempt, until the job ends."""
-        log = self.query_one(LogTail)
-        stream = self._stream
-        log.reset(f"{stream}: reading…")
-        offset = 0
-        attempt: int | None = None
-        while True:
-            try:
-                chunk = await self._client.logs(self.job_id, stream=stream, offset=offset)
-            except DaemonUnreachable:
-                await asyncio.sleep(self._log_poll_s)
-                continue
-            except ApiRequestError as e:
-                log.border_title = f"{stream}: {e}"
-                return
-            if attempt is not None and chunk.attempt != attempt:
-                log.reset(stream)
-                offset, attempt = 0, chunk.attempt
-                continue
-            attempt = chunk.attempt
-            log.append(chunk.data)
-            offset = chunk.next_offset
-            if chunk.attempt == 0:
-                log.border_title = f"{stream}: the job has not started"
-            else:
-                state = "complete" if chunk.complete else "following"
-                log.border_title = f"{stream} of attempt {chunk.attempt} ({state})"
-            if chunk.complete and chunk.next_offset == chunk.offset:
-                return
-            if not chunk.data:
-                await asyncio.sleep(self._log_poll_s)
+    def follow_log(self) -> None:
+        """Show the log of the stream chosen, from the end of the latest attempt, following it."""
+        client, job_id, stream = self._client, self.job_id, self._stream
+
+        async def read(offset: int, limit: int) -> LogChunk:
+            return await client.logs(job_id, stream=stream, offset=offset, limit=limit)
+
+        self.query_one(LogView).show(read, stream)
 
     # ----------------------------------------------------------------- private
 
