@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 from gpulayerd.cli.http import call_daemon, try_daemon
+from gpulayerd.core.job_facts import job_user
 
 if TYPE_CHECKING:
+    from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import Capabilities, PeerView
 
 __all__ = ["add_parsers"]
@@ -82,10 +84,12 @@ def _local_capabilities(args: argparse.Namespace) -> Capabilities:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
+    from gpulayerd.cli.jobs_table import line_width
     from gpulayerd.cli.render import render_capabilities
 
-    raw = None if args.local or args.python else try_daemon(args, lambda c: c.peers())
-    peers = None if raw is None else _peer_views(raw)
+    limit = line_width(args.wide)
+    raw = None if args.local or args.python else try_daemon(args, lambda c: _peers_and_holders(c, args.json))
+    peers = None if raw is None else _peer_views(raw[0])
     if peers is None:
         if not (args.local or args.python):  # say so: this is the CLI's own view, not the daemon's
             print("gpulayer: no gpulayerd answered: probing this machine directly (this process's PATH and "
@@ -94,22 +98,38 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         if args.json:
             print(caps.model_dump_json(indent=2))
             return EXIT_OK
-        print(render_capabilities(caps, wide=args.wide))
+        print(render_capabilities(caps, wide=args.wide, limit=limit))
         return EXIT_OK
     known = [p.capabilities for p in peers if p.capabilities is not None and p.state != "foreign"]
     if args.json:
         print("[" + ",".join(c.model_dump_json(indent=2) for c in known) + "]")
         return EXIT_OK
+    holders = raw[1] if raw is not None else {}
     blocks = []
     for p in peers:
         if p.state == "foreign":
             continue
-        head = f"== {p.name} ({p.node_id[:12]}) {p.state}"
-        body = (render_capabilities(p.capabilities, wide=args.wide) if p.capabilities
-                else "  capabilities not fetched yet")
+        head = f"== {fmt.escape(p.name)} ({p.node_id[:12]}) {p.state}"
+        body = (render_capabilities(p.capabilities, wide=args.wide, limit=limit, label=holders.get)
+                if p.capabilities else "  capabilities not fetched yet")
         blocks.append(head + "\n" + body)
     print("\n\n".join(blocks))
     return EXIT_OK
+
+
+def _peers_and_holders(c: SyncClient, json_only: bool) -> tuple[object, dict[str, str]]:
+    """The daemon's ``/v1/peers`` answer, and "name (user)" (:func:`gpulayerd.text.job_label`) of each
+    job holding a device there, by job id: one more call, for the claimed and running jobs of the
+    cluster, only when a device is granted."""
+    peers = c.peers()
+    held = {str(d.get("granted_to") or "").removesuffix(" (held)")
+            for p in peers if p.get("capabilities") for d in p["capabilities"].get("devices") or ()}
+    held.discard("")
+    if json_only or not held:
+        return peers, {}
+    jobs = c.jobs(states=("claimed", "running"), scope="cluster", fields=("name", "submitted_by", "spec.user"))
+    return peers, {j.id: fmt.job_label(j.id, j.name, job_user(j.spec.user, j.submitted_by) or None)
+                   for j in jobs if j.id in held}
 
 
 def _peer_views(raw: object) -> list[PeerView]:
@@ -134,9 +154,7 @@ def _cmd_peers(args: argparse.Namespace) -> int:
     for p in peers:
         caps = p.capabilities
         gpus = fmt.DASH if caps is None else (
-            ", ".join(sorted({f"{sum(1 for d in caps.devices if d.name == n)}x {n}"
-                              for n in {d.name for d in caps.devices if d.name}}))
-            or "cpu only")
+            fmt.hardware((d.get("name"), d.get("kind") == "mig") for d in caps.devices) or "cpu only")
         seen = fmt.ago(p.last_heartbeat_at, now)
         trust = "self" if p.state == "self" else "removed" if p.state == "removed" else (
             "trusted" if p.trusted else "foreign" if p.state == "foreign" else "untrusted")
