@@ -72,9 +72,11 @@ class PeersTable(KeyedTable):
 
     SHRINK: ClassVar[Sequence[tuple[str, int]]] = (
         ("devices", 40), ("addresses", 24), ("cluster", 12), ("node", 0), ("devices", 24), ("cluster", 0),
-        ("version", 0), ("addresses", 16), ("heartbeat", 8), ("devices", 12), ("trust", 0), ("addresses", 8),
+        ("version", 0), ("trust", 0), ("devices", 20), ("addresses", 16), ("devices", 12), ("heartbeat", 8),
+        ("addresses", 8),
     )
-    """Cut the devices and addresses, then hide NODE, CLUSTER, VERSION and TRUST before cutting more."""
+    """Cut the devices and addresses, then hide NODE, CLUSTER, VERSION and TRUST (STATE says "foreign"
+    too) before cutting more."""
 
     peers: reactive[tuple[PeerView, ...]] = reactive((), init=False, always_update=True)
     """The peers shown."""
