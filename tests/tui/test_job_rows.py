@@ -34,7 +34,8 @@ def test_columns_take_their_content_and_the_reason_its_deciding_words() -> None:
     assert widths(200, name=10)["name"] == 10  # short names leave the room to REASON
     w80 = widths(80)
     assert w80["reason"] >= 40 and w80["id"] == 0 and w80["where"] == 0  # at 80 the reason comes first
-    assert w80["name"] >= 8 and w80["user"] == 5 and w80["state"] == 10
+    assert w80["name"] >= 8 and w80["user"] == 5 and w80["state"] == 9
+    assert widths(80, state=7)["reason"] >= len("Memory: GPU 0 has 51.5 GB < 200 GB required")  # the comparison
     assert widths(80, where=10)["where"] == 0  # WHERE gives way before REASON goes below 56
     assert widths(120)["id"] == 12 and widths(120)["reason"] >= 48 and widths(120)["where"] >= 12
     assert widths(120, where=8, user=4)["where"] == 12  # a host with a GPU always fits: no relayout

@@ -58,10 +58,11 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 FIXED: dict[str, int] = {"id": 12, "age": 4}
 """Widths in cells of the columns whose text has one width (a job id; an age such as "17m")."""
 
-LEAST: dict[str, int] = {"state": 10, "where": 12}
-"""Cells these columns take even when their cells are narrower: every state fits ("cancelling"),
-and so does a host name with a GPU, so a job that starts or is cancelled repaints one line, not
-the whole table with new widths."""
+LEAST: dict[str, int] = {"state": 7, "where": 12}
+"""Cells these columns take even when their cells are narrower: the states of a live queue
+("running", "queued", "claimed") and a host name with a GPU fit, so a job that starts repaints
+one line, not the whole table with new widths (a finished or cancelling job's longer state
+widens STATE once)."""
 
 NARROW = 90
 """Below this many columns ID gives way to REASON (the highlighted job's id is in the status line)."""
