@@ -120,14 +120,19 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 def _peers_and_holders(c: SyncClient, json_only: bool) -> tuple[object, dict[str, str]]:
     """The daemon's ``/v1/peers`` answer, and "name (user)" (:func:`gpulayerd.text.job_label`) of each
     job holding a device there, by job id: one more call, for the claimed and running jobs of the
-    cluster, only when a device is granted."""
+    cluster, only when a device is granted (when that call fails the holders show as ids)."""
+    from gpulayerd.cli.http import ApiRequestError, DaemonTimeout
+
     peers = c.peers()
     held = {str(d.get("granted_to") or "").removesuffix(" (held)")
             for p in peers if p.get("capabilities") for d in p["capabilities"].get("devices") or ()}
     held.discard("")
     if json_only or not held:
         return peers, {}
-    jobs = c.jobs(states=("claimed", "running"), scope="cluster", fields=("name", "submitted_by", "spec.user"))
+    try:
+        jobs = c.jobs(states=("claimed", "running"), scope="cluster", fields=("name", "submitted_by", "spec.user"))
+    except (ApiRequestError, DaemonTimeout):
+        return peers, {}
     return peers, {j.id: fmt.job_label(j.id, j.name, job_user(j.spec.user, j.submitted_by) or None)
                    for j in jobs if j.id in held}
 
