@@ -139,7 +139,6 @@ def test_devices_as_the_cli_names_them_and_columns_fit_at_80x24_and_200x60(
         assert f"granted to mig-job ({me})" in out and "1 slot (0 free)" in out
         assert main(["--state-dir", str(daemon.state_dir), "peers"]) == 0
         assert "1x NVIDIA A100 80GB PCIe, 1x NVIDIA GeForce RTX 4090, 2x NVIDIA RTX A6000" in capsys.readouterr().out
-        monkeypatch.delenv("COLUMNS")  # the TUI takes its size from the terminal
 
         command = f"{tool('gpulayer')} --state-dir {daemon.state_dir} tui"
         env = {**clean_env(), "TERM": "xterm-256color"}
