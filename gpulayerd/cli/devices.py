@@ -30,14 +30,17 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     """Add ``devices``, ``peers`` and ``explain`` to the ``gpulayer`` subcommands."""
     d = sub.add_parser(
         "devices", help="devices, Python environments and probe health: the whole cluster, or this machine",
-        description="With a gpulayerd answering: every known machine's devices (with grant state). Without "
-        "one, or with --local: this machine, probed directly. --json prints capability JSON (a list for the "
-        "cluster, one object for --local), the format 'gpulayer explain --workers DIR' reads.")
+        description="With a gpulayerd answering: every known machine's devices (with grant state: the job "
+        "holding a device by name and user). Without one, or with --local: this machine, probed directly. Lines "
+        "fit COLUMNS (else the terminal; piped: whole), a device on two lines when the table is wider. --json "
+        "prints capability JSON (a list for the cluster, one object for --local), the format 'gpulayer explain "
+        "--workers DIR' reads.")
     _add_probe_args(d)
     d.add_argument("--local", action="store_true", help="probe this machine directly, without the daemon")
     d.add_argument("--json", action="store_true", help="print capability JSON (for --workers DIR)")
     d.add_argument("--wide", action="store_true",
-                   help="long device names: a MIG instance's GPU name and MIG uuid (default: profile and GPU index)")
+                   help="long device names: a MIG instance's GPU name and MIG uuid (default: profile and GPU index); "
+                   "lines are never fitted to the terminal")
     d.set_defaults(func=_cmd_devices)
 
     pe = sub.add_parser("peers", help="the gpulayerd peers this daemon knows: trusted or foreign, last heartbeat")
