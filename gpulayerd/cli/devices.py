@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_OK, CommandFailed, UsageError
 from gpulayerd.cli.http import call_daemon, try_daemon
+from gpulayerd.core.job_facts import job_user
 
 if TYPE_CHECKING:
+    from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import Capabilities, PeerView
 
 __all__ = ["add_parsers"]
@@ -28,14 +30,17 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     """Add ``devices``, ``peers`` and ``explain`` to the ``gpulayer`` subcommands."""
     d = sub.add_parser(
         "devices", help="devices, Python environments and probe health: the whole cluster, or this machine",
-        description="With a gpulayerd answering: every known machine's devices (with grant state). Without "
-        "one, or with --local: this machine, probed directly. --json prints capability JSON (a list for the "
-        "cluster, one object for --local), the format 'gpulayer explain --workers DIR' reads.")
+        description="With a gpulayerd answering: every known machine's devices (with grant state: the job "
+        "holding a device by name and user). Without one, or with --local: this machine, probed directly. Lines "
+        "fit COLUMNS (else the terminal; piped: whole), a device on two lines when the table is wider. --json "
+        "prints capability JSON (a list for the cluster, one object for --local), the format 'gpulayer explain "
+        "--workers DIR' reads.")
     _add_probe_args(d)
     d.add_argument("--local", action="store_true", help="probe this machine directly, without the daemon")
     d.add_argument("--json", action="store_true", help="print capability JSON (for --workers DIR)")
     d.add_argument("--wide", action="store_true",
-                   help="long device names: a MIG instance's GPU name and MIG uuid (default: profile and GPU index)")
+                   help="long device names: a MIG instance's GPU name and MIG uuid (default: profile and GPU index); "
+                   "lines are never fitted to the terminal")
     d.set_defaults(func=_cmd_devices)
 
     pe = sub.add_parser("peers", help="the gpulayerd peers this daemon knows: trusted or foreign, last heartbeat")
@@ -82,10 +87,12 @@ def _local_capabilities(args: argparse.Namespace) -> Capabilities:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
+    from gpulayerd.cli.jobs_table import line_width
     from gpulayerd.cli.render import render_capabilities
 
-    raw = None if args.local or args.python else try_daemon(args, lambda c: c.peers())
-    peers = None if raw is None else _peer_views(raw)
+    limit = line_width(args.wide)
+    raw = None if args.local or args.python else try_daemon(args, lambda c: _peers_and_holders(c, args.json))
+    peers = None if raw is None else _peer_views(raw[0])
     if peers is None:
         if not (args.local or args.python):  # say so: this is the CLI's own view, not the daemon's
             print("gpulayer: no gpulayerd answered: probing this machine directly (this process's PATH and "
@@ -94,22 +101,43 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         if args.json:
             print(caps.model_dump_json(indent=2))
             return EXIT_OK
-        print(render_capabilities(caps, wide=args.wide))
+        print(render_capabilities(caps, wide=args.wide, limit=limit))
         return EXIT_OK
     known = [p.capabilities for p in peers if p.capabilities is not None and p.state != "foreign"]
     if args.json:
         print("[" + ",".join(c.model_dump_json(indent=2) for c in known) + "]")
         return EXIT_OK
+    holders = raw[1] if raw is not None else {}
     blocks = []
     for p in peers:
         if p.state == "foreign":
             continue
-        head = f"== {p.name} ({p.node_id[:12]}) {p.state}"
-        body = (render_capabilities(p.capabilities, wide=args.wide) if p.capabilities
-                else "  capabilities not fetched yet")
+        head = f"== {fmt.escape(p.name)} ({p.node_id[:12]}) {p.state}"
+        body = (render_capabilities(p.capabilities, wide=args.wide, limit=limit, label=holders.get)
+                if p.capabilities else "  capabilities not fetched yet")
         blocks.append(head + "\n" + body)
     print("\n\n".join(blocks))
     return EXIT_OK
+
+
+def _peers_and_holders(c: SyncClient, json_only: bool) -> tuple[object, dict[str, str]]:
+    """The daemon's ``/v1/peers`` answer, and "name (user)" (:func:`gpulayerd.text.job_label`) of each
+    job holding a device there, by job id: one more call, for the claimed and running jobs of the
+    cluster, only when a device is granted (when that call fails the holders show as ids)."""
+    from gpulayerd.cli.http import ApiRequestError, DaemonTimeout
+
+    peers = c.peers()
+    held = {str(d.get("granted_to") or "").removesuffix(" (held)")
+            for p in peers if p.get("capabilities") for d in p["capabilities"].get("devices") or ()}
+    held.discard("")
+    if json_only or not held:
+        return peers, {}
+    try:
+        jobs = c.jobs(states=("claimed", "running"), scope="cluster", fields=("name", "submitted_by", "spec.user"))
+    except (ApiRequestError, DaemonTimeout):
+        return peers, {}
+    return peers, {j.id: fmt.job_label(j.id, j.name, job_user(j.spec.user, j.submitted_by) or None)
+                   for j in jobs if j.id in held}
 
 
 def _peer_views(raw: object) -> list[PeerView]:
@@ -134,9 +162,7 @@ def _cmd_peers(args: argparse.Namespace) -> int:
     for p in peers:
         caps = p.capabilities
         gpus = fmt.DASH if caps is None else (
-            ", ".join(sorted({f"{sum(1 for d in caps.devices if d.name == n)}x {n}"
-                              for n in {d.name for d in caps.devices if d.name}}))
-            or "cpu only")
+            fmt.hardware((d.get("name"), d.get("kind") == "mig") for d in caps.devices) or "cpu only")
         seen = fmt.ago(p.last_heartbeat_at, now)
         trust = "self" if p.state == "self" else "removed" if p.state == "removed" else (
             "trusted" if p.trusted else "foreign" if p.state == "foreign" else "untrusted")

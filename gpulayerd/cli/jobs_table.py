@@ -2,7 +2,8 @@
 
 Widths are terminal cells (:func:`gpulayerd.text.width`: a CJK character takes two). The line
 width is ``COLUMNS`` when set, else the terminal's when stdout is one, else unlimited (a pipe
-gets every cell whole); ``--wide`` never cuts. When a line is too wide NAME and REASON give
+gets every cell whole, and a column is not padded for one far longer cell: that cell overflows);
+``--wide`` never cuts. When a line is too wide NAME and REASON give
 way first (below :data:`NARROW` cells NAME down to 8 cells before REASON), then WHERE, USER
 and OWNER; a cut cell ends in "…". REASON starts with the reason
 code and the deciding words (:mod:`gpulayerd.core.reasons` puts file paths last), so its cut
@@ -145,13 +146,17 @@ def render_jobs(jobs: Sequence[JobView], columns: Sequence[str], limit: int | No
     at = time.time() if now is None else now
     cells = [[fmt.escape(fmt.text(COLUMNS[c].value(j, at))) for c in columns] for j in jobs]
     headers = [COLUMNS[c].header for c in columns]
-    widths = [max([fmt.width(h), *(fmt.width(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    if limit is not None:
-        widths = _fit(list(columns), widths, limit)
+    if limit is None:  # a pipe: every cell whole, a column padded for most of its cells (fmt.padded_width)
+        widths = [fmt.padded_width([fmt.width(r[i]) for r in cells], fmt.width(h)) for i, h in enumerate(headers)]
+    else:
+        widths = _fit(list(columns), [max([fmt.width(h), *(fmt.width(r[i]) for r in cells)])
+                                      for i, h in enumerate(headers)], limit)
 
     def line(parts: Sequence[str]) -> str:
+        if limit is None:
+            return _GAP.join(fmt.ljust(p, w) for p, w in zip(parts, widths, strict=True)).rstrip()
         out = _GAP.join(fmt.ljust(fmt.cut(p, w), w) for p, w in zip(parts, widths, strict=True)).rstrip()
-        return out if limit is None else fmt.cut(out, limit)  # only when even the floors do not fit
+        return fmt.cut(out, limit)  # only when even the floors do not fit
 
     return "\n".join([line(headers), *(line(r) for r in cells)])
 

@@ -6,7 +6,7 @@ Pure functions from API models to text; unknown values print as :data:`gpulayerd
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpulayerd import text as fmt
 from gpulayerd.core.job_facts import job_user
@@ -21,19 +21,23 @@ if TYPE_CHECKING:
 __all__ = ["reason_cell", "render_capabilities", "render_explanation", "render_job"]
 
 
-def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
+def render_capabilities(caps: Capabilities, wide: bool = False, limit: int | None = None,
+                        label: Callable[[str], str | None] | None = None) -> str:
     """The ``gpulayer devices`` report of one machine: CPU (cores, the daemon's CPU slots), devices,
     probe health, Python environments, notes.
 
     A MIG instance's NAME is its profile and its parent GPU's index (``1g.10gb on GPU 0``);
     ``wide`` adds the GPU's name and the instance's ``MIG-…`` uuid (``--json`` has them too).
+    ``limit``: the most terminal cells a line may take (None: no limit); when the devices table
+    is wider, each device takes two lines (IDX, KIND, NAME and MEMORY, then the rest, labelled),
+    and longer lines wrap. ``label``: job id -> "name (user)" for the jobs holding devices
+    (:func:`gpulayerd.text.job_label`; None or an unknown id: the id).
     """
-    slots = "" if caps.cpu_slots_total is None else (
-        f", {caps.cpu_slots_total} slot{'s' if caps.cpu_slots_total != 1 else ''} "
-        f"({fmt.text(caps.cpu_slots_free)} free)")
+    slots = fmt.cpu_slots(caps.cpu_slots_total, caps.cpu_slots_free)
     out = [
         _e(f"{caps.hostname}  node {caps.node_id[:12]}  {fmt.text(caps.platform)}/{fmt.text(caps.machine)}"),
-        f"CPU: {fmt.text(caps.cpu_count)} logical cores{slots}   RAM: {fmt.gb(caps.memory_total_bytes)}",
+        f"CPU: {fmt.text(caps.cpu_count)} logical cores{f', {slots}' if slots else ''}   "
+        f"RAM: {fmt.gb(caps.memory_total_bytes)}",
         "",
         "Devices:",
     ]
@@ -43,15 +47,19 @@ def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
             [d.index, _kind(d), _name(d, parents, wide), ("≈ " if d.memory_approximate else "")
              + fmt.memory(d.memory_total_bytes, d.memory_used_bytes,
                           None if d.memory_kind is None else d.memory_kind.value),
-             d.compute_capability, d.driver_version, _scheduled(d), _state(d)]
+             d.compute_capability, d.driver_version, _scheduled(d), _state(d, label)]
             for d in caps.devices
         ]
-        out.append(fmt.table(["IDX", "KIND", "NAME", "MEMORY", "CC", "DRIVER", "SCHEDULED", "STATE"], rows, "  "))
+        headers = ["IDX", "KIND", "NAME", "MEMORY", "CC", "DRIVER", "SCHEDULED", "STATE"]
+        table = fmt.table(headers, rows, "  ")
+        if limit is not None and max(fmt.width(line) for line in table.splitlines()) > limit:
+            table = _two_line_devices(headers, rows, limit)
+        out.append(table)
     else:
         out.append("  none (CPU only)")
     out += ["", "Probe health:"]
     out.append(fmt.table(["SOURCE", "STATUS", "MESSAGE"],
-                         [[h.source, h.status.value, h.message or None] for h in caps.health], "  "))
+                         [[h.source, h.status.value, h.message or None] for h in caps.health], "  ", limit))
     out += ["", "Python environments:"]
     for e in caps.environments:
         out.append(f"  {_e(e.interpreter)}")
@@ -80,7 +88,31 @@ def render_capabilities(caps: Capabilities, wide: bool = False) -> str:
                        f"distributed: {_backends(e.distributed_backends)}")
     if caps.notes:
         out += ["", "Notes:", *(f"  - {_e(n)}" for n in caps.notes)]
+    text = "\n".join(out)
+    return text if limit is None else "\n".join(_wrap_line(line, limit) for line in text.splitlines())
+
+
+def _two_line_devices(headers: Sequence[str], rows: Sequence[Sequence[object]], limit: int) -> str:
+    """The devices table for a narrow terminal: IDX, KIND, NAME and MEMORY as a table, each row
+    followed by an indented line with the other columns, labelled ("cc 8.6 · driver 550.54.15 ·
+    scheduled yes · free"), wrapped to ``limit`` cells."""
+    first = fmt.table(headers[:4], [r[:4] for r in rows], "  ", limit).splitlines()
+    out = [first[0]]
+    for row, line in zip(rows, first[1:], strict=True):
+        cc, driver, scheduled, state = (fmt.escape(fmt.text(c)) for c in row[4:])
+        rest = f"cc {cc} · driver {driver} · scheduled {scheduled} · {state}"
+        out.append(line)
+        out += [f"      {piece}" for piece in fmt.wrap(rest, limit - 6)]
     return "\n".join(out)
+
+
+def _wrap_line(line: str, limit: int) -> str:
+    """``line`` wrapped to ``limit`` cells, continuation lines indented 2 cells more than it."""
+    if fmt.width(line) <= limit:
+        return line
+    lead = line[: len(line) - len(line.lstrip(" "))] + "  "
+    pieces = fmt.wrap(line.strip(" "), max(12, limit - len(lead)))
+    return "\n".join([line[: len(lead) - 2] + pieces[0], *(lead + p for p in pieces[1:])])
 
 
 def _runtime_wants(r: Requirements) -> str:
@@ -93,22 +125,17 @@ def _runtime_wants(r: Requirements) -> str:
 def _kind(d: DeviceModel) -> str:
     from gpulayerd.core.types import DeviceKind
 
-    return f"{d.accelerator.value}/mig" if d.kind is DeviceKind.MIG else d.accelerator.value
+    return fmt.device_kind(d.accelerator.value, d.kind is DeviceKind.MIG)
 
 
 def _name(d: DeviceModel, parents: dict[str, int], wide: bool) -> str | None:
-    """NAME: a MIG instance's profile and parent GPU index (``wide``: the GPU's name and the
-    instance's uuid too), a lost GPU's bus id, else the device's name."""
+    """NAME (:func:`gpulayerd.text.device_name`): a MIG instance's profile and parent GPU index
+    (``wide``: the GPU's name and the instance's uuid too), a lost GPU's bus id, else the device's name."""
     from gpulayerd.core.types import DeviceKind, DeviceState
 
-    if d.kind is DeviceKind.MIG:
-        if wide:
-            return f"{d.name or '?'} MIG {d.mig_profile or '?'} {d.uuid or ''}".rstrip()
-        parent = parents.get(d.parent_uuid or "")
-        return f"MIG {d.mig_profile or '?'}" + ("" if parent is None else f" on GPU {parent}")
-    if d.state is DeviceState.LOST:
-        return f"{d.name or 'GPU'} at {d.pci_bus_id}" if d.pci_bus_id else d.name
-    return d.name
+    return fmt.device_name(d.name, mig=d.kind is DeviceKind.MIG, mig_profile=d.mig_profile,
+                           parent_index=parents.get(d.parent_uuid or ""), lost=d.state is DeviceState.LOST,
+                           pci_bus_id=d.pci_bus_id, uuid=d.uuid, wide=wide)
 
 
 def _scheduled(d: DeviceModel) -> str:
@@ -126,20 +153,18 @@ def _scheduled(d: DeviceModel) -> str:
     return "yes" if d.execution_supported else "no (detection only)"
 
 
-def _state(d: DeviceModel) -> str:
+def _state(d: DeviceModel, label: Callable[[str], str | None] | None = None) -> str:
     """STATE of ``gpulayer devices``: lost or unusable (with the tool's words), excluded, MIG mode, processes
-    unknown, or grants; an exclusive compute mode is added."""
-    from gpulayerd.core.types import EXCLUSIVE_COMPUTE_MODES, DeviceKind, DeviceState
+    unknown, or grants (the holding job by ``label``: "granted to NAME (user)"); an exclusive compute
+    mode is added."""
+    from gpulayerd.core.types import EXCLUSIVE_COMPUTE_MODES, DeviceKind
 
-    if d.state is DeviceState.LOST:
-        return f"lost: {d.state_reason}" if d.state_reason else "lost"
-    if d.state is DeviceState.EXCLUDED:
-        return f"excluded ({d.state_reason or 'config'})"
-    if d.state is DeviceState.UNUSABLE:
-        return f"unusable: {d.state_reason}" if d.state_reason else "unusable"
+    fault = fmt.fault(d.state.value, d.state_reason)
+    if fault is not None:
+        return fault
     if d.kind is DeviceKind.GPU and d.mig_enabled:
         return "MIG mode"  # SCHEDULED says: no (MIG instances only)
-    state = fmt.device_state(d.granted_to, d.foreign_pids)
+    state = fmt.device_state(d.granted_to, d.foreign_pids, label)
     if state == "free" and d.to_core().hidden_use:
         state = "busy: memory in use by processes not visible here"
     elif not d.processes_known and state == "free":

@@ -73,8 +73,9 @@ GPULAYER = tool("gpulayer")
 
 
 def clean_env(extra_path: Path | None = None) -> dict[str, str]:
-    """This environment without GPULAYER_* (a developer's GPULAYER_STATE_DIR must not leak in)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+    """This environment without GPULAYER_* (a developer's GPULAYER_STATE_DIR must not leak in) and
+    without COLUMNS and LINES (pytest-xdist's workers set 80x24: the CLI would fit its tables to that)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_") and k not in ("COLUMNS", "LINES")}
     if extra_path is not None:
         env["PATH"] = f"{extra_path}{os.pathsep}{env.get('PATH', os.defpath)}"
     return env

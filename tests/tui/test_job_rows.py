@@ -16,20 +16,30 @@ from tests.tui.test_widgets import Harness
 KEYS = [k for k, _ in COLUMNS]
 
 
-def widths(width: int, *, show_user: bool = True, name_max: int = 70) -> dict[str, int]:
-    return dict(zip(KEYS, column_widths(width, show_user=show_user, name_max=name_max), strict=True))
+NEEDS = {"state": 9, "reason": 120, "name": 57, "user": 5, "where": 23}
+"""Widest cells of a busy queue: a 57-cell name, long reasons, a MIG instance's WHERE."""
 
 
-def test_name_and_reason_flex_with_the_terminal() -> None:
+def widths(width: int, *, show_user: bool = True, **needs: int) -> dict[str, int]:
+    return dict(zip(KEYS, column_widths(width, show_user=show_user, needs={**NEEDS, **needs}), strict=True))
+
+
+def test_columns_take_their_content_and_the_reason_its_deciding_words() -> None:
     for width in (80, 120, 200):
         w = widths(width)
         line = sum(n + 1 for n in w.values() if n) + 1
         assert line == width, (width, w)  # exactly the terminal: nothing cut off, nothing wasted
-    assert widths(200)["name"] > 40 and widths(200)["reason"] > 60  # NAME no longer cut at 14
-    assert widths(80)["reason"] >= 30 and widths(80)["id"] == 0  # at 80 the reason comes first
-    assert widths(120)["id"] == 12 and widths(120)["where"] == 18
-    assert widths(200, name_max=10)["name"] == 10  # short names leave the room to REASON
-    assert widths(80, show_user=False)["user"] == 0 and widths(80, show_user=False)["reason"] > widths(80)["reason"]
+    assert widths(200)["reason"] >= 64 and widths(200)["name"] <= 32  # a long name gives way to the reason
+    assert widths(200, reason=40)["name"] == 57  # ... unless the reasons are short
+    assert widths(200, name=10)["name"] == 10  # short names leave the room to REASON
+    w80 = widths(80)
+    assert w80["reason"] >= 40 and w80["id"] == 0 and w80["where"] == 0  # at 80 the reason comes first
+    assert w80["name"] >= 8 and w80["user"] == 5 and w80["state"] == 9
+    assert widths(80, state=7)["reason"] >= len("Memory: GPU 0 has 51.5 GB < 200 GB required")  # the comparison
+    assert widths(80, where=10)["where"] == 0  # WHERE gives way before REASON goes below 56
+    assert widths(120)["id"] == 12 and widths(120)["reason"] >= 48 and widths(120)["where"] >= 12
+    assert widths(120, where=8, user=4)["where"] == 12  # a host with a GPU always fits: no relayout
+    assert widths(80, show_user=False)["user"] == 0 and widths(80, show_user=False)["reason"] > w80["reason"]
 
 
 def test_a_row_leads_with_the_code_and_escapes_user_text() -> None:

@@ -1,4 +1,5 @@
-"""``gpulayer tui`` in a real terminal: tmux, 80x24, against a real gpulayerd; and on a pty that goes away."""
+"""``gpulayer tui`` in a real terminal: tmux at 80x24 (and 200x60), against a real gpulayerd; and on a pty
+that goes away."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
+import re
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -16,6 +20,7 @@ import termios
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +167,89 @@ def test_a_lost_terminal_or_sighup_ends_the_tui_within_2_s() -> None:
     finally:
         nohup.kill()
         hup.kill()
+
+
+def resize(tmux: list[str], width: int, height: int, timeout_s: float = 10.0) -> None:
+    """Resize the window to ``width`` x ``height`` cells and wait until tmux reports that size."""
+    end = time.monotonic() + timeout_s
+    while True:
+        subprocess.run([*tmux, "resize-window", "-t", "tui", "-x", str(width), "-y", str(height)], check=True,
+                       timeout=10)
+        size = subprocess.run([*tmux, "display-message", "-p", "-t", "tui", "#{window_width}x#{window_height}"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        if size == f"{width}x{height}":
+            return
+        assert time.monotonic() < end, f"tmux window is {size}, not {width}x{height}"
+        time.sleep(0.1)
+
+
+def lines_with(screen: str, *needles: str) -> list[str]:
+    return [line for line in screen.splitlines() if all(n in line for n in needles)]
+
+
+def test_devices_as_the_cli_names_them_and_columns_fit_at_80x24_and_200x60(
+        tmux: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A lab box (2x A6000, a 4090 with a foreign process, a lost GPU, an A100 with 3 MIG instances) behind a
+    real daemon with one CPU slot: one TUI, resized from 80x24 to 200x60."""
+    from gpulayerd.cli import main
+    from gpulayerd.gpu.metrics import metrics_argv
+    from tests.fakes.nvidia_recorded import lab_box
+
+    base_python = str(Path(sys.base_prefix) / "bin" / "python3")  # no torch to check: jobs start at once
+    host, me = socket.gethostname(), pwd.getpwuid(os.getuid()).pw_name  # the daemon's name, the jobs' user
+    daemon = RealDaemon(cpu_slots=1, nvidia_smi=lab_box(metrics_argv("nvidia-smi", 1000)[1:]), interpreter=base_python)
+    try:
+        daemon.start()
+        holder = submit(daemon, "--name", "holder", "--", "sleep", "120")
+        on_mig = submit(daemon, "--name", "mig-job", "--accelerator", "cuda", "--gpu-memory-gb", "30", "--",
+                        "sleep", "120")
+        daemon.wait_status(holder, {"running"}, timeout_s=60.0)
+        submit(daemon, "--name", "resnet50-imagenet-sweep-lr-3e-4-warmup-cosine-bs256", "--", "true")
+        assert daemon.wait_status(on_mig, {"running"}).where_devices == [5000]  # the MIG 3g.40gb instance
+
+        # the CLI at 80 columns: every line fits, the MIG instance's holder by name and user
+        monkeypatch.setenv("COLUMNS", "80")
+        capsys.readouterr()
+        assert main(["--state-dir", str(daemon.state_dir), "devices"]) == 0
+        out = capsys.readouterr().out
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+        assert f"granted to mig-job ({me})" in out and "1 slot (0 free)" in out
+        assert main(["--state-dir", str(daemon.state_dir), "peers"]) == 0
+        assert "1x NVIDIA A100 80GB PCIe, 1x NVIDIA GeForce RTX 4090, 2x NVIDIA RTX A6000" in capsys.readouterr().out
+
+        command = f"{tool('gpulayer')} --state-dir {daemon.state_dir} tui"
+        env = {**clean_env(), "TERM": "xterm-256color"}
+        subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "24", "-s", "tui", command], env=env,
+                       check=True, timeout=10)
+        # Jobs at 80: the waiting job's reason keeps its code and deciding words; NAME gave way; AGE is on screen
+        screen = wait_screen(tmux, "Resources: cpu slots 0 free of 1", "mig-job")
+        (row,) = lines_with(screen, "Resources: cpu slots 0 free of 1")
+        assert "queued" in row and "resnet50-" in row and "warmup-cosine" not in row, screen
+        assert re.search(r" \d+[smhd]\s*$", row), screen  # the last column is there: no sideways scrolling
+        # Devices at 80: MIG instances by profile, the lost GPU says so, the CPU slots
+        send(tmux, "d")
+        screen = wait_screen(tmux, "MIG 3g.40gb", "1 slot (0 free)", "lost: Unable")
+        assert len(lines_with(screen, "cuda", "MIG")) == 0  # KIND gave way at 80 columns
+        (mig_row,) = lines_with(screen, "MIG 3g.40gb")
+        assert "5000" in mig_row and f"mig-job ({me})" in mig_row, screen
+        assert not lines_with(screen, "nvidia-smi ok"), screen  # a GPU is lost: the status line says so
+
+        resize(tmux, 200, 60)
+        # Devices at 200: every column whole; the live panel greys the lost GPU with nvidia-smi's words and
+        # lists the MIG instances under their GPU
+        screen = wait_screen(tmux, "DRIVER", "PROBE", "no live readings", "°C", f"granted to mig-job ({me})")
+        (lost_row,) = lines_with(screen, "GPU at 0000:41:00.0")
+        assert "lost: Unable to determine the device handle for GPU 0000:41:00.0: Unknown Error" in lost_row
+        (lost_card,) = lines_with(screen, "GPU 3 at 0000:41:00.0 lost:")
+        assert "no live readings" in lost_card and "°C" not in lost_card
+        assert lines_with(screen, "cuda/mig", "MIG 2g.20gb on GPU 4")
+        assert lines_with(screen, "MIG 3g.40gb", f"granted to mig-job ({me})"), screen  # the live panel
+        # Jobs at 200: the whole reason and name; WHERE names the MIG instance
+        send(tmux, "2")
+        screen = wait_screen(tmux, "resnet50-imagenet-sweep-lr-3e-4-warmup-cosine-bs256", f"{host} MIG 3g.40gb on GPU 4")
+        assert lines_with(screen, "resnet50-imagenet-sweep-lr-3e-4-warmup-cosine-bs256", "(needs 1)"), screen
+        assert lines_with(screen, "mig-job", f"{host} MIG 3g.40gb on GPU 4"), screen
+        send(tmux, "C-c")
+    finally:
+        daemon.kill()  # no need to wait for a clean stop: close() kills the jobs it left
+        daemon.close()

@@ -55,3 +55,49 @@ def test_where_size_and_the_peers_down_notice() -> None:
     assert text.peers_down(0) == ""
     assert text.peers_down(1) == "1 peer down: their jobs are not listed"
     assert text.peers_down(2) == "2 peers down: their jobs are not listed"
+
+
+def test_device_words_the_cli_and_the_tui_share() -> None:
+    from gpulayerd.core.types import OUTSIDE_HOLDER
+
+    assert text.ANOTHER_DAEMON == OUTSIDE_HOLDER
+    a100 = "NVIDIA A100 80GB PCIe"
+    assert text.device_name(a100, mig=True, mig_profile="3g.40gb", parent_index=4) == "MIG 3g.40gb on GPU 4"
+    assert text.device_name(a100, mig=True, mig_profile="3g.40gb", uuid="MIG-1", wide=True) == f"{a100} MIG 3g.40gb MIG-1"
+    assert text.device_name(None, lost=True, pci_bus_id="0000:41:00.0") == "GPU at 0000:41:00.0"
+    assert (text.device_kind("cuda", True), text.device_kind("rocm", False)) == ("cuda/mig", "rocm")
+    label = {"m8rs7eysv02m": "resnet50 (alice)"}.get
+    assert text.device_state("m8rs7eysv02m", [], label) == "granted to resnet50 (alice)"  # never a bare id
+    assert text.device_state("m8other (held)", [], label) == "granted to m8other (held)"
+    assert text.device_state(OUTSIDE_HOLDER, []) == "granted to another gpulayerd"
+    assert text.device_state("m8\x1b[2J", []) == "granted to m8\\x1b[2J"
+    assert text.fault("lost", "Unknown Error") == "lost: Unknown Error" and text.fault("ok", "") is None
+    assert text.fault("excluded", "") == "excluded (config)"
+    assert [text.cpu_slots(8, 4), text.cpu_slots(1, 0), text.cpu_slots(None, None)] == [
+        "8 slots (4 free)", "1 slot (0 free)", None]
+    # a GPU split into 3 MIG instances is one GPU
+    devices = [(a100, False), (a100, True), (a100, True), (a100, True), ("NVIDIA RTX A6000", False),
+               ("NVIDIA RTX A6000", False), (None, False)]
+    assert text.hardware(devices) == f"1x {a100}, 2x NVIDIA RTX A6000"
+    assert text.hardware([]) == ""
+    mig = {5000: "MIG 3g.40gb on GPU 4"}
+    assert text.where("vm", [5000], names=mig) == "vm MIG 3g.40gb on GPU 4"
+    assert text.where("vm", [0, 5000], names=mig) == "vm GPU 0 MIG 3g.40gb on GPU 4"
+
+
+def test_columns_fit_a_width_and_a_pipe_is_not_padded_for_one_long_cell() -> None:
+    # 10+40+30 cells and 3 gaps of 2 in 60: the second column down to 20, then the third hidden
+    assert text.fit_widths([10, 40, 30], 60, [(1, 20), (2, 0), (1, 8)]) == [10, 20, 0]
+    assert text.fit_widths([10, 40, 30], 100, [(1, 20)]) == [10, 40, 30]  # it fits: unchanged
+    assert text.padded_width([20] * 41 + [102], 4) == 20  # one name of 102 cells among 42
+    assert text.padded_width([20, 23, 9], 4) == 23 and text.padded_width([], 4) == 4
+    assert text.wrap("granted to resnet50-imagenet (alice)", 20) == ["granted to", "resnet50-imagenet", "(alice)"]
+    assert text.wrap("日本語の名前", 5) == ["日本", "語の", "名前"]  # wide characters never split
+    assert text.cut("19.3/25.8 GB dedicated", 14, words=True) == "19.3/25.8 GB…"
+    assert text.cut("19.3/25.8 GB dedicated", 14) == "19.3/25.8 GB …"
+    message = "4 GPU(s) ok, 1 not: Unable to determine the device handle for GPU 0000:41:00.0"
+    lines = text.table(["SOURCE", "MESSAGE"], [["nvidia-smi", message]], limit=40).splitlines()
+    assert max(text.width(line) for line in lines) <= 40
+    assert " ".join(line[12:] for line in lines[1:]) == message  # wrapped under its column
+    piped = text.table(["NAME", "STATE"], [[f"job-{i}", "queued"] for i in range(20)] + [["n" * 80, "queued"]])
+    assert max(text.width(line) for line in piped.splitlines()[:-1]) < 20

@@ -102,9 +102,13 @@ class StoreJobs:
 
 
 def nvidia_path(caps: Capabilities) -> str | None:
-    """The nvidia-smi that last probed fine on this machine, or None (no NVIDIA GPU, or a broken tool)."""
+    """The nvidia-smi that last probed fine on this machine, or None (no NVIDIA GPU, or a broken tool).
+
+    A degraded probe (some GPUs answered, a lost one did not) counts as fine: the sampler reads
+    the GPUs that answer, and the lost one's diagnostic line is skipped.
+    """
     health = next((h for h in caps.health if h.source == "nvidia-smi"), None)
-    if health is None or health.status is not ProbeStatus.OK or not health.path:
+    if health is None or health.status not in (ProbeStatus.OK, ProbeStatus.DEGRADED) or not health.path:
         return None
     return health.path
 

@@ -159,3 +159,38 @@ def test_devices_without_a_daemon_says_it_probes_this_machine_itself(
     out, err = capsys.readouterr()
     assert "no gpulayerd answered: probing this machine directly" in err
     assert '"devices": []' in out
+
+
+GPU_BOX = Path(__file__).resolve().parents[2] / "data" / "gpu-box.json"
+"""A lab box as the probe sees tests.fakes.nvidia_recorded.lab_box (MIG instance 5000 granted to a job)."""
+
+
+def test_devices_fit_80_columns_and_name_the_holder(tmp_path: Path) -> None:
+    from gpulayerd.cli.render import render_capabilities
+    from gpulayerd.gpu.metrics import metrics_argv
+    from gpulayerd.models import Capabilities
+    from tests.fakes.nvidia_recorded import lab_box
+    from tests.integration.components.test_hardware_truth import probe, worker_of
+
+    saved = Capabilities.model_validate_json(GPU_BOX.read_bytes())
+    probed, _ = worker_of(probe(tmp_path, lab_box(metrics_argv("nvidia-smi", 1000)[1:]))[0])
+    # the saved box (the TUI tests show it) is what the probe finds in the recordings
+    assert ([d.model_dump(exclude={"granted_to"}) for d in probed.devices]
+            == [d.model_dump(exclude={"granted_to"}) for d in saved.devices])
+    out = render_capabilities(saved, limit=80, label={"m8rs7eysv02m": "resnet50 (alice)"}.get)
+    assert max(text.width(line) for line in out.splitlines()) <= 80, out
+    lines = out.splitlines()
+    mig = lines.index(next(line for line in lines if line.startswith("  5000 ")))
+    assert "MIG 3g.40gb on GPU 4" in lines[mig]
+    assert "granted to resnet50 (alice)" in lines[mig + 1]  # the rest on an indented second line
+    assert "lost: Unable to determine the" in out and "8 slots (4 free)" in out
+    wide = render_capabilities(saved).splitlines()  # no limit: one line per device, the holder's id
+    assert any(line.startswith("  5000 ") and line.endswith("granted to m8rs7eysv02m") for line in wide)
+
+
+def test_piped_jobs_are_not_padded_for_one_long_name() -> None:
+    jobs = [_job(f"m8j{i:09d}", f"train-{i}", "succeeded", "exited 0") for i in range(41)]
+    jobs.append(_job("m8jlong", "x" * 102, reason=WAITING))
+    lines = render_jobs(jobs, DEFAULT, None, now=10.0).splitlines()
+    assert "x" * 102 in lines[-1] and WAITING in lines[-1]  # whole, never cut
+    assert max(text.width(line) for line in lines[:-1]) < 70  # the other rows keep their width

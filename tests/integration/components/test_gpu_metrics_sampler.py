@@ -44,6 +44,18 @@ def test_sample_lines_parse_with_placeholders_as_none() -> None:
     assert parse_sample_line(f"x, {UUID0}, 1, 2, 3, 4, 5, 6") is None  # no index: not a GPU
 
 
+def test_a_degraded_nvidia_smi_still_samples_the_gpus_that_answer() -> None:
+    from gpulayerd.app.worker.metrics import nvidia_path
+    from gpulayerd.models import Capabilities
+
+    box = Capabilities.model_validate_json((Path(__file__).resolve().parents[2] / "data" / "gpu-box.json").read_bytes())
+    assert box.health[0].status.value == "degraded"  # a GPU is lost, the other four answer
+    assert nvidia_path(box) == "/usr/bin/nvidia-smi"
+    assert parse_sample_line("Unable to determine the device handle for GPU 0000:41:00.0: Unknown Error") is None
+    box.health[0].status = box.health[0].status.__class__("driver_unavailable")
+    assert nvidia_path(box) is None
+
+
 def test_compute_app_rows_keep_pid_and_memory() -> None:
     out = f"{UUID0}, 4242, 17408\n{UUID1}, 999, [N/A]\n{UUID1}, notapid, 5\n"
     assert parse_compute_app_rows(out) == (ComputeApp(UUID0, 4242, 17408 * MIB), ComputeApp(UUID1, 999, None))

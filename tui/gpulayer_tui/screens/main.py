@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 
 from gpulayer_tui.state import Connection, StateSource
 from gpulayer_tui.widgets.connection import ConnectionBanner
-from gpulayer_tui.widgets.devices_table import DevicesTable, job_label, probe_text
+from gpulayer_tui.widgets.devices_table import DevicesTable, device_detail, mig_names, probe_texts
 from gpulayer_tui.widgets.environments_table import EnvironmentsTable, probe_lines
 from gpulayer_tui.widgets.gpu_metrics import GpuMetricsPanel, MetricsFetch
 from gpulayer_tui.widgets.job_rows import JobFilter, reason_cell
@@ -24,6 +24,7 @@ from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayer_tui.widgets.peers_table import PeersTable
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView, PeerView
+from gpulayerd.text import job_label
 
 __all__ = ["VIEWS", "KnownFilterKeys", "MainScreen"]
 
@@ -65,6 +66,10 @@ class MainScreen(Screen[None]):
         padding: 0 1;
     }
     MainScreen #jobs-reason {
+        height: auto;
+        max-height: 4;
+    }
+    MainScreen #devices-detail {
         height: auto;
         max-height: 4;
     }
@@ -128,6 +133,7 @@ class MainScreen(Screen[None]):
         jobs.requester = source.state.requester
         jobs.set_jobs(source.state.jobs.values())
         self.query_one(DevicesTable).labeller = self._job_label
+        self.query_one(GpuMetricsPanel).labeller = self._job_label
         self._show_peers(source.state.peers)
         self._show_connection(source.state.connection)
         source.job_updated.subscribe(self, self._job_updated, immediate=True)
@@ -172,6 +178,7 @@ class MainScreen(Screen[None]):
     @on(GpuMetricsPanel.Updated)
     def _metrics_updated(self, event: GpuMetricsPanel.Updated) -> None:
         self.query_one(DevicesTable).metrics = event.metrics
+        self._show_device_detail()
 
     def _job_label(self, job_id: str) -> str | None:
         job = self._source.state.jobs.get(job_id)
@@ -194,19 +201,15 @@ class MainScreen(Screen[None]):
     def _job_highlighted(self, event: JobsTable.JobHighlighted) -> None:
         job = event.job
         text = "" if job is None else f"{fmt.escape(job.id)}: {reason_cell(job) or job.status}"
+        table = self.query_one(JobsTable)
+        if job is not None and "where" in table.hidden_columns and job.id in table.shown_ids:
+            where = table.cells(job.id).where  # WHERE gave way to REASON: say it here
+            text = text if where == fmt.DASH else f"{fmt.escape(job.id)} on {where}: {reason_cell(job) or job.status}"
         self.query_one("#jobs-reason", Static).update(Text(text))  # the whole reason, never markup
 
     @on(DataTable.RowHighlighted, "#devices-table")
-    def _device_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        node_id = str(event.row_key.value).rsplit(":", 1)[0]
-        peer = next((p for p in self._source.state.peers if p.node_id == node_id), None)
-        text = ""
-        if peer is not None and peer.capabilities is not None:
-            caps = peer.capabilities
-            probes = " · ".join(probe_text(h) for h in caps.health)
-            text = fmt.escape(f"{peer.name}: {fmt.text(caps.cpu_count)} CPUs, {fmt.gb(caps.memory_total_bytes)} "
-                              f"RAM; probes: {probes or fmt.DASH}")  # a peer's words: escaped, never markup
-        self.query_one("#devices-detail", Static).update(Text(text))
+    def _device_highlighted(self) -> None:
+        self._show_device_detail()
 
     # ----------------------------------------------------------------- private
 
@@ -227,8 +230,32 @@ class MainScreen(Screen[None]):
         table.refresh_bindings()
         self._update_status()
 
+    def _show_device_detail(self) -> None:
+        """The highlighted device in words, whole (the table may cut or hide columns), and its machine:
+        CPUs, CPU slots, RAM and each probe's health."""
+        table = self.query_one(DevicesTable)
+        key = table.highlighted_key
+        lines = []
+        if key is not None and key in table.row_keys:
+            lines.append(device_detail(table.row_cells(key)))
+            node_id = key.rsplit(":", 1)[0]
+            peer = next((p for p in self._source.state.peers if p.node_id == node_id), None)
+            if peer is not None and peer.capabilities is not None:
+                caps = peer.capabilities
+                slots = fmt.cpu_slots(caps.cpu_slots_total, caps.cpu_slots_free)
+                probes = " · ".join(probe_texts(caps))
+                lines.append(fmt.escape(f"{peer.name}: {fmt.text(caps.cpu_count)} CPUs"
+                                        + (f", {slots}" if slots else "")
+                                        + f", {fmt.gb(caps.memory_total_bytes)} RAM; probes: {probes or fmt.DASH}"))
+        self.query_one("#devices-detail", Static).update(Text("\n".join(lines)))  # peers' words: never markup
+
     def _show_peers(self, peers: list[PeerView]) -> None:
         self.query_one(DevicesTable).peers = tuple(peers)
+        me = next((p for p in peers if p.state == "self" and p.capabilities is not None), None)
+        self.query_one(GpuMetricsPanel).devices = () if me is None or me.capabilities is None else tuple(
+            me.capabilities.devices)
+        self.query_one(JobsTable).set_device_names(mig_names(peers))
+        self._show_device_detail()
         self.query_one(PeersTable).peers = tuple(peers)
         self.query_one(EnvironmentsTable).peers = tuple(peers)
         self.query_one("#environments-probes", Static).update(probe_lines(peers))

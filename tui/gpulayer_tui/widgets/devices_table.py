@@ -1,9 +1,16 @@
 """Every known machine's devices: utilisation, memory with its kind, who holds it, driver, probe health.
 
-Columns fit 120 terminal columns (DRIVER and PROBE included): long names are cut, a device
-granted to a job shows the job's name and user (never only its id), and a device that is
-only detected says so in STATE. This machine's devices take utilisation and memory from the
-live metrics (:class:`gpulayerd.models.metrics.MetricsView`) while they are polled.
+In the words of ``gpulayer devices`` (:mod:`gpulayerd.text`): a MIG instance is KIND
+``cuda/mig`` named by its profile and GPU (``MIG 3g.40gb on GPU 4``, right under that GPU), a
+lost or unusable GPU says so with the tool's words, a device granted to a job shows the job's
+name and user (never only its id), and each machine ends with a CPU row: its cores and the
+daemon's CPU slots (``8 slots (4 free)``). This machine's devices take utilisation and memory
+from the live metrics (:class:`gpulayerd.models.metrics.MetricsView`) while they are polled.
+
+Columns are as wide as their content and fit the table's width (:attr:`DevicesTable.SHRINK`):
+on a narrow terminal NAME and STATE are cut and CC, DRIVER, PROBE and KIND give way, never a
+sideways scroll; :func:`device_detail` has the highlighted row's every word for the line under
+the table.
 """
 
 from __future__ import annotations
@@ -18,35 +25,36 @@ from gpulayer_tui.widgets.keyed_table import Cell, KeyedTable
 from gpulayerd import text as fmt
 from gpulayerd.models import Capabilities, DeviceModel, PeerView, ProbeHealthModel
 from gpulayerd.models.metrics import GpuMetricsView, MetricsView
+from gpulayerd.text import job_label
 
-__all__ = ["DevicesTable", "JobLabeller", "device_rows", "job_label", "probe_summary", "probe_text"]
+__all__ = ["DevicesTable", "JobLabeller", "device_detail", "device_order", "device_rows", "faults", "job_label",
+           "mig_names", "probe_summary", "probe_text", "probe_texts"]
 
 _HEALTHY = frozenset({"ok", "not_found", "no_devices"})
-_ANOTHER_DAEMON = "(another gpulayerd on this machine)"  # gpulayerd.app.worker.machine.ANOTHER_DAEMON
-NAME_CELLS = 16
-"""Most cells of the NAME column."""
-STATE_CELLS = 20
-"""Most cells of the STATE column."""
-PROBE_CELLS = 14
-"""Most cells of the PROBE column (the status line under the table has every probe in full)."""
+_FAULTS = frozenset({"lost", "unusable"})
+_PROBE_OF = {"cuda": "nvidia-smi", "rocm": "rocm-smi"}
 GB = 10**9
 
 JobLabeller = Callable[[str], str | None]
-"""Job id -> "name (user)" as people know the job, or None when unknown."""
+"""Job id -> "name (user)" as people know the job (escaped), or None when unknown."""
 
 
-def job_label(job_id: str, name: str | None, user: str | None) -> str:
-    """How a job is shown where it holds a device: "name (user)", "name", "id (user)" or the id; escaped."""
-    head = fmt.escape(name) if name else job_id
-    return f"{head} ({fmt.escape(user)})" if user else head
+def faults(caps: Capabilities) -> list[DeviceModel]:
+    """The devices the probe found lost or unusable (never granted), by index."""
+    return [d for d in caps.devices if d.state.value in _FAULTS]
+
+
+def _fault_words(devices: Sequence[DeviceModel]) -> str:
+    """"GPU 3 lost", "GPU 3 lost, GPU 5 unusable"."""
+    return ", ".join(f"GPU {d.index} {d.state.value}" for d in devices)
 
 
 def probe_summary(caps: Capabilities) -> str:
-    """"ok" when every probe worked or found nothing to probe, else each failing probe and its status."""
-    bad = [h for h in caps.health if h.status.value not in _HEALTHY]
-    if not bad:
-        return "ok"
-    return "; ".join(f"{h.source}: {h.status.value.replace('_', ' ')}" for h in bad)
+    """"ok" when every probe worked or found nothing to probe and no device is lost or unusable,
+    else each failing probe and its status, and the lost or unusable devices."""
+    bad = [f"{h.source}: {h.status.value.replace('_', ' ')}" for h in caps.health if h.status.value not in _HEALTHY]
+    lost = faults(caps)
+    return "; ".join(bad + ([_fault_words(lost)] if lost else [])) or "ok"
 
 
 def probe_text(h: ProbeHealthModel) -> str:
@@ -59,17 +67,40 @@ def probe_text(h: ProbeHealthModel) -> str:
     return f"{head} ({message})"
 
 
-def _holder(granted_to: str, labeller: JobLabeller | None, live: GpuMetricsView | None) -> str:
-    if granted_to == _ANOTHER_DAEMON:
-        return "another gpulayerd"
-    job_id, held = (granted_to.removesuffix(" (held)"), granted_to.endswith(" (held)"))
-    label = None
-    if live is not None and live.granted_to == job_id and (live.granted_name or live.granted_user):
-        label = job_label(job_id, live.granted_name, live.granted_user)
-    if label is None and labeller is not None:
-        label = labeller(job_id)
-    label = label or fmt.escape(job_id)
-    return f"{label} (held)" if held else label
+def probe_texts(caps: Capabilities) -> list[str]:
+    """Each probe's health (:func:`probe_text`), where a probe that answered "ok" but whose devices
+    include a lost or unusable one says which instead ("nvidia-smi: GPU 3 lost"). Not escaped."""
+    lost = faults(caps)
+    out = []
+    for h in caps.health:
+        mine = [d for d in lost if _PROBE_OF.get(d.accelerator.value) == h.source]
+        out.append(f"{h.source}: {_fault_words(mine)}" if mine and h.status.value == "ok" else probe_text(h))
+    return out
+
+
+def device_order(devices: Sequence[DeviceModel]) -> list[DeviceModel]:
+    """``devices`` by index, each MIG instance right after its GPU."""
+    parents = {d.uuid: d.index for d in devices if d.uuid and d.kind.value != "mig"}
+
+    def key(d: DeviceModel) -> tuple[int, int, int]:
+        parent = parents.get(d.parent_uuid or "") if d.kind.value == "mig" else None
+        return (d.index, 0, 0) if parent is None else (parent, 1, d.index)
+
+    return sorted(devices, key=key)
+
+
+def mig_names(peers: Sequence[PeerView]) -> dict[tuple[str, int], str]:
+    """(node id, device index) -> the MIG instance's name ("MIG 3g.40gb on GPU 4") for every MIG
+    instance of ``peers``: what WHERE says instead of its index."""
+    out: dict[tuple[str, int], str] = {}
+    for p in peers:
+        if p.capabilities is None:
+            continue
+        parents = {d.uuid: d.index for d in p.capabilities.devices if d.uuid}
+        for d in p.capabilities.devices:
+            if d.kind.value == "mig":
+                out[(p.node_id, d.index)] = fmt.mig_name(d.mig_profile, parents.get(d.parent_uuid or ""))
+    return out
 
 
 def _state(peer: PeerView, d: DeviceModel, labeller: JobLabeller | None, live: GpuMetricsView | None) -> Cell:
@@ -77,25 +108,22 @@ def _state(peer: PeerView, d: DeviceModel, labeller: JobLabeller | None, live: G
         return Text("offline", style="red")
     if peer.state == "foreign":
         return Text("other cluster", style="magenta")
-    if d.state.value == "lost":  # named only in nvidia-smi's diagnostic lines: never granted
-        reason = f"lost: {fmt.escape(d.state_reason)}" if d.state_reason else "lost"
-        return Text(fmt.cut(reason, STATE_CELLS), style="bold red")
-    if d.state.value == "unusable":  # a field reads [GPU requires reset], or compute mode Prohibited
-        reason = f"unusable: {fmt.escape(d.state_reason)}" if d.state_reason else "unusable"
-        return Text(fmt.cut(reason, STATE_CELLS), style="bold red")
+    fault = fmt.fault(d.state.value, d.state_reason)
+    if fault is not None:  # lost, unusable: the tool's words; excluded by the config
+        return Text(fmt.escape(fault), style="dim" if d.state.value == "excluded" else "bold red")
     if d.kind.value == "gpu" and d.mig_enabled:
         return Text("MIG mode", style="cyan")
-    if d.state.value == "excluded":
-        return Text(fmt.cut(f"excluded ({fmt.escape(d.state_reason or 'config')})", STATE_CELLS), style="dim")
     if d.granted_to:
-        return Text(fmt.cut(_holder(d.granted_to, labeller, live), STATE_CELLS), style="yellow")
+        if live is not None and live.granted_to == d.granted_to and (live.granted_name or live.granted_user):
+            return Text(job_label(d.granted_to, live.granted_name, live.granted_user), style="yellow")
+        return Text(fmt.holder(d.granted_to, labeller), style="yellow")
     pids = [p.pid for p in live.processes] if live is not None else d.foreign_pids
     if pids:
-        return Text(fmt.cut("busy (pid " + ", ".join(str(p) for p in pids) + ")", STATE_CELLS), style="red")
+        return Text("busy (pid " + ", ".join(str(p) for p in pids) + ")", style="red")
     if not d.execution_supported:
         return Text("detection only", style="dim")
     if d.to_core().hidden_use:
-        return Text(fmt.cut("busy (processes not visible here)", STATE_CELLS), style="red")
+        return Text("busy (processes not visible here)", style="red")
     if not d.processes_known:
         busy = d.to_core().unknown_use
         return Text("procs unknown (busy)" if busy else "procs unknown (idle)",
@@ -126,13 +154,25 @@ def _util(live: GpuMetricsView | None) -> str:
     return f"{live.utilization_pct:.0f}%"
 
 
+def _cpu_row(node: str, caps: Capabilities, probe: Cell) -> tuple[Cell, ...]:
+    """A machine's CPU: its cores and RAM, and the daemon's CPU slots (``8 slots (4 free)``)."""
+    slots = fmt.cpu_slots(caps.cpu_slots_total, caps.cpu_slots_free)
+    cores = f"{fmt.text(caps.cpu_count)} cores"
+    name = cores if caps.devices else f"CPU only, {cores}"
+    state: Cell = fmt.DASH if slots is None else Text(slots, style="green" if caps.cpu_slots_free else "yellow")
+    ram = fmt.DASH if caps.memory_total_bytes is None else f"{fmt.gb(caps.memory_total_bytes)} RAM"
+    return (node, fmt.DASH, "cpu", fmt.DASH, ram, state, name, fmt.DASH, fmt.DASH, probe)
+
+
 def device_rows(peers: Sequence[PeerView], metrics: MetricsView | None = None,
                 labeller: JobLabeller | None = None) -> dict[str, tuple[Cell, ...]]:
-    """One row per device of every peer (a CPU-only machine gets one "CPU only" row), keyed node:index.
+    """One row per device of every peer, MIG instances under their GPU, then one CPU row per peer;
+    keyed ``node:index`` (``node:cpu`` for the CPU, ``node:-`` for a machine that did not report).
 
-    Columns as :attr:`DevicesTable.COLUMNS`. ``metrics`` (this machine's, matched by uuid on
-    the peer whose state is ``self``) gives utilisation and fresher memory; ``labeller`` names
-    the jobs holding devices.
+    Columns as :attr:`DevicesTable.COLUMNS`; every cell is whole (the table cuts to fit).
+    ``metrics`` (this machine's, matched by uuid on the peer whose state is ``self``) gives
+    utilisation and fresher memory, never for a lost or unusable GPU; ``labeller`` names the
+    jobs holding devices.
     """
     rows: dict[str, tuple[Cell, ...]] = {}
     live_by_uuid = {g.uuid: g for g in metrics.gpus if g.uuid} if metrics is not None else {}
@@ -144,26 +184,40 @@ def device_rows(peers: Sequence[PeerView], metrics: MetricsView | None = None,
                                         fmt.DASH, fmt.DASH, fmt.DASH)
             continue
         probe = probe_summary(caps)
-        probe_cell = Text(fmt.cut(probe, PROBE_CELLS), style="" if probe == "ok" else "bold red")
-        if not caps.devices:
-            rows[f"{peer.node_id}:-"] = (node, fmt.DASH, "cpu", fmt.DASH, fmt.DASH, "CPU only", fmt.DASH, fmt.DASH,
-                                        fmt.DASH, probe_cell)
-            continue
-        for d in caps.devices:
-            live = live_by_uuid.get(d.uuid) if peer.state == "self" and d.uuid else None
+        probe_cell = Text(fmt.escape(probe), style="" if probe == "ok" else "bold red")
+        parents = {d.uuid: d.index for d in caps.devices if d.uuid}
+        for d in device_order(caps.devices):
+            fault = d.state.value in _FAULTS
+            live = live_by_uuid.get(d.uuid) if peer.state == "self" and d.uuid and not fault else None
+            mig = d.kind.value == "mig"
+            name = fmt.device_name(d.name, mig=mig, mig_profile=d.mig_profile,
+                                   parent_index=parents.get(d.parent_uuid or ""), lost=d.state.value == "lost",
+                                   pci_bus_id=d.pci_bus_id)
             rows[f"{peer.node_id}:{d.index}"] = (
                 node,
                 str(d.index),
-                d.accelerator.value,
+                fmt.device_kind(d.accelerator.value, mig),
                 _util(live),
                 _memory(d, live),
                 _state(peer, d, labeller, live),
-                fmt.cut(fmt.escape(fmt.text(d.name)), NAME_CELLS),
+                Text(fmt.escape(fmt.text(name)), style="dim" if fault else ""),
                 fmt.text(d.compute_capability),
                 fmt.escape(fmt.text(d.driver_version)),
                 probe_cell,
             )
+        rows[f"{peer.node_id}:cpu"] = _cpu_row(node, caps, probe_cell)
     return rows
+
+
+def device_detail(cells: Sequence[Cell]) -> str:
+    """A row of :func:`device_rows` in words, every column whole: "lab-ws-02 cuda 0: NVIDIA RTX A6000 ·
+    19.3/25.8 GB dedicated · util 87% · sweep (bob) · cc 8.6 · driver 550.54.15 · probes ok"."""
+    node, index, kind, util, memory, state, name, cc, driver, probe = (
+        c.plain if isinstance(c, Text) else c for c in cells)
+    parts = [memory, f"util {util}" if util != fmt.DASH else "", state, f"cc {cc}" if cc != fmt.DASH else "",
+             f"driver {driver}" if driver != fmt.DASH else "", f"probes {probe}" if probe != fmt.DASH else ""]
+    head = f"{node} {kind}" + ("" if index == fmt.DASH else f" {index}")
+    return f"{head}: {name} · " + " · ".join(p for p in parts if p and p != fmt.DASH)
 
 
 class DevicesTable(KeyedTable):
@@ -181,6 +235,14 @@ class DevicesTable(KeyedTable):
         ("driver", "DRIVER"),
         ("probe", "PROBE"),
     )
+
+    SHRINK: ClassVar[Sequence[tuple[str, int]]] = (
+        ("probe", 16), ("name", 20), ("state", 24), ("node", 12), ("probe", 0), ("driver", 0), ("cc", 0),
+        ("accelerator", 0), ("name", 16), ("memory", 16), ("state", 20), ("node", 9), ("memory", 13),
+        ("name", 12), ("state", 14), ("util", 0), ("node", 6), ("name", 6), ("state", 8),
+    )
+    """Cut PROBE, NAME and STATE (the line under the table has them whole) before hiding PROBE,
+    DRIVER, CC and KIND; then cut MEMORY, NAME, STATE and NODE further."""
 
     peers: reactive[tuple[PeerView, ...]] = reactive((), init=False, always_update=True)
     """The peers (with capabilities) whose devices are shown."""

@@ -5,6 +5,11 @@ while :attr:`GpuMetricsPanel.watching` is True (the Devices view is shown); each
 the daemon's sampler running, and when the polls stop the daemon stops sampling. Each poll's
 answer is also posted as :class:`GpuMetricsPanel.Updated` (the devices table uses it).
 Process lines name a gpulayer job by name and user, anything else as "foreign pid N (user)".
+
+With this machine's devices (:attr:`GpuMetricsPanel.devices`, from its capabilities) there is a
+card per GPU the probe found: a GPU in MIG mode lists its instances under it (profile, memory,
+holder), and a lost or unusable GPU is greyed with nvidia-smi's words instead of numbers (the
+sampler keeps a GPU's last sample after it is lost: those numbers are stale).
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from gpulayer_tui.api import ApiRequestError, DaemonUnreachable
-from gpulayer_tui.widgets.devices_table import job_label
+from gpulayer_tui.widgets.devices_table import JobLabeller, device_order
 from gpulayerd import text as fmt
+from gpulayerd.models import DeviceModel
 from gpulayerd.models.metrics import GpuMetricsView, GpuProcessView, MetricsView
+from gpulayerd.text import job_label
 
-__all__ = ["GpuCard", "GpuMetricsPanel", "gpu_head", "memory_bar", "process_line", "sparkline"]
+__all__ = ["GpuCard", "GpuMetricsPanel", "card_text", "gpu_head", "instance_line", "memory_bar", "process_line",
+           "sparkline"]
 
 GB = 1e9
 BAR_CELLS = 10
@@ -82,8 +90,51 @@ def sparkline(history: list[float | None], cells: int = SPARK_CELLS) -> Text:
     return Text("".join(chars).rjust(cells), style="cyan")
 
 
+def instance_line(d: DeviceModel, labeller: JobLabeller | None = None) -> Text:
+    """A MIG instance under its GPU: "  MIG 3g.40gb  ░░░░░░░░░░ 0.0/42.1 GB  free" (memory as last
+    probed; the holder by name and user when ``labeller`` knows the job)."""
+    used, total = d.memory_used_bytes, d.memory_total_bytes
+    mem = f"{fmt.DASH if used is None else f'{used / GB:.1f}'}/{fmt.DASH if total is None else f'{total / GB:.1f}'} GB"
+    fault = fmt.fault(d.state.value, d.state_reason)
+    if fault is not None:
+        state = Text(fmt.escape(fault), style="bold red")
+    elif d.granted_to:
+        state = Text(f"granted to {fmt.holder(d.granted_to, labeller)}", style="yellow")
+    else:
+        state = Text(fmt.device_state(None, d.foreign_pids), style="red" if d.foreign_pids else "green")
+    return Text.assemble("  ", (f"{fmt.mig_name(d.mig_profile, None):<12}", "bold"), " ",
+                         memory_bar(used, total), f" {mem}  ", state)
+
+
+def card_text(gpu: GpuMetricsView | None, device: DeviceModel | None = None,
+              instances: list[DeviceModel] | None = None, labeller: JobLabeller | None = None) -> Text:
+    """One GPU's card: its summary with a utilisation sparkline, its holder, its MIG instances, its
+    processes (one line each). A lost or unusable ``device`` is one greyed line in the tool's words
+    ("GPU 3 lost: Unable to determine the device handle …"), whatever ``gpu`` (a stale sample) says;
+    ``gpu`` None (no sample yet): the summary reads "no live sample"."""
+    fault = None if device is None else fmt.fault(device.state.value, device.state_reason)
+    if device is not None and device.state.value in ("lost", "unusable") and fault is not None:
+        where = f" at {device.pci_bus_id}" if device.pci_bus_id else ""
+        return Text(f"GPU {device.index}{fmt.escape(where)} {fmt.escape(fault)} — no live readings",
+                    style="dim")
+    if gpu is None:
+        assert device is not None
+        lines = [Text.assemble((f"GPU {device.index} ", "bold"), ("no live sample", "dim"))]
+    else:
+        head = gpu_head(gpu)
+        head.pad_right(max(0, HEAD_CELLS - head.cell_len))
+        lines = [Text.assemble(head, "  ", sparkline(gpu.utilization_history))]
+        if gpu.granted_to and not any(p.job_id == gpu.granted_to for p in gpu.processes):
+            lines.append(Text.assemble("  granted to ", (job_label(gpu.granted_to, gpu.granted_name,
+                                                                   gpu.granted_user), "yellow")))
+    lines += [instance_line(d, labeller) for d in instances or ()]
+    if gpu is not None:
+        lines += [process_line(p) for p in gpu.processes]
+    return Text("\n").join(lines)
+
+
 class GpuCard(Static):
-    """One GPU: its summary with a utilisation sparkline, then its processes (one line each)."""
+    """One GPU: its :func:`card_text`."""
 
     DEFAULT_CSS = """
     GpuCard {
@@ -91,16 +142,10 @@ class GpuCard(Static):
     }
     """
 
-    def show(self, gpu: GpuMetricsView) -> None:
-        """Show ``gpu``'s latest sample, history and processes."""
-        head = gpu_head(gpu)
-        head.pad_right(max(0, HEAD_CELLS - head.cell_len))
-        lines = [Text.assemble(head, "  ", sparkline(gpu.utilization_history))]
-        if gpu.granted_to and not any(p.job_id == gpu.granted_to for p in gpu.processes):
-            lines.append(Text.assemble("  granted to ", (job_label(gpu.granted_to, gpu.granted_name,
-                                                                   gpu.granted_user), "yellow")))
-        lines += [process_line(p) for p in gpu.processes]
-        self.update(Text("\n").join(lines))
+    def show(self, gpu: GpuMetricsView | None, device: DeviceModel | None = None,
+             instances: list[DeviceModel] | None = None, labeller: JobLabeller | None = None) -> None:
+        """Show ``gpu``'s latest sample, history and processes, as :func:`card_text` says."""
+        self.update(card_text(gpu, device, instances, labeller))
 
 
 class GpuMetricsPanel(Vertical):
@@ -130,6 +175,12 @@ class GpuMetricsPanel(Vertical):
 
     metrics: reactive[MetricsView | None] = reactive(None, init=False, always_update=True)
     """The latest answer."""
+
+    devices: tuple[DeviceModel, ...] = ()
+    """This machine's devices as last probed (set by the screen; empty: one card per sampled GPU)."""
+
+    labeller: JobLabeller | None = None
+    """Names the job holding a MIG instance (set by the screen: the jobs it knows)."""
 
     def __init__(self, fetch: MetricsFetch | None, *, poll_s: float = 1.0, id: str | None = None) -> None:
         """A panel that polls ``fetch`` every ``poll_s`` seconds while watching (None or 0: never polls)."""
@@ -173,24 +224,49 @@ class GpuMetricsPanel(Vertical):
             await self.show(self.metrics)
 
     async def show(self, metrics: MetricsView) -> None:
-        """Show ``metrics``: a card per GPU (cards are re-made only when the number of GPUs changes)."""
+        """Show ``metrics``: a card per GPU (cards are re-made only when the number of GPUs changes).
+
+        With :attr:`devices`, a card per GPU they list (MIG instances on their GPU's card, a lost
+        or unusable GPU greyed), matched to its sample by uuid, then any sampled GPU they do not list.
+        """
         try:
             note = self.query_one("#gpu-note", Static)
         except NoMatches:  # not composed yet (on_mount shows it) or already taken down
             return
-        gpus = metrics.gpus
+        cards_data = self._cards(metrics)
         if not metrics.available:
             note.update(Text(f"no live GPU metrics here: {fmt.escape(metrics.message)}"))
-        elif not gpus:
+        elif not metrics.gpus:
             note.update("sampling GPU metrics…")
         else:
             note.update("")
-        note.display = bool(not metrics.available or not gpus)
+        note.display = bool(not metrics.available or not metrics.gpus)
+        if not metrics.available:
+            cards_data = [c for c in cards_data if c[1] is not None and c[1].state.value in ("lost", "unusable")]
         cards = list(self.query(GpuCard))
-        if len(cards) != len(gpus):
+        if len(cards) != len(cards_data):
             await self.remove_children(GpuCard)
-            cards = [GpuCard() for _ in gpus]
+            cards = [GpuCard() for _ in cards_data]
             if cards:
                 await self.mount_all(cards)
-        for card, gpu in zip(cards, gpus, strict=True):
-            card.show(gpu)
+        for card, (gpu, device, instances) in zip(cards, cards_data, strict=True):
+            card.show(gpu, device, instances, self.labeller)
+
+    def _cards(self, metrics: MetricsView) -> list[tuple[GpuMetricsView | None, DeviceModel | None,
+                                                         list[DeviceModel]]]:
+        """(sample, device, its MIG instances) per card, in device order. A sample is matched by uuid,
+        by index for a device without one (a lost GPU); a sample of an index that a listed device
+        has is never shown on its own (the sampler keeps a lost GPU's last, stale sample)."""
+        by_uuid = {g.uuid: g for g in metrics.gpus if g.uuid}
+        by_index = {g.index: g for g in metrics.gpus}
+        gpus = [d for d in device_order(self.devices) if d.kind.value != "mig" and d.accelerator.value == "cuda"]
+        out: list[tuple[GpuMetricsView | None, DeviceModel | None, list[DeviceModel]]] = []
+        for d in gpus:
+            sample = by_uuid.get(d.uuid) if d.uuid else by_index.get(d.index)
+            if sample is None and not metrics.gpus and d.state.value not in ("lost", "unusable"):
+                continue  # nothing sampled yet: the note says so
+            instances = [m for m in self.devices if m.kind.value == "mig" and d.uuid and m.parent_uuid == d.uuid]
+            out.append((sample, d, device_order(instances)))
+        uuids, indices = {d.uuid for d in gpus if d.uuid}, {d.index for d in gpus}
+        out += [(g, None, []) for g in metrics.gpus if g.uuid not in uuids and g.index not in indices]
+        return out

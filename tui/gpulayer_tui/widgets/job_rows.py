@@ -7,9 +7,11 @@ segments, so Rich markup in a name is shown as typed, never interpreted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from rich.cells import cell_len
 
 from gpulayer_tui.state import TERMINAL
 from gpulayerd import text as fmt
@@ -54,17 +56,37 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 """(key, header) of each column, in order: the state and the reason (code first) right after the id."""
 
-FIXED: dict[str, int] = {"id": 12, "state": 10, "user": 8, "where": 12, "age": 4}
-"""Widths in cells of the columns that do not flex (WHERE: 10 below 100 columns, 18 from 120 on)."""
+FIXED: dict[str, int] = {"id": 12, "age": 4}
+"""Widths in cells of the columns whose text has one width (a job id; an age such as "17m")."""
+
+LEAST: dict[str, int] = {"state": 7, "where": 12}
+"""Cells these columns take even when their cells are narrower: the states of a live queue
+("running", "queued", "claimed") and a host name with a GPU fit, so a job that starts repaints
+one line, not the whole table with new widths (a finished or cancelling job's longer state
+widens STATE once)."""
 
 NARROW = 90
 """Below this many columns ID gives way to REASON (the highlighted job's id is in the status line)."""
 
-MIN_REASON = 16
-MIN_NAME = 6
-NAME_SHARE = 0.4
-"""NAME gets at most this share of the room NAME and REASON share (less when the names are shorter;
-0.25 below 100 columns, where the reason comes first)."""
+SHRINK_WIDE: tuple[tuple[str, int], ...] = (
+    ("name", 32), ("reason", 64), ("where", 16), ("name", 20), ("user", 12), ("reason", 48), ("name", 14),
+    ("where", 12), ("id", 0), ("reason", 32), ("user", 8), ("name", 8), ("where", 8), ("reason", 16),
+    ("name", 6), ("user", 4), ("where", 0), ("reason", 8),
+)
+"""From 100 columns on: (column, floor) in the order columns give way when the content is wider than
+the terminal (:func:`gpulayerd.text.fit_widths`): a long NAME first, REASON keeps 64 cells before
+WHERE and NAME go on, and 48 (its code and the deciding words) until ID is hidden too."""
+
+SHRINK_NARROW: tuple[tuple[str, int], ...] = (
+    ("name", 16), ("where", 16), ("user", 8), ("name", 12), ("where", 12), ("id", 0), ("reason", 56), ("where", 0),
+    ("reason", 48), ("name", 10), ("reason", 40), ("user", 6), ("name", 8), ("user", 4), ("reason", 24),
+    ("name", 6), ("reason", 8),
+)
+"""Below 100 columns REASON comes before NAME and WHERE: WHERE is hidden (the status line under the
+table names it) before REASON goes below 56 cells, NAME goes to 10 cells before REASON below 48."""
+
+_GIVE_BACK = ("reason", "name", "where", "user")
+"""Cells a step freed beyond the need go back to the columns it cut, in this order."""
 
 SORTS: tuple[str, ...] = ("submitted", "state", "reason", "name", "user", "where")
 """Sort orders that ``s`` cycles through (``S`` reverses); ties keep submission order."""
@@ -111,16 +133,20 @@ def reason_cell(job: JobView) -> str:
     return f"{code}: {reason}" if reason else code
 
 
-def job_cells(job: JobView, now: float) -> Row:
+def job_cells(job: JobView, now: float, devices: Mapping[tuple[str, int], str] | None = None) -> Row:
     """The text of a job's row (see :class:`Row`).
 
     Args:
         job: the job.
         now: wall time (seconds since the epoch) the age is measured to.
+        devices: (node id, device index) -> the name WHERE shows instead of the index (a MIG
+            instance: "vm MIG 3g.40gb on GPU 4"; :func:`gpulayer_tui.widgets.devices_table.mig_names`).
     """
     state = "cancelling" if job.cancel_requested and job.status not in TERMINAL else job.status
     if job.where_node is not None or job.where_hosts:  # kept after the job ends; GPU indices included
-        where = fmt.where(job.where_name or (job.where_node or "")[:12], job.where_devices, job.where_hosts)
+        node = job.where_node or ""
+        names = {i: devices[(node, i)] for i in job.where_devices if (node, i) in devices} if devices else None
+        where = fmt.where(job.where_name or node[:12], job.where_devices, job.where_hosts, names)
     else:
         where = job.holder_name or (job.holder[:12] if job.holder else None)
     return Row(
@@ -144,30 +170,34 @@ def sort_key(order: str) -> Callable[[Row], tuple[object, ...]] | None:
     return lambda row: (row[col].lower(),)
 
 
-def column_widths(width: int, *, show_user: bool, name_max: int) -> tuple[int, ...]:
+def column_widths(width: int, *, show_user: bool, needs: Mapping[str, int]) -> tuple[int, ...]:
     """Cells of each column of :data:`COLUMNS` for a table ``width`` cells wide (0: hidden).
 
-    Every column is preceded by one blank cell and the line ends with one. NAME and REASON
-    share what the fixed columns leave: NAME up to its longest name (``name_max`` cells) and
-    at most :data:`NAME_SHARE` of it, REASON the rest (at least :data:`MIN_REASON`: a narrower
-    terminal scrolls sideways).
+    Every column is preceded by one blank cell and the line ends with one. Each column is as
+    wide as its widest cell (``needs``: column key -> cells of its widest cell), its header with
+    the sort mark and :data:`LEAST` at least (ID and AGE: :data:`FIXED`); when that is wider than
+    the terminal the columns give way along :data:`SHRINK_WIDE` (:data:`SHRINK_NARROW` below 100
+    columns). REASON takes what is left over. ID is hidden below :data:`NARROW` columns, USER
+    when ``show_user`` is False.
     """
-    fixed = dict(FIXED)
-    if width >= 120:
-        fixed["where"] = 18
-    elif width < 100:
-        fixed["where"] = 10
-    if width < NARROW:
-        fixed["id"] = 0
-    if not show_user:
-        fixed["user"] = 0
-    shown = sum(1 for k, _ in COLUMNS if fixed.get(k, 1) > 0)
-    room = max(0, width - sum(fixed.values()) - shown - 1)
-    share = NAME_SHARE if width >= 100 else 0.25
-    name = max(MIN_NAME, min(max(name_max, 4), int(room * share)))
-    reason = max(MIN_REASON, room - name)
-    flex = {"name": name, "reason": reason}
-    return tuple(fixed[k] if k in fixed else flex[k] for k, _ in COLUMNS)
+    natural = []
+    for key, header in COLUMNS:
+        if (key == "id" and width < NARROW) or (key == "user" and not show_user):
+            natural.append(0)
+        else:
+            natural.append(FIXED.get(key) or max(LEAST.get(key, 0), cell_len(header) + 1, needs.get(key, 0)))
+    index = {k: i for i, (k, _) in enumerate(COLUMNS)}
+    order = SHRINK_NARROW if width < 100 else SHRINK_WIDE
+    widths = fmt.fit_widths(natural, width - 1, [(index[k], floor) for k, floor in order], gap=1)
+    spare = width - 1 - sum(w + 1 for w in widths if w)
+    for key in _GIVE_BACK:
+        i = index[key]
+        if spare > 0 and widths[i]:
+            more = min(spare, natural[i] - widths[i])
+            widths[i] += more
+            spare -= more
+    widths[index["reason"]] += max(0, spare)
+    return tuple(widths)
 
 
 _FIELDS = {"state": "state", "status": "state", "s": "state", "acc": "acc", "accelerator": "acc", "user": "user",

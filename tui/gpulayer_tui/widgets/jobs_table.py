@@ -63,7 +63,8 @@ _STATE_RICH = {state: Style.parse(style) for state, style in STATE_STYLES.items(
 _COLUMN_INDEX = {key: i for i, (key, _) in enumerate(COLUMNS)}
 _STATE = _COLUMN_INDEX["state"]
 _USER = _COLUMN_INDEX["user"]
-_NAME = _COLUMN_INDEX["name"]
+_MEASURED = tuple((key, _COLUMN_INDEX[key]) for key in ("state", "reason", "name", "user", "where"))
+"""Columns whose width follows their widest cell (:func:`column_widths`' ``needs``)."""
 _AGE = _COLUMN_INDEX["age"]
 
 Cells = Row
@@ -196,10 +197,11 @@ class JobsTable(ScrollView, can_focus=True):
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self._index_valid = True
-        self._widths: tuple[int, ...] = column_widths(80, show_user=True, name_max=0)
+        self._widths: tuple[int, ...] = column_widths(80, show_user=True, needs={})
         self._filter = JobFilter()
         self._show_user = True
-        self._name_max = 0
+        self._needs: dict[str, int] = {}
+        self._devices: dict[tuple[str, int], str] = {}
         self._strips: LRUCache[tuple[str, bool], tuple[Cells, object, Strip]] = LRUCache(4096)
         self._resort_pending = False
         self._highlighted: str | None = None
@@ -231,6 +233,19 @@ class JobsTable(ScrollView, can_focus=True):
         """The id of the job under the cursor, or None when no row is shown."""
         return self._order[self.cursor_index] if self._order else None
 
+    @property
+    def hidden_columns(self) -> list[str]:
+        """Keys of the columns hidden to fit the width (ID below 90 columns; ID and WHERE when REASON
+        needs their cells: :func:`gpulayer_tui.widgets.job_rows.column_widths`)."""
+        return [key for (key, _), w in zip(COLUMNS, self._widths, strict=True) if not w]
+
+    def set_device_names(self, names: dict[tuple[str, int], str]) -> None:
+        """WHERE names these devices instead of their index: (node id, device index) -> name (a MIG
+        instance's "MIG 3g.40gb on GPU 4"); rows are recomputed only when the names change."""
+        if names != self._devices:
+            self._devices = dict(names)
+            self._rebuild()
+
     def cells(self, job_id: str) -> Cells:
         """The text of a shown job's row (KeyError if it is not shown)."""
         return self._cells[job_id]
@@ -253,7 +268,7 @@ class JobsTable(ScrollView, can_focus=True):
     def upsert_job(self, job: JobView) -> None:
         """Show one job's new data: its changed line only, or a new row, or remove a filtered-out row."""
         self._jobs[job.id] = job
-        cells = job_cells(job, self._clock())
+        cells = job_cells(job, self._clock(), self._devices)
         old = self._cells.get(job.id)
         if not self._filter.matches(job, cells):
             if old is not None:
@@ -262,9 +277,8 @@ class JobsTable(ScrollView, can_focus=True):
         if old == cells:
             return
         self._cells[job.id] = cells
-        if cell_len(cells[_NAME]) > self._name_max:
-            self._name_max = cell_len(cells[_NAME])
-            self._layout_columns()
+        if self._measure(cells):
+            self._layout_columns(changed_only=True)
         if old is None:
             self._append_row(job.id)
             if self.sort_by != "submitted" or job.id != next(reversed(self._jobs)):
@@ -304,6 +318,9 @@ class JobsTable(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._layout_columns()
+
+    def on_show(self) -> None:  # the terminal may have been resized while another view was shown
+        self._layout_columns(changed_only=True)
 
     def on_focus(self) -> None:
         self.refresh()
@@ -420,11 +437,13 @@ class JobsTable(ScrollView, can_focus=True):
         now = self._clock()
         self._cells = {}
         for job in self._jobs.values():
-            cells = job_cells(job, now)
+            cells = job_cells(job, now, self._devices)
             if self._filter.matches(job, cells):
                 self._cells[job.id] = cells
         self._order = list(self._cells)
-        self._name_max = max((cell_len(c.name) for c in self._cells.values()), default=0)
+        self._needs = {}
+        for cells in self._cells.values():
+            self._measure(cells)
         self._check_user_column(relayout=True)
         self._reorder(keep)
 
@@ -522,12 +541,29 @@ class JobsTable(ScrollView, can_focus=True):
         elif self.cursor_index >= top + rows:
             self.scroll_to(y=self.cursor_index - rows + 1, animate=False)
 
-    def _layout_columns(self) -> None:
-        widths = column_widths(self.scrollable_content_region.width, show_user=self._show_user,
-                               name_max=self._name_max)
+    def _measure(self, cells: Row) -> bool:
+        """Count ``cells`` in the widest cells of the measured columns; True when one got wider."""
+        wider = False
+        for key, i in _MEASURED:
+            n = cell_len(cells[i])
+            if n > self._needs.get(key, 0):
+                self._needs[key] = n
+                wider = True
+        return wider
+
+    def _layout_columns(self, changed_only: bool = False) -> None:
+        """Recompute the column widths and repaint (``changed_only``: only when the widths changed).
+
+        The vertical scrollbar's cells are always left free: rows come and go without a relayout,
+        and a line never gets wider than the table (no sideways scrolling).
+        """
+        room = self.content_region.width - self.styles.scrollbar_size_vertical
+        widths = column_widths(room, show_user=self._show_user, needs=self._needs)
         if widths != self._widths:
             self._widths = widths
             self._strips.clear()
+        elif changed_only:
+            return
         self._update_virtual_size()
         self.refresh()
 

@@ -1,4 +1,8 @@
-"""Every gpulayerd this one knows: trusted or foreign, addresses, version, last heartbeat."""
+"""Every gpulayerd this one knows: trusted or foreign, addresses, version, last heartbeat, its devices.
+
+DEVICES counts each machine's GPUs by name as ``gpulayer peers`` does (:func:`gpulayerd.text.hardware`:
+a GPU split into MIG instances counts once) and adds its CPU slots. Columns fit the table's width.
+"""
 
 from __future__ import annotations
 
@@ -30,15 +34,23 @@ def peer_rows(peers: Sequence[PeerView], now: float) -> dict[str, tuple[Cell, ..
         trust = Text("trusted", style="green") if p.trusted else Text("foreign", style="magenta")
         heartbeat = fmt.DASH if p.last_heartbeat_at is None else (
             f"{fmt.clock(p.last_heartbeat_at, with_date=False)} ({fmt.ago(p.last_heartbeat_at, now)})")
+        caps = p.capabilities
+        if caps is None:
+            devices = fmt.DASH
+        else:
+            slots = fmt.cpu_slots(caps.cpu_slots_total, caps.cpu_slots_free)
+            devices = ", ".join(part for part in (fmt.hardware((d.name, d.kind.value == "mig") for d in caps.devices)
+                                                  or "cpu only", slots and f"CPU {slots}") if part)
         rows[p.node_id] = (
-            p.name,
+            fmt.escape(p.name),
             p.node_id[:12],
             Text(p.state, style=_STATE_STYLES.get(p.state, "")),
             trust,
-            addresses,
-            fmt.text(p.version),
-            fmt.text(p.cluster),
+            fmt.escape(addresses),
+            fmt.escape(fmt.text(p.version)),
+            fmt.escape(fmt.text(p.cluster)),
             heartbeat,
+            fmt.escape(devices),
         )
     return rows
 
@@ -55,7 +67,16 @@ class PeersTable(KeyedTable):
         ("version", "VERSION"),
         ("cluster", "CLUSTER"),
         ("heartbeat", "LAST HEARTBEAT"),
+        ("devices", "DEVICES"),
     )
+
+    SHRINK: ClassVar[Sequence[tuple[str, int]]] = (
+        ("devices", 40), ("addresses", 24), ("cluster", 12), ("node", 0), ("devices", 24), ("cluster", 0),
+        ("version", 0), ("trust", 0), ("devices", 20), ("addresses", 16), ("devices", 12), ("heartbeat", 8),
+        ("addresses", 8),
+    )
+    """Cut the devices and addresses, then hide NODE, CLUSTER, VERSION and TRUST (STATE says "foreign"
+    too) before cutting more."""
 
     peers: reactive[tuple[PeerView, ...]] = reactive((), init=False, always_update=True)
     """The peers shown."""
