@@ -199,6 +199,7 @@ class JobsTable(ScrollView, can_focus=True):
         self._strips: LRUCache[tuple[str, bool], tuple[Cells, object, Strip]] = LRUCache(4096)
         self._resort_pending = False
         self._highlighted: str | None = None
+        self._offered: tuple[bool | None, ...] | None = None
 
     # ------------------------------------------------------------------ reading
 
@@ -274,9 +275,8 @@ class JobsTable(ScrollView, can_focus=True):
         for job, cells, matches in changed:
             moved.discard(job.id)
             self._show_row(job, cells, matches and self._old.shown(job.id), drop)
-        for job_id in moved:
-            job = self._jobs[job_id]
-            self._show_row(job, self._cells.get(job_id) or job_cells(job, now), self._old.shown(job_id), drop)
+        for job in (self._jobs[k] for k in moved):
+            self._show_row(job, self._cells.get(job.id) or job_cells(job, now), self._old.shown(job.id), drop)
         if drop:
             self._drop_rows(drop)
 
@@ -460,8 +460,7 @@ class JobsTable(ScrollView, can_focus=True):
                 self._schedule_resort()
         if job.id == self.highlighted_id:
             self.post_message(self.JobHighlighted(job))
-            if (old is None or old.state != cells.state) and self.is_mounted:
-                self.refresh_bindings()
+            self._offer_keys()
 
     def _reorder(self, keep: str | None) -> None:
         """Sort the shown rows, keeping the cursor on ``keep`` when it is still shown."""
@@ -506,8 +505,7 @@ class JobsTable(ScrollView, can_focus=True):
         self._announce_highlight()
 
     def _refresh_row(self, job_id: str) -> None:
-        pos = self._position(job_id)
-        if pos is not None:
+        if (pos := self._position(job_id)) is not None:
             self.refresh_line(pos + 1)
 
     def _schedule_resort(self) -> None:
@@ -520,8 +518,14 @@ class JobsTable(ScrollView, can_focus=True):
         if job_id != self._highlighted or job_id is None:
             self._highlighted = job_id
             self.post_message(self.JobHighlighted(None if job_id is None else self._jobs.get(job_id)))
-            if self.is_mounted:
-                self.refresh_bindings()
+            self._offer_keys()
+
+    def _offer_keys(self) -> None:
+        """Refresh the footer's keys only when those offered changed (it re-creates its widgets: ~10 ms)."""
+        offered = tuple(self.check_action(b.action, ()) for bs in self._bindings.key_to_bindings.values() for b in bs)
+        if offered != self._offered and self.is_mounted:
+            self._offered = offered
+            self.refresh_bindings()
 
     def _check_user_column(self, relayout: bool, added: Row | None = None) -> None:
         """Show USER only while the shown rows have more than one user."""
