@@ -145,13 +145,16 @@ class FakeDaemonClient:
         for q in self._streams:
             q.put_nowait(ChangeEvent(kind=kind, key=key))
 
-    async def feed(self, jobs: Sequence[JobView], per_s: float) -> list[float]:
+    async def feed(self, jobs: Sequence[JobView], per_s: float, pushed: list[float] | None = None) -> list[float]:
         """Put each of ``jobs`` (and tell the streams) at a steady ``per_s`` changes a second.
 
+        Args:
+            pushed: filled as the changes go out (read it while the feed runs); default: a new list.
+
         Returns:
-            When each was pushed (``time.perf_counter()`` seconds), in the order of ``jobs``.
+            ``pushed``: when each was pushed (``time.perf_counter()`` seconds), in the order of ``jobs``.
         """
-        pushed: list[float] = []
+        pushed = [] if pushed is None else pushed
         start = time.perf_counter()
         while len(pushed) < len(jobs):
             now = time.perf_counter()
