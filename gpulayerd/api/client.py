@@ -8,7 +8,7 @@ the API's stable ``code``).
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -198,13 +198,26 @@ class DaemonClient:
         return JobView.model_validate_json(await self._call("submit", body=req))
 
     async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
-                   scope: str = "local") -> list[JobView]:
-        """``GET /v1/jobs``, in submission order; ``scope="cluster"`` includes the peers' jobs."""
+                   scope: str = "local", ids: Collection[str] | None = None) -> list[JobView]:
+        """``GET /v1/jobs``, in submission order; ``scope="cluster"`` includes the peers' jobs.
+
+        Args:
+            ids: only these jobs (at most :data:`~gpulayerd.models.jobs_query.MAX_IDS`), each as
+                the listing shows it; a job the listing does not show (gone) is left out. An
+                empty collection answers ``[]`` without asking.
+
+        Raises:
+            ApiRequestError: 400 for more than ``MAX_IDS`` ids.
+        """
+        if ids is not None and not ids:
+            return []
         params: list[tuple[str, str]] = [("status", s) for s in statuses or []]
         if limit is not None:
             params.append(("limit", str(limit)))
         if scope != "local":
             params.append(("scope", scope))
+        if ids is not None:
+            params.append(("ids", ",".join(ids)))
         return _JOBS.validate_json(await self._call("jobs", params=params))
 
     async def job(self, job_ref: str) -> JobView:

@@ -49,7 +49,7 @@ from gpulayerd.models import (
     SubmitRequest,
     UserUsageView,
 )
-from gpulayerd.models.jobs_query import JobsQuery
+from gpulayerd.models.jobs_query import MAX_IDS, JobsQuery
 from gpulayerd.models.metrics import MetricsView
 from gpulayerd.store import StoreFull
 
@@ -265,8 +265,9 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     async def list_jobs(request: web.Request) -> web.Response:
         # ?state= (or status=, repeatable or comma-separated) &user= &finished=N (the N latest
         # finished jobs, every other kept) &limit=N (the N latest) &fields=id,status,spec.user
-        # (only these of each job; absent: all). Header X-Gpulayer-Left-Out: how many jobs
-        # finished/limit left out.
+        # (only these of each job; absent: all) &ids=a,b (only these jobs, at most MAX_IDS, each
+        # as the listing shows it; unknown ids left out). Header X-Gpulayer-Left-Out: how many
+        # jobs finished/limit left out.
         q = request.query
         statuses = [s for v in [*q.getall("status", []), *q.getall("state", [])] for s in v.split(",") if s] or None
         limit = _int_param(request, "limit", None)
@@ -275,11 +276,12 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             raise ApiError(400, "bad_request", "scope must be one of: local, cluster")
         include = _fields_param(q.get("fields"))
         user, finished = q.get("user"), _int_param(request, "finished", None)
-        if user is None and finished is None and include is None:
+        ids = _ids_param(q.getall("ids", []))
+        if user is None and finished is None and include is None and ids is None:
             jobs = await service.async_list_jobs(statuses, limit, scope, _requester(request))
             left_out = 0
         else:
-            query = JobsQuery(user=user, finished=finished, limit=limit,
+            query = JobsQuery(ids=ids, user=user, finished=finished, limit=limit,
                               explanations=include is None or "explanation" in include)
             jobs = await service.async_list_jobs(statuses, None, scope, _requester(request), query=query)
             left_out = query.left_out
@@ -323,24 +325,25 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
 
     async def events(request: web.Request) -> web.StreamResponse:
         # Server-sent events: the first is always ``resync`` (the subscription is live: read
-        # the full state now), then one per change until the client or the daemon goes away.
+        # the full state now), then one per change until the client or the daemon goes away;
+        # a change still waiting to be sent is not sent twice (the feed coalesces).
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         await resp.prepare(request)
-        async with service.feed.subscribe() as queue:
+        async with service.feed.subscribe() as subscription:
             closed = asyncio.ensure_future(closing.wait())
-            got: asyncio.Future[Change] | None = None
+            got: asyncio.Future[list[Change]] | None = None
             try:
                 await resp.write(_sse(Change("resync")))
                 while True:
                     if got is None:
-                        got = asyncio.ensure_future(queue.get())
+                        got = asyncio.ensure_future(subscription.take())
                     done, _ = await asyncio.wait((got, closed), timeout=events_keepalive_s,
                                                  return_when=asyncio.FIRST_COMPLETED)
                     if closed in done:
                         break
                     if got in done:
-                        change, got = got.result(), None
-                        await resp.write(_sse(change))
+                        changes, got = got.result(), None
+                        await resp.write(b"".join(_sse(c) for c in changes))  # a burst: one write
                     else:
                         await resp.write(b": keep-alive\n\n")
             except ConnectionError:
@@ -418,6 +421,20 @@ def _log_limit(raw: str) -> int:
     if not 1 <= value <= LOG_CHUNK_BYTES:
         raise ApiError(400, "bad_request", f"limit must be 1 to {LOG_CHUNK_BYTES} bytes, got {value}")
     return value
+
+
+def _ids_param(values: list[str]) -> frozenset[str] | None:
+    """``ids=a,b&ids=c`` as a set of job ids; None when absent (an empty value names no job).
+
+    Raises:
+        ApiError: 400 when it names more than :data:`MAX_IDS` jobs.
+    """
+    if not values:
+        return None
+    ids = frozenset(i for v in values for i in v.split(",") if i)
+    if len(ids) > MAX_IDS:
+        raise ApiError(400, "bad_request", f"ids: at most {MAX_IDS} job ids per request, got {len(ids)}")
+    return ids
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:

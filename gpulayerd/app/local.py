@@ -122,7 +122,8 @@ class LocalApi:
             return jobs
         held = await remote.held_views({j.id for j in jobs}, requester)
         held = [j for j in held if (not statuses or j.status in statuses)
-                and (query is None or query.user is None or job_user(j.spec.user, j.submitted_by) == query.user)]
+                and (query is None or query.user is None or job_user(j.spec.user, j.submitted_by) == query.user)
+                and (query is None or query.ids is None or j.id in query.ids)]
         return jobs + held
 
     # Any job of the cluster (RemoteJobs): a job owned elsewhere is asked of its owner, or of a

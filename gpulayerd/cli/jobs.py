@@ -14,7 +14,7 @@ from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK, UsageError
 from gpulayerd.cli.http import call_daemon
 from gpulayerd.cli.jobs_table import columns_help
-from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES, job_user
+from gpulayerd.core.job_facts import FINISHED_SHOWN, JOB_STATES, TERMINAL_STATES, job_user
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
 if TYPE_CHECKING:
@@ -366,8 +366,8 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 
     scope = "local" if args.here else "cluster"
     user = _my_name() if args.mine else args.user
-    finished = None if args.all or args.state else 20
-    # The daemon filters (state, user, the 20 latest finished) and sends only the fields printed.
+    finished = None if args.all or args.state else FINISHED_SHOWN
+    # The daemon filters (state, user, the FINISHED_SHOWN latest finished) and sends only the fields printed.
     fields = None if args.json else _fields_for(args.format)
 
     def listed(c: SyncClient) -> tuple[list[Any], int, list[Any]]:

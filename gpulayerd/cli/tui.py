@@ -30,6 +30,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("enter, l", "the job's detail (why it waits, timeline), or its log"),
     ("c, F9", "cancel the job (asks first; only jobs that have not finished, yours unless you are an admin)"),
     ("s, S", "sort by the next column (its header shows ▲/▼), reverse the order"),
+    ("a", "all finished jobs, again only the latest 20 (older ones are hidden, as in gpulayer jobs)"),
     ("/", "filter: state:queued acc:cuda user:alice code:Busy name: id: where: reason: plus words; esc clears"),
     ("esc", "back from a detail, clear the filter"),
     ("w t l e", "in a detail: why, timeline, log, stdout/stderr"),

@@ -17,7 +17,7 @@ Units: ``*_bytes`` are bytes; ``gpu_memory_gb`` is decimal GB (10^9 bytes).
 
 from __future__ import annotations
 
-from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES, job_user
+from gpulayerd.core.job_facts import FINISHED_SHOWN, JOB_STATES, TERMINAL_STATES, job_user
 from gpulayerd.models.capabilities import (
     CAPABILITIES_VERSION,
     Capabilities,
@@ -65,6 +65,7 @@ from gpulayerd.models.views import (
 
 __all__ = [
     "CAPABILITIES_VERSION",
+    "FINISHED_SHOWN",
     "JOB_STATES",
     "KNOWN_FRAMEWORKS",
     "LOG_CHUNK_BYTES",

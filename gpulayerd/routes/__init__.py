@@ -148,7 +148,7 @@ LOCAL_ROUTES: tuple[Route, ...] = (
           "store a job of the requester (its user is the requester, whatever the body says)"),
     Route("jobs", "GET", "/v1/jobs", "", "list[JobView]", Role.LOCAL_USER, "local.async_list_jobs",
           "every user's jobs; another user's spec concealed",
-          query=("state", "status", "limit", "scope", "user", "finished", "fields")),
+          query=("state", "status", "limit", "scope", "user", "finished", "fields", "ids")),
     Route("job", "GET", f"/v1/jobs/{_JOB}", "", "JobView", Role.LOCAL_USER, "local.async_get_job",
           "one job with attempts and history; another user's spec concealed"),
     Route("explain", "GET", f"/v1/jobs/{_JOB}/explain", "", "ExplanationModel", Role.LOCAL_USER, "local.async_explain",

@@ -86,6 +86,7 @@ _LIST_JOBS = {
     for newest_first in (False, True)
 }
 """SELECT statements by (filtered by status, newest first)."""
+_JOBS_BY_IDS = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id IN (SELECT value FROM json_each(?)) ORDER BY seq"
 _IDS_FROM = "SELECT id FROM jobs WHERE id >= ? ORDER BY id LIMIT ?"
 _EVENTS = f"SELECT {_EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq"
 _ATTEMPTS = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt"
@@ -179,6 +180,13 @@ class JobsTable:
             "limit": -1 if limit is None else limit,
         }
         rows = await self._db.fetch_all(_LIST_JOBS[statuses is not None, newest_first], params)
+        return [job_row(r) for r in rows]
+
+    async def jobs_by_ids(self, job_ids: Collection[str]) -> list[JobRow]:
+        """The jobs with exactly these ids, in submission order (ids of no job are left out)."""
+        if not job_ids:
+            return []
+        rows = await self._db.fetch_all(_JOBS_BY_IDS, (json.dumps(sorted(job_ids)),))
         return [job_row(r) for r in rows]
 
     async def resolve_job_id(self, prefix: str) -> str:

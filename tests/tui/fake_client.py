@@ -1,14 +1,16 @@
 """A fake local daemon for TUI tests and the TUI benchmark: :class:`FakeDaemonClient`.
 
 It has the methods of :class:`gpulayerd.api.client.DaemonClient` that the TUI calls,
-answers from memory, records every call, and streams the changes a test pushes. It can
-"go down" (every call raises DaemonUnreachable, open event streams break) and come back.
+answers from memory, records every call, and streams the changes a test pushes (one at a
+time, or at a steady rate with :meth:`FakeDaemonClient.feed`). It can "go down" (every call
+raises DaemonUnreachable, open event streams break) and come back.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from gpulayerd.models import (
     WorkerExplanationModel,
     job_user,
 )
+from gpulayerd.models.jobs_query import MAX_IDS
 from gpulayerd.models.metrics import GpuMetricsView, GpuProcessView, MetricsView
 
 WORKERS_DIR = Path(__file__).resolve().parents[1] / "data" / "workers"
@@ -155,6 +158,26 @@ class FakeDaemonClient:
         for q in self._streams:
             q.put_nowait(ChangeEvent(kind=kind, key=key))
 
+    async def feed(self, jobs: Sequence[JobView], per_s: float, pushed: list[float] | None = None) -> list[float]:
+        """Put each of ``jobs`` (and tell the streams) at a steady ``per_s`` changes a second.
+
+        Args:
+            pushed: filled as the changes go out (read it while the feed runs); default: a new list.
+
+        Returns:
+            ``pushed``: when each was pushed (``time.perf_counter()`` seconds), in the order of ``jobs``.
+        """
+        pushed = [] if pushed is None else pushed
+        start = time.perf_counter()
+        while len(pushed) < len(jobs):
+            now = time.perf_counter()
+            due = min(len(jobs), int((now - start) * per_s) + 1)
+            for job in jobs[len(pushed):due]:
+                self.put_job(job)
+                pushed.append(now)
+            await asyncio.sleep(min(0.005, 1 / per_s))
+        return pushed
+
     def go_down(self) -> None:
         """Stop answering: calls raise DaemonUnreachable, open streams break."""
         self.reachable = False
@@ -192,7 +215,15 @@ class FakeDaemonClient:
         self._call("peers")
         return list(self.peer_list)
 
-    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None) -> list[JobView]:
+    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
+                   scope: str = "local", ids: Collection[str] | None = None) -> list[JobView]:
+        """The listing; with ``ids`` (recorded as the call ``jobs?ids``) only those, gone ones left out."""
+        if ids is not None:
+            self._call("jobs?ids", *ids)
+            if len(ids) > MAX_IDS:
+                raise ApiRequestError(400, ApiErrorBody(code="bad_request", message=f"ids: at most {MAX_IDS}"))
+            wanted = set(ids)
+            return [j for j in self.jobs_by_id.values() if j.id in wanted and (not statuses or j.status in statuses)]
         self._call("jobs")
         jobs = [j for j in self.jobs_by_id.values() if not statuses or j.status in statuses]
         return jobs[:limit] if limit is not None else jobs

@@ -45,14 +45,14 @@ def connected(app: GpulayerApp) -> bool:
 
 
 @pytest.mark.asyncio
-async def test_loads_everything_then_follows_changes_one_job_at_a_time() -> None:
+async def test_loads_everything_then_follows_changes_reading_only_changed_jobs() -> None:
     fake = fake_lab()
     app = make_app(fake, clock=lambda: NOW, settings=FAST)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: connected(app) and table(app).row_count == 3, "the first load")
         assert fake.count("jobs") == 1 and fake.count("peers") == 1
         assert app.sub_title == "lab-ws-02 · gpulayerd 0.1.0"
-        # a job change re-reads that one job, never the whole queue
+        # a job change re-reads the changed jobs (by id), never the whole queue
         fake.put_job(make_job("m8aa00000004", "queued", name="new-one", age_s=0))
         await wait_for(pilot, lambda: "m8aa00000004" in table(app).shown_ids, "the new job's row")
         fake.put_job(make_job("m8aa00000002", "running", name="finetune", holder_name="dgx-spark",
@@ -60,7 +60,7 @@ async def test_loads_everything_then_follows_changes_one_job_at_a_time() -> None
         await wait_for(pilot, lambda: table(app).cells("m8aa00000002").state == "running",
                        "the job's new state")
         assert fake.count("jobs") == 1
-        assert ("job", "m8aa00000004") in fake.calls and ("job", "m8aa00000002") in fake.calls
+        assert ("jobs?ids", "m8aa00000004") in fake.calls and ("jobs?ids", "m8aa00000002") in fake.calls
         # devices changed: peers re-read; resync: everything re-read
         fake.push("devices")
         await wait_for(pilot, lambda: fake.count("peers") == 2, "peers re-read")

@@ -109,7 +109,8 @@ async def test_cancelling_from_the_tui_cancels_the_job(real_daemon: RealDaemon) 
 @pytest.mark.asyncio
 async def test_says_the_daemon_is_unreachable_and_recovers_when_it_restarts(real_daemon: RealDaemon) -> None:
     app = make_app(DaemonClient(real_daemon.socket_path), settings=LIVE)
-    async with app.run_test(size=(120, 30)) as pilot:
+    async with app.run_test(size=(120, 30)) as pilot, DaemonClient(real_daemon.socket_path) as client:
+        await client.submit(spec(real_daemon, "true", name="before-restart"))  # (run first, the daemon has none)
         await wait_for(pilot, lambda: connected(app) and table(app).row_count > 0, "the connection", timeout_s=10)
         jobs_before = set(table(app).shown_ids)
         banner = main_screen(app).query_one(ConnectionBanner)

@@ -6,7 +6,7 @@ Tests and the benchmark pass a fake with the same methods; errors are the client
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Protocol
 
 from gpulayerd.api.client import ApiRequestError, ChangeEvent, DaemonUnreachable, connection_problem
@@ -27,8 +27,9 @@ class DaemonApi(Protocol):
         """Every gpulayerd known, this one first, with capabilities."""
         ...
 
-    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None) -> list[JobView]:
-        """Jobs in submission order, without history."""
+    async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
+                   scope: str = "local", ids: Collection[str] | None = None) -> list[JobView]:
+        """Jobs in submission order, without history; ``ids``: only these (at most ``MAX_IDS``), gone ones left out."""
         ...
 
     async def job(self, job_ref: str) -> JobView:

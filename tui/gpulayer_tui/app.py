@@ -2,14 +2,17 @@
 
 The app talks to the local daemon only, through :class:`gpulayerd.api.client.DaemonClient`
 (or anything with its methods, see :class:`gpulayer_tui.api.DaemonApi`). It reads everything once,
-then follows the daemon's server-sent events: a ``job`` change re-reads that one job, a
-``devices`` or ``peers`` change re-reads the peers, ``resync`` re-reads everything. When
-the daemon goes away the screens say so, and the app reconnects every ``retry_s``.
+then follows the daemon's server-sent events. Changes are coalesced: while a read is under way
+(and for ``coalesce_s`` after the first change) they are gathered, then every changed job is read
+in one request (``GET /v1/jobs?ids=…``, up to ``MAX_IDS`` a request) and the screens update once
+for the batch; a ``devices`` or ``peers`` change re-reads the peers, ``resync`` re-reads
+everything. When the daemon goes away the screens say so, and the app reconnects every ``retry_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -27,10 +30,11 @@ from gpulayer_tui.screens.confirm import ConfirmCancel
 from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.screens.help import HelpScreen
 from gpulayer_tui.screens.main import MainScreen
-from gpulayer_tui.state import ClusterState, Connection, ConnectionState, cancel_refusal
+from gpulayer_tui.state import ClusterState, Connection, ConnectionState, JobsUpdate, PendingChanges, cancel_refusal
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView, PeerView
+from gpulayerd.models.jobs_query import MAX_IDS
 
 __all__ = ["GpulayerApp", "TuiSettings", "make_app"]
 
@@ -47,6 +51,9 @@ class TuiSettings:
             NO_COLOR (where only bold, dim, reverse and underline show).
         metrics_poll_s: seconds between reads of the live GPU metrics while the Devices view is
             shown (0: never; the daemon samples only while they are read).
+        coalesce_s: seconds the app gathers changes after the first one before it reads the
+            changed jobs (about a frame; 0: at once). Changes that come while a read is under
+            way wait for the next read anyway.
     """
 
     retry_s: float = 1.0
@@ -54,6 +61,7 @@ class TuiSettings:
     age_refresh_s: float = 5.0
     theme: str | None = None
     metrics_poll_s: float = 1.0
+    coalesce_s: float = 1 / 60
 
 
 class GpulayerApp(App[None]):
@@ -81,12 +89,14 @@ class GpulayerApp(App[None]):
         self.clock = clock
         self.settings = settings
         self.state = ClusterState()
-        self.job_updated: Signal[JobView] = Signal(self, "job-updated")
+        self.jobs_updated: Signal[JobsUpdate] = Signal(self, "jobs-updated")
         self.jobs_reset: Signal[list[JobView]] = Signal(self, "jobs-reset")
         self.peers_updated: Signal[list[PeerView]] = Signal(self, "peers-updated")
         self.connection_changed: Signal[Connection] = Signal(self, "connection-changed")
         self.changes_applied = 0
         """How many changes from the daemon have been applied (for tests and the benchmark)."""
+        self.job_reads = 0
+        """How many requests read changed jobs (each one reads a batch; for tests and the benchmark)."""
 
     # --------------------------------------------------------------- lifecycle
 
@@ -162,46 +172,92 @@ class GpulayerApp(App[None]):
     async def follow_daemon(self) -> None:
         """Follow the daemon's changes for as long as the app runs, reconnecting when it goes away."""
         while True:
-            stream = self.client.events()
-            try:
-                async for change in stream:
-                    await self.apply_change(change)
-                problem = "the daemon closed the connection"
-            except DaemonUnreachable as e:
-                problem = str(e)
-            except ApiRequestError as e:
-                problem = f"the daemon answered {e.status} ({e.code}): {e}"
-            except Exception as e:  # whatever broke, say so in words and try again
-                problem = connection_problem(e)
-            finally:
-                if isinstance(stream, AsyncGenerator):
-                    await stream.aclose()
+            problem = await self._follow_stream()
             self._set_connection("unreachable", problem)
             await asyncio.sleep(self.settings.retry_s)
 
     async def apply_change(self, change: ChangeEvent) -> None:
-        """Re-read what ``change`` says changed and show it.
+        """Read what ``change`` says changed and show it, now (one change on its own).
 
         Raises:
             DaemonUnreachable: the daemon went away meanwhile.
         """
-        if change.kind == "resync":
-            await self._resync()
-        elif change.kind == "job" and change.key:
-            try:
-                job = await self.client.job(change.key)
-            except ApiRequestError as e:
-                if e.status != 404:
-                    raise
+        pending = PendingChanges()
+        pending.add(change.kind, change.key)
+        await self.apply_changes(pending)
+
+    async def apply_changes(self, pending: PendingChanges) -> None:
+        """Read what the ``pending`` changes say changed and show it, until none is pending.
+
+        Changes added to ``pending`` meanwhile (the feed goes on while a read is under way) are
+        applied too: changed jobs are read ``MAX_IDS`` at a time, each batch in one request.
+
+        Raises:
+            DaemonUnreachable: the daemon went away meanwhile.
+            ApiRequestError: the daemon answered with an error.
+        """
+        while pending:
+            if pending.resync:
+                pending.resync = False
+                await self._resync()
+            elif pending.peers:
+                pending.peers = False
+                peers = await self.client.peers()
+                self.state.peers = peers
+                self.peers_updated.publish(peers)
             else:
-                self._put_job(job)
-        elif change.kind in ("devices", "peers"):
-            peers = await self.client.peers()
-            self.state.peers = peers
-            self.peers_updated.publish(peers)
-        self.changes_applied += 1
+                await self._read_jobs(pending.take_job_ids(MAX_IDS))
+            self.changes_applied += pending.settled()
 
     # ----------------------------------------------------------------- private
+
+    async def _follow_stream(self) -> str:
+        """Apply the changes of one event stream until it ends; returns why it ended, in words."""
+        stream = self.client.events()
+        pending = PendingChanges()
+        arrived = asyncio.Event()
+
+        async def read() -> None:
+            async for change in stream:
+                pending.add(change.kind, change.key)
+                arrived.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                waiter = asyncio.ensure_future(arrived.wait())
+                await asyncio.wait((reader, waiter), return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if not arrived.is_set():
+                    reader.result()  # the stream ended: its error, if any
+                    return "the daemon closed the connection"
+                if self.settings.coalesce_s > 0 and not pending.resync:
+                    await asyncio.sleep(self.settings.coalesce_s)  # gather the rest of a burst
+                arrived.clear()
+                await self.apply_changes(pending)
+        except DaemonUnreachable as e:
+            return str(e)
+        except ApiRequestError as e:
+            return f"the daemon answered {e.status} ({e.code}): {e}"
+        except Exception as e:  # whatever broke, say so in words and try again
+            return connection_problem(e)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()
+
+    async def _read_jobs(self, job_ids: list[str]) -> None:
+        """Read ``job_ids`` in one request and show them; ids the daemon no longer lists are removed."""
+        if not job_ids:
+            return
+        self.job_reads += 1
+        jobs = await self.client.jobs(ids=job_ids)
+        listed = {j.id for j in jobs}
+        update = JobsUpdate(tuple(jobs), tuple(i for i in job_ids if i not in listed and i in self.state.jobs))
+        self.state.put_jobs(update)
+        self.jobs_updated.publish(update)
 
     async def _resync(self) -> None:
         health = await self.client.health()
@@ -217,8 +273,9 @@ class GpulayerApp(App[None]):
         self._set_connection("connected", self.state.daemon)
 
     def _put_job(self, job: JobView) -> None:
-        self.state.put_job(job)
-        self.job_updated.publish(job)
+        update = JobsUpdate((job,))
+        self.state.put_jobs(update)
+        self.jobs_updated.publish(update)
 
     def _set_connection(self, state: ConnectionState, message: str) -> None:
         old = self.state.connection

@@ -1,7 +1,8 @@
 """What the TUI knows about the daemon: plain data, no widgets.
 
 The app owns one :class:`ClusterState`; it changes it as changes arrive and publishes
-each change to the screens, which read it once when they mount.
+them to the screens, which read it once when they mount. The feed's changes are gathered in
+:class:`PendingChanges` and applied a batch at a time (:class:`JobsUpdate`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from textual.signal import Signal
 from gpulayerd import text as fmt
 from gpulayerd.models import TERMINAL_STATES, JobView, PeerView, RequesterView, job_user
 
-__all__ = ["TERMINAL", "WAITING", "ClusterState", "Connection", "ConnectionState", "StateSource", "cancel_refusal",
-           "may_not_manage"]
+__all__ = ["TERMINAL", "WAITING", "ClusterState", "Connection", "ConnectionState", "JobsUpdate", "PendingChanges",
+           "StateSource", "cancel_refusal", "may_not_manage"]
 
 ConnectionState = Literal["connecting", "connected", "unreachable"]
 
@@ -63,6 +64,79 @@ class ClusterState:
         """Add or replace one job."""
         self.jobs[job.id] = job
 
+    def put_jobs(self, update: JobsUpdate) -> None:
+        """Add or replace ``update.jobs``, forget ``update.gone``."""
+        for job in update.jobs:
+            self.jobs[job.id] = job
+        for job_id in update.gone:
+            self.jobs.pop(job_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsUpdate:
+    """Jobs read again after the daemon said they changed, applied together.
+
+    Attributes:
+        jobs: their new views, in submission order (as the listing shows them: no history).
+        gone: ids asked for that the daemon no longer lists (removed).
+    """
+
+    jobs: tuple[JobView, ...] = ()
+    gone: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class PendingChanges:
+    """Changes from the daemon's feed not applied yet, coalesced: each job id once, the peers once,
+    and a ``resync`` (re-read everything) covering all of them.
+
+    Attributes:
+        job_ids: ids of changed jobs, in the order first seen.
+        peers: the peers (devices, membership) changed.
+        resync: everything must be re-read.
+        received: changes added since :meth:`settled` last counted them.
+    """
+
+    job_ids: dict[str, None] = field(default_factory=dict)
+    peers: bool = False
+    resync: bool = False
+    received: int = 0
+
+    def add(self, kind: str, key: str = "") -> None:
+        """Note one change of the feed: ``job`` (``key``: its id), ``devices``, ``peers`` or ``resync``."""
+        self.received += 1
+        if kind == "resync":
+            self.resync = True
+            self.job_ids.clear()
+            self.peers = False
+        elif self.resync:
+            return  # the re-read covers it
+        elif kind == "job" and key:
+            self.job_ids[key] = None
+        elif kind in ("devices", "peers"):
+            self.peers = True
+
+    def take_job_ids(self, at_most: int) -> list[str]:
+        """Up to ``at_most`` changed job ids, oldest first; they are no longer pending."""
+        taken: list[str] = []
+        for job_id in self.job_ids:
+            if len(taken) == at_most:
+                break
+            taken.append(job_id)
+        for job_id in taken:
+            del self.job_ids[job_id]
+        return taken
+
+    def settled(self) -> int:
+        """How many changes were received since the last call, if nothing is pending now (else 0)."""
+        if self:
+            return 0
+        n, self.received = self.received, 0
+        return n
+
+    def __bool__(self) -> bool:
+        return self.resync or self.peers or bool(self.job_ids)
+
 
 def may_not_manage(job: JobView, requester: RequesterView | None) -> str | None:
     """Why ``requester`` may not cancel ``job`` or read its logs ("job X is bob's: only bob or an admin
@@ -94,7 +168,7 @@ class StateSource(Protocol):
     """
 
     state: ClusterState
-    job_updated: Signal[JobView]
+    jobs_updated: Signal[JobsUpdate]
     jobs_reset: Signal[list[JobView]]
     peers_updated: Signal[list[PeerView]]
     connection_changed: Signal[Connection]

@@ -180,9 +180,10 @@ class OwnerService:
                         requester: Requester | None = None, query: JobsQuery | None = None) -> list[JobView]:
         """Jobs in submission order, without attempts and history.
 
-        ``query`` (:mod:`gpulayerd.models.jobs_query`): one user's jobs, the latest finished ones, the
-        last ``query.limit`` (then ``limit`` is not used); the stored rows are selected before any
-        view is built, and the merged list of the cluster again. ``query.left_out`` is set.
+        ``query`` (:mod:`gpulayerd.models.jobs_query`): given ids, one user's jobs, the latest finished
+        ones, the last ``query.limit`` (then ``limit`` is not used); the stored rows are selected
+        before any view is built, and the merged list of the cluster again. ``query.left_out`` is set.
+        Given ids, each job comes exactly as the listing without ids would show it (concealed alike).
 
         ``scope="cluster"`` adds the jobs every trusted peer that is up owns (asked
         concurrently; a peer that does not answer in time is left out). Every user's jobs are
@@ -222,7 +223,7 @@ class OwnerService:
         merged.sort(key=lambda j: (j.submitted_at, j.id))
         if query is not None:
             left_here = query.left_out
-            merged = select(merged, query, _view_user, lambda j: j.status)
+            merged = select(merged, query, _view_user, lambda j: j.status, lambda j: j.id)
             query.left_out += left_here
             return merged
         return merged[-limit:] if limit else merged
@@ -393,8 +394,13 @@ class OwnerService:
         return job_user(self._jobs.spec(row).user, row.submitted_by)
 
     async def _select_rows(self, wanted: list[JobStatus] | None, query: JobsQuery) -> list[JobRow]:
-        """The stored rows ``query`` keeps (sets ``query.left_out``). Without a user, the latest
-        finished ones are read by SQL (newest first, ``LIMIT``), not every stored job."""
+        """The stored rows ``query`` keeps (sets ``query.left_out``). Given ids, only those rows
+        are read; without a user, the latest finished ones are read by SQL (newest first,
+        ``LIMIT``), not every stored job."""
+        if query.ids is not None:
+            rows = await self._store.jobs.jobs_by_ids(query.ids)
+            rows = [r for r in rows if wanted is None or r.status in wanted]
+            return select(rows, query, self.user_of, lambda r: r.status.value, lambda r: r.id)
         if query.user is not None or query.finished is None or query.limit is not None:
             return select(await self._store.jobs.list_jobs(wanted, None), query, self.user_of, lambda r: r.status.value)
         states = set(wanted) if wanted is not None else set(JobStatus)

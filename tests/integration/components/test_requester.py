@@ -36,6 +36,7 @@ from gpulayerd.app.local import LocalApi
 from gpulayerd.app.roles import LocalRoles
 from gpulayerd.errors import Forbidden
 from gpulayerd.models import RequesterView, SubmitRequest
+from gpulayerd.models.jobs_query import MAX_IDS
 from tests.fakes.accounts import Accounts
 from tests.fakes.daemons import OWNER, Lab, d
 
@@ -310,3 +311,50 @@ async def test_another_users_cancel_and_logs_answer_403_naming_the_owner(lab: La
         listed = await c.jobs()
         assert [(j.id, j.spec_hidden) for j in listed] == [(job, True)]
     assert (await lab.job(d(lab, "owner"), job)).cancel_requested is False
+
+
+@pytest.mark.asyncio
+async def test_jobs_by_ids_show_each_job_as_the_listing_does_and_nothing_more(lab: Lab, serve: Any) -> None:
+    alices = await submit_as_alice(lab)
+    bobs = (await d(lab, "owner").services.owner.submit(
+        SubmitRequest(spec={"command": ["true"], "workdir": str(lab.workdir), "name": "b"}), BOB)).id
+    elsewhere = (await d(lab, "w1").services.owner.submit(  # owned by w1: not in the owner's listing
+        SubmitRequest(spec={"command": ["true"], "workdir": str(lab.workdir)}), BOB)).id
+    await lab.settle()
+    sock = await serve(_EveryoneIsBob(mode="system", admin_group=""))
+    async with DaemonClient(sock) as c:
+        listed = {j.id: j for j in await c.jobs()}
+        assert elsewhere not in listed
+        got = await c.jobs(ids=[bobs, "m8no-such-job", elsewhere, alices])
+        assert [j.id for j in got] == [alices, bobs]  # submission order; unknown and others' ids left out
+        for j in got:
+            assert j == listed[j.id]  # exactly as listed: alice's command, env and workdir concealed
+        assert got[0].spec_hidden and got[0].spec.command == [HIDDEN] and "s3cret" not in got[0].model_dump_json()
+        assert not got[1].spec_hidden
+        state = got[0].status
+        assert await c.jobs(statuses=[state], ids=[alices, bobs]) == [j for j in got if j.status == state]
+        assert await c.jobs(ids=[]) == []
+        many = [f"m8id{i:08d}" for i in range(MAX_IDS - 1)]  # job ids have 12 characters
+        assert [j.id for j in await c.jobs(ids=[*many, bobs])] == [bobs]  # the most one request takes
+        with pytest.raises(ApiRequestError) as err:
+            await c.jobs(ids=[f"m8id{i:08d}" for i in range(MAX_IDS + 1)])
+        assert (err.value.status, err.value.code) == (400, "bad_request")
+        assert f"at most {MAX_IDS} job ids" in err.value.body.message
+
+
+@pytest.mark.asyncio
+async def test_the_change_feed_sends_a_burst_once_per_job(lab: Lab, serve: Any) -> None:
+    sock = await serve(Requesters(mode="system", admin_group=""))
+    signals = d(lab, "owner").services.signals
+    async with DaemonClient(sock) as c:
+        stream = c.events()
+        assert (await anext(stream)).kind == "resync"
+        for _ in range(50):  # a job rewritten 50 times before the stream is read: one change
+            signals.job_changed("m8aaaa")
+            signals.job_changed("m8bbbb")
+        signals.devices_changed()
+        got = [await anext(stream) for _ in range(3)]
+        assert [(e.kind, e.key) for e in got] == [("job", "m8aaaa"), ("job", "m8bbbb"), ("devices", "")]
+        signals.job_changed("m8aaaa")  # taken: a new change of the same job is sent again
+        assert ((e := await anext(stream)).kind, e.key) == ("job", "m8aaaa")
+        await stream.aclose()

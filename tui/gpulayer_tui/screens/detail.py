@@ -15,7 +15,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from gpulayer_tui.api import ApiRequestError, DaemonApi, DaemonUnreachable
-from gpulayer_tui.state import TERMINAL, Connection, StateSource, cancel_refusal, may_not_manage
+from gpulayer_tui.state import TERMINAL, Connection, JobsUpdate, StateSource, cancel_refusal, may_not_manage
 from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.explanation import ExplanationView
 from gpulayer_tui.widgets.job_summary import JobSummary
@@ -106,7 +106,7 @@ class JobDetailScreen(Screen[None]):
         if known is not None:
             self._show_job(known)
         self._show_connection(self._source.state.connection)
-        self._source.job_updated.subscribe(self, self._job_updated, immediate=True)
+        self._source.jobs_updated.subscribe(self, self._jobs_updated, immediate=True)
         self._source.jobs_reset.subscribe(self, self._reread, immediate=True)
         self._source.peers_updated.subscribe(self, self._devices_changed, immediate=True)
         self._source.connection_changed.subscribe(self, self._show_connection, immediate=True)
@@ -202,10 +202,14 @@ class JobDetailScreen(Screen[None]):
 
     # ----------------------------------------------------------------- private
 
-    def _job_updated(self, job: JobView) -> None:
-        if job.id != self.job_id:
+    def _jobs_updated(self, update: JobsUpdate) -> None:
+        job = next((j for j in update.jobs if j.id == self.job_id), None)
+        if job is None:
             return
-        self._show_job(job)
+        if job.events:
+            self._show_job(job)
+        else:
+            self.load_job()  # a listing's view: read the history too
         self.load_explanation()
         if self._attempt is not None and job.attempt != self._attempt:
             self.follow_log()

@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.validation import ValidationResult, Validator
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
-from gpulayer_tui.state import Connection, StateSource
+from gpulayer_tui.state import Connection, JobsUpdate, StateSource
 from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.devices_table import DevicesTable, device_detail, mig_names, probe_texts
 from gpulayer_tui.widgets.environments_table import EnvironmentsTable, probe_lines
@@ -85,6 +85,7 @@ class MainScreen(Screen[None]):
         Binding("4", "show_view('environments')", "Environments", show=False),
         Binding("e", "show_view('environments')", "Environments", show=False),
         Binding("slash", "filter", "Filter"),
+        Binding("a", "toggle_finished", "All finished jobs", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
@@ -105,6 +106,7 @@ class MainScreen(Screen[None]):
         self._age_refresh_s = age_refresh_s
         self._metrics = metrics
         self._metrics_poll_s = metrics_poll_s
+        self._status = ""
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -136,7 +138,7 @@ class MainScreen(Screen[None]):
         self.query_one(GpuMetricsPanel).labeller = self._job_label
         self._show_peers(source.state.peers)
         self._show_connection(source.state.connection)
-        source.job_updated.subscribe(self, self._job_updated, immediate=True)
+        source.jobs_updated.subscribe(self, self._jobs_updated, immediate=True)
         source.jobs_reset.subscribe(self, self._jobs_reset, immediate=True)
         source.peers_updated.subscribe(self, self._show_peers, immediate=True)
         source.connection_changed.subscribe(self, self._show_connection, immediate=True)
@@ -158,6 +160,13 @@ class MainScreen(Screen[None]):
         box = self.query_one("#jobs-filter", Input)
         box.add_class("-shown")
         box.focus()
+
+    def action_toggle_finished(self) -> None:
+        """Show every finished job, or again only the latest ones (as ``gpulayer jobs`` without ``--all``)."""
+        self.action_show_view("jobs")
+        table = self.query_one(JobsTable)
+        table.show_all_finished = not table.show_all_finished
+        self._update_status()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#jobs-filter", Input)
@@ -219,8 +228,8 @@ class MainScreen(Screen[None]):
         if table is not None:
             self.query_one(table).focus()
 
-    def _job_updated(self, job: JobView) -> None:
-        self.query_one(JobsTable).upsert_job(job)
+    def _jobs_updated(self, update: JobsUpdate) -> None:
+        self.query_one(JobsTable).apply_jobs(update.jobs, update.gone)
         self._update_status()
 
     def _jobs_reset(self, jobs: list[JobView]) -> None:
@@ -268,9 +277,16 @@ class MainScreen(Screen[None]):
         table = self.query_one(JobsTable)
         total = len(table.jobs)
         shown = table.row_count
-        counts = f"{total} jobs" if shown == total else f"{shown} of {total} jobs (filter: {table.filter_text})"
+        why = [f"filter: {table.filter_text}"] if table.filter_text.strip() else []
+        if table.hidden_count:
+            why.append(f"{table.hidden_count} older finished hidden, a shows them")
+        counts = f"{total} jobs" if shown == total else f"{shown} of {total} jobs"
+        if why and shown != total:
+            counts += f" ({'; '.join(why)})"
         order = table.sort_label  # what the marked header says
         # Trusted peers that miss heartbeats: whatever they run is not in this list.
         down = fmt.peers_down(sum(1 for p in self._source.state.peers if p.trusted and p.state in ("suspect", "down")))
-        self.query_one("#jobs-status", Static).update(Text(f"{counts} · sort: {order} (s, S) · ? help"
-                                                           + (f" · {down}" if down else "")))
+        status = f"{counts} · sort: {order} (s, S) · ? help" + (f" · {down}" if down else "")
+        if status != self._status:  # a batch of changes that leaves the counts alone repaints nothing here
+            self._status = status
+            self.query_one("#jobs-status", Static).update(Text(status))

@@ -1,4 +1,5 @@
-"""What the jobs table shows, without widgets: a job's row, the filter, the sort orders, column widths.
+"""What the jobs table shows, without widgets: a job's row, the filter, the sort orders, column widths,
+and which finished jobs are hidden as old.
 
 Every text that comes from a user or a peer (names, reasons, users, hosts) is escaped with
 :func:`gpulayerd.text.escape` here, before any terminal sees it; rows are drawn as plain
@@ -7,7 +8,8 @@ segments, so Rich markup in a name is shown as typed, never interpreted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import heapq
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -15,7 +17,7 @@ from rich.cells import cell_len
 
 from gpulayer_tui.state import TERMINAL
 from gpulayerd import text as fmt
-from gpulayerd.models import JobView, job_user
+from gpulayerd.models import FINISHED_SHOWN, JobView, job_user
 
 __all__ = [
     "COLUMNS",
@@ -23,6 +25,7 @@ __all__ = [
     "SORTS",
     "SORT_COLUMN",
     "JobFilter",
+    "OldFinished",
     "Row",
     "column_widths",
     "job_cells",
@@ -258,6 +261,12 @@ class JobFilter:
         """True when everything matches."""
         return not self.terms and not self.words
 
+    @property
+    def names_state(self) -> bool:
+        """True when a ``state:`` term picks the states (then every finished job it names is shown,
+        as ``gpulayer jobs --state`` shows them)."""
+        return any(field == "state" for field, _ in self.terms)
+
     def matches(self, job: JobView, row: Row) -> bool:
         """True when ``job`` (shown as ``row``) matches every term and word."""
         for field, values in self.terms:
@@ -279,3 +288,74 @@ def _term(field: str, value: str, job: JobView, row: Row) -> bool:
     return value in {"user": row.user, "name": row.name, "id": row.id, "where": row.where,
                      "reason": row.reason}[field].lower()
 
+
+
+class OldFinished:
+    """Which finished jobs are hidden as old, as ``gpulayer jobs`` hides them: all but the latest
+    :data:`~gpulayerd.models.FINISHED_SHOWN` (in submission order) of those that match the filter.
+
+    Attributes:
+        seq: each job's number in submission order (the order first seen).
+        finished: the finished jobs that match the filter.
+        kept: the latest ``FINISHED_SHOWN`` of them (all of them while :attr:`active` is False).
+        active: whether old finished jobs are hidden at all.
+    """
+
+    def __init__(self) -> None:
+        self.seq: dict[str, int] = {}
+        self.finished: set[str] = set()
+        self.kept: set[str] = set()
+        self.active = True
+        self._next = 0
+
+    def reset(self, job_ids: Iterable[str]) -> None:
+        """Number ``job_ids`` (in submission order) afresh; nothing is finished."""
+        self.seq = {k: i for i, k in enumerate(job_ids)}
+        self._next = len(self.seq)
+        self.finished = set()
+        self.kept = set()
+
+    def number(self, job_id: str) -> None:
+        """Give a job not seen before the next number."""
+        if job_id not in self.seq:
+            self.seq[job_id] = self._next
+            self._next += 1
+
+    def is_last(self, job_id: str) -> bool:
+        """Whether ``job_id`` is the latest job seen."""
+        return self.seq.get(job_id) == self._next - 1
+
+    def mark(self, job_id: str, finished: bool) -> bool:
+        """Note whether a job is a finished job that matches the filter; True if that changed."""
+        if finished == (job_id in self.finished):
+            return False
+        self.finished.symmetric_difference_update((job_id,))
+        return True
+
+    def forget(self, job_id: str) -> bool:
+        """A job is gone; True if it was a finished one."""
+        self.seq.pop(job_id, None)
+        if job_id in self.finished:
+            self.finished.discard(job_id)
+            return True
+        return False
+
+    def update_kept(self) -> set[str]:
+        """Recompute :attr:`kept`; returns the jobs that entered or left it."""
+        if not self.active:
+            kept: set[str] = set()
+        elif len(self.finished) <= FINISHED_SHOWN:
+            kept = set(self.finished)
+        else:
+            kept = set(heapq.nlargest(FINISHED_SHOWN, self.finished, key=self.seq.__getitem__))
+        moved, self.kept = kept ^ self.kept, kept
+        return moved
+
+    def shown(self, job_id: str) -> bool:
+        """Whether a job that matches the filter is shown (an old finished one is not, while active)."""
+        return not self.active or job_id in self.kept or job_id not in self.finished
+
+    @property
+    def hidden_count(self) -> int:
+        """How many finished jobs that match the filter are hidden."""
+        return len(self.finished) - len(self.kept) if self.active else 0

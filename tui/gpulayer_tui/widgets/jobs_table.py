@@ -1,10 +1,11 @@
 """The job queue: a table that renders only the lines on screen and changes row by row.
 
-Rows are keyed by job id. :meth:`JobsTable.upsert_job` recomputes one job's cells and,
-when they changed, repaints that one line (or adds the row, or removes a row that no longer
-matches the filter); only a new filter, a new sort order, or a resync that drops most jobs
-reorders the rows, and nothing is ever re-rendered that is not on screen. Each line is
-kept as a rendered strip until its job's cells, the cursor or the layout change.
+Rows are keyed by job id. :meth:`JobsTable.apply_jobs` takes a batch of changed jobs and
+repaints only the lines whose cells changed (or adds rows, or removes rows in one pass); only
+a new filter, a new sort order, or a resync that drops most jobs reorders the rows, a changed
+sort column re-sorts at most twice a second, and nothing that is not on screen is rendered.
+Each line is kept as a rendered strip until its job's cells, the cursor or the layout change.
+Old finished jobs are hidden as ``gpulayer jobs`` hides them (:class:`OldFinished`).
 
 This is a Line API widget rather than a DataTable: a DataTable re-renders every visible
 cell and recomputes its row offsets (a loop over all rows) on any change to any cell, which
@@ -14,7 +15,7 @@ measured 45 to 120 ms per job update with 1,000 to 10,000 jobs (``bench/tui.py``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import ClassVar
 
 from rich.cells import cell_len, set_cell_size
@@ -34,6 +35,7 @@ from gpulayer_tui.widgets.job_rows import (
     COLUMNS,
     SORTS,
     JobFilter,
+    OldFinished,
     Row,
     column_widths,
     job_cells,
@@ -156,6 +158,8 @@ class JobsTable(ScrollView, can_focus=True):
     requester: RequesterView | None = None
     """Who the TUI runs as (set by the screen from the daemon's answer): cancel is offered only on the jobs
     they may cancel; None: on every job (the daemon decides)."""
+    show_all_finished: reactive[bool] = reactive(False, init=False)
+    """True: every finished job; False: only the latest ``FINISHED_SHOWN`` (as ``gpulayer jobs``)."""
 
     class OpenRequested(Message):
         """Show a job's detail (``tab``: the detail tab to open first)."""
@@ -193,6 +197,7 @@ class JobsTable(ScrollView, can_focus=True):
         self._clock = clock
         self._age_refresh_s = age_refresh_s
         self._jobs: dict[str, JobView] = {}
+        self._old = OldFinished()
         self._cells: dict[str, Cells] = {}
         self._order: list[str] = []
         self._index: dict[str, int] = {}
@@ -205,6 +210,7 @@ class JobsTable(ScrollView, can_focus=True):
         self._strips: LRUCache[tuple[str, bool], tuple[Cells, object, Strip]] = LRUCache(4096)
         self._resort_pending = False
         self._highlighted: str | None = None
+        self._offered: tuple[bool | None, ...] | None = None
 
     # ------------------------------------------------------------------ reading
 
@@ -225,8 +231,13 @@ class JobsTable(ScrollView, can_focus=True):
 
     @property
     def row_count(self) -> int:
-        """How many rows are shown (jobs that match the filter)."""
+        """How many rows are shown (jobs that match the filter, old finished ones hidden)."""
         return len(self._order)
+
+    @property
+    def hidden_count(self) -> int:
+        """How many finished jobs that match the filter are hidden as old (0 when none is hidden)."""
+        return self._old.hidden_count
 
     @property
     def highlighted_id(self) -> str | None:
@@ -257,40 +268,42 @@ class JobsTable(ScrollView, can_focus=True):
         new = {j.id: j for j in jobs}
         if not self._order or len(new) < len(self._jobs) // 2:
             self._jobs = new
+            self._old.reset(new)
             self._rebuild()
             return
-        for job_id in [k for k in self._jobs if k not in new]:
-            del self._jobs[job_id]
-            self._remove_row(job_id)
-        for job in new.values():
-            self.upsert_job(job)
+        self.apply_jobs(new.values(), [k for k in self._jobs if k not in new])
 
     def upsert_job(self, job: JobView) -> None:
-        """Show one job's new data: its changed line only, or a new row, or remove a filtered-out row."""
-        self._jobs[job.id] = job
-        cells = job_cells(job, self._clock(), self._devices)
-        old = self._cells.get(job.id)
-        if not self._filter.matches(job, cells):
-            if old is not None:
-                self._remove_row(job.id)
-            return
-        if old == cells:
-            return
-        self._cells[job.id] = cells
-        if self._measure(cells):
-            self._layout_columns(changed_only=True)
-        if old is None:
-            self._append_row(job.id)
-            if self.sort_by != "submitted" or job.id != next(reversed(self._jobs)):
-                self._schedule_resort()  # its place is not the end: sort it in soon (once for a burst)
-        else:
-            self._refresh_row(job.id)
-            if self.sort_by != "submitted":
-                self._schedule_resort()
-        if job.id == self.highlighted_id:
-            self.post_message(self.JobHighlighted(job))
-            if (old is None or old.state != cells.state) and self.is_mounted:
-                self.refresh_bindings()
+        """Show one job's new data (see :meth:`apply_jobs`)."""
+        self.apply_jobs((job,))
+
+    def apply_jobs(self, jobs: Iterable[JobView], gone: Collection[str] = ()) -> None:
+        """Show ``jobs``' new data (new ones in submission order) and remove the rows of ``gone`` ids:
+        each changed line only, new rows, rows no longer shown removed in one pass."""
+        now = self._clock()
+        finished_changed = False
+        changed: list[tuple[JobView, Row, bool]] = []
+        for job in jobs:
+            self._old.number(job.id)
+            self._jobs[job.id] = job
+            cells = job_cells(job, now, self._devices)
+            matches = self._filter.matches(job, cells)
+            finished_changed |= self._old.mark(job.id, matches and job.status in TERMINAL)
+            changed.append((job, cells, matches))
+        drop: set[str] = set()
+        for job_id in gone:
+            if self._jobs.pop(job_id, None) is not None:
+                finished_changed |= self._old.forget(job_id)
+                drop.add(job_id)
+        moved = self._old.update_kept() - drop if finished_changed else set()  # entered or left the latest
+        for job, cells, matches in changed:
+            moved.discard(job.id)
+            self._show_row(job, cells, matches and self._old.shown(job.id), drop)
+        for job in (self._jobs[k] for k in moved):
+            self._show_row(job, self._cells.get(job.id) or job_cells(job, now, self._devices), self._old.shown(job.id),
+                           drop)
+        if drop:
+            self._drop_rows(drop)
 
     def refresh_ages(self) -> None:
         """Recompute every shown row's age; only lines whose age changed are repainted."""
@@ -339,6 +352,9 @@ class JobsTable(ScrollView, can_focus=True):
 
     def watch_filter_text(self, text: str) -> None:
         self._filter = JobFilter.parse(text)
+        self._rebuild()
+
+    def watch_show_all_finished(self) -> None:
         self._rebuild()
 
     def watch_sort_by(self) -> None:
@@ -436,10 +452,17 @@ class JobsTable(ScrollView, can_focus=True):
         keep = self.highlighted_id
         now = self._clock()
         self._cells = {}
+        old = self._old
+        old.active, old.finished = not self.show_all_finished and not self._filter.names_state, set()
         for job in self._jobs.values():
             cells = job_cells(job, now, self._devices)
             if self._filter.matches(job, cells):
                 self._cells[job.id] = cells
+                if job.status in TERMINAL:
+                    old.finished.add(job.id)
+        old.update_kept()
+        if old.hidden_count:
+            self._cells = {k: c for k, c in self._cells.items() if old.shown(k)}
         self._order = list(self._cells)
         self._needs = {}
         for cells in self._cells.values():
@@ -453,10 +476,35 @@ class JobsTable(ScrollView, can_focus=True):
 
     def _position_in_jobs(self) -> Callable[[str], tuple[object, ...]]:
         key = sort_key(self.sort_by)
-        submitted = {k: i for i, k in enumerate(self._jobs)}
+        submitted = self._old.seq
         if key is None:
             return lambda job_id: (submitted[job_id],)
         return lambda job_id: (*key(self._cells[job_id]), submitted[job_id])
+
+    def _show_row(self, job: JobView, cells: Row, shown: bool, drop: set[str]) -> None:
+        """Show ``job`` as ``cells`` (its line if changed, or a new row), or put its row in ``drop``."""
+        old = self._cells.get(job.id)
+        if not shown:
+            if old is not None:
+                drop.add(job.id)
+            return
+        if old == cells:
+            return
+        self._cells[job.id] = cells
+        if self._measure(cells):
+            self._layout_columns(changed_only=True)
+        key = sort_key(self.sort_by)
+        if old is None:
+            self._append_row(job.id)
+            if key is not None or self.sort_reverse or not self._old.is_last(job.id):
+                self._schedule_resort()  # its place is not the end: sort it in soon (once for a burst)
+        else:
+            self._refresh_row(job.id)
+            if key is not None and key(old) != key(cells):
+                self._schedule_resort()
+        if job.id == self.highlighted_id:
+            self.post_message(self.JobHighlighted(job))
+            self._offer_keys()
 
     def _reorder(self, keep: str | None) -> None:
         """Sort the shown rows, keeping the cursor on ``keep`` when it is still shown."""
@@ -483,25 +531,25 @@ class JobsTable(ScrollView, can_focus=True):
         elif at_bottom:  # the cursor follows new rows at the bottom, like a log's tail
             self.cursor_index = len(self._order) - 1
 
-    def _remove_row(self, job_id: str) -> None:
-        if self._cells.pop(job_id, None) is None:
-            return
-        pos = self._position(job_id)
-        if pos is None:
-            return
-        del self._order[pos]
+    def _drop_rows(self, job_ids: set[str]) -> None:
+        """Remove the rows of ``job_ids`` in one pass; the cursor stays on its job, or where it was."""
+        keep, cursor, before = self.highlighted_id, self.cursor_index, self._order
+        for job_id in job_ids:
+            self._cells.pop(job_id, None)
+        self._order = [k for k in before if k not in job_ids]
         self._index_valid = False
         self._update_virtual_size()
-        if pos < self.cursor_index:
-            self.set_reactive(JobsTable.cursor_index, self.cursor_index - 1)
-        self.set_reactive(JobsTable.cursor_index, self.validate_cursor_index(self.cursor_index))
+        if keep is not None and keep not in job_ids:
+            cursor = self._position(keep) or 0
+        else:
+            cursor = sum(1 for k in before[:cursor] if k not in job_ids)
+        self.set_reactive(JobsTable.cursor_index, self.validate_cursor_index(cursor))
         self._check_user_column(relayout=False)
         self.refresh()
         self._announce_highlight()
 
     def _refresh_row(self, job_id: str) -> None:
-        pos = self._position(job_id)
-        if pos is not None:
+        if (pos := self._position(job_id)) is not None:
             self.refresh_line(pos + 1)
 
     def _schedule_resort(self) -> None:
@@ -514,15 +562,22 @@ class JobsTable(ScrollView, can_focus=True):
         if job_id != self._highlighted or job_id is None:
             self._highlighted = job_id
             self.post_message(self.JobHighlighted(None if job_id is None else self._jobs.get(job_id)))
-            if self.is_mounted:
-                self.refresh_bindings()
+            self._offer_keys()
+
+    def _offer_keys(self) -> None:
+        """Refresh the footer's keys only when those offered changed (it re-creates its widgets: ~10 ms)."""
+        offered = tuple(self.check_action(b.action, ()) for bs in self._bindings.key_to_bindings.values() for b in bs)
+        if offered != self._offered and self.is_mounted:
+            self._offered = offered
+            self.refresh_bindings()
 
     def _check_user_column(self, relayout: bool, added: Row | None = None) -> None:
         """Show USER only while the shown rows have more than one user."""
         if added is not None and self._show_user:
             show = True  # one more row cannot make every user the same
-        elif added is not None:
-            show = any(c.user != added.user for c in self._cells.values())
+        elif added is not None:  # every other shown row has one user: compare with any of them
+            other = next((c for c in self._cells.values() if c is not added), added)
+            show = other.user != added.user
         else:
             rows = iter(self._cells.values())
             first = next(rows, None)
