@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import ClassVar
 
-from rich.cells import cell_len, set_cell_size
-from rich.segment import Segment
+from rich.cells import cell_len
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
@@ -41,27 +40,13 @@ from gpulayer_tui.widgets.job_rows import (
     job_cells,
     sort_key,
     sort_label,
-    sort_mark,
 )
+from gpulayer_tui.widgets.job_strips import JOBS_TABLE_CSS, STATE_STYLES, header_strip, line_width, row_strip
 from gpulayerd import text as fmt
 from gpulayerd.models import JobView, RequesterView
 
 __all__ = ["COLUMNS", "SORTS", "STATE_STYLES", "JobsTable", "job_cells"]
 
-STATE_STYLES: dict[str, str] = {
-    "queued": "yellow",
-    "claimed": "yellow",
-    "running": "bold green",
-    "cancelling": "bold magenta",
-    "succeeded": "green",
-    "failed": "bold red",
-    "lost": "red",
-    "rejected": "red",
-    "cancelled": "magenta",
-}
-"""Plain ANSI colours, so a 16-colour terminal shows them as meant; the word carries the meaning."""
-
-_STATE_RICH = {state: Style.parse(style) for state, style in STATE_STYLES.items()}
 _COLUMN_INDEX = {key: i for i, (key, _) in enumerate(COLUMNS)}
 _STATE = _COLUMN_INDEX["state"]
 _USER = _COLUMN_INDEX["user"]
@@ -70,13 +55,6 @@ _MEASURED = tuple((key, _COLUMN_INDEX[key]) for key in ("state", "reason", "name
 _AGE = _COLUMN_INDEX["age"]
 
 Cells = Row
-
-
-def _fit(text: str, width: int) -> str:
-    """``text`` padded or cut to exactly ``width`` cells (cut text ends with "…")."""
-    if cell_len(text) > width:
-        return set_cell_size(text, width - 1) + "…" if width > 1 else set_cell_size(text, width)
-    return set_cell_size(text, width)
 
 
 class JobsTable(ScrollView, can_focus=True):
@@ -91,33 +69,7 @@ class JobsTable(ScrollView, can_focus=True):
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"jobs-table--header", "jobs-table--cursor"}
 
-    DEFAULT_CSS = """
-    JobsTable {
-        height: 1fr;
-        scrollbar-size-vertical: 1;
-        background: $surface;
-        color: $foreground;
-        & > .jobs-table--header {
-            text-style: bold;
-            background: $panel;
-            color: $foreground;
-        }
-        &:ansi > .jobs-table--header {
-            background: ansi_bright_blue;
-            color: ansi_default;
-        }
-        & > .jobs-table--cursor {
-            background: $block-cursor-blurred-background;
-            color: $block-cursor-blurred-foreground;
-            text-style: $block-cursor-blurred-text-style;
-        }
-        &:focus > .jobs-table--cursor {
-            background: $block-cursor-background;
-            color: $block-cursor-foreground;
-            text-style: $block-cursor-text-style;
-        }
-    }
-    """
+    DEFAULT_CSS = JOBS_TABLE_CSS
 
     HELP_GROUP: ClassVar[str] = "Jobs list"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -627,17 +579,11 @@ class JobsTable(ScrollView, can_focus=True):
         self.virtual_size = Size(line, len(self._order) + 1)
 
     def _line_width(self) -> int:
-        return sum(w + 1 for w in self._widths if w) + 1
+        return line_width(self._widths)
 
     def _header_strip(self, base: Style) -> Strip:
-        style = base + self.get_component_rich_style("jobs-table--header")
-        marked, mark = sort_mark(self.sort_by, self.sort_reverse)
-        parts = []
-        for (key, header), w in zip(COLUMNS, self._widths, strict=True):
-            if w:
-                parts.append(f" {_fit(header + (mark if key == marked else ''), w)}")
-        text = "".join(parts) + " "
-        return Strip([Segment(text, style)], cell_len(text))
+        return header_strip(self._widths, self.sort_by, self.sort_reverse,
+                            base + self.get_component_rich_style("jobs-table--header"))
 
     def _row_strip(self, job_id: str, cursor: bool, base: Style) -> Strip:
         cells = self._cells[job_id]
@@ -646,15 +592,6 @@ class JobsTable(ScrollView, can_focus=True):
         cached = self._strips.get((job_id, cursor))
         if cached is not None and cached[0] is cells and cached[1] == layout:
             return cached[2]
-        segments = []
-        for i, (text, width) in enumerate(zip(cells, self._widths, strict=True)):
-            if not width:
-                continue
-            style = row_style
-            if i == _STATE and not cursor:
-                style = row_style + _STATE_RICH.get(text, Style.null())
-            segments.append(Segment(f" {_fit(text, width)}", style))
-        segments.append(Segment(" ", row_style))
-        strip = Strip(segments, self._line_width())
+        strip = row_strip(cells, self._widths, row_style, state_colour=not cursor)
         self._strips[(job_id, cursor)] = (cells, layout, strip)
         return strip
