@@ -107,8 +107,9 @@ def evaluate(job: JobRequest, worker: WorkerSnapshot, support: SupportMatrix, *,
     """Full evaluation of one worker: fit state, table rows, rejections, placement.
 
     ``table`` False leaves out the per-device requirement rows of the table (the costliest text to
-    build) for callers that read only the state, the placement and the rejections (the fit-only
-    path, the hints' re-judgement); everything else is the same."""
+    build) and names only the first held device among the busy rejections, for callers that read
+    only the state, the placement and the static rejections (the fit-only path, the hints'
+    re-judgement); everything else is the same."""
     job_level = validate(job, support)
     if job_level:
         rejs = tuple(_with_worker(r, worker.node_id) for r in job_level)

@@ -413,7 +413,8 @@ def choose_devices(
     """Pick ``job.gpu_count`` free qualifying devices on ``worker`` (CPU slots for a CPU job).
 
     Appends the accelerator, per-device requirement (unless ``table`` is False) and count rows to
-    ``checks``. Among free
+    ``checks``. Without ``table``, only the first held device is named in the busy rejections (the
+    callers read the state, the placement and the static rejections). Among free
     qualifying devices the best fit wins: smallest memory, then uuid, then index.
 
     Returns:
@@ -479,7 +480,8 @@ def choose_devices(
         # A device that needs a reset (or was lost) may come back: say so beside the busy ones.
         faulty = [r for d, rs in per_dev if d.state in (DeviceState.UNUSABLE, DeviceState.LOST)
                   for r in rs if r.code is RejectionCode.PROBE_UNHEALTHY]
-        return None, [], [busy_rejection(d, wid) for d in fit if d.busy] + faulty
+        held = [d for d in fit if d.busy]  # (one at least: more qualify than are free)
+        return None, [], [busy_rejection(d, wid) for d in (held if table else held[:1])] + faulty
     chosen = sorted(free, key=_objective)[:want_n]
     return chosen, [], []
 
