@@ -5,7 +5,9 @@
   still running on that machine;
 - **no idle device beside a waiting job** (checked at every step while no fault is active
   and ``settle_s`` after the last one healed): no job that wants k GPUs waits more than
-  ``idle_bound_s`` while a machine its owner can reach has had k GPUs free all that time;
+  ``idle_bound_s`` while a machine its owner can reach has had k GPUs free all that time
+  (a machine whose daemon is down or paused has none free: its time free starts again
+  when it is back);
 - **every acknowledged job ends** (:meth:`Checker.final`, after the faults healed and a quiet
   period): each job is succeeded, or ended with a recorded reason (failed, lost, cancelled).
 
@@ -108,6 +110,8 @@ class Checker:
                 continue
             used = sum(len([g for g in gs.split(",") if g]) for _, _, gs in d.runner.live())
             free[d.name] = d.gpus - used
+        for key in [k for k in self._free_since if k[0] not in free]:
+            del self._free_since[key]  # down or paused now: no longer free, and when it is back it starts over
         for name, f in free.items():
             for k in (1, 2):
                 if f >= k:

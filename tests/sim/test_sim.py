@@ -118,3 +118,25 @@ async def test_a_claim_without_compare_and_set_is_found_and_its_seed_printed(
     assert "runs on" in text  # one attempt on two workers
     assert "start " in text  # the trace shows the starts
     assert "reproduce: seed=" in capsys.readouterr().out
+
+
+@pytest.mark.asyncio
+async def test_a_crashed_machine_is_not_an_idle_one_beside_a_waiting_job(tmp_path: Path) -> None:
+    # bench/sim.py's detection phase kills a daemon for good (no fault for the checker): its GPUs
+    # had been free since the start, and the idle check kept counting them free after the crash.
+    sim = Sim(tmp_path, seed=1, n=3)
+    await sim.start()
+    try:
+        await sim.run_for(3)
+        await sim.crash(sim.daemons["n002"])
+        await sim.run_for(3)
+        ids = [await sim.submit(sim.daemons["n000"], gpus=1, duration_s=60.0) for _ in range(5)]
+        await sim.run_for(45)  # one job waits (4 GPUs up) beyond the idle bound: legitimate
+        waiting = [j for j in ids if j is not None and sim.jobs[j].started is None]
+        assert len(waiting) == 1 and sim.checker.idle_bound_s < 45
+        assert not [k for k in sim.checker._free_since if k[0] == "n002"]
+        await sim.restart(sim.daemons["n002"])
+        await sim.run_for(10)  # back: it takes the waiting job
+        assert sim.jobs[waiting[0]].started is not None
+    finally:
+        await sim.close()
