@@ -22,11 +22,12 @@ import shutil
 import socket
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gpulayerd.core.types import Accelerator, DeviceSnapshot, ProbeHealth, ProbeStatus, SupportMatrix
+from gpulayerd.core.types import Accelerator, DeviceSnapshot, DeviceState, ProbeHealth, ProbeStatus, SupportMatrix
 from gpulayerd.gpu.apple import AppleFacts, apple_devices, probe_apple, read_apple_facts
 from gpulayerd.gpu.command import CommandRunner, run_command
+from gpulayerd.gpu.nvidia.mig import normalise_bus_id
 from gpulayerd.gpu.nvidia.parse import classify_nvidia_failure, parse_compute_apps, parse_nvidia_csv
 from gpulayerd.gpu.nvidia.query import NVIDIA_SMI_SEARCH_DIRS, NvidiaSmi, query_compute_apps
 from gpulayerd.gpu.rocm import ROCM_SMI_SEARCH_DIRS, probe_rocm
@@ -53,6 +54,7 @@ __all__ = [
     "parse_nvidia_csv",
     "query_compute_apps",
     "read_apple_facts",
+    "with_last_known",
 ]
 
 logger = logging.getLogger(__name__)
@@ -179,6 +181,37 @@ class HostInventory:
     notes: tuple[str, ...] = ()
     driver_cuda: str | None = None
     driver_state: str = ""
+
+
+_REMEMBERED = ("name", "memory_total_bytes", "memory_kind", "compute_capability", "driver_version", "float64")
+"""The facts of a GPU that a lost or unusable one keeps from its last good reading (never its use)."""
+
+
+def with_last_known(devices: Sequence[DeviceSnapshot], last_good: dict[str, DeviceSnapshot]
+                    ) -> tuple[DeviceSnapshot, ...]:
+    """``devices`` with each lost or unusable GPU's unknown facts (name, total memory and its kind,
+    compute capability, driver, float64) taken from its last good reading, found by PCI bus id, else
+    uuid; ``last_good`` (bus id or uuid -> device, updated in place) remembers every device read fine.
+
+    A GPU that falls off the bus keeps what it is, so a job it could never run (too little memory,
+    too low a compute capability) is not told it waits for it (issue 28); its use (memory used,
+    processes) is never carried over.
+    """
+    out = []
+    for d in devices:
+        keys = [k for k in ((normalise_bus_id(d.pci_bus_id) if d.pci_bus_id else None), d.uuid) if k]
+        if d.state is DeviceState.OK:
+            for k in keys:
+                last_good[k] = d
+            out.append(d)
+            continue
+        known = next((last_good[k] for k in keys if k in last_good), None)
+        if d.state not in (DeviceState.LOST, DeviceState.UNUSABLE) or known is None:
+            out.append(d)
+            continue
+        fill = {f: getattr(known, f) for f in _REMEMBERED if getattr(d, f) is None and getattr(known, f) is not None}
+        out.append(replace(d, **fill) if fill else d)
+    return tuple(out)
 
 
 def driver_state_of(health: Sequence[ProbeHealth], devices: Sequence[DeviceSnapshot],

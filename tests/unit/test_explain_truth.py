@@ -165,3 +165,35 @@ def test_too_few_qualifying_devices_is_the_shortfall_when_some_qualify() -> None
                              environments=ENV, mode="system")
     r = reason_of(explain(job, [healthy], SUPPORT_MATRIX))
     assert r.code.value == "DeviceCount" and r.words.startswith("needs 3 qualifying cuda device(s), worker vm has 2"), r
+
+
+def test_a_lost_gpu_keeps_its_last_known_facts_so_a_job_it_could_never_run_is_not_told_probe() -> None:
+    from dataclasses import replace
+
+    from gpulayerd.gpu.discovery import with_last_known
+
+    good = _gpu(1, "NVIDIA RTX A6000", 49140, (8, 6), pci_bus_id="00000000:21:00.0")
+    other = _gpu(0, "NVIDIA RTX A6000", 49140, (8, 6), pci_bus_id="00000000:01:00.0", granted_to="m8other")
+    last: dict[str, DeviceSnapshot] = {}
+    assert with_last_known((other, good), last) == (other, good)
+    # nvidia-smi names it only in a diagnostic line now: no name, memory or compute capability (and a 4-digit domain)
+    lost = DeviceSnapshot(Accelerator.CUDA, 1, None, execution_supported=True, pci_bus_id="0000:21:00.0",
+                          state=DeviceState.LOST, state_reason="Unable to determine the device handle for GPU "
+                          "0000:21:00.0: Unknown Error", processes_known=False)
+    (_, kept) = with_last_known((other, lost), last)
+    assert (kept.name, kept.memory_total_bytes, kept.compute_capability, kept.state) == (
+        "NVIDIA RTX A6000", 49140 * 2**20, (8, 6), DeviceState.LOST)
+    assert (kept.memory_used_bytes, kept.processes_known) == (None, False)  # its use is never carried over
+    worker = WorkerSnapshot("n1", name="vm", devices=(other, kept), environments=ENV)
+    big = JobRequest(job_id="big", accelerator=Accelerator.CUDA, gpu_count=1, gpu_memory_bytes=100 * GB)
+    hopper = JobRequest(job_id="fp8", accelerator=Accelerator.CUDA, gpu_count=1, min_cuda_compute_capability=(9, 0))
+    small = JobRequest(job_id="small", accelerator=Accelerator.CUDA, gpu_count=1, gpu_memory_bytes=20 * GB)
+    assert reason_of(explain(big, [worker], SUPPORT_MATRIX)).code.value == "Memory"
+    assert reason_of(explain(hopper, [worker], SUPPORT_MATRIX)).code.value == "ComputeCapability"
+    # A job it could run still says the lost GPU is why (beside the held one)
+    text = reason_of(explain(small, [worker], SUPPORT_MATRIX)).text
+    assert "lost" in text, text
+    # Without a good reading to go by, unknown facts stay unknown (and count as "maybe": Probe)
+    (_, unknown) = with_last_known((other, replace(lost, pci_bus_id="0000:99:00.0")), last)
+    assert unknown.memory_total_bytes is None
+    assert reason_of(explain(big, [replace(worker, devices=(other, unknown))], SUPPORT_MATRIX)).code.value == "Probe"

@@ -44,7 +44,7 @@ from gpulayerd.core.types import (
 from gpulayerd.core.visible import Visibility, apply_visibility
 from gpulayerd.gpu.command import DEVNULL, Popen, TimeoutExpired, run_command
 from gpulayerd.gpu.compose import build_capabilities
-from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host, driver_unsettled
+from gpulayerd.gpu.discovery import DiscoveryConfig, HostInventory, discover_host, driver_unsettled, with_last_known
 from gpulayerd.gpu.environments import EnvironmentProber
 from gpulayerd.gpu.nvidia.query import ComputeApps, NvidiaSmi, query_compute_apps
 from gpulayerd.models import Capabilities, DeviceModel
@@ -232,6 +232,7 @@ class Machine:
         # Devices this daemon's runs, holds or claims had when the last hardware probe read memory.used:
         # that reading is (partly) theirs, so it says nothing of processes this daemon cannot see.
         self._ours_at_probe: frozenset[str] = frozenset()
+        self._last_good: dict[str, DeviceSnapshot] = {}  # bus id or uuid -> its last good reading
         # The GPUs this daemon may schedule: its own CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and
         # the admin's exclude_gpus (nvidia-smi lists every GPU whatever the variables say).
         self._visibility = Visibility.of(os.environ, config.exclude_gpus)
@@ -281,6 +282,7 @@ class Machine:
             ours = self._ledger.state.devices_in_use()
             inventory = self._visible(
                 await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
+            inventory = replace(inventory, devices=with_last_known(inventory.devices, self._last_good))
             self._ours_at_probe = ours
         self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
         _log_state_changes(self._inventory, inventory)
@@ -420,6 +422,7 @@ class Machine:
             ours = self._ledger.state.devices_in_use()
             inventory = self._visible(
                 await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
+            inventory = replace(inventory, devices=with_last_known(inventory.devices, self._last_good))
             self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
             _log_state_changes(self._inventory, inventory)
             self._inventory, self._ours_at_probe = inventory, ours
