@@ -61,3 +61,7 @@ async def test_a_log_opens_at_its_end_with_lines_longer_than_a_read_and_forgets_
     assert found is None and set(pages.plain(pages.top)) == {"x"}
     await pages.resume()
     assert pages.shown[-1] == "line 2000" and pages.following
+    # Searching forward from the end (where a log opens) goes on from the top, and says so.
+    assert await pages.search("line 7") == "found from the top: the end was reached"
+    assert pages.plain(pages.top) == "line 7" and not pages.following
+    assert await pages.search("no such line") == "not found"

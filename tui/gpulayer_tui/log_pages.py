@@ -210,7 +210,8 @@ class LogPages:
     async def search(self, pattern: str, forward: bool = True) -> str | None:
         """Show the next line (``forward``) or the previous one holding ``pattern`` (ignoring case
         when it is all lower case) at the top of the view; None when found, else what happened
-        ("not found", or how far it read). Following pauses."""
+        ("not found", how far it read, or "found from the top" when a forward search reached the end
+        and went on from byte 0). Following pauses."""
         if not pattern:
             return None
         async with self._lock:
@@ -225,10 +226,14 @@ class LogPages:
                     self.top = min(i, self.max_top)
                     return None
             found = await (self._search_after if forward else self._search_before)(needle, fold)
+            wrapped = False
+            if found == "not found" and forward:
+                # It reached the end (a log opens there): go on from the top, as a pager's wrapping search.
+                found, wrapped = await self._search_after(needle, fold, start=0), True
             if isinstance(found, str):
                 return found
             await self._show_line_at(found)
-            return None
+            return "found from the top: the end was reached" if wrapped else None
 
     # ------------------------------------------------------------------ private
 
@@ -370,9 +375,10 @@ class LogPages:
         self.match_at = self._starts[i] if self._starts else None
         self.top = min(i, self.max_top)
 
-    async def _search_after(self, needle: str, fold: bool) -> int | str:
-        """The byte offset of the first line after the lines held that holds ``needle``, or why not."""
-        pos = self._starts[-1] if self._open_line else self.end
+    async def _search_after(self, needle: str, fold: bool, start: int | None = None) -> int | str:
+        """The byte offset of the first line after the lines held (or from byte ``start``) that holds
+        ``needle``, or why not."""
+        pos = start if start is not None else self._starts[-1] if self._open_line else self.end
         carry, carry_at, read = "", pos, 0
         while read < self.search_bytes:
             chunk = await self._get(pos, SEARCH_READ_BYTES)
