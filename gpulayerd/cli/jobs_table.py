@@ -142,7 +142,8 @@ def line_width(wide: bool) -> int | None:
 
 def render_jobs(jobs: Sequence[JobView], columns: Sequence[str], limit: int | None, now: float | None = None) -> str:
     """The table of ``jobs`` with ``columns`` (names of :data:`COLUMNS`), every line at most
-    ``limit`` terminal cells (None: no limit). Unknown values print as "—"."""
+    ``limit`` terminal cells (None: no limit); a REASON (the last column) too long for its width goes
+    on over more lines in its column. Unknown values print as "—"."""
     at = time.time() if now is None else now
     cells = [[fmt.escape(fmt.text(COLUMNS[c].value(j, at))) for c in columns] for j in jobs]
     headers = [COLUMNS[c].header for c in columns]
@@ -158,7 +159,16 @@ def render_jobs(jobs: Sequence[JobView], columns: Sequence[str], limit: int | No
         out = _GAP.join(fmt.ljust(fmt.cut(p, w), w) for p, w in zip(parts, widths, strict=True)).rstrip()
         return fmt.cut(out, limit)  # only when even the floors do not fit
 
-    return "\n".join([line(headers), *(line(r) for r in cells)])
+    def lines(parts: Sequence[str]) -> list[str]:
+        """One row; a REASON that is the last column and does not fit goes on over more lines in its
+        column (the deciding words are never cut away)."""
+        if limit is None or columns[-1] != "reason" or fmt.width(parts[-1]) <= widths[-1] or widths[-1] < 12:
+            return [line(parts)]
+        first, *rest = fmt.wrap(parts[-1], widths[-1])
+        indent = " " * (sum(widths[:-1]) + len(_GAP) * (len(widths) - 1))
+        return [line([*parts[:-1], first]), *(fmt.cut(indent + more, limit) for more in rest)]
+
+    return "\n".join([line(headers), *(text for r in cells for text in lines(r))])
 
 
 def _fit(columns: list[str], widths: list[int], limit: int) -> list[int]:

@@ -64,11 +64,15 @@ def test_jobs_lines_fit_80_cells_with_a_long_and_a_cjk_name() -> None:
     lines = out.splitlines()
     assert [text.width(line) for line in lines if text.width(line) > 80] == []
     assert lines[0].split() == ["ID", "NAME", "USER", "STATE", "WHERE", "AGE", "REASON"]
-    # The reason keeps its code and deciding words; the cut names end in "…" at the same column.
+    # The reason keeps its code and deciding words (a long one goes on over more lines in its column);
+    # the cut names end in "…" at the same column.
     assert "Accelerator: no worker has" in lines[2]
-    assert "Resources: cpu slots 0 free" in lines[3]
+    assert " ".join(line.strip() for line in lines[2:6]).endswith("(ws-1 is CPU-only); checked /usr/bin/python3.11")
+    assert "Resources: cpu slots 0 free" in lines[6] and lines[7].strip() == "of 2 on ws-1 (needs 1)"
     assert "…" in lines[1] and "…" in lines[2]
-    starts = {text.width(line[: line.index(" alice ")]) for line in lines[1:]}
+    rows = [line for line in lines[1:] if " alice " in line]
+    assert len(rows) == 3
+    starts = {text.width(line[: line.index(" alice ")]) for line in rows}
     assert len(starts) == 1, starts  # USER starts in the same cell on every row (CJK counted as 2)
 
 

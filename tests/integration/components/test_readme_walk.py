@@ -244,7 +244,8 @@ def test_jobs_at_80_columns_keep_the_reason_and_drop_a_lone_user() -> None:
     assert "user" in default_columns(jobs, "bob")  # bob reading alice's jobs sees whose they are
     lines = render_jobs(jobs, columns, 80, now=10.0).splitlines()
     assert all(text.width(line) <= 80 for line in lines)
-    assert lines[1].endswith("  hyperpa…  queued  —      10s  Resources: cpu slots 0 free of 2 on…"), lines[1]
+    assert lines[1].endswith("  hyperpa…  queued  —      10s  Resources: cpu slots 0 free of 2 on"), lines[1]
+    assert lines[2] == " " * 44 + "ws-1 (needs 1)", lines  # the rest of the reason, in its column
     wider = render_jobs(jobs, columns, 94, now=10.0).splitlines()  # below 100: REASON before NAME
     assert wider[1].endswith("  hyperpa…  queued  —      10s  Resources: cpu slots 0 free of 2 on ws-1 (needs 1)")
     bobs = _job("m8qgmtbntdp7", "x", "Pending")
