@@ -190,7 +190,7 @@ class LogRequest(_Msg):
     job_id: str
     attempt: int
     stream: Literal["stdout", "stderr"] = "stdout"
-    offset: int = Field(default=0, ge=0, le=2**62)
+    offset: int = 0
     limit: int | None = None
 
 
