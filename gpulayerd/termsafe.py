@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from itertools import groupby
 
-__all__ = ["TerminalText", "sanitize"]
+__all__ = ["LONG_LINE", "TerminalText", "sanitize"]
 
 # Characters that need the slow path: C0 controls but tab and newline, DEL, C1, and the
 # bidi and separator characters shown escaped.
@@ -44,6 +44,11 @@ _MAX_CSI_PARAMS = 64
 """A longer CSI is never kept (a real SGR is far shorter)."""
 _MAX_STYLE_PARTS = 16
 """SGR sequences remembered since the last reset (the oldest go first)."""
+
+LONG_LINE = 65_536
+"""Characters a viewer holds of the line being written: a viewer cuts a longer one there (:meth:`TerminalText.wrap`,
+as a terminal wraps it), so a job that prints no newline cannot make it hold all its output as one line (about
+20 bytes a character) and render it again on every read."""
 
 _GROUND, _ESC, _ESC_INTERMEDIATE, _CSI, _STRING, _STRING_ESC = range(6)
 
@@ -105,6 +110,18 @@ class TerminalText:
     def partial(self) -> str:
         """The line being written (no newline yet), as a terminal shows it now."""
         return self._render()
+
+    @property
+    def width(self) -> int:
+        """Characters in the line being written."""
+        return len(self._chars)
+
+    def wrap(self) -> str:
+        """The line being written, ended there as a terminal wraps a long line: the next text starts a new
+        line, in the same state (unlike :meth:`end`, a sequence still open stays open, and the style in force)."""
+        line = self._render()
+        self._new_line()
+        return line
 
     def end(self) -> str:
         """The line being written, as :attr:`partial`; the next text starts a new line (no sequence is open)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TextIO
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK
 from gpulayerd.core.job_facts import TERMINAL_STATES
-from gpulayerd.termsafe import TerminalText
+from gpulayerd.termsafe import LONG_LINE, TerminalText
 
 if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient
@@ -57,7 +57,10 @@ class _Tail:
         with :attr:`safe`, only whole sanitized lines."""
         self.printed += len(data)
         if self.safe is not None:
-            out.write("".join(f"{self.prefix}{line}\n" for line in self.safe.feed(data)))
+            lines = self.safe.feed(data)
+            if self.safe.width >= LONG_LINE:
+                lines.append(self.safe.wrap())  # as the terminal wraps it: never the whole of an endless line held
+            out.write("".join(f"{self.prefix}{line}\n" for line in lines))
         elif not self.prefix:
             out.write(data)
         else:

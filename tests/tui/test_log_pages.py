@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpulayer_tui.log_pages import LogPages
+from gpulayer_tui.log_pages import READ_BYTES, LogPages
 from gpulayerd.app.common.logread import whole_chars
 from gpulayerd.models import LogChunk
+from gpulayerd.termsafe import LONG_LINE
 
 
 class Log:
@@ -65,3 +66,22 @@ async def test_a_log_opens_at_its_end_with_lines_longer_than_a_read_and_forgets_
     assert await pages.search("line 7") == "found from the top: the end was reached"
     assert pages.plain(pages.top) == "line 7" and not pages.following
     assert await pages.search("no such line") == "not found"
+
+
+@pytest.mark.asyncio
+async def test_following_a_line_without_end_holds_it_in_pieces() -> None:
+    """A job printing no newline: following it held the whole line and rendered all of it again on every
+    64 KiB read (the TUI at ~90 % CPU and growing without end): it is cut once LONG_LINE long, as a terminal wraps it."""
+    log = Log(b"start\n")
+    pages = LogPages(log.read)
+    pages.resize(10)
+    await pages.open_end()
+    for _ in range(40):  # 2.5 MiB of one line, read as it grows
+        log.data += b"y" * READ_BYTES
+        while await pages.poll():
+            pass
+    assert max(len(line) for line in pages.lines) <= LONG_LINE + READ_BYTES
+    assert len(pages.lines) > 20 and pages.shown[-1] == "y" * len(pages.shown[-1])
+    log.data += b"\x1b]2;t\x07\nEND\n"
+    await pages.poll()
+    assert pages.shown[-2:] == ["", "END"] and pages.following

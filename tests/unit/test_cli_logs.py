@@ -14,7 +14,7 @@ import pytest
 
 from gpulayerd.cli.logs import _Tail, follow_logs, outcome, sanitizes
 from gpulayerd.models import JobSpec, JobView, LogChunk
-from gpulayerd.termsafe import TerminalText
+from gpulayerd.termsafe import LONG_LINE, TerminalText
 
 
 def _job(status: str, exit_code: int | None = None, reason: str = "") -> JobView:
@@ -108,3 +108,17 @@ def test_a_sanitized_rank_prefix_goes_before_whole_lines_only() -> None:
     t.emit("Jb\r\nc", out)
     t.flush(out)
     assert out.getvalue() == "[rank 0] ab\n[rank 0] c\n"
+
+
+def test_an_endless_line_to_a_terminal_is_cut_not_held_whole() -> None:
+    """A job printing no newline (10 MB here; a GB as easily) made gpulayer logs hold it all (~20 bytes a
+    character) before it printed anything: the line is cut once it is LONG_LINE long, as the terminal wraps it."""
+    out = io.StringIO()
+    t = _Tail(rank=None, prefix="", safe=TerminalText())
+    for _ in range(10):
+        t.emit("y" * 2**20, out)
+        assert t.safe is not None and t.safe.width < LONG_LINE
+    t.emit("\x1b]2;t\x07end\n", out)
+    t.flush(out)
+    lines = out.getvalue().split("\n")
+    assert lines[-2:] == ["end", ""] and "".join(lines) == "y" * 10 * 2**20 + "end"

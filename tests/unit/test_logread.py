@@ -35,3 +35,14 @@ async def test_a_limit_never_cuts_a_character(tmp_path: Path) -> None:
     assert (cut.data, cut.next_offset) == ("日", 3)
     short = await read_log(log, "j1", 1, "stdout", 3, finished=False, limit=1)  # shorter than the character
     assert (short.data, short.next_offset) == ("本", 6)
+
+
+@pytest.mark.asyncio
+async def test_an_offset_past_the_end_reads_nothing(tmp_path: Path) -> None:
+    """An offset the file system cannot seek to (ext4: past 16 TiB; the API takes up to 2**62) was an OSError
+    (EINVAL) and a 500 with a traceback in the daemon's log: it is an empty chunk at the end."""
+    log = tmp_path / "stdout.log"
+    log.write_bytes(b"line\n")
+    for offset in (2**62, 10**14, 6):
+        chunk = await read_log(log, "j1", 1, "stdout", offset, finished=True, limit=10)
+        assert (chunk.data, chunk.next_offset, chunk.size, chunk.complete) == ("", offset, 5, True), offset

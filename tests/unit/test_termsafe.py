@@ -82,3 +82,11 @@ def test_huge_csi_parameters_and_strings_keep_no_state() -> None:
     assert t.feed("mok\n") == ["ok"]  # too long to be a real SGR: dropped
     assert t.feed("\x1b]2;" + "x" * 100_000) == []
     assert t.feed("\x07done\n") == ["done"]
+
+
+def test_wrap_ends_a_long_line_keeping_an_open_sequence_and_the_style() -> None:
+    t = TerminalText()
+    assert t.feed("ab\x1b]2;ti") == [] and t.width == 2
+    assert t.wrap() == "ab" and t.width == 0
+    assert t.feed("tle\x07\x1b[31mcd") == [] and t.wrap() == "\x1b[0;31mcd\x1b[0m"  # the title never shows
+    assert t.feed("e\n") == ["\x1b[0;31me\x1b[0m"]

@@ -20,7 +20,7 @@ import re
 from collections.abc import Awaitable, Callable
 
 from gpulayerd.models import LogChunk
-from gpulayerd.termsafe import TerminalText
+from gpulayerd.termsafe import LONG_LINE, TerminalText
 
 __all__ = ["KEEP_BYTES", "READ_BYTES", "SEARCH_BYTES", "AttemptChanged", "LogPages", "Read"]
 
@@ -308,8 +308,10 @@ class LogPages:
         self.lines += done
         self._starts += starts[:len(done)]
         if self._open_line:
-            self.lines.append(self._tail.partial)
+            long = self._tail.width >= LONG_LINE  # cut there (wrapped): the next read starts a line
+            self.lines.append(self._tail.wrap() if long else self._tail.partial)
             self._starts.append(starts[len(done)])
+            self._open_line = not long
         self.end = next_offset
 
     def _prepend(self, chunk: LogChunk) -> None:

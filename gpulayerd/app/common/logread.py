@@ -35,6 +35,8 @@ def _read(path: Path, offset: int, finished: bool, limit: int) -> tuple[bytes, i
     data, size = b"", 0
     with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
+        if offset > size:
+            return data, size  # nothing there (and ext4 cannot seek past 16 TiB: EINVAL)
         f.seek(offset)
         raw = f.read(limit)
         # Cut a character only where more may follow: a finished log ends where it ends.
