@@ -348,7 +348,14 @@ class _Watchdog:
             if deadline is not None:
                 wait_s = min(wait_s, deadline - now + 0.001)
             self._sleep(wait_s)
-        return "exited", f"the job exited with code {proc.returncode}"
+        code = proc.returncode
+        if code < 0:  # Popen's way of saying a signal ended it: say which, as a shell would
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return "exited", f"the job was killed by signal {-code} ({name})"
+        return "exited", f"the job exited with code {code}"
 
     def _terminate(self, proc: Popen[bytes], grace_s: float) -> None:
         """SIGTERM the job's processes; wait up to ``grace_s`` for all of them to exit."""

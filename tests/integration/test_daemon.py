@@ -117,6 +117,8 @@ def test_killed_by_a_signal_fails_with_negative_exit_code(cpu_daemon: Daemon) ->
     job_id = d.submit("--", "sh", "-c", "kill -KILL $$")
     job = d.wait_status(job_id, TERMINAL)
     assert (job.status, job.exit_code) == ("failed", -9)
+    shown = d.cli_ok("show", job_id)
+    assert "killed by signal 9 (SIGKILL)" in shown, shown  # not "exited with code -9"
 
 
 def test_command_not_found_fails_with_the_reason(cpu_daemon: Daemon) -> None:
