@@ -13,6 +13,7 @@ TUI's Devices view share (:func:`device_name`, :func:`device_kind`, :func:`fault
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "holder",
     "http_error",
     "job_label",
+    "json_out",
     "ljust",
     "mark",
     "memory",
@@ -65,6 +67,17 @@ _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def text(value: object) -> str:
     """``str(value)``, or "—" for None."""
     return DASH if value is None else str(value)
+
+
+_JSON_UNSAFE = re.compile("[\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def json_out(document: str) -> str:
+    """A JSON ``document`` safe to print to a terminal: DEL, the C1 controls (U+0080-U+009F, which
+    terminals may obey as CSI, OSC, ...), line and paragraph separators and bidirectional overrides
+    written as ``\\uXXXX`` escapes. The same JSON value: such characters occur only inside strings,
+    where an escape means the character itself (C0 controls are escaped by every JSON encoder)."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", document)
 
 
 def escape(value: str) -> str:

@@ -99,13 +99,13 @@ def _cmd_devices(args: argparse.Namespace) -> int:
                   "Python; --local says this on purpose)", file=sys.stderr)
         caps = _local_capabilities(args)
         if args.json:
-            print(caps.model_dump_json(indent=2))
+            print(fmt.json_out(caps.model_dump_json(indent=2)))
             return EXIT_OK
         print(render_capabilities(caps, wide=args.wide, limit=limit))
         return EXIT_OK
     known = [p.capabilities for p in peers if p.capabilities is not None and p.state != "foreign"]
     if args.json:
-        print("[" + ",".join(c.model_dump_json(indent=2) for c in known) + "]")
+        print(fmt.json_out("[" + ",".join(c.model_dump_json(indent=2) for c in known) + "]"))
         return EXIT_OK
     holders = raw[1] if raw is not None else {}
     blocks = []
@@ -154,8 +154,8 @@ def _cmd_peers(args: argparse.Namespace) -> int:
     if args.json:
         import json
 
-        print("[" + ",".join(json.dumps({k: v for k, v in p.items() if k != "capabilities"}, ensure_ascii=False,
-                                        separators=(",", ":")) for p in peers) + "]")
+        print(fmt.json_out("[" + ",".join(json.dumps({k: v for k, v in p.items() if k != "capabilities"},
+                                                     ensure_ascii=False, separators=(",", ":")) for p in peers) + "]"))
         return EXIT_OK
     now = time.time()
     rows = []
@@ -223,7 +223,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"--workers needs a job spec file; {args.job} is not a file")
         explanation = ExplanationModel.model_validate(call_daemon(args, lambda c: c.explain(args.job)))
         if args.json:
-            print(explanation.model_dump_json(indent=2))
+            print(fmt.json_out(explanation.model_dump_json(indent=2)))
         else:
             print(render_explanation(explanation, title=f"job {explanation.job_id}"))
             _print_origins(args)
@@ -253,7 +253,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     model.hints = [HintModel.from_core(h) for h in nearest_misses(job, workers, SUPPORT_MATRIX, core,
                                                                   origins=spec.requirement_origins)]
     if args.json:
-        print(model.model_dump_json(indent=2))
+        print(fmt.json_out(model.model_dump_json(indent=2)))
     else:
         print(render_explanation(model, title=f"job {job.job_id} ({spec_path})"))
         if spec.profile:

@@ -430,7 +430,7 @@ def _dumps(data: object, indent: int | None = None) -> str:
     """JSON as the API's models print it (compact, or ``indent``; UTF-8 kept)."""
     import json
 
-    return json.dumps(data, ensure_ascii=False, indent=indent, separators=None if indent else (",", ":"))
+    return fmt.json_out(json.dumps(data, ensure_ascii=False, indent=indent, separators=None if indent else (",", ":")))
 
 
 def _user_of(j: JobView) -> str:

@@ -157,7 +157,7 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
     profiles = _load()
     cells = matrix(profiles, _workers(args))
     if args.json:
-        print(json.dumps([_cell_json(c) for c in cells], indent=2, ensure_ascii=False))
+        print(fmt.json_out(json.dumps([_cell_json(c) for c in cells], indent=2, ensure_ascii=False)))
         return EXIT_OK
     columns: list[tuple[str, str]] = []
     for c in cells:

@@ -40,7 +40,8 @@ def _cmd_users(args: argparse.Namespace) -> int:
     if args.json:
         import json
 
-        print("[" + ",".join(json.dumps(u, ensure_ascii=False, separators=(",", ":")) for u in users) + "]")
+        rows = ",".join(json.dumps(u, ensure_ascii=False, separators=(",", ":")) for u in users)
+        print(fmt.json_out(f"[{rows}]"))
         return EXIT_OK
     print(render_users(users))
     return EXIT_OK
