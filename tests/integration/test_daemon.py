@@ -334,6 +334,7 @@ def test_two_cuda_jobs_never_share_a_gpu_on_one_gpu_host(lab: Lab) -> None:
     waiting = d.wait_reason(second, lambda j: j.reason != "waiting for the scheduler")
     assert waiting.status == "queued"
     assert waiting.reason.startswith("Resources: GPU 0 is granted to job ") and first in waiting.reason, waiting.reason
+    assert f"job {first} (first, " in waiting.reason, waiting.reason  # the holder by its name and user too
     assert waiting.attempts == []
 
     # gpulayer jobs / show say why it waits.

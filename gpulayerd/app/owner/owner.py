@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.logread import read_log
@@ -49,6 +50,10 @@ __all__ = ["OwnerService", "new_job_id"]
 log = logging.getLogger(__name__)
 
 _B32 = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+_HOLDER_JOB = re.compile(r"\bjob ([0-9a-z]{12})\b( \()?")
+"""A job id as a reason names a holder (``GPU 0 is granted to job m8… (on ws-1)``)."""
 
 
 def new_job_id(now_wall: float, rng: random.Random) -> str:
@@ -414,11 +419,25 @@ class OwnerService:
         return rows
 
     def _reason(self, row: JobRow) -> str:
-        """``row``'s reason as shown: a waiting job of a machine removed from the cluster says so first."""
+        """``row``'s reason as shown: node ids as host names, a holder job owned here with its name and
+        user (``job m8… (train, alice; on ws-1)``), and a waiting job of a machine removed from the cluster says
+        so first."""
         reason = self._names.readable(row.reason)
+        if row.status is JobStatus.QUEUED and "job " in reason:
+            reason = _HOLDER_JOB.sub(self._holder_words, reason)
         if row.status is JobStatus.QUEUED and self._directory is not None and self._directory.removed:
             return removed_reason(reason)
         return reason
+
+    def _holder_words(self, m: re.Match[str]) -> str:
+        """``job ID`` as named in a reason, with the job's name and user when its spec is at hand here."""
+        spec = self._jobs.cached_spec(m.group(1))
+        if spec is None:
+            return m.group(0)
+        who = ", ".join(w for w in (spec.name, spec.user) if w)
+        if not who:
+            return m.group(0)
+        return f"job {m.group(1)} ({who}; " if m.group(2) else f"job {m.group(1)} ({who})"
 
     def view(self, row: JobRow, explanation: bool = True) -> JobView:
         """The API's view of a job owned here (without attempts and history; without the last
