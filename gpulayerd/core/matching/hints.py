@@ -389,14 +389,17 @@ def _cannot_improve(b: _Blockers, changed: frozenset[str]) -> bool:
     return bool(envs) and all(any(not (d & changed) for d in env) for env in envs)
 
 
-def _devices_may_fit(job: JobRequest, w: WorkerSnapshot) -> bool:
+def _devices_may_fit(job: JobRequest, w: WorkerSnapshot, *, free: bool = False) -> bool:
     """A necessary condition of fitting, checked before the full judgement: ``w`` has ``gpu_count``
     devices that meet every device requirement of ``job`` (the rules of
-    :func:`gpulayerd.core.matching.requirements.choose_devices`, busy or not)."""
+    :func:`gpulayerd.core.matching.requirements.choose_devices`), busy or not (``free``: free now,
+    for a change that must make the job fit now)."""
     if job.gpu_count < 1:
         return True
     n = 0
     for d in w.devices:
+        if free and d.busy:
+            continue
         if _usable(job, d) and not _device_change(job, d)[0]:
             n += 1
             if n >= job.gpu_count:
@@ -439,9 +442,10 @@ def _verify(job: JobRequest, cand: _Candidate, change: str, workers: Sequence[Wo
     if validate(moved, support):
         return None
     changed = frozenset(cand.changes)
+    now_only = current == _RANK[FitState.FITS_BUT_BUSY]  # only fitting now is better: devices free now
     fits: list[tuple[int, str, str]] = []
     for w in workers:
-        if (_cannot_improve(blockers[w.node_id], changed) or not _devices_may_fit(moved, w)
+        if (_cannot_improve(blockers[w.node_id], changed) or not _devices_may_fit(moved, w, free=now_only)
                 or not _envs_may_fit(moved, w, changed)):
             continue
         ev = evaluate(moved, w, support, table=False)

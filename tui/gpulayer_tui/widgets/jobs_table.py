@@ -91,8 +91,6 @@ class JobsTable(ScrollView, can_focus=True):
         Binding("ctrl+f", "page(1)", "Page down", show=False),
         Binding("ctrl+u", "half_page(-1)", "Half a page up", show=False),
         Binding("ctrl+d", "half_page(1)", "Half a page down", show=False),
-        Binding("left", "scroll_left", "Scroll left", show=False),
-        Binding("right", "scroll_right", "Scroll right", show=False),
     ]
 
     cursor_index: reactive[int] = reactive(0, init=False)

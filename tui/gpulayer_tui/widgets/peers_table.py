@@ -32,7 +32,7 @@ def peer_rows(peers: Sequence[PeerView], now: float) -> dict[str, tuple[Cell, ..
     for p in peers:
         addresses = ", ".join(f"{a}:{p.port}" if p.port else a for a in p.addresses) or fmt.DASH
         trust = Text("trusted", style="green") if p.trusted else Text("foreign", style="magenta")
-        heartbeat = fmt.DASH if p.last_heartbeat_at is None else (
+        heartbeat = "this machine" if p.state == "self" else fmt.DASH if p.last_heartbeat_at is None else (
             f"{fmt.clock(p.last_heartbeat_at, with_date=False)} ({fmt.ago(p.last_heartbeat_at, now)})")
         caps = p.capabilities
         if caps is None:
