@@ -27,6 +27,7 @@ from gpulayerd.core.protocol.claims import JobStatus as S
 from tests.fakes.daemons import three_daemons
 
 
+@pytest.mark.slow  # (hypothesis: ~1.3-1.8 s on a loaded 2-core machine)
 @given(n=st.integers(1, 8), slots=st.integers(1, 4), extra=st.integers(0, 40), salt=st.text(max_size=4),
        order=st.randoms(use_true_random=False))
 def test_a_burst_gives_every_idle_fitting_worker_work_and_no_job_runs_twice(

@@ -194,6 +194,7 @@ async def test_a_kill_in_each_window_of_a_job_run_here_runs_it_once_and_ends_it(
     assert len(ever_ran) == 1, (ever_ran, attempts)  # ran once (counting only attempts that had processes)
 
 
+@pytest.mark.slow  # (~1.3 s on a loaded 2-core machine)
 @pytest.mark.asyncio
 async def test_a_full_disk_at_the_workers_end_and_ack_writes_keeps_the_lease_and_records_the_end(lab: Lab) -> None:
     """The worker side cannot store the run's end (end_remote_run) nor the acks for a while: its owner

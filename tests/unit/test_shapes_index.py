@@ -232,3 +232,15 @@ def test_a_change_of_free_cpu_slots_rejudges_cpu_shapes_only() -> None:
     assert book.explanation(gpu_job, [busy]) == explain(gpu_job, [busy], SUPPORT_MATRIX)
     assert book.explanation(cpu_job, [busy]) == explain(cpu_job, [busy], SUPPORT_MATRIX)
     assert book.evaluations == 3  # the CPU job's row only
+
+
+def test_freeze_answers_a_tuple_seen_lately_by_identity_and_never_a_new_tuple_from_the_cache() -> None:
+    from gpulayerd.core.matching.shapes import freeze
+
+    envs = (EnvironmentSnapshot(interpreter="/usr/bin/python3", python_version="3.11.7"),)
+    first = freeze(envs)
+    assert freeze(envs) is first  # the same tuple again: no walk
+    other = (EnvironmentSnapshot(interpreter="/usr/bin/python3", python_version="3.12.1"),)
+    assert freeze(other) != first  # another tuple (even were its id reused) is frozen afresh
+    again = (EnvironmentSnapshot(interpreter="/usr/bin/python3", python_version="3.11.7"),)
+    assert freeze(again) == first and freeze(again) is not first

@@ -54,11 +54,28 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 """Each dataclass type's field names, in order (:func:`dataclasses.fields` is slow; a type's fields never change)."""
 
 
+_SEEN: dict[int, tuple[object, Hashable]] = {}
+"""Tuples frozen lately, by identity (with the tuple itself, so its id stays its own): a machine's
+environments and probe health are the same tuple in snapshot after snapshot; at most :data:`_SEEN_MAX`."""
+_SEEN_MAX = 256
+
+
 def freeze(value: object) -> Hashable:
     """``value`` as a hashable, comparable value: dataclasses field by field (with their type
-    name), mappings as sorted item tuples, sequences as tuples, sets as frozensets."""
+    name), mappings as sorted item tuples, sequences as tuples, sets as frozensets. A tuple of
+    dataclasses (immutable here: the snapshots are frozen) frozen lately is answered from
+    :data:`_SEEN`."""
     if type(value) in _ATOMS:
         return value
+    if type(value) is tuple and value and type(value[0]) in _FIELD_NAMES:
+        seen = _SEEN.get(id(value))
+        if seen is not None and seen[0] is value:
+            return seen[1]
+        frozen = tuple(freeze(v) for v in value)
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.pop(next(iter(_SEEN)))
+        _SEEN[id(value)] = (value, frozen)
+        return frozen
     names = _FIELD_NAMES.get(type(value))
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
