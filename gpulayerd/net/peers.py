@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpulayerd.core.types import Accelerator
 from gpulayerd.models import Capabilities, PeerView
 from gpulayerd.net.wire import HeartbeatReply
 
@@ -185,6 +186,16 @@ class PeerTable:
     def get(self, node_id: str) -> Peer | None:
         """The peer with this node id, if known."""
         return self.peers.get(node_id)
+
+    def advertised(self, node_id: str) -> tuple[int, int | None]:
+        """(GPUs, CPU slots) that the node's last capabilities advertise, what a holdings report from it
+        is checked against (``(0, 0)`` before any; CPU slots None: no limit set). GPUs count every
+        device that is not a CPU."""
+        p = self.peers.get(node_id)
+        caps = p.caps if p is not None else None
+        if caps is None:
+            return 0, 0
+        return sum(1 for d in caps.devices if d.accelerator is not Accelerator.CPU), caps.cpu_slots_total
 
     def views(self, now_mono: float) -> list[PeerView]:
         """Every peer as the API shows it, ordered by node id."""

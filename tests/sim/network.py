@@ -47,7 +47,7 @@ from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.core.fairshare import credible_holdings
-from gpulayerd.core.types import Accelerator, WorkerSnapshot
+from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.errors import PeerBadRequest, PeerCallError, PeerRefused
 from gpulayerd.models import Capabilities, PeerView
 from gpulayerd.net.peers import Peer, PeerTable
@@ -333,10 +333,7 @@ class SimNode:
     def _take_holdings(self, sender: Sender, holdings: dict[str, tuple[int, int]] | None, name: str) -> None:
         if holdings is None:
             return
-        p = self.table.get(sender.node_id)
-        caps = p.caps if p is not None else None
-        gpus = sum(1 for d in caps.devices if d.accelerator is not Accelerator.CPU) if caps is not None else 0
-        slots = caps.cpu_slots_total if caps is not None else 0
+        gpus, slots = self.table.advertised(sender.node_id)
         kept, _ = credible_holdings(holdings, sender_mode=sender.mode, sender_user=sender.user,
                                     gpus_advertised=gpus, slots_advertised=slots)
         self.usage.report(sender.node_id, kept, name)

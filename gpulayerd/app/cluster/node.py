@@ -27,7 +27,7 @@ from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.core.fairshare import credible_holdings
-from gpulayerd.core.types import Accelerator, WorkerSnapshot
+from gpulayerd.core.types import WorkerSnapshot
 from gpulayerd.errors import PeerCallError, PeerRefused
 from gpulayerd.models import Capabilities, PeerView
 from gpulayerd.net.peers import Peer, PeerTable
@@ -356,10 +356,7 @@ class ClusterNode:
         """Fair share: what the TLS-proven ``sender`` says it holds, as far as it can be true."""
         if self._usage is None or holdings is None:
             return
-        p = self.table.get(sender.node_id)
-        caps = p.caps if p is not None else None
-        gpus = sum(1 for d in caps.devices if d.accelerator is not Accelerator.CPU) if caps is not None else 0
-        slots = caps.cpu_slots_total if caps is not None else 0
+        gpus, slots = self.table.advertised(sender.node_id)
         kept, why = credible_holdings(holdings, sender_mode=sender.mode, sender_user=sender.user,
                                       gpus_advertised=gpus, slots_advertised=slots)
         if why is not None:

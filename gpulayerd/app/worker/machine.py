@@ -275,14 +275,19 @@ class Machine:
             await self.probe_once()
             await self._clock.sleep(self._config.probe_interval_s)
 
+    async def _discover(self) -> HostInventory:
+        """This machine's devices as the daemon may use them (in a thread), a lost GPU with its last
+        good reading's facts (:func:`with_last_known`). Called with ``_hw_lock`` held."""
+        inventory = self._visible(
+            await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
+        return replace(inventory, devices=with_last_known(inventory.devices, self._last_good))
+
     async def probe_once(self) -> None:
         """Probe devices (in a thread) and every configured interpreter; publish a change if any."""
         started = self._clock.monotonic()
         async with self._hw_lock:
             ours = self._ledger.state.devices_in_use()
-            inventory = self._visible(
-                await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
-            inventory = replace(inventory, devices=with_last_known(inventory.devices, self._last_good))
+            inventory = await self._discover()
             self._ours_at_probe = ours
         self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
         _log_state_changes(self._inventory, inventory)
@@ -420,9 +425,7 @@ class Machine:
             if self._hw_at is not None and started - self._hw_at < REPROBE_AFTER_S and not self._hw_failed:
                 return False
             ours = self._ledger.state.devices_in_use()
-            inventory = self._visible(
-                await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
-            inventory = replace(inventory, devices=with_last_known(inventory.devices, self._last_good))
+            inventory = await self._discover()
             self._hw_at, self._hw_failed = started, _hardware_failed(inventory.health)
             _log_state_changes(self._inventory, inventory)
             self._inventory, self._ours_at_probe = inventory, ours

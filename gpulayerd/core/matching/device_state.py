@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from gpulayerd.core.types import (
     EXCLUSIVE_COMPUTE_MODES,
+    GB,
     UNKNOWN_PROCESSES_IDLE_MAX_BYTES,
     Accelerator,
     DeviceKind,
@@ -17,10 +18,25 @@ from gpulayerd.core.types import (
 )
 from gpulayerd.core.verdict import Rejection, RejectionCode
 
-__all__ = ["Rej", "busy_rejection", "device_label", "state_rejections"]
+__all__ = ["Rej", "busy_rejection", "cc_text", "device_label", "gb_text", "gb_wanted", "state_rejections"]
 
 Rej = Callable[[RejectionCode, str, str, str, str], None]
 """Records one rejection: (code, requirement, wanted, found, message)."""
+
+
+def gb_text(n_bytes: int) -> str:
+    """A device's memory in reasons and the table: ``51.5 GB`` (10^9 bytes, one decimal)."""
+    return f"{n_bytes / GB:.1f} GB"
+
+
+def gb_wanted(n_bytes: int) -> str:
+    """A job's memory request as written: ``40 GB`` (10^9 bytes, no trailing zeros)."""
+    return f"{n_bytes / GB:g} GB"
+
+
+def cc_text(cc: tuple[int, int]) -> str:
+    """A compute capability: ``8.6``."""
+    return f"{cc[0]}.{cc[1]}"
 
 
 def device_label(d: DeviceSnapshot) -> str:

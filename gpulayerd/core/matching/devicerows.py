@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpulayerd.core.matching.device_state import device_label
-from gpulayerd.core.types import GB, DeviceSnapshot, JobRequest, MemoryKind
+from gpulayerd.core.matching.device_state import cc_text, device_label, gb_text, gb_wanted
+from gpulayerd.core.types import DeviceSnapshot, JobRequest, MemoryKind
 from gpulayerd.core.verdict import Check, Rejection
 
 __all__ = ["GATES", "MAX_TABLE_DEVICES", "device_rows"]
@@ -24,18 +24,14 @@ MAX_TABLE_DEVICES = 16
 """The most device rows of a devices × requirements table (more are counted in one line)."""
 
 
-def _cc(cc: tuple[int, int]) -> str:
-    return f"{cc[0]}.{cc[1]}"
-
-
 def _wanted_rows(job: JobRequest) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if job.gpu_memory_kind is not None:
         rows.append(("gpu_memory_kind", job.gpu_memory_kind.value))
     if job.gpu_memory_bytes is not None:
-        rows.append(("gpu_memory_gb", f">= {job.gpu_memory_bytes / GB:g} GB"))
+        rows.append(("gpu_memory_gb", f">= {gb_wanted(job.gpu_memory_bytes)}"))
     if job.min_cuda_compute_capability is not None:
-        rows.append(("min_cuda_compute_capability", f">= {_cc(job.min_cuda_compute_capability)}"))
+        rows.append(("min_cuda_compute_capability", f">= {cc_text(job.min_cuda_compute_capability)}"))
     if job.requires_float64:
         rows.append(("requires_float64", "yes"))
     return rows
@@ -116,11 +112,11 @@ def _device_value(requirement: str, d: DeviceSnapshot) -> str:
     if requirement == "gpu_memory_gb":
         if d.memory_total_bytes is None:
             return "unknown"
-        return f"{d.memory_total_bytes / GB:.1f} GB{_KIND_AFTER[d.memory_kind]}"
+        return f"{gb_text(d.memory_total_bytes)}{_KIND_AFTER[d.memory_kind]}"
     if requirement == "gpu_memory_kind":
         return _KIND_AFTER[d.memory_kind][1:] or "unknown"
     if requirement == "min_cuda_compute_capability":
-        return _cc(d.compute_capability) if d.compute_capability is not None else "unknown"
+        return cc_text(d.compute_capability) if d.compute_capability is not None else "unknown"
     if requirement == "requires_float64":
         return "unknown" if d.float64 is None else ("yes" if d.float64 else "no")
     return "—"

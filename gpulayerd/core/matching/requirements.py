@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpulayerd.core.matching.device_state import busy_rejection, device_label, state_rejections
+from gpulayerd.core.matching.device_state import (
+    busy_rejection,
+    cc_text,
+    device_label,
+    gb_text,
+    gb_wanted,
+    state_rejections,
+)
 from gpulayerd.core.matching.devicerows import device_rows
 from gpulayerd.core.matching.runtime_checks import env_runtime_rejections, env_runtime_rows, torch_cuda_build
 from gpulayerd.core.matching.versions import VersionCheck, check_version
 from gpulayerd.core.types import (
-    GB,
     Accelerator,
     DeviceKind,
     DeviceSnapshot,
@@ -35,17 +41,6 @@ HEALTH_SOURCE = {
 }
 """Which probe source reports devices of each accelerator."""
 
-
-def _gb(n_bytes: int) -> str:
-    return f"{n_bytes / GB:.1f} GB"
-
-
-def _gb_wanted(n_bytes: int) -> str:
-    return f"{n_bytes / GB:g} GB"
-
-
-def _cc(cc: tuple[int, int]) -> str:
-    return f"{cc[0]}.{cc[1]}"
 
 
 # --- environments
@@ -368,21 +363,21 @@ def _device_rejections(job: JobRequest, d: DeviceSnapshot, worker: str) -> list[
             rej(RejectionCode.MEMORY_KIND_MISMATCH, "gpu_memory_kind", want, d.memory_kind.value,
                 f"{label} has {d.memory_kind.value} memory, {want} required")
     if job.gpu_memory_bytes is not None:
-        want = _gb_wanted(job.gpu_memory_bytes)
+        want = gb_wanted(job.gpu_memory_bytes)
         if d.memory_total_bytes is None:
             rej(RejectionCode.UNKNOWN_METRIC, "gpu_memory_gb", f">= {want}", "unknown",
                 f"{label} memory is unknown, so {want} cannot be confirmed")
         elif d.memory_total_bytes < job.gpu_memory_bytes:
             approx = " (approximate: Metal's recommended working set)" if d.memory_approximate else ""
-            rej(RejectionCode.INSUFFICIENT_MEMORY, "gpu_memory_gb", f">= {want}", _gb(d.memory_total_bytes),
-                f"{label} has {_gb(d.memory_total_bytes)}{approx} < {want} required")
+            rej(RejectionCode.INSUFFICIENT_MEMORY, "gpu_memory_gb", f">= {want}", gb_text(d.memory_total_bytes),
+                f"{label} has {gb_text(d.memory_total_bytes)}{approx} < {want} required")
     if job.min_cuda_compute_capability is not None:
-        want = _cc(job.min_cuda_compute_capability)
+        want = cc_text(job.min_cuda_compute_capability)
         if d.compute_capability is None:
             rej(RejectionCode.UNKNOWN_METRIC, "min_cuda_compute_capability", f">= {want}", "unknown",
                 f"{label} compute capability is unknown, so >= {want} cannot be confirmed")
         elif d.compute_capability < job.min_cuda_compute_capability:
-            have = _cc(d.compute_capability)
+            have = cc_text(d.compute_capability)
             rej(RejectionCode.COMPUTE_CAPABILITY_TOO_LOW, "min_cuda_compute_capability", f">= {want}", have,
                 f"{label} has compute capability {have} < {want} required")
     if job.requires_float64:
