@@ -211,6 +211,7 @@ def _print_origins(args: argparse.Namespace) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    from gpulayerd.cli.jobs_table import line_width
     from gpulayerd.cli.render import render_explanation
     from gpulayerd.core.matching.evaluate import explain
     from gpulayerd.core.matching.hints import nearest_misses
@@ -225,7 +226,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         if args.json:
             print(fmt.json_out(explanation.model_dump_json(indent=2)))
         else:
-            print(render_explanation(explanation, title=f"job {explanation.job_id}"))
+            print(render_explanation(explanation, title=f"job {explanation.job_id}", limit=line_width(False)))
             _print_origins(args)
         return EXIT_OK
     try:
@@ -255,7 +256,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(fmt.json_out(model.model_dump_json(indent=2)))
     else:
-        print(render_explanation(model, title=f"job {job.job_id} ({spec_path})"))
+        print(render_explanation(model, title=f"job {job.job_id} ({spec_path})", limit=line_width(False)))
         if spec.profile:
             from gpulayerd.cli.profiles import origin_lines
 

@@ -189,8 +189,9 @@ def _backends(v: Sequence[str] | None) -> str:
     return ", ".join(f"{b} available" for b in v) if v else "no backends"
 
 
-def render_explanation(e: ExplanationModel, title: str) -> str:
-    """The human-readable explanation: per worker, each requirement observed vs wanted, then the verdict.
+def render_explanation(e: ExplanationModel, title: str, limit: int | None = None) -> str:
+    """The human-readable explanation: per worker, each requirement observed vs wanted, then the verdict;
+    with ``limit`` (terminal cells), a FOUND too long for the line goes on under its column.
 
     A job that is not waiting (``e.state``) shows where it runs or ran and how it ended
     instead, with a failed job's stderr tail when there is one.
@@ -213,7 +214,7 @@ def render_explanation(e: ExplanationModel, title: str) -> str:
         label = w.name if w.name == w.worker else f"{w.name} ({w.worker[:12]})"
         out.append(_e(f"worker {label}: {w.state.replace('_', ' ')}"))
         rows = [[fmt.mark(c.ok), c.requirement, c.wanted, c.found] for c in w.checks]
-        out.append(fmt.table(["", "REQUIREMENT", "WANTED", "FOUND"], rows, "  "))
+        out.append(fmt.table(["", "REQUIREMENT", "WANTED", "FOUND"], rows, "  ", limit=limit))
         for r in w.rejections:
             out.append(f"  why: {_e(r.message)}")
         if w.placement is not None:

@@ -198,3 +198,20 @@ def test_piped_jobs_are_not_padded_for_one_long_name() -> None:
     lines = render_jobs(jobs, DEFAULT, None, now=10.0).splitlines()
     assert "x" * 102 in lines[-1] and WAITING in lines[-1]  # whole, never cut
     assert max(text.width(line) for line in lines[:-1]) < 70  # the other rows keep their width
+
+
+def test_explain_in_an_80_column_terminal_wraps_found_at_spaces_under_its_column() -> None:
+    from gpulayerd.cli.render import render_explanation
+    from gpulayerd.core.matching.evaluate import explain
+    from gpulayerd.gpu.support import SUPPORT_MATRIX
+    from gpulayerd.models import ExplanationModel
+    from tests.unit.test_matching import CUDA1, GB, cuda, job, worker
+
+    j = job(**CUDA1, gpu_memory_bytes=24 * GB, min_cuda_compute_capability=(8, 0))
+    w = worker(devices=(cuda(0, 16.0, cc=(8, 9)), cuda(1, 48.0, cc=(7, 0)), cuda(2, 48.0, cc=(7, 0))))
+    e = ExplanationModel.from_core(explain(j, [w], SUPPORT_MATRIX))
+    out = render_explanation(e, "job j", limit=80)
+    assert max(text.width(line) for line in out.splitlines()) <= 80, out
+    words = " ".join(out.split())  # every word whole: joined again, the found text reads as it was
+    assert "2 of 3 device(s) meet it, not on the same device as the rest: GPU 0: 16.0 GB dedicated" in words
+    assert render_explanation(e, "job j") != out  # a pipe gets the lines whole
