@@ -80,7 +80,7 @@ from gpulayerd.net.transport import PeerDispatch, PeerHandler, PeerNetwork, Peer
 from gpulayerd.runs import layout
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner
-from gpulayerd.store import Store
+from gpulayerd.store import Store, StoreError
 
 __all__ = ["DaemonAlreadyRunning", "PeerNode", "PeerNodeFactory", "PeerParts", "Services", "SharedInstallProblem",
            "StateLost", "build", "peer_handlers", "run"]
@@ -399,7 +399,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     ledger = Ledger()
     # Fair share: a peer's report counts for a few heartbeats (a peer that stops answering stops counting).
     usage = UsageService(node_id=node_id, ledger=ledger, clock=clock, half_life_s=config.fairshare_half_life_s,
-                         stale_after_s=max(30.0, 3 * config.down_after_s))
+                         stale_after_s=max(30.0, 3 * config.down_after_s), table=store.usage)
     locks = DeviceLocks(config.device_lock_dir)
     runner = runner or Runner(config.runs_dir, grace_s=config.cancel_grace_s,
                               poll_interval_s=config.watchdog_poll_interval_s, log_cap_bytes=config.log_cap_bytes,
@@ -525,6 +525,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             await asyncio.to_thread(services.runner.zygote.start)
         await services.recovery.recover()
         await services.gangs.recover()
+        if services.usage is not None:
+            await services.usage.load()  # fair share: everyone's usage before the restart, decayed since
         if services.cluster is not None:
             await services.cluster.async_start()
         else:
@@ -571,6 +573,9 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
             services.machine.close()
             if services.runner is not None:
                 await asyncio.to_thread(services.runner.close)
+            if services.usage is not None and store is not None and store.gone is None:
+                with contextlib.suppress(StoreError):
+                    await services.usage.save()  # (a full disk: the last periodic save stands)
         if store is not None:
             await store.close()
         if stop is None:

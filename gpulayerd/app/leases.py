@@ -42,3 +42,4 @@ class LeaseLoop:
         await self._gangs.check_leases()
         if self._usage is not None:
             self._usage.tick()  # fair share: accrue what this machine holds now
+            await self._usage.save_if_due()

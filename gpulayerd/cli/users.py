@@ -17,7 +17,7 @@ from gpulayerd.cli.http import call_daemon
 if TYPE_CHECKING:
     from gpulayerd.models import UserUsageView
 
-__all__ = ["add_parser", "render_users"]
+__all__ = ["add_parser", "render_users", "usage_words"]
 
 _Sub = argparse._SubParsersAction  # the type argparse gives to add_subparsers()'s result
 
@@ -28,9 +28,9 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
         "users", help="fair share: each user's decayed usage, priority, jobs and what they hold now",
         description="One row per user known to this daemon's fair-share book, the next served first. "
         "Usage is decayed (half-life fairshare_half_life_s, a day by default) and learned from every "
-        "node's heartbeat; priority 1 is served first. GPU-H and SLOT-H are decayed GPU- and "
-        "CPU-slot-hours; QUEUED and RUNNING count this daemon's jobs; HOLDS is what the user's runs "
-        "hold now, per host.")
+        "node's heartbeat, kept across restarts; priority 1 is served first. GPU USE and SLOT USE are "
+        "decayed GPU- and CPU-slot-hours (below 0.1 hour in seconds: '312 s'); QUEUED and RUNNING count "
+        "this daemon's jobs; HOLDS is what the user's runs hold now, per host.")
     u.add_argument("--json", action="store_true", help="print the rows as JSON")
     u.set_defaults(func=_cmd_users)
 
@@ -54,9 +54,17 @@ def render_users(users: Sequence[UserUsageView]) -> str:
     rows = []
     for u in users:
         holds = ", ".join(f"{fmt.escape(h.host)}: " + _held(h.gpus, h.cpu_slots) for h in u.holding) or fmt.DASH
-        rows.append([fmt.escape(u.user) or "(unknown)", u.rank, f"{u.gpu_hours:.1f}", f"{u.cpu_slot_hours:.1f}",
-                     u.jobs_queued, u.jobs_running, holds])
-    return fmt.table(["USER", "PRIORITY", "GPU-H", "SLOT-H", "QUEUED", "RUNNING", "HOLDS"], rows)
+        rows.append([fmt.escape(u.user) or "(unknown)", u.rank, usage_words(u.gpu_hours),
+                     usage_words(u.cpu_slot_hours), u.jobs_queued, u.jobs_running, holds])
+    return fmt.table(["USER", "PRIORITY", "GPU USE", "SLOT USE", "QUEUED", "RUNNING", "HOLDS"], rows)
+
+
+def usage_words(hours: float) -> str:
+    """Decayed usage in words precise enough to explain the order: ``6.1 h`` from 0.1 hour up, else
+    whole seconds (``312 s``; ``0 s`` for none)."""
+    if hours >= 0.1:
+        return f"{hours:.1f} h"
+    return f"{max(0.0, hours) * 3600:.0f} s"
 
 
 def _held(gpus: int, slots: int) -> str:

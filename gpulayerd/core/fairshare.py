@@ -39,6 +39,7 @@ __all__ = [
     "gpus_of",
     "order",
     "passed_over_by",
+    "restored",
     "score",
     "usage_at",
 ]
@@ -217,6 +218,24 @@ def credible_holdings(holdings: Mapping[str, tuple[int, int]], *, sender_mode: s
         return {}, (f"it reports {gpus} GPUs and {slots} CPU slots held, more than the {gpus_advertised} GPUs"
                     f" and {'unlimited' if slots_advertised is None else slots_advertised} CPU slots it advertises")
     return kept, why
+
+
+def restored(book: UsageBook, saved: Mapping[str, Usage], age_s: float, now: float) -> UsageBook:
+    """``book`` with ``saved`` usage (as saved ``age_s`` seconds ago; a negative age counts as 0)
+    decayed over that age and added to what it holds, as of ``now``.
+
+    Returns:
+        A new book (``book`` is not changed).
+    """
+    book = _advance(book, now)
+    factor = _decay(book.half_life_s, max(0.0, age_s))
+    totals = {u: [x.gpu_s, x.cpu_slot_s] for u, x in book.usage.items()}
+    for user, u in saved.items():
+        t = totals.setdefault(user, [0.0, 0.0])
+        t[0] += max(0.0, u.gpu_s) * factor
+        t[1] += max(0.0, u.cpu_slot_s) * factor
+    usage = {u: Usage(g, c) for u, (g, c) in totals.items() if g > 1e-9 or c > 1e-9}
+    return replace(book, usage=usage)
 
 
 def usage_at(book: UsageBook, now: float) -> dict[str, Usage]:

@@ -122,7 +122,8 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
 
 # The ladder: among the rejections of the rows that decide, the first kind found here decides.
 # A limit no waiting lifts (the per-user cap), then a constraint no known device can ever meet,
-# then devices held by others (Resources: every holder named), then the fair-share order (others
+# then devices held by others (Resources: every holder named; FairShare, holders still named, when a
+# user with less usage holds some of them or waits ahead), then the fair-share order (others
 # go first once devices free up), then what may be transient (unknown values, a probe's trouble
 # with a device, which decides only when nothing else keeps the job off that device), then the
 # device count (alone when the worker has fewer devices in all).
@@ -173,7 +174,8 @@ def reason_of(e: Explanation) -> Reason:
     "fits but busy", the offline rows, else the rows that do not fit), each by the ladder
     (more devices than the worker has in all first, then :data:`_LADDER`: per-user cap > a
     constraint no device meets > devices held, every holder named > the fair-share order > unknown
-    or transient > a probe's trouble > too few qualifying devices):
+    or transient > a probe's trouble > too few qualifying devices; devices held while a user with
+    less usage holds some or waits ahead read ``FairShare``, the holders named after who goes first):
     of busy rows the one closest to running, else the first (node-id order). A multi-host job's
     words start with how many hosts fit now.
     """
@@ -195,12 +197,18 @@ def reason_of(e: Explanation) -> Reason:
         return Reason(ReasonCode.HOSTS if hosts else ReasonCode.NO_WORKER, hosts or e.verdict.value)
     row, rej = deciding
     words = _words(rej, row)
+    code = _BY_REJECTION.get(rej.code, ReasonCode.DEVICE_COUNT)
     if rej.code in (RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS) and rej.device is not None:
         # Every holder of the devices the job could use (and a device that needs attention) is named.
         held = [r for r in row.rejections if r.code in _HELD and r.device is not None]
         more = f"; and {len(held) - _MAX_NAMED} more" if len(held) > _MAX_NAMED else ""
         words = "; ".join(r.message for r in held[:_MAX_NAMED]) + more + f" (on {row.name or row.worker})"
-    return Reason(_BY_REJECTION.get(rej.code, ReasonCode.DEVICE_COUNT), f"{hosts}; {words}" if hosts else words)
+        fair = next((r for r in row.rejections if r.code is RejectionCode.FAIR_SHARE), None)
+        if fair is not None:
+            # Held devices, and a user with less usage holds some or waits ahead: who goes first
+            # decides once they free up, so that is the code; the holders stay named.
+            code, words = ReasonCode.FAIR_SHARE, f"{fair.message}; {words}"
+    return Reason(code, f"{hosts}; {words}" if hosts else words)
 
 
 def reason_text(e: Explanation) -> str:

@@ -123,6 +123,9 @@ class Offer(_Msg):
     job_id: str
     spec: dict[str, Any]
     lease_s: float = Field(ge=1.0, le=MAX_LEASE_S)
+    submitted_at: float | None = Field(default=None, ge=0.0, le=1e11)
+    """When the job was submitted (the owner's Unix time, s): a worker claims one user's offers in
+    this order (None, from an older owner: in the order they arrived)."""
 
 
 class Ack(_Msg):

@@ -8,7 +8,9 @@ The only package that imports aiosqlite. :class:`Store` owns the one connection
 - ``store.runs`` (:class:`RunsTable`, :mod:`~gpulayerd.store.runs`): ``grants`` and ``remote_runs``;
 - ``store.peers`` (:class:`PeersTable`, :mod:`~gpulayerd.store.peers`): ``peers``;
 - ``store.gangs`` (:class:`GangsTable`, :mod:`~gpulayerd.store.gangs`): ``gangs`` (the owner's
-  multi-host attempts).
+  multi-host attempts);
+- ``store.usage`` (:class:`UsageTable`, :mod:`~gpulayerd.store.usage_book`): ``usage`` (fair-share
+  usage kept across restarts).
 
 A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
 only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.
@@ -39,6 +41,7 @@ from gpulayerd.store.rows import (
 )
 from gpulayerd.store.runs import RunsTable
 from gpulayerd.store.schema import MIGRATIONS, SCHEMA_VERSION
+from gpulayerd.store.usage_book import UsageTable
 
 __all__ = [
     "MIGRATIONS",
@@ -62,6 +65,7 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "StoreGone",
+    "UsageTable",
 ]
 
 
@@ -73,6 +77,7 @@ class Store:
         runs: device grants and attempts run here for other owners.
         peers: remembered peers.
         gangs: the current attempt of each multi-host job owned here.
+        usage: every user's fair-share usage, as last saved.
     """
 
     def __init__(self, db: Database) -> None:
@@ -82,6 +87,7 @@ class Store:
         self.runs = RunsTable(db)
         self.peers = PeersTable(db)
         self.gangs = GangsTable(db)
+        self.usage = UsageTable(db)
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,

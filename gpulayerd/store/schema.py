@@ -163,6 +163,18 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX remote_runs_job ON remote_runs (job_id, attempt);
         """,
     ),
+    (
+        6,
+        """
+        -- Fair share: each user's decayed usage as of ``at`` (Unix s), kept across restarts.
+        CREATE TABLE usage (
+            user TEXT PRIMARY KEY,
+            gpu_s REAL NOT NULL,
+            cpu_slot_s REAL NOT NULL,
+            at REAL NOT NULL
+        );
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

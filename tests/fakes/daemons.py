@@ -130,6 +130,8 @@ class Lab:
         recover_gangs = getattr(services.gangs, "recover", None)
         if recover_gangs is not None:
             await recover_gangs()
+        if services.usage is not None:
+            await services.usage.load()
         await self.settle()
         return d
 

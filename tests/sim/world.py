@@ -213,6 +213,8 @@ class Sim:
         self.net.nodes[d.node_id] = node
         await services.recovery.recover()
         await services.gangs.recover()
+        if services.usage is not None:
+            await services.usage.load()
         d.services, d.node, d.store = services, node, store
         d.tasks = [spawn(services.scheduler.loop(), f"{d.name}-schedule"),
                    spawn(services.leases.loop(), f"{d.name}-lease"),

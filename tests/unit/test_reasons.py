@@ -154,7 +154,7 @@ def test_the_cases_cover_every_code_a_rejection_or_verdict_can_give() -> None:
     assert covered | {"Pending", "FairShare", "GangSkew", "Removed"} == {c.value for c in ReasonCode}
 
 
-def test_held_devices_decide_over_the_fair_share_order_which_decides_once_they_free_up() -> None:
+def test_held_devices_and_a_user_with_less_usage_ahead_read_fair_share_with_the_holders_named() -> None:
     usage = {"alice": fairshare.Usage(gpu_s=6.1 * 3600), "bob": fairshare.Usage(gpu_s=0.2 * 3600)}
     text = fairshare.fair_share_reason("alice", "bob", usage)
     fair = Rejection(RejectionCode.FAIR_SHARE, "fair_share", "alice", "bob", "n1", text)
@@ -162,7 +162,10 @@ def test_held_devices_decide_over_the_fair_share_order_which_decides_once_they_f
     e = explain(job(**CUDA, user="alice"), [held], SUPPORT_MATRIX)
     row = e.workers[0]
     e = replace(e, workers=(replace(row, rejections=(*row.rejections, fair)),))
-    assert reason_text(e) == "Resources: GPU 0 is granted to job m8bob (on ws-1)"
+    assert reason_text(e) == ("FairShare: fair share: bob's jobs go first (less recent GPU use than alice); "
+                              "GPU 0 is granted to job m8bob (on ws-1)")
+    assert reason_text(explain(job(**CUDA, user="alice"), [held], SUPPORT_MATRIX)) == \
+        "Resources: GPU 0 is granted to job m8bob (on ws-1)"  # nobody with less usage goes first: the holder decides
     # On a second worker only the fair-share order holds the job back: that row is closer to running.
     free = ws("n2", devices=(gpu(0),), mode="system")
     e2 = explain(job(**CUDA, user="alice"), [held, free], SUPPORT_MATRIX)

@@ -277,13 +277,15 @@ class ClusterNode:
         certificate proves them (what it says of itself decides nothing about whose jobs, and so
         whose commands and environment, it is sent: a peer not yet proven counts as a personal
         node of no user, which runs nobody's jobs). The core snapshot of its capabilities is made
-        once per fetch of them."""
+        once per fetch of them; the GPUs each user holds there are what its last heartbeat reported
+        (fair share and the per-user cap read them)."""
         made = self._cores.get(p.key)
         if made is None or made[0] is not caps:
             made = (caps, caps.to_core())
             self._cores[p.key] = made
+        held = self._usage.gpus_held_on(p.key) if self._usage is not None else {}
         snapshot = dataclasses.replace(made[1], node_id=p.key, name=p.name,
-                                       online=self.table.state(p, now) == "up")
+                                       online=self.table.state(p, now) == "up", gpus_held_by_user=held)
         return snapshot.with_identity(p.proven_mode or "personal", p.proven_user)
 
     def name_of(self, node_id: str) -> str | None:

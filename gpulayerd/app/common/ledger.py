@@ -12,7 +12,7 @@ beside it, the ledger keeps what the core does not: run handles, specs, lock fds
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpulayerd.core.protocol import worker as core
@@ -96,6 +96,16 @@ class Ledger:
         self._starting: dict[RunKey, int] = {}  # claimed here, watchdog starting -> CPU slots
         self._holds: dict[str, HeldResources] = {}
         self._users: dict[RunKey, tuple[str, int, int]] = {}  # starting or running -> (user, GPUs, CPU slots)
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_holdings_changed(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change of :meth:`holdings` (an attempt starting, started, ended,
+        a hold kept or dropped): fair share accrues what was held until that moment."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     # --- the worker core
 
@@ -115,6 +125,7 @@ class Ledger:
         """An attempt was claimed here and its watchdog is starting."""
         self._starting[key] = cpu_slots_of(spec)
         self._users[key] = _holding_of(spec)
+        self._changed()
 
     def started(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str, lease_s: float) -> None:
         """An attempt runs here now (or was re-adopted after a restart)."""
@@ -122,17 +133,22 @@ class Ledger:
         self._users[key] = _holding_of(spec)
         self._runs[key] = RunEntry(handle, owner, lease_s, cpu_slots_of(spec),
                                    spec.requirements.accelerator is not Accelerator.CPU)
+        self._changed()
 
     def not_started(self, key: RunKey) -> None:
         """A start failed."""
         self._starting.pop(key, None)
-        self._users.pop(key, None)
+        if self._users.pop(key, None) is not None:
+            self._changed()
 
     def ended(self, key: RunKey) -> RunEntry | None:
         """Forget an attempt that ended; its entry, if it was running."""
         self._starting.pop(key, None)
-        self._users.pop(key, None)
-        return self._runs.pop(key, None)
+        held = self._users.pop(key, None)
+        entry = self._runs.pop(key, None)
+        if held is not None:
+            self._changed()
+        return entry
 
     def get(self, key: RunKey) -> RunEntry | None:
         """The running attempt ``key``, if any."""
@@ -168,6 +184,7 @@ class Ledger:
     def hold(self, hold_id: str, held: HeldResources) -> None:
         """Keep a gang hold."""
         self._holds[hold_id] = held
+        self._changed()
 
     def held(self, hold_id: str) -> HeldResources | None:
         """The hold ``hold_id``, if kept."""
@@ -175,7 +192,10 @@ class Ledger:
 
     def release(self, hold_id: str) -> HeldResources | None:
         """Drop a hold; what it held."""
-        return self._holds.pop(hold_id, None)
+        held = self._holds.pop(hold_id, None)
+        if held is not None:
+            self._changed()
+        return held
 
     def held_devices(self) -> dict[str, str]:
         """Device uuid -> the job that has it here before the store's grants say so: ``"<job>"`` for

@@ -171,15 +171,15 @@ class OwnedJobs:
 
     # --- offers
 
-    def make_offer(self, job_id: str, spec: JobSpec, worker: str) -> Offer:
+    def make_offer(self, job_id: str, spec: JobSpec, worker: str, submitted_at: float | None = None) -> Offer:
         """The offer of queued job ``job_id`` (its ``spec``) to ``worker`` (this node's own included),
         noted as made now (:meth:`offered`): the spec without environment values (tokens go only
-        with the grant, to the worker that runs the job)."""
+        with the grant, to the worker that runs the job); ``submitted_at`` orders one user's offers there."""
         offered = spec.model_dump(mode="json")
         offered["env"] = dict.fromkeys(spec.env, "")
         self.offered(job_id, worker, spec.user or "")  # before the send: it may claim before it answers
         return Offer(msg_id=new_msg_id(), owner=self._node_id, job_id=job_id, spec=offered,
-                     lease_s=spec.policy.lease_s)
+                     lease_s=spec.policy.lease_s, submitted_at=submitted_at)
 
     def offered(self, job_id: str, worker: str, user: str = "") -> None:
         """This owner offers job ``job_id`` (of ``user``) to ``worker`` now (it may claim it while the

@@ -87,12 +87,16 @@ class Scheduler:
             else:
                 self.passes_skipped += 1
                 self._signals.stats["scheduler_passes_skipped"] += 1
-                await self._worker.take_offers()
+                await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
             await self._signals.wait_wake(self._config.schedule_interval_s)
             woken = self._signals.woken()
 
     async def run_once(self) -> None:
-        """One scheduling pass over the queued jobs (the core's actions carried out), then the peers' offers."""
+        """One scheduling pass over the queued jobs (the core's actions carried out), then the peers'
+        offers; the offers of users with less lab-wide usage than every user waiting here go first."""
+        best = self._best_waiting()
+        if best is not None:
+            await self._worker.take_offers(below=best)
         steps = self.core.run_pass()
         answer: core.Answer = None
         failure: BaseException | None = None
@@ -109,6 +113,10 @@ class Scheduler:
             except BaseException as e:  # thrown into the pass: it forgets what it cannot vouch for
                 failure = e
         await self._worker.take_offers()
+
+    def _best_waiting(self) -> float | None:
+        """The lowest fair-share score of the users with jobs queued here (None: none, or no fair share)."""
+        return self._usage.best_score(self.core.waiting_users()) if self._usage is not None else None
 
     async def _carry_out(self, action: core.Action) -> core.Answer:
         """Do what ``action`` says; returns its answer."""
@@ -163,7 +171,7 @@ class Scheduler:
         row = await self._jobs.get(job_id)
         if row is None or row.status is not JobStatus.QUEUED:
             return  # claimed meanwhile: never offer a job that is no longer queued
-        offer = self._jobs.make_offer(row.id, self._jobs.spec(row), worker)
+        offer = self._jobs.make_offer(row.id, self._jobs.spec(row), worker, row.submitted_at)
         self._signals.stats["offers_sent"] += 1
         try:
             await self._transport.call(worker, OFFER, offer)

@@ -38,7 +38,6 @@ from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
-from gpulayerd.core.fairshare import Candidate
 from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.protocol import worker as core
 from gpulayerd.core.types import SupportMatrix
@@ -320,9 +319,11 @@ class WorkerService:
             self._signals.wake()
         return Ack(ok=True)
 
-    async def take_offers(self) -> None:
+    async def take_offers(self, below: float | None = None) -> None:
         """Claim every kept offer that fits here now, in fair-share order (the user with the least
-        decayed usage first; within one user, oldest first); drop stale ones."""
+        lab-wide decayed usage first; within one user, submission order); drop stale ones. With
+        ``below``, only the offers of users whose fair-share score is under it (the best of this
+        node's own waiting users: they go before this node's own jobs)."""
         if not self._offers:
             return
         considered: list[core.ConsiderOffer] = []
@@ -331,19 +332,12 @@ class WorkerService:
                 self._offers.pop((a.owner, a.job_id), None)
             elif isinstance(a, core.ConsiderOffer):
                 considered.append(a)
-        for a in self._fair_order(considered):
-            await self._consider(a.owner, a.job_id)
-
-    def _fair_order(self, considered: list[core.ConsiderOffer]) -> list[core.ConsiderOffer]:
-        """The offers to consider (oldest first, as the core gives them) in fair-share order."""
-        if self._usage is None or len(considered) < 2:
-            return considered
-        cands = []
-        for i, a in enumerate(considered):
-            kept = self._offers.get((a.owner, a.job_id))
-            user = kept.spec.get("user") if kept is not None else None
-            cands.append(Candidate(f"{i:08d}", user if isinstance(user, str) else "", float(i)))
-        return [considered[int(c.job_id)] for c in self._usage.order(cands)]
+        kept = [self._offers.get((a.owner, a.job_id)) for a in considered]
+        users = [str(o.spec.get("user") or "") if o is not None else "" for o in kept]
+        when = [o.submitted_at if o is not None else None for o in kept]
+        order = self._usage.order_offers(users, when, below) if self._usage is not None else range(len(kept))
+        for i in order:
+            await self._consider(considered[i].owner, considered[i].job_id)
 
     def _drop_offers(self, actions: Sequence[core.Action]) -> None:
         for a in actions:

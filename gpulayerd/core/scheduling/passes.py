@@ -33,6 +33,7 @@ from dataclasses import replace
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import ShapeBook, freeze
 from gpulayerd.core.scheduling.judging import (
+    busy_target,
     order_key,
     others_hold_gpus,
     pair_key,
@@ -71,6 +72,11 @@ CHUNK = 128
 
 REASON_BATCH = 256
 """Reason lines written in one :class:`StoreReasons` at most while a walk is under way."""
+
+BUSY_OFFERS = 2
+"""Standing offers of jobs that wait for a busy peer, per user and peer in one pass (see
+:func:`~gpulayerd.core.scheduling.judging.busy_target`): the heads of each user's line, so that the
+peer chooses among every waiting user's jobs by fair share when its devices free up."""
 
 
 # ---------------------------------------------------------------------------------------- the machine
@@ -119,6 +125,10 @@ class SchedulerCore:
         self._unsure = False
 
     # ------------------------------------------------------------------ queries
+
+    def waiting_users(self) -> list[str]:
+        """The users with one-host jobs queued here (as the last pass read the queue)."""
+        return list(self._users)
 
     def queued(self, job_id: str) -> bool:
         """Whether ``job_id`` is in the kept queue (else its :class:`QueuedJob` must carry its request)."""
@@ -446,9 +456,11 @@ class SchedulerCore:
         q = self.queue
         ids = [k[2] for k in self._ordered_keys(usage) if k[2] in q]
         workers = [worker, *remote]  # as last observed by self.book
+        by_id = {w.node_id: w for w in workers}
         waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
         offers: list[tuple[str, str]] = []
         loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.protocol.claims.choose_target)
+        busy_loads, standing = dict(loads), Counter[tuple[str, str]]()  # standing offers of waiting jobs
         writes: list[tuple[QueuedJob, str, Explanation]] = []
         for n, job_id in enumerate(ids):
             if n % CHUNK == CHUNK - 1:
@@ -465,12 +477,17 @@ class SchedulerCore:
                 e = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
                 offers.append((job_id, e.placement.worker if e.placement is not None else ""))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
-                fair = with_fair_share(e, req, worker, usage, waiting)
+                fair = with_fair_share(e, req, by_id, usage, waiting)
                 # Fair-share figures change with the clock (and a user holding GPUs here may come to pass it over).
-                self._busy = self._busy or fair is not e or others_hold_gpus(req, worker)
+                self._busy = self._busy or fair is not e or others_hold_gpus(req, workers)
                 e = fair
                 waiting[req.user] = None
                 self._told.pop(job_id, None)
+                target = busy_target(e, busy_loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                if target is not None and standing[(req.user, target)] < BUSY_OFFERS:
+                    standing[(req.user, target)] += 1
+                    offers.append((job_id, target))  # a standing offer (see busy_target)
+                    self._busy = True  # repeated every offer_interval_s
             else:
                 waiting[req.user] = None
                 if self._told.get(job_id) is e:
@@ -494,8 +511,10 @@ class SchedulerCore:
         the clock changes (an offer repeated, fair-share figures)."""
         self._told.clear()  # rows written shape by shape below
         workers = [worker, *remote]  # as last observed by self.book
+        by_id = {w.node_id: w for w in workers}
         offers: list[tuple[str, str]] = []
         loads = peer_loads(remote)
+        busy_loads = dict(loads)  # standing offers of waiting jobs (see busy_target)
         writes: list[tuple[QueuedJob, str, Explanation]] = []
         q = self.queue
         visited = 0
@@ -536,11 +555,18 @@ class SchedulerCore:
                         writes.append((job, text, one))
                 continue
             if e.verdict is Verdict.FITS_BUT_BUSY:
-                fair = with_fair_share(e, req, worker, usage, {})
-                if fair is not e or others_hold_gpus(req, worker):
+                fair = with_fair_share(e, req, by_id, usage, {})
+                if fair is not e or others_hold_gpus(req, workers):
                     self._busy = True  # fair-share figures change with the clock
                     self._revisit[sid] = None
                 e = fair
+                for job_id in [j for j in members if j in q and j not in self.gang][:BUSY_OFFERS]:
+                    target = busy_target(e, busy_loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                    if target is None:
+                        break
+                    offers.append((job_id, target))  # a standing offer (see busy_target)
+                    self._busy = True  # repeated every offer_interval_s
+                    self._revisit[sid] = None
             text = self.book.reason(e)
             if self._shape_told.get(sid) == text:
                 continue

@@ -1,0 +1,90 @@
+"""Standing offers (issue 31): a job that fits a peer but waits for its busy devices is offered to it
+anyway, the heads of each user's line, so that the peer chooses among every waiting user's jobs by
+fair share when a device frees up. Driven through the scheduler's pure core."""
+
+from __future__ import annotations
+
+from gpulayerd.core import scheduling as core
+from gpulayerd.core.fairshare import Usage
+from gpulayerd.core.scheduling.passes import BUSY_OFFERS
+from gpulayerd.core.types import Accelerator, DeviceSnapshot, JobRequest, MemoryKind, WorkerSnapshot
+from gpulayerd.gpu.support import SUPPORT_MATRIX
+from tests.unit.test_scheduling_core import ENV, GB, GPU_MEMORY_GB, ME, PEER, Job, Lab
+
+
+def _peer(held_by: str | None, users: dict[str, int]) -> WorkerSnapshot:
+    gpu = DeviceSnapshot(Accelerator.CUDA, 0, "GPU-P0", "NVIDIA A100", 80 * GB, 0, MemoryKind.DEDICATED, (8, 0),
+                         "580.126.09", True, True, granted_to=held_by)
+    return WorkerSnapshot(PEER, name="ws-p", devices=(gpu,), environments=ENV, cpu_count=4, cpu_slots_total=3,
+                          cpu_slots_free=3, mode="system", gpus_held_by_user=users)
+
+
+def _pass(c: core.SchedulerCore, lab: Lab) -> list[core.SendOffer]:
+    """One pass over ``lab``; the offers it sends (it claims nothing: every local GPU is in use)."""
+    offers: list[core.SendOffer] = []
+    steps = c.run_pass()
+    answer: core.Answer = None
+    while True:
+        try:
+            action = steps.send(answer)
+        except StopIteration:
+            return offers
+        answer = core.Resume()
+        if isinstance(action, core.ReadChanges):
+            after = lab.events[action.since:]
+            changed = tuple((lab.queued(j, not c.queued(j)), True) for j in dict.fromkeys(after))
+            answer = core.QueueChanges(len(lab.events), len(lab.jobs), changed)
+        elif isinstance(action, core.ReadQueue):
+            answer = core.QueueLoaded(len(lab.events), tuple(lab.queued(j, True) for j in sorted(lab.jobs)))
+        elif isinstance(action, core.ReadMachine):
+            answer = core.MachineRead(lab.local() if action.local else None, (lab.peer,) if lab.peer else (),
+                                      dict(lab.usage), lab.now)
+        elif isinstance(action, core.Claim):
+            raise AssertionError(f"claimed {action.job.id} on a machine whose every GPU is in use")
+        elif isinstance(action, core.StoreReasons):
+            for job, text, _ in action.items:
+                lab.jobs[job.id].reason = text
+        elif isinstance(action, core.SendOffer):
+            offers.append(action)
+
+
+def _lab(users: dict[str, int]) -> Lab:
+    lab = Lab(usage={"alice": Usage(gpu_s=7200.0), "bob": Usage(gpu_s=60.0)})
+    lab.foreign = set(range(len(GPU_MEMORY_GB)))  # this machine's GPUs: in use by processes gpulayer did not start
+    lab.peer = _peer("job-x", users)
+    n = 0
+    for user in ("alice", "bob"):
+        for _ in range(4):
+            n += 1
+            job_id = f"job-{n:03d}"
+            lab.jobs[job_id] = Job(JobRequest(job_id=job_id, accelerator=Accelerator.CUDA, gpu_count=1, user=user), n)
+            lab.event(job_id)
+    return lab
+
+
+def test_the_heads_of_each_users_line_are_offered_to_the_busy_peer() -> None:
+    lab = _lab({"alice": 1})
+    c = core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0)
+    offers = _pass(c, lab)
+    assert BUSY_OFFERS == 2
+    # bob (less usage) first; two of each user's jobs, oldest first; all to the busy peer.
+    assert [(o.job_id, o.worker) for o in offers] == [
+        ("job-005", PEER), ("job-006", PEER), ("job-001", PEER), ("job-002", PEER)]
+    # Offers are repeated only every offer_interval_s.
+    lab.now += 1.0
+    assert _pass(c, lab) == []
+    lab.now += 5.0
+    assert [o.job_id for o in _pass(c, lab)] == ["job-005", "job-006", "job-001", "job-002"]
+    # bob waits ahead of alice: her jobs say so, the holders named; bob's name the holders alone.
+    assert lab.jobs["job-001"].reason.startswith(
+        "FairShare: fair share: bob's jobs go first (less recent GPU use than alice); "), lab.jobs["job-001"].reason
+    assert "GPU 0 is busy with processes gpulayer did not start (pid 4242)" in lab.jobs["job-001"].reason
+    assert lab.jobs["job-005"].reason.startswith("Resources: "), lab.jobs["job-005"].reason
+
+
+def test_no_standing_offer_without_a_peer_the_job_fits() -> None:
+    lab = _lab({})
+    lab.peer = WorkerSnapshot(PEER, name="ws-p", environments=ENV, cpu_count=4, cpu_slots_total=3, cpu_slots_free=3,
+                              mode="system")  # no GPU: the jobs never fit it
+    c = core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0)
+    assert _pass(c, lab) == []
