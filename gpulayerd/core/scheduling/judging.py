@@ -1,5 +1,6 @@
 """The scheduler's judgements beside the matcher: queue keys, frozen snapshots, peer loads,
-spreading offers over peers, fair share in a waiting job's reason (pure)."""
+the size of each peer's fit and the peer an offer goes to (best fit, then least loaded), fair
+share in a waiting job's reason (pure)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import freeze
-from gpulayerd.core.protocol.claims import WorkerLoad, choose_target
+from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, fit_size
 from gpulayerd.core.scheduling.steps import Key, QueuedJob
-from gpulayerd.core.types import JobRequest, WorkerSnapshot
-from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
+from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
+from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
-__all__ = ["order_key", "others_hold_gpus", "pair_key", "peer_loads", "spread", "with_fair_share", "without_paths"]
+__all__ = ["fit_of", "order_key", "others_hold_gpus", "pair_key", "peer_fits", "peer_loads", "spread",
+           "with_fair_share", "without_paths"]
 
 # ---------------------------------------------------------------------------------------- helpers
 
@@ -44,16 +46,55 @@ def peer_loads(remote: Sequence[WorkerSnapshot]) -> dict[str, WorkerLoad]:
     return out
 
 
-def spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None, me: str) -> Explanation:
-    """``e`` placed on the peer :func:`gpulayerd.core.protocol.claims.choose_target` picks among the peers
-    (not ``me``) that fit now, counted into ``loads``, instead of always the lowest node id."""
-    rows = {r.worker: r for r in e.workers
-            if r.worker != me and r.state is FitState.FITS_NOW and r.placement is not None}
-    target = choose_target(sorted(rows), loads, previous)
-    if target is None:
+def _device_id(d: DeviceSnapshot) -> str:
+    return d.uuid or f"#{d.accelerator.value}{d.index}"
+
+
+def _twin_key(d: DeviceSnapshot) -> tuple[object, ...]:
+    """What makes two devices interchangeable for any job (every device requirement reads only these)."""
+    return (d.accelerator, d.kind, d.name, d.memory_total_bytes, d.memory_kind, d.compute_capability, d.float64,
+            d.driver_version, d.execution_supported)
+
+
+def fit_of(placement: Placement, worker: WorkerSnapshot) -> Fit:
+    """The :class:`~gpulayerd.core.protocol.targets.Fit` of ``placement`` on ``worker`` (its snapshot):
+    the chosen devices' total memory and newest compute capability as its size, and the worker's free
+    devices interchangeable with the chosen ones as its pool. A placement of no device: size ``()``."""
+    wanted = list(zip(placement.device_indices, placement.device_uuids, strict=True))
+    if not wanted:
+        return Fit(placement.worker)
+    kind = [d for d in worker.devices if d.accelerator is placement.accelerator]
+    chosen = [d for i, u in wanted for d in kind
+              if (d.uuid == u if u is not None else d.uuid is None and d.index == i and d.kind is DeviceKind.GPU)]
+    caps = [d.compute_capability for d in chosen if d.compute_capability is not None]
+    size = fit_size(sum(d.memory_total_bytes or 0 for d in chosen), max(caps) if caps else None)
+    keys = {_twin_key(d) for d in chosen}
+    twins = [d for d in sorted(kind, key=lambda d: d.sort_key)
+             if d not in chosen and _twin_key(d) in keys and not d.busy and d.state is DeviceState.OK
+             and not (d.kind is DeviceKind.GPU and d.mig_enabled)]
+    return Fit(placement.worker, size, tuple(_device_id(d) for d in [*chosen, *twins]), len(wanted))
+
+
+def peer_fits(e: Explanation, peers: Mapping[str, WorkerSnapshot], me: str) -> list[Fit]:
+    """The :class:`~gpulayerd.core.protocol.targets.Fit` of every peer (not ``me``) that fits ``e``'s job
+    now, from its row's placement and its snapshot in ``peers`` (node id -> snapshot)."""
+    out: list[Fit] = []
+    for r in e.workers:
+        if r.worker != me and r.state is FitState.FITS_NOW and r.placement is not None:
+            w = peers.get(r.worker)
+            out.append(fit_of(r.placement, w) if w is not None else Fit(r.worker))
+    return out
+
+
+def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit]) -> Explanation:
+    """``e`` placed on the peer ``offers`` (:class:`~gpulayerd.core.protocol.targets.OfferRound`) picks
+    among ``fits`` (:func:`peer_fits` of ``e``): the best fit, then the least loaded, instead of always
+    the lowest node id; the choice is counted into the round."""
+    fit = offers.choose(fits, previous)
+    if fit is None:
         return e
-    loads[target] = loads.get(target, WorkerLoad()).plus_one()
-    return replace(e, placement=rows[target].placement)
+    row = next(r for r in e.workers if r.worker == fit.worker)
+    return replace(e, placement=row.placement)
 
 
 def others_hold_gpus(req: JobRequest, worker: WorkerSnapshot) -> bool:

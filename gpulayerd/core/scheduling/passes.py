@@ -3,7 +3,8 @@
 One pass matches the queued jobs owned here against this machine and the peers. In fair-share
 order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fairshare`; within one
 user, submission order): a job that fits here now is claimed here; one that fits only a peer is
-offered to the best such peer; a multi-host job goes to the gang coordinator. Identical jobs
+offered to the best such peer (the smallest fit, then the least loaded:
+:mod:`gpulayerd.core.protocol.targets`); a multi-host job goes to the gang coordinator. Identical jobs
 behind one that did not fit here are not judged again in the same walk. Then every one-host job
 still queued gets its current reason, judged against this machine as the walk left it and the
 peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
@@ -32,10 +33,12 @@ from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.protocol.targets import Fit, OfferRound
 from gpulayerd.core.scheduling.judging import (
     order_key,
     others_hold_gpus,
     pair_key,
+    peer_fits,
     peer_loads,
     spread,
     with_fair_share,
@@ -448,7 +451,10 @@ class SchedulerCore:
         workers = [worker, *remote]  # as last observed by self.book
         waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
         offers: list[tuple[str, str]] = []
-        loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.protocol.claims.choose_target)
+        # The best fit among the peers that fit, then the least loaded: a burst spreads over every idle peer
+        # (core.protocol.targets); identical jobs share one explanation, so their fits are sized once.
+        chooser, peers = OfferRound(peer_loads(remote)), {w.node_id: w for w in remote}
+        sized: dict[int, tuple[Explanation, list[Fit]]] = {}
         writes: list[tuple[QueuedJob, str, Explanation]] = []
         for n, job_id in enumerate(ids):
             if n % CHUNK == CHUNK - 1:
@@ -462,7 +468,9 @@ class SchedulerCore:
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
             if e.placement is not None and e.placement.worker != self.node_id:
                 self._busy = True  # offers are repeated every offer_interval_s
-                e = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                if id(e) not in sized:
+                    sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
+                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1])
                 offers.append((job_id, e.placement.worker if e.placement is not None else ""))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
                 fair = with_fair_share(e, req, worker, usage, waiting)
@@ -495,7 +503,7 @@ class SchedulerCore:
         self._told.clear()  # rows written shape by shape below
         workers = [worker, *remote]  # as last observed by self.book
         offers: list[tuple[str, str]] = []
-        loads = peer_loads(remote)
+        chooser, peers = OfferRound(peer_loads(remote)), {w.node_id: w for w in remote}
         writes: list[tuple[QueuedJob, str, Explanation]] = []
         q = self.queue
         visited = 0
@@ -525,11 +533,12 @@ class SchedulerCore:
                 self._busy = True  # offers are repeated every offer_interval_s
                 self._shape_told.pop(sid, None)
                 self._revisit[sid] = None
+                fits = peer_fits(e, peers, self.node_id)  # sized once for the shape's jobs
                 for job_id in list(members):
                     job = q.get(job_id)
                     if job is None or job_id in self.gang:
                         continue
-                    one = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                    one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits)
                     offers.append((job_id, one.placement.worker if one.placement else ""))
                     text = self.book.reason(one)
                     if text != job.reason:
