@@ -1,6 +1,7 @@
 """Best fit across hosts (issue 31), over a real LAN of daemons: a 16 GB job goes to the host whose
 free card is the smallest that fits (24 GB), not to the idle 94 GB card (H100 NVL-like) of another
-host; once the 24 GB card is taken, the next one goes to the big card.
+host; once the 24 GB card is taken, the next one goes to the big card; and a 16 GB job submitted
+on the big card's host runs on the 24 GB card of its peer.
 
 Before, the owner offered to the least loaded peer (ties to the lowest node id): here the 24 GB host
 runs a CPU job, so that rule sent the job to the big card.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from gpulayerd.models import Capabilities
 from tests.lan.harness import FAST_CLUSTER, Host, Lan
 
 QUIET = "INFO"
@@ -19,14 +21,14 @@ H100_NVL = [(95830, "9.0")]  # MiB as nvidia-smi reports it: 100.5 GB
 A5000 = [(24564, "8.6")]  # 25.8 GB
 
 
-def _until_owner_sees_one_free_slot(owner: Host, peer: Host, timeout_s: float = 10.0) -> None:
-    """Until ``owner``'s last fetched capabilities of ``peer`` show 1 free CPU slot (its CPU job)."""
+def _until(owner: Host, peer: Host, ok: Callable[[Capabilities], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Until ``owner``'s last fetched capabilities of ``peer`` are ``ok`` (``what``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         caps = {p.node_id: p.capabilities for p in owner.api(lambda c: c.peers())}.get(peer.node_id)
-        if caps is not None and caps.cpu_slots_free == 1:
+        if caps is not None and ok(caps):
             return
-        assert time.monotonic() < deadline, f"{owner.name} still sees {peer.name} as {caps}"
+        assert time.monotonic() < deadline, f"{owner.name} does not see {peer.name} with {what}: {caps}"
         time.sleep(0.05)
 
 
@@ -45,7 +47,7 @@ def test_a_16gb_job_goes_to_the_24gb_card_while_a_94gb_card_is_free(lan_factory:
     # The small card's host is the busier one (a CPU job of its own): load alone would pick the big card.
     cpu = small.submit({"command": ["sleep", "60"]})
     small.wait_job(cpu.id, states={"running"}, timeout_s=15)
-    _until_owner_sees_one_free_slot(owner, small)
+    _until(owner, small, lambda caps: caps.cpu_slots_free == 1, "1 free CPU slot")
 
     spec = {"command": ["sleep", "30"], "requirements": {"accelerator": "cuda", "gpu_memory_gb": 16}}
     first = owner.submit(spec)
@@ -59,3 +61,12 @@ def test_a_16gb_job_goes_to_the_24gb_card_while_a_94gb_card_is_free(lan_factory:
     assert view.attempts[-1].worker_name == big.hostname, view
     owner.api(lambda c: c.cancel(first.id))
     owner.api(lambda c: c.cancel(second.id))
+
+    # Best fit counts the submitting host too: a 16 GB job submitted where the 94 GB card is free
+    # runs on the peer's free 24 GB card.
+    owner.wait_job(second.id, timeout_s=15)
+    _until(big, small, lambda caps: all(d.granted_to is None for d in caps.devices), "its card free")
+    third = big.submit(spec)
+    view = big.wait_job(third.id, states={"running"}, timeout_s=15)
+    assert view.attempts[-1].worker_name == small.hostname, view
+    big.api(lambda c: c.cancel(third.id))

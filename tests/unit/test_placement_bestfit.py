@@ -8,6 +8,7 @@ by load (tests/unit/test_placement_spread.py).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -165,10 +166,13 @@ def _peer(node: str, *cards: DeviceSnapshot) -> WorkerSnapshot:
                           mode="system")
 
 
-def _pass(c: core.SchedulerCore, jobs: dict[str, JobRequest], remote: list[WorkerSnapshot],
-          now: float) -> list[tuple[str, str]]:
-    """One pass of ``c`` (this machine has no GPU and no free CPU slot); returns its offers."""
-    local = WorkerSnapshot(ME, environments=ENV, cpu_count=2, cpu_slots_total=1, cpu_slots_free=0, mode="system")
+NO_GPU = WorkerSnapshot(ME, environments=ENV, cpu_count=2, cpu_slots_total=1, cpu_slots_free=0, mode="system")
+
+
+def _pass(c: core.SchedulerCore, jobs: dict[str, JobRequest], remote: list[WorkerSnapshot], now: float,
+          local: WorkerSnapshot = NO_GPU, claims: list[str] | None = None) -> list[tuple[str, str]]:
+    """One pass of ``c`` (this machine: ``local``); returns its offers. Claims are granted (their
+    devices then held) and listed in ``claims``, which must be given when ``local`` has room."""
     queued = tuple(core.QueuedJob(j, n, "", req) for n, (j, req) in enumerate(jobs.items(), start=1))
     offers: list[tuple[str, str]] = []
     steps = c.run_pass()
@@ -187,8 +191,15 @@ def _pass(c: core.SchedulerCore, jobs: dict[str, JobRequest], remote: list[Worke
             answer = core.MachineRead(local if action.local else None, tuple(remote), {}, now)
         elif isinstance(action, core.SendOffer):
             offers.append((action.job_id, action.worker))
+        elif isinstance(action, core.Claim):
+            assert claims is not None, action
+            claims.append(action.job.id)
+            held = set(action.placement.device_uuids)
+            local = replace(local, devices=tuple(replace(d, granted_to=action.job.id) if d.uuid in held else d
+                                                 for d in local.devices))
+            answer = core.ClaimAnswered(True, local)
         else:
-            assert not isinstance(action, core.Claim | core.ToGang), action
+            assert not isinstance(action, core.ToGang), action
 
 
 @pytest.mark.parametrize("users", [("alice",), ("alice", "bob")])  # reasons by shape, and job by job
@@ -210,3 +221,42 @@ def test_a_pass_offers_each_gpu_job_to_the_smallest_card_that_fits_it_now(users:
                             user="alice")}
     assert _pass(core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0), wide, [big, small], 0.0) == \
         [("w", "a-big")]
+
+
+@pytest.mark.parametrize("users", [("alice",), ("alice", "bob")])
+def test_the_owners_own_big_card_waits_for_jobs_a_smaller_peer_card_fits(users: tuple[str, ...]) -> None:
+    """Best fit counts this machine too: a 16 GB job submitted on the host with the 94 GB card goes to
+    the peer's free 24 GB card; the next such job (that card promised) and a 40 GB job run here."""
+    here = WorkerSnapshot(ME, devices=(_card(0, 95830, (9, 0), "NVIDIA H100 NVL"),), environments=ENV, cpu_count=8,
+                          cpu_slots_total=2, cpu_slots_free=2, mode="system")
+    small = _peer("z-small", _card(0, 24564, (8, 6), "NVIDIA RTX A5000"))
+
+    def gpu(job_id: str, gb: int, k: int) -> JobRequest:
+        return JobRequest(job_id=job_id, accelerator=Accelerator.CUDA, gpu_count=1, gpu_memory_bytes=gb * GB,
+                          user=users[k % len(users)])
+
+    claims: list[str] = []
+    jobs = {"j0": gpu("j0", 16, 0)}
+    assert _pass(core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0), jobs, [small], 0.0, here,
+                 claims) == [("j0", "z-small")]
+    assert claims == []
+    jobs = {"j0": gpu("j0", 16, 0), "j1": gpu("j1", 16, 1)}
+    c = core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0)
+    assert _pass(c, jobs, [small], 0.0, here, claims) == [("j0", "z-small")]
+    assert claims == ["j1"]
+    # The peer's card is taken before it claims j0: j0 runs here at the next pass.
+    taken = _peer("z-small", _card(0, 24564, (8, 6), "NVIDIA RTX A5000", granted_to="x"))
+    claims.clear()
+    assert _pass(c, {"j0": jobs["j0"]}, [taken], 1.0, here, claims) == []
+    assert claims == ["j0"]
+    # A 40 GB job, and a CPU job: here. An equal card on the peer: here too (no hop for nothing).
+    claims.clear()
+    cpu = JobRequest(job_id="c", user=users[0])
+    _pass(core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0), {"w": gpu("w", 40, 0), "c": cpu}, [small],
+          0.0, here, claims)
+    assert claims == ["w", "c"]
+    claims.clear()
+    twin = _peer("a-twin", _card(0, 95830, (9, 0), "NVIDIA H100 NVL"))
+    assert _pass(core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0), {"j0": gpu("j0", 16, 0)}, [twin], 0.0,
+                 here, claims) == []
+    assert claims == ["j0"]

@@ -142,6 +142,15 @@ class OfferRound:
         return fit
 
 
+    def smaller_than(self, here: Fit, fits: Sequence[Fit]) -> Fit | None:
+        """Where a job that fits ``here`` (the owner's own machine) goes instead: the choice (as
+        :meth:`choose`, counted and promised) among ``fits`` (peers) strictly smaller than ``here``
+        whose devices the round has not promised yet; None when ``here`` is a best fit (an equal
+        size stays here: no network hop for nothing)."""
+        better = [f for f in fits if f.size < here.size and len(self._room(f)) >= f.need]
+        return self.choose(better) if better else None
+
+
 def spread_offers(jobs: Sequence[tuple[str, Sequence[str | Fit]]], loads: Mapping[str, WorkerLoad],
                   previous: Mapping[str, str] | None = None) -> dict[str, str]:
     """Choose a worker for each of ``jobs`` ((job id, the workers that fit it now: node ids, or

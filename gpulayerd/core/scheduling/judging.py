@@ -8,14 +8,14 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching.shapes import freeze
+from gpulayerd.core.matching.shapes import ShapeBook, freeze
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, fit_size
 from gpulayerd.core.scheduling.steps import Key, QueuedJob
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
-__all__ = ["fit_of", "order_key", "others_hold_gpus", "pair_key", "peer_fits", "peer_loads", "spread",
-           "with_fair_share", "without_paths"]
+__all__ = ["elsewhere", "fit_of", "order_key", "others_hold_gpus", "pair_key", "peer_fits", "peer_loads",
+           "smaller_than_here", "spread", "with_fair_share", "without_paths"]
 
 # ---------------------------------------------------------------------------------------- helpers
 
@@ -84,6 +84,27 @@ def peer_fits(e: Explanation, peers: Mapping[str, WorkerSnapshot], me: str) -> l
             w = peers.get(r.worker)
             out.append(fit_of(r.placement, w) if w is not None else Fit(r.worker))
     return out
+
+
+def elsewhere(book: ShapeBook, req: JobRequest, here: Placement, worker: WorkerSnapshot,
+              remote: Sequence[WorkerSnapshot], offers: OfferRound) -> Fit | None:
+    """The peer a device job that fits this machine (``worker``) now at ``here`` goes to instead: one
+    whose fit now is strictly smaller (:meth:`~gpulayerd.core.protocol.targets.OfferRound.smaller_than`,
+    promised in ``offers``, the walk's round), or None: it is claimed here. A CPU job stays here."""
+    if req.gpu_count == 0 or not remote:
+        return None
+    fits = [fit_of(r.placement, w) for w in remote
+            if (r := book.row(req, w)).state is FitState.FITS_NOW and r.placement is not None]
+    return offers.smaller_than(fit_of(here, worker), fits)
+
+
+def smaller_than_here(fits: Sequence[Fit], e: Explanation, worker: WorkerSnapshot) -> list[Fit]:
+    """``fits`` (peers') strictly smaller than this machine's (``worker``'s) fit in ``e``, if it fits now."""
+    row = next((r for r in e.workers if r.worker == worker.node_id), None)
+    if row is None or row.state is not FitState.FITS_NOW or row.placement is None:
+        return list(fits)
+    mine = fit_of(row.placement, worker).size
+    return [f for f in fits if f.size < mine]
 
 
 def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit]) -> Explanation:

@@ -35,11 +35,13 @@ from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import ShapeBook, freeze
 from gpulayerd.core.protocol.targets import Fit, OfferRound
 from gpulayerd.core.scheduling.judging import (
+    elsewhere,
     order_key,
     others_hold_gpus,
     pair_key,
     peer_fits,
     peer_loads,
+    smaller_than_here,
     spread,
     with_fair_share,
     without_paths,
@@ -120,6 +122,8 @@ class SchedulerCore:
         # This pass cannot vouch that the jobs it did not walk still cannot start here: a job that fits
         # was not granted, a claim took devices, or the machine changed by more than a claim did.
         self._unsure = False
+        self._deferred: set[str] = set()  # this pass's device jobs that fit here, left to a smaller fit
+        self._walk_round = OfferRound({})  # the walks' promises of peers' devices (judging.elsewhere)
 
     # ------------------------------------------------------------------ queries
 
@@ -322,6 +326,8 @@ class SchedulerCore:
         assert machine.local is not None
         worker, remote, usage = machine.local, list(machine.remote), machine.usage
         self.book.observe([worker, *remote])
+        # Device jobs that fit here now but go to a peer with a smaller fit (best fit across hosts).
+        self._deferred, self._walk_round = set(), OfferRound(peer_loads(remote))
         settled = self._settled_for(worker)
         devices_settled = settled or self._settled_for(worker, devices_only=True)
         # Set again when the walks are through: a walk that raises (a claim, a snapshot) leaves the
@@ -368,8 +374,8 @@ class SchedulerCore:
             if n % CHUNK == CHUNK - 1:
                 yield Yield()
             job = q.get(job_id)
-            if job is None:
-                continue  # claimed earlier in this pass
+            if job is None or job_id in self._deferred:
+                continue  # claimed earlier in this pass, or left to a peer with a smaller fit
             req = self.request(job_id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 self._busy = True  # the gang coordinator keeps its own timers
@@ -384,6 +390,10 @@ class SchedulerCore:
                 blocked.add(sig)
                 if not self.gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
                     break  # every queued job has a shape that did not fit: the rest would be skipped
+                continue
+            if elsewhere(self.book, req, ev.placement, worker, remote, self._walk_round) is not None:
+                self._deferred.add(job_id)  # offered to that peer by the reasons' walk
+                self._unsure = True  # it fits here: the next pass walks it again (the peer may be gone)
                 continue
             got = yield Claim(job, ev.placement)
             assert isinstance(got, ClaimAnswered)
@@ -466,12 +476,15 @@ class SchedulerCore:
                 continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
             req = self.request(job_id)
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
-            if e.placement is not None and e.placement.worker != self.node_id:
+            if e.placement is not None and (e.placement.worker != self.node_id or job_id in self._deferred):
                 self._busy = True  # offers are repeated every offer_interval_s
                 if id(e) not in sized:
                     sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
-                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1])
-                offers.append((job_id, e.placement.worker if e.placement is not None else ""))
+                fits = sized[id(e)][1]
+                fits = smaller_than_here(fits, e, worker) if job_id in self._deferred else fits
+                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits)
+                if e.placement is not None and e.placement.worker != self.node_id:
+                    offers.append((job_id, e.placement.worker))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
                 fair = with_fair_share(e, req, worker, usage, waiting)
                 # Fair-share figures change with the clock (and a user holding GPUs here may come to pass it over).
@@ -529,7 +542,8 @@ class SchedulerCore:
             if req.distributed is not None and req.distributed.nnodes > 1:
                 continue  # the gang coordinator's (a shape is all multi-host jobs or none)
             e = self.book.explanation(req, workers, same_id=False)
-            if e.placement is not None and e.placement.worker != self.node_id:
+            here = e.placement is not None and e.placement.worker == self.node_id
+            if e.placement is not None and (not here or not self._deferred.isdisjoint(members)):
                 self._busy = True  # offers are repeated every offer_interval_s
                 self._shape_told.pop(sid, None)
                 self._revisit[sid] = None
@@ -538,8 +552,12 @@ class SchedulerCore:
                     job = q.get(job_id)
                     if job is None or job_id in self.gang:
                         continue
-                    one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits)
-                    offers.append((job_id, one.placement.worker if one.placement else ""))
+                    one = e  # fits here and was not left to a peer: its line as before
+                    if not here or job_id in self._deferred:
+                        ok = smaller_than_here(fits, e, worker) if job_id in self._deferred else fits
+                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, ok)
+                    if one.placement is not None and one.placement.worker != self.node_id:
+                        offers.append((job_id, one.placement.worker))
                     text = self.book.reason(one)
                     if text != job.reason:
                         writes.append((job, text, one))
