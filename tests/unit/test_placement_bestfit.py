@@ -260,3 +260,22 @@ def test_the_owners_own_big_card_waits_for_jobs_a_smaller_peer_card_fits(users: 
     assert _pass(core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0), {"j0": gpu("j0", 16, 0)}, [twin], 0.0,
                  here, claims) == []
     assert claims == ["j0"]
+
+
+def test_a_job_left_to_a_peer_that_does_not_claim_it_runs_here_after_two_offers() -> None:
+    """A peer that looks free and does not claim (its workdir check at claim fails, say: a peer's
+    workdir is checked only then) holds a job that fits the owner's own card up only for two offers."""
+    here = WorkerSnapshot(ME, devices=(_card(0, 95830, (9, 0), "NVIDIA H100 NVL"),), environments=ENV, cpu_count=8,
+                          cpu_slots_total=2, cpu_slots_free=2, mode="system", existing_paths=frozenset({"/srv/x"}))
+    small = _peer("z-small", _card(0, 24564, (8, 6), "NVIDIA RTX A5000"))
+    claims: list[str] = []
+    jobs = {"j": JobRequest(job_id="j", accelerator=Accelerator.CUDA, gpu_count=1, gpu_memory_bytes=16 * GB,
+                            workdir="/srv/x", user="alice")}
+    c = core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=2.0)
+    assert _pass(c, jobs, [small], 0.0, here, claims) == [("j", "z-small")]
+    for now in (1.0, 2.0, 3.9):
+        _pass(c, jobs, [small], now, here, claims)
+        assert claims == [], now
+    assert c.offered["j"] == ("z-small", 2.0)  # offered at 0 and 2 s
+    assert _pass(c, jobs, [small], 4.0, here, claims) == []
+    assert claims == ["j"]

@@ -90,7 +90,8 @@ def elsewhere(book: ShapeBook, req: JobRequest, here: Placement, worker: WorkerS
               remote: Sequence[WorkerSnapshot], offers: OfferRound) -> Fit | None:
     """The peer a device job that fits this machine (``worker``) now at ``here`` goes to instead: one
     whose fit now is strictly smaller (:meth:`~gpulayerd.core.protocol.targets.OfferRound.smaller_than`,
-    promised in ``offers``, the walk's round), or None: it is claimed here. A CPU job stays here."""
+    promised in ``offers``, the walk's round), or None: it is claimed here. A CPU job stays here.
+    (A peer's workdir is checked only when it claims: the caller bounds how long a job is left.)"""
     if req.gpu_count == 0 or not remote:
         return None
     fits = [fit_of(r.placement, w) for w in remote
@@ -107,11 +108,14 @@ def smaller_than_here(fits: Sequence[Fit], e: Explanation, worker: WorkerSnapsho
     return [f for f in fits if f.size < mine]
 
 
-def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit]) -> Explanation:
+def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit],
+           here: WorkerSnapshot | None = None) -> Explanation:
     """``e`` placed on the peer ``offers`` (:class:`~gpulayerd.core.protocol.targets.OfferRound`) picks
     among ``fits`` (:func:`peer_fits` of ``e``): the best fit, then the least loaded, instead of always
-    the lowest node id; the choice is counted into the round."""
-    fit = offers.choose(fits, previous)
+    the lowest node id; the choice is counted into the round. ``here``: this machine, when the walk
+    left the job (which fits here) to a smaller fit (:func:`elsewhere`): only fits smaller than its own
+    count (none left: ``e`` as it is)."""
+    fit = offers.choose(smaller_than_here(fits, e, here) if here is not None else fits, previous)
     if fit is None:
         return e
     row = next(r for r in e.workers if r.worker == fit.worker)

@@ -41,7 +41,6 @@ from gpulayerd.core.scheduling.judging import (
     pair_key,
     peer_fits,
     peer_loads,
-    smaller_than_here,
     spread,
     with_fair_share,
     without_paths,
@@ -123,7 +122,8 @@ class SchedulerCore:
         # was not granted, a claim took devices, or the machine changed by more than a claim did.
         self._unsure = False
         self._deferred: set[str] = set()  # this pass's device jobs that fit here, left to a smaller fit
-        self._walk_round = OfferRound({})  # the walks' promises of peers' devices (judging.elsewhere)
+        self._walk_round, self._now = OfferRound({}), 0.0  # the walks' promises of peers' devices, the time
+        self._left_since: dict[str, float] = {}  # job -> when it was first left to a peer (fitting here)
 
     # ------------------------------------------------------------------ queries
 
@@ -244,6 +244,7 @@ class SchedulerCore:
         self._told.pop(job_id, None)
         self.gang.discard(job_id)
         self.offered.pop(job_id, None)
+        self._left_since.pop(job_id, None)
         sid = self._job_sid.pop(job_id, None)
         if sid is None:
             return
@@ -327,7 +328,7 @@ class SchedulerCore:
         worker, remote, usage = machine.local, list(machine.remote), machine.usage
         self.book.observe([worker, *remote])
         # Device jobs that fit here now but go to a peer with a smaller fit (best fit across hosts).
-        self._deferred, self._walk_round = set(), OfferRound(peer_loads(remote))
+        self._deferred, self._walk_round, self._now = set(), OfferRound(peer_loads(remote)), machine.now
         settled = self._settled_for(worker)
         devices_settled = settled or self._settled_for(worker, devices_only=True)
         # Set again when the walks are through: a walk that raises (a claim, a snapshot) leaves the
@@ -391,7 +392,10 @@ class SchedulerCore:
                 if not self.gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
                     break  # every queued job has a shape that did not fit: the rest would be skipped
                 continue
-            if elsewhere(self.book, req, ev.placement, worker, remote, self._walk_round) is not None:
+            first = self._left_since.get(job_id, self._now)  # left to peers for 2 offers at most, then here
+            if self._now - first < 2 * self._offer_interval_s and elsewhere(
+                    self.book, req, ev.placement, worker, remote, self._walk_round) is not None:
+                self._left_since[job_id] = first
                 self._deferred.add(job_id)  # offered to that peer by the reasons' walk
                 self._unsure = True  # it fits here: the next pass walks it again (the peer may be gone)
                 continue
@@ -480,9 +484,8 @@ class SchedulerCore:
                 self._busy = True  # offers are repeated every offer_interval_s
                 if id(e) not in sized:
                     sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
-                fits = sized[id(e)][1]
-                fits = smaller_than_here(fits, e, worker) if job_id in self._deferred else fits
-                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits)
+                left = worker if job_id in self._deferred else None  # fits here: only smaller fits count
+                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left)
                 if e.placement is not None and e.placement.worker != self.node_id:
                     offers.append((job_id, e.placement.worker))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
@@ -554,8 +557,8 @@ class SchedulerCore:
                         continue
                     one = e  # fits here and was not left to a peer: its line as before
                     if not here or job_id in self._deferred:
-                        ok = smaller_than_here(fits, e, worker) if job_id in self._deferred else fits
-                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, ok)
+                        left = worker if job_id in self._deferred else None
+                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left)
                     if one.placement is not None and one.placement.worker != self.node_id:
                         offers.append((job_id, one.placement.worker))
                     text = self.book.reason(one)
