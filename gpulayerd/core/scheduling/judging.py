@@ -1,4 +1,4 @@
-"""The scheduler's judgements beside the matcher: queue keys, frozen snapshots, peer loads,
+"""The scheduler's judgements beside the matcher: queue keys, frozen snapshots and their path answers, peer loads,
 the size of each peer's fit and the peer an offer goes to (best fit, then least loaded), fair
 share in a waiting job's reason (pure)."""
 
@@ -14,8 +14,8 @@ from gpulayerd.core.scheduling.steps import Key, QueuedJob
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
-__all__ = ["elsewhere", "fit_of", "order_key", "others_hold_gpus", "pair_key", "peer_fits", "peer_loads",
-           "smaller_than_here", "spread", "with_fair_share", "without_paths"]
+__all__ = ["elsewhere", "fit_of", "order_key", "others_hold_gpus", "pair_key", "paths_changed", "peer_fits",
+           "peer_loads", "smaller_than_here", "spread", "with_fair_share", "without_paths"]
 
 # ---------------------------------------------------------------------------------------- helpers
 
@@ -34,6 +34,16 @@ def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable
     """``worker`` frozen, but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
     out = replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset())
     return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
+
+
+def paths_changed(worker: WorkerSnapshot, old: WorkerSnapshot, workdirs: set[str]) -> bool:
+    """Whether ``worker``'s answers about any of ``workdirs`` differ from ``old``'s (the same machine)."""
+    if (worker.existing_paths is None) != (old.existing_paths is None):
+        return True
+    changed = set((worker.existing_paths or frozenset()) ^ (old.existing_paths or frozenset()))
+    changed |= worker.unanswered_paths ^ old.unanswered_paths
+    changed |= {p for _, p in worker.denied_paths ^ old.denied_paths}
+    return bool(changed & workdirs)
 
 
 def peer_loads(remote: Sequence[WorkerSnapshot]) -> dict[str, WorkerLoad]:

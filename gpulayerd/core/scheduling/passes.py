@@ -2,9 +2,10 @@
 
 One pass matches the queued jobs owned here against this machine and the peers. In fair-share
 order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fairshare`; within one
-user, submission order): a job that fits here now is claimed here; one that fits only a peer is
-offered to the best such peer (the smallest fit, then the least loaded:
-:mod:`gpulayerd.core.protocol.targets`); a multi-host job goes to the gang coordinator. Identical jobs
+user, submission order): a job that fits here now is claimed here, unless it asks for devices and a
+peer's fit now is strictly smaller (best fit across hosts; for two offers at most); one that fits only
+peers is offered to the best fit among them, then the least loaded (:mod:`gpulayerd.core.protocol.targets`);
+a multi-host job goes to the gang coordinator. Identical jobs
 behind one that did not fit here are not judged again in the same walk. Then every one-host job
 still queued gets its current reason, judged against this machine as the walk left it and the
 peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
@@ -39,6 +40,7 @@ from gpulayerd.core.scheduling.judging import (
     order_key,
     others_hold_gpus,
     pair_key,
+    paths_changed,
     peer_fits,
     peer_loads,
     spread,
@@ -311,12 +313,7 @@ class SchedulerCore:
                 return False
         elif without_paths(worker) != frozen:
             return False
-        if (worker.existing_paths is None) != (old.existing_paths is None):
-            return False
-        changed = set((worker.existing_paths or frozenset()) ^ (old.existing_paths or frozenset()))
-        changed |= worker.unanswered_paths ^ old.unanswered_paths
-        changed |= {p for _, p in worker.denied_paths ^ old.denied_paths}
-        return not (changed & workdirs)
+        return not paths_changed(worker, old, workdirs)
 
     def _place(self, new: list[str]) -> Generator[Action, Answer, MachineRead]:
         fast_ids = set(new)
