@@ -1,5 +1,5 @@
 """Placement spreads bursts (issue 17): an owner offers the jobs that fit only peers to the
-least-loaded fitting peers (:func:`gpulayerd.core.protocol.claims.choose_target`), so every idle
+least-loaded fitting peers (:func:`gpulayerd.core.protocol.targets.choose_target`), so every idle
 worker gets work at once, and no job is ever run twice (the owner's compare-and-set).
 """
 
@@ -18,12 +18,10 @@ from gpulayerd.core.protocol.claims import (
     JobRecord,
     JobStatus,
     PersistJob,
-    WorkerLoad,
-    choose_target,
     handle,
-    spread_offers,
 )
 from gpulayerd.core.protocol.claims import JobStatus as S
+from gpulayerd.core.protocol.targets import WorkerLoad, choose_target, spread_offers
 from tests.fakes.daemons import three_daemons
 
 

@@ -5,7 +5,8 @@ processes on GPUs, claims that the owner refuses, and timer wake-ups the core ma
 
 After every step:
 - no device is claimed twice (checked at each claim: the placement's devices and slots are free);
-- once a pass ran without a refused claim, no queued one-host job fits this machine now;
+- once a pass ran without a refused claim, no queued one-host job fits this machine now, unless the
+  peer fits it now with smaller devices (best fit across hosts: it is offered there);
 - every waiting job's stored reason is current: a fresh core (nothing kept) over the same world
   would claim nothing and change no reason.
 """
@@ -22,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from gpulayerd.core import scheduling as core
 from gpulayerd.core.fairshare import Usage
 from gpulayerd.core.matching.evaluate import evaluate
+from gpulayerd.core.scheduling.judging import fit_of
 from gpulayerd.core.types import (
     GB,
     Accelerator,
@@ -249,7 +251,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         local = self.lab.local()
         for j, job in self.lab.jobs.items():
             if job.status == "queued" and not (job.req.distributed and job.req.distributed.nnodes > 1):
-                assert evaluate(job.req, local, SUPPORT_MATRIX).placement is None, f"{j} fits here and waits"
+                here = evaluate(job.req, local, SUPPORT_MATRIX).placement
+                there = evaluate(job.req, self.lab.peer, SUPPORT_MATRIX).placement if self.lab.peer else None
+                # Best fit across hosts: a device job waits here only for a peer whose fit now is smaller.
+                smaller = (here is not None and there is not None and self.lab.peer is not None
+                           and fit_of(there, self.lab.peer).size < fit_of(here, local).size)
+                assert here is None or smaller, f"{j} fits here and waits"
 
     @precondition(lambda self: self.settled)
     @invariant()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpulayerd.core import scheduling as core
 from gpulayerd.core.fairshare import Usage
-from gpulayerd.core.scheduling.passes import BUSY_OFFERS
+from gpulayerd.core.scheduling.judging import BUSY_OFFERS
 from gpulayerd.core.types import Accelerator, DeviceSnapshot, JobRequest, MemoryKind, WorkerSnapshot
 from gpulayerd.gpu.support import SUPPORT_MATRIX
 from tests.unit.test_scheduling_core import ENV, GB, GPU_MEMORY_GB, ME, PEER, Job, Lab

@@ -23,15 +23,13 @@ certificate), and a start, renewal, exit or loss of the current attempt from any
 other node is answered :class:`ReplyStale` and changes nothing, so a member that
 does not hold a job can neither end it nor keep it alive.
 
-Where an owner offers a job that fits several peers now, :func:`choose_target` picks one
-(least loaded first, counting the offers it makes, so ties move on to the next idle worker), so a burst spreads
-over every idle worker instead of queueing behind the lowest node id.
+Which worker an owner offers a job to when several fit it now (the best fit, then the least
+loaded) is :mod:`gpulayerd.core.protocol.targets`.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpulayerd.core.job_facts import ACTIVE_STATES, TERMINAL_STATES
@@ -56,10 +54,7 @@ __all__ = [
     "RunExited",
     "RunLost",
     "RunStarted",
-    "WorkerLoad",
-    "choose_target",
     "handle",
-    "spread_offers",
 ]
 
 
@@ -428,68 +423,3 @@ def _lease_check(job: JobRecord, ev: LeaseChecked, now: float) -> list[Action]:
         f"{job.lease_s:g} s + {ev.grace_s:g} s grace; {what}"
     )
     return [_persist(job, new, reason, ev.stimulus_id), KillRun(job.holder or "", job.attempt, reason)]
-
-
-# ------------------------------------------------------------------------- placement
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """How busy a worker is, as the owner knows it.
-
-    Attributes:
-        in_use: work it runs now (busy CPU slots, from its last snapshot) plus the jobs
-            this owner has offered it and not yet seen claimed.
-        capacity: how much it runs at once (its CPU slots, else its CPU count); at least 1.
-    """
-
-    in_use: int = 0
-    capacity: int = 1
-
-    def plus_one(self) -> WorkerLoad:
-        """This load with one more job offered."""
-        return replace(self, in_use=self.in_use + 1)
-
-
-def choose_target(fitting: Sequence[str], loads: Mapping[str, WorkerLoad],
-                  previous: str | None = None) -> str | None:
-    """The worker to offer a job to, among the node ids in ``fitting`` (all fit it now).
-
-    A worker the job was offered to before and that still fits keeps it (an offer is not
-    moved pass after pass). Otherwise the least loaded worker (``in_use / capacity``; an
-    unknown worker counts as idle with capacity 1) wins, ties to the lowest node id (as
-    :func:`gpulayerd.core.matching.evaluate.explain` places). The caller counts each choice into
-    the winner's load (:func:`spread_offers` does), so in a burst the tie moves on to the
-    next idle worker at every job: the lowest node id wins only while it is not busier.
-    Returns None when ``fitting`` is empty.
-    """
-    if not fitting:
-        return None
-    if previous is not None and previous in fitting:
-        return previous
-
-    def key(worker: str) -> tuple[float, str]:
-        load = loads.get(worker, WorkerLoad())
-        return load.in_use / max(load.capacity, 1), worker
-
-    return min(fitting, key=key)
-
-
-def spread_offers(jobs: Sequence[tuple[str, Sequence[str]]], loads: Mapping[str, WorkerLoad],
-                  previous: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Choose a worker for each of ``jobs`` ((job id, node ids that fit it now), in queue
-    order) by :func:`choose_target`, counting each choice into the chosen worker's load.
-
-    Returns:
-        job id -> node id, for every job that fits somewhere; each job appears once.
-    """
-    current = dict(loads)
-    before = previous or {}
-    out: dict[str, str] = {}
-    for job_id, fitting in jobs:
-        target = choose_target(fitting, current, before.get(job_id))
-        if target is None or job_id in out:
-            continue
-        out[job_id] = target
-        current[target] = current.get(target, WorkerLoad()).plus_one()
-    return out

@@ -1,22 +1,30 @@
-"""The scheduler's judgements beside the matcher: queue keys, frozen snapshots, peer loads,
-spreading offers over peers, fair share in a waiting job's reason (pure)."""
+"""The scheduler's judgements beside the matcher: queue keys, frozen snapshots and their path answers, peer loads,
+the size of each peer's fit and the peer an offer goes to (best fit, then least loaded), fair
+share in a waiting job's reason (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching.shapes import freeze
-from gpulayerd.core.protocol.claims import WorkerLoad, choose_target
+from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
 from gpulayerd.core.scheduling.steps import Key, QueuedJob
-from gpulayerd.core.types import JobRequest, WorkerSnapshot
-from gpulayerd.core.verdict import Explanation, FitState, Rejection, RejectionCode, Verdict
+from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
+from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
-__all__ = ["busy_target", "order_key", "others_hold_gpus", "pair_key", "peer_loads", "spread", "with_fair_share",
-           "without_paths"]
+__all__ = ["BUSY_OFFERS", "StandingOffers", "busy_target", "elsewhere", "fair_order", "fit_of", "order_key",
+           "others_hold_gpus", "pair_key", "paths_changed", "peer_fits", "peer_loads", "settled_for",
+           "smaller_than_here", "spread", "with_fair_share", "without_paths"]
 
 _HELD = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS})
+
+BUSY_OFFERS = 2
+"""Standing offers of jobs that wait for a busy peer, per user and peer in one pass (see
+:func:`busy_target`): the heads of each user's line, so that the peer chooses among every waiting
+user's jobs by fair share when its devices free up."""
 
 # ---------------------------------------------------------------------------------------- helpers
 
@@ -37,6 +45,16 @@ def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable
     return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
 
 
+def paths_changed(worker: WorkerSnapshot, old: WorkerSnapshot, workdirs: set[str]) -> bool:
+    """Whether ``worker``'s answers about any of ``workdirs`` differ from ``old``'s (the same machine)."""
+    if (worker.existing_paths is None) != (old.existing_paths is None):
+        return True
+    changed = set((worker.existing_paths or frozenset()) ^ (old.existing_paths or frozenset()))
+    changed |= worker.unanswered_paths ^ old.unanswered_paths
+    changed |= {p for _, p in worker.denied_paths ^ old.denied_paths}
+    return bool(changed & workdirs)
+
+
 def peer_loads(remote: Sequence[WorkerSnapshot]) -> dict[str, WorkerLoad]:
     """Each peer's busy CPU slots of its capacity, from its last snapshot."""
     out: dict[str, WorkerLoad] = {}
@@ -47,16 +65,80 @@ def peer_loads(remote: Sequence[WorkerSnapshot]) -> dict[str, WorkerLoad]:
     return out
 
 
-def spread(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None, me: str) -> Explanation:
-    """``e`` placed on the peer :func:`gpulayerd.core.protocol.claims.choose_target` picks among the peers
-    (not ``me``) that fit now, counted into ``loads``, instead of always the lowest node id."""
-    rows = {r.worker: r for r in e.workers
-            if r.worker != me and r.state is FitState.FITS_NOW and r.placement is not None}
-    target = choose_target(sorted(rows), loads, previous)
-    if target is None:
+def _device_id(d: DeviceSnapshot) -> str:
+    return d.uuid or f"#{d.accelerator.value}{d.index}"
+
+
+def _twin_key(d: DeviceSnapshot) -> tuple[object, ...]:
+    """What makes two devices interchangeable for any job (every device requirement reads only these)."""
+    return (d.accelerator, d.kind, d.name, d.memory_total_bytes, d.memory_kind, d.compute_capability, d.float64,
+            d.driver_version, d.execution_supported)
+
+
+def fit_of(placement: Placement, worker: WorkerSnapshot) -> Fit:
+    """The :class:`~gpulayerd.core.protocol.targets.Fit` of ``placement`` on ``worker`` (its snapshot):
+    the chosen devices' total memory and newest compute capability as its size, and the worker's free
+    devices interchangeable with the chosen ones as its pool. A placement of no device: size ``()``."""
+    wanted = list(zip(placement.device_indices, placement.device_uuids, strict=True))
+    if not wanted:
+        return Fit(placement.worker)
+    kind = [d for d in worker.devices if d.accelerator is placement.accelerator]
+    chosen = [d for i, u in wanted for d in kind
+              if (d.uuid == u if u is not None else d.uuid is None and d.index == i and d.kind is DeviceKind.GPU)]
+    caps = [d.compute_capability for d in chosen if d.compute_capability is not None]
+    size = fit_size(sum(d.memory_total_bytes or 0 for d in chosen), max(caps) if caps else None)
+    keys = {_twin_key(d) for d in chosen}
+    twins = [d for d in sorted(kind, key=lambda d: d.sort_key)
+             if d not in chosen and _twin_key(d) in keys and not d.busy and d.state is DeviceState.OK
+             and not (d.kind is DeviceKind.GPU and d.mig_enabled)]
+    return Fit(placement.worker, size, tuple(_device_id(d) for d in [*chosen, *twins]), len(wanted))
+
+
+def peer_fits(e: Explanation, peers: Mapping[str, WorkerSnapshot], me: str) -> list[Fit]:
+    """The :class:`~gpulayerd.core.protocol.targets.Fit` of every peer (not ``me``) that fits ``e``'s job
+    now, from its row's placement and its snapshot in ``peers`` (node id -> snapshot)."""
+    out: list[Fit] = []
+    for r in e.workers:
+        if r.worker != me and r.state is FitState.FITS_NOW and r.placement is not None:
+            w = peers.get(r.worker)
+            out.append(fit_of(r.placement, w) if w is not None else Fit(r.worker))
+    return out
+
+
+def elsewhere(book: ShapeBook, req: JobRequest, here: Placement, worker: WorkerSnapshot,
+              remote: Sequence[WorkerSnapshot], offers: OfferRound) -> Fit | None:
+    """The peer a device job that fits this machine (``worker``) now at ``here`` goes to instead: one
+    whose fit now is strictly smaller (:meth:`~gpulayerd.core.protocol.targets.OfferRound.smaller_than`,
+    promised in ``offers``, the walk's round), or None: it is claimed here. A CPU job stays here.
+    (A peer's workdir is checked only when it claims: the caller bounds how long a job is left.)"""
+    if req.gpu_count == 0 or not remote:
+        return None
+    fits = [fit_of(r.placement, w) for w in remote
+            if (r := book.row(req, w)).state is FitState.FITS_NOW and r.placement is not None]
+    return offers.smaller_than(fit_of(here, worker), fits)
+
+
+def smaller_than_here(fits: Sequence[Fit], e: Explanation, worker: WorkerSnapshot) -> list[Fit]:
+    """``fits`` (peers') strictly smaller than this machine's (``worker``'s) fit in ``e``, if it fits now."""
+    row = next((r for r in e.workers if r.worker == worker.node_id), None)
+    if row is None or row.state is not FitState.FITS_NOW or row.placement is None:
+        return list(fits)
+    mine = fit_of(row.placement, worker).size
+    return [f for f in fits if f.size < mine]
+
+
+def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit],
+           here: WorkerSnapshot | None = None) -> Explanation:
+    """``e`` placed on the peer ``offers`` (:class:`~gpulayerd.core.protocol.targets.OfferRound`) picks
+    among ``fits`` (:func:`peer_fits` of ``e``): the best fit, then the least loaded, instead of always
+    the lowest node id; the choice is counted into the round. ``here``: this machine, when the walk
+    left the job (which fits here) to a smaller fit (:func:`elsewhere`): only fits smaller than its own
+    count (none left: ``e`` as it is)."""
+    fit = offers.choose(smaller_than_here(fits, e, here) if here is not None else fits, previous)
+    if fit is None:
         return e
-    loads[target] = loads.get(target, WorkerLoad()).plus_one()
-    return replace(e, placement=rows[target].placement)
+    row = next(r for r in e.workers if r.worker == fit.worker)
+    return replace(e, placement=row.placement)
 
 
 def others_hold_gpus(req: JobRequest, workers: Sequence[WorkerSnapshot]) -> bool:
@@ -68,7 +150,7 @@ def others_hold_gpus(req: JobRequest, workers: Sequence[WorkerSnapshot]) -> bool
 
 def busy_target(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None, me: str) -> str | None:
     """The peer (not ``me``) to hold a standing offer of a job that fits but waits (``e``'s verdict
-    "fits but busy"): :func:`gpulayerd.core.protocol.claims.choose_target` among the peers whose
+    "fits but busy"): :func:`gpulayerd.core.protocol.targets.choose_target` among the peers whose
     devices would fit it once freed, counted into ``loads``. A worker that holds the offers of every
     user whose jobs wait for it chooses among them by fair share when its devices free up (an offer
     made only once a device is free would lose that race to offers kept from earlier). None when
@@ -80,6 +162,61 @@ def busy_target(e: Explanation, loads: dict[str, WorkerLoad], previous: str | No
     if target is not None:
         loads[target] = loads.get(target, WorkerLoad()).plus_one()
     return target
+
+
+class StandingOffers:
+    """One pass's standing offers (:func:`busy_target`): at most :data:`BUSY_OFFERS` per user and peer.
+
+    Args:
+        remote: the peers' snapshots (their loads spread the offers).
+        me: this machine's node id (never a target).
+        offered: job id -> (peer, when) of the offers made before (a job stays with its peer).
+    """
+
+    def __init__(self, remote: Sequence[WorkerSnapshot], me: str, offered: Mapping[str, tuple[str, float]]) -> None:
+        self._loads = peer_loads(remote)
+        self._me = me
+        self._offered = offered
+        self._count: Counter[tuple[str, str]] = Counter()
+
+    def target(self, e: Explanation, user: str, job_id: str) -> str | None:
+        """The peer to send ``job_id`` (of ``user``; explained by ``e``) a standing offer now; None when no
+        peer's busy devices fit it, or :data:`BUSY_OFFERS` of ``user``'s jobs go there in this pass."""
+        target = busy_target(e, self._loads, self._offered.get(job_id, ("", 0.0))[0] or None, self._me)
+        if target is None or self._count[(user, target)] >= BUSY_OFFERS:
+            return None
+        self._count[(user, target)] += 1
+        return target
+
+
+def fair_order(ids: list[str], queue: Mapping[str, QueuedJob], user_of: Callable[[str], str],
+               usage: Mapping[str, fairshare.Usage] | None) -> list[str]:
+    """``ids`` (queued, in ``queue``) in fair-share order (``user_of``: a job's user; without a usage book,
+    as given)."""
+    if usage is None:
+        return ids
+    seqs = [queue[j].seq for j in ids]
+    cands = [fairshare.Candidate(j, user_of(j), float(seq if seq is not None else i))
+             for i, (j, seq) in enumerate(zip(ids, seqs, strict=True))]
+    return [c.job_id for c in fairshare.order(cands, usage)]
+
+
+def settled_for(settled: tuple[Hashable, Hashable, WorkerSnapshot, set[str]] | None, worker: WorkerSnapshot, *,
+                devices_only: bool = False) -> bool:
+    """Whether every job the last pass walked still cannot be placed on ``worker`` (this machine):
+    it is as that pass left it (``settled``: frozen without paths, the same without CPU slots, the
+    snapshot, the workdirs), but for the answers about paths no job of that pass has. With
+    ``devices_only``, whether every job that asks for devices still cannot: the same, but for the
+    free CPU slots too (a judgement of such a job never reads them)."""
+    if settled is None:
+        return False
+    frozen, dev_frozen, old, workdirs = settled
+    if devices_only:
+        if without_paths(worker, cpu_slots=False) != dev_frozen:
+            return False
+    elif without_paths(worker) != frozen:
+        return False
+    return not paths_changed(worker, old, workdirs)
 
 
 def with_fair_share(e: Explanation, req: JobRequest, workers: Mapping[str, WorkerSnapshot],

@@ -2,8 +2,10 @@
 
 One pass matches the queued jobs owned here against this machine and the peers. In fair-share
 order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fairshare`; within one
-user, submission order): a job that fits here now is claimed here; one that fits only a peer is
-offered to the best such peer; a multi-host job goes to the gang coordinator. Identical jobs
+user, submission order): a job that fits here now is claimed here, unless it asks for devices and a
+peer's fit now is strictly smaller (best fit across hosts; for two offers at most); one that fits only
+peers is offered to the best fit among them, then the least loaded (:mod:`gpulayerd.core.protocol.targets`);
+a multi-host job goes to the gang coordinator. Identical jobs
 behind one that did not fit here are not judged again in the same walk. Then every one-host job
 still queued gets its current reason, judged against this machine as the walk left it and the
 peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
@@ -32,12 +34,18 @@ from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.protocol.targets import Fit, OfferRound
 from gpulayerd.core.scheduling.judging import (
-    busy_target,
+    BUSY_OFFERS,
+    StandingOffers,
+    elsewhere,
+    fair_order,
     order_key,
     others_hold_gpus,
     pair_key,
+    peer_fits,
     peer_loads,
+    settled_for,
     spread,
     with_fair_share,
     without_paths,
@@ -72,12 +80,6 @@ CHUNK = 128
 
 REASON_BATCH = 256
 """Reason lines written in one :class:`StoreReasons` at most while a walk is under way."""
-
-BUSY_OFFERS = 2
-"""Standing offers of jobs that wait for a busy peer, per user and peer in one pass (see
-:func:`~gpulayerd.core.scheduling.judging.busy_target`): the heads of each user's line, so that the
-peer chooses among every waiting user's jobs by fair share when its devices free up."""
-
 
 # ---------------------------------------------------------------------------------------- the machine
 
@@ -123,6 +125,9 @@ class SchedulerCore:
         # This pass cannot vouch that the jobs it did not walk still cannot start here: a job that fits
         # was not granted, a claim took devices, or the machine changed by more than a claim did.
         self._unsure = False
+        self._deferred: set[str] = set()  # this pass's device jobs that fit here, left to a smaller fit
+        self._walk_round, self._now = OfferRound({}), 0.0  # the walks' promises of peers' devices, the time
+        self._left_since: dict[str, float] = {}  # job -> when it was first left to a peer (fitting here)
 
     # ------------------------------------------------------------------ queries
 
@@ -247,6 +252,7 @@ class SchedulerCore:
         self._told.pop(job_id, None)
         self.gang.discard(job_id)
         self.offered.pop(job_id, None)
+        self._left_since.pop(job_id, None)
         sid = self._job_sid.pop(job_id, None)
         if sid is None:
             return
@@ -291,35 +297,6 @@ class SchedulerCore:
         rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
         return tuple((rank[scores[u]], u) for u in sorted(self._users))
 
-    def _fair_order(self, ids: list[str], usage: Mapping[str, fairshare.Usage] | None) -> list[str]:
-        """``ids`` (queued) in fair-share order (submission order without a usage book)."""
-        if usage is None or not self._fair:
-            return ids
-        seqs = [self.queue[j].seq for j in ids]
-        cands = [fairshare.Candidate(j, self.request(j).user, float(seq if seq is not None else i))
-                 for i, (j, seq) in enumerate(zip(ids, seqs, strict=True))]
-        return [c.job_id for c in fairshare.order(cands, usage)]
-
-    def _settled_for(self, worker: WorkerSnapshot, *, devices_only: bool = False) -> bool:
-        """Whether every job the last pass walked still cannot be placed here: this machine is as
-        that pass left it, but for the answers about paths no job of that pass has. With
-        ``devices_only``, whether every job that asks for devices still cannot: the same, but for the
-        free CPU slots too (a judgement of such a job never reads them)."""
-        if self._settled is None:
-            return False
-        frozen, dev_frozen, old, workdirs = self._settled
-        if devices_only:
-            if without_paths(worker, cpu_slots=False) != dev_frozen:
-                return False
-        elif without_paths(worker) != frozen:
-            return False
-        if (worker.existing_paths is None) != (old.existing_paths is None):
-            return False
-        changed = set((worker.existing_paths or frozenset()) ^ (old.existing_paths or frozenset()))
-        changed |= worker.unanswered_paths ^ old.unanswered_paths
-        changed |= {p for _, p in worker.denied_paths ^ old.denied_paths}
-        return not (changed & workdirs)
-
     def _place(self, new: list[str]) -> Generator[Action, Answer, MachineRead]:
         fast_ids = set(new)
         self._unsure = False
@@ -329,8 +306,10 @@ class SchedulerCore:
         assert machine.local is not None
         worker, remote, usage = machine.local, list(machine.remote), machine.usage
         self.book.observe([worker, *remote])
-        settled = self._settled_for(worker)
-        devices_settled = settled or self._settled_for(worker, devices_only=True)
+        # Device jobs that fit here now but go to a peer with a smaller fit (best fit across hosts).
+        self._deferred, self._walk_round, self._now = set(), OfferRound(peer_loads(remote)), machine.now
+        settled = settled_for(self._settled, worker)
+        devices_settled = settled or settled_for(self._settled, worker, devices_only=True)
         # Set again when the walks are through: a walk that raises (a claim, a snapshot) leaves the
         # next pass walking every job (this one took the new jobs out of "new" already).
         self._settled = None
@@ -339,7 +318,8 @@ class SchedulerCore:
             yield Count("scheduler_new_jobs_first")
             # Every job the last pass left here still cannot start here: place the new ones first
             # (in their fair-share order), before the whole queue is walked for its reasons.
-            worker, placed = yield from self._walk(self._fair_order(new, usage), worker, remote)
+            worker, placed = yield from self._walk(fair_order(new, self.queue, lambda j: self.request(j).user,
+                                                                  usage if self._fair else None), worker, remote)
             fast_ids -= placed
         keys = self._ordered_keys(usage)
         if devices_settled:
@@ -375,8 +355,8 @@ class SchedulerCore:
             if n % CHUNK == CHUNK - 1:
                 yield Yield()
             job = q.get(job_id)
-            if job is None:
-                continue  # claimed earlier in this pass
+            if job is None or job_id in self._deferred:
+                continue  # claimed earlier in this pass, or left to a peer with a smaller fit
             req = self.request(job_id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 self._busy = True  # the gang coordinator keeps its own timers
@@ -391,6 +371,13 @@ class SchedulerCore:
                 blocked.add(sig)
                 if not self.gang and len(blocked) >= len(self._members) and blocked.issuperset(self._members):
                     break  # every queued job has a shape that did not fit: the rest would be skipped
+                continue
+            first = self._left_since.get(job_id, self._now)  # left to peers for 2 offers at most, then here
+            if self._now - first < 2 * self._offer_interval_s and elsewhere(
+                    self.book, req, ev.placement, worker, remote, self._walk_round) is not None:
+                self._left_since[job_id] = first
+                self._deferred.add(job_id)  # offered to that peer by the reasons' walk
+                self._unsure = True  # it fits here: the next pass walks it again (the peer may be gone)
                 continue
             got = yield Claim(job, ev.placement)
             assert isinstance(got, ClaimAnswered)
@@ -459,8 +446,11 @@ class SchedulerCore:
         by_id = {w.node_id: w for w in workers}
         waiting: dict[str, None] = {}  # users of the jobs that wait in this pass, in order
         offers: list[tuple[str, str]] = []
-        loads = peer_loads(remote)  # a burst spreads over every peer that fits (core.protocol.claims.choose_target)
-        busy_loads, standing = dict(loads), Counter[tuple[str, str]]()  # standing offers of waiting jobs
+        # The best fit among the peers that fit, then the least loaded: a burst spreads over every idle peer
+        # (core.protocol.targets); identical jobs share one explanation, so their fits are sized once.
+        chooser, peers = OfferRound(peer_loads(remote)), {w.node_id: w for w in remote}
+        sized: dict[int, tuple[Explanation, list[Fit]]] = {}
+        standing = StandingOffers(remote, self.node_id, self.offered)  # of jobs that wait for a busy peer
         writes: list[tuple[QueuedJob, str, Explanation]] = []
         for n, job_id in enumerate(ids):
             if n % CHUNK == CHUNK - 1:
@@ -472,10 +462,14 @@ class SchedulerCore:
                 continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
             req = self.request(job_id)
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
-            if e.placement is not None and e.placement.worker != self.node_id:
+            if e.placement is not None and (e.placement.worker != self.node_id or job_id in self._deferred):
                 self._busy = True  # offers are repeated every offer_interval_s
-                e = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
-                offers.append((job_id, e.placement.worker if e.placement is not None else ""))
+                if id(e) not in sized:
+                    sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
+                left = worker if job_id in self._deferred else None  # fits here: only smaller fits count
+                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left)
+                if e.placement is not None and e.placement.worker != self.node_id:
+                    offers.append((job_id, e.placement.worker))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
                 fair = with_fair_share(e, req, by_id, usage, waiting)
                 # Fair-share figures change with the clock (and a user holding GPUs here may come to pass it over).
@@ -483,10 +477,9 @@ class SchedulerCore:
                 e = fair
                 waiting[req.user] = None
                 self._told.pop(job_id, None)
-                target = busy_target(e, busy_loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
-                if target is not None and standing[(req.user, target)] < BUSY_OFFERS:
-                    standing[(req.user, target)] += 1
-                    offers.append((job_id, target))  # a standing offer (see busy_target)
+                target = standing.target(e, req.user, job_id)
+                if target is not None:
+                    offers.append((job_id, target))  # a standing offer (see judging.busy_target)
                     self._busy = True  # repeated every offer_interval_s
             else:
                 waiting[req.user] = None
@@ -513,8 +506,8 @@ class SchedulerCore:
         workers = [worker, *remote]  # as last observed by self.book
         by_id = {w.node_id: w for w in workers}
         offers: list[tuple[str, str]] = []
-        loads = peer_loads(remote)
-        busy_loads = dict(loads)  # standing offers of waiting jobs (see busy_target)
+        chooser, peers = OfferRound(peer_loads(remote)), {w.node_id: w for w in remote}
+        standing = StandingOffers(remote, self.node_id, self.offered)  # of jobs that wait for a busy peer
         writes: list[tuple[QueuedJob, str, Explanation]] = []
         q = self.queue
         visited = 0
@@ -540,16 +533,22 @@ class SchedulerCore:
             if req.distributed is not None and req.distributed.nnodes > 1:
                 continue  # the gang coordinator's (a shape is all multi-host jobs or none)
             e = self.book.explanation(req, workers, same_id=False)
-            if e.placement is not None and e.placement.worker != self.node_id:
+            here = e.placement is not None and e.placement.worker == self.node_id
+            if e.placement is not None and (not here or not self._deferred.isdisjoint(members)):
                 self._busy = True  # offers are repeated every offer_interval_s
                 self._shape_told.pop(sid, None)
                 self._revisit[sid] = None
+                fits = peer_fits(e, peers, self.node_id)  # sized once for the shape's jobs
                 for job_id in list(members):
                     job = q.get(job_id)
                     if job is None or job_id in self.gang:
                         continue
-                    one = spread(e, loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
-                    offers.append((job_id, one.placement.worker if one.placement else ""))
+                    one = e  # fits here and was not left to a peer: its line as before
+                    if not here or job_id in self._deferred:
+                        left = worker if job_id in self._deferred else None
+                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left)
+                    if one.placement is not None and one.placement.worker != self.node_id:
+                        offers.append((job_id, one.placement.worker))
                     text = self.book.reason(one)
                     if text != job.reason:
                         writes.append((job, text, one))
@@ -561,10 +560,10 @@ class SchedulerCore:
                     self._revisit[sid] = None
                 e = fair
                 for job_id in [j for j in members if j in q and j not in self.gang][:BUSY_OFFERS]:
-                    target = busy_target(e, busy_loads, self.offered.get(job_id, ("", 0.0))[0] or None, self.node_id)
+                    target = standing.target(e, req.user, job_id)
                     if target is None:
                         break
-                    offers.append((job_id, target))  # a standing offer (see busy_target)
+                    offers.append((job_id, target))  # a standing offer (see judging.busy_target)
                     self._busy = True  # repeated every offer_interval_s
                     self._revisit[sid] = None
             text = self.book.reason(e)
