@@ -71,12 +71,15 @@ def test_bob_goes_before_alices_fourth_lab_wide_and_usage_survives_a_restart(
     b += [(h1, _submit(shared_python, bob, h1, f"b{i}")) for i in (1, 2)]
 
     told: list[str] = []  # reasons of alice's waiting jobs that name bob under FairShare
+    seen: dict[str, None] = {}  # every reason of alice's waiting jobs
 
     def all_done() -> bool | None:
         for j in a[3:]:
             v = h1.job(j)
-            if v.status == "queued" and v.reason.startswith("FairShare:") and bob.name in v.reason:
-                told.append(v.reason)
+            if v.status == "queued":
+                seen[v.reason] = None
+                if v.reason.startswith("FairShare:") and bob.name in v.reason:
+                    told.append(v.reason)
         views = [h1.job(j) for j in a] + [owner.job(j) for owner, j in b]
         return all(v.status in ("succeeded", "failed", "lost", "cancelled") for v in views) or None
 
@@ -91,9 +94,9 @@ def test_bob_goes_before_alices_fourth_lab_wide_and_usage_survives_a_restart(
 
     first_bob = min(started(j) for _, j in b)
     fourth_alice = sorted(started(j) for j in a)[3]
-    assert first_bob < fourth_alice, (f"bob's first job started at {first_bob:.2f}, after alice's 4th at "
-                                      f"{fourth_alice:.2f}: {[(views[j].name, views[j].attempts[-1].worker_name, round(started(j) % 1000, 2)) for j in views]}")
-    assert told, "no waiting job of alice's said FairShare naming bob"
+    order = sorted((round(started(j) % 1000, 2), views[j].name, views[j].attempts[-1].worker_name) for j in views)
+    assert first_bob < fourth_alice, f"bob's first job started after alice's 4th: {order}"
+    assert told, f"no waiting job of alice's said FairShare naming bob: {list(seen)}; {order}"
     assert f"{bob.name}'s jobs go first" in told[0], told[0]
 
     lan.wait(lambda: {alice.name, bob.name} <= set(_usage(h1)) or None, timeout_s=10, what="both users' usage")

@@ -38,6 +38,7 @@ class Signals:
         self.feed = ChangeFeed()
         self.stats: Counter[str] = Counter()
         self._wake = asyncio.Event()
+        self.devices_epoch = 0  # counts devices_changed(): a pass compares it to see what changed meanwhile
         self._tasks: set[asyncio.Task[None]] = set()
 
     def job_changed(self, job_id: str) -> None:
@@ -46,6 +47,7 @@ class Signals:
 
     def devices_changed(self) -> None:
         """Grants, holds or capabilities of this machine changed."""
+        self.devices_epoch += 1
         self.feed.publish(Change("devices"))
 
     def peers_changed(self) -> None:

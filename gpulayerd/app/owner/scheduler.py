@@ -97,6 +97,7 @@ class Scheduler:
         best = self._best_waiting()
         if best is not None:
             await self._worker.take_offers(below=best)
+        epoch = self._signals.devices_epoch
         steps = self.core.run_pass()
         answer: core.Answer = None
         failure: BaseException | None = None
@@ -112,6 +113,13 @@ class Scheduler:
                 answer = await self._carry_out(action)
             except BaseException as e:  # thrown into the pass: it forgets what it cannot vouch for
                 failure = e
+        if best is not None and self._signals.devices_epoch != epoch:
+            # This machine's devices changed during the pass (one freed, or the pass claimed some): the
+            # jobs still waiting here were not judged against that, so the offers of users after them
+            # wait for the next pass (which comes at once).
+            await self._worker.take_offers(below=best)
+            self._signals.wake()
+            return
         await self._worker.take_offers()
 
     def _best_waiting(self) -> float | None:

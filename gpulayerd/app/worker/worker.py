@@ -323,7 +323,8 @@ class WorkerService:
         """Claim every kept offer that fits here now, in fair-share order (the user with the least
         lab-wide decayed usage first; within one user, submission order); drop stale ones. With
         ``below``, only the offers of users whose fair-share score is under it (the best of this
-        node's own waiting users: they go before this node's own jobs)."""
+        node's own waiting users: they go before this node's own jobs). A device freed halfway through
+        (the devices changed, not by a claim here) stops the walk: a pass comes at once, from the head."""
         if not self._offers:
             return
         considered: list[core.ConsiderOffer] = []
@@ -336,8 +337,13 @@ class WorkerService:
         users = [str(o.spec.get("user") or "") if o is not None else "" for o in kept]
         when = [o.submitted_at if o is not None else None for o in kept]
         order = self._usage.order_offers(users, when, below) if self._usage is not None else range(len(kept))
+        epoch = self._signals.devices_epoch
         for i in order:
-            await self._consider(considered[i].owner, considered[i].job_id)
+            if self._signals.devices_epoch != epoch:  # a device freed meanwhile: walk again from the head
+                self._signals.wake()
+                return
+            if await self._consider(considered[i].owner, considered[i].job_id):
+                epoch = self._signals.devices_epoch  # (our own claim changed it)
 
     def _drop_offers(self, actions: Sequence[core.Action]) -> None:
         for a in actions:
