@@ -88,3 +88,17 @@ def test_no_standing_offer_without_a_peer_the_job_fits() -> None:
                               mode="system")  # no GPU: the jobs never fit it
     c = core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0)
     assert _pass(c, lab) == []
+
+
+def test_a_kept_offer_that_waits_for_granted_devices_is_not_judged_in_full() -> None:
+    from gpulayerd.app.worker.kept_offers import may_fit
+    from gpulayerd.net.wire import Offer
+
+    def offer(spec: dict[str, object]) -> Offer:
+        return Offer(msg_id="m1", owner="n-owner", job_id="j1", spec=spec, lease_s=30.0)
+
+    gpu_job = offer({"command": ["true"], "workdir": "/tmp", "user": "alice",
+                     "requirements": {"accelerator": "cuda", "gpu_count": 1}})
+    assert not may_fit(gpu_job, _peer("job-x", {"bob": 1}), SUPPORT_MATRIX)  # its one GPU is granted
+    assert may_fit(gpu_job, _peer(None, {}), SUPPORT_MATRIX)
+    assert may_fit(offer({"command": []}), _peer("job-x", {}), SUPPORT_MATRIX)  # unparsable: judged in full

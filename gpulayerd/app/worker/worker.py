@@ -35,6 +35,7 @@ from gpulayerd.app.common.logread import read_log
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals, log_failure
 from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.worker.kept_offers import claim_order, may_fit, offered_spec
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
@@ -65,16 +66,6 @@ def _devices(placement: Placement) -> list[str]:
     return [u for u in placement.device_uuids if u]
 
 
-def _offered_spec(offer: Offer) -> JobSpec:
-    """The spec of a kept (vetted) offer.
-
-    Raises:
-        SpecError: it does not parse.
-    """
-    # The owner resolved the workdir: base_dir only spares a Path.cwd() on the event loop.
-    return job_spec_from_mapping(offer.spec, source=f"offer of {offer.job_id}", base_dir="/")
-
-
 def _granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None) -> JobSpec:
     """The spec to run: the one the grant carries (the only message that must hold the job's
     environment values), else the offer's (``offered``, parsed already, or parsed now); as the
@@ -97,7 +88,7 @@ def _granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobS
                                 spec.user, vetted, vetted)
                 spec = spec.model_copy(update={"user": vetted})
             return spec
-    return offered if offered is not None else _offered_spec(offer)
+    return offered if offered is not None else offered_spec(offer)
 
 
 class WorkerService:
@@ -334,16 +325,16 @@ class WorkerService:
             elif isinstance(a, core.ConsiderOffer):
                 considered.append(a)
         kept = [self._offers.get((a.owner, a.job_id)) for a in considered]
-        users = [str(o.spec.get("user") or "") if o is not None else "" for o in kept]
-        when = [o.submitted_at if o is not None else None for o in kept]
-        order = self._usage.order_offers(users, when, below) if self._usage is not None else range(len(kept))
-        epoch = self._signals.devices_epoch
-        for i in order:
+        epoch, machine = self._signals.devices_epoch, await self._machine.snapshot(refresh_apps=False)
+        for i in claim_order(kept, self._usage, below):
+            offer = kept[i]
             if self._signals.devices_epoch != epoch:  # a device freed meanwhile: walk again from the head
                 self._signals.wake()
                 return
+            if offer is None or not may_fit(offer, machine, self._support):
+                continue  # (waits for devices gpulayer granted: no process list, no workdir check)
             if await self._consider(considered[i].owner, considered[i].job_id):
-                epoch = self._signals.devices_epoch  # (our own claim changed it)
+                epoch, machine = self._signals.devices_epoch, await self._machine.snapshot(refresh_apps=False)
 
     def _drop_offers(self, actions: Sequence[core.Action]) -> None:
         for a in actions:
@@ -363,7 +354,7 @@ class WorkerService:
         spec: JobSpec | None = None  # parsed only to judge it here (a placement given was judged on it)
         if placement is None:
             try:
-                spec = _offered_spec(offer)
+                spec = offered_spec(offer)
             except SpecError as e:
                 log.warning("job_id=%s: bad offer from %s: %s", job_id, owner[:12], e)
                 self._drop_offers(self._apply(core.OfferRejected(owner, job_id)))
