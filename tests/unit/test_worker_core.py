@@ -450,3 +450,19 @@ TestWorkerMachine = WorkerMachine.TestCase
 TestWorkerMachine.pytestmark = [pytest.mark.slow]  # (hypothesis: 400 sequences, ~6 s)
 TestWorkerMachine.settings = settings(max_examples=400, stateful_step_count=50, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_an_owner_that_floods_offers_fills_only_its_own_share() -> None:
+    from gpulayerd.core.protocol.worker import MAX_OFFERS_PER_OWNER, TOO_MANY_OFFERS, OfferReceived, WorkerState, handle
+
+    state = WorkerState()
+    for n in range(MAX_OFFERS_PER_OWNER):
+        state, actions = handle(state, OfferReceived("flooder", f"j{n}"), 1.0)
+        assert actions == []
+    state, actions = handle(state, OfferReceived("flooder", "one-more"), 1.0)
+    assert [(a.job_id, a.reason) for a in actions] == [("one-more", TOO_MANY_OFFERS)]  # type: ignore[attr-defined]
+    assert ("flooder", "one-more") not in state.offers and len(state.offers) == MAX_OFFERS_PER_OWNER
+    state, actions = handle(state, OfferReceived("flooder", "j7"), 2.0)  # a repeated offer is refreshed
+    assert actions == [] and state.offers[("flooder", "j7")].received_at == 2.0
+    state, actions = handle(state, OfferReceived("another-owner", "k1"), 2.0)  # others are not crowded out
+    assert actions == [] and ("another-owner", "k1") in state.offers

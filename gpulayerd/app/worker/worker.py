@@ -302,8 +302,9 @@ class WorkerService:
             log.info("job_id=%s: offer from %s not kept: %s", msg.job_id, owner[:12], refused)
             return Ack(ok=False, reason=refused)
         msg = msg.model_copy(update={"spec": spec})
-        if any(isinstance(a, core.DropOffer) for a in self._apply(core.OfferReceived(owner, msg.job_id))):
-            return Ack(ok=True, reason="already running it")  # a late duplicate offer
+        dropped = [a for a in self._apply(core.OfferReceived(owner, msg.job_id)) if isinstance(a, core.DropOffer)]
+        if dropped:  # a late duplicate offer (ok), or one past the owner's share of kept offers
+            return Ack(ok=dropped[0].reason != core.TOO_MANY_OFFERS, reason=dropped[0].reason)
         self._signals.stats["offers_received"] += 1
         self._offers[(owner, msg.job_id)] = msg
         if owner != self.node_id:  # (this node's own offer is claimed at once: no pass needed)

@@ -74,7 +74,8 @@ from gpulayerd.core.protocol.worker_msgs import (
 )
 
 __all__ = [
-    "OFFER_KEPT_S", "Action", "ClaimAnswered", "ConsiderOffer", "DropHold", "DropOffer", "EndKind", "Event",
+    "MAX_OFFERS_PER_OWNER", "OFFER_KEPT_S", "TOO_MANY_OFFERS", "Action", "ClaimAnswered", "ConsiderOffer",
+    "DropHold", "DropOffer", "EndKind", "Event",
     "ExtendDeadline", "HoldCommitted", "HoldPlaced", "HoldRecord", "HoldReleased", "HoldsChecked", "KeepHold",
     "KeptOffer", "KillAsked", "KillRun", "OfferFits", "OfferReceived", "OfferRejected",
     "OffersReviewed", "OwedReport", "RecordEnd", "RefuseCommit", "RefuseHold", "RefuseKill",
@@ -84,6 +85,12 @@ __all__ = [
 
 OFFER_KEPT_S = 60.0
 """An offer not claimed within this long is dropped (the owner offers again while it waits)."""
+
+MAX_OFFERS_PER_OWNER = 512
+"""Offers kept from one owner at most: a new one past it is refused (an owner sends the heads of each
+user's line, a few per user; a member that floods offers fills only its own share)."""
+
+TOO_MANY_OFFERS = "too many offers kept from this owner"
 
 OfferKey = tuple[str, str]
 """(owner node id, job id)."""
@@ -204,6 +211,8 @@ def _offers(state: WorkerState, ev: OfferReceived | OfferRejected | OffersReview
     if isinstance(ev, OfferReceived):
         if state.runs_for(*key):
             return state, [DropOffer(*key, "already running it")]  # a late duplicate offer
+        if kept is None and sum(1 for owner, _ in state.offers if owner == ev.owner) >= MAX_OFFERS_PER_OWNER:
+            return state, [DropOffer(*key, TOO_MANY_OFFERS)]
         offers[key] = KeptOffer(now, kept.claiming if kept is not None else None)
         return replace(state, offers=offers), []
     if isinstance(ev, OfferRejected):
