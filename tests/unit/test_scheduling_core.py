@@ -94,9 +94,10 @@ class Lab:
         return core.QueuedJob(job_id, j.seq, j.reason, j.req if with_request else None)
 
 
-def drive(c: core.SchedulerCore, lab: Lab, refuse: list[bool],
-          meanwhile: int | None = None) -> tuple[list[core.Claim], list[core.StoreReasons], int]:
-    """Run one pass of ``c`` over ``lab``; returns its claims, its reason writes and how many claims were refused.
+def drive(c: core.SchedulerCore, lab: Lab, refuse: list[bool], meanwhile: int | None = None,
+          offers: list[core.SendOffer] | None = None) -> tuple[list[core.Claim], list[core.StoreReasons], int]:
+    """Run one pass of ``c`` over ``lab``; returns its claims, its reason writes and how many claims were
+    refused (its offers are appended to ``offers`` when given).
 
     ``meanwhile``: at the first granted claim, another run (picked by this number) ends at the same
     time (the snapshot after the claim shows both).
@@ -155,6 +156,8 @@ def drive(c: core.SchedulerCore, lab: Lab, refuse: list[bool],
             for q, text, _ in action.items:
                 if lab.jobs[q.id].status == "queued":
                     lab.jobs[q.id].reason = text  # no event: as the store's set_explanations
+        elif isinstance(action, core.SendOffer) and offers is not None:
+            offers.append(action)
     return claims, writes, refused
 
 

@@ -9,7 +9,7 @@ from gpulayerd.core.fairshare import Usage
 from gpulayerd.core.scheduling.judging import BUSY_OFFERS
 from gpulayerd.core.types import Accelerator, DeviceSnapshot, JobRequest, MemoryKind, WorkerSnapshot
 from gpulayerd.gpu.support import SUPPORT_MATRIX
-from tests.unit.test_scheduling_core import ENV, GB, GPU_MEMORY_GB, ME, PEER, Job, Lab
+from tests.unit.test_scheduling_core import ENV, GB, GPU_MEMORY_GB, ME, PEER, Job, Lab, drive
 
 
 def _peer(held_by: str | None, users: dict[str, int]) -> WorkerSnapshot:
@@ -22,30 +22,9 @@ def _peer(held_by: str | None, users: dict[str, int]) -> WorkerSnapshot:
 def _pass(c: core.SchedulerCore, lab: Lab) -> list[core.SendOffer]:
     """One pass over ``lab``; the offers it sends (it claims nothing: every local GPU is in use)."""
     offers: list[core.SendOffer] = []
-    steps = c.run_pass()
-    answer: core.Answer = None
-    while True:
-        try:
-            action = steps.send(answer)
-        except StopIteration:
-            return offers
-        answer = core.Resume()
-        if isinstance(action, core.ReadChanges):
-            after = lab.events[action.since:]
-            changed = tuple((lab.queued(j, not c.queued(j)), True) for j in dict.fromkeys(after))
-            answer = core.QueueChanges(len(lab.events), len(lab.jobs), changed)
-        elif isinstance(action, core.ReadQueue):
-            answer = core.QueueLoaded(len(lab.events), tuple(lab.queued(j, True) for j in sorted(lab.jobs)))
-        elif isinstance(action, core.ReadMachine):
-            answer = core.MachineRead(lab.local() if action.local else None, (lab.peer,) if lab.peer else (),
-                                      dict(lab.usage), lab.now)
-        elif isinstance(action, core.Claim):
-            raise AssertionError(f"claimed {action.job.id} on a machine whose every GPU is in use")
-        elif isinstance(action, core.StoreReasons):
-            for job, text, _ in action.items:
-                lab.jobs[job.id].reason = text
-        elif isinstance(action, core.SendOffer):
-            offers.append(action)
+    claims, _, _ = drive(c, lab, [], offers=offers)
+    assert claims == []
+    return offers
 
 
 def _lab(users: dict[str, int]) -> Lab:
