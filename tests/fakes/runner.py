@@ -137,7 +137,7 @@ class FakeRunner(Runner):
             run = self._by_dir.get(Path(run_dir))
             return None if run is None else run.handle
 
-    def cancel(self, handle: RunHandle) -> None:
+    def cancel(self, handle: RunHandle, first_signal: str = "") -> None:
         """Stop the run as the watchdog does on SIGTERM: exit -15, ``cancelled``."""
         with self._lock:
             run = self._by_dir.get(handle.run_dir)
