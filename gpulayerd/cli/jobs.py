@@ -110,7 +110,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
                     help="print the output as written, escape sequences included, also to a terminal")
     lg.set_defaults(func=_cmd_logs)
 
-    c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM, grace, SIGKILL to its process group)")
+    c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM or --signal NAME, grace, SIGKILL to its "
+                       "process group)")
     c.add_argument("job", metavar="ID", help="the job's id")
     c.add_argument("--signal", metavar="NAME", default="",
                    help="send this signal first instead of SIGTERM (e.g. USR1), then SIGKILL after the grace period")
