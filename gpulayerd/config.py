@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.core.job_policy import parse_duration
 from gpulayerd.core.visible import exclusion_problem
 from gpulayerd.gpu.cpus import default_cpu_slots
 from gpulayerd.host.sockets import (  # the socket rule, shared with the CLI (which must not import this module)
@@ -87,7 +88,9 @@ class DaemonConfig(BaseModel):
         probe_interval_s: how often hardware is probed again.
         nvidia_smi_timeout_s: hard limit for one nvidia-smi call.
         env_probe_timeout_s: hard limit for probing one interpreter.
-        cancel_grace_s: SIGTERM to SIGKILL delay when stopping a job.
+        cancel_grace_s: SIGTERM to SIGKILL delay when stopping a job (cancel, time limit).
+        max_time_limit: the longest time limit a job submitted here may ask for, seconds (a duration
+            such as ``"7d"`` in TOML); a job that names none gets it; None = no cap.
         lease_grace_s: extra time after a lease before an attempt is declared lost.
         watchdog_poll_interval_s: how often a job's watchdog re-reads its deadline.
         dist_timeout_s: collective timeout handed to distributed jobs
@@ -160,6 +163,7 @@ class DaemonConfig(BaseModel):
     nvidia_smi_timeout_s: float = Field(default=20.0, gt=0)
     env_probe_timeout_s: float = Field(default=60.0, gt=0)
     cancel_grace_s: float = Field(default=10.0, ge=0)
+    max_time_limit: float | None = None
     lease_grace_s: float = Field(default=5.0, ge=0)
     watchdog_poll_interval_s: float = Field(default=0.5, gt=0)
     dist_timeout_s: float = Field(default=300.0, gt=0)
@@ -204,6 +208,11 @@ class DaemonConfig(BaseModel):
             if problem is not None:
                 raise ValueError(problem)
         return v
+
+    @field_validator("max_time_limit", mode="before")
+    @classmethod
+    def _max_time_limit(cls, v: object) -> object:
+        return None if v is None else parse_duration(v)
 
     @field_validator("listen")
     @classmethod

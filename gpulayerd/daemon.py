@@ -439,7 +439,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                         max_hold_ttl_s=config.hold_ttl_s)
     owner = OwnerService(node_id=node_id, store=store, jobs=jobs, gangs=gangs, machine=machine, starter=starter,
                          transport=transport, directory=node, names=names, support=support, signals=signals,
-                         clock=clock, rng=rng)
+                         clock=clock, rng=rng, max_time_limit_s=config.max_time_limit)
     requesters = Requesters(mode=config.mode, admin_group=config.admin_group)
     # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
     remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,

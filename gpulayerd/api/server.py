@@ -33,7 +33,8 @@ from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.app.common.feed import Change, ChangeFeed
 from gpulayerd.app.common.requester import PeerCredentials, Requester, peer_credentials
 from gpulayerd.app.owner.idempotency import REPLAYED_HEADER, Submitted
-from gpulayerd.errors import GpulayerError
+from gpulayerd.core.job_policy import signal_name
+from gpulayerd.errors import BadRequest, GpulayerError
 from gpulayerd.models import (
     LOG_CHUNK_BYTES,
     ApiErrorBody,
@@ -128,8 +129,9 @@ class LocalService(Protocol):
         """
         ...
 
-    async def async_cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
-        """Cancel a job (queued: at once; running: SIGTERM, grace, SIGKILL). Raises Forbidden: not ``requester``'s."""
+    async def async_cancel(self, job_ref: str, requester: Requester | None = None, signal: str = "") -> JobView:
+        """Cancel a job (queued: at once; running: SIGTERM or ``signal``, grace, SIGKILL). Raises Forbidden: not
+        ``requester``'s."""
         ...
 
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
@@ -300,7 +302,13 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         return _json(await service.async_explain(request.match_info["job"], _requester(request)))
 
     async def cancel(request: web.Request) -> web.Response:
-        return _json(await service.async_cancel(request.match_info["job"], _requester(request)))
+        first = request.query.get("signal", "")
+        if first:
+            try:
+                first = signal_name(first)
+            except ValueError as e:
+                raise BadRequest(f"signal: {e}") from e
+        return _json(await service.async_cancel(request.match_info["job"], _requester(request), first))
 
     async def logs(request: web.Request) -> web.Response:
         stream = request.query.get("stream", "stdout")

@@ -146,12 +146,12 @@ class LocalApi:
             return await remote.explain(job_ref, requester)
         return await self._owner.explain(job_ref, requester)
 
-    async def async_cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
+    async def async_cancel(self, job_ref: str, requester: Requester | None = None, signal: str = "") -> JobView:
         """See :meth:`OwnerService.cancel` and :meth:`RemoteJobs.cancel` (any job of the cluster)."""
         remote = self._remote_jobs()
         if remote is not None:
-            return await remote.cancel(job_ref, requester)
-        return await self._owner.cancel(job_ref, requester)
+            return await remote.cancel(job_ref, requester, signal)
+        return await self._owner.cancel(job_ref, requester, signal)
 
     async def async_logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
                          requester: Requester | None = None, rank: int | None = None,

@@ -155,15 +155,16 @@ class RemoteJobs:
         return await self._forward(where, "logs", requester, LogChunk, stream=stream, offset=offset,
                                    attempt=attempt, rank=rank, limit=limit)
 
-    async def cancel(self, job_ref: str, requester: Requester | None) -> JobView:
-        """Cancel the job on its owner.
+    async def cancel(self, job_ref: str, requester: Requester | None, signal: str = "") -> JobView:
+        """Cancel the job on its owner (``signal``, the first signal's name, only for a job owned here: a
+        peer's job is cancelled with SIGTERM).
 
         Raises:
             NoSuchJob, AmbiguousJob, Forbidden, PeerUnreachable (the owner did not answer).
         """
         where = await self.locate(job_ref)
         if where.owner == self.node_id:
-            return await self._owner.cancel(where.job_id, requester)
+            return await self._owner.cancel(where.job_id, requester, signal)
         return await self._forward(where, "cancel", requester, JobView)
 
     # ------------------------------------------------------------------ finding a job

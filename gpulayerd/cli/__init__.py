@@ -46,7 +46,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("jobs", "the job queue of every user: id, name, user, state, where, age, reason", "jobs"),
     ("show", "one job: spec, state, attempts, history, why it waits", "jobs"),
     ("logs", "a job's output", "jobs"),
-    ("cancel", "cancel a job (running: SIGTERM, grace, SIGKILL to its process group)", "jobs"),
+    ("cancel", "cancel a job (running: SIGTERM or --signal NAME, grace, SIGKILL to its process group)", "jobs"),
     ("run", "submit a job and wait: stream its output, exit with its exit code", "run"),
     ("tui", "the terminal UI: devices, jobs, job detail, peers, live", "tui"),
     ("cluster", "this machine's cluster membership: init, join, token, remove, signer, show", "cluster"),

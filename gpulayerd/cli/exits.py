@@ -6,11 +6,13 @@ package that wires them together.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "CommandFailed", "UsageError"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_TIMEOUT", "EXIT_USAGE", "CommandFailed", "UsageError"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_TIMEOUT = 124
+"""``gpulayer run``'s exit code for a job that reached its time limit (as coreutils' ``timeout``)."""
 EXIT_INTERRUPTED = 130
 
 

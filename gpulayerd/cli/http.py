@@ -323,9 +323,9 @@ class SyncClient:
         """``GET /v1/jobs/{id}/explain``."""
         return self._call("explain", job_ref)
 
-    def cancel(self, job_ref: str) -> Any:
-        """``POST /v1/jobs/{id}/cancel``."""
-        return self._call("cancel", job_ref)
+    def cancel(self, job_ref: str, signal: str = "") -> Any:
+        """``POST /v1/jobs/{id}/cancel`` (``signal``: the name of the signal the job gets first)."""
+        return self._call("cancel", job_ref, params=[("signal", signal)] if signal else None)
 
     def logs(self, job_ref: str, stream: str = "stdout", offset: int = 0,
              attempt: int | None = None, rank: int | None = None, limit: int | None = None) -> Any:

@@ -45,7 +45,8 @@ class _Suggestions(tuple[str, ...]):
         return True
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
-               "min_driver_version", "cuda_runtime", "os")
+               "min_driver_version", "cuda_runtime", "os", "time", "signal", "retry_on", "retry_exit_codes",
+               "retry_backoff", "retry_elsewhere")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -109,8 +110,11 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
                     help="print the output as written, escape sequences included, also to a terminal")
     lg.set_defaults(func=_cmd_logs)
 
-    c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM, grace, SIGKILL to its process group)")
+    c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM or --signal NAME, grace, SIGKILL to its "
+                       "process group)")
     c.add_argument("job", metavar="ID", help="the job's id")
+    c.add_argument("--signal", metavar="NAME", default="",
+                   help="send this signal first instead of SIGTERM (e.g. USR1), then SIGKILL after the grace period")
     c.add_argument("--json", action="store_true", help="print the job as JSON after the request")
     c.set_defaults(func=_cmd_cancel)
 
@@ -141,8 +145,22 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", type=int, metavar="N", help="hosts for a torch.distributed job")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="torch.distributed backend")
     p.add_argument("--env", action="append", metavar="K=V", default=[], help="environment variable (repeatable)")
-    p.add_argument("--retries", type=int, metavar="N", help="re-queue a lost attempt up to N times (default 0)")
+    p.add_argument("--retries", type=int, metavar="N",
+                   help="run the job again up to N times after an attempt that ends as --retry-on says (default 0)")
     p.add_argument("--lease-s", type=float, metavar="S", help="lease length in seconds (default 30)")
+    # Time limits and retries on failure (issue 33): [policy] time_limit, signal, retry_*.
+    p.add_argument("--time", metavar="DURATION", help="time limit, e.g. 90s, 10m, 2h30m, 1d: at it SIGTERM, grace, "
+                   "SIGKILL, the job ends timeout")
+    p.add_argument("--signal", metavar="NAME[@S]", help="warning signal NAME S seconds before the time limit "
+                   "(default TERM@60, half the limit when it is under 2 min), e.g. USR1@300")
+    p.add_argument("--retry-on", metavar="ENDS", help="which ends --retries re-runs: lost, failed, timeout, "
+                   "comma-separated (default lost)")
+    p.add_argument("--retry-exit-codes", metavar="CODES", help="retry failed/timed-out attempts only with these exit "
+                   "codes (0-255; killed by signal N: 128+N), e.g. 137,143")
+    p.add_argument("--retry-backoff", metavar="DURATION", help="wait before the first retry of a failed or timed-out "
+                   "attempt, doubled for each next one (default 10s; 0: none)")
+    p.add_argument("--retry-elsewhere", action="store_true", default=None,
+                   help="prefer another worker than the last attempt's for the next attempt")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the command to run, after -- (a leading 'python' uses the matched environment)")
 
@@ -196,7 +214,10 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
                               ("backend", args.backend)) if v is not None}
     if dist:
         spec["distributed"] = dist
-    policy = {k: v for k, v in (("retries", args.retries), ("lease_s", args.lease_s)) if v is not None}
+    policy = {k: v for k, v in (("retries", args.retries), ("lease_s", args.lease_s), ("time_limit", args.time),
+                                ("signal", args.signal), ("retry_on", args.retry_on),
+                                ("retry_exit_codes", args.retry_exit_codes), ("retry_backoff_s", args.retry_backoff),
+                                ("retry_elsewhere", args.retry_elsewhere)) if v is not None}
     if policy:
         spec["policy"] = policy
     env: dict[str, str] = {}
@@ -469,13 +490,14 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    job = call_daemon(args, lambda c: c.cancel(args.job))
+    job = call_daemon(args, lambda c: c.cancel(args.job, args.signal))
     if args.json:
         print(_dumps(job, indent=2))
     elif job.status in _TERMINAL and not job.cancel_requested and job.status != "cancelled":
         print(f"job {job.id} had already ended: {job.status}")
     elif job.cancel_requested and job.status not in _TERMINAL:
-        print(f"job {job.id}: {job.status} (stopping: SIGTERM, then SIGKILL after the grace period)")
+        print(f"job {job.id}: {job.status} (stopping: SIG{args.signal.upper().removeprefix('SIG') or 'TERM'}, then "
+              "SIGKILL after the grace period)")
     else:
         print(f"job {job.id}: {job.status}")
     return EXIT_OK

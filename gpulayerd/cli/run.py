@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK
+from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from gpulayerd.cli.http import call_daemon
 from gpulayerd.core.job_facts import TERMINAL_STATES
 
@@ -63,10 +63,13 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
 
 def exit_code_of(job: Any) -> int:
     """The exit code ``gpulayer run`` ends with for a finished ``job`` (a job view):
-    0 succeeded; its exit status when it exited; 128+N when signal N killed it (the view's
-    exit code is -N); 1 otherwise (rejected, lost, cancelled before it ran)."""
+    0 succeeded; 124 when it reached its time limit (``timeout``, as coreutils' timeout exits); its
+    exit status when it exited; 128+N when signal N killed it (the view's exit code is -N); 1
+    otherwise (rejected, lost, cancelled before it ran)."""
     if job.status == "succeeded":
         return EXIT_OK
+    if job.status == "timeout":
+        return EXIT_TIMEOUT
     code: int | None = job.exit_code
     if code is None:
         return EXIT_FAILURE

@@ -1,5 +1,6 @@
 """The pure scheduling core: no I/O, no clock, no randomness; imports the stdlib and ``packaging``
 only. :mod:`.types`, :mod:`.verdict` and :mod:`.job_facts` (shared values), :mod:`.matching` (a job
 against a worker), :mod:`.protocol` (the claim, worker, gang and hold state machines),
-:mod:`.fairshare`, :mod:`.users`, :mod:`.reasons`, :mod:`.launch`, :mod:`.visible` (which GPUs
-the daemon may schedule) and :mod:`.scheduling` (the scheduler's pass, decided)."""
+:mod:`.fairshare`, :mod:`.users`, :mod:`.reasons`, :mod:`.launch`, :mod:`.job_policy` (time limits,
+warning signals, the retry policy), :mod:`.visible` (which GPUs the daemon may schedule) and
+:mod:`.scheduling` (the scheduler's pass, decided)."""

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 __all__ = ["ACTIVE_STATES", "FINISHED_SHOWN", "JOB_STATES", "TERMINAL_STATES", "job_user"]
 
-JOB_STATES = ("queued", "claimed", "running", "succeeded", "failed", "cancelled", "lost", "rejected")
-"""Every state of a job, in the order of its life (``gpulayer jobs --state`` accepts these)."""
+JOB_STATES = (
+    "queued", "claimed", "running", "succeeded", "failed", "timeout", "cancelled", "lost", "rejected",
+)
+"""Every state of a job, in the order of its life (``gpulayer jobs --state`` accepts these). ``timeout``:
+its attempt reached its time limit (``--time``) and was stopped, its own exit code recorded."""
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "rejected"})
+TERMINAL_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "rejected"})
 """States a job never leaves."""
 
 ACTIVE_STATES = frozenset({"claimed", "running"})

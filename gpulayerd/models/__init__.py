@@ -7,7 +7,8 @@ unknown fields in capability JSON (it is versioned with ``v``); job specs reject
 unknown fields, naming them.
 
 Modules: :mod:`~gpulayerd.models.spec` (job specs), :mod:`~gpulayerd.models.capabilities`
-(what a worker reports), :mod:`~gpulayerd.models.explanation` (why a job can or cannot run),
+(what a worker reports), :mod:`~gpulayerd.models.policy` (a job spec's [policy]: time limit, retries),
+:mod:`~gpulayerd.models.explanation` (why a job can or cannot run),
 :mod:`~gpulayerd.models.views` (API bodies), :mod:`~gpulayerd.models.metrics` (live device
 metrics), :mod:`~gpulayerd.models.stored` (the JSON of the store's columns) and
 :mod:`~gpulayerd.models.jobs_query` (``GET /v1/jobs``'s filters). Import from this package.
@@ -42,6 +43,7 @@ from gpulayerd.models.spec import (
     PolicyModel,
     Requirements,
     SpecError,
+    capped,
     format_validation_error,
     job_spec_from_mapping,
     load_job_spec,
@@ -99,6 +101,7 @@ __all__ = [
     "UserHoldingView",
     "UserUsageView",
     "WorkerExplanationModel",
+    "capped",
     "format_validation_error",
     "job_spec_from_mapping",
     "job_user",

@@ -15,7 +15,9 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.core.job_policy import format_duration
 from gpulayerd.core.types import GB, Accelerator, DistributedRequest, JobRequest, MemoryKind
+from gpulayerd.models.policy import PolicyModel
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +32,7 @@ __all__ = [
     "PolicyModel",
     "Requirements",
     "SpecError",
+    "capped",
     "check_cuda_runtime",
     "check_driver_version",
     "check_os",
@@ -304,15 +307,6 @@ class DistributedModel(BaseModel):
     backend: Literal["gloo", "nccl"] | None = None
 
 
-class PolicyModel(BaseModel):
-    """``[policy]`` of a job spec: retries after a lost attempt, and the lease length."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    retries: int = Field(default=0, ge=0, le=100)
-    lease_s: float = Field(default=30.0, ge=1.0, le=86_400.0)
-
-
 MAX_EXEC_STRING_BYTES = 131_071
 """The longest argument or ``NAME=value`` environment entry ``exec`` takes on Linux (MAX_ARG_STRLEN,
 32 pages of 4 KiB, less its NUL)."""
@@ -540,3 +534,21 @@ def job_spec_from_mapping(
     if not workdir.is_absolute():
         workdir = base / workdir
     return spec.model_copy(update={"workdir": os.path.normpath(workdir)})
+
+
+def capped(spec: JobSpec, max_time_limit_s: float | None) -> JobSpec:
+    """``spec`` under a daemon's ``max_time_limit`` (seconds; None: no cap): a job without a time limit
+    gets that one; a longer one is refused.
+
+    Raises:
+        SpecError: ``policy.time_limit`` is over the cap (naming both).
+    """
+    if max_time_limit_s is None:
+        return spec
+    limit = spec.policy.time_limit
+    if limit is None:
+        return spec.model_copy(update={"policy": spec.policy.model_copy(update={"time_limit": max_time_limit_s})})
+    if limit > max_time_limit_s:
+        raise SpecError(f"job spec: invalid job spec\npolicy.time_limit: {format_duration(limit)} is over this "
+                        f"daemon's max_time_limit: at most {format_duration(max_time_limit_s)}")
+    return spec

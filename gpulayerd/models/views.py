@@ -88,7 +88,7 @@ class JobView(BaseModel):
 
     Attributes:
         submitted_by: the user the job belongs to (its submitter's account, from the kernel).
-        status: queued, claimed, running, succeeded, failed, cancelled, lost or rejected.
+        status: queued, claimed, running, succeeded, failed, timeout, cancelled, lost or rejected.
         reason: the last state change's reason, or for a waiting job why it waits:
             ``"<Code>: <words>"`` (:mod:`gpulayerd.core.reasons`).
         reason_code: the code of ``reason`` (``Busy``, ``Framework``, ...; ``Pending`` for a

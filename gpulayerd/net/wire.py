@@ -165,6 +165,8 @@ class RunReport(_Msg):
     exit_code: int | None = None
     reason: str = ""
     never_started: bool = False
+    timed_out: bool = False
+    """``exited`` at its time limit (``--time``): the job ends ``timeout`` or retries."""
 
 
 class RunReportReply(_Msg):
@@ -183,6 +185,8 @@ class Kill(_Msg):
     job_id: str
     attempt: int
     reason: str
+    signal: str = ""
+    """The name of the signal the job's processes get first (``cancel --signal``; "" is SIGTERM)."""
 
 
 class LogRequest(_Msg):

@@ -36,6 +36,11 @@ class LaunchFile:
     exit_keep_s: float
     deadline: float | None
     renew_s: float | None = None
+    time_limit_s: float | None = None
+    """The job's time limit, seconds from its start (None: none): at it, SIGTERM, grace, SIGKILL."""
+    warn_signal: str = "TERM"
+    """The name of the signal the job gets ``warn_at_s`` after its start, before its time limit."""
+    warn_at_s: float | None = None
 
     @classmethod
     def load(cls, path: Path) -> LaunchFile:
@@ -78,6 +83,9 @@ class LaunchFile:
             exit_keep_s=_number(data, "exit_keep_s", KEEP_S),
             deadline=None if deadline is None else float(deadline),
             renew_s=None if renew is None else float(renew),
+            time_limit_s=_optional(data, path, "time_limit_s"),
+            warn_signal=str(data.get("warn_signal") or "TERM"),
+            warn_at_s=_optional(data, path, "warn_at_s"),
         )
 
 
@@ -93,6 +101,15 @@ def read_deadline(path: Path, last: float | None, first: float | None) -> float 
     except (OSError, ValueError):
         log.warning("cannot read %s; keeping the last deadline", path)
         return last
+
+
+def _optional(data: Mapping[str, object], path: Path, key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{path}: {key} must be a non-negative number or null, not {value!r}")
+    return float(value)
 
 
 def _number(data: Mapping[str, object], key: str, default: float) -> float:

@@ -42,6 +42,7 @@ from gpulayerd.host.atomic import create_exclusive, write_atomic
 
 __all__ = [
     "ABANDONED",
+    "CANCEL_SIGNAL_FILE",
     "DEADLINE_FILE",
     "EXIT_FILE",
     "JOB_FILE",
@@ -78,6 +79,8 @@ LEGACY_CLAIM_FILE = "claim"
 JOB_FILE = "job.json"
 EXIT_FILE = "exit.json"
 DEADLINE_FILE = "deadline"
+CANCEL_SIGNAL_FILE = "cancel_signal"
+"""The name of the signal a cancel sends first (``gpulayer cancel --signal``), written before the cancel."""
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 WATCHDOG_LOG = "watchdog.log"

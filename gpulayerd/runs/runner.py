@@ -39,6 +39,7 @@ from gpulayerd.host import sysinfo
 from gpulayerd.runs import exitnote, layout
 from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.layout import (
+    CANCEL_SIGNAL_FILE,
     DEADLINE_FILE,
     EXIT_FILE,
     JOB_FILE,
@@ -135,6 +136,7 @@ class Runner:
         lock_fds: Sequence[int] = (),
         user: JobUser | None = None,
         renew_s: float | None = None,
+        time_limit: tuple[float, str, float] | None = None,
     ) -> RunHandle:
         """Start a watchdog that starts the job; return once the job runs (or has run).
 
@@ -159,6 +161,8 @@ class Runner:
             renew_s: how far a renewal moves the deadline (the lease's length, seconds): what
                 the watchdog applies when a renewal comes as a signal (:meth:`extend_deadline`
                 on a full disk); None: the time from now to ``deadline_monotonic``.
+            time_limit: (the job's time limit, the warning signal's name, when the warning goes out),
+                seconds from the job's start: the watchdog enforces both; None: no limit.
 
         Raises:
             RunnerError: the run directory was used before, the watchdog could not be
@@ -186,6 +190,9 @@ class Runner:
                     "log_cap_bytes": self._log_cap_bytes, "deadline": deadline_monotonic,
                     "renew_s": renew_s if renew_s is not None else (
                         None if deadline_monotonic is None else max(deadline_monotonic - time.monotonic(), 0.1)),
+                    "time_limit_s": time_limit[0] if time_limit else None,
+                    "warn_signal": time_limit[1] if time_limit else None,
+                    "warn_at_s": time_limit[2] if time_limit else None,
                 },
             )
         except OSError as e:  # a full disk, say: nothing was started
@@ -343,14 +350,20 @@ class Runner:
             job_start_ticks=opt_int(job.get("start_ticks")),
         )
 
-    def cancel(self, handle: RunHandle) -> None:
+    def cancel(self, handle: RunHandle, first_signal: str = "") -> None:
         """Stop the job: SIGTERM to its watchdog, which stops the whole job and reports.
+
+        ``first_signal``: the name of the signal the job gets first instead of SIGTERM (written to the
+        run dir's ``cancel_signal`` for the watchdog; the fallback below sends SIGTERM).
 
         When the watchdog is gone (killed, or the machine's OOM killer took it), the job's
         processes are stopped from here: SIGTERM, ``grace_s``, SIGKILL; that path blocks
         (call it through ``asyncio.to_thread``). No pid is signalled unless its start time
         matches the one recorded.
         """
+        if first_signal:
+            with contextlib.suppress(OSError):
+                write_file(handle.run_dir / CANCEL_SIGNAL_FILE, first_signal)
         if signal_process(handle.watchdog_pid, handle.watchdog_create_time,
                            handle.watchdog_start_ticks, signal.SIGTERM):
             log.info("job %s attempt %d: cancel sent to watchdog pid %d",

@@ -54,7 +54,7 @@ class RunStatus:
             GONE (the watchdog died without writing ``exit.json``).
         exit_code: the job's exit status; negative N when killed by signal N; None while
             running, when gone, or when the job never started.
-        reason: ``exited``, ``cancelled``, ``deadline``, ``start_failed``, ``error`` (the
+        reason: ``exited``, ``cancelled``, ``deadline``, ``timeout``, ``start_failed``, ``error`` (the
             watchdog failed) or ``gone``; empty while running.
         detail: one sentence for people, e.g. "command not found: trian.py".
         killed_by_watchdog: the watchdog signalled the job (cancel or deadline).
@@ -75,6 +75,11 @@ class RunStatus:
     def running(self) -> bool:
         """True while the watchdog lives and has not recorded an end."""
         return self.state is RunState.RUNNING
+
+    @property
+    def timed_out(self) -> bool:
+        """True when the watchdog stopped the job at its time limit (or it exited after the warning)."""
+        return self.reason == "timeout"
 
     @property
     def gone(self) -> bool:

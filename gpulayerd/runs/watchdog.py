@@ -15,7 +15,9 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   ``gid``, ``groups``, ``home``, ``shell``; null or missing runs it as the watchdog's
   own account), ``log_cap_bytes`` (the most of each output stream kept; null keeps all),
   ``exit_keep_s`` (how long an exit status that cannot be written is kept; see below),
-  ``deadline`` (the first deadline, as the ``deadline`` file below; null or missing: none).
+  ``deadline`` (the first deadline, as the ``deadline`` file below; null or missing: none),
+  ``time_limit_s`` (the job's time limit, seconds from its start; null: none), ``warn_signal`` and
+  ``warn_at_s`` (the signal's name and when, seconds from the start, the job is warned before it).
 - ``watchdog.json`` (written first, exclusively: it is the claim, and a daemon that wrote
   ``{"abandoned": true}`` there first keeps the job from starting): ``pid``,
   ``create_time`` (psutil), ``start_ticks``, ``started_at``.
@@ -27,9 +29,11 @@ Files in RUN_DIR (:mod:`gpulayerd.runs.layout`; JSON written atomically):
   one in ``launch.json``. A renewal the daemon could not write (its disk is full) comes as
   SIGUSR1 instead: the deadline is then at least the signal's time plus ``renew_s`` (launch.json:
   the lease's length), kept in memory.
+- ``cancel_signal`` (written by the daemon before it sends SIGTERM to cancel): the name of the
+  signal the job gets first instead of SIGTERM (``gpulayer cancel --signal``).
 - ``exit.json`` (written last): ``exit_code`` (negative N: killed by signal N, as
   ``Popen.returncode``; None if unknown), ``reason`` (``exited``, ``cancelled``,
-  ``deadline``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
+  ``deadline``, ``timeout``, ``start_failed`` or ``error``), ``detail`` (one sentence for people),
   ``killed_by_watchdog``, ``ended_at`` (wall clock). When it cannot be written (a full
   disk), the watchdog stays alive with its device locks, retries with backoff and serves
   the record to the daemon on an abstract socket (:mod:`.exitnote`) until the file is
@@ -48,10 +52,14 @@ directory the user cannot enter fails the start, even though root could).
 
 SIGTERM or SIGINT to the watchdog cancels the job. Stopping a job means SIGTERM to its
 process group and to every other descendant, ``grace_s`` for them to exit, then SIGKILL
-until none is left. Descendants matter because a job may start processes in sessions of
-their own (torchrun starts every worker with ``start_new_session=True``); on Linux the
-watchdog is a child subreaper, so such processes stay its descendants even when their
-parent dies, and it reaps them.
+until none is left. The time limit is the watchdog's own (it holds across a daemon killed
+with -9): at ``warn_at_s`` the warning signal goes out once the same way, and at
+``time_limit_s`` the job is stopped as a cancel stops it (SIGTERM unless SIGTERM was the
+warning: each signal once per process), its end ``timeout``; a job that exits after its
+warning ended by its time limit too (``timeout``, its own exit code kept). Descendants
+matter because a job may start processes in sessions of their own (torchrun starts every
+worker with ``start_new_session=True``); on Linux the watchdog is a child subreaper, so such
+processes stay its descendants even when their parent dies, and it reaps them.
 
 Only the standard library and psutil are imported here (and through :mod:`.layout` and
 :mod:`.process`).
@@ -60,7 +68,6 @@ Only the standard library and psutil are imported here (and through :mod:`.layou
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -70,12 +77,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from gpulayerd.gpu.command import DEVNULL, Popen, SubprocessError, TimeoutExpired
+from gpulayerd.gpu.command import Popen, SubprocessError, TimeoutExpired
 from gpulayerd.host import sysinfo
-from gpulayerd.runs.account import JobUser, check_still_maps
+from gpulayerd.runs.account import check_still_maps
 from gpulayerd.runs.exitnote import KEEP_S, ExitNote, retry_delays, socket_name
+from gpulayerd.runs.jobstart import popen, signal_number, start_failure
 from gpulayerd.runs.launchfile import LaunchFile, read_deadline
 from gpulayerd.runs.layout import (
+    CANCEL_SIGNAL_FILE,
     DEADLINE_FILE,
     EXIT_FILE,
     JOB_FILE,
@@ -181,6 +190,7 @@ class _Watchdog:
         self.logs: list[CappedLog] = []
         self.keep_s = KEEP_S
         self.renewed_at: float | None = None  # SIGUSR1: the daemon renewed the lease but could not write it
+        self.warned: signal.Signals | None = None  # the time limit's warning, once sent
 
     def run(self) -> int:
         exit_code: int | None = None
@@ -291,9 +301,9 @@ class _Watchdog:
                      CappedLog(err_r, self.run_dir / STDERR_LOG, launch.log_cap_bytes)]
         spawn_start = time.monotonic()
         try:
-            self.proc = _popen(launch, out_w, err_w)
+            self.proc = popen(launch, out_w, err_w)
         except OSError as e:
-            return _start_failure(e, program, launch.cwd)
+            return start_failure(e, program, launch.cwd)
         except SubprocessError:  # only the chdir runs in preexec_fn
             assert user is not None
             return None, "start_failed", f"working directory not usable: {user.name} cannot enter {launch.cwd}"
@@ -312,11 +322,15 @@ class _Watchdog:
         )
         self._notify()
         log.debug("started job pid %d: %s", proc.pid, launch.argv)
-        reason, detail = self._supervise(proc, launch)
+        reason, detail = self._supervise(proc, launch, spawn_start)
         if reason != "exited":
             self.killed = True
-            log.info("%s: SIGTERM to the job, SIGKILL after %.1f s", detail, launch.grace_s)
-            self._terminate(proc, launch.grace_s)
+            first = self._first_signal(reason)
+            log.info("%s: %s to the job, SIGKILL after %.1f s", detail, first.name if first else "no signal",
+                     launch.grace_s)
+            self._terminate(proc, launch.grace_s, first)
+        elif self.warned is not None:  # it exited after its time limit's warning: the limit ended it
+            reason, detail = "timeout", f"{detail}, after its time limit's warning ({self.warned.name})"
         elif self._targets(proc.pid):
             log.info("job exited and left processes behind: stopping them")
             self._terminate(proc, launch.grace_s)
@@ -325,8 +339,31 @@ class _Watchdog:
             detail += "; the job could not be reaped (uninterruptible?)"
         return proc.returncode, reason, detail
 
-    def _supervise(self, proc: Popen[bytes], launch: LaunchFile) -> tuple[str, str]:
-        """Wait until the job exits, is cancelled, or passes its deadline; say which.
+    def _first_signal(self, reason: str) -> signal.Signals | None:
+        """The first signal of a stop for ``reason``: SIGTERM, or a cancel's ``cancel_signal``;
+        None when the time limit's warning was SIGTERM already (each signal once per process)."""
+        if reason == "cancelled":
+            with contextlib.suppress(OSError, ValueError):
+                return signal_number((self.run_dir / CANCEL_SIGNAL_FILE).read_text(encoding="utf-8").strip())
+        return None if reason == "timeout" and self.warned is signal.SIGTERM else signal.SIGTERM
+
+    def _check_limit(self, proc: Popen[bytes], launch: LaunchFile, started: float, now: float) -> float | None:
+        """Send the time limit's warning once it is due; the seconds until the next step of the limit
+        (the warning, then the limit: 0 once it is reached), or None without a limit."""
+        if launch.time_limit_s is None:
+            return None
+        warn_at = started + (launch.warn_at_s if launch.warn_at_s is not None else launch.time_limit_s)
+        if self.warned is None and now >= warn_at:
+            self.warned = signal_number(launch.warn_signal)
+            log.info("job %d: %s, %.1f s before its time limit", proc.pid, self.warned.name,
+                     started + launch.time_limit_s - now)
+            self._signal_all(proc.pid, self.warned)
+        step = started + launch.time_limit_s if self.warned is not None else warn_at
+        return max(step - now, 0.0)
+
+    def _supervise(self, proc: Popen[bytes], launch: LaunchFile, started: float) -> tuple[str, str]:
+        """Wait until the job exits, is cancelled, passes its deadline or its time limit (``started``:
+        its start, monotonic s); say which.
 
         The deadline is the ``deadline`` file's (launch.json's while there is none), moved later by a
         SIGUSR1 from the daemon: a renewal it could not write (the state disk is full) renews the
@@ -344,7 +381,10 @@ class _Watchdog:
                 return "cancelled", "cancelled: the watchdog was asked to stop the job"
             if deadline is not None and now > deadline:
                 return "deadline", "deadline passed: the owner's lease was not renewed"
-            wait_s = launch.poll_interval_s
+            to_limit = self._check_limit(proc, launch, started, now)
+            if to_limit == 0.0:
+                return "timeout", f"time limit {launch.time_limit_s:g} s reached"
+            wait_s = launch.poll_interval_s if to_limit is None else min(launch.poll_interval_s, to_limit + 0.001)
             if deadline is not None:
                 wait_s = min(wait_s, deadline - now + 0.001)
             self._sleep(wait_s)
@@ -357,9 +397,11 @@ class _Watchdog:
             return "exited", f"the job was killed by signal {-code} ({name})"
         return "exited", f"the job exited with code {code}"
 
-    def _terminate(self, proc: Popen[bytes], grace_s: float) -> None:
-        """SIGTERM the job's processes; wait up to ``grace_s`` for all of them to exit."""
-        self._signal_all(proc.pid, signal.SIGTERM)
+    def _terminate(self, proc: Popen[bytes], grace_s: float, first: signal.Signals | None = signal.SIGTERM) -> None:
+        """Send ``first`` (SIGTERM; None: nothing, it was sent already) to the job's processes; wait up
+        to ``grace_s`` for all of them to exit."""
+        if first is not None:
+            self._signal_all(proc.pid, first)
         end = time.monotonic() + grace_s
         while time.monotonic() < end:
             if proc.poll() is None:
@@ -521,46 +563,6 @@ class _Watchdog:
 
 def _ignore_signal(signum: int, frame: FrameType | None) -> None:
     return None
-
-
-def _popen(launch: LaunchFile, out: int, err: int) -> Popen[bytes]:
-    """Start the job (as ``launch.user`` when it names an account to switch to).
-
-    CPython enters ``cwd`` before it switches ids; for a job of another account the
-    directory is entered afterwards instead, in ``preexec_fn`` (the watchdog runs no
-    threads, so ``preexec_fn`` is safe here), so that it is entered with the user's rights.
-    """
-    user = launch.user
-    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0) or _is_current(user):
-        # Nothing to switch: ``cwd`` is entered with the same rights, and without ids to set or a
-        # ``preexec_fn`` CPython starts the job with vfork (no copy of the watchdog's memory).
-        return Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True, close_fds=True)
-    cwd = launch.cwd
-    return Popen(
-        launch.argv, env=launch.env, stdin=DEVNULL, stdout=out, stderr=err,
-        start_new_session=True, close_fds=True, user=user.uid, group=user.gid,
-        extra_groups=list(user.groups),
-        preexec_fn=None if cwd is None else functools.partial(os.chdir, cwd),
-    )
-
-
-def _is_current(user: JobUser) -> bool:
-    """Whether the watchdog already runs with ``user``'s ids and groups (root's job under a root
-    daemon, say): then switching would change nothing."""
-    return (user.uid == os.geteuid() == os.getuid() and user.gid == os.getegid() == os.getgid()
-            and set(user.groups) | {user.gid} == set(os.getgroups()) | {os.getegid()})
-
-
-def _start_failure(error: OSError, program: str, cwd: str | None) -> tuple[int | None, str, str]:
-    """exit.json values for a job that could not be started (shell conventions: 127, 126)."""
-    if cwd is not None and error.filename == cwd:
-        return None, "start_failed", f"working directory not usable: {cwd} ({error.strerror})"
-    if isinstance(error, FileNotFoundError):
-        return 127, "start_failed", f"command not found: {program}"
-    if isinstance(error, PermissionError):
-        return 126, "start_failed", f"permission denied: {program}"
-    return None, "start_failed", f"cannot start {program}: {error.strerror or error}"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from gpulayerd.store.rows import (
     RemoteRunRow,
     StoreError,
     StoreFull,
+    retry_json,
 )
 from gpulayerd.store.runs import RunsTable
 from gpulayerd.store.schema import MIGRATIONS, SCHEMA_VERSION
@@ -66,6 +67,7 @@ __all__ = [
     "StoreFull",
     "StoreGone",
     "UsageTable",
+    "retry_json",
 ]
 
 

@@ -57,7 +57,8 @@ _INSERT_EVENT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (NULL, ?, ?, ?, ?
 _CAS_JOB = """
 UPDATE jobs SET status = :status, attempt = :attempt, holder = :holder, retries_left = :retries_left,
     lease_expires_at = :lease_expires_at, cancel_requested = :cancel_requested,
-    reason = CASE WHEN :reason = '' THEN reason ELSE :reason END, updated_at = :now
+    reason = CASE WHEN :reason = '' THEN reason ELSE :reason END, updated_at = :now,
+    retry_at = :retry_at, avoid_worker = :avoid_worker
 WHERE id = :id AND status = :expect_status AND attempt = :expect_attempt
     AND cancel_requested = :expect_cancel_requested"""
 _INSERT_ATTEMPT = """
@@ -538,6 +539,8 @@ def _cas(db: sqlite3.Connection, action: PersistJob, now_wall: float, kind: str)
         "cancel_requested": int(rec.cancel_requested),
         "reason": action.reason,
         "now": now_wall,
+        "retry_at": None if action.retry_in_s is None else now_wall + action.retry_in_s,
+        "avoid_worker": rec.avoid,
         "id": rec.job_id,
         "expect_status": action.expect_status.value,
         "expect_attempt": action.expect_attempt,

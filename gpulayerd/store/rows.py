@@ -6,10 +6,12 @@ except ``JobRow.lease_expires_at`` (the owner's monotonic clock); ``*_s`` are se
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from gpulayerd.core.job_policy import RetryPolicy
 from gpulayerd.core.protocol.claims import JobRecord, JobStatus
 
 __all__ = [
@@ -23,6 +25,8 @@ __all__ = [
     "RemoteRunRow",
     "StoreError",
     "StoreFull",
+    "retry_json",
+    "retry_policy",
 ]
 
 AttemptState = Literal["claimed", "running", "exited", "lost"]
@@ -55,6 +59,9 @@ class JobRow:
         lease_expires_at: owner-monotonic seconds, or None when no lease runs.
         explanation_json: the latest ``explain`` result for a waiting job, or None.
         exit_code: exit status of the attempt that exited, or None.
+        retry_json: the retry policy (:func:`retry_json`; "" retries lost attempts only).
+        retry_at: wall-clock s before which a retry is not claimed (its backoff), or None.
+        avoid_worker: the worker a retry avoids (``--retry-elsewhere``), or None.
     """
 
     id: str
@@ -74,10 +81,14 @@ class JobRow:
     explanation_json: str | None = None
     exit_code: int | None = None
     seq: int | None = None
+    retry_json: str = ""
+    retry_at: float | None = None
+    avoid_worker: str | None = None
 
     def record(self) -> JobRecord:
         """The core state machine's view of this job."""
         return JobRecord(
+            retry=retry_policy(self.retry_json), retry_at=self.retry_at, avoid=self.avoid_worker,
             job_id=self.id,
             status=self.status,
             attempt=self.attempt,
@@ -176,6 +187,23 @@ def job_params(row: JobRow) -> dict[str, object]:
     """Named SQL parameters for every column of ``jobs`` but ``seq``."""
     params: dict[str, object] = {name: getattr(row, name) for name in JOB_FIELDS if name != "seq"}
     return params | {"status": row.status.value, "cancel_requested": int(row.cancel_requested)}
+
+
+def retry_json(policy: RetryPolicy) -> str:
+    """The ``jobs.retry_json`` column of ``policy``: "" for the default (retry lost attempts only)."""
+    return "" if policy == RetryPolicy(retries=policy.retries) else json.dumps(asdict(policy), sort_keys=True)
+
+
+def retry_policy(text: str) -> RetryPolicy:
+    """The retry policy a ``jobs.retry_json`` column holds (the default for "" or a column it cannot read)."""
+    if not text:
+        return RetryPolicy()
+    try:
+        d = json.loads(text)
+        return RetryPolicy(int(d["retries"]), tuple(d["on"]), tuple(int(c) for c in d["exit_codes"]),
+                           float(d["backoff_s"]), bool(d["elsewhere"]))
+    except (ValueError, KeyError, TypeError):
+        return RetryPolicy()
 
 
 def job_row(r: Sequence[Any]) -> JobRow:

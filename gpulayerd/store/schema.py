@@ -175,6 +175,17 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        7,
+        """
+        -- Retries on failure (issue 33): the job's retry policy as JSON (core.limits.RetryPolicy; ''
+        -- = retry lost attempts only), the wall-clock time before which a retry is not claimed (its
+        -- backoff), and the worker a retry avoids (--retry-elsewhere).
+        ALTER TABLE jobs ADD COLUMN retry_json TEXT NOT NULL DEFAULT '';
+        ALTER TABLE jobs ADD COLUMN retry_at REAL;
+        ALTER TABLE jobs ADD COLUMN avoid_worker TEXT;
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

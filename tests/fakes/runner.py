@@ -77,8 +77,9 @@ class FakeRunner(Runner):
     def start(self, job_id: str, attempt: int, argv: Sequence[str], env: Mapping[str, str],
               cwd: str | Path | None = None, deadline_monotonic: float | None = None,
               lock_fds: Sequence[int] = (), user: JobUser | None = None,
-              renew_s: float | None = None) -> RunHandle:
-        """Record a run that is running now (see :meth:`Runner.start`).
+              renew_s: float | None = None, time_limit: tuple[float, str, float] | None = None) -> RunHandle:
+        """Record a run that is running now (see :meth:`Runner.start`; ``time_limit`` is not enforced here:
+        the watchdog's, tested with real processes).
 
         Raises:
             RunnerError: the run directory was used before, or the test asked for it
@@ -137,7 +138,7 @@ class FakeRunner(Runner):
             run = self._by_dir.get(Path(run_dir))
             return None if run is None else run.handle
 
-    def cancel(self, handle: RunHandle) -> None:
+    def cancel(self, handle: RunHandle, first_signal: str = "") -> None:
         """Stop the run as the watchdog does on SIGTERM: exit -15, ``cancelled``."""
         with self._lock:
             run = self._by_dir.get(handle.run_dir)

@@ -44,8 +44,10 @@ MAX_OFFERS_KEPT = 65536
 class RunControl(Protocol):
     """Stops attempts: what :class:`OwnedJobs` needs for a ``KillRun`` or ``ReplyStale``."""
 
-    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
-        """Stop ``attempt`` if it runs here; with ``remote``, ask ``worker`` to stop it otherwise."""
+    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool,
+                           signal: str = "") -> None:
+        """Stop ``attempt`` if it runs here; with ``remote``, ask ``worker`` to stop it otherwise
+        (``signal``: the name of the signal sent first; "" is SIGTERM)."""
         ...
 
 
@@ -304,7 +306,8 @@ class OwnedJobs:
                 # A stale attempt (ReplyStale) must die just like a killed one.
                 await self._runs.kill_attempt(job_id, action.attempt, action.worker,
                                               action.reason if isinstance(action, claims.KillRun) else "stale",
-                                              remote=isinstance(action, claims.KillRun))
+                                              remote=isinstance(action, claims.KillRun),
+                                              signal=action.signal if isinstance(action, claims.KillRun) else "")
         return True
 
     async def apply(self, job_id: str, event: claims.Event, kind: str = "state",
@@ -343,10 +346,10 @@ class OwnedJobs:
         Returns:
             :class:`Granted`, or the reason of the refusal.
         """
-        event = claims.ClaimRequested(worker, stimulus_id)
         offer = self._offers.get((job_id, worker))
         for _ in range(tries):
             now, wall = self._clock.monotonic(), self._clock.wall()
+            event = claims.ClaimRequested(worker, stimulus_id, wall)
             # The history of a grant, for a peer and this node alike: the offer, the claim, the grant.
             history = [("offer", offer[2], f"offered to {worker}")] if offer is not None else []
             history.append(("claim", wall, f"claimed by {worker}"))
@@ -419,7 +422,7 @@ class OwnedJobs:
 
     async def reported(self, job_id: str, kind: str, attempt: int, worker: str, *, exit_code: int | None = None,
                        reason: str = "", never_started: bool = False, stimulus_id: str = "",
-                       row: JobRow | None = None) -> list[claims.Action]:
+                       row: JobRow | None = None, timed_out: bool = False) -> list[claims.Action]:
         """A worker's report (this node's own included) on an attempt of a job owned here (``kind``:
         started, renew, exited, lost): one decision of the claim machine
         (:func:`~gpulayerd.core.protocol.claims.report_event`), its actions carried out with the
@@ -430,7 +433,7 @@ class OwnedJobs:
             ``row``: the job as the caller just read it (see :meth:`_apply_joined`).
         """
         event = claims.report_event(kind, attempt, worker, exit_code=exit_code, reason=reason,
-                                    never_started=never_started, stimulus_id=stimulus_id)
+                                    never_started=never_started, stimulus_id=stimulus_id, timed_out=timed_out)
         if kind == "renew":
             return await self.apply(job_id, event, row=row)
         wall = self._clock.wall()

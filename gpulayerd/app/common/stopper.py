@@ -31,19 +31,22 @@ class AttemptStopper:
         self._transport = transport
         self._signals = signals
 
-    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool) -> None:
+    async def kill_attempt(self, job_id: str, attempt: int, worker: str, reason: str, *, remote: bool,
+                           signal: str = "") -> None:
         """Stop ``attempt`` of a job owned here: here if it runs here, else (``remote``) on ``worker``.
 
         Without ``remote`` (a stale reply to ``worker``), only an attempt that ``worker`` runs
         is stopped: a run here is stopped only when ``worker`` is this node, so that a
         peer's stale (or forged) report about an attempt running here never kills it (a peer
         that reports stale attempts of its own is answered "stale" and stops them itself).
+        ``signal``: the name of the signal the job gets first ("" is SIGTERM).
         """
         if worker and (remote or worker == self.node_id):
-            self._signals.spawn(self._send_kill(worker, job_id, attempt, reason))
+            self._signals.spawn(self._send_kill(worker, job_id, attempt, reason, signal))
 
-    async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str) -> None:
-        msg = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason)
+    async def _send_kill(self, worker: str, job_id: str, attempt: int, reason: str, signal: str = "") -> None:
+        msg = Kill(msg_id=new_msg_id(), owner=self.node_id, job_id=job_id, attempt=attempt, reason=reason,
+                   signal=signal)
         try:
             await self._transport.call(worker, KILL, msg)
         except PeerCallError as e:

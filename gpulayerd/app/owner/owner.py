@@ -37,13 +37,14 @@ from gpulayerd.models import (
     JobView,
     LogChunk,
     SubmitRequest,
+    capped,
     job_spec_from_mapping,
 )
 from gpulayerd.models.jobs_query import FINISHED_STATES, JobsQuery, select
 from gpulayerd.models.stored import dump_placement, explanation_of, read_placement
 from gpulayerd.net.transport import JOBS, LOGS, PeerTransport, Sender
 from gpulayerd.net.wire import Claim, ClaimReply, JobsRequest, LogRequest, RunReport, RunReportReply, new_msg_id
-from gpulayerd.store import AttemptRow, JobRow, Store
+from gpulayerd.store import AttemptRow, JobRow, Store, retry_json
 
 __all__ = ["OwnerService", "new_job_id"]
 
@@ -76,8 +77,12 @@ class OwnerService:
 
     def __init__(self, *, node_id: str, store: Store, jobs: OwnedJobs, gangs: GangCoordinator, machine: Machine,
                  starter: Starter, transport: PeerTransport, directory: Directory | None, names: Names,
-                 support: SupportMatrix, signals: Signals, clock: Clock, rng: random.Random) -> None:
+                 support: SupportMatrix, signals: Signals, clock: Clock, rng: random.Random,
+                 max_time_limit_s: float | None = None) -> None:
+        """``max_time_limit_s``: the longest ``time_limit`` a job may ask for (the daemon's
+        ``max_time_limit``; a job that names none gets it); None: no cap."""
         self.node_id = node_id
+        self._max_time_limit_s = max_time_limit_s
         self._store = store
         self._jobs = jobs
         self._gangs = gangs
@@ -131,7 +136,7 @@ class OwnerService:
             data["path"] = request.path or data.get("path") or DEFAULT_JOB_PATH
         data = await expand_at_submit(data, personal=self._machine.accounts.mode == "personal")  # profile
         # The workdir is absolute: no base dir is needed (and Path.cwd() would touch the file system).
-        spec = job_spec_from_mapping(data, source="job spec", base_dir="/")
+        spec = capped(job_spec_from_mapping(data, source="job spec", base_dir="/"), self._max_time_limit_s)
         now = self._clock.wall()
         job_id = new_job_id(now, self._rng)
         req = spec.to_core(job_id)
@@ -148,6 +153,7 @@ class OwnerService:
         row = JobRow(
             id=job_id, name=spec.name, submitted_by=submitted_by, spec_json=spec.model_dump_json(),
             status=status, attempt=0, holder=None, retries_left=spec.policy.retries, lease_s=spec.policy.lease_s,
+            retry_json=retry_json(spec.policy.retry_policy()),
             lease_expires_at=None, cancel_requested=False, reason=reason,
             explanation_json=None if explanation is None else explanation.model_dump_json(),
             exit_code=None, submitted_at=now, updated_at=now, seq=None,
@@ -324,8 +330,9 @@ class OwnerService:
         except (PeerUnreachable, NoSuchJob) as e:
             return explainer.Tail(None, f"cannot read stderr: {e}")
 
-    async def cancel(self, job_ref: str, requester: Requester | None = None) -> JobView:
-        """Cancel: a queued job at once; a running one by SIGTERM, grace, SIGKILL.
+    async def cancel(self, job_ref: str, requester: Requester | None = None, signal: str = "") -> JobView:
+        """Cancel: a queued job at once; a running one by SIGTERM (or ``signal``, a name of
+        :data:`~gpulayerd.core.job_policy.WARN_SIGNALS`), grace, SIGKILL.
 
         Only the job's user and admins may: that is the route's role, checked before (local
         ``cancel``: :class:`~gpulayerd.app.roles.LocalRoles`; relayed: :class:`~gpulayerd.app.roles.PeerRoles`).
@@ -337,7 +344,7 @@ class OwnerService:
         row = await self._jobs.row(job_ref)
         who = f" by {requester.user}" if requester is not None else ""  # explain's "by whom"
         await self._jobs.apply(row.id, claims.CancelRequested(reason=f"cancelled{who or ' by user'}",
-                                                              stimulus_id=f"cancel-{row.id}"),
+                                                              stimulus_id=f"cancel-{row.id}", signal=signal),
                                kind=f"cancel requested{who}")
         return self.view(await self._jobs.row(row.id))
 
@@ -512,7 +519,7 @@ class OwnerService:
         # One decision of the claim machine; the attempt row and the job row written together.
         actions = await self._jobs.reported(row.id, msg.kind, msg.attempt, worker, exit_code=msg.exit_code,
                                             reason=msg.reason, never_started=msg.never_started,
-                                            stimulus_id=msg.msg_id, row=row)
+                                            stimulus_id=msg.msg_id, row=row, timed_out=msg.timed_out)
         stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)

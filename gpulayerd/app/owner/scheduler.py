@@ -61,10 +61,14 @@ class Scheduler:
         self.core = core.SchedulerCore(node_id, support, offer_interval_s=config.offer_interval_s,
                                        fair_share=usage is not None)
         self.passes_skipped = 0
+        self._retry_due: float | None = None  # the earliest end of a retry's backoff seen (wall s)
 
     def _kept(self, row: JobRow, *, fresh: bool = False) -> core.QueuedJob:
         """``row`` as the core keeps it (id, seq, reason line), with its request when it is new to the
         queue (or ``fresh``: a reload). The rest of the row is read again by a claim or a gang."""
+        if row.status is JobStatus.QUEUED and row.retry_at is not None and row.retry_at > self._clock.wall():
+            # A retry waiting out its backoff (its claim is refused until then): a pass comes when it ends.
+            self._retry_due = min(self._retry_due or row.retry_at, row.retry_at)
         queued = row.status is JobStatus.QUEUED and (fresh or not self.core.queued(row.id))
         return core.QueuedJob(row.id, row.seq, row.reason, self._jobs.spec(row).to_core(row.id) if queued else None)
 
@@ -72,7 +76,11 @@ class Scheduler:
         return self._directory.worker_snapshots() if self._directory is not None else []
 
     def _idle(self) -> bool:
-        """Whether a timer-only pass would decide nothing new (see :meth:`SchedulerCore.idle`)."""
+        """Whether a timer-only pass would decide nothing new (see :meth:`SchedulerCore.idle`); never when
+        a retry's backoff ended since the last pass."""
+        if self._retry_due is not None and self._clock.wall() >= self._retry_due:
+            self._retry_due = None
+            return False
         return self.core.idle(self._peers(), self._usage.usage() if self._usage is not None else None)
 
     async def loop(self) -> None:
@@ -88,7 +96,9 @@ class Scheduler:
                 self.passes_skipped += 1
                 self._signals.stats["scheduler_passes_skipped"] += 1
                 await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
-            await self._signals.wait_wake(self._config.schedule_interval_s)
+            due = self._retry_due
+            await self._signals.wait_wake(self._config.schedule_interval_s if due is None else
+                                          min(self._config.schedule_interval_s, max(due - self._clock.wall(), 0.01)))
             woken = self._signals.woken()
 
     async def run_once(self) -> None:

@@ -121,8 +121,10 @@ class Starter:
         if gang is not None:
             env["GLOO_SOCKET_IFNAME"] = gang.interface
             env["NCCL_SOCKET_IFNAME"] = gang.interface
+        warning = spec.policy.warning()  # the time limit, held by the watchdog itself
+        limit = None if warning is None or spec.policy.time_limit is None else (spec.policy.time_limit, *warning)
         return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
-                                  renew_s=lease_s)
+                                  renew_s=lease_s, time_limit=limit)
 
 
 def _same_account(user: JobUser | None) -> bool:

@@ -8,16 +8,14 @@ granted attempt gets its run row and device grants in our store and starts in th
 runs under its watchdog, renews its lease (only an answered renewal moves the watchdog's
 deadline) and reports its end until the owner acknowledges it.
 
-Renewals and reports go to each owner concurrently and within a time bound, one round
-in flight per owner: an owner that does not answer (powered off, stopped) delays only
-its own runs, never the renewals of this machine's other jobs.
+Renewals and reports go to each owner concurrently and within a time bound, one round in flight per
+owner: an owner that does not answer delays only its own runs, never this machine's other renewals.
 
 What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.worker`, its state
 kept by the :class:`Ledger`); this service does the I/O: locks, the store, the starter,
 the runner, the transport.
 
-(Same name as :mod:`gpulayerd.core.protocol.worker`: the same idea (the worker's bookkeeping),
-decided there (pure) and carried out here.)
+(Same name as :mod:`gpulayerd.core.protocol.worker`: the same idea, decided there (pure), done here.)
 """
 
 from __future__ import annotations
@@ -217,7 +215,7 @@ class WorkerService:
         # retries as its policy says.
         lost = status.gone or status.reason == "deadline"
         kind: Literal["exited", "lost"] = "lost" if lost else "exited"
-        actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text))
+        actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text, timed_out=status.timed_out))
         if not any(isinstance(a, core.RecordEnd) for a in actions):
             self._watchers.pop(key, None)
             return  # its end was recorded already
@@ -251,8 +249,8 @@ class WorkerService:
             StoreError: the store cannot take it (e.g. the disk is full).
         """
         job_id, attempt = key
-        await self._store.runs.end_remote_run(owner, job_id, attempt, kind, status.exit_code, text,
-                                              self._clock.wall())
+        await self._store.runs.end_remote_run(owner, job_id, attempt, "timeout" if status.timed_out else kind,
+                                              status.exit_code, text, self._clock.wall())
         self._signals.devices_changed()
         self._signals.wake()
 
@@ -475,10 +473,10 @@ class WorkerService:
                 reported.set_result(None)
 
     async def report(self, owner: str, key: RunKey, kind: ReportKind, exit_code: int | None, reason: str,
-                     never_started: bool = False) -> RunReportReply | None:
+                     never_started: bool = False, timed_out: bool = False) -> RunReportReply | None:
         """Tell ``owner`` about an attempt we run for it; None if the owner did not answer."""
-        msg = RunReport(msg_id=new_msg_id(), worker=self.node_id, job_id=key[0], attempt=key[1],
-                        kind=kind, exit_code=exit_code, reason=reason, never_started=never_started)
+        msg = RunReport(msg_id=new_msg_id(), worker=self.node_id, job_id=key[0], attempt=key[1], kind=kind,
+                        exit_code=exit_code, reason=reason, never_started=never_started, timed_out=timed_out)
         try:
             return await self._transport.call(owner, REPORT, msg)
         except PeerCallError as e:
@@ -488,7 +486,8 @@ class WorkerService:
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
         reply = None
         try:
-            reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started)
+            reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started,
+                                      owed.timed_out)
             if reply is not None:
                 # Stored with the next renewal tick, many in one write: a restart before it sends the
                 # report again, and its owner answers a duplicate as it did the first.
@@ -514,7 +513,7 @@ class WorkerService:
         entry = self._ledger.get(key)
         if refused is not None or entry is None:
             return Ack(ok=False, reason=refused.reason if refused is not None else "no such attempt here")
-        await asyncio.to_thread(self._runner.cancel, entry.handle)
+        await asyncio.to_thread(self._runner.cancel, entry.handle, msg.signal)
         return Ack(ok=True)
 
     async def logs(self, sender: Sender, msg: LogRequest) -> LogChunk:
@@ -550,7 +549,8 @@ class WorkerService:
             self._owed_loaded = True
             for r in await self._store.runs.remote_runs(active=False, unreported=True):
                 self._apply(core.ReportOwed((r.job_id, r.attempt), core.OwedReport(
-                    r.owner, "lost" if r.state == "lost" else "exited", r.exit_code, r.reason)))
+                    r.owner, "lost" if r.state == "lost" else "exited", r.exit_code, r.reason,
+                    timed_out=r.state == "timeout")))
         now = self._clock.monotonic()
         for a in self._ledger.apply(core.Tick(), now):
             if isinstance(a, core.SendRenewals):

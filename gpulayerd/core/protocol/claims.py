@@ -6,10 +6,11 @@ compare-and-set, a reply, a kill) and feeds outcomes back as new events.
 
 States::
 
-    queued --claim--> claimed --started--> running --exited--> succeeded | failed
-      |                 |                    |
+    queued --claim--> claimed --started--> running --exited--> succeeded | failed | timeout
+      |                 |                    |                 (failed, timeout: or queued again
+      |                 |                    |                  as the retry policy says)
       |                 +------ lease expired / lost -------> lost, or queued again
-      |                                                        while retries remain
+      |                                                        as the retry policy says
       +--cancel--> cancelled        claimed|running --cancel--> (kill) --> cancelled
     rejected (at submit, never runs)
 
@@ -33,6 +34,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from gpulayerd.core.job_facts import ACTIVE_STATES, TERMINAL_STATES
+from gpulayerd.core.job_policy import NO_RETRY_POLICY, RetryPolicy, backoff_s, retry_decision
 
 __all__ = [
     "ACTIVE",
@@ -66,6 +68,7 @@ class JobStatus(str, enum.Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     LOST = "lost"
     REJECTED = "rejected"
@@ -87,10 +90,15 @@ class JobRecord:
         status: current state.
         attempt: number of the current (or last) attempt; 0 before the first claim.
         holder: node id of the worker running the current attempt, if any.
-        retries_left: how many more times a lost attempt may be re-queued.
+        retries_left: how many more times an ended attempt may be re-queued (as ``retry`` says).
         lease_s: lease length granted to workers, seconds.
         lease_expires_at: owner-monotonic time after which the attempt is lost, or None.
         cancel_requested: a cancel arrived while an attempt was active.
+        retry: the job's retry policy (which ends are retried, the backoff, elsewhere).
+        retry_at: while queued for a retry: the wall-clock time (s) before which no claim is granted
+            (the backoff), else None.
+        avoid: while queued for a retry with ``retry.elsewhere``: the worker of the last attempt,
+            which the next attempt avoids when another worker fits.
     """
 
     job_id: str
@@ -101,6 +109,9 @@ class JobRecord:
     lease_s: float = 30.0
     lease_expires_at: float | None = None
     cancel_requested: bool = False
+    retry: RetryPolicy = NO_RETRY_POLICY
+    retry_at: float | None = None
+    avoid: str | None = None
 
 
 # ---------------------------------------------------------------------------- events
@@ -108,10 +119,12 @@ class JobRecord:
 
 @dataclass(frozen=True, slots=True)
 class ClaimRequested:
-    """A worker asks to run the job now (late binding: it re-checked fit locally)."""
+    """A worker asks to run the job now (late binding: it re-checked fit locally); ``wall``: the
+    owner's wall-clock time (s), for a job waiting to retry (:attr:`JobRecord.retry_at`)."""
 
     worker: str
     stimulus_id: str = ""
+    wall: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,8 @@ class RunExited:
         worker: node id of the reporting worker (only the attempt's holder counts).
         exit_code: the process exit status (negative: killed by that signal); None
             if it could not be known.
+        timed_out: the watchdog stopped it at its time limit (or it ended after the limit's
+            warning): the job ends ``timeout`` (or is retried), whatever its exit code.
     """
 
     attempt: int
@@ -149,6 +164,7 @@ class RunExited:
     exit_code: int | None
     reason: str = ""
     stimulus_id: str = ""
+    timed_out: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +183,12 @@ class RunLost:
 
 @dataclass(frozen=True, slots=True)
 class CancelRequested:
-    """A user asked to cancel the job."""
+    """A user asked to cancel the job; ``signal``: the name of the signal its processes get first
+    (``cancel --signal USR1``; "" is SIGTERM)."""
 
     reason: str = "cancelled by user"
     stimulus_id: str = ""
+    signal: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +221,9 @@ class PersistJob:
     reason: str
     stimulus_id: str = ""
     expect_cancel_requested: bool = False
+    retry_in_s: float | None = None
+    """Set when the job is queued again to retry: no claim is granted for this many seconds (the
+    store keeps ``record.retry_at`` as its wall clock plus this)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,11 +257,12 @@ class DenyClaim:
 
 @dataclass(frozen=True, slots=True)
 class KillRun:
-    """Stop the processes of ``attempt`` on ``worker`` (SIGTERM, grace, SIGKILL)."""
+    """Stop the processes of ``attempt`` on ``worker`` (SIGTERM, or ``signal``, then grace, SIGKILL)."""
 
     worker: str
     attempt: int
     reason: str
+    signal: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +282,7 @@ Action = PersistJob | ExtendLease | GrantClaim | DenyClaim | KillRun | ReplyStal
 
 
 def report_event(kind: str, attempt: int, worker: str, *, exit_code: int | None = None, reason: str = "",
-                 never_started: bool = False, stimulus_id: str = "") -> Event:
+                 never_started: bool = False, stimulus_id: str = "", timed_out: bool = False) -> Event:
     """The event a worker's report on ``attempt`` is (``kind``: ``started``, ``renew``, ``exited`` or
     ``lost``): the one mapping of reports to the claim machine, for a peer's and this node's alike.
 
@@ -272,7 +294,8 @@ def report_event(kind: str, attempt: int, worker: str, *, exit_code: int | None 
     if kind == "renew":
         return LeaseRenewed(attempt, worker, stimulus_id)
     if kind == "exited":
-        return RunExited(attempt, worker, exit_code, reason if exit_code != 0 else "", stimulus_id)
+        return RunExited(attempt, worker, exit_code, reason if exit_code != 0 or timed_out else "", stimulus_id,
+                         timed_out)
     if kind == "lost":
         return RunLost(attempt, worker, reason or f"lost on {worker[:12]}", never_started, stimulus_id)
     raise ValueError(f"unknown report kind {kind!r} (started, renew, exited, lost)")
@@ -311,9 +334,12 @@ def _claim(job: JobRecord, ev: ClaimRequested, now: float) -> list[Action]:
             # A duplicate claim from the holder: answer with the same grant again.
             return [GrantClaim(ev.worker, job.attempt, job.lease_s)]
         return [DenyClaim(ev.worker, f"job is {job.status.value}")]
+    if job.retry_at is not None and ev.wall is not None and ev.wall < job.retry_at:
+        return [DenyClaim(ev.worker, f"job waits {job.retry_at - ev.wall:.1f} s more before its retry")]
     attempt = job.attempt + 1
     new = replace(
-        job, status=JobStatus.CLAIMED, attempt=attempt, holder=ev.worker, lease_expires_at=now + job.lease_s
+        job, status=JobStatus.CLAIMED, attempt=attempt, holder=ev.worker, lease_expires_at=now + job.lease_s,
+        retry_at=None, avoid=None,
     )
     return [
         _persist(job, new, f"claimed by {ev.worker} (attempt {attempt})", ev.stimulus_id),
@@ -359,15 +385,33 @@ def _exited(job: JobRecord, ev: RunExited) -> list[Action]:
         status, reason = JobStatus.CANCELLED, "cancelled by user"
         if ev.exit_code is not None:
             reason += f" (exit {_describe_exit(ev.exit_code)})"
-    elif ev.exit_code == 0:
+    elif ev.exit_code == 0 and not ev.timed_out:
         status, reason = JobStatus.SUCCEEDED, "exited 0"
     else:
-        status = JobStatus.FAILED
+        status = JobStatus.TIMEOUT if ev.timed_out else JobStatus.FAILED
         reason = ev.reason or (
             "exit status unknown" if ev.exit_code is None else f"exited {_describe_exit(ev.exit_code)}"
         )
+        if retry_decision(job.retry, job.retries_left, status.value, ev.exit_code):
+            return [_retry(job, status.value, reason, ev.stimulus_id)]
     new = replace(job, status=status, holder=None, lease_expires_at=None)
     return [_persist(job, new, reason, ev.stimulus_id)]
+
+
+def _retry(job: JobRecord, outcome: str, why: str, stimulus_id: str) -> PersistJob:
+    """The job queued again after its attempt ended as ``outcome`` (``why``: how), one retry used; it
+    waits out its backoff and, with ``retry.elsewhere``, avoids the attempt's worker."""
+    number = job.retry.retries - job.retries_left + 1  # this retry's number, 1 for the first
+    wait_s = backoff_s(job.retry, number) if outcome != "lost" else 0.0
+    new = replace(job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None,
+                  retries_left=job.retries_left - 1, retry_at=None,
+                  avoid=job.holder if job.retry.elsewhere else None)
+    of = f" of {job.retry.retries}" if job.retry.retries >= number else ""
+    after = f" in {wait_s:g} s" if wait_s > 0 else ""
+    elsewhere = " (preferring another worker)" if new.avoid else ""
+    reason = f"attempt {job.attempt} {outcome}: {why}; retry {number}{of}{after}{elsewhere}"
+    persist = _persist(job, new, reason, stimulus_id)
+    return replace(persist, retry_in_s=wait_s) if wait_s > 0 else persist
 
 
 def _describe_exit(code: int) -> str:
@@ -390,9 +434,10 @@ def _after_loss(job: JobRecord, never_started: bool) -> JobRecord:
     if never_started:
         # Nothing ran, so running it again cannot make two copies: re-queue for free.
         return replace(job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None)
-    if job.retries_left > 0:
+    if retry_decision(job.retry, job.retries_left, "lost", None):
         return replace(
-            job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None, retries_left=job.retries_left - 1
+            job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None, retries_left=job.retries_left - 1,
+            avoid=job.holder if job.retry.elsewhere else None,
         )
     return replace(job, status=JobStatus.LOST, holder=None, lease_expires_at=None)
 
@@ -407,7 +452,7 @@ def _cancel(job: JobRecord, ev: CancelRequested) -> list[Action]:
     holder = job.holder or ""
     return [
         _persist(job, new, f"cancel requested; stopping attempt {job.attempt} on {holder}", ev.stimulus_id),
-        KillRun(holder, job.attempt, ev.reason),
+        KillRun(holder, job.attempt, ev.reason, ev.signal),
     ]
 
 

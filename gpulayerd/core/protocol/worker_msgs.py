@@ -37,6 +37,7 @@ class OwedReport:
     reason: str
     never_started: bool = False
     sending: bool = False
+    timed_out: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,8 @@ class RunEnded:
     reason: str = ""
     never_started: bool = False
     report: bool = True
+    timed_out: bool = False
+    """``exited`` at its time limit: the owner ends the job ``timeout`` (or retries it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -226,7 +226,7 @@ def test_jobs_state_choices_limit_and_completion(capsys: pytest.CaptureFixture[s
     from gpulayerd.cli.completion import script
 
     src = script("bash")
-    assert "_state_choices=(queued claimed running succeeded failed cancelled lost rejected)" in src
+    assert "_state_choices=(queued claimed running succeeded failed timeout cancelled lost rejected)" in src
     assert "submit___profile_choices=(cpu-only torch-2.4-cu124 torch-2.5-cu121 torch-mps)" in src
     assert "run___profile_choices=(cpu-only" in src
 

@@ -121,7 +121,8 @@ def sort_label(order: str, reverse: bool) -> str:
 
 
 _STATE_RANK = {s: i for i, s in enumerate(
-    ("running", "cancelling", "claimed", "queued", "failed", "lost", "rejected", "cancelled", "succeeded"))}
+    ("running", "cancelling", "claimed", "queued", "failed", "timeout", "lost", "rejected", "cancelled",
+     "succeeded"))}
 
 
 def reason_cell(job: JobView) -> str:

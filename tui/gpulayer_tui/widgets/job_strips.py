@@ -21,6 +21,7 @@ STATE_STYLES: dict[str, str] = {
     "cancelling": "bold magenta",
     "succeeded": "green",
     "failed": "bold red",
+    "timeout": "bold red",
     "lost": "red",
     "rejected": "red",
     "cancelled": "magenta",
