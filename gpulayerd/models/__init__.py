@@ -37,6 +37,7 @@ from gpulayerd.models.explanation import (
 )
 from gpulayerd.models.spec import (
     KNOWN_FRAMEWORKS,
+    ArrayTask,
     DistributedModel,
     JobSpec,
     PolicyModel,
@@ -50,6 +51,7 @@ from gpulayerd.models.spec import (
 from gpulayerd.models.views import (
     LOG_CHUNK_BYTES,
     ApiErrorBody,
+    ArraySummary,
     AttemptView,
     EventView,
     HealthView,
@@ -71,6 +73,8 @@ __all__ = [
     "LOG_CHUNK_BYTES",
     "TERMINAL_STATES",
     "ApiErrorBody",
+    "ArraySummary",
+    "ArrayTask",
     "AttemptView",
     "Capabilities",
     "CheckModel",
