@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.core.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_INDEX
 from gpulayerd.core.job_policy import parse_duration
 from gpulayerd.core.visible import exclusion_problem
 from gpulayerd.gpu.cpus import default_cpu_slots
@@ -148,6 +149,7 @@ class DaemonConfig(BaseModel):
             restricts them too: :mod:`gpulayerd.core.visible`).
         log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
             bytes; the rest is dropped with a note (the state disk is shared).
+        max_array_size: the most tasks one job array may have (``--array``; default 10,000).
         allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (``kern.hv_vmm_present``
             = 1) as ``mps``; off by default, since Metal in a VM is paravirtual and partial.
     """
@@ -197,6 +199,7 @@ class DaemonConfig(BaseModel):
     max_gpus_per_user: int | None = Field(default=None, ge=0)
     exclude_gpus: list[int | str] = Field(default_factory=list)
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
+    max_array_size: int = Field(default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=MAX_INDEX + 1)
     allow_virtual_mps: bool = False
 
     @field_validator("exclude_gpus", mode="before")

@@ -43,6 +43,8 @@ from gpulayerd.app.common.supervisor import supervise
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.leases import LeaseLoop
 from gpulayerd.app.local import LocalApi
+from gpulayerd.app.owner.array_book import ArrayBook
+from gpulayerd.app.owner.dependency_gate import DependencyGate
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.owner.scheduler import Scheduler
@@ -437,13 +439,17 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,
                         worker=worker, directory=node, support=support, signals=signals, clock=clock,
                         max_hold_ttl_s=config.hold_ttl_s)
+    arrays = ArrayBook(store=store, jobs=jobs, gate=DependencyGate(store=store, jobs=jobs, signals=signals,
+                                                                   clock=clock),
+                       signals=signals, clock=clock, max_array_size=config.max_array_size)
     owner = OwnerService(node_id=node_id, store=store, jobs=jobs, gangs=gangs, machine=machine, starter=starter,
                          transport=transport, directory=node, names=names, support=support, signals=signals,
-                         clock=clock, rng=rng, max_time_limit_s=config.max_time_limit)
+                         clock=clock, rng=rng, max_time_limit_s=config.max_time_limit, arrays=arrays)
     requesters = Requesters(mode=config.mode, admin_group=config.admin_group)
     # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
     remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
                              names=names, requesters=requesters, time_limit_s=min(3.0, config.peer_timeout_s))
+    arrays.gate.lookup = lambda ref: remote_jobs.show(ref, None)  # --after names any job of the cluster
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
                       requesters=requesters, support=support, clock=clock, names=names,
                       own=lambda: machine.snapshot(refresh_apps=False))
@@ -462,7 +468,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         recovery=Recovery(node_id=node_id, store=store, runner=runner, jobs=jobs, worker=worker, clock=clock),
         scheduler=Scheduler(config=config, node_id=node_id, store=store, jobs=jobs, machine=machine, worker=worker,
                             gangs=gangs, transport=transport, directory=node, support=support, signals=signals,
-                            clock=clock, usage=usage),
+                            clock=clock, usage=usage, arrays=arrays),
         leases=LeaseLoop(worker=worker, owner=owner, gangs=gangs, member=member, grace_s=config.lease_grace_s,
                          clock=clock, usage=usage),
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),

@@ -46,7 +46,7 @@ class _Suggestions(tuple[str, ...]):
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
                "min_driver_version", "cuda_runtime", "os", "time", "signal", "retry_on", "retry_exit_codes",
-               "retry_backoff", "retry_elsewhere")
+               "retry_backoff", "retry_elsewhere", "array", "after")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -85,6 +85,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     j.add_argument("-o", "--format", metavar="COLS",
                    help="the columns, a comma list like squeue's -o, e.g. id,state,name,reason. " + columns_help())
     j.add_argument("--json", action="store_true", help="print the jobs as a JSON list (every field)")
+    j.add_argument("--tasks", action="store_true", help="each task of an array on a line of its own (default: "
+                   "an array is one line, its tasks counted by state)")
     j.set_defaults(func=_cmd_jobs)
 
     sh = sub.add_parser("show", help="one job: spec, state, attempts, history, why it waits")
@@ -161,6 +163,12 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "attempt, doubled for each next one (default 10s; 0: none)")
     p.add_argument("--retry-elsewhere", action="store_true", default=None,
                    help="prefer another worker than the last attempt's for the next attempt")
+    p.add_argument("--array", metavar="0-99[:STEP][%MAX]",
+                   help="a job array: one task per index (a range, a range with a step, or a list 1,5,9; %%MAX: at "
+                        "most MAX tasks at once, lab-wide); {task} in the command is the index; task ids are ID_7")
+    p.add_argument("--after", action="append", metavar="ID[:ok|any|notok]", default=[],
+                   help="wait for job, task or array ID to end: ok (default) when it succeeded, any however it "
+                        "ended, notok when it did not succeed; never satisfiable: cancelled (repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the command to run, after -- (a leading 'python' uses the matched environment)")
 
@@ -230,6 +238,10 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
         spec["env"] = env
     if args.workdir:
         spec["workdir"] = args.workdir
+    if args.array is not None:
+        spec["array"] = args.array
+    if args.after:
+        spec["after"] = args.after
     return spec
 
 
@@ -410,6 +422,9 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print("[" + ",".join(_dumps(j) for j in jobs) + "]")
         return EXIT_OK
+    if not args.tasks:  # an array is one line: its tasks counted in its REASON
+        arrays = {j.id for j in jobs if getattr(j, "array", None) is not None}
+        jobs = [j for j in jobs if getattr(j, "array_id", None) not in arrays]
     print(_table(jobs, args))
     if hidden:
         print(f"{hidden} older job{'s' if hidden != 1 else ''} hidden ({'--limit' if args.limit else '--all'})",
@@ -444,7 +459,7 @@ def _fields_for(columns: str | None) -> list[str] | None:
     names = parse_columns(columns) if columns else [*DEFAULT, "owner"]
     if any(n not in _COLUMN_FIELDS for n in names):
         return None
-    return sorted({"owner", "status", *(f for n in names for f in _COLUMN_FIELDS[n])})
+    return sorted({"owner", "status", "array_id", "array", *(f for n in names for f in _COLUMN_FIELDS[n])})
 
 
 def _dumps(data: object, indent: int | None = None) -> str:

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gpulayerd import text as fmt
-from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
+from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, UsageError
 from gpulayerd.cli.http import call_daemon
 from gpulayerd.core.job_facts import TERMINAL_STATES
 
@@ -98,7 +98,10 @@ class _Interrupts:
 def _cmd_run(args: argparse.Namespace) -> int:
     from gpulayerd.cli.jobs import spec_body, submit_job
 
-    job = submit_job(args, spec_body(args))
+    body = spec_body(args)
+    if body.get("array") is not None:
+        raise UsageError("run: array: an array's tasks are jobs of their own; use gpulayer submit --array")
+    job = submit_job(args, body)
     return call_daemon(args, lambda c: _run(c, job))
 
 

@@ -48,6 +48,9 @@ class ReasonCode(str, enum.Enum):
     DRIVER = "Driver"
     OS = "OS"
     REMOVED = "Removed"
+    DEPENDENCY = "Dependency"
+    DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
+    ARRAY = "Array"
 
 
 MEANINGS: dict[ReasonCode, str] = {
@@ -80,6 +83,10 @@ MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.OS: "no worker runs the wanted operating system",
     ReasonCode.REMOVED: "this machine was removed from the cluster: only it can run its jobs now, and it does "
                         "not fit here (the reason here follows; gpulayer cluster show says what to do)",
+    ReasonCode.DEPENDENCY: "waits for a job it names with --after to end (which one, its state and where)",
+    ReasonCode.DEPENDENCY_NEVER_SATISFIED: "ended cancelled: a job it names with --after ended so that the "
+                                           "dependency can never be satisfied (which one, how it ended)",
+    ReasonCode.ARRAY: "an array: its tasks run as jobs of their own (ID_7); its tasks counted by state",
 }
 """Every code and what it means (docs/architecture.md, "Reasons", shows the same table)."""
 

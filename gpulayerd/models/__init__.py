@@ -38,6 +38,7 @@ from gpulayerd.models.explanation import (
 )
 from gpulayerd.models.spec import (
     KNOWN_FRAMEWORKS,
+    ArrayTask,
     DistributedModel,
     JobSpec,
     PolicyModel,
@@ -52,6 +53,7 @@ from gpulayerd.models.spec import (
 from gpulayerd.models.views import (
     LOG_CHUNK_BYTES,
     ApiErrorBody,
+    ArraySummary,
     AttemptView,
     EventView,
     HealthView,
@@ -73,6 +75,8 @@ __all__ = [
     "LOG_CHUNK_BYTES",
     "TERMINAL_STATES",
     "ApiErrorBody",
+    "ArraySummary",
+    "ArrayTask",
     "AttemptView",
     "Capabilities",
     "CheckModel",

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpulayerd.core.arrays import MAX_INDEX, ArrayError, parse_array
+from gpulayerd.core.dependencies import DependencyError, parse_after
 from gpulayerd.core.job_policy import format_duration
 from gpulayerd.core.types import GB, Accelerator, DistributedRequest, JobRequest, MemoryKind
 from gpulayerd.models.policy import PolicyModel
@@ -27,6 +29,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 __all__ = [
     "KNOWN_FRAMEWORKS",
     "OS_NAMES",
+    "ArrayTask",
     "DistributedModel",
     "JobSpec",
     "PolicyModel",
@@ -355,6 +358,16 @@ def name_problem(name: str | None) -> str | None:
             "and tabs are refused")
 
 
+class ArrayTask(BaseModel):
+    """Which task of which array a job is: its ``GPULAYER_ARRAY_*`` variables."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    array_id: str = Field(max_length=64)
+    index: int = Field(ge=0)
+    count: int = Field(ge=1)
+
+
 class JobSpec(BaseModel):
     """A job as a user writes it (TOML file or CLI flags).
 
@@ -383,6 +396,31 @@ class JobSpec(BaseModel):
     requirement_origins: dict[str, str] = Field(default_factory=dict, max_length=64)
     """Set at submit when ``profile`` is expanded: requirement (``frameworks.torch``) -> where its
     value comes from (``from profile torch-2.4-cu124``, or ``job (profile torch-2.4-cu124 says ...)``)."""
+
+    array: str | None = Field(default=None, max_length=1000)
+    """``0-99[:STEP][%MAX]`` or ``1,5,9[%MAX]``: a job array (:mod:`gpulayerd.core.arrays`), one task per index."""
+    after: list[str] = Field(default_factory=list, max_length=64)
+    """Dependencies, ``ID[:ok|any|notok]`` (:mod:`gpulayerd.core.dependencies`); full ids after submit."""
+    array_task: ArrayTask | None = None
+    """Set by the owner on an array's task (never taken from a submission)."""
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_array(v, max_size=MAX_INDEX + 1)  # the size is the daemon's max_array_size to judge
+            except ArrayError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("after")
+    @classmethod
+    def _after(cls, v: list[str]) -> list[str]:
+        try:
+            return [str(parse_after(a)) for a in v]
+        except DependencyError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("command", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from gpulayerd.models.spec import JobSpec
 
 __all__ = [
     "ApiErrorBody",
+    "ArraySummary",
     "AttemptView",
     "EventView",
     "HealthView",
@@ -140,6 +141,20 @@ class JobView(BaseModel):
     multi-host job, whose devices each member chose)."""
     where_hosts: list[str] = Field(default_factory=list)
     """A multi-host job's hosts (names, else node ids) by node rank; empty for a one-host job."""
+    array_id: str | None = None
+    """A task of an array (``ID_7``): the array's id."""
+    array: ArraySummary | None = None
+    """An array's own job (``ID``): its tasks counted by state (``gpulayer jobs`` shows it as one line)."""
+
+
+class ArraySummary(BaseModel):
+    """An array's tasks: ``total`` in all, ``max_running`` at once (None: no ``%MAX``), and how many are
+    in each state (``pending``: not materialized yet; the job states for the others)."""
+
+    expr: str
+    total: int
+    max_running: int | None = None
+    counts: dict[str, int] = Field(default_factory=dict)
 
 
 class JobList(BaseModel):

@@ -162,7 +162,8 @@ def build_env(
     ``CUDA_DEVICE_ORDER``, ``GPULAYER_JOB_ID``, ``GPULAYER_ATTEMPT``) and
     ``GPULAYER_DIST_TIMEOUT_S``, the collective timeout in seconds that distributed
     workloads pass to ``init_process_group(timeout=...)`` instead of torch's 30-minute
-    default. (A gang member adds ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.)
+    default; a task of an array ``GPULAYER_ARRAY_ID``, ``GPULAYER_ARRAY_TASK_ID`` (its index)
+    and ``GPULAYER_ARRAY_TASK_COUNT``. (A gang member adds ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.)
     """
     if user is None:
         # The daemon's own service plumbing (systemd's notify socket and journal stream) is not the job's.
@@ -187,6 +188,10 @@ def build_env(
     env.update(launch_env(placement.accelerator, placement.device_indices, job_id, attempt,
                           placement.device_uuids))
     env["GPULAYER_DIST_TIMEOUT_S"] = repr(float(dist_timeout_s))
+    if spec.array_task is not None:  # a task of an array: which one
+        task = spec.array_task
+        env.update(GPULAYER_ARRAY_ID=task.array_id, GPULAYER_ARRAY_TASK_ID=str(task.index),
+                   GPULAYER_ARRAY_TASK_COUNT=str(task.count))
     return env
 
 

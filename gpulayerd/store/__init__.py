@@ -10,7 +10,9 @@ The only package that imports aiosqlite. :class:`Store` owns the one connection
 - ``store.gangs`` (:class:`GangsTable`, :mod:`~gpulayerd.store.gangs`): ``gangs`` (the owner's
   multi-host attempts);
 - ``store.usage`` (:class:`UsageTable`, :mod:`~gpulayerd.store.usage_book`): ``usage`` (fair-share
-  usage kept across restarts).
+  usage kept across restarts);
+- ``store.arrays`` (:class:`ArraysTable`, :mod:`~gpulayerd.store.array_table`): ``arrays`` (job arrays'
+  cursors) and the array tasks in ``jobs``.
 
 A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
 only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
+from gpulayerd.store.array_table import ArrayRow, ArraysTable, Materialized
 from gpulayerd.store.db import Connect, Database, StoreDamaged, StoreGone
 from gpulayerd.store.gangs import GangRow, GangsTable
 from gpulayerd.store.jobs import JobsTable
@@ -48,6 +51,8 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "AmbiguousJobId",
+    "ArrayRow",
+    "ArraysTable",
     "AttemptRow",
     "AttemptState",
     "Connect",
@@ -58,6 +63,7 @@ __all__ = [
     "JobNotFound",
     "JobRow",
     "JobsTable",
+    "Materialized",
     "PeersTable",
     "RemoteRunRow",
     "RunsTable",
@@ -80,6 +86,7 @@ class Store:
         peers: remembered peers.
         gangs: the current attempt of each multi-host job owned here.
         usage: every user's fair-share usage, as last saved.
+        arrays: job arrays owned here (cursors, their tasks' counts).
     """
 
     def __init__(self, db: Database) -> None:
@@ -90,6 +97,7 @@ class Store:
         self.peers = PeersTable(db)
         self.gangs = GangsTable(db)
         self.usage = UsageTable(db)
+        self.arrays = ArraysTable(db)
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,

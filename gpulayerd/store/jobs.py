@@ -123,13 +123,15 @@ class JobsTable:
     # ---------------------------------------------------------------------- jobs
 
     async def insert_job(self, row: JobRow, reason: str, stimulus_id: str = "",
-                         key: tuple[str, str] | None = None) -> JobRow:
+                         key: tuple[str, str] | None = None,
+                         also: Callable[[sqlite3.Connection], None] | None = None) -> JobRow:
         """Store a new job and its "submitted" event in one transaction.
 
         ``row.seq`` is ignored: the job gets the next submission number. A job stored
         as ``rejected`` with an empty ``row.reason`` keeps ``reason`` as its reason.
         ``key``: the submission's ``(user, client key)``, unique: when a job was stored with it
         already, nothing is stored and that job's row is returned (an idempotent retry).
+        ``also``: more writes of the same transaction, after the job's (an array's row).
 
         Returns:
             The row as stored (with its ``seq``), or the one stored before with ``key``.
@@ -154,6 +156,8 @@ class JobsTable:
                 raise StoreError(f"job {row.id} already exists") from e
             db.execute(_INSERT_EVENT, event_params(
                 row.id, row.submitted_at, "submitted", None, row.status, None, reason, stimulus_id)).fetchall()
+            if also is not None:
+                also(db)
             return replace(row, reason=stored_reason, seq=int(seq_rows[0][0]))
 
         return await self._db.run(insert)  # one hop to the store's thread

@@ -186,6 +186,21 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         ALTER TABLE jobs ADD COLUMN avoid_worker TEXT;
         """,
     ),
+    (
+        8,
+        """
+        -- Job arrays: the array is a job row of its own (never scheduled); its tasks are job rows
+        -- (id ARRAY_INDEX) written as they are materialized, with the cursor, in one transaction.
+        ALTER TABLE jobs ADD COLUMN array_id TEXT;
+        CREATE INDEX jobs_array_status ON jobs (array_id, status) WHERE array_id IS NOT NULL;
+        CREATE TABLE arrays (
+            id TEXT PRIMARY KEY NOT NULL REFERENCES jobs (id),
+            expr TEXT NOT NULL,  -- as submitted: 0-99:2%8
+            total INTEGER NOT NULL,  -- tasks in all
+            materialized INTEGER NOT NULL DEFAULT 0  -- positions materialized so far (the cursor)
+        );
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

@@ -150,8 +150,10 @@ def test_each_code_names_the_deciding_words(case: str, j: JobRequest, workers: l
 def test_the_cases_cover_every_code_a_rejection_or_verdict_can_give() -> None:
     covered = {c[3][0] for c in CASES}
     # FairShare is added by the scheduler (below), GangSkew by the gang coordinator (test_gangskew),
-    # Removed by a removed machine's job view (below, and tests/lan/test_revocation_lan.py).
-    assert covered | {"Pending", "FairShare", "GangSkew", "Removed"} == {c.value for c in ReasonCode}
+    # Removed by a removed machine's job view (below, and tests/lan/test_revocation_lan.py); Dependency,
+    # DependencyNeverSatisfied and Array by the dependency gate and the array book (tests/integration/test_arrays.py).
+    assert covered | {"Pending", "FairShare", "GangSkew", "Removed", "Dependency", "DependencyNeverSatisfied",
+                      "Array"} == {c.value for c in ReasonCode}
 
 
 def test_held_devices_and_a_user_with_less_usage_ahead_read_fair_share_with_the_holders_named() -> None:

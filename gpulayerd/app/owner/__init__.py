@@ -1,8 +1,9 @@
 """The owner role: jobs submitted to this machine. Submit, cancel, list, explain and logs
 (:mod:`.owner`), idempotent submits (:mod:`.idempotency`), profiles expanded at submit
 (:mod:`.profile_expansion`), the scheduler's I/O driver (:mod:`.scheduler`; its decisions are
-:mod:`gpulayerd.core.scheduling`), gang placement (:mod:`.gang_placement`) and explanations of a job's state
-(:mod:`.explainer`).
+:mod:`gpulayerd.core.scheduling`), gang placement (:mod:`.gang_placement`), explanations of a job's state
+(:mod:`.explainer`), job arrays (:mod:`.array_book`: tasks materialized lazily) and dependencies
+(:mod:`.dependency_gate`: jobs held back until what they name with ``--after`` has ended).
 
 May use ``app.worker`` (a job owned here can run here) and ``app.common``; ``app.worker`` never
 imports it.

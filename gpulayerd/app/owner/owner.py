@@ -16,6 +16,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import DEFAULT_JOB_PATH, Requester, conceal, hide_path
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.owner import explainer
+from gpulayerd.app.owner.array_book import ArrayBook
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.idempotency import Submitted, same_spec
 from gpulayerd.app.owner.profile_expansion import expand_at_submit
@@ -78,7 +79,7 @@ class OwnerService:
     def __init__(self, *, node_id: str, store: Store, jobs: OwnedJobs, gangs: GangCoordinator, machine: Machine,
                  starter: Starter, transport: PeerTransport, directory: Directory | None, names: Names,
                  support: SupportMatrix, signals: Signals, clock: Clock, rng: random.Random,
-                 max_time_limit_s: float | None = None) -> None:
+                 max_time_limit_s: float | None = None, arrays: ArrayBook | None = None) -> None:
         """``max_time_limit_s``: the longest ``time_limit`` a job may ask for (the daemon's
         ``max_time_limit``; a job that names none gets it); None: no cap."""
         self.node_id = node_id
@@ -95,6 +96,7 @@ class OwnerService:
         self._signals = signals
         self._clock = clock
         self._rng = rng
+        self.arrays = arrays  # arrays and dependencies (None: neither is accepted)
 
     # ------------------------------------------------------------- local API
 
@@ -139,6 +141,11 @@ class OwnerService:
         spec = capped(job_spec_from_mapping(data, source="job spec", base_dir="/"), self._max_time_limit_s)
         now = self._clock.wall()
         job_id = new_job_id(now, self._rng)
+        also = None
+        if self.arrays is not None:
+            spec, also = await self.arrays.prepare(spec, job_id)
+        elif spec.array or spec.after or spec.array_task:
+            raise InvalidSpec("array, after: not accepted by this daemon")
         req = spec.to_core(job_id)
         rejections = validate(req, self._support)
         root_refusal = None if rejections else self._root_refusal(req.user)
@@ -159,7 +166,7 @@ class OwnerService:
             exit_code=None, submitted_at=now, updated_at=now, seq=None,
         )
         key = (submitted_by, request.key) if request.key else None
-        stored = await self._store.jobs.insert_job(row, reason, stimulus_id=f"submit-{job_id}", key=key)
+        stored = await self._store.jobs.insert_job(row, reason, stimulus_id=f"submit-{job_id}", key=key, also=also)
         if stored.id != job_id:  # a retry of a submission stored before: that job, as it is now
             if not same_spec(stored.spec_json, spec):  # a key names one submission (Stripe's rule)
                 raise SubmissionKeyReused(f"key {request.key} was already used for job {stored.id} with a "
@@ -167,6 +174,8 @@ class OwnerService:
             latest = await self._store.jobs.latest_attempts([stored.id] if stored.attempt > 0 else [])
             return Submitted(conceal(self._placed(self.view(stored), latest.get(stored.id)), requester), True)
         self._jobs.remember(job_id, spec)
+        if also is not None and self.arrays is not None:
+            self.arrays.stored(job_id)
         self._signals.job_changed(job_id)
         self._signals.wake()
         return Submitted(self.view(stored), False)
@@ -218,6 +227,7 @@ class OwnerService:
         latest = await self._store.jobs.latest_attempts([r.id for r in rows if r.attempt > 0])
         explained = query is None or query.explanations
         local = [conceal(self._placed(self.view(r, explained), latest.get(r.id)), requester) for r in rows]
+        local = await self.arrays.summarize(local) if self.arrays is not None else local
         if scope != "cluster" or self._directory is None:
             return local
         peers = self._directory.up_ids()
@@ -265,6 +275,7 @@ class OwnerService:
                       attempt=e.attempt, reason=self._names.readable(e.reason), stimulus_id=e.stimulus_id)
             for e in events
         ]
+        view = (await self.arrays.summarize([view]))[0] if self.arrays is not None else view
         return conceal(view, requester)
 
     async def explain(self, job_ref: str, requester: Requester | None = None) -> ExplanationModel:
@@ -346,6 +357,8 @@ class OwnerService:
         await self._jobs.apply(row.id, claims.CancelRequested(reason=f"cancelled{who or ' by user'}",
                                                               stimulus_id=f"cancel-{row.id}", signal=signal),
                                kind=f"cancel requested{who}")
+        if self.arrays is not None and self.arrays.is_array(self._jobs.spec(row)):
+            await self.arrays.cancel_rest(row.id, who)  # every task not yet ended
         return self.view(await self._jobs.row(row.id))
 
     async def logs(self, job_ref: str, stream: str, offset: int, attempt: int | None,
@@ -456,6 +469,7 @@ class OwnerService:
             retries_left=row.retries_left, cancel_requested=row.cancel_requested,
             reason=self._reason(row), exit_code=row.exit_code,
             submitted_at=row.submitted_at, updated_at=row.updated_at, spec=self._jobs.spec(row),
+            array_id=None if (task := self._jobs.spec(row).array_task) is None else task.array_id,
             # The last matching is the answer only while the job waits (or was rejected at submit):
             # a running or finished job is told by `explain`'s state, never by a stale "fits".
             explanation=(None if row.explanation_json is None or not explanation

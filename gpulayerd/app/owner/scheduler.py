@@ -20,6 +20,7 @@ from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.owner.array_book import ArrayBook
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.worker import WorkerService
@@ -45,7 +46,7 @@ class Scheduler:
     def __init__(self, *, config: DaemonConfig, node_id: str, store: Store, jobs: OwnedJobs, machine: Machine,
                  worker: WorkerService, gangs: GangCoordinator, transport: PeerTransport,
                  directory: Directory | None, support: SupportMatrix, signals: Signals, clock: Clock,
-                 usage: UsageService | None = None) -> None:
+                 usage: UsageService | None = None, arrays: ArrayBook | None = None) -> None:
         self._config = config
         self.node_id = node_id
         self._store = store
@@ -58,6 +59,7 @@ class Scheduler:
         self._signals = signals
         self._clock = clock
         self._usage = usage
+        self._arrays = arrays  # arrays' tasks and dependencies, ticked before each pass
         self.core = core.SchedulerCore(node_id, support, offer_interval_s=config.offer_interval_s,
                                        fair_share=usage is not None)
         self.passes_skipped = 0
@@ -71,6 +73,27 @@ class Scheduler:
             self._retry_due = min(self._retry_due or row.retry_at, row.retry_at)
         queued = row.status is JobStatus.QUEUED and (fresh or not self.core.queued(row.id))
         return core.QueuedJob(row.id, row.seq, row.reason, self._jobs.spec(row).to_core(row.id) if queued else None)
+
+    def _schedulable(self, row: JobRow) -> bool:
+        """Whether queued ``row`` is the scheduler's: not an array's own row (its tasks are), not
+        waiting for a dependency (:class:`~gpulayerd.app.owner.dependency_gate.DependencyGate`)."""
+        if row.status is not JobStatus.QUEUED:
+            return False
+        if self._arrays is None or ('"array":"' not in row.spec_json and '"after":["' not in row.spec_json):
+            return True
+        spec = self._jobs.spec(row)
+        held = self._arrays.gate.holds(row, spec)  # (registers a job that waits)
+        return not held and not self._arrays.is_array(spec)
+
+    async def _tick_books(self) -> None:
+        """Dependencies judged and arrays' tasks materialized (:meth:`DependencyGate.tick`, :meth:`ArrayBook.tick`)."""
+        if self._arrays is None:
+            return
+        try:
+            await self._arrays.gate.tick()
+            await self._arrays.tick()
+        except Exception:  # the next pass tries again; the scheduler goes on
+            log.exception("arrays and dependencies: tick failed")
 
     def _peers(self) -> list[WorkerSnapshot]:
         return self._directory.worker_snapshots() if self._directory is not None else []
@@ -95,6 +118,7 @@ class Scheduler:
             else:
                 self.passes_skipped += 1
                 self._signals.stats["scheduler_passes_skipped"] += 1
+                await self._tick_books()
                 await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
             due = self._retry_due
             await self._signals.wait_wake(self._config.schedule_interval_s if due is None else
@@ -104,6 +128,7 @@ class Scheduler:
     async def run_once(self) -> None:
         """One scheduling pass over the queued jobs (the core's actions carried out), then the peers'
         offers; the offers of users with less lab-wide usage than every user waiting here go first."""
+        await self._tick_books()
         best = self._best_waiting()
         if best is not None:
             await self._worker.take_offers(below=best)
@@ -142,11 +167,13 @@ class Scheduler:
             await asyncio.sleep(0)  # a long queue never holds up the API or a job's start
         elif isinstance(action, core.ReadChanges):
             head, count, rows = await self._store.jobs.queue_changes(action.since)
-            return core.QueueChanges(head, count, tuple((self._kept(r), r.status is JobStatus.QUEUED) for r in rows))
+            changed = tuple((self._kept(r), self._schedulable(r)) for r in rows)
+            held = self._arrays.held() if self._arrays is not None else 0  # queued, but not the scheduler's
+            return core.QueueChanges(head, count - held, changed)
         elif isinstance(action, core.ReadQueue):
             head, _, _ = await self._store.jobs.queue_changes(1 << 62)  # changes after head are read again
             queued = await self._store.jobs.list_jobs([JobStatus.QUEUED], None)
-            return core.QueueLoaded(head, tuple(self._kept(r, fresh=True) for r in queued))
+            return core.QueueLoaded(head, tuple(self._kept(r, fresh=True) for r in queued if self._schedulable(r)))
         elif isinstance(action, core.ReadMachine):
             local = (await self._machine.snapshot(refresh_apps=True, workdirs=list(action.workdirs))
                      if action.local else None)

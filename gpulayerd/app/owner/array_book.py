@@ -1,0 +1,198 @@
+"""Job arrays owned here: checked at submit, tasks materialized lazily, the array ended, summaries.
+
+An array is a job row (``ID``) the scheduler never takes; its tasks are job rows of their own
+(``ID_7``), written by :meth:`ArrayBook.tick` only while fewer than ``%MAX`` (else
+:data:`~gpulayerd.core.arrays.WINDOW`) of them are queued or running
+(:func:`gpulayerd.core.arrays.to_materialize`, in the store's transaction). Only the owner
+materializes, so ``%MAX`` holds lab-wide. When every task has ended the array's row ends too:
+``succeeded`` when every task did, else ``failed``. ``cancel ID`` cancels the array's row and every
+task not yet ended (:meth:`ArrayBook.cancel_rest`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.owned_jobs import OwnedJobs
+from gpulayerd.app.common.signals import Signals
+from gpulayerd.app.owner.dependency_gate import DependencyGate
+from gpulayerd.core.arrays import ArrayError, ArraySpec, parse_array, task_command, task_id, to_materialize
+from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES
+from gpulayerd.core.protocol import claims
+from gpulayerd.core.protocol.claims import JobStatus
+from gpulayerd.core.reasons import ReasonCode
+from gpulayerd.errors import InvalidSpec
+from gpulayerd.models import ArraySummary, ArrayTask, JobSpec, JobView
+from gpulayerd.store import ArrayRow, JobRow, Store
+
+__all__ = ["ArrayBook"]
+
+log = logging.getLogger(__name__)
+
+_ORDER = ("running", "claimed", *(s for s in JOB_STATES if s not in ("running", "claimed")))
+"""The order an array's tasks are counted in its reason: running first."""
+
+
+class ArrayBook:
+    """The arrays owned here; see the module docstring."""
+
+    def __init__(self, *, store: Store, jobs: OwnedJobs, gate: DependencyGate, signals: Signals, clock: Clock,
+                 max_array_size: int) -> None:
+        """``max_array_size``: most tasks one array may have (the daemon's setting)."""
+        self._store = store
+        self._jobs = jobs
+        self.gate = gate
+        self._signals = signals
+        self._clock = clock
+        self._max_size = max_array_size
+        self._open: set[str] | None = None  # arrays whose row is queued (None: not read yet)
+
+    def check(self, spec: JobSpec) -> ArraySpec | None:
+        """The array a submitted spec asks for (None: an ordinary job).
+
+        Raises:
+            InvalidSpec: naming ``array`` and what is allowed (including ``max_array_size``).
+        """
+        if spec.array is None:
+            return None
+        try:
+            return parse_array(spec.array, self._max_size)
+        except ArrayError as e:
+            raise InvalidSpec(f"array: {e}") from None
+
+    async def prepare(self, spec: JobSpec, job_id: str) -> tuple[JobSpec, Callable[[Any], None] | None]:
+        """A submitted spec checked (``array``) and its dependencies resolved to whole ids (``after``);
+        and, for an array, the write of its ``arrays`` row (with its job row, one transaction).
+
+        Raises:
+            InvalidSpec: naming ``array`` or ``after`` (see :meth:`check`, :meth:`DependencyGate.resolve`).
+        """
+        if spec.array_task is not None:  # the owner's to set, never a submitter's
+            spec = spec.model_copy(update={"array_task": None})
+        parsed = self.check(spec)
+        if spec.after:
+            after = await self.gate.resolve(spec.after)
+            self.gate.check_cycle(job_id, after)
+            spec = spec.model_copy(update={"after": after})
+        if parsed is None or spec.array is None:
+            return spec, None
+        return spec, self._store.arrays.writer(job_id, spec.array, parsed.count)
+
+    def stored(self, array_id: str) -> None:
+        """An array was just stored (its tasks come at the next :meth:`tick`)."""
+        if self._open is not None:
+            self._open.add(array_id)
+
+    def held(self) -> int:
+        """How many queued job rows are not the scheduler's: open arrays' own rows and jobs waiting for a
+        dependency (so the scheduler's count of its queue agrees with the store's)."""
+        return len(self.gate.waiting() | (self._open or set()))
+
+    @staticmethod
+    def is_array(spec: JobSpec) -> bool:
+        """Whether ``spec`` is an array's own job (never scheduled: its tasks are)."""
+        return spec.array is not None and spec.array_task is None
+
+    async def tick(self) -> None:
+        """Materialize the next tasks of every open array whose dependencies are met; end the arrays
+        whose every task has ended."""
+        if self._open is None:
+            self._open = set(await self._store.arrays.open_ids())
+        for array_id in sorted(self._open):
+            row = await self._store.jobs.get_job(array_id)
+            if row is None or row.status is not JobStatus.QUEUED:
+                self._open.discard(array_id)
+                continue
+            spec = self._jobs.spec(row)
+            if not self.gate.released(row, spec):
+                continue
+            await self._materialize(row, spec)
+
+    async def _materialize(self, row: JobRow, spec: JobSpec) -> None:
+        parsed = parse_array(spec.array or "", max_size=1 << 62)
+        now = self._clock.wall()
+        specs: dict[str, JobSpec] = {}
+
+        def decide(array: ArrayRow, active: int) -> list[JobRow]:  # on the store's thread, in the transaction
+            out = []
+            for pos in range(array.materialized, array.materialized + to_materialize(parsed, array.materialized,
+                                                                                     active)):
+                index = parsed.index_at(pos)
+                tid = task_id(row.id, index)
+                specs[tid] = spec.model_copy(update={
+                    "array": None, "after": [], "command": task_command(spec.command, index),
+                    "array_task": ArrayTask(array_id=row.id, index=index, count=parsed.count)})
+                out.append(JobRow(id=tid, name=row.name, submitted_by=row.submitted_by,
+                                  spec_json=specs[tid].model_dump_json(), status=JobStatus.QUEUED,
+                                  retries_left=row.retries_left, lease_s=row.lease_s,
+                                  reason="waiting for the scheduler", submitted_at=now, updated_at=now))
+            return out
+
+        done = await self._store.arrays.materialize(row.id, decide)
+        if done is None:
+            return
+        for task in done.tasks:
+            self._jobs.remember(task.id, specs[task.id])
+            self._signals.job_changed(task.id)
+        if done.tasks:
+            self._signals.job_changed(row.id)
+            self._signals.wake()
+        elif done.materialized >= parsed.count:
+            await self._maybe_end(row)
+
+    async def _maybe_end(self, row: JobRow) -> None:
+        """End the array's row when every task has ended: succeeded if every task did, else failed."""
+        counts = (await self._store.arrays.counts([row.id])).get(row.id, {})
+        if any(s not in TERMINAL_STATES for s in counts):
+            return
+        bad = {s: n for s, n in counts.items() if s != "succeeded"}
+        total = sum(counts.values())
+        if bad:
+            words = ", ".join(f"{n} {s}" for s, n in sorted(bad.items()))
+            status, reason = JobStatus.FAILED, f"{sum(bad.values())} of {total} tasks did not succeed ({words})"
+        else:
+            status, reason = JobStatus.SUCCEEDED, f"all {total} tasks succeeded"
+        rec = row.record()
+        done = await self._store.jobs.apply(claims.PersistJob(
+            replace(rec, status=status), JobStatus.QUEUED, rec.attempt, reason, f"array-end-{row.id}"),
+            self._clock.wall(), kind="array ended")
+        if done and self._open is not None:
+            self._open.discard(row.id)
+        self._signals.job_changed(row.id)
+        self._signals.wake()
+
+    async def cancel_rest(self, array_id: str, who: str) -> None:
+        """Cancel every task of array ``array_id`` not yet ended (its row is cancelled: none comes after)."""
+        for task in await self._store.arrays.unfinished(array_id):
+            await self._jobs.apply(task.id, claims.CancelRequested(reason=f"cancelled{who or ' by user'} (the array)",
+                                                                   stimulus_id=f"cancel-{array_id}"),
+                                   kind=f"cancel requested{who}")
+
+    async def summarize(self, views: list[JobView]) -> list[JobView]:
+        """``views`` with each array's :class:`ArraySummary`, state and reason (``running`` while a task
+        runs; ``Array: 3 running, 12 pending of 20``)."""
+        arrays = await self._store.arrays.many([v.id for v in views if v.array_id is None])
+        if not arrays:
+            return views
+        counts = await self._store.arrays.counts(list(arrays))
+        for view in views:
+            array = arrays.get(view.id)
+            if array is None:
+                continue
+            c = dict(counts.get(view.id, {}))
+            if array.total > array.materialized and view.status == "queued":
+                c["pending"] = array.total - array.materialized
+            parsed_max = view.spec.array.partition("%")[2] if view.spec.array else ""
+            view.array = ArraySummary(expr=array.expr, total=array.total,
+                                      max_running=int(parsed_max) if parsed_max.isdigit() else None, counts=c)
+            if view.status == "queued":
+                if c.get("running") or c.get("claimed"):
+                    view.status = "running"
+                if not view.reason.startswith("Dependency"):
+                    words = ", ".join(f"{c[s]} {s}" for s in (*_ORDER, "pending") if c.get(s))
+                    view.reason = f"{ReasonCode.ARRAY.value}: {words or 'no task yet'} of {array.total}"
+        return views

@@ -1,0 +1,111 @@
+"""Job arrays and dependencies against one real CPU daemon (4 slots) shared by the module: ``%MAX``
+holds, every task sees its index, ``cancel ID_7`` and ``cancel ID``, ``--after ARRAY``, a failed
+dependency, and bad input (exit 2, nothing stored)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import GPULAYER, Daemon, Lab, clean_env, wait_until
+
+TASK = ("mkdir -p run seen idx; touch run/{task}; ls run | wc -l > seen/{task}; "
+        "echo $GPULAYER_ARRAY_ID $GPULAYER_ARRAY_TASK_ID $GPULAYER_ARRAY_TASK_COUNT > idx/{task}; "
+        "sleep 0.4; rm run/{task}")
+
+
+@pytest.fixture(scope="module")
+def daemon(shared_lab: Lab) -> Daemon:
+    return shared_lab.daemon(cpu_slots=4)
+
+
+def _ended(d: Daemon, job_id: str, timeout_s: float = 60.0) -> dict[str, object]:
+    wait_until(lambda: d.show(job_id)["status"] in ("succeeded", "failed", "cancelled"), timeout_s,
+               f"job {job_id} to end")
+    return d.show(job_id)
+
+
+def test_an_array_with_max_3_never_runs_more_than_3_and_every_task_sees_its_index(daemon: Daemon,
+                                                                                 tmp_path: Path) -> None:
+    array = daemon.submit("--array", "0-11%3", "--workdir", str(tmp_path), "--name", "sweep", "--", "sh", "-c", TASK)
+    most = 0
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        view = daemon.show(array)
+        counts = view["array"]["counts"]
+        most = max(most, sum(counts.get(s, 0) for s in ("queued", "claimed", "running")))
+        if view["status"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.05)
+    assert view["status"] == "succeeded", view["reason"]
+    assert view["reason"] == "all 12 tasks succeeded"
+    assert most <= 3
+    assert max(int((tmp_path / "seen" / str(i)).read_text()) for i in range(12)) <= 3
+    for i in range(12):
+        assert (tmp_path / "idx" / str(i)).read_text().split() == [array, str(i), "12"]
+    tasks = daemon.cli_json("jobs", "--json", "--all")
+    assert {t["id"] for t in tasks if t.get("array_id") == array} == {f"{array}_{i}" for i in range(12)}
+    collapsed = daemon.cli_ok("jobs", "--all")
+    assert f"{array}_" not in collapsed and array in collapsed
+    assert f"{array}_7" in daemon.cli_ok("jobs", "--all", "--tasks")
+    assert daemon.cli_ok("logs", f"{array}_7") == ""
+
+
+def test_cancel_a_task_then_the_array(daemon: Daemon, tmp_path: Path) -> None:
+    array = daemon.submit("--array", "5-8", "--workdir", str(tmp_path), "--", "sleep", "60")
+    wait_until(lambda: daemon.show(array)["array"]["counts"].get("running", 0) == 4, 20, "every task running")
+    daemon.cli_ok("cancel", f"{array}_7")
+    assert _ended(daemon, f"{array}_7")["status"] == "cancelled"
+    assert daemon.show(f"{array}_6")["status"] == "running"
+    daemon.cli_ok("cancel", array)
+
+    def states() -> dict[str, str]:
+        return {j["id"]: j["status"] for j in daemon.all_jobs() if j.get("array_id") == array or j["id"] == array}
+
+    wait_until(lambda: set(states().values()) == {"cancelled"}, 30, "every task cancelled")
+    assert len(states()) == 5
+
+
+def test_after_an_array_waits_for_every_task(daemon: Daemon, tmp_path: Path) -> None:
+    array = daemon.submit("--array", "0-3", "--workdir", str(tmp_path), "--", "sleep", "1")
+    after = daemon.submit("--after", f"{array}:ok", "--", "true")
+    view = daemon.wait_reason(after, lambda j: j.reason.startswith("Dependency: after "))
+    assert array in view.reason and view.status == "queued"
+    done = _ended(daemon, after)
+    assert done["status"] == "succeeded"
+    started = done["attempts"][0]["started_at"]
+    for i in range(4):
+        assert daemon.show(f"{array}_{i}")["attempts"][0]["ended_at"] <= started
+
+
+def test_a_dependency_that_failed_cancels_the_job_and_run_exits_1(daemon: Daemon) -> None:
+    failing = daemon.submit("--", "false")
+    waiting = daemon.submit("--after", failing, "--", "true")
+    done = _ended(daemon, waiting)
+    assert (done["status"], done["reason"]) == ("cancelled", f"DependencyNeverSatisfied: {failing} failed")
+    r = subprocess.run([GPULAYER, "--state-dir", str(daemon.state_dir), "run", "--after", failing, "--", "true"],
+                       cwd=daemon.work, env=clean_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 1, r.stderr
+    assert daemon.cli_ok("jobs", "--json", "--all").count('"id"') >= 3
+    notok = daemon.submit("--after", f"{failing}:notok", "--", "true")
+    assert _ended(daemon, notok)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (("--array", "9-1"), "array: '9-1': range '9-1' is reversed"),
+    (("--array", "0-9:0"), "array: '0-9:0': step 0"),
+    (("--array", "0-9%0"), "array: '0-9%0': %MAX must be"),
+    (("--array", "0-10000"), "max_array_size = 10000"),
+    (("--after", "zzzznosuchjob"), "after: no job 'zzzznosuchjob'"),
+    (("--after", "m8:sometimes"), "after: 'm8:sometimes': condition 'sometimes' is not one of ok, any, notok"),
+])
+def test_bad_input_exits_2_naming_the_field_and_stores_nothing(daemon: Daemon, args: tuple[str, ...],
+                                                                field: str) -> None:
+    before = len(daemon.all_jobs())
+    r = daemon.cli("submit", *args, "--", "true")
+    assert r.returncode == 2, r.stderr
+    assert field in r.stderr
+    assert len(daemon.all_jobs()) == before

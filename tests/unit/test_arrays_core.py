@@ -1,0 +1,107 @@
+"""Job arrays and dependencies, decided (gpulayerd.core.arrays, gpulayerd.core.dependencies): pure."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpulayerd.core.arrays import (
+    WINDOW,
+    ArrayError,
+    ArraySpec,
+    parse_array,
+    split_task_id,
+    task_command,
+    task_id,
+    to_materialize,
+)
+from gpulayerd.core.dependencies import (
+    After,
+    Condition,
+    DependencyError,
+    Never,
+    Satisfied,
+    Waiting,
+    cycle_through,
+    judge,
+    parse_after,
+)
+
+
+@pytest.mark.parametrize(("text", "indices", "most"), [
+    ("0-4", (0, 1, 2, 3, 4), None),
+    ("0-9:3", (0, 3, 6, 9), None),
+    ("1,5,9", (1, 5, 9), None),
+    ("7", (7,), None),
+    ("0-99%8", tuple(range(100)), 8),
+    ("0-2,10-12%2", (0, 1, 2, 10, 11, 12), 2),
+])
+def test_array_expressions_parse(text: str, indices: tuple[int, ...], most: int | None) -> None:
+    assert parse_array(text) == ArraySpec(indices, most)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("5-1", "reversed"), ("0-9:0", "step 0"), ("0-9%0", "%MAX"), ("0-9%", "%MAX"), ("", "no indices"),
+    ("a-b", "not an index"), ("0-10001", "max_array_size = 10000"), ("1,1", "twice"), ("0-99999999", "above"),
+])
+def test_bad_array_expressions_say_what_is_wrong_and_what_is_allowed(text: str, words: str) -> None:
+    with pytest.raises(ArrayError, match=words) as e:
+        parse_array(text)
+    assert "allowed:" in str(e.value)
+
+
+def test_task_ids_and_commands() -> None:
+    assert task_id("m8abc", 7) == "m8abc_7"
+    assert split_task_id("m8abc_7") == ("m8abc", 7)
+    assert split_task_id("m8abc") is None
+    assert task_command(["python", "train.py", "--seed={task}", "{task}"], 3) == ["python", "train.py", "--seed=3", "3"]
+
+
+@given(n=st.integers(1, 300), most=st.one_of(st.none(), st.integers(1, 20)),
+       ends=st.lists(st.integers(0, 5), max_size=400))
+def test_materialization_never_exceeds_max_and_materializes_every_index_exactly_once(
+        n: int, most: int | None, ends: list[int]) -> None:
+    spec = ArraySpec(tuple(range(n)), most)
+    bound = most if most is not None else WINDOW
+    cursor, active, made = 0, 0, []
+    for k in [*ends, *([bound] * (n + 1))]:  # some tasks end between rounds; then all of them, until done
+        active -= min(k, active)
+        more = to_materialize(spec, cursor, active)
+        made += [spec.index_at(p) for p in range(cursor, cursor + more)]
+        cursor, active = cursor + more, active + more
+        assert active <= bound
+    assert made == list(range(n))
+
+
+def test_dependencies_parse() -> None:
+    assert parse_after("m8a") == After("m8a", Condition.OK)
+    assert parse_after("m8a:notok") == After("m8a", Condition.NOTOK)
+    assert str(parse_after("m8a:any")) == "m8a:any"
+    with pytest.raises(DependencyError, match="not one of ok, any, notok"):
+        parse_after("m8a:maybe")
+    with pytest.raises(DependencyError, match="no job id"):
+        parse_after(":ok")
+
+
+@pytest.mark.parametrize(("cond", "status", "verdict"), [
+    ("ok", "succeeded", Satisfied), ("ok", "failed", Never), ("ok", "cancelled", Never),
+    ("any", "failed", Satisfied), ("any", "succeeded", Satisfied),
+    ("notok", "failed", Satisfied), ("notok", "succeeded", Never), ("notok", "lost", Satisfied),
+    ("ok", "running", Waiting), ("any", None, Waiting),
+])
+def test_a_dependency_is_judged_by_the_state_of_the_job_it_names(cond: str, status: str | None,
+                                                                 verdict: type) -> None:
+    assert isinstance(judge([After("a", Condition(cond))], {"a": status}), verdict)
+
+
+def test_never_wins_over_waiting_and_waiting_names_the_first_unmet() -> None:
+    deps = [After("a"), After("b"), After("c")]
+    assert judge(deps, {"a": "running", "b": "succeeded", "c": "queued"}) == Waiting(After("a"))
+    assert judge(deps, {"a": "running", "b": "failed"}) == Never(After("b"), "failed")
+
+
+def test_cycles_are_found() -> None:
+    assert cycle_through("x", {"x": ["a"], "a": ["b"], "b": ["x"]}) == ["x", "a", "b"]
+    assert cycle_through("x", {"x": ["a"], "a": ["b"], "b": []}) is None
+    assert cycle_through("x", {"x": ["x"]}) == ["x"]
