@@ -555,15 +555,15 @@ def test_a_job_with_the_watchdogs_own_ids_and_groups_needs_no_switch() -> None:
     (CPython's vfork path); any other uid, gid or group set still switches."""
     from dataclasses import replace
 
-    from gpulayerd.runs import watchdog
+    from gpulayerd.runs import jobstart
     from gpulayerd.runs.account import JobUser
 
     me = JobUser(name="me", uid=os.geteuid(), gid=os.getegid(), groups=tuple(os.getgroups()), home="/",
                  shell="/bin/sh")
-    assert watchdog._is_current(me)
-    assert not watchdog._is_current(replace(me, groups=(*me.groups, 54321)))
-    assert not watchdog._is_current(replace(me, uid=me.uid + 1))
-    assert not watchdog._is_current(replace(me, gid=me.gid + 1))
+    assert jobstart._is_current(me)
+    assert not jobstart._is_current(replace(me, groups=(*me.groups, 54321)))
+    assert not jobstart._is_current(replace(me, uid=me.uid + 1))
+    assert not jobstart._is_current(replace(me, gid=me.gid + 1))
 
 
 def test_the_first_deadline_comes_from_the_launch_and_none_removes_it(runner: Runner) -> None:
