@@ -139,11 +139,17 @@ class SimNetwork:
     def _lost(self, a: str, b: str) -> bool:
         return self._cut(a, b) or (self.loss > 0 and self.rng.random() < self.loss)
 
+    def _traffic(self, node: str) -> Traffic:
+        t = self.traffic.get(node)
+        if t is None:
+            t = self.traffic[node] = Traffic()
+        return t
+
     def _count(self, sender: str, target: str, kind: str, size: int) -> None:
-        s = self.traffic.setdefault(sender, Traffic())
+        s = self._traffic(sender)
         s.sent_msgs[kind] += 1
         s.sent_bytes[kind] += size
-        t = self.traffic.setdefault(target, Traffic())
+        t = self._traffic(target)
         t.recv_msgs[kind] += 1
         t.recv_bytes[kind] += size
 
@@ -160,21 +166,21 @@ class SimNetwork:
         kind = KIND.get(route.name, "other")
         raw = b"" if body is None else body.model_dump_json().encode()
         self._count(sender, target, kind, len(raw) + HEADER_BYTES)
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[bytes] = loop.create_future()
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         start = self.time.now
         if not self._lost(sender, target):
             self.time.call_at(start + self._delay(),
                               lambda: self._arrive(sender, target, route, raw, answer, kind))
-        timer: asyncio.Future[None] = loop.create_future()
-        self.time.call_at(start + self.call_timeout_s, lambda: timer.done() or timer.set_result(None))
-        done, _ = await asyncio.wait({answer, timer}, return_when=asyncio.FIRST_COMPLETED)
-        if answer not in done:
-            answer.cancel()
-            raise PeerCallError(f"{target[:12]} did not answer within {self.call_timeout_s:g} s")
-        if not timer.done():
-            timer.cancel()
-        out = answer.result()  # raises the call's error
+
+        def expire() -> None:
+            if not answer.done():
+                answer.set_exception(PeerCallError(f"{target[:12]} did not answer within {self.call_timeout_s:g} s"))
+
+        timeout = self.time.call_at(start + self.call_timeout_s, expire)
+        try:
+            out = await answer  # raises the call's error
+        finally:
+            timeout.cancel()  # answered (or the caller was cancelled): no step at the timeout
         me = self.nodes.get(sender)
         if me is not None:
             await me.clock.running()  # a paused caller takes its answer only when it runs again
