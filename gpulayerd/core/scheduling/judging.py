@@ -7,7 +7,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching.shapes import freeze
+from gpulayerd.core.matching.shapes import FreezeMemo, freeze
 from gpulayerd.core.protocol.claims import WorkerLoad, choose_target
 from gpulayerd.core.scheduling.steps import Key, QueuedJob
 from gpulayerd.core.types import JobRequest, WorkerSnapshot
@@ -28,10 +28,10 @@ def pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
     return (pair[0] or "", pair[1] or "")
 
 
-def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable:
-    """``worker`` frozen, but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
+def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True, memo: FreezeMemo | None = None) -> Hashable:
+    """``worker`` frozen (with ``memo``), but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
     out = replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset())
-    return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
+    return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None), memo)
 
 
 def peer_loads(remote: Sequence[WorkerSnapshot]) -> dict[str, WorkerLoad]:

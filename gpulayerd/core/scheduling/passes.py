@@ -138,7 +138,9 @@ class SchedulerCore:
         if usage is not None and self._users:
             users = sorted(self._users)
             order = [c.user for c in fairshare.order((fairshare.Candidate(u, u, 0.0) for u in users), usage)]
-        return (freeze(sorted(remote, key=lambda w: w.node_id)), tuple(order))
+        frozen = freeze(sorted(remote, key=lambda w: w.node_id), self.book.memo)
+        self.book.memo.turn()  # a round: from one call here to the next (a pass, or an idle check)
+        return (frozen, tuple(order))
 
     def idle(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> bool:
         """True when a timer-only pass would decide nothing new: the last pass left no job waiting
@@ -299,9 +301,9 @@ class SchedulerCore:
             return False
         frozen, dev_frozen, old, workdirs = self._settled
         if devices_only:
-            if without_paths(worker, cpu_slots=False) != dev_frozen:
+            if without_paths(worker, cpu_slots=False, memo=self.book.memo) != dev_frozen:
                 return False
-        elif without_paths(worker) != frozen:
+        elif without_paths(worker, memo=self.book.memo) != frozen:
             return False
         if (worker.existing_paths is None) != (old.existing_paths is None):
             return False
@@ -346,7 +348,8 @@ class SchedulerCore:
         worker, _ = yield from self._walk(ids_walked, worker, remote)
         assert self._workdirs is not None
         self._settled = None if self._unsure else (
-            without_paths(worker), without_paths(worker, cpu_slots=False), worker,
+            without_paths(worker, memo=self.book.memo), without_paths(worker, cpu_slots=False, memo=self.book.memo),
+            worker,
             {wd for _, wd in self._workdirs if wd is not None})
         yield from self._reasons(worker, remote, usage, machine.now)
         # After the reasons: they judged the shapes the walk skipped, at this machine's version.
