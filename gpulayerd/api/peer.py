@@ -92,11 +92,12 @@ def request_problem(msg: BaseModel | None) -> str | None:
     """
     if msg is None:
         return None
+    fields = type(msg).model_fields  # a field it lacks: no getattr (pydantic's miss is slow: a heartbeat has none)
     for name in ("job_id", "hold_id"):
-        value = getattr(msg, name, None)
+        value = getattr(msg, name, None) if name in fields else None
         if isinstance(value, str) and not _ID.fullmatch(value):
             return f"{name} must be 1 to 64 letters, digits, '_' or '-'"
-    attempt = getattr(msg, "attempt", None)
+    attempt = getattr(msg, "attempt", None) if "attempt" in fields else None
     if isinstance(attempt, int) and not 1 <= attempt <= MAX_ATTEMPT:
         return f"attempt must be 1 to {MAX_ATTEMPT}"
     if isinstance(msg, LogRequest) and not 0 <= msg.offset <= MAX_LOG_OFFSET:
@@ -169,8 +170,9 @@ class PeerRouter:
         problem = request_problem(body)
         if problem is not None:
             raise PeerBadRequest(f"invalid {route.request.__name__}: {problem}")
+        fields = type(body).model_fields if body is not None else {}
         for name in _SENDER_FIELDS:
-            value = getattr(body, name, None)
+            value = getattr(body, name, None) if name in fields else None
             if isinstance(value, str) and value != sender.node_id:
                 self._refused(route, sender, f"{name} {value[:12]!r} is not the sender")
                 raise PeerRefused(f"{name} does not match the TLS certificate")

@@ -20,9 +20,23 @@ from typing import TypeVar
 
 from gpulayerd.app.common.clock import Clock
 
-__all__ = ["NodeClock", "SimTime"]
+__all__ = ["NodeClock", "SimTime", "Timer"]
 
 _T = TypeVar("_T")
+
+
+class Timer:
+    """A timer of :class:`SimTime`: :meth:`cancel` makes it fire nothing (and cost no step)."""
+
+    __slots__ = ("cancelled", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Never fire (a call's timeout once it was answered, a sleep that was cancelled)."""
+        self.cancelled = True
 
 
 class SimTime:
@@ -34,26 +48,33 @@ class SimTime:
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()
         self.fired = 0  # timers fired so far (a measure of simulated work)
 
-    def call_at(self, when: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` (in the event loop, synchronously) once true time reaches ``when`` seconds."""
-        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn))
+    def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
+        """Run ``fn`` (in the event loop, synchronously) once true time reaches ``when`` seconds, unless cancelled."""
+        timer = Timer(fn)
+        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), timer))
+        return timer
 
     def next_due(self) -> float | None:
-        """The due time of the earliest timer (seconds), or None when there is none."""
-        return self._heap[0][0] if self._heap else None
+        """The due time of the earliest timer not cancelled (seconds), or None when there is none."""
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def advance_to(self, when: float) -> int:
         """Move true time to ``when`` (never back) and fire every timer due by then; how many fired."""
         n = 0
-        self.now = max(self.now, when)
-        while self._heap and self._heap[0][0] <= self.now:
-            _, _, fn = heapq.heappop(self._heap)
-            fn()
-            n += 1
+        self.now = now = max(self.now, when)
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            timer = heapq.heappop(heap)[2]
+            if not timer.cancelled:
+                timer.fn()
+                n += 1
         self.fired += n
         return n
 
@@ -66,10 +87,13 @@ class SimTime:
         return due
 
     async def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` of true time."""
+        """Wait ``seconds`` of true time (a cancelled sleep leaves no timer behind)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.call_at(self.now + max(0.0, seconds), lambda: fut.done() or fut.set_result(None))
-        await fut
+        timer = self.call_at(self.now + max(0.0, seconds), lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            timer.cancel()
 
 
 class NodeClock(Clock):

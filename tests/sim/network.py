@@ -139,11 +139,17 @@ class SimNetwork:
     def _lost(self, a: str, b: str) -> bool:
         return self._cut(a, b) or (self.loss > 0 and self.rng.random() < self.loss)
 
+    def _traffic(self, node: str) -> Traffic:
+        t = self.traffic.get(node)
+        if t is None:
+            t = self.traffic[node] = Traffic()
+        return t
+
     def _count(self, sender: str, target: str, kind: str, size: int) -> None:
-        s = self.traffic.setdefault(sender, Traffic())
+        s = self._traffic(sender)
         s.sent_msgs[kind] += 1
         s.sent_bytes[kind] += size
-        t = self.traffic.setdefault(target, Traffic())
+        t = self._traffic(target)
         t.recv_msgs[kind] += 1
         t.recv_bytes[kind] += size
 
@@ -160,21 +166,21 @@ class SimNetwork:
         kind = KIND.get(route.name, "other")
         raw = b"" if body is None else body.model_dump_json().encode()
         self._count(sender, target, kind, len(raw) + HEADER_BYTES)
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[bytes] = loop.create_future()
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         start = self.time.now
         if not self._lost(sender, target):
             self.time.call_at(start + self._delay(),
                               lambda: self._arrive(sender, target, route, raw, answer, kind))
-        timer: asyncio.Future[None] = loop.create_future()
-        self.time.call_at(start + self.call_timeout_s, lambda: timer.done() or timer.set_result(None))
-        done, _ = await asyncio.wait({answer, timer}, return_when=asyncio.FIRST_COMPLETED)
-        if answer not in done:
-            answer.cancel()
-            raise PeerCallError(f"{target[:12]} did not answer within {self.call_timeout_s:g} s")
-        if not timer.done():
-            timer.cancel()
-        out = answer.result()  # raises the call's error
+
+        def expire() -> None:
+            if not answer.done():
+                answer.set_exception(PeerCallError(f"{target[:12]} did not answer within {self.call_timeout_s:g} s"))
+
+        timeout = self.time.call_at(start + self.call_timeout_s, expire)
+        try:
+            out = await answer  # raises the call's error
+        finally:
+            timeout.cancel()  # answered (or the caller was cancelled): no step at the timeout
         me = self.nodes.get(sender)
         if me is not None:
             await me.clock.running()  # a paused caller takes its answer only when it runs again
@@ -286,9 +292,11 @@ class SimNode:
             await self.clock.sleep(self.heartbeat_interval_s)
 
     def _message(self) -> Heartbeat:
-        return Heartbeat(msg_id=new_msg_id(), node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER,
-                         port=1, addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
-                         holdings=self.usage.own_holdings(), revoked=None)
+        # Not validated here: the receiver validates it from its JSON (as the peer port does).
+        return Heartbeat.model_construct(
+            msg_id=new_msg_id(), node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1,
+            addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
+            holdings=self.usage.own_holdings(), revoked=None)
 
     async def _beat(self, key: str, node_id: str | None) -> None:
         was_up = self._is_up(node_id)
@@ -326,9 +334,9 @@ class SimNode:
         if known is not None and sender.mode:
             known.proven_mode, known.proven_user = sender.mode, sender.user
         self._take_holdings(sender, msg.holdings, msg.name)
-        return HeartbeatReply(node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1,
-                              addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
-                              holdings=self.usage.own_holdings(), revoked=None)
+        return HeartbeatReply.model_construct(  # validated by the caller, from its JSON
+            node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1, addresses=[self.node_id],
+            ep=self.ep, caps_digest=self.machine.caps_digest(), holdings=self.usage.own_holdings(), revoked=None)
 
     def _take_holdings(self, sender: Sender, holdings: dict[str, tuple[int, int]] | None, name: str) -> None:
         if holdings is None:

@@ -14,17 +14,21 @@ Time is discrete-event: :meth:`Sim.run_until` lets every task run until all of t
 simulated time (or on the network), checks the invariants, then moves true time to the next
 timer. No real time is waited for, except work already handed to a thread. A run is
 reproducible from its seed (the job ids, latencies, losses, faults and workload all come
-from seeded random sources; the one exception is the thread hand-offs' completion order).
+from seeded random sources; work handed to threads runs one piece at a time, in order,
+and is answered before time moves, see :meth:`Sim.quiet`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import string
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,9 @@ from .store import MemoryDisk
 __all__ = ["Sim", "SimDaemon", "SimRunner", "node_ids"]
 
 _B32 = string.ascii_lowercase + "234567"
+
+FREEZE_EVERY_S = 10.0
+"""Seconds of true time between two collections of the heap (:meth:`Sim._freeze_heap`)."""
 
 
 def node_ids(n: int, rng: random.Random) -> list[str]:
@@ -153,8 +160,15 @@ class Sim:
         self.jobs: dict[str, Job] = {}
         self.checker = Checker(self)
         self._n, self._gpus, self._skew_ppm = n, gpus, skew_ppm
-        self._threads: list[asyncio.Future[Any]] = []
+        # Work handed to a thread, in the order it was handed: (the thread's future, the one its caller awaits).
+        self._threads: list[tuple[asyncio.Future[Any], asyncio.Future[Any]]] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim")  # one: runs in that order
+        self._stepping = False  # within run_until: quiet() hands the threads' results over
+        self._plain: Callable[..., asyncio.Future[Any]] | None = None  # the loop's own run_in_executor
         self.steps = 0
+        self._frozen_at = -1.0  # true time of the last heap freeze (see _freeze_heap)
+        self._pool_threads = 1  # threads alive but for path checks (this one, pools' workers): a cheap test
+        self._gc_threshold: tuple[int, int, int] | None = None  # the collector's own, while ours is set
         self.trace: list[str] = []  # the last events, for a violation's report
 
     # ------------------------------------------------------------------ building
@@ -163,12 +177,15 @@ class Sim:
         """Build and start every daemon; announce each to all (mDNS)."""
         loop = asyncio.get_running_loop()
         self.checker.bind()
-        plain = loop.run_in_executor
+        plain = self._plain = type(loop).run_in_executor.__get__(loop)  # not an earlier Sim's (same loop)
 
         def counted(executor: Any, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-            fut = plain(executor, fn, *args)
-            self._threads.append(fut)
-            return fut
+            inner = plain(self._pool, fn, *args)
+            if not self._stepping:  # outside run_until (building, a test's own await): as it comes
+                return inner
+            outer = loop.create_future()
+            self._threads.append((inner, outer))
+            return outer
 
         loop.run_in_executor = counted  # type: ignore[method-assign]  # to know when threads are busy
         await asyncio.to_thread(self.workdir.mkdir, parents=True, exist_ok=True)
@@ -188,6 +205,7 @@ class Sim:
             self.by_id[node_id] = d
             await self._boot(d)
         self._announce_all()
+        self._freeze_heap()
         for d in self.daemons.values():
             self._watchdog(d)
 
@@ -322,19 +340,46 @@ class Sim:
     # ------------------------------------------------------------------ time
 
     async def quiet(self) -> None:
-        """Let every task run until all wait on simulated time, the network or nothing."""
+        """Let every task run until all wait on simulated time, the network or nothing.
+
+        Work handed to threads runs one piece at a time, in the order it was handed over, and
+        its results reach their callers only once every task waits (in that order too): where
+        the loop stood when a thread ended never shows in the run.
+        """
         loop = asyncio.get_running_loop()
         while True:
             for _ in range(10_000):
                 await asyncio.sleep(0)
                 if not loop._ready:  # type: ignore[attr-defined]  # CPython: the callbacks ready to run
                     break
-            busy = [f for f in self._threads if not f.done()]
-            self._threads = busy
-            if not busy and not loop._ready:  # type: ignore[attr-defined]
+            if self._threads and not loop._ready:  # type: ignore[attr-defined]
+                handed, self._threads = self._threads, []
+                await asyncio.wait([inner for inner, _ in handed])
+                for inner, outer in handed:
+                    if outer.done():  # its caller was cancelled
+                        continue
+                    if inner.cancelled():
+                        outer.cancel()
+                    elif inner.exception() is not None:
+                        outer.set_exception(inner.exception())  # type: ignore[arg-type]
+                    else:
+                        outer.set_result(inner.result())
+                continue
+            checking = []
+            if threading.active_count() > self._pool_threads:
+                checking = [t for t in threading.enumerate() if t.name == "path-check"]
+                if not checking:  # a pool's new worker
+                    self._pool_threads = threading.active_count()
+            if checking and not loop._ready:  # type: ignore[attr-defined]
+                # Machine.paths checks a directory in a thread of its own: answered before time moves
+                # (a local directory answers at once), one thread after another, in the order they started
+                assert self._plain is not None
+                for t in checking:
+                    await self._plain(None, t.join)
+                self._pool_threads = threading.active_count()  # the threads of the loop's own pool included
+                continue
+            if not self._threads and not loop._ready:  # type: ignore[attr-defined]
                 return
-            if busy:
-                await asyncio.wait(busy)
 
     async def run_until(self, t_end: float) -> None:
         """Step until true time ``t_end``: quiet, check the invariants, fire the next timers.
@@ -342,18 +387,24 @@ class Sim:
         Raises:
             Violation: an invariant broke (the message names the seed and the last events).
         """
-        while True:
-            await self.quiet()
-            if self.checker.violation is not None:
-                raise self.checker.violation
-            self.checker.step()
-            due = self.time.next_due()
-            if due is None or due > t_end:
-                self.time.advance_to(t_end)
+        self._stepping = True
+        try:
+            while True:
                 await self.quiet()
-                return
-            self.time.advance_to(due)
-            self.steps += 1
+                if self.checker.violation is not None:
+                    raise self.checker.violation
+                self.checker.step()
+                due = self.time.next_due()
+                if due is None or due > t_end:
+                    self.time.advance_to(t_end)
+                    await self.quiet()
+                    return
+                self.time.advance_to(due)
+                self.steps += 1
+                if due - self._frozen_at >= FREEZE_EVERY_S:
+                    self._freeze_heap()
+        finally:
+            self._stepping = False
 
     async def run_for(self, seconds: float) -> None:
         """Step for ``seconds`` of true time."""
@@ -365,12 +416,37 @@ class Sim:
         if len(self.trace) > 400:
             del self.trace[:200]
 
+    def _freeze_heap(self) -> None:
+        """Collect the objects made since the last call, then leave those still alive out of the
+        garbage collector's later passes.
+
+        N daemons in one process make a heap N times a daemon's, and CPython's full collections
+        (one whenever the heap grew by a quarter) walked all of it: at N=100 they took half the
+        simulator's time. So while a simulation runs there are none but these (the young
+        generations are collected as usual): each walks only what was made since the last one.
+        What is frozen is mostly the daemons' long-lived state; what dies later is freed by its
+        reference count (a cycle among objects frozen here waits for :meth:`close`).
+        """
+        if self._gc_threshold is None:
+            self._gc_threshold = gc.get_threshold()
+            gc.set_threshold(self._gc_threshold[0], self._gc_threshold[1], 1 << 30)  # no full collection but ours
+        gc.collect()
+        gc.freeze()
+        self._frozen_at = self.time.now
+
     async def close(self) -> None:
         """Stop every daemon and forget the stores."""
         for d in self.daemons.values():
             await self.crash(d)
         self.net.close()
         self.disk.close()
+        self._pool.shutdown(wait=True)
+        with contextlib.suppress(AttributeError):
+            del self._loop.run_in_executor  # type: ignore[method-assign]  # the loop's own again
+        gc.unfreeze()
+        if self._gc_threshold is not None:
+            gc.set_threshold(*self._gc_threshold)
+            self._gc_threshold = None
 
 
 def _mkdirs(paths: list[Path]) -> None:

@@ -244,3 +244,18 @@ def test_freeze_answers_a_tuple_seen_lately_by_identity_and_never_a_new_tuple_fr
     assert freeze(other) != first  # another tuple (even were its id reused) is frozen afresh
     again = (EnvironmentSnapshot(interpreter="/usr/bin/python3", python_version="3.11.7"),)
     assert freeze(again) == first and freeze(again) is not first
+
+
+def test_a_memo_keeps_what_each_round_reuses_however_many_and_lets_go_of_the_rest() -> None:
+    from gpulayerd.core.matching.shapes import _SEEN_MAX, FreezeMemo, freeze
+
+    memo = FreezeMemo()
+    many = [(EnvironmentSnapshot(interpreter=f"/opt/py{i}/bin/python", python_version="3.11.7"),)
+            for i in range(2 * _SEEN_MAX)]  # more than the module's cache holds
+    first = [freeze(t, memo) for t in many]
+    assert first == [freeze(t) for t in many]  # the same answers as without a memo
+    memo.turn()
+    assert all(freeze(t, memo) is f for t, f in zip(many, first, strict=True))  # a round later: all kept
+    memo.turn()
+    memo.turn()  # two rounds without them
+    assert all(freeze(t, memo) is not f for t, f in zip(many[:3], first, strict=False))

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from gpulayerd.app.common.clock import Clock
-from gpulayerd.app.common.ledger import Ledger, process_trees
+from gpulayerd.app.common.ledger import Ledger, RunKey, process_trees
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.worker.accounts import Accounts, own_account
 from gpulayerd.app.worker.envchecks import TorchChecks
@@ -227,6 +227,7 @@ class Machine:
         self._clock = clock
         self._caps: Capabilities | None = None
         self._core: tuple[Capabilities, WorkerSnapshot] | None = None  # _caps and its to_core(), kept
+        self._digest: tuple[Capabilities, list[RunKey], tuple[object, ...], str] | None = None  # caps_digest's last
         self._ready = asyncio.Event()
         self._hw_at: float | None = None  # monotonic time of the last hardware probe; None: never probed
         # Devices this daemon's runs, holds or claims had when the last hardware probe read memory.used:
@@ -461,7 +462,12 @@ class Machine:
             return ""
         runs = self._ledger.keys()
         users = (self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())))
-        return hashlib.sha256(repr((_hardware_key(self._caps), runs, users)).encode()).hexdigest()[:16]
+        kept = self._digest
+        if kept is not None and kept[0] is self._caps and kept[1] == runs and kept[2] == users:
+            return kept[3]  # every heartbeat and reply asks: the same answer until one input changes
+        digest = hashlib.sha256(repr((_hardware_key(self._caps), runs, users)).encode()).hexdigest()[:16]
+        self._digest = (self._caps, runs, users, digest)
+        return digest
 
     def close(self) -> None:
         """Release the path-check threads."""

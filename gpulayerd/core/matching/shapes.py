@@ -33,7 +33,7 @@ from gpulayerd.core.verdict import (
     WorkerExplanation,
 )
 
-__all__ = ["VOLATILE_CODES", "ShapeBook", "assemble", "freeze", "shape_key"]
+__all__ = ["VOLATILE_CODES", "FreezeMemo", "ShapeBook", "assemble", "freeze", "shape_key"]
 
 VOLATILE_CODES = frozenset({
     RejectionCode.WORKDIR_MISSING, RejectionCode.WORKDIR_UNANSWERED, RejectionCode.WORKDIR_DENIED,
@@ -60,14 +60,56 @@ environments and probe health are the same tuple in snapshot after snapshot; at 
 _SEEN_MAX = 256
 
 
-def freeze(value: object) -> Hashable:
+class FreezeMemo:
+    """One owner's tuples frozen lately (:func:`freeze`'s ``memo``), by identity: those frozen or
+    reused since the owner's last :meth:`turn` and in the round before it.
+
+    A scheduler freezes every peer's snapshot each pass (their device and environment tuples, two
+    or three a peer): with more than about a hundred peers they did not fit :data:`_SEEN`, whose
+    oldest entry leaves first, so every pass froze every snapshot from scratch. A memo holds what
+    its owner's rounds reuse, whatever their size, and lets go of the rest after one round.
+    """
+
+    __slots__ = ("_last", "_now")
+
+    def __init__(self) -> None:
+        self._now: dict[int, tuple[object, Hashable]] = {}
+        self._last: dict[int, tuple[object, Hashable]] = {}
+
+    def get(self, value: object) -> Hashable | None:
+        """``value`` frozen, if this memo has it (None otherwise)."""
+        key = id(value)
+        hit = self._now.get(key)
+        if hit is None:
+            hit = self._last.get(key)
+            if hit is None or hit[0] is not value:
+                return None
+            self._now[key] = hit
+        return hit[1] if hit[0] is value else None
+
+    def put(self, value: object, frozen: Hashable) -> None:
+        """Keep ``value`` frozen (until two turns pass without it)."""
+        self._now[id(value)] = (value, frozen)
+
+    def turn(self) -> None:
+        """A new round: what the last round did not use is let go."""
+        self._last, self._now = self._now, {}
+
+
+def freeze(value: object, memo: FreezeMemo | None = None) -> Hashable:
     """``value`` as a hashable, comparable value: dataclasses field by field (with their type
     name), mappings as sorted item tuples, sequences as tuples, sets as frozensets. A tuple of
     dataclasses (immutable here: the snapshots are frozen) frozen lately is answered from
-    :data:`_SEEN`."""
+    ``memo``, or without one from :data:`_SEEN`."""
     if type(value) in _ATOMS:
         return value
     if type(value) is tuple and value and type(value[0]) in _FIELD_NAMES:
+        if memo is not None:
+            kept = memo.get(value)
+            if kept is None:
+                kept = tuple(freeze(v, memo) for v in value)
+                memo.put(value, kept)
+            return kept
         seen = _SEEN.get(id(value))
         if seen is not None and seen[0] is value:
             return seen[1]
@@ -80,13 +122,13 @@ def freeze(value: object) -> Hashable:
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
     if names is not None:
-        return (type(value).__name__, *[freeze(getattr(value, n)) for n in names])
+        return (type(value).__name__, *[freeze(getattr(value, n), memo) for n in names])
     if isinstance(value, Mapping):
-        return tuple(sorted(((freeze(k), freeze(v)) for k, v in value.items()), key=repr))
+        return tuple(sorted(((freeze(k, memo), freeze(v, memo)) for k, v in value.items()), key=repr))
     if isinstance(value, (list, tuple)):
-        return tuple(freeze(v) for v in value)
+        return tuple(freeze(v, memo) for v in value)
     if isinstance(value, (set, frozenset)):
-        return frozenset(freeze(v) for v in value)
+        return frozenset(freeze(v, memo) for v in value)
     assert isinstance(value, Hashable)
     return value
 
@@ -126,6 +168,8 @@ class ShapeBook:
         self._next_version = 1
         self.evaluations = 0
         """How many (shape, worker) rows were judged (for tests and benches)."""
+        self.memo = FreezeMemo()
+        """The workers' tuples frozen lately (turned by the scheduler's core, once a pass)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -137,7 +181,7 @@ class ShapeBook:
         views: dict[str, tuple[Hashable, int]] = {}
         dev_changed = False
         for w in workers:
-            frozen = freeze(w)
+            frozen = freeze(w, self.memo)
             old = self._workers.get(w.node_id)
             if old is not None and old[0] == frozen:
                 seen[w.node_id] = old
@@ -146,7 +190,7 @@ class ShapeBook:
             seen[w.node_id] = (frozen, self._next_version)
             self._next_version += 1
             changed.add(w.node_id)
-            view = freeze(replace(w, cpu_slots_free=None, cpu_slots_total=None))
+            view = freeze(replace(w, cpu_slots_free=None, cpu_slots_total=None), self.memo)
             old_view = self._dev_views.get(w.node_id)
             if old_view is not None and old_view[0] == view:
                 views[w.node_id] = old_view

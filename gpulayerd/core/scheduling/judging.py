@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.matching.shapes import FreezeMemo, ShapeBook, freeze
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
 from gpulayerd.core.scheduling.steps import Key, QueuedJob
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
@@ -39,10 +39,10 @@ def pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
     return (pair[0] or "", pair[1] or "")
 
 
-def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True) -> Hashable:
-    """``worker`` frozen, but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
+def without_paths(worker: WorkerSnapshot, *, cpu_slots: bool = True, memo: FreezeMemo | None = None) -> Hashable:
+    """``worker`` frozen (with ``memo``), but for its answers about paths (and its CPU slots unless ``cpu_slots``)."""
     out = replace(worker, existing_paths=None, denied_paths=frozenset(), unanswered_paths=frozenset())
-    return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None))
+    return freeze(out if cpu_slots else replace(out, cpu_slots_free=None, cpu_slots_total=None), memo)
 
 
 def paths_changed(worker: WorkerSnapshot, old: WorkerSnapshot, workdirs: set[str]) -> bool:
@@ -202,19 +202,20 @@ def fair_order(ids: list[str], queue: Mapping[str, QueuedJob], user_of: Callable
 
 
 def settled_for(settled: tuple[Hashable, Hashable, WorkerSnapshot, set[str]] | None, worker: WorkerSnapshot, *,
-                devices_only: bool = False) -> bool:
+                devices_only: bool = False, memo: FreezeMemo | None = None) -> bool:
     """Whether every job the last pass walked still cannot be placed on ``worker`` (this machine):
     it is as that pass left it (``settled``: frozen without paths, the same without CPU slots, the
     snapshot, the workdirs), but for the answers about paths no job of that pass has. With
     ``devices_only``, whether every job that asks for devices still cannot: the same, but for the
-    free CPU slots too (a judgement of such a job never reads them)."""
+    free CPU slots too (a judgement of such a job never reads them). ``memo``: the caller's frozen
+    snapshots (:class:`~gpulayerd.core.matching.shapes.FreezeMemo`)."""
     if settled is None:
         return False
     frozen, dev_frozen, old, workdirs = settled
     if devices_only:
-        if without_paths(worker, cpu_slots=False) != dev_frozen:
+        if without_paths(worker, cpu_slots=False, memo=memo) != dev_frozen:
             return False
-    elif without_paths(worker) != frozen:
+    elif without_paths(worker, memo=memo) != frozen:
         return False
     return not paths_changed(worker, old, workdirs)
 

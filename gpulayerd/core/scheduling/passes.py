@@ -153,7 +153,9 @@ class SchedulerCore:
         if usage is not None and self._users:
             users = sorted(self._users)
             order = [c.user for c in fairshare.order((fairshare.Candidate(u, u, 0.0) for u in users), usage)]
-        return (freeze(sorted(remote, key=lambda w: w.node_id)), tuple(order))
+        frozen = freeze(sorted(remote, key=lambda w: w.node_id), self.book.memo)
+        self.book.memo.turn()  # a round: from one call here to the next (a pass, or an idle check)
+        return (frozen, tuple(order))
 
     def idle(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> bool:
         """True when a timer-only pass would decide nothing new: the last pass left no job waiting
@@ -308,8 +310,8 @@ class SchedulerCore:
         self.book.observe([worker, *remote])
         # Device jobs that fit here now but go to a peer with a smaller fit (best fit across hosts).
         self._deferred, self._walk_round, self._now = set(), OfferRound(peer_loads(remote)), machine.now
-        settled = settled_for(self._settled, worker)
-        devices_settled = settled or settled_for(self._settled, worker, devices_only=True)
+        settled = settled_for(self._settled, worker, memo=self.book.memo)
+        devices_settled = settled or settled_for(self._settled, worker, devices_only=True, memo=self.book.memo)
         # Set again when the walks are through: a walk that raises (a claim, a snapshot) leaves the
         # next pass walking every job (this one took the new jobs out of "new" already).
         self._settled = None
@@ -336,7 +338,8 @@ class SchedulerCore:
         worker, _ = yield from self._walk(ids_walked, worker, remote)
         assert self._workdirs is not None
         self._settled = None if self._unsure else (
-            without_paths(worker), without_paths(worker, cpu_slots=False), worker,
+            without_paths(worker, memo=self.book.memo), without_paths(worker, cpu_slots=False, memo=self.book.memo),
+            worker,
             {wd for _, wd in self._workdirs if wd is not None})
         yield from self._reasons(worker, remote, usage, machine.now)
         # After the reasons: they judged the shapes the walk skipped, at this machine's version.
