@@ -292,11 +292,9 @@ class SimNode:
             await self.clock.sleep(self.heartbeat_interval_s)
 
     def _message(self) -> Heartbeat:
-        # Not validated here: the receiver validates it from its JSON (as the peer port does).
-        return Heartbeat.model_construct(
-            msg_id=new_msg_id(), node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1,
-            addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
-            holdings=self.usage.own_holdings(), revoked=None)
+        return Heartbeat(msg_id=new_msg_id(), node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER,
+                         port=1, addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
+                         holdings=self.usage.own_holdings(), revoked=None)
 
     async def _beat(self, key: str, node_id: str | None) -> None:
         was_up = self._is_up(node_id)
@@ -334,9 +332,9 @@ class SimNode:
         if known is not None and sender.mode:
             known.proven_mode, known.proven_user = sender.mode, sender.user
         self._take_holdings(sender, msg.holdings, msg.name)
-        return HeartbeatReply.model_construct(  # validated by the caller, from its JSON
-            node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1, addresses=[self.node_id],
-            ep=self.ep, caps_digest=self.machine.caps_digest(), holdings=self.usage.own_holdings(), revoked=None)
+        return HeartbeatReply(node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1,
+                              addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
+                              holdings=self.usage.own_holdings(), revoked=None)
 
     def _take_holdings(self, sender: Sender, holdings: dict[str, tuple[int, int]] | None, name: str) -> None:
         if holdings is None:
