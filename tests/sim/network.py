@@ -36,8 +36,9 @@ import asyncio
 import dataclasses
 import math
 import random
+import types
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -193,7 +194,12 @@ class SimNetwork:
             if not answer.done():
                 answer.set_exception(PeerCallError(f"connection to {target[:12]} reset"))
             return
-        task = asyncio.get_running_loop().create_task(self._handle(node, sender, route, raw, answer, kind))
+        handling = self._handle(node, sender, route, raw, answer, kind)
+        try:  # its first step now: most handlers (a heartbeat's) never wait, and need no task
+            waits_on = handling.send(None)
+        except StopIteration:
+            return
+        task = asyncio.get_running_loop().create_task(_go_on(handling, waits_on))
         running = self._inflight.setdefault(target, set())
         running.add(task)
         task.add_done_callback(running.discard)
@@ -414,6 +420,28 @@ class SimNode:
     def views(self) -> list[PeerView]:
         """Every peer, for ``gpulayer peers``."""
         return self.table.views(self.clock.monotonic())
+
+
+@types.coroutine
+def _go_on(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, Any, None]:
+    """The rest of ``coro``, whose first step (run by the caller) yielded ``waits_on``: what
+    ``yield from coro`` would do from there, so that a task can run it (cancellation included)."""
+    while True:
+        try:
+            sent = yield waits_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # thrown in by the task (a cancel): passed on
+            try:
+                waits_on = coro.throw(e)
+            except StopIteration:
+                return
+        else:
+            try:
+                waits_on = coro.send(sent)
+            except StopIteration:
+                return
 
 
 def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
