@@ -98,8 +98,10 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float) -> dict[st
         denied0 = sum(d.services.signals.stats["claim_requests_denied"] for d in sim.daemons.values() if d.services)
         before, start = copy_traffic(sim), sim.time.now
         task = asyncio.ensure_future(lab_mix(sim, load_s, util=0.7))
+        t0 = time.perf_counter()
         await sim.run_for(load_s)
         task.cancel()
+        print(f"N={n}: real seconds per simulated second (load): {(time.perf_counter() - t0) / load_s:.2f}")
         load = traffic_per_node_s(before, copy_traffic(sim), n - 1, load_s)
         waits = [j.started - j.submitted for j in sim.jobs.values() if j.started is not None and j.submitted >= start]
         granted = sum(d.services.signals.stats["claim_requests_granted"] for d in sim.daemons.values()

@@ -36,8 +36,9 @@ import asyncio
 import dataclasses
 import math
 import random
+import types
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -193,7 +194,12 @@ class SimNetwork:
             if not answer.done():
                 answer.set_exception(PeerCallError(f"connection to {target[:12]} reset"))
             return
-        task = asyncio.get_running_loop().create_task(self._handle(node, sender, route, raw, answer, kind))
+        handling = self._handle(node, sender, route, raw, answer, kind)
+        try:  # its first step now: most handlers (a heartbeat's) never wait, and need no task
+            waits_on = handling.send(None)
+        except StopIteration:
+            return
+        task = asyncio.get_running_loop().create_task(_go_on(handling, waits_on))
         running = self._inflight.setdefault(target, set())
         running.add(task)
         task.add_done_callback(running.discard)
@@ -292,11 +298,9 @@ class SimNode:
             await self.clock.sleep(self.heartbeat_interval_s)
 
     def _message(self) -> Heartbeat:
-        # Not validated here: the receiver validates it from its JSON (as the peer port does).
-        return Heartbeat.model_construct(
-            msg_id=new_msg_id(), node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1,
-            addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
-            holdings=self.usage.own_holdings(), revoked=None)
+        return Heartbeat(msg_id=new_msg_id(), node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER,
+                         port=1, addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
+                         holdings=self.usage.own_holdings(), revoked=None)
 
     async def _beat(self, key: str, node_id: str | None) -> None:
         was_up = self._is_up(node_id)
@@ -334,9 +338,9 @@ class SimNode:
         if known is not None and sender.mode:
             known.proven_mode, known.proven_user = sender.mode, sender.user
         self._take_holdings(sender, msg.holdings, msg.name)
-        return HeartbeatReply.model_construct(  # validated by the caller, from its JSON
-            node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1, addresses=[self.node_id],
-            ep=self.ep, caps_digest=self.machine.caps_digest(), holdings=self.usage.own_holdings(), revoked=None)
+        return HeartbeatReply(node_id=self.node_id, name=self.name, version="sim", cluster=CLUSTER, port=1,
+                              addresses=[self.node_id], ep=self.ep, caps_digest=self.machine.caps_digest(),
+                              holdings=self.usage.own_holdings(), revoked=None)
 
     def _take_holdings(self, sender: Sender, holdings: dict[str, tuple[int, int]] | None, name: str) -> None:
         if holdings is None:
@@ -416,6 +420,28 @@ class SimNode:
     def views(self) -> list[PeerView]:
         """Every peer, for ``gpulayer peers``."""
         return self.table.views(self.clock.monotonic())
+
+
+@types.coroutine
+def _go_on(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, Any, None]:
+    """The rest of ``coro``, whose first step (run by the caller) yielded ``waits_on``: what
+    ``yield from coro`` would do from there, so that a task can run it (cancellation included)."""
+    while True:
+        try:
+            sent = yield waits_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # thrown in by the task (a cancel): passed on
+            try:
+                waits_on = coro.throw(e)
+            except StopIteration:
+                return
+        else:
+            try:
+                waits_on = coro.send(sent)
+            except StopIteration:
+                return
 
 
 def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
