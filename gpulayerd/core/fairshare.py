@@ -222,21 +222,27 @@ def credible_holdings(holdings: Mapping[str, tuple[int, int]], *, sender_mode: s
 
 
 def restored(book: UsageBook, saved: Mapping[str, Usage], age_s: float, now: float) -> UsageBook:
-    """``book`` with ``saved`` usage (as saved ``age_s`` seconds ago; a negative age counts as 0)
-    decayed over that age and added to what it holds, as of ``now``.
+    """``book`` with ``saved`` usage (as saved ``age_s`` seconds ago; a negative or unknown age counts
+    as 0) decayed over that age and added to what it holds, as of ``now``. A value that is not a
+    finite number counts as 0 (an infinite one would never decay: its user served last forever).
 
     Returns:
         A new book (``book`` is not changed).
     """
     book = _advance(book, now)
-    factor = _decay(book.half_life_s, max(0.0, age_s))
+    factor = _decay(book.half_life_s, age_s if age_s > 0 else 0.0)
     totals = {u: [x.gpu_s, x.cpu_slot_s] for u, x in book.usage.items()}
     for user, u in saved.items():
         t = totals.setdefault(user, [0.0, 0.0])
-        t[0] += max(0.0, u.gpu_s) * factor
-        t[1] += max(0.0, u.cpu_slot_s) * factor
+        t[0] += _usable(u.gpu_s) * factor
+        t[1] += _usable(u.cpu_slot_s) * factor
     usage = {u: Usage(g, c) for u, (g, c) in totals.items() if g > 1e-9 or c > 1e-9}
     return replace(book, usage=usage)
+
+
+def _usable(value: float) -> float:
+    """A saved usage figure as it may count: finite and not negative, else 0."""
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def usage_at(book: UsageBook, now: float) -> dict[str, Usage]:

@@ -6,6 +6,7 @@ Unix time, s, when they were saved). The whole book is replaced at each save.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Mapping
 
@@ -34,8 +35,15 @@ class UsageTable:
 
     async def saved_usage(self) -> tuple[dict[str, tuple[float, float]], float | None]:
         """The saved book: (user -> (GPU-seconds, CPU-slot-seconds), the Unix time it was decayed to;
-        None when nothing was saved)."""
+        None when nothing was saved). A row no save writes (a value that is not a finite number, as a
+        damaged or edited file may hold) is left out."""
         rows = await self._db.fetch_all("SELECT user, gpu_s, cpu_slot_s, at FROM usage ORDER BY user", ())
-        if not rows:
+        kept = [r for r in rows if all(_finite(v) for v in r[1:4])]
+        if not kept:
             return {}, None
-        return {str(r[0]): (float(r[1]), float(r[2])) for r in rows}, max(float(r[3]) for r in rows)
+        return {str(r[0]): (float(r[1]), float(r[2])) for r in kept}, max(float(r[3]) for r in kept)
+
+
+def _finite(value: object) -> bool:
+    """Whether a stored value is a finite number (SQLite keeps any type in any column)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -4,6 +4,8 @@ fair share when a device frees up. Driven through the scheduler's pure core."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpulayerd.core import scheduling as core
 from gpulayerd.core.fairshare import Usage
 from gpulayerd.core.scheduling.judging import BUSY_OFFERS
@@ -81,3 +83,31 @@ def test_a_kept_offer_that_waits_for_granted_devices_is_not_judged_in_full() -> 
     assert not may_fit(gpu_job, _peer("job-x", {"bob": 1}), SUPPORT_MATRIX)  # its one GPU is granted
     assert may_fit(gpu_job, _peer(None, {}), SUPPORT_MATRIX)
     assert may_fit(offer({"command": []}), _peer("job-x", {}), SUPPORT_MATRIX)  # unparsable: judged in full
+
+
+def test_a_kept_offers_spec_is_parsed_once_not_at_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack (issue 31): a member keeps 512 offers here (its share); each pass's first look at them
+    must not parse 512 specs again (twice the cost of judging them): each is parsed once while kept."""
+    from gpulayerd.app.worker import kept_offers
+    from gpulayerd.net.wire import Offer
+
+    parsed: list[str] = []
+    real = kept_offers.offered_spec
+
+    def counting(offer: Offer) -> object:
+        parsed.append(offer.job_id)
+        return real(offer)
+
+    monkeypatch.setattr(kept_offers, "offered_spec", counting)
+    spec = {"command": ["true"], "workdir": "/tmp", "user": "alice", "requirements": {"accelerator": "cuda"}}
+    kept = kept_offers.KeptOffers()
+    for n in range(512):
+        kept[("n-flood", f"j{n}")] = Offer(msg_id="m", owner="n-flood", job_id=f"j{n}", spec=spec, lease_s=30.0)
+    busy = _peer("job-x", {"bob": 1})
+    for _ in range(3):  # three passes
+        assert not any(kept.may_fit(key, busy, SUPPORT_MATRIX) for key in kept)
+    assert len(parsed) == 512
+    kept[("n-flood", "j0")] = Offer(msg_id="m2", owner="n-flood", job_id="j0", spec=spec, lease_s=30.0)
+    assert kept.may_fit(("n-flood", "j0"), _peer(None, {}), SUPPORT_MATRIX)  # a new offer: parsed again
+    assert kept.pop(("n-flood", "j1")) is not None and not kept.may_fit(("n-flood", "j1"), busy, SUPPORT_MATRIX)
+    assert len(parsed) == 513 and len(kept) == 511

@@ -4,20 +4,26 @@ A worker keeps every offer that fits it or waits for its busy devices (standing 
 at every pass, walks them in fair-share order (:meth:`UsageService.order_offers`). Judging an
 offer in full costs a fresh process list of the GPUs (``nvidia-smi --query-compute-apps``) and a
 check of the job's workdir as its user; :func:`may_fit` first judges it against the machine as
-it is known without either, so offers that wait for devices gpulayer itself granted cost neither.
+it is known without either, so offers that wait for devices gpulayer itself granted cost neither;
+:class:`KeptOffers` parses each offer's spec once, not at every pass (a member may keep
+:data:`~gpulayerd.core.protocol.worker.MAX_OFFERS_PER_OWNER` offers here, and parsing a spec costs
+twice what judging it does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.core.matching.evaluate import evaluate
-from gpulayerd.core.types import SupportMatrix, WorkerSnapshot
+from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.models import JobSpec, SpecError, job_spec_from_mapping
 from gpulayerd.net.wire import Offer
 
-__all__ = ["claim_order", "may_fit", "offered_spec"]
+__all__ = ["KeptOffers", "claim_order", "may_fit", "offered_spec"]
+
+OfferKey = tuple[str, str]
+"""(owner node id, job id)."""
 
 
 def offered_spec(offer: Offer) -> JobSpec:
@@ -45,8 +51,52 @@ def may_fit(offer: Offer, worker: WorkerSnapshot, support: SupportMatrix) -> boo
     """Whether the job of ``offer`` fits ``worker`` (this machine without a fresh process list or
     workdir answers: a device granted by gpulayer shows as held, a stranger's process may not yet).
     False only when it cannot fit now; a spec that does not parse is True (the full judgement drops it)."""
+    return _fits(_request(offer), worker, support)
+
+
+def _request(offer: Offer) -> JobRequest | None:
+    """The core request of ``offer``'s job; None when its spec does not parse."""
     try:
-        req = offered_spec(offer).to_core(offer.job_id)
+        return offered_spec(offer).to_core(offer.job_id)
     except SpecError:
-        return True
-    return evaluate(req, worker, support).placement is not None
+        return None
+
+
+def _fits(req: JobRequest | None, worker: WorkerSnapshot, support: SupportMatrix) -> bool:
+    return req is None or evaluate(req, worker, support).placement is not None
+
+
+class KeptOffers(Mapping[OfferKey, Offer]):
+    """(owner, job id) -> the offer kept (as the core keeps it), with its job's request parsed once."""
+
+    def __init__(self) -> None:
+        self._offers: dict[OfferKey, Offer] = {}
+        self._requests: dict[OfferKey, JobRequest | None] = {}  # parsed so far (None: does not parse)
+
+    def __getitem__(self, key: OfferKey) -> Offer:
+        return self._offers[key]
+
+    def __iter__(self) -> Iterator[OfferKey]:
+        return iter(self._offers)
+
+    def __len__(self) -> int:
+        return len(self._offers)
+
+    def __setitem__(self, key: OfferKey, offer: Offer) -> None:
+        """Keep ``offer`` (a repeated offer replaces the one kept, and its request)."""
+        self._requests.pop(key, None)
+        self._offers[key] = offer
+
+    def pop(self, key: OfferKey, default: None = None) -> Offer | None:
+        """Forget the offer ``key``; the offer, if kept."""
+        self._requests.pop(key, None)
+        return self._offers.pop(key, default)
+
+    def may_fit(self, key: OfferKey, worker: WorkerSnapshot, support: SupportMatrix) -> bool:
+        """:func:`may_fit` of the offer kept as ``key`` (False when none is), its spec parsed once."""
+        offer = self._offers.get(key)
+        if offer is None:
+            return False
+        if key not in self._requests:
+            self._requests[key] = _request(offer)
+        return _fits(self._requests[key], worker, support)

@@ -33,7 +33,7 @@ from gpulayerd.app.common.logread import read_log
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals, log_failure
 from gpulayerd.app.common.usage import UsageService
-from gpulayerd.app.worker.kept_offers import claim_order, may_fit, offered_spec
+from gpulayerd.app.worker.kept_offers import KeptOffers, claim_order, offered_spec
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
@@ -108,7 +108,7 @@ class WorkerService:
         self._support = support
         self._signals = signals
         self._clock = clock
-        self._offers: dict[tuple[str, str], Offer] = {}  # (owner, job) -> the offer the core keeps
+        self._offers = KeptOffers()  # (owner, job) -> the offer the core keeps
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
@@ -326,13 +326,13 @@ class WorkerService:
         kept = [self._offers.get((a.owner, a.job_id)) for a in considered]
         epoch, machine = self._signals.devices_epoch, await self._machine.snapshot(refresh_apps=False)
         for i in claim_order(kept, self._usage, below):
-            offer = kept[i]
+            offer, key = kept[i], (considered[i].owner, considered[i].job_id)
             if self._signals.devices_epoch != epoch:  # a device freed meanwhile: walk again from the head
                 self._signals.wake()
                 return
-            if offer is None or not may_fit(offer, machine, self._support):
+            if offer is None or not self._offers.may_fit(key, machine, self._support):
                 continue  # (waits for devices gpulayer granted: no process list, no workdir check)
-            if await self._consider(considered[i].owner, considered[i].job_id):
+            if await self._consider(*key):
                 epoch, machine = self._signals.devices_epoch, await self._machine.snapshot(refresh_apps=False)
 
     def _drop_offers(self, actions: Sequence[core.Action]) -> None:

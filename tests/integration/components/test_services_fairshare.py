@@ -7,6 +7,7 @@ the fair-share reason. ``max_gpus_per_user = 1`` keeps alice to one GPU there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,36 @@ def test_the_saved_book_is_restored_decayed_and_added() -> None:
     assert usage_at(book, 5.0) == {"alice": Usage(gpu_s=pytest.approx(200.0), cpu_slot_s=pytest.approx(20.0))}
     book = restored(book, {"alice": Usage(gpu_s=100.0)}, age_s=-50.0, now=5.0)  # a clock set back: no growth
     assert usage_at(book, 105.0)["alice"].gpu_s == pytest.approx(150.0)
+
+
+@pytest.mark.asyncio
+async def test_a_saved_row_that_cannot_be_usage_is_dropped_at_restart(lab: Lab) -> None:
+    """Attack (issue 31): rows of the saved book that no save writes (an infinite, negative or
+    non-numeric value, as a damaged or edited store may hold) neither stop the daemon from starting
+    nor rank a user last forever (an infinite usage never decays); the good rows are restored."""
+    import sqlite3
+
+    ws = await lab.add("ws-2", W1, mode="system")
+    assert ws.services.usage is not None
+    await ws.services.usage.save()
+    await lab.stop(ws)
+    with sqlite3.connect(ws.config.db_path) as conn:
+        conn.executemany("INSERT INTO usage (user, gpu_s, cpu_slot_s, at) VALUES (?, ?, ?, ?)",
+                         [("inf", float("inf"), 0.0, lab.clock.wall()), ("neg", -5.0, -1.0, lab.clock.wall()),
+                          ("junk", "junk", 0.0, lab.clock.wall()), ("when", 1.0, 0.0, "yesterday"),
+                          ("carol", 360.0, 0.0, lab.clock.wall())])
+    ws = await lab.restart(ws)
+    assert ws.services.usage is not None
+    assert set(ws.services.usage.usage()) == {"carol"}
+    assert ws.services.usage.usage()["carol"].gpu_s == pytest.approx(360.0)
+
+
+def test_a_restored_figure_that_is_not_a_finite_number_counts_as_none() -> None:
+    from gpulayerd.core.fairshare import Usage, UsageBook, restored, usage_at
+
+    saved = {"inf": Usage(gpu_s=math.inf), "nan": Usage(gpu_s=math.nan, cpu_slot_s=-math.inf),
+             "carol": Usage(gpu_s=100.0, cpu_slot_s=math.nan)}
+    book = restored(UsageBook(half_life_s=100.0), saved, age_s=math.nan, now=5.0)
+    assert usage_at(book, 5.0) == {"carol": Usage(gpu_s=pytest.approx(100.0))}
+    book = restored(UsageBook(half_life_s=100.0), {"carol": Usage(gpu_s=100.0)}, age_s=math.inf, now=5.0)
+    assert usage_at(book, 5.0) == {}  # saved forever ago (a clock set far forward): decayed to nothing
