@@ -5,19 +5,19 @@ share in a waiting job's reason (pure)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import FreezeMemo, ShapeBook, freeze
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
-from gpulayerd.core.scheduling.steps import Key, QueuedJob
+from gpulayerd.core.scheduling.steps import Key, QueuedJob, SendOffer
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
-__all__ = ["BUSY_OFFERS", "StandingOffers", "busy_target", "elsewhere", "fair_order", "fit_of", "order_key",
-           "others_hold_gpus", "pair_key", "paths_changed", "peer_fits", "peer_loads", "settled_for",
-           "smaller_than_here", "spread", "with_fair_share", "without_paths"]
+__all__ = ["BUSY_OFFERS", "StandingOffers", "busy_target", "due_offers", "elsewhere", "fair_order", "fit_of",
+           "order_key", "others_hold_gpus", "pair_key", "paths_changed", "peer_fits", "peer_loads", "settled_for",
+           "smaller_than_here", "spread", "user_ranks", "with_fair_share", "without_paths"]
 
 _HELD = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS})
 
@@ -32,6 +32,30 @@ user's jobs by fair share when its devices free up."""
 def order_key(job: QueuedJob, user: str, scores: Mapping[str, float]) -> Key:
     """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
     return (scores.get(user, 0.0), float(job.seq if job.seq is not None else 0), job.id, user)
+
+
+def user_ranks(users: Iterable[str], usage: Mapping[str, fairshare.Usage] | None) -> tuple[tuple[float, str], ...]:
+    """Each of ``users``' rank by fair-share score, by user name (equal scores, equal ranks; 0 without
+    a usage book)."""
+    names = sorted(users)
+    if usage is None:
+        return tuple((0.0, u) for u in names)
+    scores = {u: fairshare.score(usage, u) for u in names}
+    rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
+    return tuple((rank[scores[u]], u) for u in names)
+
+
+def due_offers(offers: Sequence[tuple[str, str]], offered: dict[str, tuple[str, float]], now: float,
+               interval_s: float) -> Iterator[SendOffer]:
+    """A :class:`SendOffer` for each (job, target) of ``offers`` but those offered to the same target
+    less than ``interval_s`` before ``now`` (monotonic s); each one sent is recorded in ``offered``
+    (job -> (target, when))."""
+    for job_id, target in offers:
+        last = offered.get(job_id)
+        if last is not None and last[0] == target and now - last[1] < interval_s:
+            continue
+        offered[job_id] = (target, now)
+        yield SendOffer(job_id, target)
 
 
 def pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:

@@ -38,6 +38,7 @@ from gpulayerd.core.protocol.targets import Fit, OfferRound
 from gpulayerd.core.scheduling.judging import (
     BUSY_OFFERS,
     StandingOffers,
+    due_offers,
     elsewhere,
     fair_order,
     order_key,
@@ -47,6 +48,7 @@ from gpulayerd.core.scheduling.judging import (
     peer_loads,
     settled_for,
     spread,
+    user_ranks,
     with_fair_share,
     without_paths,
 )
@@ -65,7 +67,6 @@ from gpulayerd.core.scheduling.steps import (
     ReadChanges,
     ReadMachine,
     ReadQueue,
-    SendOffer,
     StoreReasons,
     ToGang,
     Yield,
@@ -276,7 +277,7 @@ class SchedulerCore:
     def _ordered_keys(self, usage: Mapping[str, fairshare.Usage] | None) -> list[Key]:
         """The queue's keys in fair-share order: kept sorted while the users' ranking holds (new jobs
         inserted, jobs gone skipped: filter on the queue), re-sorted when it changes."""
-        users = self._users_key(usage)
+        users = user_ranks(self._users, usage if self._fair else None)
         q, req = self.queue, self.request
         scores = {u: sc for sc, u in users}
         if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
@@ -290,14 +291,6 @@ class SchedulerCore:
                     bisect.insort(keys, order_key(q[j], req(j).user, scores))
         self._unordered = []
         return keys
-
-    def _users_key(self, usage: Mapping[str, fairshare.Usage] | None) -> tuple[tuple[float, str], ...]:
-        """Each user's rank by fair-share score (equal scores, equal ranks; 0 without a usage book)."""
-        if usage is None or not self._fair:
-            return tuple((0.0, u) for u in sorted(self._users))
-        scores = {u: fairshare.score(usage, u) for u in self._users}
-        rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
-        return tuple((rank[scores[u]], u) for u in sorted(self._users))
 
     def _place(self, new: list[str]) -> Generator[Action, Answer, MachineRead]:
         fast_ids = set(new)
@@ -327,7 +320,7 @@ class SchedulerCore:
         if devices_settled:
             # Walk only the new jobs, gangs, and the jobs that ask for no device when the CPU slots
             # changed (sorted by the queue's own key: no walk over the whole queue).
-            scores = {u: sc for sc, u in self._users_key(usage)}
+            scores = {u: sc for sc, u in user_ranks(self._users, usage if self._fair else None)}
             few = fast_ids | (self.gang & q.keys())
             if not settled:
                 yield Count("scheduler_cpu_only_walks")
@@ -493,7 +486,8 @@ class SchedulerCore:
             if text != job.reason:
                 writes.append((job, text, e))
         yield from self._store(writes)
-        yield from self._offers(offers, now)  # together, after the writes: a peer sees the pass's offers at once
+        # Together, after the writes: a peer sees the pass's offers at once.
+        yield from due_offers(offers, self.offered, now, self._offer_interval_s)
 
     def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
                           usage: Mapping[str, fairshare.Usage], now: float) -> Generator[Action, Answer, None]:
@@ -584,13 +578,4 @@ class SchedulerCore:
             self._shape_told[sid] = text
         yield from self._store(writes)
         self._reasons_epochs = epochs
-        yield from self._offers(offers, now)
-
-    def _offers(self, offers: list[tuple[str, str]], now: float) -> Generator[Action, Answer, None]:
-        """Offer each job to its target, at most every ``offer_interval_s`` to the same peer."""
-        for job_id, target in offers:
-            last = self.offered.get(job_id)
-            if last is not None and last[0] == target and now - last[1] < self._offer_interval_s:
-                continue
-            self.offered[job_id] = (target, now)
-            yield SendOffer(job_id, target)
+        yield from due_offers(offers, self.offered, now, self._offer_interval_s)
