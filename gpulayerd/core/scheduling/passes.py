@@ -5,8 +5,9 @@ order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fai
 user, submission order): a job that fits here now is claimed here, unless it asks for devices and a
 peer's fit now is strictly smaller (best fit across hosts; for two offers at most); one that fits only
 peers is offered to the best fit among them, then the least loaded (:mod:`gpulayerd.core.protocol.targets`);
-a multi-host job goes to the gang coordinator. Identical jobs
-behind one that did not fit here are not judged again in the same walk. Then every one-host job
+a multi-host job goes to the gang coordinator. A retry that avoids a worker goes to any other that
+fits now first (:mod:`.retrying`); one waiting out its backoff is neither claimed nor offered. Identical
+jobs behind one that did not fit here are not judged again in the same walk. Then every one-host job
 still queued gets its current reason, judged against this machine as the walk left it and the
 peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
 reason changed): a short code and the deciding words (:mod:`gpulayerd.core.reasons`), e.g.
@@ -33,7 +34,7 @@ from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.matching.shapes import ShapeBook
 from gpulayerd.core.protocol.targets import Fit, OfferRound
 from gpulayerd.core.scheduling.judging import (
     BUSY_OFFERS,
@@ -44,6 +45,7 @@ from gpulayerd.core.scheduling.judging import (
     order_key,
     others_hold_gpus,
     pair_key,
+    pass_inputs,
     peer_fits,
     peer_loads,
     settled_for,
@@ -52,6 +54,7 @@ from gpulayerd.core.scheduling.judging import (
     with_fair_share,
     without_paths,
 )
+from gpulayerd.core.scheduling.retrying import RetryHolds
 from gpulayerd.core.scheduling.steps import (
     Action,
     Answer,
@@ -129,6 +132,7 @@ class SchedulerCore:
         self._deferred: set[str] = set()  # this pass's device jobs that fit here, left to a smaller fit
         self._walk_round, self._now = OfferRound({}), 0.0  # the walks' promises of peers' devices, the time
         self._left_since: dict[str, float] = {}  # job -> when it was first left to a peer (fitting here)
+        self._holds = RetryHolds()  # retries waiting out their backoff: neither walked nor offered
 
     # ------------------------------------------------------------------ queries
 
@@ -140,6 +144,10 @@ class SchedulerCore:
         """Whether ``job_id`` is in the kept queue (else its :class:`QueuedJob` must carry its request)."""
         return job_id in self.queue
 
+    def retry_due(self) -> float | None:
+        """When the first queued retry's backoff ends (wall-clock s; a pass is due then), or None."""
+        return self._holds.next_due()
+
     def request(self, job_id: str) -> JobRequest:
         """The request of queued ``job_id``'s shape (another job's id, the same requirements).
 
@@ -150,13 +158,7 @@ class SchedulerCore:
 
     def inputs(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> object:
         """What a pass reads that changes without a wake-up: the peers' snapshots, the users' order."""
-        order: list[str] = []
-        if usage is not None and self._users:
-            users = sorted(self._users)
-            order = [c.user for c in fairshare.order((fairshare.Candidate(u, u, 0.0) for u in users), usage)]
-        frozen = freeze(sorted(remote, key=lambda w: w.node_id), self.book.memo)
-        self.book.memo.turn()  # a round: from one call here to the next (a pass, or an idle check)
-        return (frozen, tuple(order))
+        return pass_inputs(self._users, remote, usage, self.book.memo)
 
     def idle(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> bool:
         """True when a timer-only pass would decide nothing new: the last pass left no job waiting
@@ -215,6 +217,7 @@ class SchedulerCore:
         self.queue, self._users, self._told, self.gang = {}, Counter(), {}, set()
         self._members, self._job_sid, self._shape_told = {}, {}, {}
         self._cpu_shapes, self._revisit, self._reasons_epochs, self._shape_reqs = {}, {}, None, {}
+        self._holds.clear()
         for job in loaded.queued:
             self._add(job)
         self._event, self._order, self._settled, self._workdirs = loaded.head, None, None, None
@@ -245,6 +248,7 @@ class SchedulerCore:
                     self._cpu_shapes[sid] = None
             self._members.setdefault(sid, {})[job.id] = None
         self.queue[job.id] = job
+        self._holds.keep(job)
         sid = self._job_sid[job.id]
         self._shape_told.pop(sid, None)  # its stored reason may differ from its shape's
         self._revisit[sid] = None
@@ -256,6 +260,7 @@ class SchedulerCore:
         self.gang.discard(job_id)
         self.offered.pop(job_id, None)
         self._left_since.pop(job_id, None)
+        self._holds.drop(job_id)
         sid = self._job_sid.pop(job_id, None)
         if sid is None:
             return
@@ -293,12 +298,16 @@ class SchedulerCore:
         return keys
 
     def _place(self, new: list[str]) -> Generator[Action, Answer, MachineRead]:
-        fast_ids = set(new)
         self._unsure = False
         if self._workdirs is None:
             self._workdirs = {(r.user or None, r.workdir) for r in self._shape_reqs.values()}
         machine = yield from self._read_machine()
         assert machine.local is not None
+        for job_id in self._holds.release(machine.wall):  # backoff over: walked and judged as new jobs
+            self._told.pop(job_id, None)
+            self._add(replace(self.queue[job_id], retry_at=None))
+            new.append(job_id)
+        fast_ids = set(new)
         worker, remote, usage = machine.local, list(machine.remote), machine.usage
         self.book.observe([worker, *remote])
         # Device jobs that fit here now but go to a peer with a smaller fit (best fit across hosts).
@@ -351,8 +360,8 @@ class SchedulerCore:
             if n % CHUNK == CHUNK - 1:
                 yield Yield()
             job = q.get(job_id)
-            if job is None or job_id in self._deferred:
-                continue  # claimed earlier in this pass, or left to a peer with a smaller fit
+            if job is None or job_id in self._deferred or job_id in self._holds:
+                continue  # claimed earlier in this pass, left to a peer with a smaller fit, or a retry's backoff
             req = self.request(job_id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 self._busy = True  # the gang coordinator keeps its own timers
@@ -370,7 +379,7 @@ class SchedulerCore:
                 continue
             first = self._left_since.get(job_id, self._now)  # left to peers for 2 offers at most, then here
             if self._now - first < 2 * self._offer_interval_s and elsewhere(
-                    self.book, req, ev.placement, worker, remote, self._walk_round) is not None:
+                    self.book, req, ev.placement, worker, remote, self._walk_round, job.avoid) is not None:
                 self._left_since[job_id] = first
                 self._deferred.add(job_id)  # offered to that peer by the reasons' walk
                 self._unsure = True  # it fits here: the next pass walks it again (the peer may be gone)
@@ -454,8 +463,8 @@ class SchedulerCore:
                     yield from self._store(writes)
                 yield Yield()
             job = q.get(job_id)
-            if job is None or job_id in self.gang:
-                continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
+            if job is None or job_id in self.gang or job_id in self._holds:
+                continue  # claimed in this pass, a multi-host job (the gang coordinator's), a retry's backoff
             req = self.request(job_id)
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
             if e.placement is not None and (e.placement.worker != self.node_id or job_id in self._deferred):
@@ -463,7 +472,8 @@ class SchedulerCore:
                 if id(e) not in sized:
                     sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
                 left = worker if job_id in self._deferred else None  # fits here: only smaller fits count
-                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left)
+                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left,
+                           job.avoid)
                 if e.placement is not None and e.placement.worker != self.node_id:
                     offers.append((job_id, e.placement.worker))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
@@ -473,7 +483,7 @@ class SchedulerCore:
                 e = fair
                 waiting[req.user] = None
                 self._told.pop(job_id, None)
-                target = standing.target(e, req.user, job_id)
+                target = standing.target(e, req.user, job_id, job.avoid)
                 if target is not None:
                     offers.append((job_id, target))  # a standing offer (see judging.busy_target)
                     self._busy = True  # repeated every offer_interval_s
@@ -538,12 +548,13 @@ class SchedulerCore:
                 fits = peer_fits(e, peers, self.node_id)  # sized once for the shape's jobs
                 for job_id in list(members):
                     job = q.get(job_id)
-                    if job is None or job_id in self.gang:
+                    if job is None or job_id in self.gang or job_id in self._holds:
                         continue
                     one = e  # fits here and was not left to a peer: its line as before
                     if not here or job_id in self._deferred:
                         left = worker if job_id in self._deferred else None
-                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left)
+                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left,
+                                     job.avoid)
                     if one.placement is not None and one.placement.worker != self.node_id:
                         offers.append((job_id, one.placement.worker))
                     text = self.book.reason(one)
@@ -556,8 +567,8 @@ class SchedulerCore:
                     self._busy = True  # fair-share figures change with the clock
                     self._revisit[sid] = None
                 e = fair
-                for job_id in [j for j in members if j in q and j not in self.gang][:BUSY_OFFERS]:
-                    target = standing.target(e, req.user, job_id)
+                for job_id in [j for j in members if j in q and not (j in self.gang or j in self._holds)][:BUSY_OFFERS]:
+                    target = standing.target(e, req.user, job_id, q[job_id].avoid)
                     if target is None:
                         break
                     offers.append((job_id, target))  # a standing offer (see judging.busy_target)
@@ -573,7 +584,7 @@ class SchedulerCore:
                         yield from self._store(writes)
                     yield Yield()
                 kept = q.get(job_id)
-                if kept is not None and job_id not in self.gang and kept.reason != text:
+                if kept is not None and job_id not in self.gang and job_id not in self._holds and kept.reason != text:
                     writes.append((kept, text, e))
             self._shape_told[sid] = text
         yield from self._store(writes)
