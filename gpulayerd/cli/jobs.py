@@ -162,7 +162,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retry-backoff", metavar="DURATION", help="wait before the first retry of a failed or timed-out "
                    "attempt, doubled for each next one (default 10s; 0: none)")
     p.add_argument("--retry-elsewhere", action="store_true", default=None,
-                   help="prefer another worker than the last attempt's for the next attempt")
+                   help="prefer another worker than the last attempt's for the next attempt (the same one "
+                        "still runs it when no other fits)")
     p.add_argument("--array", metavar="0-99[:STEP][%MAX]",
                    help="a job array: one task per index (a range, a range with a step, or a list 1,5,9; %%MAX: at "
                         "most MAX tasks at once, lab-wide); {task} in the command is the index; task ids are ID_7")

@@ -4,7 +4,8 @@
   (``examples/checkpoint_train.py``) and ends ``timeout`` at its limit; ``gpulayer run`` exits 124.
 - The same with the daemon killed with -9 before the warning and not restarted: the watchdog
   holds the limit itself, signals the job and ends it (its ``exit.json`` says ``timeout``).
-- ``--retries 2 --retry-on failed`` runs an exit-1 job three times, each attempt keeping its log.
+- ``--retries 2 --retry-on failed`` runs an exit-1 job three times, each attempt keeping its log;
+  with ``--retry-elsewhere`` and no other worker, the retry runs on the same one.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def test_retries_on_failure_stop_after_the_last_attempt(lab: Lab) -> None:
     assert [a["exit_code"] for a in shown["attempts"]] == [1, 1, 1], shown["attempts"]
     for n in (1, 2, 3):  # every attempt keeps its log
         assert f"attempt {n}" in d.cli_ok("logs", "--attempt", str(n), job_id)
+
+
+def test_a_retry_elsewhere_with_no_other_worker_runs_here_again(lab: Lab) -> None:
+    """``--retry-elsewhere`` prefers another worker, it does not forbid this one: alone, the retry runs here."""
+    d = lab.daemon(cpu_slots=1)
+    job_id = d.submit("--retries", "1", "--retry-on", "failed", "--retry-backoff", "0.2s", "--retry-elsewhere",
+                      "--", "python", "-c", "import sys; sys.exit(1)")
+    job = d.wait_status(job_id, {"failed", "succeeded", "lost", "timeout"}, timeout_s=30)
+    assert job.status == "failed" and job.attempt == 2, job
+    assert [a["exit_code"] for a in d.show(job_id)["attempts"]] == [1, 1]
 
 
 def test_bad_limits_are_refused_naming_the_field(lab: Lab) -> None:

@@ -1,9 +1,10 @@
 """Jobs across a LAN of namespaces: placement by requirements, exactly-once under load,
 multi-host gangs, and what happens when a worker daemon dies.
 
-The first three tests share one three-host cluster (starting daemons costs seconds on a
-small machine); the failure tests kill daemons and get a LAN of their own. The cluster-wide
-job control test also uses the shared cluster: it stops h1 and starts it again at its end.
+The first three tests and the retry on another host share one three-host cluster (starting
+daemons costs seconds on a small machine); the failure tests kill daemons and get a LAN of their
+own. The cluster-wide job control test also uses the shared cluster: it stops h1 and starts it
+again at its end.
 """
 
 from __future__ import annotations
@@ -397,6 +398,22 @@ def test_worker_killed_attempt_lost_then_retried_elsewhere(lan_factory: Callable
     assert a.attempts[0].ended_at is not None and "no lease renewal" in a.attempts[0].reason, a.attempts[0]
     assert [(x.attempt, x.state) for x in b.attempts] == [(1, "lost")], b.attempts
     assert b.attempts[0].ended_at is not None and "no lease renewal" in b.attempts[0].reason, b.attempts[0]
+
+
+def test_a_failed_attempt_is_retried_on_another_host_with_retry_elsewhere(cluster3: Lan) -> None:
+    """``--retries 2 --retry-on failed --retry-elsewhere``: an exit-1 job runs three times, each retry
+    on another host than the attempt before it (three hosts fit it), then ends failed."""
+    h1 = cluster3.host(1)
+    started = time.monotonic()
+    job = json.loads(h1.cli_ok("submit", "--json", "--retries", "2", "--retry-on", "failed", "--retry-backoff",
+                               "0.2s", "--retry-elsewhere", "--", "sh", "-c", "echo attempt $GPULAYER_ATTEMPT; exit 1"))
+    view = h1.wait_job(job["id"], timeout_s=20)
+    assert (view.status, view.attempt, view.retries_left) == ("failed", 3, 0), view.reason
+    workers = [a.worker for a in view.attempts]
+    assert [(a.attempt, a.exit_code) for a in view.attempts] == [(1, 1), (2, 1), (3, 1)], view.attempts
+    assert workers[1] != workers[0] and workers[2] != workers[1], workers
+    assert set(workers) <= {h.node_id for h in cluster3.hosts}
+    assert time.monotonic() - started < 20.0
 
 
 # ---------------------------------------------------------------------- any job id on any host

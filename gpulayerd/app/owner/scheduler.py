@@ -63,16 +63,14 @@ class Scheduler:
         self.core = core.SchedulerCore(node_id, support, offer_interval_s=config.offer_interval_s,
                                        fair_share=usage is not None)
         self.passes_skipped = 0
-        self._retry_due: float | None = None  # the earliest end of a retry's backoff seen (wall s)
 
     def _kept(self, row: JobRow, *, fresh: bool = False) -> core.QueuedJob:
-        """``row`` as the core keeps it (id, seq, reason line), with its request when it is new to the
-        queue (or ``fresh``: a reload). The rest of the row is read again by a claim or a gang."""
-        if row.status is JobStatus.QUEUED and row.retry_at is not None and row.retry_at > self._clock.wall():
-            # A retry waiting out its backoff (its claim is refused until then): a pass comes when it ends.
-            self._retry_due = min(self._retry_due or row.retry_at, row.retry_at)
+        """``row`` as the core keeps it (id, seq, reason line, a retry's worker to avoid and end of
+        backoff), with its request when it is new to the queue (or ``fresh``: a reload). The rest of
+        the row is read again by a claim or a gang."""
         queued = row.status is JobStatus.QUEUED and (fresh or not self.core.queued(row.id))
-        return core.QueuedJob(row.id, row.seq, row.reason, self._jobs.spec(row).to_core(row.id) if queued else None)
+        return core.QueuedJob(row.id, row.seq, row.reason, self._jobs.spec(row).to_core(row.id) if queued else None,
+                              avoid=row.avoid_worker, retry_at=row.retry_at)
 
     def _schedulable(self, row: JobRow) -> bool:
         """Whether queued ``row`` is the scheduler's: not an array's own row (its tasks are), not
@@ -100,9 +98,9 @@ class Scheduler:
 
     def _idle(self) -> bool:
         """Whether a timer-only pass would decide nothing new (see :meth:`SchedulerCore.idle`); never when
-        a retry's backoff ended since the last pass."""
-        if self._retry_due is not None and self._clock.wall() >= self._retry_due:
-            self._retry_due = None
+        a retry's backoff ended since the last pass (:meth:`SchedulerCore.retry_due`)."""
+        due = self.core.retry_due()
+        if due is not None and self._clock.wall() >= due:
             return False
         return self.core.idle(self._peers(), self._usage.usage() if self._usage is not None else None)
 
@@ -120,7 +118,7 @@ class Scheduler:
                 self._signals.stats["scheduler_passes_skipped"] += 1
                 await self._tick_books()
                 await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
-            due = self._retry_due
+            due = self.core.retry_due()  # a pass when a retry's backoff ends
             await self._signals.wait_wake(self._config.schedule_interval_s if due is None else
                                           min(self._config.schedule_interval_s, max(due - self._clock.wall(), 0.01)))
             woken = self._signals.woken()
@@ -178,7 +176,7 @@ class Scheduler:
             local = (await self._machine.snapshot(refresh_apps=True, workdirs=list(action.workdirs))
                      if action.local else None)
             usage = self._usage.usage() if self._usage is not None else None
-            return core.MachineRead(local, tuple(self._peers()), usage, self._clock.monotonic())
+            return core.MachineRead(local, tuple(self._peers()), usage, self._clock.monotonic(), self._clock.wall())
         elif isinstance(action, core.Claim):
             return await self._claim(action)
         elif isinstance(action, core.ToGang):

@@ -1,7 +1,8 @@
 """The scheduler's pass, decided (pure): :mod:`.passes` (:class:`SchedulerCore`, the state and the
 pass as a generator of actions), :mod:`.steps` (what it keeps of a queued job, its actions and
-their answers) and :mod:`.judging` (queue keys, peer loads, fair share in a reason). The service
-that carries the actions out is :mod:`gpulayerd.app.owner.scheduler`."""
+their answers), :mod:`.judging` (queue keys, peer loads, fair share in a reason) and :mod:`.retrying`
+(retries held until their backoff ends; the worker a retry avoids). The service that carries the
+actions out is :mod:`gpulayerd.app.owner.scheduler`."""
 
 from gpulayerd.core.scheduling.passes import CHUNK, REASON_BATCH, SchedulerCore
 from gpulayerd.core.scheduling.steps import (

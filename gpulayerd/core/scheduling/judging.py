@@ -1,23 +1,24 @@
 """The scheduler's judgements beside the matcher: queue keys, frozen snapshots and their path answers, peer loads,
-the size of each peer's fit and the peer an offer goes to (best fit, then least loaded), fair
-share in a waiting job's reason (pure)."""
+the size of each peer's fit and the peer an offer goes to (best fit, then least loaded; not the
+worker a retry avoids while another fits), fair share in a waiting job's reason (pure)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import FreezeMemo, ShapeBook, freeze
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
-from gpulayerd.core.scheduling.steps import Key, QueuedJob
+from gpulayerd.core.scheduling.retrying import prefer_others
+from gpulayerd.core.scheduling.steps import Key, QueuedJob, SendOffer
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
-__all__ = ["BUSY_OFFERS", "StandingOffers", "busy_target", "elsewhere", "fair_order", "fit_of", "order_key",
-           "others_hold_gpus", "pair_key", "paths_changed", "peer_fits", "peer_loads", "settled_for",
-           "smaller_than_here", "spread", "with_fair_share", "without_paths"]
+__all__ = ["BUSY_OFFERS", "StandingOffers", "busy_target", "due_offers", "elsewhere", "fair_order", "fit_of",
+           "order_key", "others_hold_gpus", "pair_key", "pass_inputs", "paths_changed", "peer_fits", "peer_loads",
+           "settled_for", "smaller_than_here", "spread", "user_ranks", "with_fair_share", "without_paths"]
 
 _HELD = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS})
 
@@ -32,6 +33,43 @@ user's jobs by fair share when its devices free up."""
 def order_key(job: QueuedJob, user: str, scores: Mapping[str, float]) -> Key:
     """:func:`gpulayerd.core.fairshare.order`'s key of a queued job: user's score, seq, id, user."""
     return (scores.get(user, 0.0), float(job.seq if job.seq is not None else 0), job.id, user)
+
+
+def user_ranks(users: Iterable[str], usage: Mapping[str, fairshare.Usage] | None) -> tuple[tuple[float, str], ...]:
+    """Each of ``users``' rank by fair-share score, by user name (equal scores, equal ranks; 0 without
+    a usage book)."""
+    names = sorted(users)
+    if usage is None:
+        return tuple((0.0, u) for u in names)
+    scores = {u: fairshare.score(usage, u) for u in names}
+    rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
+    return tuple((rank[scores[u]], u) for u in names)
+
+
+def pass_inputs(users: Iterable[str], remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None,
+                memo: FreezeMemo) -> object:
+    """What a scheduler pass reads that changes without a wake-up: the peers' snapshots (``remote``,
+    frozen with ``memo``, whose round then turns) and the fair-share order of ``users`` (by ``usage``)."""
+    order: list[str] = []
+    names = sorted(users)
+    if usage is not None and names:
+        order = [c.user for c in fairshare.order((fairshare.Candidate(u, u, 0.0) for u in names), usage)]
+    frozen = freeze(sorted(remote, key=lambda w: w.node_id), memo)
+    memo.turn()  # a round: from one call here to the next (a pass, or an idle check)
+    return (frozen, tuple(order))
+
+
+def due_offers(offers: Sequence[tuple[str, str]], offered: dict[str, tuple[str, float]], now: float,
+               interval_s: float) -> Iterator[SendOffer]:
+    """A :class:`SendOffer` for each (job, target) of ``offers`` but those offered to the same target
+    less than ``interval_s`` before ``now`` (monotonic s); each one sent is recorded in ``offered``
+    (job -> (target, when))."""
+    for job_id, target in offers:
+        last = offered.get(job_id)
+        if last is not None and last[0] == target and now - last[1] < interval_s:
+            continue
+        offered[job_id] = (target, now)
+        yield SendOffer(job_id, target)
 
 
 def pair_key(pair: tuple[str | None, str | None]) -> tuple[str, str]:
@@ -106,16 +144,19 @@ def peer_fits(e: Explanation, peers: Mapping[str, WorkerSnapshot], me: str) -> l
 
 
 def elsewhere(book: ShapeBook, req: JobRequest, here: Placement, worker: WorkerSnapshot,
-              remote: Sequence[WorkerSnapshot], offers: OfferRound) -> Fit | None:
+              remote: Sequence[WorkerSnapshot], offers: OfferRound, avoid: str | None = None) -> Fit | None:
     """The peer a device job that fits this machine (``worker``) now at ``here`` goes to instead: one
     whose fit now is strictly smaller (:meth:`~gpulayerd.core.protocol.targets.OfferRound.smaller_than`,
     promised in ``offers``, the walk's round), or None: it is claimed here. A CPU job stays here.
+    ``avoid``: a retry's worker to avoid (``--retry-elsewhere``): never the peer chosen; when it is
+    this machine, any peer that fits the job now (CPU jobs too; :meth:`OfferRound.choose`).
     (A peer's workdir is checked only when it claims: the caller bounds how long a job is left.)"""
-    if req.gpu_count == 0 or not remote:
+    mine = avoid is not None and avoid == worker.node_id
+    if (req.gpu_count == 0 and not mine) or not remote:
         return None
     fits = [fit_of(r.placement, w) for w in remote
-            if (r := book.row(req, w)).state is FitState.FITS_NOW and r.placement is not None]
-    return offers.smaller_than(fit_of(here, worker), fits)
+            if w.node_id != avoid and (r := book.row(req, w)).state is FitState.FITS_NOW and r.placement is not None]
+    return offers.choose(fits) if mine else offers.smaller_than(fit_of(here, worker), fits)
 
 
 def smaller_than_here(fits: Sequence[Fit], e: Explanation, worker: WorkerSnapshot) -> list[Fit]:
@@ -128,13 +169,16 @@ def smaller_than_here(fits: Sequence[Fit], e: Explanation, worker: WorkerSnapsho
 
 
 def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit],
-           here: WorkerSnapshot | None = None) -> Explanation:
+           here: WorkerSnapshot | None = None, avoid: str | None = None) -> Explanation:
     """``e`` placed on the peer ``offers`` (:class:`~gpulayerd.core.protocol.targets.OfferRound`) picks
     among ``fits`` (:func:`peer_fits` of ``e``): the best fit, then the least loaded, instead of always
     the lowest node id; the choice is counted into the round. ``here``: this machine, when the walk
     left the job (which fits here) to a smaller fit (:func:`elsewhere`): only fits smaller than its own
-    count (none left: ``e`` as it is)."""
-    fit = offers.choose(smaller_than_here(fits, e, here) if here is not None else fits, previous)
+    count (none left: ``e`` as it is). ``avoid``: a retry's worker to avoid: chosen only when no other
+    fits (:func:`~gpulayerd.core.scheduling.retrying.prefer_others`); when it is ``here``, every fit counts."""
+    if here is not None and here.node_id != avoid:
+        fits = smaller_than_here(fits, e, here)
+    fit = offers.choose(prefer_others(fits, avoid), previous)
     if fit is None:
         return e
     row = next(r for r in e.workers if r.worker == fit.worker)
@@ -148,16 +192,18 @@ def others_hold_gpus(req: JobRequest, workers: Sequence[WorkerSnapshot]) -> bool
                                               for w in workers for u, n in w.gpus_held_by_user.items())
 
 
-def busy_target(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None, me: str) -> str | None:
+def busy_target(e: Explanation, loads: dict[str, WorkerLoad], previous: str | None, me: str,
+                avoid: str | None = None) -> str | None:
     """The peer (not ``me``) to hold a standing offer of a job that fits but waits (``e``'s verdict
     "fits but busy"): :func:`gpulayerd.core.protocol.targets.choose_target` among the peers whose
     devices would fit it once freed, counted into ``loads``. A worker that holds the offers of every
     user whose jobs wait for it chooses among them by fair share when its devices free up (an offer
     made only once a device is free would lose that race to offers kept from earlier). None when
-    no peer is such a worker."""
+    no peer is such a worker. ``avoid``: a retry's worker to avoid, chosen only when no other is such a worker."""
     if e.verdict is not Verdict.FITS_BUT_BUSY:
         return None
     busy = sorted(r.worker for r in e.workers if r.worker != me and r.state is FitState.FITS_BUT_BUSY)
+    busy = [w for w in busy if w != avoid] or busy
     target = choose_target(busy, loads, previous)
     if target is not None:
         loads[target] = loads.get(target, WorkerLoad()).plus_one()
@@ -179,10 +225,11 @@ class StandingOffers:
         self._offered = offered
         self._count: Counter[tuple[str, str]] = Counter()
 
-    def target(self, e: Explanation, user: str, job_id: str) -> str | None:
-        """The peer to send ``job_id`` (of ``user``; explained by ``e``) a standing offer now; None when no
-        peer's busy devices fit it, or :data:`BUSY_OFFERS` of ``user``'s jobs go there in this pass."""
-        target = busy_target(e, self._loads, self._offered.get(job_id, ("", 0.0))[0] or None, self._me)
+    def target(self, e: Explanation, user: str, job_id: str, avoid: str | None = None) -> str | None:
+        """The peer to send ``job_id`` (of ``user``; explained by ``e``; a retry avoiding ``avoid``) a
+        standing offer now; None when no peer's busy devices fit it, or :data:`BUSY_OFFERS` of
+        ``user``'s jobs go there in this pass."""
+        target = busy_target(e, self._loads, self._offered.get(job_id, ("", 0.0))[0] or None, self._me, avoid)
         if target is None or self._count[(user, target)] >= BUSY_OFFERS:
             return None
         self._count[(user, target)] += 1

@@ -5,8 +5,9 @@ order (the user with the least decayed usage first, see :mod:`gpulayerd.core.fai
 user, submission order): a job that fits here now is claimed here, unless it asks for devices and a
 peer's fit now is strictly smaller (best fit across hosts; for two offers at most); one that fits only
 peers is offered to the best fit among them, then the least loaded (:mod:`gpulayerd.core.protocol.targets`);
-a multi-host job goes to the gang coordinator. Identical jobs
-behind one that did not fit here are not judged again in the same walk. Then every one-host job
+a multi-host job goes to the gang coordinator. A retry that avoids a worker goes to any other that
+fits now first (:mod:`.retrying`); one waiting out its backoff is neither claimed nor offered. Identical
+jobs behind one that did not fit here are not judged again in the same walk. Then every one-host job
 still queued gets its current reason, judged against this machine as the walk left it and the
 peers' last snapshots (identical jobs share the judgement; a job's row is written only when its
 reason changed): a short code and the deciding words (:mod:`gpulayerd.core.reasons`), e.g.
@@ -33,23 +34,27 @@ from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core import fairshare
-from gpulayerd.core.matching.shapes import ShapeBook, freeze
+from gpulayerd.core.matching.shapes import ShapeBook
 from gpulayerd.core.protocol.targets import Fit, OfferRound
 from gpulayerd.core.scheduling.judging import (
     BUSY_OFFERS,
     StandingOffers,
+    due_offers,
     elsewhere,
     fair_order,
     order_key,
     others_hold_gpus,
     pair_key,
+    pass_inputs,
     peer_fits,
     peer_loads,
     settled_for,
     spread,
+    user_ranks,
     with_fair_share,
     without_paths,
 )
+from gpulayerd.core.scheduling.retrying import RetryHolds
 from gpulayerd.core.scheduling.steps import (
     Action,
     Answer,
@@ -65,7 +70,6 @@ from gpulayerd.core.scheduling.steps import (
     ReadChanges,
     ReadMachine,
     ReadQueue,
-    SendOffer,
     StoreReasons,
     ToGang,
     Yield,
@@ -128,6 +132,7 @@ class SchedulerCore:
         self._deferred: set[str] = set()  # this pass's device jobs that fit here, left to a smaller fit
         self._walk_round, self._now = OfferRound({}), 0.0  # the walks' promises of peers' devices, the time
         self._left_since: dict[str, float] = {}  # job -> when it was first left to a peer (fitting here)
+        self._holds = RetryHolds()  # retries waiting out their backoff: neither walked nor offered
 
     # ------------------------------------------------------------------ queries
 
@@ -139,6 +144,10 @@ class SchedulerCore:
         """Whether ``job_id`` is in the kept queue (else its :class:`QueuedJob` must carry its request)."""
         return job_id in self.queue
 
+    def retry_due(self) -> float | None:
+        """When the first queued retry's backoff ends (wall-clock s; a pass is due then), or None."""
+        return self._holds.next_due()
+
     def request(self, job_id: str) -> JobRequest:
         """The request of queued ``job_id``'s shape (another job's id, the same requirements).
 
@@ -149,13 +158,7 @@ class SchedulerCore:
 
     def inputs(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> object:
         """What a pass reads that changes without a wake-up: the peers' snapshots, the users' order."""
-        order: list[str] = []
-        if usage is not None and self._users:
-            users = sorted(self._users)
-            order = [c.user for c in fairshare.order((fairshare.Candidate(u, u, 0.0) for u in users), usage)]
-        frozen = freeze(sorted(remote, key=lambda w: w.node_id), self.book.memo)
-        self.book.memo.turn()  # a round: from one call here to the next (a pass, or an idle check)
-        return (frozen, tuple(order))
+        return pass_inputs(self._users, remote, usage, self.book.memo)
 
     def idle(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> bool:
         """True when a timer-only pass would decide nothing new: the last pass left no job waiting
@@ -214,6 +217,7 @@ class SchedulerCore:
         self.queue, self._users, self._told, self.gang = {}, Counter(), {}, set()
         self._members, self._job_sid, self._shape_told = {}, {}, {}
         self._cpu_shapes, self._revisit, self._reasons_epochs, self._shape_reqs = {}, {}, None, {}
+        self._holds.clear()
         for job in loaded.queued:
             self._add(job)
         self._event, self._order, self._settled, self._workdirs = loaded.head, None, None, None
@@ -244,6 +248,7 @@ class SchedulerCore:
                     self._cpu_shapes[sid] = None
             self._members.setdefault(sid, {})[job.id] = None
         self.queue[job.id] = job
+        self._holds.keep(job)
         sid = self._job_sid[job.id]
         self._shape_told.pop(sid, None)  # its stored reason may differ from its shape's
         self._revisit[sid] = None
@@ -255,6 +260,7 @@ class SchedulerCore:
         self.gang.discard(job_id)
         self.offered.pop(job_id, None)
         self._left_since.pop(job_id, None)
+        self._holds.drop(job_id)
         sid = self._job_sid.pop(job_id, None)
         if sid is None:
             return
@@ -276,7 +282,7 @@ class SchedulerCore:
     def _ordered_keys(self, usage: Mapping[str, fairshare.Usage] | None) -> list[Key]:
         """The queue's keys in fair-share order: kept sorted while the users' ranking holds (new jobs
         inserted, jobs gone skipped: filter on the queue), re-sorted when it changes."""
-        users = self._users_key(usage)
+        users = user_ranks(self._users, usage if self._fair else None)
         q, req = self.queue, self.request
         scores = {u: sc for sc, u in users}
         if self._order is None or self._order[0] != users or len(self._order[1]) > 2 * len(q) + 64:
@@ -291,21 +297,17 @@ class SchedulerCore:
         self._unordered = []
         return keys
 
-    def _users_key(self, usage: Mapping[str, fairshare.Usage] | None) -> tuple[tuple[float, str], ...]:
-        """Each user's rank by fair-share score (equal scores, equal ranks; 0 without a usage book)."""
-        if usage is None or not self._fair:
-            return tuple((0.0, u) for u in sorted(self._users))
-        scores = {u: fairshare.score(usage, u) for u in self._users}
-        rank = {sc: float(i) for i, sc in enumerate(sorted(set(scores.values())))}
-        return tuple((rank[scores[u]], u) for u in sorted(self._users))
-
     def _place(self, new: list[str]) -> Generator[Action, Answer, MachineRead]:
-        fast_ids = set(new)
         self._unsure = False
         if self._workdirs is None:
             self._workdirs = {(r.user or None, r.workdir) for r in self._shape_reqs.values()}
         machine = yield from self._read_machine()
         assert machine.local is not None
+        for job_id in self._holds.release(machine.wall):  # backoff over: walked and judged as new jobs
+            self._told.pop(job_id, None)
+            self._add(replace(self.queue[job_id], retry_at=None))
+            new.append(job_id)
+        fast_ids = set(new)
         worker, remote, usage = machine.local, list(machine.remote), machine.usage
         self.book.observe([worker, *remote])
         # Device jobs that fit here now but go to a peer with a smaller fit (best fit across hosts).
@@ -327,7 +329,7 @@ class SchedulerCore:
         if devices_settled:
             # Walk only the new jobs, gangs, and the jobs that ask for no device when the CPU slots
             # changed (sorted by the queue's own key: no walk over the whole queue).
-            scores = {u: sc for sc, u in self._users_key(usage)}
+            scores = {u: sc for sc, u in user_ranks(self._users, usage if self._fair else None)}
             few = fast_ids | (self.gang & q.keys())
             if not settled:
                 yield Count("scheduler_cpu_only_walks")
@@ -358,8 +360,8 @@ class SchedulerCore:
             if n % CHUNK == CHUNK - 1:
                 yield Yield()
             job = q.get(job_id)
-            if job is None or job_id in self._deferred:
-                continue  # claimed earlier in this pass, or left to a peer with a smaller fit
+            if job is None or job_id in self._deferred or job_id in self._holds:
+                continue  # claimed earlier in this pass, left to a peer with a smaller fit, or a retry's backoff
             req = self.request(job_id)
             if req.distributed is not None and req.distributed.nnodes > 1:
                 self._busy = True  # the gang coordinator keeps its own timers
@@ -377,7 +379,7 @@ class SchedulerCore:
                 continue
             first = self._left_since.get(job_id, self._now)  # left to peers for 2 offers at most, then here
             if self._now - first < 2 * self._offer_interval_s and elsewhere(
-                    self.book, req, ev.placement, worker, remote, self._walk_round) is not None:
+                    self.book, req, ev.placement, worker, remote, self._walk_round, job.avoid) is not None:
                 self._left_since[job_id] = first
                 self._deferred.add(job_id)  # offered to that peer by the reasons' walk
                 self._unsure = True  # it fits here: the next pass walks it again (the peer may be gone)
@@ -461,8 +463,8 @@ class SchedulerCore:
                     yield from self._store(writes)
                 yield Yield()
             job = q.get(job_id)
-            if job is None or job_id in self.gang:
-                continue  # claimed in this pass, or a multi-host job (the gang coordinator's)
+            if job is None or job_id in self.gang or job_id in self._holds:
+                continue  # claimed in this pass, a multi-host job (the gang coordinator's), a retry's backoff
             req = self.request(job_id)
             e = self.book.explanation(req, workers, same_id=False)  # shared by the jobs of one shape
             if e.placement is not None and (e.placement.worker != self.node_id or job_id in self._deferred):
@@ -470,7 +472,8 @@ class SchedulerCore:
                 if id(e) not in sized:
                     sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
                 left = worker if job_id in self._deferred else None  # fits here: only smaller fits count
-                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left)
+                e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left,
+                           job.avoid)
                 if e.placement is not None and e.placement.worker != self.node_id:
                     offers.append((job_id, e.placement.worker))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
@@ -480,7 +483,7 @@ class SchedulerCore:
                 e = fair
                 waiting[req.user] = None
                 self._told.pop(job_id, None)
-                target = standing.target(e, req.user, job_id)
+                target = standing.target(e, req.user, job_id, job.avoid)
                 if target is not None:
                     offers.append((job_id, target))  # a standing offer (see judging.busy_target)
                     self._busy = True  # repeated every offer_interval_s
@@ -493,7 +496,8 @@ class SchedulerCore:
             if text != job.reason:
                 writes.append((job, text, e))
         yield from self._store(writes)
-        yield from self._offers(offers, now)  # together, after the writes: a peer sees the pass's offers at once
+        # Together, after the writes: a peer sees the pass's offers at once.
+        yield from due_offers(offers, self.offered, now, self._offer_interval_s)
 
     def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
                           usage: Mapping[str, fairshare.Usage], now: float) -> Generator[Action, Answer, None]:
@@ -544,12 +548,13 @@ class SchedulerCore:
                 fits = peer_fits(e, peers, self.node_id)  # sized once for the shape's jobs
                 for job_id in list(members):
                     job = q.get(job_id)
-                    if job is None or job_id in self.gang:
+                    if job is None or job_id in self.gang or job_id in self._holds:
                         continue
                     one = e  # fits here and was not left to a peer: its line as before
                     if not here or job_id in self._deferred:
                         left = worker if job_id in self._deferred else None
-                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left)
+                        one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left,
+                                     job.avoid)
                     if one.placement is not None and one.placement.worker != self.node_id:
                         offers.append((job_id, one.placement.worker))
                     text = self.book.reason(one)
@@ -562,8 +567,8 @@ class SchedulerCore:
                     self._busy = True  # fair-share figures change with the clock
                     self._revisit[sid] = None
                 e = fair
-                for job_id in [j for j in members if j in q and j not in self.gang][:BUSY_OFFERS]:
-                    target = standing.target(e, req.user, job_id)
+                for job_id in [j for j in members if j in q and not (j in self.gang or j in self._holds)][:BUSY_OFFERS]:
+                    target = standing.target(e, req.user, job_id, q[job_id].avoid)
                     if target is None:
                         break
                     offers.append((job_id, target))  # a standing offer (see judging.busy_target)
@@ -579,18 +584,9 @@ class SchedulerCore:
                         yield from self._store(writes)
                     yield Yield()
                 kept = q.get(job_id)
-                if kept is not None and job_id not in self.gang and kept.reason != text:
+                if kept is not None and job_id not in self.gang and job_id not in self._holds and kept.reason != text:
                     writes.append((kept, text, e))
             self._shape_told[sid] = text
         yield from self._store(writes)
         self._reasons_epochs = epochs
-        yield from self._offers(offers, now)
-
-    def _offers(self, offers: list[tuple[str, str]], now: float) -> Generator[Action, Answer, None]:
-        """Offer each job to its target, at most every ``offer_interval_s`` to the same peer."""
-        for job_id, target in offers:
-            last = self.offered.get(job_id)
-            if last is not None and last[0] == target and now - last[1] < self._offer_interval_s:
-                continue
-            self.offered[job_id] = (target, now)
-            yield SendOffer(job_id, target)
+        yield from due_offers(offers, self.offered, now, self._offer_interval_s)

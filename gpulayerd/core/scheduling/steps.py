@@ -27,12 +27,16 @@ class QueuedJob:
         reason: the reason line stored for it now.
         request: its requirements: needed when the job is new to the queue (:meth:`SchedulerCore.queued`
             says which are not), not kept afterwards (one request per shape is).
+        avoid: a retry's worker to avoid (``--retry-elsewhere``: its last attempt's node id), or None.
+        retry_at: a retry's end of backoff (wall-clock s): neither claimed nor offered before, or None.
     """
 
     id: str
     seq: int | None
     reason: str
     request: JobRequest | None = None
+    avoid: str | None = None
+    retry_at: float | None = None
 
 
 Key = tuple[float, float, str, str]
@@ -140,12 +144,14 @@ class QueueLoaded:
 @dataclass(frozen=True, slots=True)
 class MachineRead:
     """The answer to :class:`ReadMachine`: this machine (None when not asked for), the peers, each
-    user's decayed usage (None: no fair share) and the monotonic time (s)."""
+    user's decayed usage (None: no fair share), the monotonic time (s) and the wall-clock time (s;
+    None: unknown, no retry is held back by its backoff)."""
 
     local: WorkerSnapshot | None
     remote: tuple[WorkerSnapshot, ...]
     usage: Mapping[str, fairshare.Usage] | None
     now: float
+    wall: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
