@@ -694,7 +694,9 @@ def test_sigkill_between_two_commits(crash_daemon: CrashDaemon, crash_point: str
 
     async def scenario() -> None:
         await d.start()
-        script = f"sleep 3; echo {MARKER}" if crash_point == "before_mark_running" else f"sleep 1; echo {MARKER}"
+        go = d.root / f"go-{crash_point}"  # the re-adopted job ends once the test saw it run (not on a timer)
+        script = (f"while [ ! -e {go} ]; do sleep 0.1; done; echo {MARKER}" if crash_point == "before_mark_running"
+                  else f"sleep 1; echo {MARKER}")
         async with d.client() as c:
             job_id = (await c.submit(d.spec(script))).id
         run_dir = d.run_dir(job_id, 1)
@@ -721,6 +723,7 @@ def test_sigkill_between_two_commits(crash_daemon: CrashDaemon, crash_point: str
             assert _adopted(view, 1, restart_wall), _history(view)
             assert not (run_dir / "exit.json").exists(), "the job ended too early for this test"
             assert view.status == "running", f"re-adopted while its process runs, yet:\n{_history(view)}"
+            go.touch()
 
         async def ended() -> bool:
             return (await _job(d, job_id)).status in TERMINAL

@@ -57,7 +57,8 @@ def test_the_watchdog_holds_the_time_limit_after_a_kill_9_of_the_daemon(lab: Lab
     ended = json.loads((run_dir / "exit.json").read_text())
     assert ended["reason"] == "timeout", ended
     assert ended["exit_code"] == 143, ended
-    assert 10.0 <= ended["ended_at"] - began < 14.0, ended
+    # (job.json's started_at is written just after the watchdog's clock for the limit starts)
+    assert 9.8 <= ended["ended_at"] - began < 14.0, ended
     out = (run_dir / "stdout.log").read_text()
     assert out.count("got SIGUSR1") == 1, out
     assert json.loads(ckpt.read_text())["step"] > 0

@@ -70,7 +70,9 @@ def test_a_member_that_does_not_hold_a_job_can_change_nothing(lan_factory: Calla
         h.wait_daemon()
     lan.wait_cluster(timeout_s=20)
 
-    job = h1.submit({"command": ["sh", "-c", "echo started; sleep 6; echo done"], "env": {"HF_TOKEN": "s3cret"},
+    go = h1.root / f"go-{secrets.token_hex(4)}"  # the job ends once the checks are through (not on a timer)
+    job = h1.submit({"command": ["sh", "-c", f"echo started; while [ ! -e {go} ]; do sleep 0.1; done; echo done"],
+                     "env": {"HF_TOKEN": "s3cret"},
                      "requirements": {"accelerator": "cuda"}, "policy": {"retries": 1}}).id
     before = h1.wait_job(job, states={"running"})
     assert (before.attempt, before.holder) == (1, h2.node_id)
@@ -103,6 +105,7 @@ def test_a_member_that_does_not_hold_a_job_can_change_nothing(lan_factory: Calla
     now = h1.job(job)
     assert (now.status, now.attempt, now.holder) == ("running", 1, h2.node_id), now.reason
     assert [(a.attempt, a.worker, a.state, a.ended_at) for a in now.attempts] == attempts_before
+    go.touch()
     done = h1.wait_job(job, timeout_s=30)
     assert (done.status, done.exit_code, len(done.attempts)) == ("succeeded", 0, 1), done.reason
     assert log.read_text() == "started\ndone\n"
