@@ -279,3 +279,18 @@ def test_a_job_left_to_a_peer_that_does_not_claim_it_runs_here_after_two_offers(
     assert c.offered["j"] == ("z-small", 2.0)  # offered at 0 and 2 s
     assert _pass(c, jobs, [small], 4.0, here, claims) == []
     assert claims == ["j"]
+
+
+def test_a_peer_that_never_claims_a_jobs_offer_loses_it_to_the_next_best_fit() -> None:
+    """A peer whose snapshot says it fits (its small card looks free) but that never claims: after
+    3 offer intervals the offer goes to the next best fit, so the job is not held there for ever."""
+    big = _peer("a-big", _card(0, 95830, (9, 0), "NVIDIA H100 NVL"))
+    small = _peer("z-small", _card(0, 24564, (8, 6), "NVIDIA RTX A5000"))  # the best fit, never claims
+    job = {"j0": JobRequest(job_id="j0", accelerator=Accelerator.CUDA, gpu_count=1, gpu_memory_bytes=16 * GB,
+                            user="alice")}
+    c = core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=2.0)
+    sent = [(t, _pass(c, job, [big, small], float(t))) for t in range(0, 12)]
+    targets = [(t, offers[0][1]) for t, offers in sent if offers]
+    assert targets[:3] == [(0, "z-small"), (2, "z-small"), (4, "z-small")]  # repeated every interval
+    assert targets[3] == (6, "a-big"), targets  # held unclaimed for 3 intervals: the next best fit
+    assert {w for _, w in targets[3:]} <= {"a-big", "z-small"}  # (the clock starts again for each target)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import FreezeMemo, ShapeBook, freeze
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
-from gpulayerd.core.scheduling.retrying import prefer_others
+from gpulayerd.core.scheduling.retrying import OfferAges, prefer_others
 from gpulayerd.core.scheduling.steps import Key, QueuedJob, SendOffer
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
@@ -60,15 +60,17 @@ def pass_inputs(users: Iterable[str], remote: Sequence[WorkerSnapshot], usage: M
 
 
 def due_offers(offers: Sequence[tuple[str, str]], offered: dict[str, tuple[str, float]], now: float,
-               interval_s: float) -> Iterator[SendOffer]:
+               interval_s: float, ages: OfferAges | None = None) -> Iterator[SendOffer]:
     """A :class:`SendOffer` for each (job, target) of ``offers`` but those offered to the same target
     less than ``interval_s`` before ``now`` (monotonic s); each one sent is recorded in ``offered``
-    (job -> (target, when))."""
+    (job -> (target, when)) and in ``ages``."""
     for job_id, target in offers:
         last = offered.get(job_id)
         if last is not None and last[0] == target and now - last[1] < interval_s:
             continue
         offered[job_id] = (target, now)
+        if ages is not None:
+            ages.sent(job_id, target, now)
         yield SendOffer(job_id, target)
 
 
@@ -169,16 +171,18 @@ def smaller_than_here(fits: Sequence[Fit], e: Explanation, worker: WorkerSnapsho
 
 
 def spread(e: Explanation, offers: OfferRound, previous: str | None, fits: Sequence[Fit],
-           here: WorkerSnapshot | None = None, avoid: str | None = None) -> Explanation:
+           here: WorkerSnapshot | None = None, avoid: str | None = None, stale: str | None = None) -> Explanation:
     """``e`` placed on the peer ``offers`` (:class:`~gpulayerd.core.protocol.targets.OfferRound`) picks
     among ``fits`` (:func:`peer_fits` of ``e``): the best fit, then the least loaded, instead of always
     the lowest node id; the choice is counted into the round. ``here``: this machine, when the walk
     left the job (which fits here) to a smaller fit (:func:`elsewhere`): only fits smaller than its own
     count (none left: ``e`` as it is). ``avoid``: a retry's worker to avoid: chosen only when no other
-    fits (:func:`~gpulayerd.core.scheduling.retrying.prefer_others`); when it is ``here``, every fit counts."""
+    fits (:func:`~gpulayerd.core.scheduling.retrying.prefer_others`); when it is ``here``, every fit counts.
+    ``stale``: a peer that held the job's offer unclaimed too long (:class:`~.retrying.OfferAges`), chosen
+    only when no other fits (and then not kept as ``previous``)."""
     if here is not None and here.node_id != avoid:
         fits = smaller_than_here(fits, e, here)
-    fit = offers.choose(prefer_others(fits, avoid), previous)
+    fit = offers.choose(prefer_others(prefer_others(fits, avoid), stale), None if previous == stale else previous)
     if fit is None:
         return e
     row = next(r for r in e.workers if r.worker == fit.worker)

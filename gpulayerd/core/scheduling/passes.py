@@ -54,7 +54,7 @@ from gpulayerd.core.scheduling.judging import (
     with_fair_share,
     without_paths,
 )
-from gpulayerd.core.scheduling.retrying import RetryHolds
+from gpulayerd.core.scheduling.retrying import OfferAges, RetryHolds
 from gpulayerd.core.scheduling.steps import (
     Action,
     Answer,
@@ -132,6 +132,7 @@ class SchedulerCore:
         self._deferred: set[str] = set()  # this pass's device jobs that fit here, left to a smaller fit
         self._walk_round, self._now = OfferRound({}), 0.0  # the walks' promises of peers' devices, the time
         self._left_since: dict[str, float] = {}  # job -> when it was first left to a peer (fitting here)
+        self._ages = OfferAges(3 * offer_interval_s)  # a peer that never claims a job's offer: the next best
         self._holds = RetryHolds()  # retries waiting out their backoff: neither walked nor offered
 
     # ------------------------------------------------------------------ queries
@@ -260,6 +261,7 @@ class SchedulerCore:
         self.gang.discard(job_id)
         self.offered.pop(job_id, None)
         self._left_since.pop(job_id, None)
+        self._ages.forget(job_id)
         self._holds.drop(job_id)
         sid = self._job_sid.pop(job_id, None)
         if sid is None:
@@ -473,7 +475,7 @@ class SchedulerCore:
                     sized[id(e)] = (e, peer_fits(e, peers, self.node_id))
                 left = worker if job_id in self._deferred else None  # fits here: only smaller fits count
                 e = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, sized[id(e)][1], left,
-                           job.avoid)
+                           job.avoid, self._ages.stale(job_id, now))
                 if e.placement is not None and e.placement.worker != self.node_id:
                     offers.append((job_id, e.placement.worker))
             elif e.verdict is Verdict.FITS_BUT_BUSY:
@@ -497,7 +499,7 @@ class SchedulerCore:
                 writes.append((job, text, e))
         yield from self._store(writes)
         # Together, after the writes: a peer sees the pass's offers at once.
-        yield from due_offers(offers, self.offered, now, self._offer_interval_s)
+        yield from due_offers(offers, self.offered, now, self._offer_interval_s, self._ages)
 
     def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
                           usage: Mapping[str, fairshare.Usage], now: float) -> Generator[Action, Answer, None]:
@@ -554,7 +556,7 @@ class SchedulerCore:
                     if not here or job_id in self._deferred:
                         left = worker if job_id in self._deferred else None
                         one = spread(e, chooser, self.offered.get(job_id, ("", 0.0))[0] or None, fits, left,
-                                     job.avoid)
+                                     job.avoid, self._ages.stale(job_id, now))
                     if one.placement is not None and one.placement.worker != self.node_id:
                         offers.append((job_id, one.placement.worker))
                     text = self.book.reason(one)
@@ -589,4 +591,4 @@ class SchedulerCore:
             self._shape_told[sid] = text
         yield from self._store(writes)
         self._reasons_epochs = epochs
-        yield from due_offers(offers, self.offered, now, self._offer_interval_s)
+        yield from due_offers(offers, self.offered, now, self._offer_interval_s, self._ages)

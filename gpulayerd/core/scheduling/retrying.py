@@ -1,5 +1,6 @@
 """Retries in the scheduler's pass (pure): the retries that wait out their backoff, kept out of the
-walk until it ends, and the worker a retry avoids (``--retry-elsewhere``), preferred against.
+walk until it ends, and the worker a retry avoids (``--retry-elsewhere``), preferred against; and a
+peer offered a job for a while that never claimed it, preferred against for that job (:class:`OfferAges`).
 
 A retry of a failed or timed-out attempt waits ``retry_backoff_s`` (doubled for each next retry)
 before a claim is granted (:func:`gpulayerd.core.protocol.claims.handle`, ``jobs.retry_at``). The pass
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from gpulayerd.core.protocol.targets import Fit
 from gpulayerd.core.scheduling.steps import QueuedJob
 
-__all__ = ["RetryHolds", "prefer_others"]
+__all__ = ["OfferAges", "RetryHolds", "prefer_others"]
 
 
 def prefer_others(fits: Sequence[Fit], avoid: str | None) -> list[Fit]:
@@ -64,3 +65,36 @@ class RetryHolds:
     def next_due(self) -> float | None:
         """The earliest end of a held retry's backoff (wall-clock s), or None when none is held."""
         return min(self._until.values(), default=None)
+
+
+class OfferAges:
+    """How long each job has been offered to the same peer without being claimed (it is still queued).
+
+    A peer that fits a job now (as its last snapshot says) claims it within a pass or two; one that
+    does not (its snapshot is stale, the job's workdir is missing there, or it advertises devices it
+    never grants) would otherwise keep the offer for ever, since best fit keeps choosing it. Once a job
+    has been offered to one peer for ``patience_s``, that peer is :meth:`stale` for it: the next best
+    fit is preferred (:func:`prefer_others`), and the clock starts again for the new target.
+
+    Args:
+        patience_s: how long a peer may hold a job's offer unclaimed (monotonic s).
+    """
+
+    def __init__(self, patience_s: float) -> None:
+        self._patience_s = patience_s
+        self._since: dict[str, tuple[str, float]] = {}  # job -> (peer, first offered to it)
+
+    def sent(self, job_id: str, target: str, now: float) -> None:
+        """``job_id`` was offered to ``target`` at ``now``."""
+        last = self._since.get(job_id)
+        if last is None or last[0] != target:
+            self._since[job_id] = (target, now)
+
+    def stale(self, job_id: str, now: float) -> str | None:
+        """The peer that has held ``job_id``'s offer unclaimed for ``patience_s`` by ``now``, or None."""
+        last = self._since.get(job_id)
+        return last[0] if last is not None and now - last[1] >= self._patience_s else None
+
+    def forget(self, job_id: str) -> None:
+        """``job_id`` left the queue (claimed, cancelled) or is read again."""
+        self._since.pop(job_id, None)
