@@ -65,7 +65,10 @@ def test_an_array_of_20_with_max_3_spreads_over_hosts_and_a_peer_waits_for_it(cl
     after = h3.submit({"command": ["true"], "after": [f"{array}:ok"]}).id
     waiting = cluster.wait(lambda: (v := h3.job(after)).reason.startswith("Dependency: after ") and v,
                            timeout_s=10, what="the dependent job to say why it waits")
-    assert waiting.status == "queued" and array in waiting.reason, waiting.reason
+    assert waiting.status == "queued" and waiting.reason.startswith(f"Dependency: after {array} ("), waiting.reason
+    # While a task runs, h3 says so (the array's owner shows it running; it runs on no one host).
+    cluster.wait(lambda: h3.job(after).reason == f"Dependency: after {array} (running at {h1.hostname})",
+                 timeout_s=10, what="the dependent job to say the array runs")
 
     most_busy = most_active = 0
     end = time.monotonic() + 60

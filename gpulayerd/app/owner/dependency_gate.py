@@ -146,7 +146,7 @@ class DependencyGate:
         else:
             state = view.status
             place = f"on {view.where_name or view.holder_name}" if view.where_name or view.holder_name else ""
-            place = f"{place} of {view.owner_name}".strip() if view.owner_name and not place else place
+            place = f"at {view.owner_name}" if view.owner_name and not place else place  # "queued at ws-1"
         self._remote[job_id] = (now, state, place)
         return state, place
 
