@@ -178,5 +178,5 @@ class LocalApi:
             return []
         jobs = await self._owner.list_jobs(["queued", "running"], None)
         names = self._names
-        return usage.views([(j.submitted_by or "", j.status) for j in jobs],
+        return usage.views([(j.submitted_by or "", j.status) for j in jobs if j.array is None],  # tasks, not arrays
                            names.name_of if names is not None else lambda _n: None)

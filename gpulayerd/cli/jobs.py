@@ -86,7 +86,7 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
                    help="the columns, a comma list like squeue's -o, e.g. id,state,name,reason. " + columns_help())
     j.add_argument("--json", action="store_true", help="print the jobs as a JSON list (every field)")
     j.add_argument("--tasks", action="store_true", help="each task of an array on a line of its own (default: "
-                   "an array is one line, its tasks counted by state)")
+                   "an array is one line, its tasks counted by state; finished tasks with --all or --state)")
     j.set_defaults(func=_cmd_jobs)
 
     sh = sub.add_parser("show", help="one job: spec, state, attempts, history, why it waits")

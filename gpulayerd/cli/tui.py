@@ -29,6 +29,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("ctrl+f ctrl+b", "a page down, up; ctrl+d ctrl+u: half a page"),
     ("enter, l", "the job's detail (why it waits, timeline), or its log"),
     ("c, F9", "cancel the job (asks first; only jobs that have not finished, yours unless you are an admin)"),
+    ("x", "an array's tasks under its row, or folded back (an array is one row: its tasks counted by state)"),
     ("s, S", "sort by the next column (its header shows ▲/▼), reverse the order"),
     ("a", "all finished jobs, again only the latest 20 (older ones are hidden, as in gpulayer jobs)"),
     ("/", "filter: state:queued acc:cuda user:alice code:Busy name: id: where: reason: plus words; esc clears"),

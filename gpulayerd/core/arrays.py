@@ -14,6 +14,7 @@ store writes the rows and the new cursor in one transaction, so no index is mate
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "ArrayError",
     "ArraySpec",
     "parse_array",
+    "shown_state",
     "split_task_id",
     "task_command",
     "task_id",
@@ -146,3 +148,17 @@ def split_task_id(job_id: str) -> tuple[str, int] | None:
 def task_command(command: list[str], index: int) -> list[str]:
     """The command with every ``{task}`` replaced by the task's index."""
     return [arg.replace("{task}", str(index)) for arg in command]
+
+
+def shown_state(stored: str, counts: Mapping[str, int]) -> str:
+    """The state an array shows: its row is stored ``queued`` until every task has ended; it shows
+    ``running`` while any task is claimed or running.
+
+    Args:
+        stored: the array's row's state.
+        counts: its tasks by state (``pending`` for those not materialized).
+    """
+    if stored == "queued" and (counts.get("running") or counts.get("claimed")):
+        return "running"
+    return stored
+

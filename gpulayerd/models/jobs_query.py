@@ -53,10 +53,13 @@ class JobsQuery:
 
 
 def select(items: Sequence[_T], query: JobsQuery, user_of: Callable[[_T], str],
-           status_of: Callable[[_T], str], id_of: Callable[[_T], str] | None = None) -> list[_T]:
+           status_of: Callable[[_T], str], id_of: Callable[[_T], str] | None = None, *,
+           is_task: Callable[[_T], bool] | None = None) -> list[_T]:
     """``items`` (in submission order) that ``query`` keeps, in the same order; sets ``query.left_out``.
 
     ``id_of``: an item's job id, needed when ``query.ids`` is set (ValueError without it).
+    ``is_task``: whether an item is an array's task: with ``query.finished``, a finished task is
+    left out and not counted (its array's row counts it), so a big array hides no other job.
     """
     if query.ids is not None:
         if id_of is None:
@@ -64,6 +67,8 @@ def select(items: Sequence[_T], query: JobsQuery, user_of: Callable[[_T], str],
         wanted = query.ids
         items = [i for i in items if id_of(i) in wanted]
     kept = [i for i in items if query.user is None or user_of(i) == query.user]
+    if query.finished is not None and is_task is not None:
+        kept = [i for i in kept if status_of(i) not in FINISHED_STATES or not is_task(i)]
     before = len(kept)
     if query.finished is not None:
         done = [i for i in kept if status_of(i) in FINISHED_STATES]

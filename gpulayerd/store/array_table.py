@@ -35,6 +35,9 @@ _ACTIVE = "SELECT COUNT(*) FROM jobs WHERE array_id = ? AND status IN ('queued',
 _MOVE = "UPDATE arrays SET materialized = ? WHERE id = ? AND materialized = ?"
 _COUNTS = ("SELECT array_id, status, COUNT(*) FROM jobs WHERE array_id IN (SELECT value FROM json_each(?)) "
            "GROUP BY array_id, status")
+_LATEST_NOT_TASKS = (f"SELECT {_COLUMNS} FROM jobs WHERE status IN (SELECT value FROM json_each(?)) "
+                     "AND array_id IS NULL ORDER BY seq DESC LIMIT ?")
+_COUNT_NOT_TASKS = "SELECT COUNT(*) FROM jobs WHERE status IN (SELECT value FROM json_each(?)) AND array_id IS NULL"
 _UNFINISHED = (f"SELECT {_COLUMNS} FROM jobs WHERE array_id = ? AND status IN ('queued', 'claimed', 'running') "
                "ORDER BY seq")
 
@@ -96,6 +99,15 @@ class ArraysTable:
         for array_id, status, n in await self._db.fetch_all(_COUNTS, (json.dumps(sorted(array_ids)),)):
             out.setdefault(str(array_id), {})[str(status)] = int(n)
         return out
+
+    async def latest_not_tasks(self, statuses: Collection[str], limit: int) -> tuple[list[JobRow], int]:
+        """The latest ``limit`` jobs in ``statuses`` that are no array's task (newest first), and how
+        many such jobs there are in all (``gpulayer jobs``' latest finished: a task is counted in its
+        array's row)."""
+        states = json.dumps(sorted(statuses))
+        rows = await self._db.fetch_all(_LATEST_NOT_TASKS, (states, limit))
+        total = await self._db.fetch_all(_COUNT_NOT_TASKS, (states,))
+        return [job_row(r) for r in rows], int(total[0][0])
 
     async def unfinished(self, array_id: str) -> list[JobRow]:
         """The array's tasks that are queued, claimed or running."""

@@ -94,6 +94,43 @@ def test_a_dependency_that_failed_cancels_the_job_and_run_exits_1(daemon: Daemon
     assert _ended(daemon, notok)["status"] == "succeeded"
 
 
+def test_a_running_array_is_listed_counted_and_named_as_running(daemon: Daemon, tmp_path: Path) -> None:
+    array = daemon.submit("--array", "0-3%2", "--workdir", str(tmp_path), "--", "sleep", "30")
+    wait_until(lambda: daemon.show(array)["array"]["counts"].get("running", 0) == 2, 20, "two tasks running")
+    running = {j["id"] for j in daemon.cli_json("jobs", "--json", "--state", "running")}
+    queued = {j["id"] for j in daemon.cli_json("jobs", "--json", "--state", "queued")}
+    assert array in running and array not in queued  # as it shows, not as its row is stored
+    assert {f"{array}_0", f"{array}_1"} <= running
+    me = [u for u in daemon.cli_json("users", "--json") if u["jobs_running"]]
+    assert [(u["jobs_running"], u["jobs_queued"]) for u in me] == [(2, 0)], me  # its tasks, not its row
+    after = daemon.submit("--after", array, "--", "true")
+    view = daemon.wait_reason(after, lambda j: j.reason.startswith("Dependency: after "))
+    assert view.reason == f"Dependency: after {array} (running)", view.reason
+    daemon.cli_ok("cancel", array)
+    assert _ended(daemon, after)["reason"] == f"DependencyNeverSatisfied: {array} cancelled"
+
+
+def test_an_arrays_finished_tasks_hide_no_other_finished_job(daemon: Daemon, tmp_path: Path) -> None:
+    plain = [daemon.submit("--", "true") for _ in range(3)]
+    for job in plain:
+        _ended(daemon, job)
+    hidden = _hidden(daemon)
+    array = daemon.submit("--array", "0-24", "--workdir", str(tmp_path), "--", "true")
+    assert _ended(daemon, array)["status"] == "succeeded"
+    assert _hidden(daemon) <= hidden + 1  # the array's row may push out one job; its tasks none
+    listed = {j["id"] for j in daemon.cli_json("jobs", "--json")}  # the latest 20 finished by default
+    assert set(plain) | {array} <= listed
+    assert not any(j.startswith(f"{array}_") for j in listed)
+
+
+def _hidden(d: Daemon) -> int:
+    """How many older finished jobs ``gpulayer jobs`` says it hides (0: it says nothing)."""
+    r = d.cli("jobs")
+    assert r.returncode == 0, r.stderr
+    words = [line.split()[0] for line in r.stderr.splitlines() if "older job" in line]
+    return int(words[0]) if words else 0
+
+
 @pytest.mark.parametrize(("args", "field"), [
     (("--array", "9-1"), "array: '9-1': range '9-1' is reversed"),
     (("--array", "0-9:0"), "array: '0-9:0': step 0"),

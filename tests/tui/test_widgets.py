@@ -15,7 +15,7 @@ from gpulayer_tui.widgets.devices_table import DevicesTable
 from gpulayer_tui.widgets.explanation import ExplanationView, RequirementTable
 from gpulayer_tui.widgets.jobs_table import JobsTable
 from gpulayer_tui.widgets.peers_table import PeersTable
-from gpulayerd.models import ExplanationModel, JobStateModel
+from gpulayerd.models import ArraySummary, ExplanationModel, JobStateModel, JobView
 from tests.tui.fake_client import NOW, make_job, make_peer, waiting_explanation
 
 
@@ -130,6 +130,48 @@ async def test_jobs_table_keys_post_messages_for_the_highlighted_job() -> None:
         await pilot.press("down", "enter", "c", "l")
         await pilot.pause()
         assert app.messages == [("open", "b0000002", "why"), ("cancel", "b0000002"), ("open", "b0000002", "log")]
+
+
+def _array(array_id: str, counts: dict[str, int], total: int) -> list[JobView]:
+    """An array's own row (its tasks counted as the daemon counts them) and one view per task counted
+    (``pending`` ones are not materialized: no row)."""
+    words = ", ".join(f"{n} {s}" for s, n in counts.items())
+    status = "running" if counts.get("running") else "queued"
+    array = make_job(array_id, status, reason=f"Array: {words} of {total}").model_copy(
+        update={"array": ArraySummary(expr=f"0-{total - 1}", total=total, counts=counts)})
+    states = [s for s, n in counts.items() if s != "pending" for _ in range(n)]
+    tasks = [make_job(f"{array_id}_{i}", s, age_s=50 - i * 0.01, reason="started" if s == "running" else "exited 0")
+             .model_copy(update={"array_id": array_id}) for i, s in enumerate(states)]
+    return [array, *tasks]
+
+
+@pytest.mark.asyncio
+async def test_jobs_table_folds_an_arrays_tasks_into_its_row_and_x_unfolds_them() -> None:
+    table = jobs_table()
+    array, *tasks = _array("r0000001", {"running": 2, "succeeded": 60, "pending": 38}, 100)
+    async with Harness(table).run_test(size=(120, 30)) as pilot:
+        table.set_jobs([make_job("q0000000", "succeeded", age_s=90), array,
+                        make_job("z0000002", age_s=55), *tasks])
+        await pilot.pause()
+        # One row for the array, its counts in REASON; its 60 finished tasks hide no other finished job.
+        assert table.shown_ids == ["q0000000", "r0000001", "z0000002"] and table.hidden_count == 0
+        cells = table.cells("r0000001")
+        assert cells.state == "running" and "Array: 2 running, 60 succeeded, 38 pending of 100" in cells.reason
+        table.upsert_job(tasks[0].model_copy(update={"status": "succeeded", "reason": "exited 0"}))
+        assert table.row_count == 3  # a folded task's change adds no row
+        table.focus()
+        await pilot.press("down")
+        assert table.check_action("toggle_tasks", ()) is True
+        await pilot.press("x")  # unfold: the tasks right after their array, the cursor stays on it
+        await pilot.pause()
+        assert table.shown_ids[:4] == ["q0000000", "r0000001", "r0000001_0", "r0000001_1"]
+        assert table.shown_ids[-1] == "z0000002" and table.row_count == 3 + 62  # every task, q0000000 too
+        assert table.highlighted_id == "r0000001"
+        await pilot.press("down", "down", "x")  # x on a task folds its array
+        await pilot.pause()
+        assert table.shown_ids == ["q0000000", "r0000001", "z0000002"] and table.highlighted_id == "r0000001"
+        await pilot.press("down")
+        assert table.check_action("toggle_tasks", ()) is False  # an ordinary job: not offered
 
 
 @pytest.mark.asyncio

@@ -1,4 +1,6 @@
-"""Job arrays and dependencies, decided (gpulayerd.core.arrays, gpulayerd.core.dependencies): pure."""
+"""Job arrays and dependencies, decided (gpulayerd.core.arrays, gpulayerd.core.dependencies): pure; and
+what arrays change around them: the latest finished jobs listed without tasks, the feed naming a task's
+array."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from gpulayerd.core.arrays import (
     ArrayError,
     ArraySpec,
     parse_array,
+    shown_state,
     split_task_id,
     task_command,
     task_id,
@@ -105,3 +108,42 @@ def test_cycles_are_found() -> None:
     assert cycle_through("x", {"x": ["a"], "a": ["b"], "b": ["x"]}) == ["x", "a", "b"]
     assert cycle_through("x", {"x": ["a"], "a": ["b"], "b": []}) is None
     assert cycle_through("x", {"x": ["x"]}) == ["x"]
+
+
+@pytest.mark.parametrize(("stored", "counts", "shown"), [
+    ("queued", {"pending": 8}, "queued"),
+    ("queued", {"queued": 2, "succeeded": 3, "pending": 5}, "queued"),
+    ("queued", {"claimed": 1, "queued": 1}, "running"),
+    ("queued", {"running": 2, "failed": 1}, "running"),
+    ("succeeded", {"succeeded": 4}, "succeeded"),
+    ("cancelled", {"running": 1}, "cancelled"),  # cancelling: its row has ended, its tasks follow
+])
+def test_an_array_shows_running_while_a_task_runs(stored: str, counts: dict[str, int], shown: str) -> None:
+    assert shown_state(stored, counts) == shown
+
+
+def test_the_latest_finished_leave_an_arrays_finished_tasks_out() -> None:
+    from gpulayerd.models.jobs_query import JobsQuery, select
+
+    jobs = [("a", "succeeded"), ("b", "failed"), ("r", "running"), *((f"r_{i}", "succeeded") for i in range(30)),
+            ("r_30", "running"), ("c", "succeeded")]
+    query = JobsQuery(finished=2)
+    kept = select(jobs, query, lambda _j: "alice", lambda j: j[1], is_task=lambda j: "_" in j[0])
+    assert [j[0] for j in kept] == ["b", "r", "r_30", "c"] and query.left_out == 1  # "a"; no task counted
+    everything = select(jobs, JobsQuery(), lambda _j: "alice", lambda j: j[1], is_task=lambda j: "_" in j[0])
+    assert len(everything) == len(jobs)
+
+
+@pytest.mark.asyncio
+async def test_a_tasks_change_is_its_arrays_too_in_the_change_feed() -> None:
+    from gpulayerd.app.common.feed import Change
+    from gpulayerd.app.common.signals import Signals
+
+    signals = Signals()
+    async with signals.feed.subscribe() as sub:
+        signals.job_changed("m8abc_7")
+        signals.job_changed("m8plain")
+        signals.job_changed("m8abc_8")
+        assert await sub.take() == [Change("job", "m8abc_7"), Change("job", "m8abc"), Change("job", "m8plain"),
+                                    Change("job", "m8abc_8")]
+

@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.feed import Change, ChangeFeed
+from gpulayerd.core.arrays import split_task_id
 
 __all__ = ["Signals", "log_failure"]
 
@@ -42,8 +43,10 @@ class Signals:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def job_changed(self, job_id: str) -> None:
-        """A job's row changed."""
+        """A job's row changed (a task's, ``ID_7``: its array's view too, whose counts follow its tasks)."""
         self.feed.publish(Change("job", job_id))
+        if (task := split_task_id(job_id)) is not None:
+            self.feed.publish(Change("job", task[0]))
 
     def devices_changed(self) -> None:
         """Grants, holds or capabilities of this machine changed."""

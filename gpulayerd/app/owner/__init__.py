@@ -2,7 +2,8 @@
 (:mod:`.owner`), idempotent submits (:mod:`.idempotency`), profiles expanded at submit
 (:mod:`.profile_expansion`), the scheduler's I/O driver (:mod:`.scheduler`; its decisions are
 :mod:`gpulayerd.core.scheduling`), gang placement (:mod:`.gang_placement`), explanations of a job's state
-(:mod:`.explainer`), job arrays (:mod:`.array_book`: tasks materialized lazily) and dependencies
+(:mod:`.explainer`), the rows a listing reads (:mod:`.listing`: the latest finished ones, arrays by
+the state they show), job arrays (:mod:`.array_book`: tasks materialized lazily) and dependencies
 (:mod:`.dependency_gate`: jobs held back until what they name with ``--after`` has ended).
 
 May use ``app.worker`` (a job owned here can run here) and ``app.common``; ``app.worker`` never

@@ -20,7 +20,15 @@ from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.owner.dependency_gate import DependencyGate
-from gpulayerd.core.arrays import ArrayError, ArraySpec, parse_array, task_command, task_id, to_materialize
+from gpulayerd.core.arrays import (
+    ArrayError,
+    ArraySpec,
+    parse_array,
+    shown_state,
+    task_command,
+    task_id,
+    to_materialize,
+)
 from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES
 from gpulayerd.core.protocol import claims
 from gpulayerd.core.protocol.claims import JobStatus
@@ -190,8 +198,7 @@ class ArrayBook:
             view.array = ArraySummary(expr=array.expr, total=array.total,
                                       max_running=int(parsed_max) if parsed_max.isdigit() else None, counts=c)
             if view.status == "queued":
-                if c.get("running") or c.get("claimed"):
-                    view.status = "running"
+                view.status = shown_state(view.status, c)
                 if not view.reason.startswith("Dependency"):
                     words = ", ".join(f"{c[s]} {s}" for s in (*_ORDER, "pending") if c.get(s))
                     view.reason = f"{ReasonCode.ARRAY.value}: {words or 'no task yet'} of {array.total}"

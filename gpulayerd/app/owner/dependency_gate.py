@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals
+from gpulayerd.core.arrays import shown_state
 from gpulayerd.core.dependencies import After, Never, Satisfied, Waiting, cycle_through, judge, parse_after
 from gpulayerd.core.job_facts import TERMINAL_STATES
 from gpulayerd.core.protocol import claims
@@ -128,6 +129,8 @@ class DependencyGate:
     async def _state(self, job_id: str) -> tuple[str | None, str]:
         """A job's state and where it runs (``on ws-2``), or why it is unknown; None: unknown now."""
         row = await self._store.jobs.get_job(job_id)
+        if row is not None and row.status is claims.JobStatus.QUEUED:  # an array's row: running while a task runs
+            return shown_state(row.status.value, (await self._store.arrays.counts([job_id])).get(job_id, {})), ""
         if row is not None:
             return row.status.value, ""
         kept = self._remote.get(job_id)
@@ -143,7 +146,7 @@ class DependencyGate:
         else:
             state = view.status
             place = f"on {view.where_name or view.holder_name}" if view.where_name or view.holder_name else ""
-            place = f"{place} of {view.owner_name}".strip() if view.owner_name and not place else place
+            place = f"at {view.owner_name}" if view.owner_name and not place else place  # "queued at ws-1"
         self._remote[job_id] = (now, state, place)
         return state, place
 

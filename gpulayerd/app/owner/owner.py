@@ -19,6 +19,7 @@ from gpulayerd.app.owner import explainer
 from gpulayerd.app.owner.array_book import ArrayBook
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.idempotency import Submitted, same_spec
+from gpulayerd.app.owner.listing import in_states, select_rows, with_open_arrays
 from gpulayerd.app.owner.profile_expansion import expand_at_submit
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter
@@ -41,7 +42,7 @@ from gpulayerd.models import (
     capped,
     job_spec_from_mapping,
 )
-from gpulayerd.models.jobs_query import FINISHED_STATES, JobsQuery, select
+from gpulayerd.models.jobs_query import JobsQuery, select
 from gpulayerd.models.stored import dump_placement, explanation_of, read_placement
 from gpulayerd.net.transport import JOBS, LOGS, PeerTransport, Sender
 from gpulayerd.net.wire import Claim, ClaimReply, JobsRequest, LogRequest, RunReport, RunReportReply, new_msg_id
@@ -221,13 +222,14 @@ class OwnerService:
                 allowed = ", ".join(s.value for s in JobStatus)
                 raise BadRequest(f"state must be one of: {allowed}") from e
         if query is not None and query.active:
-            rows = await self._select_rows(wanted, query)
+            rows = await select_rows(self._store, wanted, query, self.user_of)
         else:
             rows = await self._store.jobs.list_jobs(wanted, limit)
+        rows = await with_open_arrays(self._store, rows, wanted)
         latest = await self._store.jobs.latest_attempts([r.id for r in rows if r.attempt > 0])
         explained = query is None or query.explanations
         local = [conceal(self._placed(self.view(r, explained), latest.get(r.id)), requester) for r in rows]
-        local = await self.arrays.summarize(local) if self.arrays is not None else local
+        local = in_states(await self.arrays.summarize(local) if self.arrays is not None else local, statuses)
         if scope != "cluster" or self._directory is None:
             return local
         peers = self._directory.up_ids()
@@ -244,7 +246,8 @@ class OwnerService:
         merged.sort(key=lambda j: (j.submitted_at, j.id))
         if query is not None:
             left_here = query.left_out
-            merged = select(merged, query, _view_user, lambda j: j.status, lambda j: j.id)
+            merged = select(merged, query, _view_user, lambda j: j.status, lambda j: j.id,
+                            is_task=lambda j: j.array_id is not None)
             query.left_out += left_here
             return merged
         return merged[-limit:] if limit else merged
@@ -417,26 +420,6 @@ class OwnerService:
     def user_of(self, row: JobRow) -> str:
         """The user a job owned here belongs to: its spec's ``user``, else (older jobs) ``submitted_by``."""
         return job_user(self._jobs.spec(row).user, row.submitted_by)
-
-    async def _select_rows(self, wanted: list[JobStatus] | None, query: JobsQuery) -> list[JobRow]:
-        """The stored rows ``query`` keeps (sets ``query.left_out``). Given ids, only those rows
-        are read; without a user, the latest finished ones are read by SQL (newest first,
-        ``LIMIT``), not every stored job."""
-        if query.ids is not None:
-            rows = await self._store.jobs.jobs_by_ids(query.ids)
-            rows = [r for r in rows if wanted is None or r.status in wanted]
-            return select(rows, query, self.user_of, lambda r: r.status.value, lambda r: r.id)
-        if query.user is not None or query.finished is None or query.limit is not None:
-            return select(await self._store.jobs.list_jobs(wanted, None), query, self.user_of, lambda r: r.status.value)
-        states = set(wanted) if wanted is not None else set(JobStatus)
-        done = {s for s in states if s.value in FINISHED_STATES}
-        rows = await self._store.jobs.list_jobs(states - done, None) if states - done else []
-        if done and query.finished > 0:
-            rows += reversed(await self._store.jobs.list_jobs(done, query.finished, newest_first=True))
-        rows.sort(key=lambda r: r.seq or 0)
-        counts = await self._store.jobs.counts()
-        query.left_out = max(0, sum(counts.get(s.value, 0) for s in done) - query.finished)
-        return rows
 
     def _reason(self, row: JobRow) -> str:
         """``row``'s reason as shown: node ids as host names, a holder job owned here with its name and

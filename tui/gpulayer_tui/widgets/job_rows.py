@@ -1,5 +1,6 @@
-"""What the jobs table shows, without widgets: a job's row, the filter, the sort orders, column widths,
-and which finished jobs are hidden as old.
+"""What the jobs table shows, without widgets: a job's row, the filter, the sort orders, column widths
+(and the widest cells they follow), which finished jobs are hidden as old, and which tasks of arrays
+are folded into their array's row.
 
 Every text that comes from a user or a peer (names, reasons, users, hosts) is escaped with
 :func:`gpulayerd.text.escape` here, before any terminal sees it; rows are drawn as plain
@@ -24,6 +25,8 @@ __all__ = [
     "FILTER_KEYS",
     "SORTS",
     "SORT_COLUMN",
+    "ArrayFold",
+    "ColumnNeeds",
     "JobFilter",
     "OldFinished",
     "Row",
@@ -33,6 +36,7 @@ __all__ = [
     "sort_key",
     "sort_label",
     "sort_mark",
+    "submission_key",
 ]
 
 
@@ -204,6 +208,50 @@ def column_widths(width: int, *, show_user: bool, needs: Mapping[str, int]) -> t
     return tuple(widths)
 
 
+_MEASURED = tuple((key, i) for i, (key, _) in enumerate(COLUMNS) if key in ("state", "reason", "name", "user", "where"))
+"""Columns whose width follows their widest cell (:func:`column_widths`' ``needs``): (key, index)."""
+
+
+class ColumnNeeds:
+    """What the column widths follow: the widest cell of each measured column (``needs``, cells) and
+    whether USER is shown (only while the shown rows have more than one user)."""
+
+    def __init__(self) -> None:
+        self.needs: dict[str, int] = {}
+        self.show_user = True
+
+    def reset(self, rows: Iterable[Row]) -> None:
+        """Measure ``rows`` afresh."""
+        self.needs = {}
+        for row in rows:
+            self.measure(row)
+
+    def measure(self, row: Row) -> bool:
+        """Count ``row`` in the widest cells; True when a column got wider."""
+        wider = False
+        for key, i in _MEASURED:
+            n = cell_len(row[i])
+            if n > self.needs.get(key, 0):
+                self.needs[key] = n
+                wider = True
+        return wider
+
+    def check_user(self, rows: Mapping[str, Row], added: Row | None = None) -> bool:
+        """Whether USER is shown for the shown ``rows`` (``added``: the one row just added to them);
+        True when that changed."""
+        if added is not None and self.show_user:
+            show = True  # one more row cannot make every user the same
+        elif added is not None:  # every other shown row has one user: compare with any of them
+            other = next((c for c in rows.values() if c is not added), added)
+            show = other.user != added.user
+        else:
+            it = iter(rows.values())
+            first = next(it, None)
+            show = first is not None and any(c.user != first.user for c in it)
+        changed, self.show_user = show != self.show_user, show
+        return changed
+
+
 _FIELDS = {"state": "state", "status": "state", "s": "state", "acc": "acc", "accelerator": "acc", "user": "user",
            "u": "user", "name": "name", "n": "name", "id": "id", "where": "where", "host": "where", "code": "code",
            "reason": "reason"}
@@ -360,3 +408,48 @@ class OldFinished:
     def hidden_count(self) -> int:
         """How many finished jobs that match the filter are hidden."""
         return len(self.finished) - len(self.kept) if self.active else 0
+
+
+class ArrayFold:
+    """Which tasks of arrays are folded into their array's row, as ``gpulayer jobs`` shows an array
+    (one line; the daemon counts its tasks by state in its REASON: ``Array: 3 running, 12 pending of
+    20``): a task (``array_id`` set) is folded while its array's row is known and not unfolded.
+
+    Attributes:
+        unfolded: the arrays whose tasks are shown (ids), each task after its array in submission order.
+    """
+
+    def __init__(self) -> None:
+        self.unfolded: set[str] = set()
+
+    def folded(self, job: JobView, jobs: Mapping[str, JobView]) -> bool:
+        """Whether ``job`` is a task hidden in its array's row (``jobs``: every job known, by id)."""
+        return job.array_id is not None and job.array_id in jobs and job.array_id not in self.unfolded
+
+    @staticmethod
+    def array_of(job: JobView) -> str | None:
+        """The array ``job`` is (its id) or is a task of; None: neither."""
+        return job.array_id or (job.id if job.array is not None else None)
+
+    def toggle(self, job: JobView) -> str | None:
+        """Fold or unfold the tasks of ``job``'s array (``job``: the array or one of its tasks); its id
+        (None: ``job`` is no array's)."""
+        array_id = self.array_of(job)
+        if array_id is not None:
+            self.unfolded.symmetric_difference_update((array_id,))
+        return array_id
+
+    def forget(self, job_id: str) -> None:
+        """A job is gone (an array's tasks, if any remain, are no longer folded into it)."""
+        self.unfolded.discard(job_id)
+
+
+def submission_key(job: JobView, seq: Mapping[str, int]) -> tuple[int, int]:
+    """Where ``job`` goes in submission order (``seq``: job id -> its number): its own place; an
+    unfolded task's: right after its array, by index."""
+    array_id = job.array_id
+    if array_id is not None and array_id in seq:
+        index = job.id[len(array_id) + 1:]
+        return seq[array_id], int(index) if index.isdigit() else 0
+    return seq[job.id], -1
+

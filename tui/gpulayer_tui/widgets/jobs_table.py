@@ -5,7 +5,8 @@ repaints only the lines whose cells changed (or adds rows, or removes rows in on
 a new filter, a new sort order, or a resync that drops most jobs reorders the rows, a changed
 sort column re-sorts at most twice a second, and nothing that is not on screen is rendered.
 Each line is kept as a rendered strip until its job's cells, the cursor or the layout change.
-Old finished jobs are hidden as ``gpulayer jobs`` hides them (:class:`OldFinished`).
+Old finished jobs are hidden as ``gpulayer jobs`` hides them (:class:`OldFinished`), and so are an
+array's tasks: the array's row counts them by state (``x`` shows them all under it: :class:`ArrayFold`).
 
 This is a Line API widget rather than a DataTable: a DataTable re-renders every visible
 cell and recomputes its row offsets (a loop over all rows) on any change to any cell, which
@@ -18,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import ClassVar
 
-from rich.cells import cell_len
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
@@ -33,6 +33,8 @@ from gpulayer_tui.state import TERMINAL, cancel_refusal, may_not_manage
 from gpulayer_tui.widgets.job_rows import (
     COLUMNS,
     SORTS,
+    ArrayFold,
+    ColumnNeeds,
     JobFilter,
     OldFinished,
     Row,
@@ -40,6 +42,7 @@ from gpulayer_tui.widgets.job_rows import (
     job_cells,
     sort_key,
     sort_label,
+    submission_key,
 )
 from gpulayer_tui.widgets.job_strips import JOBS_TABLE_CSS, STATE_STYLES, header_strip, line_width, row_strip
 from gpulayerd import text as fmt
@@ -49,9 +52,6 @@ __all__ = ["COLUMNS", "SORTS", "STATE_STYLES", "JobsTable", "job_cells"]
 
 _COLUMN_INDEX = {key: i for i, (key, _) in enumerate(COLUMNS)}
 _STATE = _COLUMN_INDEX["state"]
-_USER = _COLUMN_INDEX["user"]
-_MEASURED = tuple((key, _COLUMN_INDEX[key]) for key in ("state", "reason", "name", "user", "where"))
-"""Columns whose width follows their widest cell (:func:`column_widths`' ``needs``)."""
 _AGE = _COLUMN_INDEX["age"]
 
 Cells = Row
@@ -62,7 +62,8 @@ class JobsTable(ScrollView, can_focus=True):
 
     Posts :class:`OpenRequested` (enter, click on the highlighted row, ``l``) and
     :class:`CancelRequested` (``c``, F9; offered only while the highlighted job can still be
-    cancelled, by :attr:`requester`) for the highlighted job, and :class:`JobHighlighted` when the highlighted job,
+    cancelled, by :attr:`requester`) for the highlighted job, ``x`` folds or unfolds the tasks of the
+    highlighted array (or of the highlighted task's), and posts :class:`JobHighlighted` when the highlighted job,
     or its data, changes. Columns: see :mod:`gpulayer_tui.widgets.job_rows`; USER is hidden
     while every shown row has the same user. A cursor on the last row follows rows added below.
     """
@@ -77,6 +78,7 @@ class JobsTable(ScrollView, can_focus=True):
         Binding("c", "cancel_job", "Cancel"),
         Binding("f9", "cancel_job", "Cancel", show=False),
         Binding("l", "open_job('log')", "Logs"),
+        Binding("x", "toggle_tasks", "Tasks"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse sort", show=False),
         Binding("up,k", "cursor(-1)", "Up", show=False),
@@ -154,8 +156,8 @@ class JobsTable(ScrollView, can_focus=True):
         self._index_valid = True
         self._widths: tuple[int, ...] = column_widths(80, show_user=True, needs={})
         self._filter = JobFilter()
-        self._show_user = True
-        self._needs: dict[str, int] = {}
+        self._cols = ColumnNeeds()
+        self._fold = ArrayFold()
         self._devices: dict[tuple[str, int], str] = {}
         self._strips: LRUCache[tuple[str, bool], tuple[Cells, object, Strip]] = LRUCache(4096)
         self._resort_pending = False
@@ -233,18 +235,26 @@ class JobsTable(ScrollView, can_focus=True):
         now = self._clock()
         finished_changed = False
         changed: list[tuple[JobView, Row, bool]] = []
+        refold = False
         for job in jobs:
             self._old.number(job.id)
+            refold |= (job.array is not None and job.id not in self._jobs
+                       and any(j.array_id == job.id for j in self._jobs.values()))
             self._jobs[job.id] = job
             cells = job_cells(job, now, self._devices)
-            matches = self._filter.matches(job, cells)
-            finished_changed |= self._old.mark(job.id, matches and job.status in TERMINAL)
+            matches = self._filter.matches(job, cells) and not self._fold.folded(job, self._jobs)
+            finished_changed |= self._old.mark(job.id, matches and job.status in TERMINAL and not job.array_id)
             changed.append((job, cells, matches))
         drop: set[str] = set()
         for job_id in gone:
-            if self._jobs.pop(job_id, None) is not None:
+            if (was := self._jobs.pop(job_id, None)) is not None:
                 finished_changed |= self._old.forget(job_id)
                 drop.add(job_id)
+                refold |= was.array is not None
+                self._fold.forget(job_id)
+        if refold:  # an array came or went: its tasks known already fold into it, or unfold
+            self._rebuild()
+            return
         moved = self._old.update_kept() - drop if finished_changed else set()  # entered or left the latest
         for job, cells, matches in changed:
             moved.discard(job.id)
@@ -322,6 +332,9 @@ class JobsTable(ScrollView, can_focus=True):
             if job is None or job.status in TERMINAL or job.cancel_requested:
                 return False
             return None if may_not_manage(job, self.requester) else True
+        if action == "toggle_tasks":
+            job_id = self.highlighted_id
+            return job_id is not None and ArrayFold.array_of(self._jobs[job_id]) is not None
         return True
 
     def on_key(self, event: events.Key) -> None:
@@ -368,6 +381,14 @@ class JobsTable(ScrollView, can_focus=True):
         if job_id is not None and self.check_action("cancel_job", ()):
             self.post_message(self.CancelRequested(job_id))
 
+    def action_toggle_tasks(self) -> None:
+        """Show the tasks of the highlighted array under it, or fold them back (the cursor stays on the array)."""
+        job_id = self.highlighted_id
+        array_id = self._fold.toggle(self._jobs[job_id]) if job_id is not None else None
+        if array_id is not None:
+            self._rebuild()
+            self.select_job(array_id)
+
     def action_cycle_sort(self) -> None:
         self.sort_by = SORTS[(SORTS.index(self.sort_by) + 1) % len(SORTS)]
 
@@ -405,18 +426,18 @@ class JobsTable(ScrollView, can_focus=True):
         old = self._old
         old.active, old.finished = not self.show_all_finished and not self._filter.names_state, set()
         for job in self._jobs.values():
+            if self._fold.folded(job, self._jobs):
+                continue
             cells = job_cells(job, now, self._devices)
             if self._filter.matches(job, cells):
                 self._cells[job.id] = cells
-                if job.status in TERMINAL:
+                if job.status in TERMINAL and not job.array_id:  # an unfolded array's tasks: every one
                     old.finished.add(job.id)
         old.update_kept()
         if old.hidden_count:
             self._cells = {k: c for k, c in self._cells.items() if old.shown(k)}
         self._order = list(self._cells)
-        self._needs = {}
-        for cells in self._cells.values():
-            self._measure(cells)
+        self._cols.reset(self._cells.values())
         self._check_user_column(relayout=True)
         self._reorder(keep)
 
@@ -426,10 +447,10 @@ class JobsTable(ScrollView, can_focus=True):
 
     def _position_in_jobs(self) -> Callable[[str], tuple[object, ...]]:
         key = sort_key(self.sort_by)
-        submitted = self._old.seq
+        seq, jobs = self._old.seq, self._jobs
         if key is None:
-            return lambda job_id: (submitted[job_id],)
-        return lambda job_id: (*key(self._cells[job_id]), submitted[job_id])
+            return lambda job_id: submission_key(jobs[job_id], seq)
+        return lambda job_id: (*key(self._cells[job_id]), *submission_key(jobs[job_id], seq))
 
     def _show_row(self, job: JobView, cells: Row, shown: bool, drop: set[str]) -> None:
         """Show ``job`` as ``cells`` (its line if changed, or a new row), or put its row in ``drop``."""
@@ -441,12 +462,12 @@ class JobsTable(ScrollView, can_focus=True):
         if old == cells:
             return
         self._cells[job.id] = cells
-        if self._measure(cells):
+        if self._cols.measure(cells):
             self._layout_columns(changed_only=True)
         key = sort_key(self.sort_by)
         if old is None:
             self._append_row(job.id)
-            if key is not None or self.sort_reverse or not self._old.is_last(job.id):
+            if key is not None or self.sort_reverse or not self._old.is_last(job.id) or job.array_id:
                 self._schedule_resort()  # its place is not the end: sort it in soon (once for a burst)
         else:
             self._refresh_row(job.id)
@@ -522,20 +543,8 @@ class JobsTable(ScrollView, can_focus=True):
             self.refresh_bindings()
 
     def _check_user_column(self, relayout: bool, added: Row | None = None) -> None:
-        """Show USER only while the shown rows have more than one user."""
-        if added is not None and self._show_user:
-            show = True  # one more row cannot make every user the same
-        elif added is not None:  # every other shown row has one user: compare with any of them
-            other = next((c for c in self._cells.values() if c is not added), added)
-            show = other.user != added.user
-        else:
-            rows = iter(self._cells.values())
-            first = next(rows, None)
-            show = first is not None and any(c.user != first.user for c in rows)
-        if show != self._show_user:
-            self._show_user = show
-            relayout = True
-        if relayout and self.is_mounted:
+        """Show USER only while the shown rows have more than one user (:meth:`ColumnNeeds.check_user`)."""
+        if (self._cols.check_user(self._cells, added) or relayout) and self.is_mounted:
             self._layout_columns()
 
     def _scroll_to_cursor(self) -> None:
@@ -546,16 +555,6 @@ class JobsTable(ScrollView, can_focus=True):
         elif self.cursor_index >= top + rows:
             self.scroll_to(y=self.cursor_index - rows + 1, animate=False)
 
-    def _measure(self, cells: Row) -> bool:
-        """Count ``cells`` in the widest cells of the measured columns; True when one got wider."""
-        wider = False
-        for key, i in _MEASURED:
-            n = cell_len(cells[i])
-            if n > self._needs.get(key, 0):
-                self._needs[key] = n
-                wider = True
-        return wider
-
     def _layout_columns(self, changed_only: bool = False) -> None:
         """Recompute the column widths and repaint (``changed_only``: only when the widths changed).
 
@@ -563,7 +562,7 @@ class JobsTable(ScrollView, can_focus=True):
         and a line never gets wider than the table (no sideways scrolling).
         """
         room = self.content_region.width - self.styles.scrollbar_size_vertical
-        widths = column_widths(room, show_user=self._show_user, needs=self._needs)
+        widths = column_widths(room, show_user=self._cols.show_user, needs=self._cols.needs)
         if widths != self._widths:
             self._widths = widths
             self._strips.clear()
