@@ -132,6 +132,7 @@ def test_a_pass_with_nothing_changed_judges_nothing_and_a_freed_device_rejudges_
 # ----------------------------------------------------------------- the indexed matcher
 
 
+@pytest.mark.slow  # (hypothesis: 0.5-1.2 s on a loaded 2-core machine)
 @SETTINGS
 @given(pairs())
 def test_the_prefilter_never_drops_a_worker_the_full_judgement_accepts(
