@@ -146,7 +146,7 @@ class Scheduler:
                 answer = await self._carry_out(action)
             except BaseException as e:  # thrown into the pass: it forgets what it cannot vouch for
                 failure = e
-        if best is not None and self._signals.devices_epoch != epoch:
+        if best is not None and self._signals.devices_epoch != epoch and self._worker.has_offers():
             # This machine's devices changed during the pass (one freed, or the pass claimed some): the
             # jobs still waiting here were not judged against that, so the offers of users after them
             # wait for the next pass (which comes at once).

@@ -309,6 +309,10 @@ class WorkerService:
             self._signals.wake()
         return Ack(ok=True)
 
+    def has_offers(self) -> bool:
+        """Whether a peer's offer is kept here (this node's own are claimed at once)."""
+        return any(owner != self.node_id for owner, _ in self._offers)
+
     async def take_offers(self, below: float | None = None) -> None:
         """Claim every kept offer that fits here now, in fair-share order (the user with the least
         lab-wide decayed usage first; within one user, submission order); drop stale ones. With
