@@ -39,7 +39,7 @@ WINDOW = 256
 MAX_INDEX = 10_000_000
 """The largest task index accepted (Slurm's MaxArraySize is at most 4,000,001)."""
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(-?\d+))?)?")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::(-?[0-9]+))?)?")  # ASCII digits only
 _ALLOWED = ("a range START-END (0-99), with a step (0-99:2), or a list (1,5,9), each with an optional %MAX "
             "(0-99%8): indices 0 to 10000000, at most max_array_size tasks")
 
@@ -86,7 +86,7 @@ def parse_array(text: str, max_size: int = DEFAULT_MAX_ARRAY_SIZE) -> ArraySpec:
     body, sep, limit = text.strip().partition("%")
     max_running: int | None = None
     if sep:
-        if not limit.isdigit() or int(limit) < 1:
+        if not re.fullmatch(r"[0-9]{1,9}", limit) or int(limit) < 1:
             raise ArrayError(f"{text!r}: %MAX must be a whole number of at least 1 (got {limit!r}); allowed: "
                              + _ALLOWED)
         max_running = int(limit)

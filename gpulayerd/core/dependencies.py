@@ -12,6 +12,7 @@ succeeded) ends the waiting job ``cancelled`` with ``DependencyNeverSatisfied``,
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,11 @@ __all__ = [
     "judge",
     "parse_after",
 ]
+
+
+_JOB_REF = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
+"""A job id or id prefix as ``--after`` takes it (what the peer API accepts as one): at most 64
+characters, letters, digits, ``_`` and ``-``."""
 
 
 class DependencyError(ValueError):
@@ -57,15 +63,20 @@ def parse_after(text: str) -> After:
     """``ID``, ``ID:ok``, ``ID:any`` or ``ID:notok`` (an id may be a unique prefix until resolved).
 
     Raises:
-        DependencyError: an empty id, or another condition.
+        DependencyError: an empty id, one that is no job id (over 64 characters, or other characters
+            than letters, digits, ``_`` and ``-``), or another condition.
     """
     job_id, sep, cond = text.strip().partition(":")
+    shown = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text)} characters)"
     if not job_id:
-        raise DependencyError(f"{text!r}: no job id; allowed: ID, ID:ok, ID:any or ID:notok")
+        raise DependencyError(f"{shown}: no job id; allowed: ID, ID:ok, ID:any or ID:notok")
+    if not _JOB_REF.fullmatch(job_id):
+        raise DependencyError(f"{shown}: not a job id (at most 64 letters, digits, _ and -); allowed: ID, ID:ok, "
+                              "ID:any or ID:notok")
     try:
         condition = Condition(cond) if sep else Condition.OK
     except ValueError as e:
-        raise DependencyError(f"{text!r}: condition {cond!r} is not one of ok, any, notok") from e
+        raise DependencyError(f"{shown}: condition {cond[:20]!r} is not one of ok, any, notok") from e
     return After(job_id, condition)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 __all__ = [
     "DEFAULT_WARN_BEFORE_S",
     "MAX_BACKOFF_S",
+    "MAX_TIME_LIMIT_S",
     "NO_RETRY_POLICY",
     "RETRY_ON",
     "WARN_SIGNALS",
@@ -31,6 +32,7 @@ __all__ = [
     "format_duration",
     "parse_duration",
     "parse_retry_on",
+    "parse_time_limit",
     "parse_warning",
     "retry_decision",
     "shell_code",
@@ -48,13 +50,23 @@ WARN_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "USR1", "USR2", "ALRM", "TERM", "C
 """Signal names a job may ask for as its warning (``--signal NAME@S``) or as the first signal of a
 cancel (``cancel --signal NAME``): never KILL or STOP, which a job cannot catch."""
 
+MAX_TIME_LIMIT_S = 366 * 86_400.0
+"""The longest time limit a job may name (``--time 366d``): a longer one is a typo, not a limit
+(``--time 99999999d`` would show as a 30-digit duration); a job that needs none names none."""
+
 RETRY_ON = ("lost", "failed", "timeout")
 """How an attempt may end for ``--retry-on``: lost (its worker or lease was lost), failed (it exited
 non-zero), timeout (it reached its time limit)."""
 
 _UNITS = {"d": 86_400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([dhms])")
 _DURATION_HELP = "a duration such as 90s, 10m, 2h30m or 1d (units d, h, m, s), or a number of seconds"
+
+
+def _shown(value: object) -> str:
+    """``value`` as a message quotes it: its repr, cut after 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
 
 
 def parse_duration(value: object) -> float:
@@ -74,12 +86,25 @@ def parse_duration(value: object) -> float:
         except ValueError:
             parts = _DURATION.findall(text)
             if not text or "".join(n + u for n, u in parts) != text or len({u for _, u in parts}) != len(parts):
-                raise ValueError(f"{value!r} is not {_DURATION_HELP}") from None
+                raise ValueError(f"{_shown(value)} is not {_DURATION_HELP}") from None
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
-        raise ValueError(f"{value!r} is not {_DURATION_HELP}")
+        raise ValueError(f"{_shown(value)} is not {_DURATION_HELP}")
     if not 0 < seconds < float("inf"):
-        raise ValueError(f"{value!r}: must be above 0 ({_DURATION_HELP})")
+        raise ValueError(f"{_shown(value)}: must be above 0 ({_DURATION_HELP})")
+    return seconds
+
+
+def parse_time_limit(value: object) -> float:
+    """A time limit (``--time``, ``time_limit``) in seconds: :func:`parse_duration`, at most
+    :data:`MAX_TIME_LIMIT_S`.
+
+    Raises:
+        ValueError: not a duration, not above 0, or over :data:`MAX_TIME_LIMIT_S`.
+    """
+    seconds = parse_duration(value)
+    if seconds > MAX_TIME_LIMIT_S:
+        raise ValueError(f"{_shown(value)}: at most {format_duration(MAX_TIME_LIMIT_S)} ({_DURATION_HELP})")
     return seconds
 
 
@@ -221,4 +246,7 @@ def backoff_s(policy: RetryPolicy, retry: int) -> float:
 def exit_codes_problem(codes: Collection[int]) -> str | None:
     """Why ``codes`` are not valid ``--retry-exit-codes`` (None when they are): each 0 to 255."""
     bad = [c for c in codes if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 255]
-    return None if not bad else f"{', '.join(map(str, bad))}: exit codes are 0 to 255"
+    if not bad:
+        return None
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""  # (10,000 bad codes make no message of 50 kB)
+    return f"{', '.join(str(c)[:20] for c in bad[:5])}{more}: exit codes are 0 to 255"

@@ -33,7 +33,7 @@ class PolicyModel(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _time_limit(cls, v: object) -> object:
-        return None if v is None else limits.parse_duration(v)
+        return None if v is None else limits.parse_time_limit(v)
 
     @field_validator("retry_backoff_s", mode="before")
     @classmethod

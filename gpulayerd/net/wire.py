@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpulayerd.core.job_policy import WARN_SIGNALS
 from gpulayerd.models import LOG_CHUNK_BYTES
 
 __all__ = [
@@ -162,7 +163,9 @@ class RunReport(_Msg):
     job_id: str
     attempt: int
     kind: Literal["started", "renew", "exited", "lost"]
-    exit_code: int | None = None
+    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    """A process's exit status (0 to 255), or -N: killed by signal N (what the owner stores and
+    judges ``--retry-exit-codes`` by; an SQLite integer only holds 64 bits)."""
     reason: str = ""
     never_started: bool = False
     timed_out: bool = False
@@ -186,7 +189,14 @@ class Kill(_Msg):
     attempt: int
     reason: str
     signal: str = ""
-    """The name of the signal the job's processes get first (``cancel --signal``; "" is SIGTERM)."""
+    """The name of the signal the job's processes get first (``cancel --signal``; "" is SIGTERM): one
+    of :data:`~gpulayerd.core.job_policy.WARN_SIGNALS`; any other (KILL, STOP, a name this machine
+    lacks) is read as "" so the kill still happens, with SIGTERM."""
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str) -> str:
+        return v if v in WARN_SIGNALS else ""
 
 
 class LogRequest(_Msg):

@@ -3,7 +3,8 @@
 - A job with ``--time`` and ``--signal USR1@S`` gets USR1 once at S, saves its checkpoint
   (``examples/checkpoint_train.py``) and ends ``timeout`` at its limit; ``gpulayer run`` exits 124.
 - The same with the daemon killed with -9 before the warning and not restarted: the watchdog
-  holds the limit itself, signals the job and ends it (its ``exit.json`` says ``timeout``).
+  holds the limit itself, signals the job and ends it (its ``exit.json`` says ``timeout``); restarted
+  after the limit, the daemon ends the job ``timeout`` (not ``lost``).
 - ``--retries 2 --retry-on failed`` runs an exit-1 job three times, each attempt keeping its log;
   with ``--retry-elsewhere`` and no other worker, the retry runs on the same one.
 """
@@ -98,3 +99,21 @@ def test_bad_limits_are_refused_naming_the_field(lab: Lab) -> None:
         assert r.returncode == 2, (flags, r.stdout, r.stderr)
         assert field in r.stderr, (flags, r.stderr)
     assert d.all_jobs() == []
+
+
+def test_a_job_whose_daemon_was_down_at_its_limit_ends_timeout_after_the_restart(lab: Lab) -> None:
+    """Attack review: the daemon killed with -9 and down when the limit passes; restarted, it reads
+    the watchdog's end: the job ends ``timeout`` (not ``lost``), its own exit code kept."""
+    d = lab.daemon(cpu_slots=1, cancel_grace_s=1.0)
+    job_id = d.submit("--time", "3s", "--", "sleep", "60")
+    d.wait_status(job_id, {"running"})
+    run_dir = d.state_dir / "runs" / job_id / "1"
+    d.kill()
+    end = time.monotonic() + 30
+    while not (run_dir / "exit.json").exists():
+        assert time.monotonic() < end, "the watchdog did not end the job"
+        time.sleep(0.2)
+    d.start()
+    job = d.wait_status(job_id, {"timeout", "lost", "failed", "succeeded"}, timeout_s=30.0)
+    assert job.status == "timeout", job
+    assert job.attempt == 1 and job.exit_code == -15, job  # sleep died of the SIGTERM at the limit

@@ -638,12 +638,14 @@ def test_owner_restart_then_the_holder_renews_and_finishes(make_owner: Callable[
         exited(1, 0, worker="w2"),
         exited(1, 1, reason="boom", worker="w2"),
         exited(1, None, worker="w2"),
+        RunExited(1, "w2", 143, "time limit 10 s reached", "", True),  # a forged timeout (issue 33)
         lost(1, worker="w2"),
         lost(1, never_started=True, worker="w2"),
         renewed(1, "w2"),
         started(1, "w2"),
     ],
-    ids=lambda v: f"{type(v).__name__}-{getattr(v, 'exit_code', '')}-{getattr(v, 'never_started', '')}",
+    ids=lambda v: f"{type(v).__name__}-{getattr(v, 'exit_code', '')}-{getattr(v, 'never_started', '')}"
+                  f"{'-timed_out' if getattr(v, 'timed_out', False) else ''}",
 )
 def test_a_non_holder_can_neither_end_nor_renew_nor_start_the_current_attempt(
     make_owner: Callable[..., Owner], forged: Event, claimed_only: bool
