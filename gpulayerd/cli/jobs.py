@@ -90,7 +90,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
     j.set_defaults(func=_cmd_jobs)
 
     sh = sub.add_parser("show", help="one job: spec, state, attempts, history, why it waits")
-    sh.add_argument("job", metavar="ID", help="the job's id (gpulayer jobs lists them)")
+    sh.add_argument("job", metavar="ID", help="the job's id (gpulayer jobs lists them), a task's (ID_7) or an "
+                    "array's; a unique prefix will do")
     sh.add_argument("--json", action="store_true", help="print the job as JSON (every field)")
     sh.set_defaults(func=_cmd_show)
 
@@ -103,7 +104,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
         "safe: colours kept, every other escape sequence and control character dropped, a carriage "
         "return overwriting its line (a progress bar shows its last state); piped output and your own "
         "jobs' output are the bytes as written (--raw: always).")
-    lg.add_argument("job", metavar="ID", help="the job's id")
+    lg.add_argument("job", metavar="ID", help="the job's id, or a task's (ID_7: an array's output is in its "
+                    "tasks' logs)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.add_argument("--stderr", action="store_true", help="the standard error log instead of stdout")
     lg.add_argument("--attempt", type=int, metavar="N", help="an earlier attempt (default: the latest)")
@@ -114,7 +116,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
 
     c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM or --signal NAME, grace, SIGKILL to its "
                        "process group)")
-    c.add_argument("job", metavar="ID", help="the job's id")
+    c.add_argument("job", metavar="ID", help="the job's id; a task's (ID_7: one task, once it is queued or "
+                   "running), or an array's (every task not yet ended)")
     c.add_argument("--signal", metavar="NAME", default="",
                    help="send this signal first instead of SIGTERM (e.g. USR1), then SIGKILL after the grace period")
     c.add_argument("--json", action="store_true", help="print the job as JSON after the request")
@@ -166,7 +169,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                         "still runs it when no other fits)")
     p.add_argument("--array", metavar="0-99[:STEP][%MAX]",
                    help="a job array: one task per index (a range, a range with a step, or a list 1,5,9; %%MAX: at "
-                        "most MAX tasks at once, lab-wide); {task} in the command is the index; task ids are ID_7")
+                        "most MAX tasks at once, lab-wide); {task} in the command is the index; task ids are ID_7 "
+                        "(submit only: run refuses an array)")
     p.add_argument("--after", action="append", metavar="ID[:ok|any|notok]", default=[],
                    help="wait for job, task or array ID to end: ok (default) when it succeeded, any however it "
                         "ended, notok when it did not succeed; never satisfiable: cancelled (repeatable)")

@@ -160,6 +160,9 @@ def follow_logs(c: SyncClient, args: argparse.Namespace) -> int:
         0, or with ``-f`` 0 when the job succeeded and 1 when it ended otherwise.
     """
     job = c.job(args.job)
+    if job.array is not None:  # the array's own row runs nothing: its output is in its tasks' logs
+        print(f"job {job.id} is an array: it has no output of its own; a task's is gpulayer logs {job.id}_N "
+              "(gpulayer jobs --tasks lists them)", file=sys.stderr)
     stream = "stderr" if args.stderr else "stdout"
     safe = sanitizes(sys.stdout, job, args.raw)
     tails = _tails(_ranks(job, args.attempt, args.rank), args.rank, safe)

@@ -3,8 +3,9 @@
 ``gpulayer run [-f JOB.toml | FLAGS -- CMD ...]`` takes ``submit``'s spec flags, submits, says on
 stderr why the job waits and where it runs, streams its stdout to stdout and its stderr to
 stderr while it runs (every rank of a multi-host job, prefixed), and exits with the job's exit
-code: 128+N when a signal N killed it, 1 when it was rejected (the reasons printed), lost, or
-cancelled by someone else without an exit status.
+code: 128+N when a signal N killed it, 124 when it reached its time limit, 1 when it was rejected
+(the reasons printed), lost, or cancelled without an exit status (by someone else, or a dependency
+never satisfied).
 
 Ctrl-C (SIGINT) cancels the job after one second, keeps streaming until it has stopped, and
 exits 130; a second Ctrl-C within that second detaches instead and leaves the job running (it
@@ -51,8 +52,9 @@ def add_parser(sub: _Sub[argparse.ArgumentParser]) -> None:
     r = sub.add_parser(
         "run", help="submit a job and wait: stream its output, exit with its exit code",
         description="Submit a job (the same spec flags as submit), say where it runs (stderr), stream its "
-        "stdout and stderr, and exit with its exit code: 128+N when signal N killed it, 1 when it was "
-        "rejected (reasons printed). Ctrl-C cancels it (after 1 s) and exits 130; Ctrl-C twice detaches "
+        "stdout and stderr, and exit with its exit code: 128+N when signal N killed it, 124 when it reached "
+        "its time limit, 1 when it was rejected (reasons printed) or cancelled before it ran (a dependency "
+        "never satisfied). Ctrl-C cancels it (after 1 s) and exits 130; Ctrl-C twice detaches "
         "and leaves it running.")
     add_spec_flags(r)
     r.add_argument("--key", metavar="KEY",  # named by the message of a submit that timed out or was interrupted
