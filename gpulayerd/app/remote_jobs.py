@@ -33,7 +33,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +46,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import Requester, Requesters, conceal
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.roles import relayed_requester
+from gpulayerd.core.arrays import split_task_id
 from gpulayerd.core.users import SYSTEM
 from gpulayerd.errors import (
     AmbiguousJob,
@@ -162,7 +163,13 @@ class RemoteJobs:
         Raises:
             NoSuchJob, AmbiguousJob, Forbidden, PeerUnreachable (the owner did not answer).
         """
-        where = await self.locate(job_ref)
+        try:
+            where = await self.locate(job_ref)
+        except NoSuchJob:
+            task = split_task_id(job_ref)  # a task not materialized yet: its array's owner writes it cancelled
+            if task is None:
+                raise
+            where = replace(await self.locate(task[0]), job_id=job_ref, holders=())
         if where.owner == self.node_id:
             return await self._owner.cancel(where.job_id, requester, signal)
         return await self._forward(where, "cancel", requester, JobView)
@@ -361,6 +368,9 @@ class RemoteJobs:
         return JobReply(body=body.model_dump(mode="json"))
 
     async def _answer(self, sender: Sender, action: str, msg: JobRequest, requester: Requester) -> BaseModel:
+        task = split_task_id(msg.job_id)
+        if action == "cancel" and task is not None and task[0] in await self._owned_matches(task[0]):
+            return await self._owner.cancel(msg.job_id, requester)  # (a task not materialized yet too)
         if msg.job_id in await self._owned_matches(msg.job_id):
             calls: dict[str, Callable[[], Awaitable[BaseModel]]] = {
                 "show": lambda: self._owner.get_job(msg.job_id, requester),

@@ -33,6 +33,7 @@ _ARRAYS = "SELECT a.id, a.expr, a.total, a.materialized, j.status, j.cancel_requ
 _OPEN = "SELECT a.id FROM arrays a JOIN jobs j ON j.id = a.id WHERE j.status = 'queued' ORDER BY j.seq"
 _ACTIVE = "SELECT COUNT(*) FROM jobs WHERE array_id = ? AND status IN ('queued', 'claimed', 'running')"
 _MOVE = "UPDATE arrays SET materialized = ? WHERE id = ? AND materialized = ?"
+_EXISTS = "SELECT 1 FROM jobs WHERE id = ?"
 _COUNTS = ("SELECT array_id, status, COUNT(*) FROM jobs WHERE array_id IN (SELECT value FROM json_each(?)) "
            "GROUP BY array_id, status")
 _LATEST_NOT_TASKS = (f"SELECT {_COLUMNS} FROM jobs WHERE status IN (SELECT value FROM json_each(?)) "
@@ -113,6 +114,25 @@ class ArraysTable:
         """The array's tasks that are queued, claimed or running."""
         return [job_row(r) for r in await self._db.fetch_all(_UNFINISHED, (array_id,))]
 
+    async def write_ahead(self, array_id: str, row: JobRow) -> JobRow | None:
+        """Write the task row ``row`` of array ``array_id`` ahead of the cursor (a task cancelled before it
+        was materialized: ``row`` is ended) with its event, in one transaction; :meth:`materialize` passes
+        its position later. Nothing is written when a row of that id exists already (materialized
+        meanwhile: cancel it as any job) or the array is gone.
+
+        Returns:
+            The row written (with its ``seq``), or None when nothing was written.
+        """
+        def txn(db: sqlite3.Connection) -> JobRow | None:
+            if not db.execute(_ARRAY, (array_id,)).fetchall() or db.execute(_EXISTS, (row.id,)).fetchone():
+                return None
+            seq = db.execute(_INSERT_TASK, job_params(row) | {"array_id": array_id}).fetchall()
+            db.execute(_INSERT_EVENT, event_params(row.id, row.submitted_at, "cancel requested", None, row.status,
+                                                   None, row.reason, f"cancel-{row.id}"))
+            return replace(row, seq=int(seq[0][0]))
+
+        return await self._db.run(txn)
+
     async def materialize(self, array_id: str,
                           decide: Callable[[ArrayRow, int], Sequence[JobRow]]) -> Materialized | None:
         """Write the tasks ``decide(array, active)`` makes (``active``: the array's tasks queued,
@@ -136,6 +156,8 @@ class ArraysTable:
             rows = list(decide(array, active))
             written = []
             for row in rows:
+                if db.execute(_EXISTS, (row.id,)).fetchone() is not None:
+                    continue  # cancelled before it was materialized (write_ahead): its position is passed
                 seq = db.execute(_INSERT_TASK, job_params(row) | {"array_id": array_id}).fetchall()
                 db.execute(_INSERT_EVENT, event_params(row.id, row.submitted_at, "submitted", None, row.status,
                                                        None, row.reason, f"materialize-{array_id}"))

@@ -69,6 +69,23 @@ def test_cancel_a_task_then_the_array(daemon: Daemon, tmp_path: Path) -> None:
     assert len(states()) == 5
 
 
+def test_cancel_a_task_before_it_was_materialized(daemon: Daemon, tmp_path: Path) -> None:
+    """``cancel ID_3`` of a task still pending (``%1``: only one task at a time is written) cancels that
+    task alone: its row is written cancelled ahead; the array runs every other index once and ends
+    failed (one task did not succeed); an index the array does not have is still "no job"."""
+    array = daemon.submit("--array", "0-4%1", "--workdir", str(tmp_path), "--", "sh", "-c",
+                          f"touch {tmp_path}/ran-{{task}}; sleep 0.2")
+    out = daemon.cli_ok("cancel", f"{array}_3")
+    assert "cancelled" in out, out
+    assert daemon.show(f"{array}_3")["status"] == "cancelled"
+    missing = daemon.cli("cancel", f"{array}_9")
+    assert missing.returncode != 0 and "no job" in missing.stderr, (missing.returncode, missing.stderr)
+    done = _ended(daemon, array)
+    assert done["status"] == "failed" and "1 cancelled" in str(done["reason"]), done
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0", "ran-1", "ran-2", "ran-4"]
+    assert daemon.show(f"{array}_3")["attempts"] == []
+
+
 def test_after_an_array_waits_for_every_task(daemon: Daemon, tmp_path: Path) -> None:
     array = daemon.submit("--array", "0-3", "--workdir", str(tmp_path), "--", "sleep", "1")
     after = daemon.submit("--after", f"{array}:ok", "--", "true")

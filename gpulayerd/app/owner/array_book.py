@@ -25,15 +25,16 @@ from gpulayerd.core.arrays import (
     ArraySpec,
     parse_array,
     shown_state,
+    split_task_id,
     task_command,
     task_id,
     to_materialize,
 )
-from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES
+from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES, job_user
 from gpulayerd.core.protocol import claims
 from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.reasons import ReasonCode
-from gpulayerd.errors import InvalidSpec
+from gpulayerd.errors import Forbidden, InvalidSpec
 from gpulayerd.models import ArraySummary, ArrayTask, JobSpec, JobView
 from gpulayerd.store import ArrayRow, JobRow, Store
 
@@ -129,15 +130,9 @@ class ArrayBook:
             out = []
             for pos in range(array.materialized, array.materialized + to_materialize(parsed, array.materialized,
                                                                                      active)):
-                index = parsed.index_at(pos)
-                tid = task_id(row.id, index)
-                specs[tid] = spec.model_copy(update={
-                    "array": None, "after": [], "command": task_command(spec.command, index),
-                    "array_task": ArrayTask(array_id=row.id, index=index, count=parsed.count)})
-                out.append(JobRow(id=tid, name=row.name, submitted_by=row.submitted_by,
-                                  spec_json=specs[tid].model_dump_json(), status=JobStatus.QUEUED,
-                                  retries_left=row.retries_left, lease_s=row.lease_s,
-                                  reason="waiting for the scheduler", submitted_at=now, updated_at=now))
+                task, task_spec = _task(row, spec, parsed.index_at(pos), parsed.count, now)
+                specs[task.id] = task_spec
+                out.append(task)
             return out
 
         done = await self._store.arrays.materialize(row.id, decide)
@@ -151,6 +146,37 @@ class ArrayBook:
             self._signals.wake()
         elif done.materialized >= parsed.count:
             await self._maybe_end(row)
+
+    async def cancel_pending(self, task_ref: str, may_manage: Callable[[str], bool] | None, who: str) -> JobRow | None:
+        """Cancel task ``task_ref`` (``ID_7``) of an array owned here before it was materialized: its row
+        is written ``cancelled`` ahead of the cursor (which passes it later). None when ``task_ref`` is
+        no such pending task (an ordinary id, an index not in the array, a task materialized already).
+
+        Args:
+            may_manage: whether the requester may manage a job of that user (None: the daemon itself).
+
+        Raises:
+            Forbidden: ``job ID_7 belongs to alice``.
+        """
+        parts = split_task_id(task_ref)
+        row = await self._store.jobs.get_job(parts[0]) if parts is not None else None
+        if parts is None or row is None or not self.is_array(spec := self._jobs.spec(row)):
+            return None
+        parsed = parse_array(spec.array or "", max_size=1 << 62)
+        if parts[1] not in parsed.indices:
+            return None
+        user = job_user(spec.user, row.submitted_by)
+        if may_manage is not None and not may_manage(user):
+            raise Forbidden(f"job {task_ref} belongs to {user or 'nobody'}")
+        now = self._clock.wall()
+        task, task_spec = _task(row, spec, parts[1], parsed.count, now)
+        task = replace(task, status=JobStatus.CANCELLED, reason=f"cancelled{who or ' by user'} before it ran")
+        written = await self._store.arrays.write_ahead(row.id, task)
+        if written is not None:
+            self._jobs.remember(written.id, task_spec)
+            self._signals.job_changed(written.id)
+            self._signals.job_changed(row.id)
+        return written
 
     async def _maybe_end(self, row: JobRow) -> None:
         """End the array's row when every task has ended: succeeded if every task did, else failed."""
@@ -203,3 +229,15 @@ class ArrayBook:
                     words = ", ".join(f"{c[s]} {s}" for s in (*_ORDER, "pending") if c.get(s))
                     view.reason = f"{ReasonCode.ARRAY.value}: {words or 'no task yet'} of {array.total}"
         return views
+
+
+def _task(array: JobRow, spec: JobSpec, index: int, count: int, now: float) -> tuple[JobRow, JobSpec]:
+    """Task ``index`` of ``array`` (of ``count`` tasks; the array's ``spec``) as a queued job row written
+    at ``now`` (wall s), and its spec."""
+    task_spec = spec.model_copy(update={
+        "array": None, "after": [], "command": task_command(spec.command, index),
+        "array_task": ArrayTask(array_id=array.id, index=index, count=count)})
+    row = JobRow(id=task_id(array.id, index), name=array.name, submitted_by=array.submitted_by,
+                 spec_json=task_spec.model_dump_json(), status=JobStatus.QUEUED, retries_left=array.retries_left,
+                 lease_s=array.lease_s, reason="waiting for the scheduler", submitted_at=now, updated_at=now)
+    return row, task_spec

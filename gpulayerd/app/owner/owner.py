@@ -355,8 +355,15 @@ class OwnerService:
         Raises:
             NoSuchJob, AmbiguousJob.
         """
-        row = await self._jobs.row(job_ref)
         who = f" by {requester.user}" if requester is not None else ""  # explain's "by whom"
+        try:
+            row = await self._jobs.row(job_ref)
+        except NoSuchJob:  # a task of an array not materialized yet: written cancelled ahead of the cursor
+            pending = await self.arrays.cancel_pending(
+                job_ref, requester.may_manage if requester is not None else None, who) if self.arrays else None
+            if pending is None:
+                raise
+            return self.view(pending)
         await self._jobs.apply(row.id, claims.CancelRequested(reason=f"cancelled{who or ' by user'}",
                                                               stimulus_id=f"cancel-{row.id}", signal=signal),
                                kind=f"cancel requested{who}")
