@@ -96,6 +96,15 @@ def test_only_the_user_and_admins_may_cancel_read_logs_and_see_the_spec(
         assert r.returncode == 1, (args, r.stdout, r.stderr)
         assert r.stderr.strip() == f"gpulayer: {refusal}", (args, r.stderr)
     assert not d.job(job_id).cancel_requested
+    # An array task not materialized yet (%1: one task at a time) is alice's too: bob's cancel of it is
+    # refused and writes nothing; alice's own cancels it.
+    array = json.loads(ok(cli(shared_python, alice, sock, "submit", "--json", "--array", "0-9%1", "--",
+                              "sleep", "60")))["id"]
+    r = cli(shared_python, bob, sock, "cancel", f"{array}_5")
+    assert (r.returncode, r.stderr.strip()) == (1, f"gpulayer: job {array}_5 belongs to {alice.name}"), r
+    assert cli(shared_python, alice, sock, "show", f"{array}_5").returncode != 0  # nothing written
+    assert "cancelled" in ok(cli(shared_python, alice, sock, "cancel", f"{array}_5"))
+    ok(cli(shared_python, alice, sock, "cancel", array))
 
     shown = json.loads(ok(cli(shared_python, bob, sock, "show", "--json", job_id)))
     assert (shown["id"], shown["name"], shown["submitted_by"], shown["spec_hidden"]) == (
