@@ -116,8 +116,8 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
 
     c = sub.add_parser("cancel", help="cancel a job (running: SIGTERM or --signal NAME, grace, SIGKILL to its "
                        "process group)")
-    c.add_argument("job", metavar="ID", help="the job's id; a task's (ID_7: one task, once it is queued or "
-                   "running), or an array's (every task not yet ended)")
+    c.add_argument("job", metavar="ID", help="the job's id; a task's (ID_7: that task alone, also before it "
+                   "was written), or an array's (every task not yet ended)")
     c.add_argument("--signal", metavar="NAME", default="",
                    help="send this signal first instead of SIGTERM (e.g. USR1), then SIGKILL after the grace period")
     c.add_argument("--json", action="store_true", help="print the job as JSON after the request")
