@@ -4,6 +4,7 @@ materialized once across a crash in the middle of the transaction. No process, n
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,8 @@ async def test_a_crash_in_the_middle_of_materializing_writes_no_task_and_none_tw
 
     def crashing(array: object, active: int) -> list[JobRow]:
         del array, active
-        return [_task("m8arr", 0), _task("m8arr", 1), _task("m8arr", 1)]  # the third write fails mid-way
+        # The third write fails mid-way (NOT NULL): a duplicate id would not, it is a task cancelled ahead.
+        return [_task("m8arr", 0), _task("m8arr", 1), replace(_task("m8arr", 2), spec_json=None)]  # type: ignore[arg-type]
 
     with pytest.raises(StoreError):
         await store.arrays.materialize("m8arr", crashing)
@@ -95,5 +97,27 @@ async def test_a_crash_in_the_middle_of_materializing_writes_no_task_and_none_tw
         assert again is not None and again.tasks == [] and again.materialized == 4  # %4: 4 active already
         assert sorted(t.id for t in await store.arrays.unfinished("m8arr")) == [f"m8arr_{i}" for i in range(4)]
         assert await store.integrity_check() == "ok"
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_task_cancelled_before_it_was_written_is_passed_not_written_twice(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "gpulayer.db")
+    try:
+        await store.jobs.insert_job(_array_row("m8arr"), "array", also=store.arrays.writer("m8arr", "0-4", 5))
+        ahead = await store.arrays.write_ahead("m8arr", replace(_task("m8arr", 2), status=JobStatus.CANCELLED))
+        assert ahead is not None and ahead.status is JobStatus.CANCELLED
+        assert await store.arrays.write_ahead("m8arr", _task("m8arr", 2)) is None  # (it exists: nothing)
+        assert await store.arrays.write_ahead("no-such", _task("no-such", 0)) is None
+
+        def every(array: object, active: int) -> list[JobRow]:
+            del active
+            return [_task("m8arr", i) for i in range(array.materialized, 5)]  # type: ignore[attr-defined]
+
+        done = await store.arrays.materialize("m8arr", every)
+        assert done is not None and done.materialized == 5
+        assert [t.id for t in done.tasks] == ["m8arr_0", "m8arr_1", "m8arr_3", "m8arr_4"]
+        assert (await store.jobs.get_job("m8arr_2")).status is JobStatus.CANCELLED  # type: ignore[union-attr]
     finally:
         await store.close()
