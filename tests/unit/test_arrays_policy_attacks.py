@@ -72,6 +72,26 @@ async def test_a_crash_in_the_middle_of_materializing_writes_no_task_and_none_tw
     """kill -9 while tasks are written: the transaction is whole or nothing, the cursor with the rows."""
     path = tmp_path / "gpulayer.db"
     store = await Store.open(path)
+    try:
+        await _crash_then_window(store)
+    finally:
+        await store.close()  # (an open store's thread would keep pytest from exiting after a failure)
+    store = await Store.open(path)  # the daemon restarted after the commit
+    try:
+        again = await store.arrays.materialize("m8arr", _window)
+        assert again is not None and again.tasks == [] and again.materialized == 4  # %4: 4 active already
+        assert sorted(t.id for t in await store.arrays.unfinished("m8arr")) == [f"m8arr_{i}" for i in range(4)]
+        assert await store.integrity_check() == "ok"
+    finally:
+        await store.close()
+
+
+def _window(array: object, active: int) -> list[JobRow]:
+    at = array.materialized  # type: ignore[attr-defined]
+    return [_task("m8arr", i) for i in range(at, min(10, at + 4 - active))]
+
+
+async def _crash_then_window(store: Store) -> None:
     await store.jobs.insert_job(_array_row("m8arr"), "array", also=store.arrays.writer("m8arr", "0-9%4", 10))
 
     def crashing(array: object, active: int) -> list[JobRow]:
@@ -84,21 +104,8 @@ async def test_a_crash_in_the_middle_of_materializing_writes_no_task_and_none_tw
     assert (await store.arrays.get("m8arr")).materialized == 0  # type: ignore[union-attr]
     assert await store.arrays.unfinished("m8arr") == []
 
-    def window(array: object, active: int) -> list[JobRow]:
-        at = array.materialized  # type: ignore[attr-defined]
-        return [_task("m8arr", i) for i in range(at, min(10, at + 4 - active))]
-
-    first = await store.arrays.materialize("m8arr", window)
+    first = await store.arrays.materialize("m8arr", _window)
     assert first is not None and [t.id for t in first.tasks] == [f"m8arr_{i}" for i in range(4)]
-    await store.close()
-    store = await Store.open(path)  # the daemon restarted after the commit
-    try:
-        again = await store.arrays.materialize("m8arr", window)
-        assert again is not None and again.tasks == [] and again.materialized == 4  # %4: 4 active already
-        assert sorted(t.id for t in await store.arrays.unfinished("m8arr")) == [f"m8arr_{i}" for i in range(4)]
-        assert await store.integrity_check() == "ok"
-    finally:
-        await store.close()
 
 
 @pytest.mark.asyncio
