@@ -44,6 +44,7 @@ from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.app.owner.gang_placement import GangCoordinator
+from gpulayerd.core.arrays import split_task_id
 from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.types import SupportMatrix, WorkerSnapshot
@@ -287,7 +288,8 @@ class PeerRoles:
         row = await self._jobs.get(job_id)
         if row is not None:
             return job_user(self._jobs.spec(row).user, row.submitted_by)
-        return await self._store.runs.held_user(job_id)
+        pending = await _array_user(self._jobs, job_id)  # a task of an array owned here, not written yet
+        return pending if pending is not None else await self._store.runs.held_user(job_id)
 
 
 class LocalRoles:
@@ -317,9 +319,12 @@ class LocalRoles:
             row = await self._jobs.row(job_ref)
         except (NoSuchJob, AmbiguousJob):
             row = None
+        pending = await _array_user(self._jobs, job_ref) if row is None else None
         if row is not None:
             user = job_user(self._jobs.spec(row).user, row.submitted_by)
             job_id = row.id
+        elif pending is not None:  # a task of an array owned here, not written yet: the array's user's
+            user, job_id = pending, job_ref
         else:
             held = await self._store.runs.held_user(job_ref)
             if held is None:  # an id prefix: the runs held here it names, resolved as the handler will
@@ -341,3 +346,14 @@ class LocalRoles:
             if r.job_id.startswith(prefix) and r.attempt >= latest.get(r.job_id, (-1, ""))[0]:
                 latest[r.job_id] = (r.attempt, spec_of(r.spec_json).user or "")
         return {job_id: user for job_id, (_, user) in latest.items()}
+
+
+async def _array_user(jobs: OwnedJobs, job_ref: str) -> str | None:
+    """The user of task ``job_ref`` (``ID_7``) of an array owned here when it has no row yet (its array's
+    user: the task is theirs), else None."""
+    task = split_task_id(job_ref)
+    row = await jobs.get(task[0]) if task is not None else None
+    if row is None:
+        return None
+    spec = jobs.spec(row)
+    return job_user(spec.user, row.submitted_by) if spec.array is not None and spec.array_task is None else None

@@ -244,6 +244,25 @@ def relayed(action: str, *, mode: str, user: str, as_user: str) -> Case:
     return case
 
 
+async def _pending_task_of_root(lab: Lab) -> str:
+    """Task 5 of root's array owned by the owner, not written yet (``%1``: one task at a time)."""
+    owner = d(lab, "owner")
+    spec: dict[str, Any] = {"command": ["sleep", "60"], "workdir": str(lab.workdir), "user": "root",
+                            "array": "0-9%1", "policy": {"lease_s": LEASE_S}}
+    array = (await owner.services.owner.submit(SubmitRequest(spec=spec, submitted_by="root"))).id
+    await lab.settle()
+    return f"{array}_5"
+
+
+def relayed_pending(*, mode: str, user: str, as_user: str) -> Case:
+    async def case(lab: Lab) -> Send:
+        task = await _pending_task_of_root(lab)
+        return Send(OWNER, BY_NAME["job_cancel"], JobRequest(msg_id=new_msg_id(), job_id=task, user=as_user,
+                                                             admin=True), mode=mode, user=user)
+    case.__name__ = f"cancel_of_a_pending_array_task_relayed_by_{mode}_node_of_{user or 'nobody'}_for_{as_user}"
+    return case
+
+
 PEER_REFUSALS: dict[str, list[Case]] = {
     "offer": [offer_of_a_job_id_another_owner_runs_here, offer_for_a_user_it_does_not_vouch_for],
     "claim": [claim_without_an_offer, claim_by_a_personal_node_of_another_user],
@@ -256,7 +275,8 @@ PEER_REFUSALS: dict[str, list[Case]] = {
     "job_logs": [relayed("logs", mode="personal", user="bob", as_user="root"),
                  relayed("logs", mode="system", user="", as_user="bob")],
     "job_cancel": [relayed("cancel", mode="personal", user="bob", as_user="root"),
-                   relayed("cancel", mode="system", user="", as_user="bob")],
+                   relayed("cancel", mode="system", user="", as_user="bob"),
+                   relayed_pending(mode="personal", user="bob", as_user="root")],
 }
 """Every peer route that is not public -> the ways a member without its role is refused."""
 
