@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.ledger import Ledger
 from gpulayerd.core import fairshare
-from gpulayerd.core.fairshare import Candidate, Holding, Usage
+from gpulayerd.core.fairshare import Holding, Usage
 from gpulayerd.models import UserHoldingView, UserUsageView
 from gpulayerd.store import StoreError, UsageTable
 
@@ -161,10 +161,6 @@ class UsageService:
     def name_of(self, node_id: str) -> str | None:
         """The host name a peer gave in its last heartbeat, if any."""
         return self._names.get(node_id)
-
-    def order(self, candidates: Iterable[Candidate]) -> list[Candidate]:
-        """``candidates`` in fair-share order (see :func:`gpulayerd.core.fairshare.order`)."""
-        return fairshare.order(candidates, self.usage())
 
     def order_offers(self, users: Sequence[str], submitted_at: Sequence[float | None],
                      below: float | None = None) -> list[int]:

@@ -146,7 +146,7 @@ class Scheduler:
                 answer = await self._carry_out(action)
             except BaseException as e:  # thrown into the pass: it forgets what it cannot vouch for
                 failure = e
-        if best is not None and self._signals.devices_epoch != epoch and self._worker.has_offers():
+        if best is not None and self._signals.devices_epoch != epoch:
             # This machine's devices changed during the pass (one freed, or the pass claimed some): the
             # jobs still waiting here were not judged against that, so the offers of users after them
             # wait for the next pass (which comes at once).
@@ -156,8 +156,11 @@ class Scheduler:
         await self._worker.take_offers()
 
     def _best_waiting(self) -> float | None:
-        """The lowest fair-share score of the users with jobs queued here (None: none, or no fair share)."""
-        return self._usage.best_score(self.core.waiting_users()) if self._usage is not None else None
+        """The lowest fair-share score of the users with jobs queued here; None when no peer's offer is kept
+        here (nothing to order against them), no job is queued here, or there is no fair share."""
+        if self._usage is None or not self._worker.has_offers():
+            return None
+        return self._usage.best_score(self.core.waiting_users())
 
     async def _carry_out(self, action: core.Action) -> core.Answer:
         """Do what ``action`` says; returns its answer."""
