@@ -46,7 +46,7 @@ class _Suggestions(tuple[str, ...]):
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
                "min_driver_version", "cuda_runtime", "os", "time", "signal", "retry_on", "retry_exit_codes",
-               "retry_backoff", "retry_elsewhere", "array", "after")
+               "retry_backoff", "retry_elsewhere", "no_preflight", "array", "after")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -167,6 +167,10 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retry-elsewhere", action="store_true", default=None,
                    help="prefer another worker than the last attempt's for the next attempt (the same one "
                         "still runs it when no other fits)")
+    p.add_argument("--no-preflight", action="store_true", default=None,
+                   help="skip the pre-flight check (before the command, on the chosen worker, the frameworks the job "
+                        "names are imported and a CUDA/MPS device initialized: a broken environment moves the job "
+                        "to another worker instead of failing it; it costs about a second per named framework)")
     p.add_argument("--array", metavar="0-99[:STEP][%MAX]",
                    help="a job array: one task per index (a range, a range with a step, or a list 1,5,9; %%MAX: at "
                         "most MAX tasks at once, lab-wide); {task} in the command is the index; task ids are ID_7 "
@@ -230,7 +234,8 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
     policy = {k: v for k, v in (("retries", args.retries), ("lease_s", args.lease_s), ("time_limit", args.time),
                                 ("signal", args.signal), ("retry_on", args.retry_on),
                                 ("retry_exit_codes", args.retry_exit_codes), ("retry_backoff_s", args.retry_backoff),
-                                ("retry_elsewhere", args.retry_elsewhere)) if v is not None}
+                                ("retry_elsewhere", args.retry_elsewhere),
+                                ("preflight", False if args.no_preflight else None)) if v is not None}
     if policy:
         spec["policy"] = policy
     env: dict[str, str] = {}

@@ -29,6 +29,9 @@ class PolicyModel(BaseModel):
     retry_exit_codes: list[int] = Field(default_factory=list, max_length=256)
     retry_backoff_s: float = Field(default=10.0, ge=0.0, le=limits.MAX_BACKOFF_S)
     retry_elsewhere: bool = False
+    preflight: bool = True
+    """Run the pre-flight check before the command (the named frameworks import, a CUDA/MPS device
+    initializes); False: ``--no-preflight``."""
 
     @field_validator("time_limit", mode="before")
     @classmethod

@@ -170,6 +170,9 @@ class RunReport(_Msg):
     never_started: bool = False
     timed_out: bool = False
     """``exited`` at its time limit (``--time``): the job ends ``timeout`` or retries."""
+    preflight_failed: bool = False
+    """``lost`` (never started): its pre-flight check failed on this worker (``reason``: ``FRAMEWORK: error``);
+    the owner queues the job again for another worker."""
 
 
 class RunReportReply(_Msg):

@@ -14,6 +14,7 @@ from pathlib import Path
 from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.exitnote import KEEP_S
 from gpulayerd.runs.layout import read_json
+from gpulayerd.runs.preflight import PreflightCheck
 
 __all__ = ["LaunchFile", "read_deadline"]
 
@@ -41,6 +42,8 @@ class LaunchFile:
     warn_signal: str = "TERM"
     """The name of the signal the job gets ``warn_at_s`` after its start, before its time limit."""
     warn_at_s: float | None = None
+    preflight: PreflightCheck | None = None
+    """The pre-flight check to run before the command (:mod:`.preflight`); None: none."""
 
     @classmethod
     def load(cls, path: Path) -> LaunchFile:
@@ -86,6 +89,7 @@ class LaunchFile:
             time_limit_s=_optional(data, path, "time_limit_s"),
             warn_signal=str(data.get("warn_signal") or "TERM"),
             warn_at_s=_optional(data, path, "warn_at_s"),
+            preflight=_preflight(data, path),
         )
 
 
@@ -101,6 +105,16 @@ def read_deadline(path: Path, last: float | None, first: float | None) -> float 
     except (OSError, ValueError):
         log.warning("cannot read %s; keeping the last deadline", path)
         return last
+
+
+def _preflight(data: Mapping[str, object], path: Path) -> PreflightCheck | None:
+    value = data.get("preflight")
+    if value is None:
+        return None
+    try:
+        return PreflightCheck.from_json(value)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _optional(data: Mapping[str, object], path: Path, key: str) -> float | None:

@@ -54,6 +54,7 @@ from gpulayerd.runs.layout import (
     write_file,
     write_json,
 )
+from gpulayerd.runs.preflight import PreflightCheck
 from gpulayerd.runs.process import is_alive, job_processes, signal_job, signal_process
 from gpulayerd.runs.status import RunHandle, RunnerError, RunState, RunStatus, exit_status, opt_int, status_of
 from gpulayerd.runs.zygote import Zygote, ZygoteRefused
@@ -137,6 +138,7 @@ class Runner:
         user: JobUser | None = None,
         renew_s: float | None = None,
         time_limit: tuple[float, str, float] | None = None,
+        preflight: PreflightCheck | None = None,
     ) -> RunHandle:
         """Start a watchdog that starts the job; return once the job runs (or has run).
 
@@ -163,6 +165,7 @@ class Runner:
                 on a full disk); None: the time from now to ``deadline_monotonic``.
             time_limit: (the job's time limit, the warning signal's name, when the warning goes out),
                 seconds from the job's start: the watchdog enforces both; None: no limit.
+            preflight: the check the watchdog runs before the command (:mod:`.preflight`); None: none.
 
         Raises:
             RunnerError: the run directory was used before, the watchdog could not be
@@ -193,6 +196,7 @@ class Runner:
                     "time_limit_s": time_limit[0] if time_limit else None,
                     "warn_signal": time_limit[1] if time_limit else None,
                     "warn_at_s": time_limit[2] if time_limit else None,
+                    "preflight": preflight.to_json() if preflight is not None else None,
                 },
             )
         except OSError as e:  # a full disk, say: nothing was started

@@ -68,6 +68,7 @@ Only the standard library and psutil are imported here (and through :mod:`.layou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -79,6 +80,7 @@ from types import FrameType
 
 from gpulayerd.gpu.command import Popen, SubprocessError, TimeoutExpired
 from gpulayerd.host import sysinfo
+from gpulayerd.runs import preflight
 from gpulayerd.runs.account import check_still_maps
 from gpulayerd.runs.exitnote import KEEP_S, ExitNote, retry_delays, socket_name
 from gpulayerd.runs.jobstart import popen, signal_number, start_failure
@@ -295,6 +297,10 @@ class _Watchdog:
                 problem = f"the watchdog runs as uid {os.geteuid()} and cannot start a job as {user.name!r}"
             if problem is not None:
                 return None, "start_failed", problem
+        if launch.preflight is not None:
+            failed = self._preflight(launch, launch.preflight)
+            if failed is not None:
+                return failed
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         self.logs = [CappedLog(out_r, self.run_dir / STDOUT_LOG, launch.log_cap_bytes),
@@ -338,6 +344,30 @@ class _Watchdog:
         if proc.returncode is None:
             detail += "; the job could not be reaped (uninterruptible?)"
         return proc.returncode, reason, detail
+
+    def _preflight(self, launch: LaunchFile, check: preflight.PreflightCheck) -> tuple[int | None, str, str] | None:
+        """Run the pre-flight check (meanwhile the attempt's process in ``job.json``); None: it passed."""
+        try:
+            self.proc = proc = preflight.begin(self.run_dir, check, launch.env, launch.user)
+        except OSError as e:
+            return None, "preflight_failed", f"{check.frameworks[0]}: cannot start {check.python}: {e}"
+        self._notify()
+        reason, detail = self._supervise(proc, dataclasses.replace(
+            launch, time_limit_s=check.timeout_s, warn_at_s=check.timeout_s, warn_signal="TERM"), time.monotonic())
+        self.warned = None
+        if reason != "exited":
+            self._terminate(proc, launch.grace_s, None if reason == "timeout" else self._first_signal(reason))
+        self._kill_leftovers(proc, launch.kill_timeout_s)
+        self.proc = None
+        if reason == "timeout":
+            return None, "preflight_failed", f"{check.frameworks[0]}: the check took over {check.timeout_s:g} s"
+        if reason != "exited":
+            self.killed = True
+            return proc.returncode, reason, f"{detail} (during the pre-flight check)"
+        if proc.returncode == 0:
+            return None
+        framework, line = preflight.failure(self.run_dir / preflight.PREFLIGHT_LOG, proc.returncode, check)
+        return None, "preflight_failed", f"{framework}: {line}"
 
     def _first_signal(self, reason: str) -> signal.Signals | None:
         """The first signal of a stop for ``reason``: SIGTERM, or a cancel's ``cancel_signal``;

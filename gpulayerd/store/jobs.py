@@ -58,7 +58,7 @@ _CAS_JOB = """
 UPDATE jobs SET status = :status, attempt = :attempt, holder = :holder, retries_left = :retries_left,
     lease_expires_at = :lease_expires_at, cancel_requested = :cancel_requested,
     reason = CASE WHEN :reason = '' THEN reason ELSE :reason END, updated_at = :now,
-    retry_at = :retry_at, avoid_worker = :avoid_worker
+    retry_at = :retry_at, avoid_worker = :avoid_worker, preflight_failed_on = :preflight_failed_on
 WHERE id = :id AND status = :expect_status AND attempt = :expect_attempt
     AND cancel_requested = :expect_cancel_requested"""
 _INSERT_ATTEMPT = """
@@ -417,7 +417,7 @@ class JobsTable:
         self,
         job_id: str,
         attempt: int,
-        state: Literal["exited", "lost"],
+        state: Literal["exited", "lost", "preflight-failed"],
         exit_code: int | None,
         reason: str,
         now_wall: float,
@@ -433,8 +433,8 @@ class JobsTable:
             False if ``then`` lost its compare-and-set (the attempt's end is written even so);
             True otherwise.
         """
-        if state not in ("exited", "lost"):
-            raise ValueError(f"an attempt ends as 'exited' or 'lost', not {state!r}")
+        if state not in ("exited", "lost", "preflight-failed"):
+            raise ValueError(f"an attempt ends as 'exited', 'lost' or 'preflight-failed', not {state!r}")
         params = {
             "state": state,
             "now": now_wall,
@@ -545,6 +545,7 @@ def _cas(db: sqlite3.Connection, action: PersistJob, now_wall: float, kind: str)
         "now": now_wall,
         "retry_at": None if action.retry_in_s is None else now_wall + action.retry_in_s,
         "avoid_worker": rec.avoid,
+        "preflight_failed_on": " ".join(rec.preflight_failed_on),
         "id": rec.job_id,
         "expect_status": action.expect_status.value,
         "expect_attempt": action.expect_attempt,

@@ -29,7 +29,7 @@ __all__ = [
     "retry_policy",
 ]
 
-AttemptState = Literal["claimed", "running", "exited", "lost"]
+AttemptState = Literal["claimed", "running", "exited", "lost", "preflight-failed"]
 
 
 class StoreError(Exception):
@@ -62,6 +62,7 @@ class JobRow:
         retry_json: the retry policy (:func:`retry_json`; "" retries lost attempts only).
         retry_at: wall-clock s before which a retry is not claimed (its backoff), or None.
         avoid_worker: the worker a retry avoids (``--retry-elsewhere``), or None.
+        preflight_failed_on: the workers on which a pre-flight check of the job failed, space-separated.
     """
 
     id: str
@@ -84,11 +85,13 @@ class JobRow:
     retry_json: str = ""
     retry_at: float | None = None
     avoid_worker: str | None = None
+    preflight_failed_on: str = ""
 
     def record(self) -> JobRecord:
         """The core state machine's view of this job."""
         return JobRecord(
             retry=retry_policy(self.retry_json), retry_at=self.retry_at, avoid=self.avoid_worker,
+            preflight_failed_on=tuple(self.preflight_failed_on.split()),
             job_id=self.id,
             status=self.status,
             attempt=self.attempt,

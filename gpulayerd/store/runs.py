@@ -125,7 +125,8 @@ class RunsTable:
         def end(db: sqlite3.Connection) -> None:
             db.execute(
                 "UPDATE remote_runs SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
-                "WHERE owner = ? AND job_id = ? AND attempt = ? AND state NOT IN ('exited', 'lost', 'timeout')",
+                "WHERE owner = ? AND job_id = ? AND attempt = ? "
+                "AND state NOT IN ('exited', 'lost', 'timeout', 'preflight-failed')",
                 (state, exit_code, reason, now_wall, owner, job_id, attempt))
             db.execute(RELEASE_GRANTS, (owner, job_id, attempt))
 
@@ -147,7 +148,7 @@ class RunsTable:
         if active is True:
             where.append("state = 'running'")
         elif active is False:
-            where.append("state IN ('exited', 'lost', 'timeout')")
+            where.append("state IN ('exited', 'lost', 'timeout', 'preflight-failed')")
         if unreported:
             where.append("reported = 0")
         sql = _SELECT_RUNS

@@ -201,6 +201,13 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        9,
+        """
+        -- Pre-flight checks (issue 35): the workers on which a job's pre-flight check failed, space-separated.
+        ALTER TABLE jobs ADD COLUMN preflight_failed_on TEXT NOT NULL DEFAULT '';
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

@@ -77,7 +77,8 @@ class FakeRunner(Runner):
     def start(self, job_id: str, attempt: int, argv: Sequence[str], env: Mapping[str, str],
               cwd: str | Path | None = None, deadline_monotonic: float | None = None,
               lock_fds: Sequence[int] = (), user: JobUser | None = None,
-              renew_s: float | None = None, time_limit: tuple[float, str, float] | None = None) -> RunHandle:
+              renew_s: float | None = None, time_limit: tuple[float, str, float] | None = None,
+              preflight: object = None) -> RunHandle:
         """Record a run that is running now (see :meth:`Runner.start`; ``time_limit`` is not enforced here:
         the watchdog's, tested with real processes).
 

@@ -38,22 +38,25 @@ def node_id(d: Daemon) -> str:
 
 
 def loopback_cluster(
-    lab: Lab, cpu_slots: Sequence[int], settings: Mapping[str, Any] | None = None, timeout_s: float = 30.0
+    lab: Lab, cpu_slots: Sequence[int], settings: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+    each: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Daemon]:
     """Start ``len(cpu_slots)`` daemons of ``lab`` (daemon i with ``cpu_slots[i]`` CPU slots) in
     one new cluster on 127.0.0.1 and wait until each lists every other one as up, trusted
-    and with its capabilities. ``settings`` are config keys for every daemon (e.g. timings).
+    and with its capabilities. ``settings`` are config keys for every daemon (e.g. timings); ``each[i]``
+    more keyword arguments of :meth:`Lab.daemon` for daemon i (its fake GPUs, its interpreters).
 
     Returns the daemons, the founder first.
     """
     port = free_port()
     common: dict[str, Any] = {"mdns": "false", **(settings or {})}  # "false": TOML has no bare False in repr
     # Each daemon stands for a machine of its own: its own lock dir (one gpulayerd per machine).
+    own = list(each or [{} for _ in cpu_slots])
     founder = lab.daemon(cpu_slots=cpu_slots[0], start=False, listen=f"{LOOPBACK}:{port}",
-                         lock_dir=lab.root / "locks-0", **common)
+                         lock_dir=lab.root / "locks-0", **common, **own[0])
     others = [
         lab.daemon(cpu_slots=n, start=False, listen=f"{LOOPBACK}:0", peers=[f"{LOOPBACK}:{port}"],
-                   lock_dir=lab.root / f"locks-{i}", **common)
+                   lock_dir=lab.root / f"locks-{i}", **common, **own[i])
         for i, n in enumerate(cpu_slots[1:], start=1)
     ]
     daemons = [founder, *others]

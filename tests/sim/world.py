@@ -86,7 +86,8 @@ class SimRunner(FakeRunner):
     def start(self, job_id: str, attempt: int, argv: Sequence[str], env: Mapping[str, str],
               cwd: str | Path | None = None, deadline_monotonic: float | None = None,
               lock_fds: Sequence[int] = (), user: JobUser | None = None,
-              renew_s: float | None = None, time_limit: tuple[float, str, float] | None = None) -> RunHandle:
+              renew_s: float | None = None, time_limit: tuple[float, str, float] | None = None,
+              preflight: object = None) -> RunHandle:
         """Start as :meth:`FakeRunner.start`, then tell the simulation (its invariants, its workload)."""
         handle = super().start(job_id, attempt, argv, env, cwd, deadline_monotonic, lock_fds, user, renew_s,
                                time_limit)

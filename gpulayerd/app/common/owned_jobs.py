@@ -422,7 +422,8 @@ class OwnedJobs:
 
     async def reported(self, job_id: str, kind: str, attempt: int, worker: str, *, exit_code: int | None = None,
                        reason: str = "", never_started: bool = False, stimulus_id: str = "",
-                       row: JobRow | None = None, timed_out: bool = False) -> list[claims.Action]:
+                       row: JobRow | None = None, timed_out: bool = False,
+                       preflight: bool = False) -> list[claims.Action]:
         """A worker's report (this node's own included) on an attempt of a job owned here (``kind``:
         started, renew, exited, lost): one decision of the claim machine
         (:func:`~gpulayerd.core.protocol.claims.report_event`), its actions carried out with the
@@ -433,7 +434,8 @@ class OwnedJobs:
             ``row``: the job as the caller just read it (see :meth:`_apply_joined`).
         """
         event = claims.report_event(kind, attempt, worker, exit_code=exit_code, reason=reason,
-                                    never_started=never_started, stimulus_id=stimulus_id, timed_out=timed_out)
+                                    never_started=never_started, stimulus_id=stimulus_id, timed_out=timed_out,
+                                    preflight=preflight)
         if kind == "renew":
             return await self.apply(job_id, event, row=row)
         wall = self._clock.wall()
@@ -441,7 +443,8 @@ class OwnedJobs:
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.mark_running(
                 job_id, attempt, 0, 0.0, 0, wall, then, k), write_alone=False, row=row)
         else:
-            state: Literal["exited", "lost"] = "exited" if kind == "exited" else "lost"
+            state: Literal["exited", "lost", "preflight-failed"] = (
+                "exited" if kind == "exited" else "preflight-failed" if preflight else "lost")
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.end_attempt(
                 job_id, attempt, state, exit_code, reason, wall, then, k), write_alone=False, row=row)
         self._ended(job_id, actions)

@@ -523,7 +523,8 @@ class OwnerService:
         # One decision of the claim machine; the attempt row and the job row written together.
         actions = await self._jobs.reported(row.id, msg.kind, msg.attempt, worker, exit_code=msg.exit_code,
                                             reason=msg.reason, never_started=msg.never_started,
-                                            stimulus_id=msg.msg_id, row=row, timed_out=msg.timed_out)
+                                            stimulus_id=msg.msg_id, row=row, timed_out=msg.timed_out,
+                                            preflight=msg.preflight_failed)
         stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)

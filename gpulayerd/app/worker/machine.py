@@ -21,12 +21,14 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.ledger import Ledger, RunKey, process_trees
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.worker.accounts import Accounts, own_account
 from gpulayerd.app.worker.envchecks import TorchChecks
+from gpulayerd.app.worker.preflight_marks import PreflightMarks
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.types import (
     OUTSIDE_HOLDER,
@@ -50,6 +52,7 @@ from gpulayerd.gpu.nvidia.query import ComputeApps, NvidiaSmi, query_compute_app
 from gpulayerd.models import Capabilities, DeviceModel
 from gpulayerd.runs.account import lookup_user
 from gpulayerd.runs.devicelock import DeviceLocks
+from gpulayerd.runs.layout import LAUNCH_FILE, read_json
 from gpulayerd.store import Store
 
 __all__ = ["ANOTHER_DAEMON", "REPROBE_AFTER_S", "Machine", "PathChecker"]
@@ -247,6 +250,8 @@ class Machine:
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
         self._env_lock = asyncio.Lock()  # orders a probe pass's environments with a torch check landing
         self.torch_checks = TorchChecks(prober, signals, self._apply_environment)
+        self._envs: list[EnvironmentSnapshot] = []  # as probed (before the pre-flight marks)
+        self.preflight_marks = PreflightMarks()
         self.paths = PathChecker(clock, config.workdir_timeout_s)
         # Whose jobs run here (DESIGN §9): a personal worker runs its own account's only.
         self.accounts = Accounts(clock, mode=config.mode, user=own_account() if config.mode == "personal" else "",
@@ -299,8 +304,8 @@ class Machine:
         async with self._env_lock:
             # Metadata first (or the cached full answer): torch's import-based check runs in the
             # background and lands through _apply_environment (TorchChecks).
-            envs = await self.torch_checks.answers(self._config.interpreters)
-            caps = build_capabilities(inventory, envs, self.node_id, self._clock.wall())
+            self._envs = envs = list(await self.torch_checks.answers(self._config.interpreters))
+            caps = build_capabilities(inventory, self.preflight_marks.apply(envs), self.node_id, self._clock.wall())
             changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
         self._ready.set()
@@ -315,13 +320,34 @@ class Machine:
         async with self._env_lock:
             if self._caps is None or self._inventory is None:
                 return
-            envs = [env if e.interpreter == env.interpreter else e.to_core() for e in self._caps.environments]
-            caps = build_capabilities(self._inventory, envs, self.node_id, self._clock.wall())
+            self._envs = envs = [env if e.interpreter == env.interpreter else e for e in self._envs]
+            caps = build_capabilities(self._inventory, self.preflight_marks.apply(envs), self.node_id,
+                                      self._clock.wall())
             changed = _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
         if changed:
             self._signals.devices_changed()
             self._signals.wake()
+
+    async def preflight_failed(self, run_dir: Path, text: str) -> None:
+        """The pre-flight check of the attempt in ``run_dir`` failed (``text``: ``FRAMEWORK: error``): that
+        framework is broken in the interpreter it ran (its ``launch.json``) until a probe shows that
+        environment changed (:mod:`.preflight_marks`); the scheduler and peers are told."""
+        launch = await asyncio.to_thread(read_json, run_dir / LAUNCH_FILE)
+        check = launch.get("preflight") if isinstance(launch, dict) else None
+        interpreter = check.get("python") if isinstance(check, dict) else None
+        framework, _, line = text.partition(": ")
+        if not isinstance(interpreter, str):
+            return
+        async with self._env_lock:
+            if self._caps is None or self._inventory is None:
+                return
+            if not self.preflight_marks.mark(self._envs, interpreter, framework, line):
+                return
+            self._caps = build_capabilities(self._inventory, self.preflight_marks.apply(self._envs), self.node_id,
+                                            self._clock.wall())
+        self._signals.devices_changed()
+        self._signals.wake()
 
     def activation_of(self, interpreter: str) -> dict[str, str]:
         """The conda activation jobs run ``interpreter`` with (from the last probe); {} for others."""

@@ -105,12 +105,14 @@ class Recovery:
         commits): apply the end to the job now."""
         for row in await self._store.jobs.list_jobs([JobStatus.CLAIMED, JobStatus.RUNNING], None):
             attempt = next((a for a in await self._store.jobs.attempts(row.id) if a.attempt == row.attempt), None)
-            if attempt is None or attempt.state not in ("exited", "lost"):
+            if attempt is None or attempt.state not in ("exited", "lost", "preflight-failed"):
                 continue
             holder = row.holder or ""  # the attempt row was ended by (or for) its holder
             if attempt.state == "exited":
                 event: claims.Event = claims.RunExited(row.attempt, holder, attempt.exit_code, "",
                                                        f"settle-{row.id}")
             else:
-                event = claims.RunLost(row.attempt, holder, attempt.reason or "lost", False, f"settle-{row.id}")
+                preflight = attempt.state == "preflight-failed"
+                event = claims.RunLost(row.attempt, holder, attempt.reason or "lost", preflight, f"settle-{row.id}",
+                                       preflight)
             await self._jobs.apply(row.id, event)

@@ -20,9 +20,10 @@ from gpulayerd.models import JobSpec
 from gpulayerd.runs import layout
 from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.launch import build_argv, build_env, build_gang_argv, resolve_job_user
+from gpulayerd.runs.preflight import PreflightCheck
 from gpulayerd.runs.runner import RunHandle, Runner
 
-__all__ = ["GangRank", "Starter", "device_grants"]
+__all__ = ["GangRank", "Starter", "device_grants", "preflight_check"]
 
 
 def device_grants(placement: Placement) -> list[tuple[str, int, str]]:
@@ -124,7 +125,19 @@ class Starter:
         warning = spec.policy.warning()  # the time limit, held by the watchdog itself
         limit = None if warning is None or spec.policy.time_limit is None else (spec.policy.time_limit, *warning)
         return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
-                                  renew_s=lease_s, time_limit=limit)
+                                  renew_s=lease_s, time_limit=limit,
+                                  preflight=None if gang is not None else preflight_check(
+                                      spec, placement, self._config.preflight_timeout_s))
+
+
+def preflight_check(spec: JobSpec, placement: Placement, timeout_s: float) -> PreflightCheck | None:
+    """The pre-flight check of ``spec``'s attempt on ``placement`` (its interpreter, the frameworks the job
+    names, the granted device's kind), or None: the job names no framework, or ``--no-preflight``."""
+    names = tuple(sorted(spec.requirements.frameworks))
+    if not names or not spec.policy.preflight or not placement.environment.startswith("/"):
+        return None
+    device = placement.accelerator.value if placement.accelerator.value in ("cuda", "mps") else "none"
+    return PreflightCheck(placement.environment, names, device, timeout_s)
 
 
 def _same_account(user: JobUser | None) -> bool:

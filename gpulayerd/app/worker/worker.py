@@ -47,6 +47,7 @@ from gpulayerd.net.transport import CLAIM, OFFER, REPORT, PeerTransport, Sender
 from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.exitnote import retry_delays
+from gpulayerd.runs.preflight import PREFLIGHT_FAILED
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
 from gpulayerd.store import RemoteRunRow, Store, StoreError
 
@@ -116,8 +117,6 @@ class WorkerService:
 
     def _apply(self, event: core.Event) -> list[core.Action]:
         return self._ledger.apply(event, self._clock.monotonic())
-
-    # ------------------------------------------------------------- jobs owned here
 
     async def claim_own(self, job_id: str, spec: JobSpec, placement: Placement) -> bool:
         """A job owned here that fits this machine now (``placement``, the scheduler's): offered to this
@@ -210,12 +209,15 @@ class WorkerService:
             # declared lost, or a retry would run a second copy beside it.
             await asyncio.to_thread(self._runner.cancel, entry.handle)
             text += "; its processes were stopped"
-        # A run its watchdog stopped at the lease deadline did not fail: its lease ran out
-        # (the owner, or this daemon, was unreachable), so the attempt is lost and the job
-        # retries as its policy says.
-        lost = status.gone or status.reason == "deadline"
+        # Stopped at the lease deadline: lost (the job retries as its policy says), not failed. A failed
+        # pre-flight check: lost too, nothing of the job ran (the owner moves it to another worker).
+        preflight = status.reason == PREFLIGHT_FAILED
+        lost = preflight or status.gone or status.reason == "deadline"
         kind: Literal["exited", "lost"] = "lost" if lost else "exited"
-        actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text, timed_out=status.timed_out))
+        if preflight and entry is not None:
+            await self._machine.preflight_failed(entry.handle.run_dir, text)
+        actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text, never_started=preflight,
+                                            timed_out=status.timed_out, preflight=preflight))
         if not any(isinstance(a, core.RecordEnd) for a in actions):
             self._watchers.pop(key, None)
             return  # its end was recorded already
@@ -249,7 +251,8 @@ class WorkerService:
             StoreError: the store cannot take it (e.g. the disk is full).
         """
         job_id, attempt = key
-        await self._store.runs.end_remote_run(owner, job_id, attempt, "timeout" if status.timed_out else kind,
+        state = "timeout" if status.timed_out else "preflight-failed" if status.reason == PREFLIGHT_FAILED else kind
+        await self._store.runs.end_remote_run(owner, job_id, attempt, state,
                                               status.exit_code, text, self._clock.wall())
         self._signals.devices_changed()
         self._signals.wake()
@@ -477,10 +480,12 @@ class WorkerService:
                 reported.set_result(None)
 
     async def report(self, owner: str, key: RunKey, kind: ReportKind, exit_code: int | None, reason: str,
-                     never_started: bool = False, timed_out: bool = False) -> RunReportReply | None:
+                     never_started: bool = False, timed_out: bool = False,
+                     preflight: bool = False) -> RunReportReply | None:
         """Tell ``owner`` about an attempt we run for it; None if the owner did not answer."""
         msg = RunReport(msg_id=new_msg_id(), worker=self.node_id, job_id=key[0], attempt=key[1], kind=kind,
-                        exit_code=exit_code, reason=reason, never_started=never_started, timed_out=timed_out)
+                        exit_code=exit_code, reason=reason, never_started=never_started, timed_out=timed_out,
+                        preflight_failed=preflight)
         try:
             return await self._transport.call(owner, REPORT, msg)
         except PeerCallError as e:
@@ -491,7 +496,7 @@ class WorkerService:
         reply = None
         try:
             reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started,
-                                      owed.timed_out)
+                                      owed.timed_out, owed.preflight)
             if reply is not None:
                 # Stored with the next renewal tick, many in one write: a restart before it sends the
                 # report again, and its owner answers a duplicate as it did the first.
@@ -539,8 +544,6 @@ class WorkerService:
         finished = run.state != "running" or entry is None or entry.owner != owner
         return await read_log(path, run.job_id, run.attempt, msg.stream, msg.offset, finished, msg.limit)
 
-    # ------------------------------------------------------------- leases
-
     async def renew(self) -> None:
         """Renew the lease of every attempt running here and move its watchdog's deadline.
 
@@ -554,7 +557,8 @@ class WorkerService:
             for r in await self._store.runs.remote_runs(active=False, unreported=True):
                 self._apply(core.ReportOwed((r.job_id, r.attempt), core.OwedReport(
                     r.owner, "lost" if r.state == "lost" else "exited", r.exit_code, r.reason,
-                    timed_out=r.state == "timeout")))
+                    never_started=r.state == "preflight-failed", timed_out=r.state == "timeout",
+                    preflight=r.state == "preflight-failed")))
         now = self._clock.monotonic()
         for a in self._ledger.apply(core.Tick(), now):
             if isinstance(a, core.SendRenewals):

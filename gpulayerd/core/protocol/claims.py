@@ -38,6 +38,8 @@ from gpulayerd.core.job_policy import NO_RETRY_POLICY, RetryPolicy, backoff_s, r
 
 __all__ = [
     "ACTIVE",
+    "PREFLIGHT_HOLD_S",
+    "PREFLIGHT_WORKERS",
     "TERMINAL",
     "Action",
     "CancelRequested",
@@ -97,8 +99,10 @@ class JobRecord:
         retry: the job's retry policy (which ends are retried, the backoff, elsewhere).
         retry_at: while queued for a retry: the wall-clock time (s) before which no claim is granted
             (the backoff), else None.
-        avoid: while queued for a retry with ``retry.elsewhere``: the worker of the last attempt,
-            which the next attempt avoids when another worker fits.
+        avoid: while queued for a retry with ``retry.elsewhere`` (or after a failed pre-flight check): the
+            worker of the last attempt, which the next attempt avoids when another worker fits.
+        preflight_failed_on: the workers on which an attempt's pre-flight check failed, in order (after
+            :data:`PREFLIGHT_WORKERS` of them the job is held, ``PreflightFailed``).
     """
 
     job_id: str
@@ -112,6 +116,15 @@ class JobRecord:
     retry: RetryPolicy = NO_RETRY_POLICY
     retry_at: float | None = None
     avoid: str | None = None
+    preflight_failed_on: tuple[str, ...] = ()
+
+
+PREFLIGHT_WORKERS = 3
+"""After pre-flight failures on this many different workers a job is held (``PreflightFailed``)."""
+
+PREFLIGHT_HOLD_S = 3600.0
+"""How long such a job is held (s); then it is tried again where the environment changed (a failed
+pre-flight marks the worker's environment broken for the framework until a probe shows a change)."""
 
 
 # ---------------------------------------------------------------------------- events
@@ -179,6 +192,9 @@ class RunLost:
     reason: str
     never_started: bool = False
     stimulus_id: str = ""
+    preflight: bool = False
+    """Its pre-flight check failed (``reason``: ``FRAMEWORK: error``): nothing of the job ran, the job
+    is queued again for another worker without using a retry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +298,8 @@ Action = PersistJob | ExtendLease | GrantClaim | DenyClaim | KillRun | ReplyStal
 
 
 def report_event(kind: str, attempt: int, worker: str, *, exit_code: int | None = None, reason: str = "",
-                 never_started: bool = False, stimulus_id: str = "", timed_out: bool = False) -> Event:
+                 never_started: bool = False, stimulus_id: str = "", timed_out: bool = False,
+                 preflight: bool = False) -> Event:
     """The event a worker's report on ``attempt`` is (``kind``: ``started``, ``renew``, ``exited`` or
     ``lost``): the one mapping of reports to the claim machine, for a peer's and this node's alike.
 
@@ -297,7 +314,8 @@ def report_event(kind: str, attempt: int, worker: str, *, exit_code: int | None 
         return RunExited(attempt, worker, exit_code, reason if exit_code != 0 or timed_out else "", stimulus_id,
                          timed_out)
     if kind == "lost":
-        return RunLost(attempt, worker, reason or f"lost on {worker[:12]}", never_started, stimulus_id)
+        return RunLost(attempt, worker, reason or f"lost on {worker[:12]}", never_started or preflight, stimulus_id,
+                       preflight)
     raise ValueError(f"unknown report kind {kind!r} (started, renew, exited, lost)")
 
 
@@ -423,9 +441,25 @@ def _lost(job: JobRecord, ev: RunLost) -> list[Action]:
         return [ReplyStale(ev.worker, ev.attempt, job.attempt)]  # refused: changes nothing
     if ev.attempt != job.attempt or job.status not in ACTIVE:
         return []
+    if ev.preflight and not job.cancel_requested:
+        return [_preflight_failed(job, ev)]
     # "Never started" is only believed while the owner has not recorded a start.
     never_started = ev.never_started and job.status is JobStatus.CLAIMED
     return [_persist(job, _after_loss(job, never_started), ev.reason, ev.stimulus_id)]
+
+
+def _preflight_failed(job: JobRecord, ev: RunLost) -> PersistJob:
+    """The attempt's pre-flight check failed on ``ev.worker``: queued again (no retry used: nothing of the
+    job ran), preferring another worker; after :data:`PREFLIGHT_WORKERS` different workers, held."""
+    failed = tuple(dict.fromkeys((*job.preflight_failed_on, ev.worker)))
+    new = replace(job, status=JobStatus.QUEUED, holder=None, lease_expires_at=None, retry_at=None,
+                  avoid=ev.worker, preflight_failed_on=failed)
+    if len(failed) < PREFLIGHT_WORKERS:
+        why = f"attempt {job.attempt} preflight-failed on {ev.worker}: {ev.reason}; queued again for another worker"
+        return _persist(job, new, why, ev.stimulus_id)
+    why = (f"PreflightFailed: the pre-flight check failed on {', '.join(failed)} (last: {ev.reason}); "
+           f"held {PREFLIGHT_HOLD_S / 3600:g} h, then tried where the environment changed")
+    return replace(_persist(job, new, why, ev.stimulus_id), retry_in_s=PREFLIGHT_HOLD_S)
 
 
 def _after_loss(job: JobRecord, never_started: bool) -> JobRecord:

@@ -265,7 +265,8 @@ def _runs(state: WorkerState, ev: RunStarted | RunEnded | KillAsked,
     owner = run.owner if run is not None else ev.owner
     if not ev.report:
         return state, [RecordEnd(key, owner)]
-    owed = OwedReport(owner, ev.kind, ev.exit_code, ev.reason, ev.never_started, sending=True, timed_out=ev.timed_out)
+    owed = OwedReport(owner, ev.kind, ev.exit_code, ev.reason, ev.never_started, sending=True, timed_out=ev.timed_out,
+                        preflight=ev.preflight)
     return replace(state, owed={**state.owed, key: owed}), [RecordEnd(key, owner), SendReport(key, owed)]
 
 

@@ -38,6 +38,7 @@ class OwedReport:
     never_started: bool = False
     sending: bool = False
     timed_out: bool = False
+    preflight: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,8 @@ class RunEnded:
     report: bool = True
     timed_out: bool = False
     """``exited`` at its time limit: the owner ends the job ``timeout`` (or retries it)."""
+    preflight: bool = False
+    """``lost`` (never started) because its pre-flight check failed: the owner queues it for another worker."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,99 @@
+"""The watchdog's pre-flight check (issue 35) with real processes: it runs in the job's interpreter in
+``/`` before the command, and a failure, a crash, a hang or a cancel during it ends the attempt
+without the command ever running."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulayerd.runs.preflight import PREFLIGHT_FAILED, PREFLIGHT_LOG, PreflightCheck
+from gpulayerd.runs.runner import RunHandle, Runner, RunState
+
+from .test_runner import GRACE_S, POLL_S, _kill_leftovers, job_env, new_job_id, read_file, wait_status, wait_until
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[Runner]:
+    """A runner on ``tmp_path/runs``; whatever its runs left is killed afterwards."""
+    try:
+        yield Runner(tmp_path / "runs", grace_s=GRACE_S, poll_interval_s=POLL_S)
+    finally:
+        _kill_leftovers(tmp_path / "runs")
+
+
+def stand_in(tmp: Path, name: str, body: str) -> Path:
+    """A site dir holding module ``name`` with ``body``; returns the dir (for PYTHONPATH)."""
+    site = tmp / f"site-{name}"
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(body)
+    return site
+
+
+def start(runner: Runner, tmp_path: Path, check: PreflightCheck, pythonpath: Path | None = None,
+          command: str = "echo the command ran > ran") -> tuple[str, RunHandle]:
+    job_id = new_job_id()
+    env = job_env(job_id, {"PYTHONPATH": str(pythonpath)} if pythonpath else None)
+    handle = runner.start(job_id, 1, ["sh", "-c", command], env, tmp_path, preflight=check)
+    return job_id, handle
+
+
+def test_a_passing_check_runs_the_command_and_a_failing_one_does_not(runner: Runner, tmp_path: Path) -> None:
+    good = stand_in(tmp_path, "fwgood", "import os, sys\nsys.stderr.write('cwd=' + os.getcwd())\n")
+    _, handle = start(runner, tmp_path, PreflightCheck(sys.executable, ("fwgood",)), good)
+    status = wait_status(runner, handle)
+    assert (status.reason, status.exit_code) == ("exited", 0)
+    assert (tmp_path / "ran").read_text() == "the command ran\n"
+    assert (handle.run_dir / PREFLIGHT_LOG).read_text() == "cwd=/"  # never the workdir
+
+    (tmp_path / "ran").unlink()
+    bad = stand_in(tmp_path, "fwbad", "raise ImportError('undefined symbol: __nvJitLinkComplete_12_4')\n")
+    _, handle = start(runner, tmp_path, PreflightCheck(sys.executable, ("fwbad",)), bad)
+    status = wait_status(runner, handle)
+    assert (status.state, status.reason, status.exit_code) == (RunState.EXITED, PREFLIGHT_FAILED, None)
+    assert status.detail == "fwbad: ImportError: undefined symbol: __nvJitLinkComplete_12_4"
+    assert not (tmp_path / "ran").exists()
+    assert "Traceback" in (handle.run_dir / PREFLIGHT_LOG).read_text()  # the whole error is kept beside the run
+
+
+def test_the_check_runs_in_a_neutral_directory_not_the_workdir(runner: Runner, tmp_path: Path) -> None:
+    """A broken ``fwx/`` folder in the workdir is not what the check imports (cwd is /)."""
+    stand_in(tmp_path / "wd-parent", "fwx", "raise ImportError('the workdir copy')\n")
+    workdir = tmp_path / "wd-parent" / "site-fwx"
+    real = stand_in(tmp_path, "fwx", "")
+    job_id = new_job_id()
+    handle = runner.start(job_id, 1, ["sh", "-c", "echo ok"], job_env(job_id, {"PYTHONPATH": str(real)}), workdir,
+                          preflight=PreflightCheck(sys.executable, ("fwx",)))
+    assert wait_status(runner, handle).reason == "exited"
+
+
+def test_a_crash_and_a_hang_are_failures_too(runner: Runner, tmp_path: Path) -> None:
+    crash = stand_in(tmp_path, "fwcrash", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    _, handle = start(runner, tmp_path, PreflightCheck(sys.executable, ("fwcrash",)), crash)
+    status = wait_status(runner, handle)
+    assert (status.reason, status.detail) == (PREFLIGHT_FAILED, f"fwcrash: the check was killed by signal {int(signal.SIGSEGV)}")
+
+    hang = stand_in(tmp_path, "fwhang", "import time\ntime.sleep(1000)\n")
+    began = time.monotonic()
+    _, handle = start(runner, tmp_path, PreflightCheck(sys.executable, ("fwhang",), timeout_s=0.5), hang)
+    status = wait_status(runner, handle)
+    assert (status.reason, status.detail) == (PREFLIGHT_FAILED, "fwhang: the check took over 0.5 s")
+    assert time.monotonic() - began < 8.0
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_cancel_during_the_check_cancels_the_attempt(runner: Runner, tmp_path: Path) -> None:
+    slow = stand_in(tmp_path, "fwslow", "import time\nprint('importing', flush=True)\ntime.sleep(1000)\n")
+    _, handle = start(runner, tmp_path, PreflightCheck(sys.executable, ("fwslow",)), slow)
+    assert handle.job_pid is not None  # the check is the attempt's process meanwhile
+    runner.cancel(handle)
+    status = wait_status(runner, handle)
+    assert (status.reason, status.killed_by_watchdog) == ("cancelled", True)
+    assert "during the pre-flight check" in status.detail
+    assert not (tmp_path / "ran").exists()
+    wait_until(lambda: read_file(handle.run_dir / "exit.json") != "", 5, "exit.json")
