@@ -13,6 +13,9 @@ stops it and removes the dir. Prints figures against the targets; asserts nothin
 - throughput: one client submits ``--throughput-jobs`` (1,000) ``/bin/true`` jobs to a second
   daemon with ``--cpu-slots 2``, as fast as it is answered; jobs per second from the first
   submit to the last job's exit (the latest ``ended_at`` of the run directories' ``exit.json``).
+- the pre-flight check (issue 35): submit->start of CPU jobs naming torch with the check and with
+  ``--no-preflight`` (the difference is what the check adds; target <= 1.5 s), of jobs naming no
+  framework (no check), and ``python -c 'import torch'`` alone as the anchor.
 - the idle daemon, after the queue drained: CPU time as % of one core, and RSS.
 
 Ctrl-C stops the daemon and cleans up.
@@ -215,6 +218,50 @@ async def bench_burst(d: LocalDaemon, n: int, n_clients: int) -> None:
     line("  submit->start latency p99 (incl. queueing)", percentile(ms, 99), "ms")
 
 
+async def bench_preflight(d: LocalDaemon, n: int) -> None:
+    """The pre-flight check's added submit->start (issue 35): CPU jobs naming torch (the daemon's
+    interpreter, this venv's torch), with the check and with ``--no-preflight``; jobs naming no
+    framework get no check."""
+    named = {"command": TRIVIAL, "workdir": str(d.workdir), "requirements": {"frameworks": {"torch": ""}}}
+    skipped = {**named, "policy": {"preflight": False}}
+    plain = {"command": TRIVIAL, "workdir": str(d.workdir)}
+    async with d.client() as c:  # warm-up: a job naming torch waits for the daemon's torch check
+        warm = (await c.submit(skipped)).id
+    await wait_started(d, [warm], 180.0)
+    figures: dict[str, list[float]] = {}
+    async with d.client() as c:
+        for _ in range(n):
+            for label, spec in (("checked", named), ("skipped", skipped), ("plain", plain)):
+                sent = time.time()
+                job_id = (await c.submit(spec)).id
+                figures.setdefault(label, []).append(((await wait_started(d, [job_id], 120.0))[job_id] - sent) * 1000)
+    checked, unchecked, plain_ms = (percentile(figures[k], 50) for k in ("checked", "skipped", "plain"))
+    print(f"pre-flight check, {n} CPU jobs of each kind, one at a time (torch {_torch_version()}):")
+    line("  submit->start p50, naming torch, checked", checked, "ms")
+    line("  submit->start p50, naming torch, --no-preflight", unchecked, "ms")
+    line("  added by the check (p50 difference)", checked - unchecked, "ms", 1500)
+    line("  submit->start p50, naming no framework (no check runs: adds 0)", plain_ms, "ms")
+    line("  anchor: `python -c 'import torch'` alone, p50 of 3 (same run)", _import_torch_ms(), "ms")
+
+
+def _import_torch_ms() -> float:
+    """What importing torch alone takes here (ms, p50 of 3): the floor of a check that imports it."""
+    times = []
+    for _ in range(3):
+        t = time.monotonic()
+        subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, check=False)
+        times.append((time.monotonic() - t) * 1000)
+    return percentile(times, 50)
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "not installed"
+    return str(torch.__version__)
+
+
 EXIT_WINDOW = 16
 """How many pending jobs in a row :func:`wait_exits` finds without ``exit.json`` before it stops a look."""
 
@@ -331,6 +378,10 @@ async def run(args: argparse.Namespace, d: LocalDaemon) -> None:
     if args.only_throughput:
         await bench_throughput(d.root / "throughput", args.throughput_jobs, args.slurm_jobs_s)
         return
+    if args.only_preflight:
+        await d.start()
+        await bench_preflight(d, args.preflight_jobs)
+        return
     await d.start()
     print(f"gpulayerd pid {d.proc.pid if d.proc else '?'}, --cpu-slots {d.cpu_slots}, state dir {d.state_dir}")
     # Warm up: the first jobs wait for the daemon's first hardware probe.
@@ -342,6 +393,8 @@ async def run(args: argparse.Namespace, d: LocalDaemon) -> None:
     await wait_drained(d, 60.0)
     await bench_burst(d, args.jobs, args.clients)
     await wait_drained(d, 120.0)
+    await bench_preflight(d, args.preflight_jobs)
+    await wait_drained(d, 60.0)
     await bench_idle(d, args.idle_s)
     if args.throughput_jobs:
         await bench_throughput(d.root / "throughput", args.throughput_jobs, args.slurm_jobs_s)
@@ -367,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--throughput-jobs", type=int, default=1000,
                    help="/bin/true jobs for the --cpu-slots 2 throughput figure (0 skips it; default 1000)")
     p.add_argument("--only-throughput", action="store_true", help="measure only the throughput figure")
+    p.add_argument("--preflight-jobs", type=int, default=10,
+                   help="jobs of each kind for the pre-flight figure (default 10)")
+    p.add_argument("--only-preflight", action="store_true", help="measure only the pre-flight figure")
     p.add_argument("--idle-s", type=float, default=60.0, help="idle measurement window, seconds (default 60)")
     p.add_argument("--slurm", action="store_true",
                    help="also install (when missing), start and measure Slurm (bench/slurm.py) for the throughput "
