@@ -97,9 +97,12 @@ def run_as(op: str, args: list[str], ids: tuple[int, int, tuple[int, ...]] | Non
     from gpulayerd.gpu.command import PIPE, Popen, TimeoutExpired
 
     uid, gid, groups = ids
-    proc = Popen([sys.executable, "-m", "gpulayerd.ship.asuser", op, *args], stdin=PIPE, stdout=PIPE, stderr=PIPE,
-                 cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONSAFEPATH": "1"}, user=uid,
-                 group=gid, extra_groups=list(groups), close_fds=True, start_new_session=True)
+    try:
+        proc = Popen([sys.executable, "-m", "gpulayerd.ship.asuser", op, *args], stdin=PIPE, stdout=PIPE,
+                     stderr=PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONSAFEPATH": "1"},
+                     user=uid, group=gid, extra_groups=list(groups), close_fds=True, start_new_session=True)
+    except OSError as e:  # e.g. the interpreter is not readable by that account
+        raise AsUserError(f"cannot start the {op} helper as uid {uid}: {e.strerror or e}") from e
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdin = proc.stdin
     failure: list[BaseException] = []
