@@ -4,8 +4,9 @@ The top level: the entry point (``__main__``), the composition root (:mod:`.daem
 (:mod:`.config`), domain errors (:mod:`.errors`) and text shared by the CLI and the TUI
 (:mod:`.text`, and :mod:`.termsafe`, which makes a job's output safe for a terminal). The
 packages, lowest layer first: :mod:`.core` (pure decisions), :mod:`.routes` (THE route table),
-:mod:`.store` and :mod:`.models`, then :mod:`.host`, :mod:`.gpu`, :mod:`.net` and :mod:`.runs`
-(this machine, its hardware, the network, job attempts), :mod:`.app` (the services), :mod:`.api`
+:mod:`.store` and :mod:`.models`, then :mod:`.host`, :mod:`.gpu`, :mod:`.net`, :mod:`.runs` and
+:mod:`.ship` (this machine, its hardware, the network, job attempts, shipped workdirs), :mod:`.app`
+(the services), :mod:`.api`
 (HTTP) and :mod:`.cli` (``gpulayer``). docs/architecture.md draws them.
 """
 

@@ -151,6 +151,16 @@ class DaemonConfig(BaseModel):
         log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
             bytes; the rest is dropped with a note (the state disk is shared).
         max_array_size: the most tasks one job array may have (``--array``; default 10,000).
+        ship_max_snapshot_mb: the most one shipped snapshot's distinct contents may hold (``--ship``;
+            MB = 10^6 bytes); over it, the submit is refused naming the largest files.
+        ship_user_quota_mb: the most the snapshots of one user stored here may hold, MB.
+        ship_total_mb: the most all snapshots stored here may hold, MB.
+        ship_reserve_mb: the free space the snapshots leave on the state disk (the database's), MB.
+        ship_cache_mb: the most a worker's cache of shipped contents keeps, MB (least recently used dropped).
+        ship_transfer_timeout_s: the longest a worker's fetch and unpack of a shipped job may take, seconds.
+        ship_outputs_mb: the most bytes of outputs (``--output``) one attempt brings back, MB.
+        ship_tree_dir: where workers make per-attempt trees of shipped jobs (default
+            ``<state dir>/trees``; system mode ``/var/tmp/gpulayer-trees``: jobs' users must enter it).
         allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (``kern.hv_vmm_present``
             = 1) as ``mps``; off by default, since Metal in a VM is paravirtual and partial.
     """
@@ -203,6 +213,14 @@ class DaemonConfig(BaseModel):
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
     max_array_size: int = Field(default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=MAX_INDEX + 1)
     allow_virtual_mps: bool = False
+    ship_max_snapshot_mb: float = Field(default=200.0, gt=0)
+    ship_user_quota_mb: float = Field(default=2000.0, gt=0)
+    ship_total_mb: float = Field(default=20000.0, gt=0)
+    ship_reserve_mb: float = Field(default=500.0, ge=0)
+    ship_cache_mb: float = Field(default=2000.0, gt=0)
+    ship_transfer_timeout_s: float = Field(default=300.0, gt=0)
+    ship_outputs_mb: float = Field(default=100.0, gt=0)
+    ship_tree_dir: Path | None = None
 
     @field_validator("exclude_gpus", mode="before")
     @classmethod
@@ -276,6 +294,18 @@ class DaemonConfig(BaseModel):
     def runs_dir(self) -> Path:
         """Per-job run directories: ``runs/<job>/<attempt>/{stdout,stderr}.log``."""
         return self.state_dir / "runs"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        """The owner's content store of shipped snapshots (a directory of its own, not the database's)."""
+        return self.state_dir / "snapshots"
+
+    @property
+    def trees_dir(self) -> Path:
+        """Where per-attempt trees of shipped jobs are made (``ship_tree_dir``, else see there)."""
+        if self.ship_tree_dir is not None:
+            return self.ship_tree_dir
+        return Path("/var/tmp/gpulayer-trees") if self.mode == "system" else self.state_dir / "trees"
 
     @property
     def pid_path(self) -> Path:

@@ -48,12 +48,14 @@ from gpulayerd.app.owner.dependency_gate import DependencyGate
 from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.owner.scheduler import Scheduler
+from gpulayerd.app.owner.ship_server import ShipServer
 from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.roles import LocalRoles, PeerRoles
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.member import GangMember
 from gpulayerd.app.worker.metrics import MetricsService, StoreJobs, nvidia_path
 from gpulayerd.app.worker.recovery import Recovery
+from gpulayerd.app.worker.ship_client import ShipClient
 from gpulayerd.app.worker.starter import Starter
 from gpulayerd.app.worker.worker import WorkerService
 from gpulayerd.config import SYSTEM_SOCKET_PATH, DaemonConfig
@@ -336,8 +338,8 @@ class Services:
 
 
 def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember,
-                  remote_jobs: RemoteJobs, cluster: ClusterNode | None,
-                  heartbeat: PeerHandler | None = None) -> dict[str, PeerHandler]:
+                  remote_jobs: RemoteJobs, cluster: ClusterNode | None, heartbeat: PeerHandler | None = None,
+                  shipping: ShipServer | None = None) -> dict[str, PeerHandler]:
     """Every peer route's handler by the name the route table gives it (``heartbeat`` only in a cluster:
     the :class:`ClusterNode`'s, else ``heartbeat``, a given :class:`PeerNode`'s own membership)."""
 
@@ -361,6 +363,7 @@ def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerServic
         "jobs.peer_explain": remote_jobs.peer_explain,
         "jobs.peer_logs": remote_jobs.peer_logs,
         "jobs.peer_cancel": remote_jobs.peer_cancel,
+        **({"shipping.fetch": shipping.fetch, "shipping.output": shipping.output} if shipping is not None else {}),
     }
     if cluster is not None:
         handlers["cluster.heartbeat"] = cluster.heartbeat
@@ -453,8 +456,10 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
                       requesters=requesters, support=support, clock=clock, names=names,
                       own=lambda: machine.snapshot(refresh_apps=False))
+    shipping = ShipServer(config=config, jobs=jobs, store=store, clock=clock)  # --ship: snapshots, contents, outputs
+    roles.listed, starter.shipping = shipping.listed, ShipClient(config=config, node_id=node_id, transport=transport)
     router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
-                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None)), roles)
+                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), shipping=shipping), roles)
 
     async def locate_nvidia_smi() -> str | None:
         return nvidia_path(await machine.capabilities())
@@ -474,7 +479,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
                      owner=owner, machine=machine, directory=node, signals=signals, clock=clock,
                      requesters=requesters, roles=LocalRoles(store=store, jobs=jobs), remote=remote_jobs,
-                     usage=usage, names=names, metrics=metrics),
+                     usage=usage, names=names, metrics=metrics, shipping=shipping),
     )
 
 

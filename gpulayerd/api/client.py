@@ -30,6 +30,7 @@ from gpulayerd.models import (
     UserUsageView,
 )
 from gpulayerd.models.metrics import MetricsView
+from gpulayerd.models.snapshots import BlobView, Manifest, SnapshotRequest, SnapshotView
 from gpulayerd.text import escape, http_error
 
 __all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable", "connection_problem"]
@@ -141,8 +142,9 @@ class DaemonClient:
         return self._session
 
     async def _request(self, method: str, path: str, body: BaseModel | None = None,
-                       params: dict[str, Any] | list[tuple[str, str]] | None = None) -> bytes:
-        data = None if body is None else body.model_dump_json()
+                       params: dict[str, Any] | list[tuple[str, str]] | None = None,
+                       raw: bytes | None = None) -> bytes:
+        data: str | bytes | None = raw if raw is not None else None if body is None else body.model_dump_json()
         headers = {"Content-Type": "application/json"} if data is not None else None
         try:
             async with self._http().request(method, f"http://gpulayerd{path}", data=data, headers=headers,
@@ -196,6 +198,17 @@ class DaemonClient:
         """
         req = SubmitRequest(spec=spec, submitted_by=submitted_by, path=path)
         return JobView.model_validate_json(await self._call("submit", body=req))
+
+    async def snapshot(self, manifest: Manifest, commit: bool = False) -> SnapshotView:
+        """``POST /v1/snapshots``: offer (or commit) a shipped workdir's manifest (see ``gpulayer submit --ship``)."""
+        return SnapshotView.model_validate_json(await self._call("snapshot", body=SnapshotRequest(
+            manifest=manifest, commit=commit)))
+
+    async def snapshot_blob(self, digest: str, offset: int, data: bytes) -> BlobView:
+        """``POST /v1/snapshots/blobs``: a chunk (at most 1 MiB) of a content an offer found missing."""
+        r = routes.LOCAL["snapshot_blob"]
+        return BlobView.model_validate_json(await self._request(r.method, r.path, params=[
+            ("digest", digest), ("offset", str(offset))], raw=data))
 
     async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
                    scope: str = "local", ids: Collection[str] | None = None) -> list[JobView]:

@@ -52,6 +52,7 @@ from gpulayerd.models import (
 )
 from gpulayerd.models.jobs_query import MAX_IDS, JobsQuery
 from gpulayerd.models.metrics import MetricsView
+from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
 from gpulayerd.store import StoreFull
 
 __all__ = ["ApiError", "LocalService", "LocalSocket", "make_local_app", "start_unix_site"]
@@ -150,6 +151,14 @@ class LocalService(Protocol):
 
     async def async_metrics(self) -> MetricsView:
         """Live GPU metrics of this machine; asking renews the watch that keeps the sampler running."""
+        ...
+
+    async def async_snapshot(self, request: SnapshotRequest, requester: Requester) -> SnapshotView:
+        """Offer (or commit) a manifest of a shipped workdir. Raises BadRequest: over a cap."""
+        ...
+
+    async def async_snapshot_blob(self, requester: Requester, digest: str, offset: int, data: bytes) -> BlobView:
+        """A chunk of a content an offer found missing. Raises BadRequest: not offered, wrong offset or hash."""
         ...
 
 
@@ -325,6 +334,18 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         return _json(await service.async_logs(request.match_info["job"], stream, offset, attempt,
                                               _requester(request), **extra))
 
+    async def snapshot(request: web.Request) -> web.Response:
+        try:
+            body = SnapshotRequest.model_validate_json(await request.read())
+        except ValueError as e:
+            raise ApiError(400, "bad_request", f"invalid snapshot request: {e}") from e
+        return _json(await service.async_snapshot(body, _requester(request)))
+
+    async def snapshot_blob(request: web.Request) -> web.Response:
+        digest = request.query.get("digest", "")
+        offset = _int_param(request, "offset", 0) or 0
+        return _json(await service.async_snapshot_blob(_requester(request), digest, offset, await request.read()))
+
     async def users(_: web.Request) -> web.Response:
         return _json(await service.async_users())
 
@@ -369,6 +390,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     handlers: dict[str, Handler] = {
         "health": health, "devices": devices, "peers": peers, "users": users, "metrics": metrics, "events": events,
         "submit": submit, "jobs": list_jobs, "job": get_job, "explain": explain, "cancel": cancel, "logs": logs,
+        "snapshot": snapshot, "snapshot_blob": snapshot_blob,
     }
     if set(handlers) != set(routes.LOCAL):  # pragma: no cover - the table and the server must agree
         raise RuntimeError(f"local routes without a handler: {sorted(set(routes.LOCAL) ^ set(handlers))}")

@@ -14,11 +14,13 @@ from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.owner.idempotency import Submitted
 from gpulayerd.app.owner.owner import OwnerService
+from gpulayerd.app.owner.ship_server import ShipServer
 from gpulayerd.app.remote_jobs import RemoteJobs
 from gpulayerd.app.roles import LocalRoles
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.metrics import MetricsService
 from gpulayerd.core.job_facts import job_user
+from gpulayerd.errors import BadRequest
 from gpulayerd.models import (
     Capabilities,
     ExplanationModel,
@@ -31,6 +33,7 @@ from gpulayerd.models import (
 )
 from gpulayerd.models.jobs_query import JobsQuery
 from gpulayerd.models.metrics import MetricsView
+from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
 
 __all__ = ["LocalApi"]
 
@@ -42,10 +45,12 @@ class LocalApi:
                  machine: Machine, directory: Directory | None, signals: Signals, clock: Clock, roles: LocalRoles,
                  requesters: Requesters | None = None, remote: RemoteJobs | None = None,
                  usage: UsageService | None = None, names: Names | None = None,
-                 metrics: MetricsService | None = None) -> None:
+                 metrics: MetricsService | None = None, shipping: ShipServer | None = None) -> None:
         """Args beyond the obvious: ``remote``: job control across the cluster (None: this machine's
         jobs only); ``usage`` and ``names``: the fair-share book ``GET /v1/users`` reads (None: no
-        users listed); ``metrics``: the sampler ``GET /v1/metrics`` reads (None: "samples no metrics")."""
+        users listed); ``metrics``: the sampler ``GET /v1/metrics`` reads (None: "samples no metrics");
+        ``shipping``: snapshots of shipped jobs (None: ``--ship`` is refused)."""
+        self._shipping = shipping
         self._remote = remote
         self._usage = usage
         self._names = names
@@ -107,8 +112,32 @@ class LocalApi:
         await self._roles.check(route, requester, job_ref)
 
     async def async_submit(self, request: SubmitRequest, requester: Requester) -> Submitted:
-        """See :meth:`OwnerService.submit_keyed`."""
+        """See :meth:`OwnerService.submit_keyed`; a shipped spec's snapshot must be the requester's
+        (:meth:`ShipServer.vet_submit`).
+
+        Raises:
+            BadRequest: ``ship`` without a snapshot of the requester stored here, or a multi-host job.
+        """
+        if request.spec.get("ship") not in (None, False):
+            if self._shipping is None:
+                raise BadRequest("job spec: ship: this daemon does not take shipped jobs")
+            dist = request.spec.get("distributed")
+            if isinstance(dist, dict) and dist.get("nnodes", 1) != 1:
+                raise BadRequest("job spec: ship: a multi-host job (distributed.nnodes > 1) is not shipped yet")
+            request = request.model_copy(update={"spec": await self._shipping.vet_submit(request.spec, requester)})
         return await self._owner.submit_keyed(request, requester)
+
+    async def async_snapshot(self, request: SnapshotRequest, requester: Requester) -> SnapshotView:
+        """See :meth:`ShipServer.snapshot`. Raises BadRequest: over a cap, or no shipping here."""
+        if self._shipping is None:
+            raise BadRequest("this daemon does not take shipped jobs")
+        return await self._shipping.snapshot(request, requester)
+
+    async def async_snapshot_blob(self, requester: Requester, digest: str, offset: int, data: bytes) -> BlobView:
+        """See :meth:`ShipServer.snapshot_blob`. Raises BadRequest: not offered, a wrong offset or hash."""
+        if self._shipping is None:
+            raise BadRequest("this daemon does not take shipped jobs")
+        return await self._shipping.snapshot_blob(requester, digest, offset, data)
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
                               scope: str = "local", requester: Requester | None = None,

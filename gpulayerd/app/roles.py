@@ -51,6 +51,7 @@ from gpulayerd.core.types import SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState
 from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob
+from gpulayerd.models.snapshots import OutputChunk, ShipFetch
 from gpulayerd.models.stored import spec_of
 from gpulayerd.net.transport import Sender
 from gpulayerd.net.wire import Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
@@ -119,6 +120,9 @@ class PeerRoles:
         self._clock = clock
         self._names = names
         self._own = own
+        self.listed: Callable[[str, str], Awaitable[bool]] | None = None
+        """``(snapshot id, digest) -> whether that snapshot's manifest lists the content`` (the owner's
+        content store, set once it exists; None: no shipped job is served)."""
 
     def _name(self, node_id: str) -> str:
         name = self._names.name_of(node_id) if self._names is not None else None
@@ -133,8 +137,10 @@ class PeerRoles:
             return await self._job_owner(sender, body)
         if role is Role.OFFERED_WORKER and isinstance(body, Claim):
             return await self._offered_worker(sender, body)
-        if role is Role.HOLDER and isinstance(body, RunReport):
+        if role is Role.HOLDER and isinstance(body, (RunReport, OutputChunk)):
             return await self._holder(sender, body)
+        if role is Role.SHIP_HOLDER and isinstance(body, ShipFetch):
+            return await self._ship_holder(sender, body)
         if role is Role.RUN_OWNER and isinstance(body, (Kill, LogRequest)):
             return await self._run_owner(sender, body)
         if role is Role.HOLD_OWNER and isinstance(body, (Release, Commit)):
@@ -210,7 +216,25 @@ class PeerRoles:
 
     # ------------------------------------------------------------------ owner side
 
-    async def _holder(self, sender: Sender, msg: RunReport) -> str | None:
+    async def _ship_holder(self, sender: Sender, msg: ShipFetch) -> str | None:
+        held = self._jobs.holder_of(msg.job_id)
+        if held is None or held != (msg.attempt, sender.node_id):
+            facts = await self._store.jobs.holder_facts(msg.job_id, msg.attempt)
+            if facts is None:
+                return f"no job {msg.job_id} here"
+            if (facts[0], facts[1]) != (msg.attempt, sender.node_id):
+                return f"job {msg.job_id} attempt {msg.attempt} is not held by it now"
+        spec = self._jobs.cached_spec(msg.job_id) or await self._jobs.spec_of(msg.job_id)
+        snapshot = spec.ship.snapshot if spec is not None and spec.ship is not None else None
+        if snapshot is None:
+            return f"job {msg.job_id} is not shipped"
+        if msg.digest == snapshot:
+            return None  # its manifest
+        if self.listed is None or not await self.listed(snapshot, msg.digest):
+            return f"the snapshot of job {msg.job_id} lists no content {msg.digest[:12]!r}"
+        return None
+
+    async def _holder(self, sender: Sender, msg: RunReport | OutputChunk) -> str | None:
         g = self._gangs.attempt(msg.job_id)
         if g is not None and g.attempt == msg.attempt and sender.node_id in g.members:
             return None

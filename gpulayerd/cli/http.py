@@ -144,13 +144,15 @@ class SyncClient:
         return self._headers.get(name.lower())
 
     def request(self, method: str, path: str, body: object = None,
-                params: Sequence[tuple[str, str]] | None = None) -> Any:
-        """One request; the decoded JSON answer (None for an empty body).
+                params: Sequence[tuple[str, str]] | None = None, raw_body: bytes | None = None) -> Any:
+        """One request; the decoded JSON answer (None for an empty body). ``raw_body``: bytes sent as they
+        are instead of ``body`` as JSON.
 
         A GET whose kept-alive connection the daemon had closed is sent once more on a new one.
         """
         url = path + ("?" + urlencode(list(params)) if params else "")
-        data = b"" if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        data = raw_body if raw_body is not None else b"" if body is None else json.dumps(
+            body, separators=(",", ":"), ensure_ascii=False).encode()
         deadline = time.monotonic() + self.timeout_s
         for again in (False, True):
             reused = self._sock is not None
@@ -296,6 +298,15 @@ class SyncClient:
         if key:
             body["key"] = key
         return self._call("submit", body=body)
+
+    def snapshot(self, manifest: dict[str, Any], commit: bool) -> Any:
+        """``POST /v1/snapshots``: offer (or commit) a shipped workdir's manifest; the contents to upload."""
+        return self._call("snapshot", body={"manifest": manifest, "commit": commit})
+
+    def snapshot_blob(self, digest: str, offset: int, data: bytes) -> Any:
+        """``POST /v1/snapshots/blobs``: a chunk (at most 1 MiB) of a content the offer found missing."""
+        return self.request(LOCAL["snapshot_blob"].method, local_path("snapshot_blob"),
+                            params=[("digest", digest), ("offset", str(offset))], raw_body=data)
 
     def jobs(self, states: Sequence[str] | None = None, limit: int | None = None, scope: str = "local",
              user: str | None = None, finished: int | None = None, fields: Sequence[str] | None = None) -> Any:

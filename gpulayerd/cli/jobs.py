@@ -46,7 +46,7 @@ class _Suggestions(tuple[str, ...]):
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
                "min_driver_version", "cuda_runtime", "os", "time", "signal", "retry_on", "retry_exit_codes",
-               "retry_backoff", "retry_elsewhere", "no_preflight", "array", "after")
+               "retry_backoff", "retry_elsewhere", "no_preflight", "array", "after", "ship", "output", "output_dir")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -178,6 +178,14 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after", action="append", metavar="ID[:ok|any|notok]", default=[],
                    help="wait for job, task or array ID to end: ok (default) when it succeeded, any however it "
                         "ended, notok when it did not succeed; never satisfiable: cancelled (repeatable)")
+    p.add_argument("--ship", action="store_true", default=None,
+                   help="ship the workdir with the job: a snapshot (in git: tracked and untracked files not ignored; "
+                   "elsewhere: all but .gpulayerignore's patterns; links as links) is uploaded now, and the job runs "
+                   "on any worker in a fresh copy of it (default: the workdir must exist on the worker)")
+    p.add_argument("--output", action="append", metavar="GLOB", default=[],
+                   help="with --ship: files matching GLOB (relative to the workdir, e.g. 'results/*.json') come "
+                   "back when the attempt ends, also after a failure, into WORKDIR/gpulayer-out/ID/ (repeatable)")
+    p.add_argument("--output-dir", metavar="DIR", help="with --output: bring the files back into DIR instead")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the command to run, after -- (a leading 'python' uses the matched environment)")
 
@@ -287,7 +295,12 @@ def spec_body(args: argparse.Namespace) -> dict[str, object]:
         raise UsageError(f"workdir: {wd}: {e.strerror or e}") from e
     if not is_dir:
         raise UsageError(f"workdir: {wd} does not exist or is not a directory")
-    return spec
+    from gpulayerd.ship.upload import ShipUsageError, ship_spec  # (--ship: then the hashing and the models)
+
+    try:
+        return ship_spec(args, spec, lambda upload: call_daemon(args, upload))
+    except ShipUsageError as e:
+        raise UsageError(str(e)) from None
 
 
 def _read_toml(path: Path) -> dict[str, object]:

@@ -11,7 +11,8 @@ Modules: :mod:`~gpulayerd.models.spec` (job specs), :mod:`~gpulayerd.models.capa
 :mod:`~gpulayerd.models.explanation` (why a job can or cannot run),
 :mod:`~gpulayerd.models.views` (API bodies), :mod:`~gpulayerd.models.metrics` (live device
 metrics), :mod:`~gpulayerd.models.stored` (the JSON of the store's columns) and
-:mod:`~gpulayerd.models.jobs_query` (``GET /v1/jobs``'s filters). Import from this package.
+:mod:`~gpulayerd.models.jobs_query` (``GET /v1/jobs``'s filters), :mod:`~gpulayerd.models.snapshots` (shipped
+workdirs: manifests, the routes' bodies). Import from this package.
 
 Units: ``*_bytes`` are bytes; ``gpu_memory_gb`` is decimal GB (10^9 bytes).
 """

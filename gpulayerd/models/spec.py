@@ -20,6 +20,7 @@ from gpulayerd.core.dependencies import DependencyError, parse_after
 from gpulayerd.core.job_policy import format_duration
 from gpulayerd.core.types import GB, Accelerator, DistributedRequest, JobRequest, MemoryKind
 from gpulayerd.models.policy import PolicyModel
+from gpulayerd.models.snapshots import ShipField
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -373,7 +374,7 @@ class JobSpec(BaseModel):
 
     ``command`` is a list of arguments (a string is split with shlex). A leading
     ``python`` runs with the matched environment's interpreter. ``workdir`` must exist
-    on the worker that runs the job.
+    on the worker that runs the job, unless the job is shipped (``ship``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -403,6 +404,8 @@ class JobSpec(BaseModel):
     """Dependencies, ``ID[:ok|any|notok]`` (:mod:`gpulayerd.core.dependencies`); full ids after submit."""
     array_task: ArrayTask | None = None
     """Set by the owner on an array's task (never taken from a submission)."""
+    ship: ShipField = None
+    """The workdir travels as a snapshot (``--ship``; :mod:`gpulayerd.models.snapshots`): no worker needs it."""
 
     @field_validator("array")
     @classmethod
@@ -514,7 +517,7 @@ class JobSpec(BaseModel):
             python=r.python,
             requires_float64=r.requires_float64,
             distributed=dist,
-            workdir=self.workdir,
+            workdir=None if self.ship is not None else self.workdir,  # shipped: no worker needs it
             user=self.user or "",
             min_driver_version=r.min_driver_version,
             cuda_runtime=r.cuda_runtime,

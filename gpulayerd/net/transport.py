@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from gpulayerd import routes
 from gpulayerd.models import Capabilities, JobList, LogChunk
+from gpulayerd.models.snapshots import OutputChunk, ShipChunk, ShipFetch
 from gpulayerd.net.identity import PeerIdentity
 from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.wire import (
@@ -55,7 +56,8 @@ from gpulayerd.net.wire import (
 
 __all__ = [
     "BY_NAME", "CAPABILITIES", "CLAIM", "COMMIT", "HEARTBEAT", "HOLD", "JOBS", "JOB_ACTION_ROUTES", "JOB_FIND",
-    "KILL", "LOGS", "OFFER", "RELEASE", "REPORT", "NoBody", "PeerConnector", "PeerDispatch", "PeerHandler",
+    "KILL", "LOGS", "OFFER", "RELEASE", "REPORT", "SHIP_FETCH", "SHIP_OUTPUT",
+    "NoBody", "PeerConnector", "PeerDispatch", "PeerHandler",
     "PeerNetwork", "PeerRoute", "PeerTransport", "RoleCheck", "Sender",
 ]
 
@@ -143,9 +145,11 @@ JOB_FIND = _bind("job_find", JobRequest, JobMatches)
 JOB_ACTION_ROUTES: dict[str, PeerRoute[JobRequest, JobReply]] = {
     action: _bind(f"job_{action}", JobRequest, JobReply) for action in ("show", "explain", "logs", "cancel")}
 """``/v1/peer/job/<action>`` by action."""
+SHIP_FETCH = _bind("ship_fetch", ShipFetch, ShipChunk)
+SHIP_OUTPUT = _bind("ship_output", OutputChunk, Ack)
 
 _ALL: list[PeerRoute[Any, Any]] = [HEARTBEAT, CAPABILITIES, JOBS, OFFER, CLAIM, REPORT, KILL, LOGS, HOLD, RELEASE,
-                                   COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values()]
+                                   COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values(), SHIP_FETCH, SHIP_OUTPUT]
 BY_NAME: dict[str, PeerRoute[Any, Any]] = {r.name: r for r in _ALL}
 """Every peer route, bound, by name."""
 if set(BY_NAME) != set(routes.PEER):  # pragma: no cover - the table and the bindings must agree at import

@@ -65,6 +65,9 @@ class Role(str, enum.Enum):
     HOLDER = "the holder of (owner, job, attempt)"
     """The job is owned here and the sender holds that attempt (its worker, or a member of its
     gang)."""
+    SHIP_HOLDER = "the holder of a shipped job's current attempt, for a content its manifest lists"
+    """The job is owned here and shipped, the sender holds its current attempt (claimed or running),
+    and the content asked for is that job's snapshot's manifest or a file it lists."""
     RUN_OWNER = "the owner of the run"
     """The attempt runs (or ran) here for the sender: worker-side runs, grants and logs are keyed
     by (owner node, job id, attempt)."""
@@ -157,6 +160,12 @@ LOCAL_ROUTES: tuple[Route, ...] = (
           "cancel a job"),
     Route("logs", "GET", f"/v1/jobs/{_JOB}/logs", "", "LogChunk", Role.JOB_USER_OR_ADMIN, "local.async_logs",
           "a chunk of a job's log", query=("stream", "offset", "attempt", "rank", "limit")),
+    Route("snapshot", "POST", "/v1/snapshots", "SnapshotRequest", "SnapshotView", Role.LOCAL_USER,
+          "local.async_snapshot", "offer (then commit) a manifest of the requester's workdir: the contents to "
+          "upload, or a refusal over a cap"),
+    Route("snapshot_blob", "POST", "/v1/snapshots/blobs", "bytes", "BlobView", Role.LOCAL_USER,
+          "local.async_snapshot_blob", "a chunk of a content an offer of the requester found missing",
+          query=("digest", "offset")),
 )
 """The local API (unix socket)."""
 
@@ -193,6 +202,10 @@ PEER_ROUTES: tuple[Route, ...] = (
           "jobs.peer_logs", "a chunk of a job's log for the relayed user"),
     Route("job_cancel", "POST", "/v1/peer/job/cancel", "JobRequest", "JobReply", Role.RELAYED_JOB_USER_OR_ADMIN,
           "jobs.peer_cancel", "cancel a job for the relayed user"),
+    Route("ship_fetch", "POST", "/v1/peer/ship/fetch", "ShipFetch", "ShipChunk", Role.SHIP_HOLDER,
+          "shipping.fetch", "a worker fetches a chunk of a shipped job's manifest or of a file it lists"),
+    Route("ship_output", "POST", "/v1/peer/ship/output", "OutputChunk", "Ack", Role.HOLDER,
+          "shipping.output", "the holder of an attempt sends a chunk of its outputs back"),
 )
 """The peer API (mutual TLS against the cluster CA)."""
 

@@ -45,6 +45,7 @@ from gpulayerd.api.server import make_local_app
 from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.errors import PeerCallError, PeerRefused
 from gpulayerd.models import SubmitRequest
+from gpulayerd.models.snapshots import Manifest, ManifestEntry, OutputChunk, ShipFetch
 from gpulayerd.net import ca, identity, tls
 from gpulayerd.net.enroll import decode_token
 from gpulayerd.net.identity import Identity
@@ -263,6 +264,23 @@ def relayed_pending(*, mode: str, user: str, as_user: str) -> Case:
     return case
 
 
+async def ship_fetch_by_a_member_that_does_not_hold_the_job(lab: Lab) -> Send:
+    job = await running_on_w1(lab)  # w1 holds attempt 1: w2 may fetch none of its contents
+    return Send(OWNER, BY_NAME["ship_fetch"], ShipFetch(job_id=job, attempt=1, digest="ab" * 32))
+
+
+async def ship_fetch_by_the_holder_of_a_job_that_is_not_shipped(lab: Lab) -> Send:
+    job = await running_on_w1(lab)  # its holder, asking a content of a job with no snapshot
+    return Send(OWNER, BY_NAME["ship_fetch"], ShipFetch(job_id=job, attempt=1, digest="ab" * 32), sender=W1,
+                mode="system", user="")
+
+
+async def ship_output_by_a_member_that_did_not_run_it(lab: Lab) -> Send:
+    job = await running_on_w1(lab)
+    return Send(OWNER, BY_NAME["ship_output"], OutputChunk(worker=W2, job_id=job, attempt=1, path="results/a.json",
+                                                           data="eyJ4IjoxfQ==", last=True))
+
+
 PEER_REFUSALS: dict[str, list[Case]] = {
     "offer": [offer_of_a_job_id_another_owner_runs_here, offer_for_a_user_it_does_not_vouch_for],
     "claim": [claim_without_an_offer, claim_by_a_personal_node_of_another_user],
@@ -277,6 +295,9 @@ PEER_REFUSALS: dict[str, list[Case]] = {
     "job_cancel": [relayed("cancel", mode="personal", user="bob", as_user="root"),
                    relayed("cancel", mode="system", user="", as_user="bob"),
                    relayed_pending(mode="personal", user="bob", as_user="root")],
+    "ship_fetch": [ship_fetch_by_a_member_that_does_not_hold_the_job,
+                   ship_fetch_by_the_holder_of_a_job_that_is_not_shipped],
+    "ship_output": [ship_output_by_a_member_that_did_not_run_it],
 }
 """Every peer route that is not public -> the ways a member without its role is refused."""
 
@@ -286,7 +307,8 @@ LOCAL_REFUSALS = ("cancel", "logs")
 
 PUBLIC_PEER = ("heartbeat", "capabilities", "jobs", "job_find", "job_show", "job_explain")
 """Sent from a revoked node and a foreign cluster over mutual TLS (see below)."""
-PUBLIC_LOCAL = ("health", "devices", "peers", "users", "metrics", "events", "submit", "jobs", "job", "explain")
+PUBLIC_LOCAL = ("health", "devices", "peers", "users", "metrics", "events", "submit", "jobs", "job", "explain",
+                "snapshot", "snapshot_blob")
 """Sent by another local user over the unix socket: answered, with no field of another user's spec."""
 ENROLL_CASES = ("ca", "join", "renew")
 """Sent without a certificate, with a wrong secret, from a revoked node and from a stranger."""
@@ -546,6 +568,11 @@ async def test_local_routes_another_users_job_refused_or_concealed(tmp_path: Pat
                 async for event in events:
                     answers["events"] = event
                     break
+            manifest = Manifest(entries=[ManifestEntry(path="a.txt", kind="file", size=1, sha256="ab" * 32)])
+            for name, call in (("snapshot", c.snapshot(manifest)), ("snapshot_blob", c.snapshot_blob("ab" * 32, 0, b"x"))):
+                with pytest.raises(ApiRequestError) as refused:  # (this API has no shipping: a 400, nothing stored)
+                    await call
+                answers[name] = refused.value.body
             mine = await c.submit({"command": ["true"], "workdir": str(lab.workdir)})
             assert (mine.submitted_by, mine.spec.user) == ("bob", "bob")  # submit: always as the kernel's user
         for name, answer in answers.items():

@@ -4,7 +4,8 @@
 :mod:`gpulayerd.core.scheduling`), gang placement (:mod:`.gang_placement`), explanations of a job's state
 (:mod:`.explainer`), the rows a listing reads (:mod:`.listing`: the latest finished ones, arrays by
 the state they show), job arrays (:mod:`.array_book`: tasks materialized lazily) and dependencies
-(:mod:`.dependency_gate`: jobs held back until what they name with ``--after`` has ended).
+(:mod:`.dependency_gate`: jobs held back until what they name with ``--after`` has ended), and shipped
+workdirs (:mod:`.ship_server`: snapshots uploaded here, contents served to the holder, outputs back).
 
 May use ``app.worker`` (a job owned here can run here) and ``app.common``; ``app.worker`` never
 imports it.

@@ -529,6 +529,9 @@ class OwnerService:
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)
         persisted = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
+        if msg.kind == "started" and persisted is not None and msg.reason.startswith("Transfer: "):  # --ship
+            await self._store.jobs.add_event(msg.job_id, "transfer", msg.reason[:500], attempt=msg.attempt,
+                                             now_wall=self._clock.wall())
         return RunReportReply(ok=True, current_attempt=persisted.record.attempt if persisted is not None
                               else row.attempt)
 

@@ -3,7 +3,8 @@ worker (:mod:`.machine`, :mod:`.accounts`, :mod:`.envchecks`, the environments a
 broken: :mod:`.preflight_marks`), the attempts (:mod:`.worker`) and the
 offers it keeps (:mod:`.kept_offers`), how
 an attempt starts (:mod:`.starter`), a gang member's holds and commits (:mod:`.member`), live
-device metrics (:mod:`.metrics`) and re-adoption of runs after a restart (:mod:`.recovery`).
+device metrics (:mod:`.metrics`), re-adoption of runs after a restart (:mod:`.recovery`) and shipped
+jobs fetched, unpacked and their outputs sent back (:mod:`.ship_client`).
 
 Uses ``app.common`` only.
 """

@@ -12,6 +12,7 @@ twice what judging it does).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 
 from gpulayerd.app.common.usage import UsageService
@@ -20,7 +21,9 @@ from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.models import JobSpec, SpecError, job_spec_from_mapping
 from gpulayerd.net.wire import Offer
 
-__all__ = ["KeptOffers", "claim_order", "may_fit", "offered_spec"]
+__all__ = ["KeptOffers", "claim_order", "granted_spec", "may_fit", "offered_spec"]
+
+log = logging.getLogger(__name__)
 
 OfferKey = tuple[str, str]
 """(owner node id, job id)."""
@@ -100,3 +103,28 @@ class KeptOffers(Mapping[OfferKey, Offer]):
         if key not in self._requests:
             self._requests[key] = _request(offer)
         return _fits(self._requests[key], worker, support)
+
+
+def granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None) -> JobSpec:
+    """The spec to run: the one the grant carries (the only message that must hold the job's
+    environment values), else the offer's (``offered``, parsed already, or parsed now); as the
+    offer's user either way (the one vetted).
+
+    Raises:
+        SpecError: neither the grant's spec nor the offer's parses.
+    """
+    user = offer.spec.get("user")
+    vetted = user if isinstance(user, str) else ""
+    if granted:
+        try:
+            spec = job_spec_from_mapping(granted, source=f"grant of {offer.job_id}", base_dir="/")
+        except SpecError as e:
+            log.warning("job_id=%s: the grant's spec does not parse (%s); running the offered one", offer.job_id, e)
+        else:
+            if spec.user != vetted:
+                if spec.user:  # (a grant that names no user is an older owner's: its offer's user was vetted)
+                    log.warning("job_id=%s: the grant names user %r, the offer %r: running it as %r", offer.job_id,
+                                spec.user, vetted, vetted)
+                spec = spec.model_copy(update={"user": vetted})
+            return spec
+    return offered if offered is not None else offered_spec(offer)

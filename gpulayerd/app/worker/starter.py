@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.worker.ship_client import ShipClient, TransferFailed
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
@@ -69,6 +70,8 @@ class Starter:
         self._clock = clock
         # interpreter -> its conda activation (Machine.activation_of); set once the machine exists.
         self.activation_of = activation_of
+        self.shipping: ShipClient | None = None
+        """Fetches and unpacks shipped jobs (set by the composition root; None: shipped jobs fail to start)."""
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
         """Where an attempt's logs and watchdog state live: ``<state>/runs/<job>/<attempt>``.
@@ -83,8 +86,11 @@ class Starter:
         return layout.log_path(self._config.runs_dir, job_id, attempt, stream)
 
     async def start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, lease_s: float,
-                    lock_fds: list[int], gang: GangRank | None = None) -> RunHandle:
+                    lock_fds: list[int], gang: GangRank | None = None, owner: str = "") -> RunHandle:
         """Start the attempt; return once its processes run (the watchdog start runs in a thread).
+
+        A shipped job (``spec.ship``) is first fetched from ``owner`` and unpacked into its per-attempt
+        tree (:class:`~gpulayerd.app.worker.ship_client.ShipClient`), which is then its workdir.
 
         Args:
             lease_s: the watchdog stops the job this many seconds from now unless a renewal
@@ -93,13 +99,25 @@ class Starter:
             gang: this machine's rank of a multi-host job, or None.
 
         Raises:
+            TransferFailed: a shipped job's snapshot could not be fetched or unpacked (``Transfer: ...``;
+                nothing started, no tree left).
             RunnerError: the job's user cannot run here (no account; root where root jobs are
                 not allowed; another user than the daemon's where it runs only its own), or
                 the watchdog or the job could not be started.
         """
+        if spec.ship is not None:
+            if self.shipping is None or gang is not None or not owner:
+                raise TransferFailed("Transfer: this worker does not fetch shipped jobs of this kind")
+            spec = spec.model_copy(update={"workdir": await self.shipping.prepare(owner, job_id, attempt, spec)})
         deadline = self._clock.monotonic() + lease_s
-        return await asyncio.to_thread(self._start, job_id, attempt, spec, placement, deadline, lock_fds, gang,
-                                       lease_s)
+        try:
+            return await asyncio.to_thread(self._start, job_id, attempt, spec, placement, deadline, lock_fds, gang,
+                                           lease_s)
+        except BaseException:
+            if spec.ship is not None and self.shipping is not None:  # its tree goes with the failed start
+                await self.shipping.send_outputs(owner, job_id, attempt, spec.model_copy(
+                    update={"ship": spec.ship.model_copy(update={"outputs": []})}))
+            raise
 
     def _start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, deadline: float,
                lock_fds: list[int], gang: GangRank | None, lease_s: float | None = None) -> RunHandle:
@@ -128,6 +146,16 @@ class Starter:
                                   renew_s=lease_s, time_limit=limit,
                                   preflight=None if gang is not None else preflight_check(
                                       spec, placement, self._config.preflight_timeout_s))
+
+    def transfer_note(self, key: tuple[str, int]) -> str:
+        """What the transfer of shipped attempt ``key`` moved (``Transfer: ...``), "" for another attempt."""
+        return self.shipping.notes.get(key, "") if self.shipping is not None else ""
+
+    async def after_run(self, key: tuple[str, int]) -> None:
+        """When attempt ``key`` has ended: a shipped one's outputs go back to its owner, its tree is removed."""
+        shipped = self.shipping.shipped.get(key) if self.shipping is not None else None
+        if shipped is not None and self.shipping is not None:
+            await self.shipping.send_outputs(shipped[0], key[0], key[1], shipped[1])
 
 
 def preflight_check(spec: JobSpec, placement: Placement, timeout_s: float) -> PreflightCheck | None:

@@ -33,8 +33,9 @@ from gpulayerd.app.common.logread import read_log
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals, log_failure
 from gpulayerd.app.common.usage import UsageService
-from gpulayerd.app.worker.kept_offers import KeptOffers, claim_order, offered_spec
+from gpulayerd.app.worker.kept_offers import KeptOffers, claim_order, granted_spec, offered_spec
 from gpulayerd.app.worker.machine import Machine
+from gpulayerd.app.worker.ship_client import TransferFailed
 from gpulayerd.app.worker.starter import Starter, device_grants
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.matching.evaluate import evaluate
@@ -42,7 +43,7 @@ from gpulayerd.core.protocol import worker as core
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
 from gpulayerd.errors import PeerBadRequest, PeerCallError
-from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError, job_spec_from_mapping
+from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError
 from gpulayerd.net.transport import CLAIM, OFFER, REPORT, PeerTransport, Sender
 from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
@@ -63,31 +64,6 @@ OFFER_KEPT_S = core.OFFER_KEPT_S
 
 def _devices(placement: Placement) -> list[str]:
     return [u for u in placement.device_uuids if u]
-
-
-def _granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None) -> JobSpec:
-    """The spec to run: the one the grant carries (the only message that must hold the job's
-    environment values), else the offer's (``offered``, parsed already, or parsed now); as the
-    offer's user either way (the one vetted).
-
-    Raises:
-        SpecError: neither the grant's spec nor the offer's parses.
-    """
-    user = offer.spec.get("user")
-    vetted = user if isinstance(user, str) else ""
-    if granted:
-        try:
-            spec = job_spec_from_mapping(granted, source=f"grant of {offer.job_id}", base_dir="/")
-        except SpecError as e:
-            log.warning("job_id=%s: the grant's spec does not parse (%s); running the offered one", offer.job_id, e)
-        else:
-            if spec.user != vetted:
-                if spec.user:  # (a grant that names no user is an older owner's: its offer's user was vetted)
-                    log.warning("job_id=%s: the grant names user %r, the offer %r: running it as %r", offer.job_id,
-                                spec.user, vetted, vetted)
-                spec = spec.model_copy(update={"user": vetted})
-            return spec
-    return offered if offered is not None else offered_spec(offer)
 
 
 class WorkerService:
@@ -187,6 +163,7 @@ class WorkerService:
         status = await self._runner.async_wait(handle)
         if after is not None:
             await asyncio.shield(after)
+        await self._starter.after_run(key)  # a shipped attempt's outputs go back first (its lease still renewed)
         await self.finished(key, status)
 
     async def finished(self, key: RunKey, status: RunStatus, owner: str = "") -> None:
@@ -425,7 +402,7 @@ class WorkerService:
         if start is None or reply is None:
             return None
         try:
-            return start.key, start.lease_s, _granted_spec(reply.spec, offer, spec)
+            return start.key, start.lease_s, granted_spec(reply.spec, offer, spec)
         except SpecError as e:
             log.warning("job_id=%s: granted, but no spec of it runs here: %s", offer.job_id, e)
             await self._carry_out(self._apply(core.RunEnded(start.key, owner, "lost", None,
@@ -453,7 +430,10 @@ class WorkerService:
                                                                 never_started=True)))
                 return
             try:
-                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds)
+                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds, owner=owner)
+            except TransferFailed as e:  # nothing started: re-queued as never started, with the reason
+                await self.never_started(key, owner, str(e))
+                return
             except RunnerError as e:  # the cause first ("command not found: X") and its exit code (127)
                 code, why = e.status.exit_code if e.status else None, e.cause
                 await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", code, why, self._clock.wall())
@@ -474,7 +454,7 @@ class WorkerService:
         self.track(key, handle, spec, owner, lease_s, after=reported)
         self._signals.devices_changed()
         try:
-            await self.report(owner, key, "started", None, "")
+            await self.report(owner, key, "started", None, self._starter.transfer_note(key))
         finally:
             if not reported.done():
                 reported.set_result(None)

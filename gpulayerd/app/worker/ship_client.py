@@ -1,0 +1,212 @@
+"""The worker's side of shipped jobs (``--ship``): before a granted attempt starts, fetch what the
+content cache lacks from the owner over mutual TLS and unpack the snapshot as the job's user into a
+fresh 0700 per-attempt tree; when the attempt ends, collect its outputs as the job's user and send
+them to the owner.
+
+The manifest is checked against the snapshot id the job's spec records (its SHA-256) and against
+:func:`gpulayerd.core.shipping.manifest_problem`; each content against its SHA-256 before it enters
+the cache (:class:`~gpulayerd.ship.blobcache.BlobCache`). A transfer resumes a content from the
+bytes already received, is bounded by ``ship_transfer_timeout_s``, and on any failure leaves no tree
+behind: :class:`TransferFailed`, and the job is re-queued (the attempt never started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import IO, Protocol
+
+from gpulayerd.config import DaemonConfig
+from gpulayerd.core.shipping import MB
+from gpulayerd.errors import PeerCallError
+from gpulayerd.models import JobSpec
+from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, Manifest, OutputChunk, ShipFetch
+from gpulayerd.net.transport import SHIP_FETCH, SHIP_OUTPUT, PeerTransport
+from gpulayerd.ship.asuser import AsUserError, run_as, user_ids
+from gpulayerd.ship.blobcache import BlobCache
+from gpulayerd.ship.tree import header, read_entries
+
+__all__ = ["ShipClient", "TransferFailed"]
+
+log = logging.getLogger(__name__)
+
+MAX_MANIFEST_BYTES = 64 * MB
+"""The largest manifest a worker takes, bytes."""
+
+
+class _Sink(Protocol):
+    def write(self, data: bytes, /) -> int: ...
+
+
+class TransferFailed(Exception):
+    """A shipped job's snapshot could not be fetched or unpacked here (nothing was started, no tree left)."""
+
+
+class ShipClient:
+    """Fetches, unpacks and sends back (see the module docstring).
+
+    Args:
+        config: the cache's cap, the trees' directory, the time and output limits.
+        node_id: this node (the sender of output chunks).
+        transport: calls the owner.
+    """
+
+    def __init__(self, *, config: DaemonConfig, node_id: str, transport: PeerTransport) -> None:
+        self._config = config
+        self.node_id = node_id
+        self._transport = transport
+        self.cache = BlobCache(config.state_dir / "ship-cache", int(config.ship_cache_mb * MB))
+        self.notes: dict[tuple[str, int], str] = {}
+        """(job, attempt) -> what its transfer moved ("Transfer: ..."), for the ``started`` report."""
+        self.shipped: dict[tuple[str, int], tuple[str, JobSpec]] = {}
+        """(job, attempt) -> (owner, spec) of the shipped attempts unpacked here by this daemon's life."""
+
+    def tree(self, owner: str, job_id: str, attempt: int) -> Path:
+        """The per-attempt tree of a shipped job (from stored ids only)."""
+        return self._config.trees_dir / f"{owner[:16]}-{job_id}-{attempt}"
+
+    async def _fetch(self, owner: str, job_id: str, attempt: int, digest: str, sink: _Sink, have: int) -> int:
+        """Fetch content ``digest`` from byte ``have`` into ``sink``; the bytes moved."""
+        moved = 0
+        offset = have
+        while True:
+            chunk = await self._transport.call(owner, SHIP_FETCH, ShipFetch(job_id=job_id, attempt=attempt,
+                                                                            digest=digest, offset=offset))
+            data = base64.b64decode(chunk.data)
+            if len(data) > BLOB_CHUNK_BYTES or chunk.offset != offset:
+                raise TransferFailed(f"the owner answered a malformed chunk of {digest[:12]}")
+            await asyncio.to_thread(sink.write, data)
+            offset += len(data)
+            moved += len(data)
+            if offset >= chunk.total or not data:
+                return moved
+
+    async def prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> str:
+        """Fetch and unpack the snapshot of ``spec``; the tree the attempt runs in.
+
+        Raises:
+            TransferFailed: ``Transfer: ...`` words (no tree is left behind).
+        """
+        assert spec.ship is not None
+        sid = spec.ship.snapshot or ""
+        tree = self.tree(owner, job_id, attempt)
+        try:
+            return await asyncio.wait_for(self._prepare(owner, job_id, attempt, spec, sid, tree),
+                                          self._config.ship_transfer_timeout_s)
+        except (TransferFailed, PeerCallError, AsUserError, OSError, ValueError, LookupError,
+                asyncio.TimeoutError) as e:
+            await asyncio.to_thread(shutil.rmtree, tree, True)
+            why = f"not done within {self._config.ship_transfer_timeout_s:g} s" if isinstance(
+                e, asyncio.TimeoutError) else str(e) or type(e).__name__
+            raise TransferFailed(f"Transfer: {why}") from None
+
+    async def _prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec, sid: str, tree: Path) -> str:
+        holder = _Buffer()
+        await self._fetch(owner, job_id, attempt, sid, holder, 0)
+        raw = holder.data()
+        if len(raw) > MAX_MANIFEST_BYTES or hashlib.sha256(raw).hexdigest() != sid:
+            raise TransferFailed(f"the manifest does not hash to snapshot {sid[:12]}")
+        manifest = Manifest.model_validate_json(raw)  # (its rules checked again here)
+        digests = manifest.digests()
+        self.cache.pin(digests)
+        try:
+            moved = files = 0
+            for digest in sorted(digests):
+                if await asyncio.to_thread(self.cache.has, digest):
+                    continue
+                part = self.cache.partial(digest)
+                have = part.stat().st_size if part.exists() else 0  # resumed
+                with open(part, "ab") as sink:
+                    moved += await self._fetch(owner, job_id, attempt, digest, sink, have)
+                await asyncio.to_thread(self.cache.finish, digest)
+                files += 1
+            note = (f"Transfer: {files} file(s), {moved} bytes moved from the owner; "
+                    f"{len(digests) - files} from this worker's cache")
+            await asyncio.to_thread(self._unpack, tree, manifest, spec)
+        finally:
+            await asyncio.to_thread(self.cache.unpin, digests)
+        self.notes[(job_id, attempt)] = note
+        self.shipped[(job_id, attempt)] = (owner, spec)
+        log.info("job_id=%s attempt %d: %s", job_id, attempt, note)
+        return str(tree)
+
+    def _unpack(self, tree: Path, manifest: Manifest, spec: JobSpec) -> None:
+        """Make ``tree`` afresh (0700, the job's user's) and unpack ``manifest`` into it as that user."""
+        ids = user_ids(spec.user)
+        tree.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if self._config.mode == "system" else 0o700)
+        shutil.rmtree(tree, ignore_errors=True)
+        os.mkdir(tree, 0o700)
+        if ids is not None:
+            os.chown(tree, ids[0], ids[1])
+
+        def feed(sink: IO[bytes]) -> None:
+            for e in manifest.entries:
+                sink.write(header(e.model_dump()))
+                if e.kind == "file":
+                    with open(self.cache.path(e.sha256), "rb") as f:  # a copy: never a link into the cache
+                        shutil.copyfileobj(f, sink)
+
+        run_as("unpack", [str(tree)], ids, feed=feed, timeout_s=self._config.ship_transfer_timeout_s)
+
+    async def send_outputs(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> None:
+        """Collect the attempt's outputs as the job's user and send them to the owner; then drop its tree.
+        Failures are logged: an attempt's end is reported whatever happens here."""
+        assert spec.ship is not None
+        tree = self.tree(owner, job_id, attempt)
+        try:
+            if spec.ship.outputs and tree.is_dir():
+                await asyncio.wait_for(self._send(owner, job_id, attempt, spec, tree),
+                                       self._config.ship_transfer_timeout_s)
+        except (PeerCallError, AsUserError, OSError, ValueError, LookupError, asyncio.TimeoutError) as e:
+            log.warning("job_id=%s attempt %d: outputs not sent back: %s", job_id, attempt, e or type(e).__name__)
+        finally:
+            self.notes.pop((job_id, attempt), None)
+            self.shipped.pop((job_id, attempt), None)
+            await asyncio.to_thread(shutil.rmtree, tree, True)
+
+    async def _send(self, owner: str, job_id: str, attempt: int, spec: JobSpec, tree: Path) -> None:
+        assert spec.ship is not None
+        cap = int(self._config.ship_outputs_mb * MB)
+        raw = await asyncio.to_thread(run_as, "collect", [str(tree), str(cap), "1000", *spec.ship.outputs],
+                                      user_ids(spec.user), timeout_s=self._config.ship_transfer_timeout_s,
+                                      max_out_bytes=cap + 4 * MB)
+        import io
+
+        note = ""
+        for entry, read in read_entries(io.BytesIO(raw)):
+            if entry.get("done"):
+                note = str(entry.get("note", ""))
+                break
+            size = int(entry.get("size", 0))
+            data = read(size)
+            for off in range(0, max(len(data), 1), BLOB_CHUNK_BYTES):
+                piece = data[off:off + BLOB_CHUNK_BYTES]
+                await self._transport.call(owner, SHIP_OUTPUT, OutputChunk(
+                    worker=self.node_id, job_id=job_id, attempt=attempt, path=str(entry.get("path", "")), offset=off,
+                    data=base64.b64encode(piece).decode("ascii"), executable=bool(entry.get("executable")),
+                    last=off + BLOB_CHUNK_BYTES >= len(data)))
+        await self._transport.call(owner, SHIP_OUTPUT, OutputChunk(worker=self.node_id, job_id=job_id,
+                                                                   attempt=attempt, done=True, note=note[:2000]))
+
+
+class _Buffer:
+    """A bytes sink for the manifest (bounded by :data:`MAX_MANIFEST_BYTES`)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        self._size += len(data)
+        if self._size > MAX_MANIFEST_BYTES:
+            raise TransferFailed(f"a manifest over {MAX_MANIFEST_BYTES} bytes")
+        self._parts.append(data)
+        return len(data)
+
+    def data(self) -> bytes:
+        return b"".join(self._parts)

@@ -1,0 +1,232 @@
+"""The owner's content store of shipped snapshots: blobs by SHA-256 and manifests by snapshot id, in
+a directory of its own (``<state dir>/snapshots/``, never beside the database), with caps.
+
+Layout: ``blobs/<2 hex>/<sha256>`` (a file's bytes), ``manifests/<snapshot id>.json`` (``{"user",
+"manifest"}``), ``partial/<uid>-<sha256>`` (an upload in progress). Every name is built from a
+checked digest and a uid, never from a request's text.
+
+Caps (bytes; MB = 10^6 bytes), checked when the CLI offers a manifest (:meth:`ContentStore.offer`):
+the snapshot's distinct contents at most ``max_snapshot_bytes``; what one user's snapshots hold at
+most ``user_quota_bytes``; all blobs at most ``total_bytes``; and the disk keeps ``reserve_bytes``
+free (the database shares it). A refusal names the largest files.
+
+A user is told a content is present only when one of that user's own snapshots lists it: whether
+another user stored some file is never revealed (the upload of a content present already is
+verified and dropped). An upload is taken only for a content an offer of that user found missing.
+
+Blocking file I/O: the daemon calls these methods in a thread; a lock keeps the index consistent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+from gpulayerd.core.shipping import cap_refusal, unique_bytes
+from gpulayerd.host.privdirs import make_private_dirs
+from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, BlobView, Manifest, SnapshotView, is_digest
+
+__all__ = ["CapExceeded", "ContentStore", "NotOffered"]
+
+MAX_PENDING = 100_000
+"""The most contents one user may have offered and not uploaded yet."""
+
+
+class CapExceeded(Exception):
+    """A snapshot over one of the caps (the message names the cap and the largest files)."""
+
+
+class NotOffered(Exception):
+    """An upload of a content no offer of this user asked for, or at another offset than the next."""
+
+
+class ContentStore:
+    """Blobs and manifests of the snapshots stored here (see the module docstring).
+
+    Args:
+        root: the store's own directory (created 0700).
+        max_snapshot_bytes, user_quota_bytes, total_bytes, reserve_bytes: the caps, bytes.
+    """
+
+    def __init__(self, root: Path, *, max_snapshot_bytes: int, user_quota_bytes: int, total_bytes: int,
+                 reserve_bytes: int) -> None:
+        self.root = root
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self.user_quota_bytes = user_quota_bytes
+        self.total_bytes = total_bytes
+        self.reserve_bytes = reserve_bytes
+        self._lock = threading.Lock()
+        self._owners: dict[str, str] = {}  # snapshot id -> user
+        self._user_digests: dict[str, dict[str, int]] = {}  # user -> digest -> size (their snapshots' contents)
+        self._pending: dict[str, dict[str, int]] = {}  # user -> digest -> size: offered, not uploaded
+        self._blob_bytes = 0
+        self._opened = False
+
+    # ------------------------------------------------------------------ paths (from checked names only)
+
+    def blob_path(self, digest: str) -> Path:
+        """Where content ``digest`` lies. Raises ValueError: not a SHA-256."""
+        if not is_digest(digest):
+            raise ValueError("not a SHA-256")
+        return self.root / "blobs" / digest[:2] / digest
+
+    def _manifest_path(self, snapshot_id: str) -> Path:
+        if not is_digest(snapshot_id):
+            raise ValueError("not a snapshot id")
+        return self.root / "manifests" / f"{snapshot_id}.json"
+
+    def open(self) -> None:
+        """Create the directories (0700) and read the index of what is stored (once)."""
+        with self._lock:
+            if self._opened:
+                return
+            make_private_dirs([self.root, self.root / "blobs", self.root / "manifests", self.root / "partial"])
+            for p in (self.root / "manifests").glob("*.json"):
+                try:
+                    data = json.loads(p.read_bytes())
+                    manifest = Manifest.model_validate(data["manifest"])
+                    user = str(data["user"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+                self._owners[p.stem] = user
+                self._user_digests.setdefault(user, {}).update(manifest.digests())
+            self._blob_bytes = sum(p.stat().st_size for p in (self.root / "blobs").glob("*/*") if p.is_file())
+            for p in (self.root / "partial").iterdir():  # uploads a previous life left: started again
+                p.unlink(missing_ok=True)
+            self._opened = True
+
+    # ------------------------------------------------------------------ the CLI's side
+
+    def offer(self, user: str, manifest: Manifest) -> SnapshotView:
+        """Check ``manifest`` of ``user`` against the caps; the contents to upload (``missing``).
+
+        Raises:
+            CapExceeded: over a cap (naming it and the largest files).
+        """
+        self.open()
+        entries = [e.to_core() for e in manifest.entries]
+        digests = manifest.digests()
+        wanted = unique_bytes(entries)
+        if wanted > self.max_snapshot_bytes:
+            raise CapExceeded(cap_refusal("this snapshot", wanted, self.max_snapshot_bytes, entries,
+                                          "leave files out (.gitignore, .gpulayerignore) or ask the admin to raise "
+                                          "ship_max_snapshot_mb"))
+        with self._lock:
+            mine = self._user_digests.get(user, {})
+            missing = sorted(d for d in digests if d not in mine or not self.blob_path(d).is_file())
+            new_for_user = sum(digests[d] for d in digests if d not in mine)
+            held = sum(mine.values())
+            if held + new_for_user > self.user_quota_bytes:
+                raise CapExceeded(cap_refusal(f"{user}'s snapshots with this one", held + new_for_user,
+                                              self.user_quota_bytes, entries,
+                                              "old snapshots are kept: ask the admin (ship_user_quota_mb)"))
+            new_here = sum(digests[d] for d in missing if not self.blob_path(d).is_file())
+            if self._blob_bytes + new_here > self.total_bytes:
+                raise CapExceeded(cap_refusal("all snapshots stored here with this one",
+                                              self._blob_bytes + new_here, self.total_bytes, entries,
+                                              "ask the admin (ship_total_mb)"))
+            free = shutil.disk_usage(self.root).free
+            if free - new_here < self.reserve_bytes:
+                raise CapExceeded(cap_refusal("the new contents against the state disk's free space above its "
+                                              "reserve", new_here, max(free - self.reserve_bytes, 0), entries,
+                                              f"gpulayerd keeps {self.reserve_bytes / 1e6:.0f} MB free for its "
+                                              "database (ship_reserve_mb)"))
+            pending = self._pending.setdefault(user, {})
+            if len(pending) + len(missing) > MAX_PENDING:
+                pending.clear()
+            pending.update({d: digests[d] for d in missing})
+        return SnapshotView(snapshot_id=manifest.snapshot_id(), missing=missing, files=len(manifest.entries),
+                            bytes=manifest.file_bytes())
+
+    def put(self, user: str, uid: int, digest: str, offset: int, data: bytes) -> BlobView:
+        """Append ``data`` at ``offset`` to the upload of content ``digest`` by ``user`` (uid ``uid``); once
+        all its bytes are in, verify its SHA-256 and keep it.
+
+        Raises:
+            NotOffered: no offer of this user found it missing, ``offset`` is not the next byte, more
+                bytes than offered, or a chunk over :data:`BLOB_CHUNK_BYTES` (nothing kept).
+            ValueError: the bytes do not hash to ``digest`` (the upload is dropped).
+        """
+        if not is_digest(digest):
+            raise NotOffered("not a SHA-256")
+        with self._lock:
+            size = self._pending.get(user, {}).get(digest)
+        if size is None:
+            raise NotOffered(f"content {digest[:12]} was not offered by {user} (offer the manifest first)")
+        if len(data) > BLOB_CHUNK_BYTES:
+            raise NotOffered(f"a chunk of {len(data)} bytes (at most {BLOB_CHUNK_BYTES})")
+        part = self.root / "partial" / f"{uid}-{digest}"
+        have = part.stat().st_size if part.exists() else 0
+        if offset != have or have + len(data) > size:
+            raise NotOffered(f"content {digest[:12]}: next byte is {have} of {size}, not {offset} (+{len(data)})")
+        with open(part, "ab") as f:
+            f.write(data)
+        have += len(data)
+        if have < size:
+            return BlobView(digest=digest, received=have)
+        h = hashlib.sha256()
+        with open(part, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        if h.hexdigest() != digest:
+            part.unlink(missing_ok=True)
+            raise ValueError(f"content {digest[:12]}: the bytes uploaded do not hash to it (dropped)")
+        dest = self.blob_path(digest)
+        dest.parent.mkdir(mode=0o700, exist_ok=True)
+        with self._lock:
+            if dest.is_file():
+                part.unlink(missing_ok=True)
+            else:
+                os.replace(part, dest)
+                self._blob_bytes += size
+            self._pending.get(user, {}).pop(digest, None)
+            self._user_digests.setdefault(user, {})[digest] = size  # uploaded by them: theirs to be told of
+        return BlobView(digest=digest, received=have, complete=True)
+
+    def commit(self, user: str, manifest: Manifest) -> SnapshotView:
+        """Store ``manifest`` as ``user``'s snapshot once every content is here and theirs; else the ones
+        still missing (nothing stored)."""
+        view = self.offer(user, manifest)
+        if view.missing:
+            return view
+        sid = view.snapshot_id
+        path = self._manifest_path(sid)
+        data = json.dumps({"user": user, "manifest": manifest.model_dump(mode="json")}).encode()
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        with self._lock:
+            self._owners.setdefault(sid, user)
+            self._pending.pop(user, None)
+        return view.model_copy(update={"stored": True})
+
+    # ------------------------------------------------------------------ the owner's side
+
+    def manifest_of(self, snapshot_id: str, user: str | None = None) -> Manifest | None:
+        """The manifest of snapshot ``snapshot_id`` (only if ``user`` stored it, when given); None if not here."""
+        self.open()
+        try:
+            data = json.loads(self._manifest_path(snapshot_id).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if user is not None and data.get("user") != user:
+            return None
+        try:
+            return Manifest.model_validate(data["manifest"])
+        except (ValueError, KeyError):
+            return None
+
+    def read(self, digest: str, offset: int, limit: int = BLOB_CHUNK_BYTES) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes of content ``digest`` from ``offset``, and its size.
+
+        Raises:
+            FileNotFoundError: it is not stored here. ValueError: not a SHA-256.
+        """
+        with open(self.blob_path(digest), "rb") as f:
+            total = os.fstat(f.fileno()).st_size
+            f.seek(offset)
+            return f.read(min(limit, BLOB_CHUNK_BYTES)), total

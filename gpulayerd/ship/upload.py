@@ -1,0 +1,128 @@
+"""``gpulayer submit --ship``: the workdir's snapshot, made and uploaded by the CLI as the user
+(called by :mod:`gpulayerd.cli.jobs` with its client of the local daemon).
+
+The files (:func:`gpulayerd.ship.walk.list_paths`: git's list in a git work tree, else the
+directory minus ``.gpulayerignore``) are hashed here, the manifest is offered to the local daemon,
+which answers the contents it lacks (or refuses the snapshot over a cap, naming the largest files:
+exit 2); those are uploaded in 1 MiB chunks (a chunk already there is skipped: an interrupted
+upload resumes), then the manifest is committed and its id goes into the spec's ``ship``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["ShipUsageError", "SnapshotClient", "ship_spec"]
+
+
+class ShipUsageError(ValueError):
+    """A usage error of ``--ship`` (the CLI exits 2 with the message)."""
+
+
+class SnapshotClient(Protocol):
+    """What the upload needs of the CLI's client of the local API (:class:`gpulayerd.cli.http.SyncClient`)."""
+
+    def snapshot(self, manifest: dict[str, Any], commit: bool) -> Any:
+        """``POST /v1/snapshots``."""
+        ...
+
+    def snapshot_blob(self, digest: str, offset: int, data: bytes) -> Any:
+        """``POST /v1/snapshots/blobs``."""
+        ...
+
+
+def _ship_table(spec: dict[str, object]) -> dict[str, object] | None:
+    """The spec's ``ship`` as a table (``true`` -> ``{}``), None when it is not shipped.
+
+    Raises:
+        ShipUsageError: ``ship`` is neither a boolean nor a table.
+    """
+    raw = spec.get("ship")
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return {}
+    if isinstance(raw, dict):
+        return dict(raw)
+    raise ShipUsageError("invalid job spec\nship: must be true, false or a table")
+
+
+def ship_spec(args: object, spec: dict[str, object],
+              call: Callable[[Callable[[SnapshotClient], str]], str]) -> dict[str, object]:
+    """``spec`` (workdir resolved) with its workdir snapshotted and uploaded when it is shipped
+    (``ship`` in the spec or ``args.ship``; ``args.output``, ``args.output_dir`` add to it); as it is
+    otherwise. ``call(fn)`` runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``).
+
+    Raises:
+        ShipUsageError: an ``--output`` that is absolute or climbs out with ``..``, ``--output`` without
+            ``--ship``, a snapshot over a cap (the daemon names the largest files), a file that
+            cannot be read.
+        CommandFailed: the daemon failed.
+    """
+    from gpulayerd.core.shipping import glob_problem
+
+    if getattr(args, "ship", None):
+        spec["ship"] = spec.get("ship") if isinstance(spec.get("ship"), dict) else True
+    table = _ship_table(spec)
+    outputs = list(getattr(args, "output", None) or [])
+    out_dir = getattr(args, "output_dir", None)
+    if table is None:
+        if outputs or out_dir:
+            raise ShipUsageError("--output and --output-dir bring files back from a shipped job: add --ship")
+        return spec
+    patterns = [*(table.get("outputs") or []), *outputs]  # type: ignore[misc]
+    for pattern in patterns:
+        problem = glob_problem(str(pattern))
+        if problem is not None:
+            raise ShipUsageError(f"--output: {problem}")
+    table["outputs"] = patterns
+    if out_dir:
+        table["output_dir"] = os.path.normpath(Path(os.path.expanduser(out_dir)).absolute())
+    workdir = Path(str(spec["workdir"]))
+    table["snapshot"] = _upload(call, workdir)
+    spec["ship"] = table
+    return spec
+
+
+def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Path) -> str:
+    """Snapshot ``workdir``, upload what the daemon lacks, commit; the snapshot id."""
+    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
+    from gpulayerd.ship.walk import WalkError, list_paths, make_manifest
+
+    try:
+        manifest, sources = make_manifest(workdir, list_paths(workdir))
+    except WalkError as e:
+        raise ShipUsageError(f"--ship: {e}") from None
+    body = manifest.model_dump(mode="json")
+
+    def upload(c: SnapshotClient) -> str:
+        offered = c.snapshot(body, commit=False)
+        sent = 0
+        for digest in offered.missing:
+            source = sources.get(digest)
+            if source is None:
+                raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
+            with open(source, "rb") as f:
+                offset = 0
+                while True:
+                    chunk = f.read(BLOB_CHUNK_BYTES)
+                    if not chunk and offset:
+                        break
+                    c.snapshot_blob(digest, offset, chunk)
+                    offset += len(chunk)
+                    sent += len(chunk)
+                    if not chunk:
+                        break
+        stored = c.snapshot(body, commit=True)
+        if not stored.stored:
+            raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
+                             "missing): submit again")
+        print(f"shipped {stored.files} files ({stored.bytes / 1e6:.1f} MB; {len(offered.missing)} uploaded, "
+              f"{sent / 1e6:.1f} MB) as snapshot {stored.snapshot_id[:12]}", file=sys.stderr)
+        return str(stored.snapshot_id)
+
+    return call(upload)

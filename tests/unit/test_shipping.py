@@ -1,0 +1,190 @@
+"""Shipped workdirs (issue 34), the parts without processes or network: path and glob rules, the
+manifest's checks and id, the ignore rules outside git, the owner's caps (the refusal names the
+largest files), uploads only of offered contents, and trees written without following links."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from gpulayerd.core.shipping import Entry, cap_refusal, glob_problem, manifest_problem, path_problem
+from gpulayerd.models import JobSpec
+from gpulayerd.models.snapshots import Manifest, ManifestEntry
+from gpulayerd.ship.asuser import AsUserError, run_as
+from gpulayerd.ship.blobcache import BlobCache
+from gpulayerd.ship.content import CapExceeded, ContentStore, NotOffered
+from gpulayerd.ship.tree import TreeError, collect_outputs, header, read_entries, write_tree
+from gpulayerd.ship.walk import _ignored_walk, make_manifest
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_paths_and_globs() -> None:
+    assert path_problem("src/train.py") is None
+    assert path_problem("/etc/passwd") == "an absolute path ('/etc/passwd')"
+    assert path_problem("a/../b") == "a path with an empty, '.' or '..' component ('a/../b')"
+    assert path_problem("a//b") is not None and path_problem("") == "an empty path"
+    assert glob_problem("results/*.json") is None and glob_problem("./out/**/*.pt") is None
+    assert glob_problem("/tmp/*.json") == "'/tmp/*.json' is absolute: give a pattern relative to the workdir " \
+                                          "(e.g. results/*.json)"
+    assert glob_problem("../x/*.json") == "'../x/*.json' climbs out of the workdir ('..'): give a pattern inside it"
+
+
+def test_manifest_refuses_entries_under_a_link_or_a_file_and_duplicates() -> None:
+    h = "ab" * 32
+    assert manifest_problem([Entry("a", "link", target="/etc"), Entry("a/passwd", "file", 1, h)]) == \
+        "'a/passwd' lies under 'a', which is a link"
+    assert manifest_problem([Entry("a", "file", 1, h), Entry("a/b", "file", 1, h)]) == \
+        "'a/b' lies under 'a', which is a file"
+    assert manifest_problem([Entry("a", "file", 1, h), Entry("a", "file", 1, h)]) == "'a' is listed twice"
+    assert manifest_problem([Entry("a", "file", 1, "XYZ")]) == "'a': not a SHA-256 (64 lowercase hex digits)"
+    assert manifest_problem([Entry("a", "link", target="../../x"), Entry("b/c", "file", 0, h)]) is None
+
+
+def test_manifest_id_is_the_hash_of_its_canonical_json_whatever_the_order() -> None:
+    e1 = ManifestEntry(path="b.txt", kind="file", size=2, sha256=_sha(b"hi"))
+    e2 = ManifestEntry(path="a", kind="link", target="b.txt")
+    m1, m2 = Manifest(entries=[e1, e2]), Manifest(entries=[e2, e1])
+    assert m1.snapshot_id() == m2.snapshot_id() == _sha(m1.canonical())
+    assert m1.digests() == {_sha(b"hi"): 2}
+    with pytest.raises(ValueError, match="absolute path"):
+        Manifest(entries=[ManifestEntry(path="/x", kind="file", size=0, sha256=_sha(b""))])
+
+
+def test_spec_ship_true_and_the_workdir_rule() -> None:
+    shipped = JobSpec.model_validate({"command": ["true"], "workdir": "/w", "ship": True})
+    assert shipped.ship is not None and shipped.ship.snapshot is None
+    assert shipped.to_core().workdir is None  # no worker needs the workdir
+    plain = JobSpec.model_validate({"command": ["true"], "workdir": "/w", "ship": False})
+    assert plain.ship is None and plain.to_core().workdir == "/w"  # today's rule
+    with pytest.raises(ValueError, match="climbs out"):
+        JobSpec.model_validate({"command": ["true"], "ship": {"outputs": ["../secret"]}})
+
+
+def test_ignore_file_outside_git(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x")
+    (tmp_path / "data.bin").write_bytes(b"0" * 10)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "x.log").write_text("l")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref")
+    (tmp_path / ".gpulayerignore").write_text("*.bin\nlogs/\n")
+    os.symlink("/etc", tmp_path / "etc-link")
+    assert _ignored_walk(tmp_path) == [".gpulayerignore", "etc-link", "src/a.py"]
+    manifest, sources = make_manifest(tmp_path, _ignored_walk(tmp_path))
+    kinds = {e.path: (e.kind, e.target) for e in manifest.entries}
+    assert kinds["etc-link"] == ("link", "/etc")  # shipped as a link, never followed
+    assert sources[_sha(b"x")] == tmp_path / "src" / "a.py"
+
+
+def _store(tmp_path: Path, **caps: int) -> ContentStore:
+    mb = 1_000_000
+    args = {"max_snapshot_bytes": 10 * mb, "user_quota_bytes": 20 * mb, "total_bytes": 30 * mb, "reserve_bytes": 0}
+    args.update(caps)
+    return ContentStore(tmp_path / "snapshots", **args)
+
+
+def test_caps_name_the_largest_files(tmp_path: Path) -> None:
+    store = _store(tmp_path, max_snapshot_bytes=1000)
+    big = ManifestEntry(path="data/big.bin", kind="file", size=5000, sha256="aa" * 32)
+    small = ManifestEntry(path="train.py", kind="file", size=10, sha256="bb" * 32)
+    with pytest.raises(CapExceeded) as e:
+        store.offer("alice", Manifest(entries=[small, big]))
+    assert str(e.value).startswith("snapshot refused: this snapshot: 0.0 MB > 0.0 MB; largest files: "
+                                   "data/big.bin (0.0 MB), train.py (0.0 MB)")
+    quota = _store(tmp_path, user_quota_bytes=100)
+    with pytest.raises(CapExceeded, match="alice's snapshots with this one"):
+        quota.offer("alice", Manifest(entries=[big]))
+    assert "largest files: x (5.0 MB)" in cap_refusal("w", 1, 0, [Entry("x", "file", 5_000_000, "cc" * 32)], "h")
+
+
+def test_upload_only_what_was_offered_verified_then_committed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    data = b"print('hi')\n"
+    m = Manifest(entries=[ManifestEntry(path="a.py", kind="file", size=len(data), sha256=_sha(data))])
+    with pytest.raises(NotOffered):
+        store.put("alice", 1000, _sha(data), 0, data)  # no offer yet
+    assert store.offer("alice", m).missing == [_sha(data)]
+    with pytest.raises(NotOffered):
+        store.put("bob", 1001, _sha(data), 0, data)  # alice's offer, not bob's
+    assert store.put("alice", 1000, _sha(data), 0, data[:4]).received == 4
+    assert store.put("alice", 1000, _sha(data), 4, data[4:]).complete
+    view = store.commit("alice", m)
+    assert view.stored and view.snapshot_id == m.snapshot_id()
+    assert store.manifest_of(view.snapshot_id, "alice") == m
+    assert store.manifest_of(view.snapshot_id, "bob") is None  # bob cannot name alice's snapshot
+    # bob is never told alice's content is here: he must upload it himself.
+    assert store.offer("bob", m).missing == [_sha(data)]
+    assert store.read(_sha(data), 6) == (data[6:], len(data))
+
+
+def _stream(entries: list[tuple[dict[str, object], bytes]]) -> bytes:
+    return b"".join(header(h) + body for h, body in entries)
+
+
+def test_tree_written_without_following_links_and_verified(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    root.mkdir()
+    ok = _stream([({"path": "src/a.py", "kind": "file", "size": 2, "sha256": _sha(b"hi"), "executable": True}, b"hi"),
+                  ({"path": "link", "kind": "link", "target": "/etc"}, b"")])
+    assert write_tree(str(root), io.BytesIO(ok)) == (2, 2)
+    assert (root / "src" / "a.py").read_bytes() == b"hi" and os.access(root / "src" / "a.py", os.X_OK)
+    assert os.readlink(root / "link") == "/etc"
+    under = _stream([({"path": "link/passwd", "kind": "file", "size": 1, "sha256": _sha(b"x")}, b"x")])
+    with pytest.raises(TreeError, match="a directory on its way is a link"):
+        write_tree(str(root), io.BytesIO(under))
+    assert not (tmp_path / "passwd").exists()
+    wrong = _stream([({"path": "b", "kind": "file", "size": 1, "sha256": _sha(b"y")}, b"x")])
+    with pytest.raises(TreeError, match="do not hash"):
+        write_tree(str(root), io.BytesIO(wrong))
+    with pytest.raises(TreeError, match="refused: an absolute path"):
+        write_tree(str(root), io.BytesIO(_stream([({"path": "/abs", "kind": "file", "size": 0}, b"")])))
+
+
+def test_outputs_collected_without_links_and_capped(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a.json").write_text('{"a": 1}')
+    (tmp_path / "results" / "big.json").write_text("x" * 100)
+    os.symlink("/etc/passwd", tmp_path / "results" / "passwd.json")
+    out = io.BytesIO()
+    note = collect_outputs(str(tmp_path), ["results/*.json"], out, max_bytes=50, max_files=10)
+    got = {}
+    for h, read in read_entries(io.BytesIO(out.getvalue())):
+        got[h["path"]] = read(h["size"])
+    assert got == {"results/a.json": b'{"a": 1}'}  # the link is never followed, the big one over the cap
+    assert note.startswith("1 output file(s) left out over the caps") and "results/big.json" in note
+
+
+def test_unpack_in_process_through_the_stream_and_cache(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "cache", max_bytes=5)
+    data = b"hello"
+    part = cache.partial(_sha(data))
+    part.write_bytes(data)
+    cache.finish(_sha(data))
+    assert cache.has(_sha(data))
+    bad = cache.partial("cd" * 32)
+    bad.write_bytes(b"nope")
+    with pytest.raises(ValueError, match="do not hash"):
+        cache.finish("cd" * 32)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+
+    def feed(sink: io.BufferedWriter) -> None:  # type: ignore[type-arg]
+        sink.write(header({"path": "m.txt", "kind": "file", "size": 5, "sha256": _sha(data)}))
+        sink.write(cache.path(_sha(data)).read_bytes())
+
+    assert run_as("unpack", [str(tree)], None, feed=feed, timeout_s=5) == b'{"entries": 1, "bytes": 5}'
+    assert (tree / "m.txt").read_bytes() == data and os.stat(tree / "m.txt").st_ino != os.stat(
+        cache.path(_sha(data))).st_ino  # a copy, never a link into the cache
+    with pytest.raises(AsUserError, match="listed twice"):
+        run_as("unpack", [str(tree)], None, feed=feed, timeout_s=5)
+    (tmp_path / "cache" / ("ef" * 32)).write_bytes(b"123456")
+    assert cache.trim({_sha(data)}) == 6  # over the cap: the unpinned content goes, the pinned one stays
+    assert cache.has(_sha(data)) and not cache.has("ef" * 32)
