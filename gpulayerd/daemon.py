@@ -46,6 +46,7 @@ from gpulayerd.app.local import LocalApi
 from gpulayerd.app.owner.array_book import ArrayBook
 from gpulayerd.app.owner.dependency_gate import DependencyGate
 from gpulayerd.app.owner.gang_placement import GangCoordinator
+from gpulayerd.app.owner.notifier import Notifier
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.owner.scheduler import Scheduler
 from gpulayerd.app.owner.ship_server import ShipServer
@@ -434,6 +435,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     transport = SelfFirstTransport(Sender(node_id, machine.accounts.mode, machine.accounts.user), node, router)
     stopper = AttemptStopper(node_id=node_id, transport=transport, signals=signals)
     jobs = OwnedJobs(store=store, signals=signals, clock=clock, runs=stopper, node_id=node_id)
+    jobs.on_persisted = Notifier(jobs=jobs, signals=signals, mode=config.mode,
+                                 allow_root_jobs=config.allow_root_jobs).persisted
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
                            signals=signals, clock=clock, usage=usage)

@@ -46,7 +46,8 @@ class _Suggestions(tuple[str, ...]):
 _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_memory_kind", "min_cc", "framework",
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
                "min_driver_version", "cuda_runtime", "os", "time", "signal", "retry_on", "retry_exit_codes",
-               "retry_backoff", "retry_elsewhere", "no_preflight", "array", "after", "ship", "output", "output_dir")
+               "retry_backoff", "retry_elsewhere", "no_preflight", "notify", "notify_tasks", "array", "after", "ship",
+               "output", "output_dir")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -171,6 +172,12 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="skip the pre-flight check (before the command, on the chosen worker, the frameworks the job "
                         "names are imported and a CUDA/MPS device initialized: a broken environment moves the job "
                         "to another worker instead of failing it; it costs about a second per named framework)")
+    p.add_argument("--notify", metavar="EVENTS",
+                   help="run your notify command (`notify` in ~/.config/gpulayer/config.toml) as you when the job "
+                        "ends, fails or starts: end, fail, start, comma-separated (an array: once, when all its "
+                        "tasks ended)")
+    p.add_argument("--notify-tasks", action="store_true", default=None,
+                   help="with --array: notify for each task too")
     p.add_argument("--array", metavar="0-99[:STEP][%MAX]",
                    help="a job array: one task per index (a range, a range with a step, or a list 1,5,9; %%MAX: at "
                         "most MAX tasks at once, lab-wide); {task} in the command is the index; task ids are ID_7 "
@@ -243,7 +250,8 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
                                 ("signal", args.signal), ("retry_on", args.retry_on),
                                 ("retry_exit_codes", args.retry_exit_codes), ("retry_backoff_s", args.retry_backoff),
                                 ("retry_elsewhere", args.retry_elsewhere),
-                                ("preflight", False if args.no_preflight else None)) if v is not None}
+                                ("preflight", False if args.no_preflight else None),
+                                ("notify", args.notify), ("notify_tasks", args.notify_tasks)) if v is not None}
     if policy:
         spec["policy"] = policy
     env: dict[str, str] = {}
@@ -280,6 +288,14 @@ def spec_body(args: argparse.Namespace) -> dict[str, object]:
         spec, base = _read_toml(args.file), args.file.resolve().parent
     else:
         spec, base = _spec_from_flags(args), Path.cwd()
+    policy = spec.get("policy")
+    if isinstance(policy, dict) and policy.get("notify"):  # the user's command, read here, as the user
+        from gpulayerd.host.user_config import notify_policy
+
+        try:
+            notify_policy(policy)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if spec.get("profile"):  # expanded here, where the user's own profile file is readable
         from gpulayerd.cli.profiles import expand_spec
 

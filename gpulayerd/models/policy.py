@@ -1,13 +1,20 @@
 """``[policy]`` of a job spec (:class:`PolicyModel`): the time limit and its warning signal, the
-retries and their policy, the lease length; the words of :mod:`gpulayerd.core.job_policy` at the boundary."""
+retries and their policy, the lease length, the pre-flight check and notifications; the words of
+:mod:`gpulayerd.core.job_policy` at the boundary."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpulayerd.core import job_policy as limits
 
-__all__ = ["PolicyModel"]
+__all__ = ["NOTIFY_EVENTS", "PolicyModel"]
+
+
+NOTIFY_EVENTS = ("start", "end", "fail")
+"""When a job's notify command runs: its attempt started; it ended (any end); it ended failed, timeout or lost."""
 
 
 class PolicyModel(BaseModel):
@@ -32,6 +39,31 @@ class PolicyModel(BaseModel):
     preflight: bool = True
     """Run the pre-flight check before the command (the named frameworks import, a CUDA/MPS device
     initializes); False: ``--no-preflight``."""
+    notify: list[str] = Field(default_factory=list, max_length=3)
+    """When the owner runs ``notify_command`` as the job's user: ``start``, ``end``, ``fail`` (``--notify``)."""
+    notify_command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
+    """The user's notify command (``notify`` in their ``~/.config/gpulayer/config.toml``, read by the CLI)."""
+    notify_tasks: bool = False
+    """An array notifies per task too (``--notify-tasks``), not only once for the whole array."""
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify(cls, v: object) -> object:
+        items = [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+        if isinstance(items, list):
+            bad = [x for x in items if x not in NOTIFY_EVENTS]
+            if bad:
+                raise ValueError(f"notify: unknown event {', '.join(map(repr, bad))}; allowed: "
+                                 f"{', '.join(NOTIFY_EVENTS)} (comma-separated)")
+            return list(dict.fromkeys(items))
+        return v
+
+    @model_validator(mode="after")
+    def _notify_command(self) -> PolicyModel:
+        if self.notify and not self.notify_command:
+            raise ValueError("notify: needs the notify command (a list of strings under the key `notify` in "
+                             "~/.config/gpulayer/config.toml)")
+        return self
 
     @field_validator("time_limit", mode="before")
     @classmethod

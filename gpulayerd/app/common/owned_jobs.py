@@ -106,6 +106,8 @@ class OwnedJobs:
         # Active job -> its row as this owner last read or wrote it: reports are decided from it without
         # a read (the compare-and-set of every write catches a stale one, and a fresh read follows).
         self._active: dict[str, JobRow] = {}
+        self.on_persisted: Callable[[JobRecord], None] | None = None
+        """Told each job state this owner wrote (the notifier's hook); None: nobody."""
 
     # --- reading
 
@@ -298,6 +300,8 @@ class OwnedJobs:
                     return False
                 self._remember_holder(action.record, reason=action.reason)
                 self._signals.job_changed(job_id)
+                if self.on_persisted is not None:
+                    self.on_persisted(action.record)
                 if action.record.status is JobStatus.QUEUED:
                     self._signals.wake()
             elif isinstance(action, claims.ExtendLease):
@@ -415,6 +419,8 @@ class OwnedJobs:
         if persist is not None:
             self._remember_holder(persist.record, row, persist.reason)
             self._signals.job_changed(job_id)
+            if self.on_persisted is not None:
+                self.on_persisted(persist.record)
             if persist.record.status is JobStatus.QUEUED:
                 self._signals.wake()
         await self.run_actions(job_id, actions[1:] if persist is not None else actions)

@@ -196,6 +196,8 @@ class ArrayBook:
             self._clock.wall(), kind="array ended")
         if done and self._open is not None:
             self._open.discard(row.id)
+        if done and self._jobs.on_persisted is not None:
+            self._jobs.on_persisted(replace(rec, status=status))
         self._signals.job_changed(row.id)
         self._signals.wake()
 
