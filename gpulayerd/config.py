@@ -90,6 +90,7 @@ class DaemonConfig(BaseModel):
         nvidia_smi_timeout_s: hard limit for one nvidia-smi call.
         env_probe_timeout_s: hard limit for probing one interpreter.
         preflight_timeout_s: how long a job's pre-flight check may take (seconds; then it failed).
+        history_keep_days: finished jobs are kept this many days (``gpulayer history``, ``report``), then removed.
         cancel_grace_s: SIGTERM to SIGKILL delay when stopping a job (cancel, time limit).
         max_time_limit: the longest time limit a job submitted here may ask for, seconds (a duration
             such as ``"7d"`` in TOML); a job that names none gets it; None = no cap.
@@ -176,6 +177,7 @@ class DaemonConfig(BaseModel):
     nvidia_smi_timeout_s: float = Field(default=20.0, gt=0)
     env_probe_timeout_s: float = Field(default=60.0, gt=0)
     preflight_timeout_s: float = Field(default=60.0, gt=0)
+    history_keep_days: float = Field(default=90.0, gt=0)
     cancel_grace_s: float = Field(default=10.0, ge=0)
     max_time_limit: float | None = None
     lease_grace_s: float = Field(default=5.0, ge=0)

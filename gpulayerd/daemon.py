@@ -1,13 +1,11 @@
 """The composition root of gpulayerd: builds every part, runs the loops, shuts down in order.
 
-Start-up: take the machine lock (one daemon per machine, :mod:`gpulayerd.host.machinelock`;
-before anything is created or changed, so a second daemon leaves the first one's socket
-and state alone), lock the state dir, open the store, re-adopt or account for the runs of
-the previous life, serve the local API, then run the loops (probe, schedule, lease, and
-the socket check that re-creates a deleted socket) under one supervisor. Shutdown
-(SIGTERM/SIGINT): stop the API, cancel the loops, close the store, remove the pid file.
-Jobs keep running under their watchdogs; a daemon restarted before their lease deadline
-re-adopts them.
+Start-up: take the machine lock (one daemon per machine, :mod:`gpulayerd.host.machinelock`; before anything
+is created or changed, so a second daemon leaves the first one's socket and state alone), lock the state dir,
+open the store, re-adopt or account for the runs of the previous life, serve the local API, then run the loops
+(probe, schedule, lease, the socket check that re-creates a deleted socket, the history's retention) under one
+supervisor. Shutdown (SIGTERM/SIGINT): stop the API, cancel the loops, close the store, remove the pid file.
+Jobs keep running under their watchdogs; a daemon restarted before their lease deadline re-adopts them.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from gpulayerd.app.common.supervisor import supervise
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.leases import LeaseLoop
 from gpulayerd.app.local import LocalApi
+from gpulayerd.app.owner.accounting import Accounting
 from gpulayerd.app.owner.array_book import ArrayBook
 from gpulayerd.app.owner.dependency_gate import DependencyGate
 from gpulayerd.app.owner.gang_placement import GangCoordinator
@@ -340,16 +339,13 @@ class Services:
 
 def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember,
                   remote_jobs: RemoteJobs, cluster: ClusterNode | None, heartbeat: PeerHandler | None = None,
-                  shipping: ShipServer | None = None) -> dict[str, PeerHandler]:
+                  more: dict[str, PeerHandler] | None = None) -> dict[str, PeerHandler]:
     """Every peer route's handler by the name the route table gives it (``heartbeat`` only in a cluster:
-    the :class:`ClusterNode`'s, else ``heartbeat``, a given :class:`PeerNode`'s own membership)."""
-
-    async def capabilities(sender: Sender, msg: object) -> Capabilities:
-        del sender, msg
-        return await machine.capabilities()
+    the :class:`ClusterNode`'s, else ``heartbeat``, a given :class:`PeerNode`'s own membership; ``more``:
+    the shipping and accounting routes' handlers)."""
 
     handlers: dict[str, PeerHandler] = {
-        "machine.capabilities": capabilities,
+        "machine.capabilities": lambda sender, msg: machine.capabilities(),
         "jobs.listing": remote_jobs.listing,
         "worker.offer": worker.offer,
         "owner.claim": owner.claim,
@@ -364,7 +360,7 @@ def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerServic
         "jobs.peer_explain": remote_jobs.peer_explain,
         "jobs.peer_logs": remote_jobs.peer_logs,
         "jobs.peer_cancel": remote_jobs.peer_cancel,
-        **({"shipping.fetch": shipping.fetch, "shipping.output": shipping.output} if shipping is not None else {}),
+        **(more or {}),
     }
     if cluster is not None:
         handlers["cluster.heartbeat"] = cluster.heartbeat
@@ -461,8 +457,12 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                       own=lambda: machine.snapshot(refresh_apps=False))
     shipping = ShipServer(config=config, jobs=jobs, store=store, clock=clock)  # --ship: snapshots, contents, outputs
     roles.listed, starter.shipping = shipping.listed, ShipClient(config=config, node_id=node_id, transport=transport)
+    accounting = Accounting(store=store, clock=clock, node_id=node_id, name_of=names.name_of, machine=machine,
+                            keep_days=config.history_keep_days, directory=node, transport=transport)
     router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
-                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), shipping=shipping), roles)
+                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), more={
+                                   "shipping.fetch": shipping.fetch, "shipping.output": shipping.output,
+                                   "accounting.peer_report": accounting.peer_report}), roles)
 
     async def locate_nvidia_smi() -> str | None:
         return nvidia_path(await machine.capabilities())
@@ -482,7 +482,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
                      owner=owner, machine=machine, directory=node, signals=signals, clock=clock,
                      requesters=requesters, roles=LocalRoles(store=store, jobs=jobs), remote=remote_jobs,
-                     usage=usage, names=names, metrics=metrics, shipping=shipping),
+                     usage=usage, names=names, metrics=metrics, shipping=shipping, accounting=accounting),
     )
 
 
@@ -554,7 +554,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         log.info("gpulayerd %s node %s serving %s", __version__, identity.node_id[:12], config.socket_path)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("probe", services.machine.probe_loop), ("schedule", services.scheduler.loop),
-            ("lease", services.leases.loop), ("socket", api_socket.keep), ("admins", admins.keep)]
+            ("lease", services.leases.loop), ("socket", api_socket.keep), ("admins", admins.keep),
+            *([("history", services.api.accounting.retention_loop)] if services.api.accounting else [])]
         if services.cluster is not None:
             loops.append(("heartbeat", services.cluster.async_heartbeat_loop))
         tasks = [asyncio.create_task(supervise(name, fn), name=name) for name, fn in loops]

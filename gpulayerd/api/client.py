@@ -26,6 +26,7 @@ from gpulayerd.models import (
     JobView,
     LogChunk,
     PeerView,
+    ReportView,
     SubmitRequest,
     UserUsageView,
 )
@@ -181,6 +182,12 @@ class DaemonClient:
     async def users(self) -> list[UserUsageView]:
         """``GET /v1/users``: fair share, every user known in priority order, with what each holds now."""
         return _USERS.validate_json(await self._call("users"))
+
+    async def report(self, since_s: float, by: str = "user", scope: str = "daemon") -> ReportView:
+        """``GET /v1/report``: accounting over the last ``since_s`` seconds (whole seconds), by ``user``,
+        ``host`` or ``gpu-model``; ``scope`` ``daemon`` (this daemon's jobs) or ``lab`` (every owner up)."""
+        params = [("since", str(int(since_s))), ("by", by), ("scope", scope)]
+        return ReportView.model_validate_json(await self._call("report", params=params))
 
     async def metrics(self) -> MetricsView:
         """``GET /v1/metrics``: this machine's GPUs now (utilisation, memory, temperature, power,

@@ -45,6 +45,7 @@ from gpulayerd.models import (
     JobView,
     LogChunk,
     PeerView,
+    ReportView,
     RequesterView,
     SpecError,
     SubmitRequest,
@@ -147,6 +148,11 @@ class LocalService(Protocol):
 
     async def async_users(self) -> list[UserUsageView]:
         """Fair share: every user known, in priority order, with usage and what each holds now."""
+        ...
+
+    async def async_report(self, since_s: float, by: str, scope: str) -> ReportView:
+        """Accounting over the last ``since_s`` seconds by ``by``; ``scope`` ``lab``: every owner that is up.
+        Raises BadRequest: a bad ``by`` or ``since``."""
         ...
 
     async def async_metrics(self) -> MetricsView:
@@ -349,6 +355,13 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     async def users(_: web.Request) -> web.Response:
         return _json(await service.async_users())
 
+    async def report(request: web.Request) -> web.Response:
+        scope = request.query.get("scope", "daemon")
+        if scope not in ("daemon", "lab"):
+            raise ApiError(400, "bad_request", f"scope must be daemon or lab, got {scope!r}")
+        since = _int_param(request, "since", 30 * 86400) or 0
+        return _json(await service.async_report(float(since), request.query.get("by", "user"), scope))
+
     async def metrics(_: web.Request) -> web.Response:
         return _json(await service.async_metrics())
 
@@ -390,7 +403,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     handlers: dict[str, Handler] = {
         "health": health, "devices": devices, "peers": peers, "users": users, "metrics": metrics, "events": events,
         "submit": submit, "jobs": list_jobs, "job": get_job, "explain": explain, "cancel": cancel, "logs": logs,
-        "snapshot": snapshot, "snapshot_blob": snapshot_blob,
+        "snapshot": snapshot, "snapshot_blob": snapshot_blob, "report": report,
     }
     if set(handlers) != set(routes.LOCAL):  # pragma: no cover - the table and the server must agree
         raise RuntimeError(f"local routes without a handler: {sorted(set(routes.LOCAL) ^ set(handlers))}")

@@ -12,6 +12,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import PeerCredentials, Requester, Requesters
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.owner.accounting import Accounting
 from gpulayerd.app.owner.idempotency import Submitted
 from gpulayerd.app.owner.owner import OwnerService
 from gpulayerd.app.owner.ship_server import ShipServer
@@ -28,6 +29,7 @@ from gpulayerd.models import (
     JobView,
     LogChunk,
     PeerView,
+    ReportView,
     SubmitRequest,
     UserUsageView,
 )
@@ -45,12 +47,14 @@ class LocalApi:
                  machine: Machine, directory: Directory | None, signals: Signals, clock: Clock, roles: LocalRoles,
                  requesters: Requesters | None = None, remote: RemoteJobs | None = None,
                  usage: UsageService | None = None, names: Names | None = None,
-                 metrics: MetricsService | None = None, shipping: ShipServer | None = None) -> None:
+                 metrics: MetricsService | None = None, shipping: ShipServer | None = None,
+                 accounting: Accounting | None = None) -> None:
         """Args beyond the obvious: ``remote``: job control across the cluster (None: this machine's
         jobs only); ``usage`` and ``names``: the fair-share book ``GET /v1/users`` reads (None: no
         users listed); ``metrics``: the sampler ``GET /v1/metrics`` reads (None: "samples no metrics");
         ``shipping``: snapshots of shipped jobs (None: ``--ship`` is refused)."""
         self._shipping = shipping
+        self.accounting = accounting
         self._remote = remote
         self._usage = usage
         self._names = names
@@ -138,6 +142,21 @@ class LocalApi:
         if self._shipping is None:
             raise BadRequest("this daemon does not take shipped jobs")
         return await self._shipping.snapshot_blob(requester, digest, offset, data)
+
+    async def async_report(self, since_s: float, by: str, scope: str) -> ReportView:
+        """See :meth:`Accounting.report` (``scope`` ``lab``: :meth:`Accounting.lab_report`).
+
+        Raises:
+            BadRequest: a ``by`` or ``since_s`` it refuses; no accounting here.
+        """
+        if self.accounting is None:
+            raise BadRequest("this daemon keeps no accounting")
+        try:
+            if scope == "lab":
+                return await self.accounting.lab_report(since_s, by)
+            return await self.accounting.report(since_s, by)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
                               scope: str = "local", requester: Requester | None = None,

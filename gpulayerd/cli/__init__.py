@@ -53,6 +53,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("service", "install gpulayerd as a systemd user service (Linux) or a launchd agent (macOS); --system: as "
      "the machine's system service (lab install)", "service"),
     ("users", "fair share: each user's decayed usage, priority, jobs and what they hold now", "users"),
+    ("history", "finished jobs over a period: when they ended, how, where", "users"),
+    ("report", "accounting over a period: jobs, GPU-hours, CPU slot-hours, failures, median wait", "users"),
     ("profiles", "runtime profiles x worker environments: which machines run which stack", "profiles"),
     ("completion", "print a shell completion script (bash, zsh or fish)", "completion"),
 )

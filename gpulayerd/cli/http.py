@@ -291,6 +291,10 @@ class SyncClient:
         """``GET /v1/users``: fair share, every user known in priority order."""
         return self._call("users")
 
+    def report(self, since_s: float, by: str, scope: str) -> Any:
+        """``GET /v1/report``: accounting over the last ``since_s`` seconds by ``by``, this daemon's or the lab's."""
+        return self._call("report", params=[("since", str(int(since_s))), ("by", by), ("scope", scope)])
+
     def submit(self, spec: dict[str, Any], path: str = "", key: str = "") -> Any:
         """``POST /v1/jobs``: the spec as a mapping (workdir resolved), the submitter's ``PATH`` and
         the submission ``key`` (a retry with the same key answers the job stored the first time)."""

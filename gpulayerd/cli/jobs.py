@@ -311,6 +311,9 @@ def spec_body(args: argparse.Namespace) -> dict[str, object]:
         raise UsageError(f"workdir: {wd}: {e.strerror or e}") from e
     if not is_dir:
         raise UsageError(f"workdir: {wd} does not exist or is not a directory")
+    if not (getattr(args, "ship", None) or spec.get("ship") or getattr(args, "output", None)
+            or getattr(args, "output_dir", None)):
+        return spec  # not shipped: none of the hashing, upload and models is imported
     from gpulayerd.ship.upload import ShipUsageError, ship_spec  # (--ship: then the hashing and the models)
 
     try:

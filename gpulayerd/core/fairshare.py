@@ -13,6 +13,8 @@ whoever owns the job. A node that stops reporting stops counting after ``stale_a
 The score that orders users (lower goes first) is
 ``gpu_seconds + CPU_SLOT_WEIGHT * cpu_slot_seconds``: one CPU slot held for a second
 counts :data:`CPU_SLOT_WEIGHT` (1/10) of a GPU-second.
+
+Accounting (``gpulayer report``) sums the same holdings without decay over a period: :func:`tally`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from gpulayerd.core.verdict import Rejection, RejectionCode
 __all__ = [
     "CPU_SLOT_WEIGHT",
     "MAX_REPORTED_USERS",
+    "MAX_WAITS",
+    "AttemptSpan",
     "Candidate",
     "Holding",
+    "JobOutcome",
+    "Tally",
     "Usage",
     "UsageBook",
     "accrue",
@@ -37,10 +43,12 @@ __all__ = [
     "fair_share_reason",
     "gpu_cap_rejection",
     "gpus_of",
+    "merge_tallies",
     "order",
     "passed_over_by",
     "restored",
     "score",
+    "tally",
     "usage_at",
 ]
 
@@ -321,3 +329,91 @@ def passed_over_by(job_user: str, others: Sequence[str], usage: Mapping[str, Usa
     mine = score(usage, job_user)
     below = sorted((score(usage, u), u) for u in set(others) if u != job_user and score(usage, u) < mine)
     return below[0][1] if below else None
+
+
+# ---------------------------------------------------------------------------- accounting (gpulayer report)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSpan:
+    """An attempt that held ``gpus`` GPUs and ``cpu_slots`` CPU slots from ``start`` to ``end`` (wall s;
+    None: it still runs), counted under ``key`` (a user, a host or a GPU model)."""
+
+    key: str
+    start: float
+    end: float | None
+    gpus: int
+    cpu_slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """A job that ended in the period, counted under ``key``: whether it failed (failed, timeout or lost)
+    and how long it waited from its submission to its first start (s; None: it never started)."""
+
+    key: str
+    failed: bool
+    wait_s: float | None
+
+
+@dataclass
+class Tally:
+    """One row of a report: jobs that ended, failures, GPU- and CPU-slot-seconds, and the waits (s).
+
+    ``waits`` keeps at most :data:`MAX_WAITS` samples (every ``k``-th beyond: the median stays honest)."""
+
+    key: str
+    jobs: int = 0
+    failures: int = 0
+    gpu_s: float = 0.0
+    cpu_slot_s: float = 0.0
+    waits: list[float] = field(default_factory=list)
+
+    @property
+    def median_wait_s(self) -> float | None:
+        """The median of :attr:`waits`; None without any."""
+        if not self.waits:
+            return None
+        ordered = sorted(self.waits)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+MAX_WAITS = 10_000
+"""Wait samples one report row keeps (and sends to a peer that merges lab-wide rows)."""
+
+
+def tally(spans: Iterable[AttemptSpan], outcomes: Iterable[JobOutcome], since: float, until: float) -> list[Tally]:
+    """The report rows for the period [``since``, ``until``] (wall s): each span's time within it times
+    its GPUs and CPU slots, each outcome's job, failure and wait; rows by most GPU-seconds, then key."""
+    rows: dict[str, Tally] = {}
+    for s in spans:
+        held = max(0.0, min(until, s.end if s.end is not None else until) - max(since, s.start))
+        row = rows.setdefault(s.key, Tally(s.key))
+        row.gpu_s += held * s.gpus
+        row.cpu_slot_s += held * s.cpu_slots
+    for o in outcomes:
+        row = rows.setdefault(o.key, Tally(o.key))
+        row.jobs += 1
+        row.failures += o.failed
+        if o.wait_s is not None:
+            row.waits.append(max(0.0, o.wait_s))
+    return merge_tallies([list(rows.values())])
+
+
+def merge_tallies(parts: Iterable[Sequence[Tally]]) -> list[Tally]:
+    """Rows of several reports (one per owner) summed by key; waits thinned to :data:`MAX_WAITS`."""
+    rows: dict[str, Tally] = {}
+    for part in parts:
+        for t in part:
+            row = rows.setdefault(t.key, Tally(t.key))
+            row.jobs += t.jobs
+            row.failures += t.failures
+            row.gpu_s += t.gpu_s
+            row.cpu_slot_s += t.cpu_slot_s
+            row.waits.extend(t.waits)
+    for row in rows.values():
+        if len(row.waits) > MAX_WAITS:
+            step = math.ceil(len(row.waits) / MAX_WAITS)
+            row.waits = sorted(row.waits)[::step]
+    return sorted(rows.values(), key=lambda r: (-r.gpu_s, -r.cpu_slot_s, r.key))

@@ -22,6 +22,8 @@ __all__ = [
     "JobView",
     "LogChunk",
     "PeerView",
+    "ReportRowView",
+    "ReportView",
     "SubmitRequest",
     "UserHoldingView",
     "UserUsageView",
@@ -302,3 +304,46 @@ class UserUsageView(BaseModel):
     jobs_queued: int = 0
     jobs_running: int = 0
     holding: list[UserHoldingView] = Field(default_factory=list)
+
+
+class ReportRowView(BaseModel):
+    """One row of ``gpulayer report``: a user, host or GPU model over the period.
+
+    Attributes:
+        key: the user, the host (its name) or the GPU model (``cpu`` for CPU-only attempts).
+        jobs: jobs that ended in the period; failures: of them, failed, timed out or lost.
+        gpu_hours: GPU-seconds held within the period / 3600 (not decayed); cpu_slot_hours likewise.
+        median_wait_s: the median of the ended jobs' waits, submit to first start (s); None without any.
+        waits: the wait samples (s; at most 10,000): what a lab-wide report merges.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    key: str = Field(max_length=300)
+    jobs: int = 0
+    failures: int = 0
+    gpu_hours: float = 0.0
+    cpu_slot_hours: float = 0.0
+    median_wait_s: float | None = None
+    waits: list[float] = Field(default_factory=list, max_length=10_000)
+
+
+class ReportView(BaseModel):
+    """``GET /v1/report`` (``gpulayer report``): accounting over a period, by user, host or GPU model.
+
+    Attributes:
+        scope: ``daemon`` (the jobs owned by this daemon) or ``lab`` (every owner that answered).
+        owners: the owners whose jobs it covers (names); missing: the peers up that did not answer.
+        since, until: the period, wall s.
+        by: ``user``, ``host`` or ``gpu-model``.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    scope: str
+    owners: list[str] = Field(default_factory=list, max_length=10_000)
+    missing: list[str] = Field(default_factory=list, max_length=10_000)
+    since: float
+    until: float
+    by: str
+    rows: list[ReportRowView] = Field(default_factory=list, max_length=100_000)

@@ -29,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from pydantic import BaseModel
 
 from gpulayerd import routes
-from gpulayerd.models import Capabilities, JobList, LogChunk
+from gpulayerd.models import Capabilities, JobList, LogChunk, ReportView
 from gpulayerd.models.snapshots import OutputChunk, ShipChunk, ShipFetch
 from gpulayerd.net.identity import PeerIdentity
 from gpulayerd.net.limits import ConnectionLimits
@@ -52,13 +52,36 @@ from gpulayerd.net.wire import (
     Release,
     RunReport,
     RunReportReply,
+    UsageReportRequest,
 )
 
 __all__ = [
-    "BY_NAME", "CAPABILITIES", "CLAIM", "COMMIT", "HEARTBEAT", "HOLD", "JOBS", "JOB_ACTION_ROUTES", "JOB_FIND",
-    "KILL", "LOGS", "OFFER", "RELEASE", "REPORT", "SHIP_FETCH", "SHIP_OUTPUT",
-    "NoBody", "PeerConnector", "PeerDispatch", "PeerHandler",
-    "PeerNetwork", "PeerRoute", "PeerTransport", "RoleCheck", "Sender",
+    "BY_NAME",
+    "CAPABILITIES",
+    "CLAIM",
+    "COMMIT",
+    "HEARTBEAT",
+    "HOLD",
+    "JOBS",
+    "JOB_ACTION_ROUTES",
+    "JOB_FIND",
+    "KILL",
+    "LOGS",
+    "OFFER",
+    "RELEASE",
+    "REPORT",
+    "SHIP_FETCH",
+    "SHIP_OUTPUT",
+    "USAGE_REPORT",
+    "NoBody",
+    "PeerConnector",
+    "PeerDispatch",
+    "PeerHandler",
+    "PeerNetwork",
+    "PeerRoute",
+    "PeerTransport",
+    "RoleCheck",
+    "Sender",
 ]
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -147,9 +170,11 @@ JOB_ACTION_ROUTES: dict[str, PeerRoute[JobRequest, JobReply]] = {
 """``/v1/peer/job/<action>`` by action."""
 SHIP_FETCH = _bind("ship_fetch", ShipFetch, ShipChunk)
 SHIP_OUTPUT = _bind("ship_output", OutputChunk, Ack)
+USAGE_REPORT = _bind("usage_report", UsageReportRequest, ReportView)
 
 _ALL: list[PeerRoute[Any, Any]] = [HEARTBEAT, CAPABILITIES, JOBS, OFFER, CLAIM, REPORT, KILL, LOGS, HOLD, RELEASE,
-                                   COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values(), SHIP_FETCH, SHIP_OUTPUT]
+                                   COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values(), SHIP_FETCH, SHIP_OUTPUT,
+                                   USAGE_REPORT]
 BY_NAME: dict[str, PeerRoute[Any, Any]] = {r.name: r for r in _ALL}
 """Every peer route, bound, by name."""
 if set(BY_NAME) != set(routes.PEER):  # pragma: no cover - the table and the bindings must agree at import

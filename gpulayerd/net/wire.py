@@ -43,6 +43,7 @@ __all__ = [
     "Revoked",
     "RunReport",
     "RunReportReply",
+    "UsageReportRequest",
     "new_msg_id",
 ]
 
@@ -246,6 +247,16 @@ class JobRequest(_Msg):
 
 MAX_STATUSES = 16
 """The most job states a :class:`JobsRequest` names."""
+
+
+class UsageReportRequest(_Msg):
+    """Any node -> an owner: its accounting of the jobs it owns over the last ``since_s`` seconds, by
+    ``by`` (``gpulayer report --lab``): counts, GPU- and CPU-slot-hours and waits per user, host or
+    GPU model, as every user of the lab may see them (``gpulayer users`` shows usage alike)."""
+
+    msg_id: str
+    since_s: float = Field(gt=0, le=10 * 366 * 86400.0)
+    by: Literal["user", "host", "gpu-model"] = "user"
 
 
 class JobsRequest(_Msg):

@@ -160,6 +160,9 @@ LOCAL_ROUTES: tuple[Route, ...] = (
           "cancel a job"),
     Route("logs", "GET", f"/v1/jobs/{_JOB}/logs", "", "LogChunk", Role.JOB_USER_OR_ADMIN, "local.async_logs",
           "a chunk of a job's log", query=("stream", "offset", "attempt", "rank", "limit")),
+    Route("report", "GET", "/v1/report", "", "ReportView", Role.LOCAL_USER, "local.async_report",
+          "accounting: jobs, GPU- and CPU-slot-hours, failures and waits by user, host or GPU model",
+          query=("since", "by", "scope")),
     Route("snapshot", "POST", "/v1/snapshots", "SnapshotRequest", "SnapshotView", Role.LOCAL_USER,
           "local.async_snapshot", "offer (then commit) a manifest of the requester's workdir: the contents to "
           "upload, or a refusal over a cap"),
@@ -176,6 +179,8 @@ PEER_ROUTES: tuple[Route, ...] = (
           "machine.capabilities", "this node's devices, environments and grant state"),
     Route("jobs", "POST", "/v1/peer/jobs", "JobsRequest", "JobList", Role.MEMBER, "jobs.listing",
           "the jobs owned here, concealed as show conceals them for the same requester"),
+    Route("usage_report", "POST", "/v1/peer/usage-report", "UsageReportRequest", "ReportView", Role.MEMBER,
+          "accounting.peer_report", "the accounting of the jobs owned here over a period (no job's id or spec)"),
     Route("offer", "POST", "/v1/peer/offer", "Offer", "Ack", Role.JOB_OWNER, "worker.offer",
           "an owner offers a queued job (no environment values)"),
     Route("claim", "POST", "/v1/peer/claim", "Claim", "ClaimReply", Role.OFFERED_WORKER, "owner.claim",

@@ -12,7 +12,9 @@ The only package that imports aiosqlite. :class:`Store` owns the one connection
 - ``store.usage`` (:class:`UsageTable`, :mod:`~gpulayerd.store.usage_book`): ``usage`` (fair-share
   usage kept across restarts);
 - ``store.arrays`` (:class:`ArraysTable`, :mod:`~gpulayerd.store.array_table`): ``arrays`` (job arrays'
-  cursors) and the array tasks in ``jobs``.
+  cursors) and the array tasks in ``jobs``;
+- ``store.history`` (:class:`HistoryTable`, :mod:`~gpulayerd.store.history`): accounting's reads of
+  ``jobs`` and ``attempts``, and the retention of finished jobs.
 
 A method that returns has committed its write (WAL, ``synchronous=FULL``). The schema grows
 only through the numbered, forward-only :data:`MIGRATIONS`, tracked with ``PRAGMA user_version``.
@@ -28,6 +30,7 @@ from types import TracebackType
 from gpulayerd.store.array_table import ArrayRow, ArraysTable, Materialized
 from gpulayerd.store.db import Connect, Database, StoreDamaged, StoreGone
 from gpulayerd.store.gangs import GangRow, GangsTable
+from gpulayerd.store.history import AttemptUsage, EndedJob, HistoryTable
 from gpulayerd.store.jobs import JobsTable
 from gpulayerd.store.peers import PeersTable
 from gpulayerd.store.rows import (
@@ -55,11 +58,14 @@ __all__ = [
     "ArraysTable",
     "AttemptRow",
     "AttemptState",
+    "AttemptUsage",
     "Connect",
+    "EndedJob",
     "EventRow",
     "GangRow",
     "GangsTable",
     "GrantRow",
+    "HistoryTable",
     "JobNotFound",
     "JobRow",
     "JobsTable",
@@ -87,6 +93,7 @@ class Store:
         gangs: the current attempt of each multi-host job owned here.
         usage: every user's fair-share usage, as last saved.
         arrays: job arrays owned here (cursors, their tasks' counts).
+        history: what accounting reads of the jobs owned here; the retention of finished ones.
     """
 
     def __init__(self, db: Database) -> None:
@@ -98,6 +105,7 @@ class Store:
         self.gangs = GangsTable(db)
         self.usage = UsageTable(db)
         self.arrays = ArraysTable(db)
+        self.history = HistoryTable(db)
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,

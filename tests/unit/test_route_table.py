@@ -65,6 +65,7 @@ from gpulayerd.net.wire import (
     Offer,
     Release,
     RunReport,
+    UsageReportRequest,
     new_msg_id,
 )
 from tests.fakes.daemons import LEASE_S, OWNER, W1, W2, FakeDaemon, Lab, d, three_daemons
@@ -305,10 +306,10 @@ LOCAL_REFUSALS = ("cancel", "logs")
 """Every local route that is not public: another local user (bob) asks about root's job."""
 
 
-PUBLIC_PEER = ("heartbeat", "capabilities", "jobs", "job_find", "job_show", "job_explain")
+PUBLIC_PEER = ("heartbeat", "capabilities", "jobs", "job_find", "job_show", "job_explain", "usage_report")
 """Sent from a revoked node and a foreign cluster over mutual TLS (see below)."""
 PUBLIC_LOCAL = ("health", "devices", "peers", "users", "metrics", "events", "submit", "jobs", "job", "explain",
-                "snapshot", "snapshot_blob")
+                "snapshot", "snapshot_blob", "report")
 """Sent by another local user over the unix socket: answered, with no field of another user's spec."""
 ENROLL_CASES = ("ca", "join", "renew")
 """Sent without a certificate, with a wrong secret, from a revoked node and from a stranger."""
@@ -391,6 +392,8 @@ def _public_message(route: PeerRoute[Any, Any], sender: Identity, job: str) -> B
         return JobsRequest(msg_id=new_msg_id(), user="bob")
     if route.name.startswith("job_"):
         return JobRequest(msg_id=new_msg_id(), job_id=job, user="bob")
+    if route.name == "usage_report":
+        return UsageReportRequest(msg_id=new_msg_id(), since_s=86400.0, by="user")
     return None
 
 
@@ -519,7 +522,8 @@ async def local_api(lab: Lab, short_dir: Path) -> AsyncIterator[Path]:
     api = LocalApi(node_id=OWNER, hostname="owner", version="test", state_dir=str(o.config.state_dir),
                    owner=o.services.owner, machine=o.services.machine, directory=None, signals=o.services.signals,
                    clock=lab.clock, requesters=_EveryoneIsBob(mode="system", admin_group=""),
-                   roles=LocalRoles(store=o.store, jobs=o.services.jobs))
+                   roles=LocalRoles(store=o.store, jobs=o.services.jobs),
+                   accounting=o.services.api.accounting)
     runner = web.AppRunner(make_local_app(api, events_keepalive_s=0.05), handle_signals=False, access_log=None)
     await runner.setup()
     path = short_dir / "api.sock"
@@ -560,7 +564,7 @@ async def test_local_routes_another_users_job_refused_or_concealed(tmp_path: Pat
             answers: dict[str, object] = {
                 "health": await c.health(), "devices": await c.devices(), "peers": await c.peers(),
                 "users": await c.users(), "jobs": await c.jobs(), "job": await c.job(job),
-                "explain": await c.explain(job),
+                "explain": await c.explain(job), "report": await c.report(86400),
             }
             assert await dump(lab, settle=False) == before
             answers["metrics"] = await c.metrics()  # (its sampler runs on for a while: read after the dump)
