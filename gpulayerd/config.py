@@ -20,6 +20,8 @@ they were, and refuses, unchanged, one owned by another account or writable by a
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Literal
@@ -61,6 +63,28 @@ def default_state_dir() -> Path:
     return Path(user_state_dir("gpulayer"))
 
 
+def read_token(path: Path) -> str:
+    """The bearer token in ``path`` (``metrics_token_file``), stripped.
+
+    Raises:
+        ValueError: missing, not a regular file, readable or writable by others than its owner and group
+            (mode at most 0640), or shorter than 16 characters.
+    """
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"metrics_token_file: {path} is not a regular file")
+        if st.st_mode & 0o137:
+            raise ValueError(f"metrics_token_file: {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0640 "
+                             "or stricter (root and the admin group only)")
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ValueError(f"metrics_token_file: {path}: {e.strerror or e}") from None
+    if len(token) < 16:
+        raise ValueError(f"metrics_token_file: {path} holds no token of at least 16 characters")
+    return token
+
+
 def _host_port(value: str, what: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (``[v6]:PORT`` too).
 
@@ -91,6 +115,9 @@ class DaemonConfig(BaseModel):
         env_probe_timeout_s: hard limit for probing one interpreter.
         preflight_timeout_s: how long a job's pre-flight check may take (seconds; then it failed).
         history_keep_days: finished jobs are kept this many days (``gpulayer history``, ``report``), then removed.
+        metrics_listen: HOST:PORT of the Prometheus listener (``GET /metrics`` with a bearer token); None: off
+            (the local socket's ``/metrics`` is always there).
+        metrics_token_file: the bearer token of ``metrics_listen`` (mode 0640 or stricter: root and the admins).
         cancel_grace_s: SIGTERM to SIGKILL delay when stopping a job (cancel, time limit).
         max_time_limit: the longest time limit a job submitted here may ask for, seconds (a duration
             such as ``"7d"`` in TOML); a job that names none gets it; None = no cap.
@@ -178,6 +205,8 @@ class DaemonConfig(BaseModel):
     env_probe_timeout_s: float = Field(default=60.0, gt=0)
     preflight_timeout_s: float = Field(default=60.0, gt=0)
     history_keep_days: float = Field(default=90.0, gt=0)
+    metrics_listen: str | None = None
+    metrics_token_file: Path | None = None
     cancel_grace_s: float = Field(default=10.0, ge=0)
     max_time_limit: float | None = None
     lease_grace_s: float = Field(default=5.0, ge=0)
@@ -262,6 +291,15 @@ class DaemonConfig(BaseModel):
             raise ValueError(f"peer_max_unauthenticated ({self.peer_max_unauthenticated}) must be at most "
                              f"peer_max_connections ({self.peer_max_connections}): strangers' connections are part "
                              "of the total")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_listener(self) -> DaemonConfig:
+        if self.metrics_listen is not None:
+            _host_port(self.metrics_listen, "metrics_listen")
+            if self.metrics_token_file is None:
+                raise ValueError("metrics_listen: needs metrics_token_file (a bearer token, mode 0640)")
+            read_token(self.metrics_token_file)
         return self
 
     @model_validator(mode="after")

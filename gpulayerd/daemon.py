@@ -25,7 +25,7 @@ from typing import Protocol
 
 from gpulayerd import __version__
 from gpulayerd.api.peer import PeerRouter, TlsNetwork
-from gpulayerd.api.server import LocalSocket, make_local_app, start_unix_site
+from gpulayerd.api.server import LocalSocket, make_local_app, metrics_loops, start_unix_site
 from gpulayerd.api.unixsite import LocalSocketSettings, socket_answers
 from gpulayerd.app.cluster.node import ClusterNode
 from gpulayerd.app.cluster.self_first import SelfFirstTransport
@@ -41,6 +41,7 @@ from gpulayerd.app.common.supervisor import supervise
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.leases import LeaseLoop
 from gpulayerd.app.local import LocalApi
+from gpulayerd.app.openmetrics import OpenMetrics
 from gpulayerd.app.owner.accounting import Accounting
 from gpulayerd.app.owner.array_book import ArrayBook
 from gpulayerd.app.owner.dependency_gate import DependencyGate
@@ -394,8 +395,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     signals = Signals(clock)
     node_id = identity.node_id
     hostname = hostname or socket.gethostname()
-    # THE peer dispatcher, made first and empty: the network serves it and this node's own calls go
-    # through it; it gets its handlers and role checks (app/roles.py) once the services exist.
+    # THE peer dispatcher, made first and empty (the network and this node's own calls use it; handlers later).
     router = PeerRouter(stats=signals.stats, logger=logging.getLogger("gpulayerd.app.roles"))
     network = TlsNetwork(router)
     ledger = Ledger()
@@ -482,7 +482,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         api=LocalApi(node_id=node_id, hostname=hostname, version=__version__, state_dir=str(config.state_dir),
                      owner=owner, machine=machine, directory=node, signals=signals, clock=clock,
                      requesters=requesters, roles=LocalRoles(store=store, jobs=jobs), remote=remote_jobs,
-                     usage=usage, names=names, metrics=metrics, shipping=shipping, accounting=accounting),
+                     usage=usage, names=names, metrics=metrics, shipping=shipping, accounting=accounting,
+                     openmetrics=OpenMetrics(store=store, machine=machine, signals=signals, usage=usage)),
     )
 
 
@@ -505,9 +506,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         ModeMismatch: this node's certificate was enrolled in another mode than ``config.mode``.
         OSError: the socket or state dir cannot be created.
     """
-    # File work (the state dir, its lock, the identity, the pid file) runs in a thread:
-    # nothing blocks the event loop, not even at start-up. The machine lock comes first:
-    # a second daemon stops before it creates or changes anything.
+    # File work (state dir, its lock, identity, pid file) runs in a thread: nothing blocks the event loop,
+    # not even at start-up. The machine lock comes first: a second daemon stops before it changes anything.
     machine_fds = await asyncio.to_thread(_lock_machine, config)
     try:
         if check_shared_install:
@@ -555,7 +555,8 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("probe", services.machine.probe_loop), ("schedule", services.scheduler.loop),
             ("lease", services.leases.loop), ("socket", api_socket.keep), ("admins", admins.keep),
-            *([("history", services.api.accounting.retention_loop)] if services.api.accounting else [])]
+            *services.api.background(), *metrics_loops(config.metrics_listen, config.metrics_token_file,
+                                                      services.api.async_prometheus)]
         if services.cluster is not None:
             loops.append(("heartbeat", services.cluster.async_heartbeat_loop))
         tasks = [asyncio.create_task(supervise(name, fn), name=name) for name, fn in loops]
@@ -569,8 +570,7 @@ async def run(config: DaemonConfig, *, support: SupportMatrix = SUPPORT_MATRIX,
         log.info("gpulayerd stopping")
         notify_stopping()
     finally:
-        # Shutdown order: stop taking requests, stop the loops, stop watching runs
-        # (the jobs go on under their watchdogs), close the store.
+        # Shutdown order: stop taking requests, stop the loops, stop watching runs (the jobs go on), close the store.
         if api_socket is not None:
             await api_socket.close()
         for t in tasks:

@@ -189,6 +189,10 @@ class DaemonClient:
         params = [("since", str(int(since_s))), ("by", by), ("scope", scope)]
         return ReportView.model_validate_json(await self._call("report", params=params))
 
+    async def prometheus(self) -> str:
+        """``GET /metrics``: this daemon in the Prometheus text format."""
+        return (await self._call("prometheus")).decode("utf-8")
+
     async def metrics(self) -> MetricsView:
         """``GET /v1/metrics``: this machine's GPUs now (utilisation, memory, temperature, power,
         processes). Each call keeps the daemon's sampler running a few seconds more: poll it

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -33,6 +35,7 @@ from gpulayerd.api.unixsite import LocalSocket, start_unix_site
 from gpulayerd.app.common.feed import Change, ChangeFeed
 from gpulayerd.app.common.requester import PeerCredentials, Requester, peer_credentials
 from gpulayerd.app.owner.idempotency import REPLAYED_HEADER, Submitted
+from gpulayerd.config import read_token
 from gpulayerd.core.job_policy import signal_name
 from gpulayerd.errors import BadRequest, GpulayerError
 from gpulayerd.models import (
@@ -56,7 +59,8 @@ from gpulayerd.models.metrics import MetricsView
 from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
 from gpulayerd.store import StoreFull
 
-__all__ = ["ApiError", "LocalService", "LocalSocket", "make_local_app", "start_unix_site"]
+__all__ = ["PROMETHEUS_TEXT", "ApiError", "LocalService", "LocalSocket", "make_local_app", "metrics_loops",
+           "start_unix_site"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +152,10 @@ class LocalService(Protocol):
 
     async def async_users(self) -> list[UserUsageView]:
         """Fair share: every user known, in priority order, with usage and what each holds now."""
+        ...
+
+    async def async_prometheus(self) -> bytes:
+        """This daemon in the Prometheus text format."""
         ...
 
     async def async_report(self, since_s: float, by: str, scope: str) -> ReportView:
@@ -355,6 +363,10 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     async def users(_: web.Request) -> web.Response:
         return _json(await service.async_users())
 
+    async def prometheus(_: web.Request) -> web.Response:
+        return web.Response(body=await service.async_prometheus(),
+                            headers={"Content-Type": PROMETHEUS_TEXT})
+
     async def report(request: web.Request) -> web.Response:
         scope = request.query.get("scope", "daemon")
         if scope not in ("daemon", "lab"):
@@ -404,6 +416,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
         "health": health, "devices": devices, "peers": peers, "users": users, "metrics": metrics, "events": events,
         "submit": submit, "jobs": list_jobs, "job": get_job, "explain": explain, "cancel": cancel, "logs": logs,
         "snapshot": snapshot, "snapshot_blob": snapshot_blob, "report": report,
+        "prometheus": prometheus,
     }
     if set(handlers) != set(routes.LOCAL):  # pragma: no cover - the table and the server must agree
         raise RuntimeError(f"local routes without a handler: {sorted(set(routes.LOCAL) ^ set(handlers))}")
@@ -478,6 +491,41 @@ def _ids_param(values: list[str]) -> frozenset[str] | None:
     if len(ids) > MAX_IDS:
         raise ApiError(400, "bad_request", f"ids: at most {MAX_IDS} job ids per request, got {len(ids)}")
     return ids
+
+
+def metrics_loops(listen: str | None, token_file: Path | None,
+                  render: Callable[[], Awaitable[bytes]]) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+    """The Prometheus TCP listener as a daemon loop when ``listen`` (``HOST:PORT``, ``metrics_listen``) is
+    set: ``GET /metrics`` answered with ``render()`` for a request with ``Authorization: Bearer <token>``
+    (the token of ``token_file``, read when the loop starts), 401 without; nothing else is served."""
+    if listen is None or token_file is None:
+        return []
+    host, _, port = listen.rpartition(":")
+    file = token_file
+
+    async def serve() -> None:
+        expected = f"Bearer {read_token(file)}".encode()
+
+        async def metrics(request: web.Request) -> web.Response:
+            if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+                return web.Response(status=401, text="a bearer token is required\n",
+                                    headers={"WWW-Authenticate": "Bearer"})
+            return web.Response(body=await render(), headers={"Content-Type": PROMETHEUS_TEXT})
+
+        app = web.Application(client_max_size=1024)
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    return [("metrics-tcp", serve)]
+
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:

@@ -11,5 +11,6 @@ dependency order by :mod:`gpulayerd.daemon`.
 - :mod:`.cluster`: membership and heartbeats, trust at run time, the self-first transport.
 - :mod:`.roles`: THE role checks of the route table (peer and local routes).
 - :mod:`.remote_jobs`: any job id on any machine of the cluster.
-- :mod:`.local`: the local API's service; :mod:`.leases`: the one-second lease tick.
+- :mod:`.local`: the local API's service; :mod:`.leases`: the one-second lease tick; :mod:`.openmetrics`:
+  this daemon in the Prometheus text format (``GET /metrics``).
 """

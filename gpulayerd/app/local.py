@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 
 from gpulayerd import routes
 from gpulayerd.app.common.clock import Clock
@@ -12,6 +13,7 @@ from gpulayerd.app.common.ports import Directory
 from gpulayerd.app.common.requester import PeerCredentials, Requester, Requesters
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
+from gpulayerd.app.openmetrics import OpenMetrics
 from gpulayerd.app.owner.accounting import Accounting
 from gpulayerd.app.owner.idempotency import Submitted
 from gpulayerd.app.owner.owner import OwnerService
@@ -40,6 +42,10 @@ from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
 __all__ = ["LocalApi"]
 
 
+Loop = Callable[[], Awaitable[None]]
+"""A background loop the daemon supervises."""
+
+
 class LocalApi:
     """Implements :class:`gpulayerd.api.server.LocalService` over the owner, the machine and the cluster."""
 
@@ -48,13 +54,14 @@ class LocalApi:
                  requesters: Requesters | None = None, remote: RemoteJobs | None = None,
                  usage: UsageService | None = None, names: Names | None = None,
                  metrics: MetricsService | None = None, shipping: ShipServer | None = None,
-                 accounting: Accounting | None = None) -> None:
+                 accounting: Accounting | None = None, openmetrics: OpenMetrics | None = None) -> None:
         """Args beyond the obvious: ``remote``: job control across the cluster (None: this machine's
         jobs only); ``usage`` and ``names``: the fair-share book ``GET /v1/users`` reads (None: no
         users listed); ``metrics``: the sampler ``GET /v1/metrics`` reads (None: "samples no metrics");
         ``shipping``: snapshots of shipped jobs (None: ``--ship`` is refused)."""
         self._shipping = shipping
         self.accounting = accounting
+        self.openmetrics = openmetrics
         self._remote = remote
         self._usage = usage
         self._names = names
@@ -142,6 +149,20 @@ class LocalApi:
         if self._shipping is None:
             raise BadRequest("this daemon does not take shipped jobs")
         return await self._shipping.snapshot_blob(requester, digest, offset, data)
+
+    async def async_prometheus(self) -> bytes:
+        """This daemon in the Prometheus text format (:mod:`gpulayerd.app.openmetrics`).
+
+        Raises:
+            BadRequest: no exporter here.
+        """
+        if self.openmetrics is None:
+            raise BadRequest("this daemon exports no metrics")
+        return await self.openmetrics.render()
+
+    def background(self) -> list[tuple[str, Loop]]:
+        """The loops the API's parts need: the history's retention."""
+        return [("history", self.accounting.retention_loop)] if self.accounting is not None else []
 
     async def async_report(self, since_s: float, by: str, scope: str) -> ReportView:
         """See :meth:`Accounting.report` (``scope`` ``lab``: :meth:`Accounting.lab_report`).

@@ -160,6 +160,8 @@ LOCAL_ROUTES: tuple[Route, ...] = (
           "cancel a job"),
     Route("logs", "GET", f"/v1/jobs/{_JOB}/logs", "", "LogChunk", Role.JOB_USER_OR_ADMIN, "local.async_logs",
           "a chunk of a job's log", query=("stream", "offset", "attempt", "rank", "limit")),
+    Route("prometheus", "GET", "/metrics", "", "text", Role.LOCAL_USER, "local.async_prometheus",
+          "this daemon in the Prometheus text format: counts by state, reason code and user; no job's id or spec"),
     Route("report", "GET", "/v1/report", "", "ReportView", Role.LOCAL_USER, "local.async_report",
           "accounting: jobs, GPU- and CPU-slot-hours, failures and waits by user, host or GPU model",
           query=("since", "by", "scope")),

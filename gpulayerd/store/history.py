@@ -91,6 +91,16 @@ class HistoryTable:
 
         return await self._db.read(read)
 
+    async def active_jobs(self) -> list[tuple[str, str, str]]:
+        """(state, user, reason line) of every job owned here that has not ended (queued, claimed,
+        running; not the rows of whole arrays), in one read: what ``GET /metrics`` counts."""
+        rows = await self._db.fetch_all(
+            "SELECT status, COALESCE(json_extract(spec_json, '$.user'), submitted_by, ''), reason FROM jobs "
+            "WHERE status IN ('queued', 'claimed', 'running') "
+            "AND NOT EXISTS (SELECT 1 FROM arrays r WHERE r.id = jobs.id)",
+            ())
+        return [(str(s), str(u or ""), str(r or "")) for s, u, r in rows]
+
     async def purge(self, before: float, batch: int = 500) -> int:
         """Remove the finished jobs last changed before ``before`` (wall s), at most ``batch`` of them
         (an array goes with its tasks, when every one of them is that old), in one transaction; how

@@ -309,7 +309,7 @@ LOCAL_REFUSALS = ("cancel", "logs")
 PUBLIC_PEER = ("heartbeat", "capabilities", "jobs", "job_find", "job_show", "job_explain", "usage_report")
 """Sent from a revoked node and a foreign cluster over mutual TLS (see below)."""
 PUBLIC_LOCAL = ("health", "devices", "peers", "users", "metrics", "events", "submit", "jobs", "job", "explain",
-                "snapshot", "snapshot_blob", "report")
+                "snapshot", "snapshot_blob", "report", "prometheus")
 """Sent by another local user over the unix socket: answered, with no field of another user's spec."""
 ENROLL_CASES = ("ca", "join", "renew")
 """Sent without a certificate, with a wrong secret, from a revoked node and from a stranger."""
@@ -523,7 +523,7 @@ async def local_api(lab: Lab, short_dir: Path) -> AsyncIterator[Path]:
                    owner=o.services.owner, machine=o.services.machine, directory=None, signals=o.services.signals,
                    clock=lab.clock, requesters=_EveryoneIsBob(mode="system", admin_group=""),
                    roles=LocalRoles(store=o.store, jobs=o.services.jobs),
-                   accounting=o.services.api.accounting)
+                   accounting=o.services.api.accounting, openmetrics=o.services.api.openmetrics)
     runner = web.AppRunner(make_local_app(api, events_keepalive_s=0.05), handle_signals=False, access_log=None)
     await runner.setup()
     path = short_dir / "api.sock"
@@ -565,6 +565,7 @@ async def test_local_routes_another_users_job_refused_or_concealed(tmp_path: Pat
                 "health": await c.health(), "devices": await c.devices(), "peers": await c.peers(),
                 "users": await c.users(), "jobs": await c.jobs(), "job": await c.job(job),
                 "explain": await c.explain(job), "report": await c.report(86400),
+                "prometheus": await c.prometheus(),
             }
             assert await dump(lab, settle=False) == before
             answers["metrics"] = await c.metrics()  # (its sampler runs on for a while: read after the dump)

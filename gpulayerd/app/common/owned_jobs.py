@@ -259,6 +259,7 @@ class OwnedJobs:
             if actions and await self.run_actions(job_id, actions):
                 persist = next((a for a in actions if isinstance(a, claims.PersistJob)), None)
                 if persist is not None:
+                    self._signals.stats["lease_losses"] += 1
                     await self._store.jobs.end_attempt(job_id, row.attempt, "lost", None, persist.reason,
                                                        self._clock.wall())
                 self._leases.pop(job_id, None)
