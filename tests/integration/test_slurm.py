@@ -78,3 +78,18 @@ def test_cancel_reaches_scancel(gateway: Daemon, slurm: SlurmCluster) -> None:
     assert view.status == "cancelled", gateway.show(job)
     wait_until(lambda: f"gpulayer:{job}:1" not in slurm.run("squeue", "-h", "-o", "%k").stdout, 10,
                "scancel ended the Slurm job")
+
+
+def test_gateway_killed_mid_job_readopts_it_and_records_the_exit_once(gateway: Daemon, slurm: SlurmCluster) -> None:
+    job = gateway.submit("--", "sh", "-c", "sleep 3; echo done-after-restart")
+    wait_until(lambda: any(ln.endswith(f"gpulayer:{job}:1") and "|RUNNING|" in ln
+                           for ln in slurm.run("squeue", "-h", "-o", "%i|%T|%k").stdout.splitlines()),
+               20, "the Slurm job runs")
+    gateway.kill()  # kill -9: the attempt's watchdog and its proxy live on
+    gateway.start()
+    view = gateway.wait_status(job, {"succeeded", "failed", "lost"}, timeout_s=30)
+    assert view.status == "succeeded", gateway.show(job)
+    assert "done-after-restart" in gateway.cli_ok("logs", job)
+    shown = gateway.show(job)
+    assert shown["attempt"] == 1, shown  # submitted once: no second attempt, no second sbatch
+    assert [ln for ln in slurm.run("squeue", "-h", "-o", "%k").stdout.splitlines() if job in ln] == []
