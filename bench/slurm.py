@@ -1,9 +1,9 @@
 """Slurm on this machine, the anchor for gpulayer's figures: ``python bench/slurm.py`` (as root).
 
 Installs Slurm and munge from the distribution's packages when they are missing
-(``apt-get install -y slurm-wlm munge``, non-interactive), writes a minimal single-node
-``slurm.conf`` and a munge key in a temporary directory (nothing under /etc is touched),
-starts munged, slurmctld and slurmd on it, measures, and stops them again (always).
+(``apt-get install -y slurm-wlm munge``, non-interactive), starts the test suite's one-node
+cluster (:mod:`tests.fakes.slurm_cluster`: its own ``slurm.conf`` and munge key in a temporary
+directory, nothing under /etc is touched), measures, and stops it again (always).
 
 - ``srun true`` round trip: the whole ``srun`` process, p50 of 20 (the anchor for
   ``gpulayer submit`` -> job start, whole CLI process included).
@@ -22,10 +22,8 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import line, percentile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes import slurm_cluster
 
 __all__ = ["SlurmFigures", "anchor", "slurm_figures"]
 
@@ -79,93 +80,16 @@ def ensure_installed() -> str | None:
     return f"installed, yet {', '.join(missing)} not found" if missing else None
 
 
-def _conf(d: Path, host: str, cpus: int) -> str:
-    return f"""ClusterName=bench
-SlurmctldHost={host}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={d}/munge.socket
-CredType=cred/munge
-SlurmctldPort=16817
-SlurmdPort=16818
-StateSaveLocation={d}/ctld
-SlurmdSpoolDir={d}/slurmd
-SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
-SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-ReturnToService=2
-SlurmdTimeout=30
-InactiveLimit=0
-KillWait=5
-NodeName={host} CPUs={cpus} State=UNKNOWN
-PartitionName=bench Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-
-
 @contextlib.contextmanager
 def running_slurm(cpus: int) -> Iterator[dict[str, str]]:
-    """munged, slurmctld and slurmd on a temporary config; yields the environment for the clients.
+    """munged, slurmctld and slurmd on a temporary config (:mod:`tests.fakes.slurm_cluster`, the test
+    suite's one-node cluster, without GPUs); yields the environment for the clients.
 
     Raises:
         RuntimeError: a daemon did not start or the node did not come up within 30 s.
     """
-    d = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
-    os.chmod(d, 0o700)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        host = socket.gethostname().split(".")[0]
-        for sub in ("ctld", "slurmd"):
-            (d / sub).mkdir()
-        key = d / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        os.chmod(key, 0o600)
-        (d / "slurm.conf").write_text(_conf(d, host, cpus))
-        env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
-        munged = ["munged", "-F", "--force", f"--key-file={key}", f"--socket={d}/munge.socket",
-                  f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"]
-        for argv in (munged, ["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")],
-                     ["slurmd", "-D", "-f", str(d / "slurm.conf")]):
-            log = open(d / f"{argv[0]}.out", "wb")  # noqa: SIM115 (closed with the process)
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-            time.sleep(0.3)
-            if procs[-1].poll() is not None:
-                raise RuntimeError(f"{argv[0]} exited {procs[-1].returncode}: {_tail(d / f'{argv[0]}.out')}"
-                                   f"{_tail(d / f'{argv[0]}.log')}")
-        end = time.monotonic() + 30
-        while True:
-            r = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, env=env, capture_output=True, text=True)
-            if r.returncode == 0 and r.stdout.strip().rstrip("*") == "idle":
-                break
-            if time.monotonic() > end:
-                said = r.stdout.strip() or r.stderr.strip()
-                raise RuntimeError(f"the node did not come up within 30 s (sinfo: {said}); "
-                                   f"slurmd log: {_tail(d / 'slurmd.log')}")
-            time.sleep(0.2)
-        env["BENCH_SLURM_DIR"] = str(d)
-        yield env
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(d, ignore_errors=True)
+    with slurm_cluster.running_slurm(cpus=cpus, gpus=0, partition="bench") as cluster:
+        yield {**cluster.env, "BENCH_SLURM_DIR": str(cluster.root)}
 
 
 def _tail(path: Path, n: int = 3) -> str:

@@ -39,6 +39,7 @@ from gpulayerd.host.sockets import (  # the socket rule, shared with the CLI (wh
     socket_path_for,
 )
 from gpulayerd.models import format_validation_error
+from gpulayerd.slurm.settings import SlurmConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -191,6 +192,8 @@ class DaemonConfig(BaseModel):
             ``<state dir>/trees``; system mode ``/var/tmp/gpulayer-trees``: jobs' users must enter it).
         allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (``kern.hv_vmm_present``
             = 1) as ``mps``; off by default, since Metal in a VM is paravirtual and partial.
+        slurm: the ``[slurm]`` section: this daemon is a worker backed by a Slurm cluster
+            (:class:`~gpulayerd.slurm.settings.SlurmConfig`); None: a workstation.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -252,6 +255,7 @@ class DaemonConfig(BaseModel):
     ship_transfer_timeout_s: float = Field(default=300.0, gt=0)
     ship_outputs_mb: float = Field(default=100.0, gt=0)
     ship_tree_dir: Path | None = None
+    slurm: SlurmConfig | None = None
 
     @field_validator("exclude_gpus", mode="before")
     @classmethod
@@ -307,6 +311,12 @@ class DaemonConfig(BaseModel):
         if self.isolated and self.device_lock_dir == Path("/tmp/gpulayer-locks"):
             raise ValueError("isolated: give device_lock_dir (--device-lock-dir) a directory of its own: the shared "
                              "/tmp/gpulayer-locks is the other daemon's")
+        return self
+
+    @model_validator(mode="after")
+    def _slurm_interpreters(self) -> DaemonConfig:
+        if self.slurm is not None and self.slurm.interpreters and "interpreters" not in self.model_fields_set:
+            object.__setattr__(self, "interpreters", list(self.slurm.interpreters))
         return self
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ from gpulayerd.app.worker.member import GangMember
 from gpulayerd.app.worker.metrics import MetricsService, StoreJobs, nvidia_path
 from gpulayerd.app.worker.recovery import Recovery
 from gpulayerd.app.worker.ship_client import ShipClient
+from gpulayerd.app.worker.slurm_worker import attach_slurm
 from gpulayerd.app.worker.starter import Starter
 from gpulayerd.app.worker.worker import WorkerService
 from gpulayerd.config import SYSTEM_SOCKET_PATH, DaemonConfig
@@ -416,6 +417,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         nvidia=NvidiaSmi(),
         support=support, signals=signals, clock=clock)
     starter.activation_of = machine.activation_of
+    if config.slurm is not None:  # a login node's daemon: the Slurm cluster is its worker
+        attach_slurm(machine, config.slurm)
     if capabilities is not None:
         machine.use_capabilities(capabilities)
     cluster: ClusterNode | None = None

@@ -5,6 +5,7 @@
 #   ip, nft, ping (iproute2, nftables, iputils-ping)   the network-namespace LAN
 #   avahi-browse, avahi-daemon, dbus-daemon            a standard mDNS client reads our records
 #   tmux                                               the TUI in a real terminal
+#   slurmctld, slurmd, sbatch, munged (slurmctld, slurmd, slurm-client, munge)   a one-node Slurm
 need=()
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
@@ -14,6 +15,10 @@ command -v avahi-browse >/dev/null 2>&1 || need+=(avahi-utils)
 command -v avahi-daemon >/dev/null 2>&1 || need+=(avahi-daemon)
 command -v dbus-daemon >/dev/null 2>&1 || need+=(dbus)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "== installing Debian packages for the tests: ${need[*]}"

@@ -38,9 +38,11 @@ def render_capabilities(caps: Capabilities, wide: bool = False, limit: int | Non
         _e(f"{caps.hostname}  node {caps.node_id[:12]}  {fmt.text(caps.platform)}/{fmt.text(caps.machine)}"),
         f"CPU: {fmt.text(caps.cpu_count)} logical cores{f', {slots}' if slots else ''}   "
         f"RAM: {fmt.gb(caps.memory_total_bytes)}",
-        "",
-        "Devices:",
     ]
+    if caps.kind == "slurm":  # a worker backed by a Slurm cluster: its partitions and each node's GRES
+        out.append(_e(f"Worker kind: slurm   partitions: {', '.join(caps.slurm_partitions) or 'none seen'}"))
+        out += [_e(f"  GRES {g}") for g in caps.slurm_gres]
+    out += ["", "Devices:"]
     if caps.devices:
         parents = {d.uuid: d.index for d in caps.devices if d.uuid}
         rows = [

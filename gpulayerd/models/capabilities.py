@@ -278,6 +278,9 @@ class Capabilities(BaseModel):
         max_gpus_per_user: the most GPUs of this worker one user may hold; None = no cap.
         driver_cuda: the newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``,
             else :func:`gpulayerd.core.matching.cuda_compat.driver_cuda_version` of the driver); None if unknown.
+        kind: ``host`` (a workstation) or ``slurm`` (a worker backed by a Slurm cluster: its devices are the
+            GPUs of ``slurm_partitions``).
+        slurm_partitions: a Slurm worker's partitions; ``slurm_gres``: each node's GRES (``node: gpu:a100:4``).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -303,6 +306,9 @@ class Capabilities(BaseModel):
     missing_accounts: list[str] = Field(default_factory=list, max_length=256)
     max_gpus_per_user: int | None = Field(default=None, ge=0)
     driver_cuda: str | None = Field(default=None, max_length=16)
+    kind: Literal["host", "slurm"] = "host"
+    slurm_partitions: list[str] = Field(default_factory=list, max_length=256)
+    slurm_gres: list[str] = Field(default_factory=list, max_length=4096)
 
     def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
         """Convert to a :class:`WorkerSnapshot` for the matcher."""

@@ -195,8 +195,9 @@ class Daemon:
 
     def __init__(self, root: Path, *, lock_dir: Path, cpu_slots: int | None, fake: FakeGpus | None,
                  settings: dict[str, float], env: dict[str, str] | None = None,
-                 wrap: Sequence[str] = ()) -> None:
+                 wrap: Sequence[str] = (), toml: str = "") -> None:
         self.root = root
+        self.toml = toml  # sections after the settings (e.g. ``[slurm]``)
         self.wrap = list(wrap)  # argv prefix (taskset -c 0, unshare ...) the daemon runs under
         self.extra_env = env or {}
         self.state_dir = root / "state"
@@ -218,7 +219,7 @@ class Daemon:
         self.work.mkdir(parents=True, exist_ok=True)
         seed_env_cache(self.state_dir)
         config = self.root / "gpulayerd.toml"
-        config.write_text("".join(f"{k} = {v!r}\n" for k, v in self.settings.items()), encoding="utf-8")
+        config.write_text("".join(f"{k} = {v!r}\n" for k, v in self.settings.items()) + self.toml, encoding="utf-8")
         slots = [] if self.cpu_slots is None else ["--cpu-slots", str(self.cpu_slots)]
         argv = [*self.wrap, GPULAYERD, "--state-dir", str(self.state_dir), "--device-lock-dir", str(self.lock_dir),
                 *slots, "--config", str(config), "--log-level", "DEBUG"]
@@ -383,11 +384,11 @@ class Lab:
         return FakeGpus(self.root / f"fake{self._n}", memories_mib)
 
     def daemon(self, *, fake: FakeGpus | None = None, cpu_slots: int | None = 2, lock_dir: Path | None = None,
-               env: dict[str, str] | None = None, start: bool = True, wrap: Sequence[str] = (),
+               env: dict[str, str] | None = None, start: bool = True, wrap: Sequence[str] = (), toml: str = "",
                **settings: float) -> Daemon:
         self._n += 1
         d = Daemon(self.root / f"d{self._n}", lock_dir=lock_dir or self.lock_dir, cpu_slots=cpu_slots,
-                   fake=fake, settings={**SETTINGS, **settings}, env=env, wrap=wrap)
+                   fake=fake, settings={**SETTINGS, **settings}, env=env, wrap=wrap, toml=toml)
         self.daemons.append(d)
         return d.start() if start else d
 

@@ -26,6 +26,7 @@ from tests.fakes.daemon_process import (  # noqa: F401 (the tests import these f
     wait_until,
 )
 from tests.fakes.envcache import drop_env_cache
+from tests.fakes.slurm_cluster import SlurmCluster, running_slurm
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,3 +66,11 @@ def shared_lab() -> Iterator[Lab]:
 def cpu_daemon(shared_lab: Lab) -> Daemon:
     """One CPU-only daemon shared by a module's tests that need nothing else."""
     return shared_lab.daemon(cpu_slots=2)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    """A real one-node Slurm (:mod:`tests.fakes.slurm_cluster`: GRES ``gpu:a100:2``, partition ``gpu``),
+    stopped after the module, every process it started with it."""
+    with running_slurm() as cluster:
+        yield cluster

@@ -78,6 +78,8 @@ class Accounts:
         self._missing_ttl_s = missing_ttl_s
         self._exists = exists
         self._answers: dict[str, tuple[bool, float]] = {}  # name -> (exists, when)
+        # What else this worker refuses of a spec (a Slurm worker: multi-node jobs, array tasks), or None.
+        self.refuse_spec: Callable[[Mapping[str, object]], str | None] | None = None
         self._missing: dict[str, float] = {}  # name -> when it stops being advertised
 
     async def exists(self, name: str) -> bool:
@@ -139,7 +141,7 @@ class Accounts:
         if raw is not None and not isinstance(raw, str):
             return dict(spec), "the job's user is not a name"
         user = self.effective_user(raw or "", sender_mode, sender_user)
-        why = await self.refusal(user)
+        why = await self.refusal(user) or (self.refuse_spec(spec) if self.refuse_spec is not None else None)
         if why is not None:
             return dict(spec), why
         return {**spec, "user": user}, None

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -245,6 +245,8 @@ class Machine:
             kept_out += [f"those in exclude_gpus={config.exclude_gpus}"] if config.exclude_gpus else []
             log.info("GPUs kept out of scheduling: %s", "; ".join(kept_out))
         self._unmatched_told: set[str] = set()  # entries of those that name no device, logged once each
+        self.inventory_source: Callable[[], HostInventory] | None = None  # a Slurm worker's (gpulayerd.slurm)
+        self.shape_caps: Callable[[Capabilities], Capabilities] = lambda caps: caps  # (its kind, partitions)
         self._hw_failed = False
         self._hw_lock = asyncio.Lock()
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
@@ -284,8 +286,9 @@ class Machine:
     async def _discover(self) -> HostInventory:
         """This machine's devices as the daemon may use them (in a thread), a lost GPU with its last
         good reading's facts (:func:`with_last_known`). Called with ``_hw_lock`` held."""
-        inventory = self._visible(
-            await asyncio.to_thread(discover_host, self._discovery, self._support, nvidia=self._nvidia))
+        source = self.inventory_source or functools.partial(discover_host, self._discovery, self._support,
+                                                            nvidia=self._nvidia)
+        inventory = self._visible(await asyncio.to_thread(source))
         return replace(inventory, devices=with_last_known(inventory.devices, self._last_good))
 
     async def probe_once(self) -> None:
@@ -305,7 +308,8 @@ class Machine:
             # Metadata first (or the cached full answer): torch's import-based check runs in the
             # background and lands through _apply_environment (TorchChecks).
             self._envs = envs = list(await self.torch_checks.answers(self._config.interpreters))
-            caps = build_capabilities(inventory, self.preflight_marks.apply(envs), self.node_id, self._clock.wall())
+            caps = self.shape_caps(build_capabilities(inventory, self.preflight_marks.apply(envs), self.node_id,
+                                                      self._clock.wall()))
             changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
         self._ready.set()
@@ -321,8 +325,8 @@ class Machine:
             if self._caps is None or self._inventory is None:
                 return
             self._envs = envs = [env if e.interpreter == env.interpreter else e for e in self._envs]
-            caps = build_capabilities(self._inventory, self.preflight_marks.apply(envs), self.node_id,
-                                      self._clock.wall())
+            caps = self.shape_caps(build_capabilities(self._inventory, self.preflight_marks.apply(envs),
+                                                      self.node_id, self._clock.wall()))
             changed = _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
         if changed:
@@ -458,8 +462,8 @@ class Machine:
             self._inventory, self._ours_at_probe = inventory, ours
         assert self._caps is not None
         fresh = build_capabilities(inventory, [], self.node_id, self._clock.wall())
-        caps = self._caps.model_copy(update={"devices": fresh.devices, "health": fresh.health,
-                                             "taken_at": fresh.taken_at})
+        caps = self.shape_caps(self._caps.model_copy(update={"devices": fresh.devices, "health": fresh.health,
+                                                             "taken_at": fresh.taken_at}))
         changed = _hardware_key(self._caps) != _hardware_key(caps)
         self._caps = caps
         if changed:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpulayerd.app.common.clock import Clock
+from gpulayerd.app.common.ledger import cpu_slots_of
 from gpulayerd.app.worker.ship_client import ShipClient, TransferFailed
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.verdict import Placement
@@ -23,6 +25,7 @@ from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.launch import build_argv, build_env, build_gang_argv, resolve_job_user
 from gpulayerd.runs.preflight import PreflightCheck
 from gpulayerd.runs.runner import RunHandle, Runner
+from gpulayerd.slurm.submit import proxy_argv
 
 __all__ = ["GangRank", "Starter", "device_grants", "preflight_check"]
 
@@ -142,9 +145,14 @@ class Starter:
             env["NCCL_SOCKET_IFNAME"] = gang.interface
         warning = spec.policy.warning()  # the time limit, held by the watchdog itself
         limit = None if warning is None or spec.policy.time_limit is None else (spec.policy.time_limit, *warning)
+        slurm = self._config.slurm
+        if slurm is not None:  # a Slurm worker: the watchdog runs the proxy that submits and follows the job
+            argv = proxy_argv(slurm, sys.executable, job_id, attempt, argv, env, spec.workdir or "",
+                              [u for u in placement.device_uuids if u], cpu_slots_of(spec), spec.policy.time_limit,
+                              warning)
         return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
                                   renew_s=lease_s, time_limit=limit,
-                                  preflight=None if gang is not None else preflight_check(
+                                  preflight=None if gang is not None or slurm is not None else preflight_check(
                                       spec, placement, self._config.preflight_timeout_s))
 
     def transfer_note(self, key: tuple[str, int]) -> str:

@@ -1,0 +1,95 @@
+"""A Slurm cluster as a gpulayer worker (issue 36), against a real one-node Slurm (the ``slurm`` fixture):
+a gpulayerd with ``[slurm]`` lists the cluster's partitions and GRES, submits the jobs it claims with
+``sbatch`` as the job's user, follows them, and maps their end; ``gpulayer cancel`` reaches ``scancel``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fakes.daemon_process import Daemon, Lab, wait_until
+from tests.fakes.slurm_cluster import SlurmCluster
+
+
+def slurm_toml(cluster: SlurmCluster, out_dir: str) -> str:
+    """The ``[slurm]`` section of a daemon backed by ``cluster``."""
+    return (f'\n[slurm]\npartitions = ["{cluster.partition}"]\npoll_interval_s = 0.2\n'
+            f'output_dir = "{out_dir}"\nenv = {{ SLURM_CONF = "{cluster.env["SLURM_CONF"]}" }}\n'
+            f'[slurm.gres]\n{cluster.gpu_type} = {{ memory_gb = 80, cc = "8.0" }}\n')
+
+
+@pytest.fixture(scope="module")
+def gateway(slurm: SlurmCluster) -> Iterator[Daemon]:
+    """One gpulayerd whose worker is the Slurm cluster (CPU slots 2, as the node's CPUs)."""
+    lab = Lab()
+    try:
+        yield lab.daemon(toml=slurm_toml(slurm, str(lab.root / "slurm-out")))
+    finally:
+        lab.close()
+
+
+def test_devices_list_the_partitions_and_gres(gateway: Daemon, slurm: SlurmCluster) -> None:
+    text = gateway.cli_ok("devices")
+    assert "Worker kind: slurm   partitions: gpu" in text, text
+    assert f"GRES {slurm.node}: gpu:a100:2" in text, text
+    assert f"a100 on {slurm.node}" in text, text
+    caps = json.loads(gateway.cli_ok("devices", "--json"))[0]
+    assert caps["kind"] == "slurm" and caps["slurm_partitions"] == ["gpu"]
+    assert [d["uuid"] for d in caps["devices"]] == [f"slurm:{slurm.node}:a100:0", f"slurm:{slurm.node}:a100:1"]
+    assert caps["devices"][0]["memory_total_bytes"] == 80 * 2**30
+    assert caps["devices"][0]["compute_capability"] == "8.0"
+
+
+def test_cpu_job_runs_in_slurm_and_its_output_is_in_logs(gateway: Daemon, slurm: SlurmCluster) -> None:
+    job = gateway.submit("--", "sh", "-c", "echo hello from $SLURM_JOB_ID on $SLURMD_NODENAME; echo oops >&2")
+    view = gateway.wait_status(job, {"succeeded", "failed"}, timeout_s=30)
+    assert view.status == "succeeded", gateway.show(job)
+    out = gateway.cli_ok("logs", job)
+    assert f"on {slurm.node}" in out and "hello from " in out, out
+    err = gateway.cli_ok("logs", "--stderr", job)
+    assert "oops" in err and "gpulayer: Slurm job" in err, err
+
+
+def test_gpu_job_gets_a_gres_gpu(gateway: Daemon, slurm: SlurmCluster) -> None:
+    job = gateway.submit("--accelerator", "cuda", "--gpus", "1", "--", "sh", "-c", "echo gpus=$SLURM_JOB_GPUS cvd=$CUDA_VISIBLE_DEVICES")
+    view = gateway.wait_status(job, {"succeeded", "failed"}, timeout_s=30)
+    assert view.status == "succeeded", gateway.show(job)
+    out = gateway.cli_ok("logs", job)
+    assert "gpus=0 cvd=0" in out or "gpus=1 cvd=0" in out, out
+
+
+def test_failed_job_ends_failed_with_its_exit_code(gateway: Daemon) -> None:
+    job = gateway.submit("--", "sh", "-c", "exit 3")
+    view = gateway.wait_status(job, {"succeeded", "failed"}, timeout_s=30)
+    assert view.status == "failed", gateway.show(job)
+    assert gateway.show(job)["exit_code"] == 3
+
+
+def test_cancel_reaches_scancel(gateway: Daemon, slurm: SlurmCluster) -> None:
+    job = gateway.submit("--", "sleep", "300")
+    wait_until(lambda: any(ln.endswith(f"gpulayer:{job}:1") and "|RUNNING|" in ln
+                           for ln in slurm.run("squeue", "-h", "-o", "%i|%T|%k").stdout.splitlines()),
+               20, "the Slurm job runs")
+    gateway.cli_ok("cancel", job)
+    view = gateway.wait_status(job, {"cancelled", "failed", "succeeded"}, timeout_s=20)
+    assert view.status == "cancelled", gateway.show(job)
+    wait_until(lambda: f"gpulayer:{job}:1" not in slurm.run("squeue", "-h", "-o", "%k").stdout, 10,
+               "scancel ended the Slurm job")
+
+
+def test_gateway_killed_mid_job_readopts_it_and_records_the_exit_once(gateway: Daemon, slurm: SlurmCluster) -> None:
+    job = gateway.submit("--", "sh", "-c", "sleep 3; echo done-after-restart")
+    wait_until(lambda: any(ln.endswith(f"gpulayer:{job}:1") and "|RUNNING|" in ln
+                           for ln in slurm.run("squeue", "-h", "-o", "%i|%T|%k").stdout.splitlines()),
+               20, "the Slurm job runs")
+    gateway.kill()  # kill -9: the attempt's watchdog and its proxy live on
+    gateway.start()
+    view = gateway.wait_status(job, {"succeeded", "failed", "lost"}, timeout_s=30)
+    assert view.status == "succeeded", gateway.show(job)
+    assert "done-after-restart" in gateway.cli_ok("logs", job)
+    shown = gateway.show(job)
+    assert shown["attempt"] == 1, shown  # submitted once: no second attempt, no second sbatch
+    assert [ln for ln in slurm.run("squeue", "-h", "-o", "%k").stdout.splitlines() if job in ln] == []

@@ -1,0 +1,200 @@
+"""Slurm's answers read (recorded from Debian's 22.05.8, tests/data/slurm), the end states mapped, and the
+batch script and sbatch command line of an attempt (gpulayerd.slurm)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gpulayerd.gpu.command import CommandResult
+from gpulayerd.slurm.batch import Submission, batch_script, refusal, sbatch_argv, slurm_time
+from gpulayerd.slurm.capacity import devices_of, uuid_parts
+from gpulayerd.slurm.outputs import (
+    Gres,
+    SlurmJob,
+    end_of,
+    parse_gres,
+    parse_nodes_json,
+    parse_nodes_lines,
+    parse_scontrol_job,
+    parse_squeue,
+    pending_reason,
+)
+from gpulayerd.slurm.proxy import exit_status, submission_of
+from gpulayerd.slurm.settings import SlurmConfig
+from gpulayerd.slurm.slurmcmd import SlurmCommands, SlurmError
+from gpulayerd.slurm.submit import proxy_argv
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def test_gres_strings() -> None:
+    assert parse_gres("gpu:a100:4") == (Gres("gpu", "a100", 4),)
+    assert parse_gres("gpu:2") == (Gres("gpu", None, 2),)
+    assert parse_gres("gpu:a100:4(S:0-1),shard:8") == (Gres("gpu", "a100", 4), Gres("shard", None, 8))
+    assert parse_gres("(null)") == () and parse_gres("") == ()
+
+
+def test_nodes_from_sinfo_json_and_lines_agree() -> None:
+    from_json = parse_nodes_json(read("sinfo.json"))
+    from_lines = parse_nodes_lines(read("sinfo-N.txt"))
+    assert [(n.name, n.partitions, n.cpus, n.gres, n.state) for n in from_json] == [
+        ("vm", ("gpu",), 2, (Gres("gpu", "a100", 2),), "idle")]
+    assert [(n.name, n.partitions, n.cpus, n.gres, n.state) for n in from_lines] == [
+        ("vm", ("gpu",), 2, (Gres("gpu", "a100", 2),), "idle")]
+    assert from_lines[0].usable
+
+
+def test_a_node_in_two_partitions_is_one_node() -> None:
+    nodes = parse_nodes_lines("n1|gpu*|64|512000|gpu:a100:4|mixed|a100,ib\nn1|long|64|512000|gpu:a100:4|mixed|a100,ib\n"
+                              "n2|gpu*|64|512000|gpu:h100:8|drained|(null)\n")
+    assert [(n.name, n.partitions, n.usable) for n in nodes] == [("n1", ("gpu", "long"), True),
+                                                                 ("n2", ("gpu",), False)]
+    assert nodes[0].features == ("a100", "ib")
+    with pytest.raises(ValueError, match="7 fields"):
+        parse_nodes_lines("n1|gpu|64\n")
+
+
+def test_devices_from_gres_with_the_admins_mapping() -> None:
+    cfg = SlurmConfig(partitions=["gpu"], gres={"a100": {"memory_gb": 80, "cc": "8.0"}})  # type: ignore[dict-item]
+    nodes = parse_nodes_lines("n1|gpu|64|1000|gpu:a100:2|idle|(null)\nn2|gpu|64|1000|gpu:v100:1|down|(null)\n"
+                              "n3|other|64|1000|gpu:a100:4|idle|(null)\n")
+    devs = devices_of(nodes, cfg)
+    assert [(d.uuid, d.name, d.memory_total_bytes, d.compute_capability, d.state.value) for d in devs] == [
+        ("slurm:n1:a100:0", "a100 on n1", 80 * 2**30, (8, 0), "ok"),
+        ("slurm:n1:a100:1", "a100 on n1", 80 * 2**30, (8, 0), "ok"),
+        ("slurm:n2:v100:0", "v100 on n2", None, None, "unusable"),  # (no mapping: unknown)
+    ]
+    assert uuid_parts("slurm:n1:a100:0") == ("n1", "a100") and uuid_parts("GPU-1234") is None
+
+
+def test_squeue_and_scontrol_jobs() -> None:
+    jobs = parse_squeue(read("squeue.txt"))
+    assert [(j.job_id, j.state, j.reason, j.partition, j.comment) for j in jobs] == [
+        ("1", "PENDING", "None", "gpu", "gpulayer:j1:1"), ("2", "PENDING", "Priority", "gpu", "gpulayer:j2:1")]
+    pending = parse_scontrol_job(read("scontrol-pending.txt"))
+    assert pending is not None
+    assert (pending.state, pending.reason, pending.nodes, pending.comment, pending.ended) == (
+        "PENDING", "Priority", "", "gpulayer:j2:1", False)
+    assert pending_reason(pending, 12) == "SlurmPending: Priority (partition gpu, position 12)"
+    failed = parse_scontrol_job(read("scontrol-failed.txt"))
+    assert failed is not None
+    assert (failed.state, failed.exit_code, failed.signal, failed.nodes, failed.ended) == ("FAILED", 3, 0, "vm", True)
+    assert parse_scontrol_job("") is None
+
+
+@pytest.mark.parametrize(("state", "code", "sig", "status", "words"), [
+    ("COMPLETED", 0, 0, 0, ""),
+    ("FAILED", 3, 0, 3, "Slurm: FAILED (exit 3) on n1"),
+    ("TIMEOUT", 0, 0, 124, "Slurm: TIMEOUT (its time limit) on n1"),
+    ("OUT_OF_MEMORY", 0, 0, 137, "Slurm: OUT_OF_MEMORY on n1"),
+    ("NODE_FAIL", 0, 0, 125, "Slurm: NODE_FAIL on n1"),
+    ("CANCELLED", 0, 15, 143, "Slurm: CANCELLED"),
+    ("FAILED", 0, 9, 137, "Slurm: FAILED (exit -9) on n1"),
+])
+def test_end_states_mapped(state: str, code: int, sig: int, status: int, words: str) -> None:
+    job = SlurmJob("7", state, nodes="n1", exit_code=code, signal=sig)
+    assert end_of(job).reason == words
+    assert exit_status(job) == status
+
+
+def _sub(**kw: object) -> Submission:
+    base: dict[str, object] = dict(job_id="j1", attempt=2, argv=["python", "train.py", "--name", "it's $HOME"],
+                                   env={"A": "x y", "B": "$(rm -rf /)", "CUDA_VISIBLE_DEVICES": "slurm:n1:a100:0",
+                                        "bad-name": "z"},
+                                   workdir="/shared/my dir", out_dir="/home/u/.gpulayer/slurm", partition="gpu",
+                                   gpus=2, gpu_type="a100", cpus=4, time_limit_s=3601, signal=("USR1", 60))
+    base.update(kw)
+    return Submission(**base)  # type: ignore[arg-type]
+
+
+def test_batch_script_quotes_every_value() -> None:
+    script = batch_script(_sub())
+    assert script.splitlines() == [
+        "#!/bin/bash", "# gpulayer job j1 attempt 2",
+        "export A='x y'", "export B='$(rm -rf /)'",
+        "cd -- '/shared/my dir' || exit 1",
+        "exec python train.py --name 'it'\"'\"'s $HOME'",
+    ]
+    assert shlex.split(script.splitlines()[-1])[1:] == ["python", "train.py", "--name", "it's $HOME"]
+
+
+def test_sbatch_argv() -> None:
+    assert sbatch_argv(_sub()) == [
+        "sbatch", "--parsable", "--job-name=gpulayer-j1", "--nodes=1", "--ntasks=1", "--cpus-per-task=4",
+        "--output=/home/u/.gpulayer/slurm/j1-2.out", "--error=/home/u/.gpulayer/slurm/j1-2.err",
+        "--chdir=/shared/my dir", "--export=NONE", "--comment=gpulayer:j1:2", "--partition=gpu",
+        "--gres=gpu:a100:2", "--time=61", "--signal=B:USR1@60", "/home/u/.gpulayer/slurm/j1-2.sh"]
+    plain = sbatch_argv(_sub(partition="", gpus=0, time_limit_s=None, signal=None))
+    assert not [a for a in plain if a.startswith(("--partition", "--gres", "--time", "--signal"))]
+    assert slurm_time(30) == "1" and slurm_time(2 * 86400 + 90) == "2-00:02:00"
+
+
+def test_multi_node_jobs_and_arrays_are_refused() -> None:
+    assert refusal(1, False) is None
+    assert refusal(2, False) == "NotOnSlurm: a job over 2 nodes does not run on a Slurm worker yet (it runs elsewhere)"
+    assert refusal(1, True) == "NotOnSlurm: array tasks do not run on a Slurm worker yet (they run elsewhere)"
+
+
+def test_proxy_argv_round_trips_to_a_submission() -> None:
+    cfg = SlurmConfig(partitions=["gpu"], env={"SLURM_CONF": "/etc/s.conf"}, output_dir="{home}/out/{user}")
+    argv = proxy_argv(cfg, "/usr/bin/python3", "j1", 1, ["sh", "-c", "echo hi"], {"A": "1"}, "/w",
+                      ["slurm:n1:a100:0"], 3, 600.0, ("USR1", 540.0))
+    assert argv[:3] == ["/usr/bin/python3", "-m", "gpulayerd.slurm.proxy"]
+    data = json.loads(argv[3])
+    assert data["slurm_env"] == {"SLURM_CONF": "/etc/s.conf"}
+    sub = submission_of(data, "/home/u", "u")
+    assert (sub.out_dir, sub.gpus, sub.gpu_type, sub.cpus, sub.partition, sub.signal, sub.time_limit_s) == (
+        "/home/u/out/u", 1, "a100", 3, "gpu", ("USR1", 60.0), 600.0)
+
+
+def test_slurm_config_rejects_bad_values() -> None:
+    with pytest.raises(ValidationError, match="colour"):
+        SlurmConfig(colour="blue")  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match=r"cc must be MAJOR\.MINOR"):
+        SlurmConfig(gres={"a100": {"cc": "eight"}})  # type: ignore[dict-item]
+    with pytest.raises(ValidationError, match="prefer"):
+        SlurmConfig(prefer="first")
+    assert SlurmConfig(prefer="overflow-after = 10m").prefer == "overflow-after = 10m"
+
+
+def test_commands_fall_back_to_formats_and_carry_slurms_words() -> None:
+    calls: list[list[str]] = []
+
+    def runner(argv: object, timeout_s: float, env: object = None) -> CommandResult:
+        calls.append(list(argv))  # type: ignore[call-overload]
+        if list(argv) == ["sinfo", "--json"]:  # type: ignore[call-overload]
+            return CommandResult(stderr="sinfo: unrecognized option '--json'", returncode=1)
+        if "sbatch" in list(argv):  # type: ignore[call-overload]
+            return CommandResult(stderr="sbatch: error: Batch job submission failed: Invalid account", returncode=1)
+        return CommandResult(stdout=read("sinfo-N.txt"), returncode=0)
+
+    cmds = SlurmCommands(5.0, {}, runner)
+    assert [n.name for n in cmds.nodes()] == ["vm"]
+    assert [n.name for n in cmds.nodes()] == ["vm"]
+    assert calls.count(["sinfo", "--json"]) == 1  # asked once, then the -o form
+    with pytest.raises(SlurmError, match="sbatch: error: Batch job submission failed: Invalid account"):
+        cmds.submit(["sbatch", "--parsable", "x.sh"])
+
+
+def test_a_bad_slurm_key_names_itself(tmp_path: Path) -> None:
+    from gpulayerd.config import ConfigError, DaemonConfig
+
+    bad = tmp_path / "gpulayerd.toml"
+    bad.write_text('[slurm]\npartitons = ["gpu"]\n')
+    with pytest.raises(ConfigError, match=r"slurm\.partitons: unknown field"):
+        DaemonConfig.load(bad, {})
+    good = tmp_path / "good.toml"
+    good.write_text('[slurm]\npartitions = ["gpu"]\ninterpreters = ["/opt/py/bin/python3"]\n'
+                    '[slurm.gres]\na100 = { memory_gb = 80, cc = "8.0" }\n')
+    cfg = DaemonConfig.load(good, {})
+    assert cfg.slurm is not None and cfg.slurm.gres["a100"].compute_capability == (8, 0)
+    assert cfg.interpreters == ["/opt/py/bin/python3"]
