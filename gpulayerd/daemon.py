@@ -404,9 +404,8 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     usage = UsageService(node_id=node_id, ledger=ledger, clock=clock, half_life_s=config.fairshare_half_life_s,
                          stale_after_s=max(30.0, 3 * config.down_after_s), table=store.usage)
     locks = DeviceLocks(config.device_lock_dir)
-    runner = runner or Runner(config.runs_dir, grace_s=config.cancel_grace_s,
-                              poll_interval_s=config.watchdog_poll_interval_s, log_cap_bytes=config.log_cap_bytes,
-                              use_zygote=True)
+    runner = runner or Runner(config.runs_dir, grace_s=config.cancel_grace_s, use_zygote=True,
+                              poll_interval_s=config.watchdog_poll_interval_s, log_cap_bytes=config.log_cap_bytes)
     starter = Starter(config, runner, clock)
     machine = Machine(
         config=config, node_id=node_id, store=store, ledger=ledger, locks=locks,
@@ -414,11 +413,9 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                                  cache_dir=config.state_dir / "cache" / "environments"),
         discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, use_gpus=not config.isolated,
                                   allow_virtual_mps=config.allow_virtual_mps),
-        nvidia=NvidiaSmi(),
-        support=support, signals=signals, clock=clock)
+        nvidia=NvidiaSmi(), support=support, signals=signals, clock=clock)
     starter.activation_of = machine.activation_of
-    if config.slurm is not None:  # a login node's daemon: the Slurm cluster is its worker
-        attach_slurm(machine, config.slurm)
+    attach_slurm(machine, config.slurm)  # a login node's daemon: the Slurm cluster is its worker (None: none)
     if capabilities is not None:
         machine.use_capabilities(capabilities)
     cluster: ClusterNode | None = None

@@ -30,8 +30,11 @@ def spec_refusal(spec: Mapping[str, object]) -> str | None:
     return refusal(nnodes if isinstance(nnodes, int) else 1, spec.get("array_task") is not None)
 
 
-def attach_slurm(machine: Machine, cfg: SlurmConfig) -> SlurmCapacity:
-    """Make ``machine`` the worker of the Slurm cluster ``cfg`` names; the capacity reader it uses."""
+def attach_slurm(machine: Machine, cfg: SlurmConfig | None) -> SlurmCapacity | None:
+    """Make ``machine`` the worker of the Slurm cluster ``cfg`` names; the capacity reader it uses (None:
+    ``cfg`` is None, the machine stays as it is)."""
+    if cfg is None:
+        return None
     capacity = SlurmCapacity(cfg, SlurmCommands(cfg.command_timeout_s, cfg.env), socket.gethostname())
 
     def shape(caps: Capabilities) -> Capabilities:
