@@ -157,7 +157,10 @@ class DaemonConfig(BaseModel):
         ship_total_mb: the most all snapshots stored here may hold, MB.
         ship_reserve_mb: the free space the snapshots leave on the state disk (the database's), MB.
         ship_cache_mb: the most a worker's cache of shipped contents keeps, MB (least recently used dropped).
-        ship_transfer_timeout_s: the longest a worker's fetch and unpack of a shipped job may take, seconds.
+        ship_transfer_timeout_s: the longest a worker's fetch and unpack of a shipped job may take, seconds
+            (its lease is renewed meanwhile); past it the job is re-queued with ``Transfer: ...``.
+        ship_fetch_mb_per_s: the most a worker's fetches of shipped contents move per second, MB
+            (0: no limit), so a cold transfer does not take the whole LAN.
         ship_outputs_mb: the most bytes of outputs (``--output``) one attempt brings back, MB.
         ship_tree_dir: where workers make per-attempt trees of shipped jobs (default
             ``<state dir>/trees``; system mode ``/var/tmp/gpulayer-trees``: jobs' users must enter it).
@@ -219,6 +222,7 @@ class DaemonConfig(BaseModel):
     ship_reserve_mb: float = Field(default=500.0, ge=0)
     ship_cache_mb: float = Field(default=2000.0, gt=0)
     ship_transfer_timeout_s: float = Field(default=300.0, gt=0)
+    ship_fetch_mb_per_s: float = Field(default=0.0, ge=0)
     ship_outputs_mb: float = Field(default=100.0, gt=0)
     ship_tree_dir: Path | None = None
 

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -74,6 +75,8 @@ class ShipClient:
         """Fetch content ``digest`` from byte ``have`` into ``sink``; the bytes moved."""
         moved = 0
         offset = have
+        rate = self._config.ship_fetch_mb_per_s * MB  # bytes per second, 0: no limit
+        began = time.monotonic()
         while True:
             chunk = await self._transport.call(owner, SHIP_FETCH, ShipFetch(job_id=job_id, attempt=attempt,
                                                                             digest=digest, offset=offset))
@@ -85,6 +88,10 @@ class ShipClient:
             moved += len(data)
             if offset >= chunk.total or not data:
                 return moved
+            if rate > 0:  # ship_fetch_mb_per_s: wait until this many bytes were due
+                ahead = began + moved / rate - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
 
     async def prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> str:
         """Fetch and unpack the snapshot of ``spec``; the tree the attempt runs in.
@@ -103,6 +110,7 @@ class ShipClient:
             await asyncio.to_thread(shutil.rmtree, tree, True)
             why = f"not done within {self._config.ship_transfer_timeout_s:g} s" if isinstance(
                 e, asyncio.TimeoutError) else str(e) or type(e).__name__
+            log.info("job_id=%s attempt %d: Transfer: %s (nothing started, no tree left)", job_id, attempt, why)
             raise TransferFailed(f"Transfer: {why}") from None
 
     async def _prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec, sid: str, tree: Path) -> str:
