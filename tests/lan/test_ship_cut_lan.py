@@ -1,8 +1,9 @@
-"""A shipped job's transfer cut mid-way (issue 34), over a real LAN of daemons: h2 fetches a 20 MB
+"""A shipped job's transfer cut mid-way (issue 34), over a real LAN of daemons: h2 fetches a 16 MB
 file throttled to 4 MB/s (``ship_fetch_mb_per_s``, so the cut is not a race); h1, the owner, is
 killed while the part file grows. h2 leaves no tree, never starts the attempt, keeps the part file;
 once h1 is back the job is queued again (nothing ran: no retry used), h2 resumes the file from the
-part and the job runs on the whole file."""
+part and the job runs on the whole file. That second transfer outlasts the job's lease (1 s) and
+the owner's grace (1 s): the worker renews the lease while it fetches, so it is not declared lost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.lan.harness import FAST_CLUSTER, Lan
 QUIET = "INFO"
 MDNS = ["--interface", "eth0"]
 GPU = [(16384, "7.5")]
-BIG = 20_000_000
+BIG = 16_000_000
 
 
 def _wait(what: str, fn: Callable[[], bool], timeout_s: float) -> None:
@@ -35,7 +36,8 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     lan = lan_factory(2)
     h1, h2 = lan.hosts
     lan.form_cluster(h1, h2)
-    h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=2, log_level=QUIET, wait=False)
+    owner = {**FAST_CLUSTER, "lease_grace_s": 1.0}
+    h1.start_daemon(config=owner, extra_args=MDNS, cpu_slots=2, log_level=QUIET, wait=False)
     h2.start_daemon(config={**FAST_CLUSTER, "ship_fetch_mb_per_s": 4.0}, extra_args=MDNS, cpu_slots=2,
                     log_level=QUIET, fake_gpus=GPU, wait=False)
     h1.wait_daemon()
@@ -46,7 +48,7 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     repo.mkdir()
     (repo / "msg.txt").write_text("whole\n")
     h1.run(f"head -c {BIG} /dev/urandom > big.bin", check=True, cwd=repo)
-    r = h1.cli("submit", "--ship", "--accelerator", "cuda", "--", "sh", "-c",
+    r = h1.cli("submit", "--ship", "--accelerator", "cuda", "--lease-s", "1", "--", "sh", "-c",
                "cat msg.txt; wc -c < big.bin", cwd=repo, check=True)
     job = r.stdout.split()[2].rstrip(":")
 
@@ -60,9 +62,12 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     assert not trees.exists() or list(trees.iterdir()) == []  # no partial tree
     assert not (h2.state_dir / "runs" / job / "1").exists()  # attempt 1 never started
 
-    h1.start_daemon(config=FAST_CLUSTER, extra_args=MDNS, cpu_slots=2, log_level=QUIET)
+    h1.start_daemon(config=owner, extra_args=MDNS, cpu_slots=2, log_level=QUIET)
     view = h1.wait_job(job, timeout_s=40)
     assert view.status == "succeeded", view.reason
+    # The second transfer (~3.7 s) outlasted the 1 s lease + 1 s grace: renewed meanwhile, never lost.
+    assert [a.attempt for a in view.attempts] == [1, 2], view.attempts
+    assert not any("no lease renewal" in e.reason for e in h1.job(job).events)
     assert h1.cli_ok("logs", job).split() == ["whole", str(BIG)]
     history = " | ".join(e.reason for e in h1.job(job).events)
     moved = [int(n) for n in re.findall(r"Transfer: \d+ file\(s\), (\d+) bytes moved", history)]

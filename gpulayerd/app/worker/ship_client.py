@@ -6,7 +6,9 @@ them to the owner.
 The manifest is checked against the snapshot id the job's spec records (its SHA-256) and against
 :func:`gpulayerd.core.shipping.manifest_problem`; each content against its SHA-256 before it enters
 the cache (:class:`~gpulayerd.ship.blobcache.BlobCache`). A transfer resumes a content from the
-bytes already received, is bounded by ``ship_transfer_timeout_s``, and on any failure leaves no tree
+bytes already received (its part file, kept when a transfer is cut), may be throttled
+(``ship_fetch_mb_per_s``), renews the attempt's lease while it lasts (as a running attempt's is
+renewed), is bounded by ``ship_transfer_timeout_s``, and on any failure leaves no tree
 behind: :class:`TransferFailed`, and the job is re-queued (the attempt never started).
 """
 
@@ -19,6 +21,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -93,18 +96,33 @@ class ShipClient:
                 if ahead > 0:
                     await asyncio.sleep(ahead)
 
-    async def prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> str:
+    async def prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec,
+                      renew: Callable[[], Awaitable[bool]] | None = None, lease_s: float = 30.0) -> str:
         """Fetch and unpack the snapshot of ``spec``; the tree the attempt runs in.
 
+        Args:
+            renew: renews the attempt's lease at its owner (the ``renew`` report a running attempt
+                sends); False when the owner answered that the attempt is stale. Called every
+                ``lease_s / 3`` seconds while the transfer lasts, so a transfer longer than the lease
+                is not declared lost; a stale answer ends the transfer.
+
         Raises:
-            TransferFailed: ``Transfer: ...`` words (no tree is left behind).
+            TransferFailed: ``Transfer: ...`` words (no tree is left behind): a failure, a stale
+                answer to a renewal, or more than ``ship_transfer_timeout_s``.
         """
         assert spec.ship is not None
         sid = spec.ship.snapshot or ""
         tree = self.tree(owner, job_id, attempt)
+        work = asyncio.ensure_future(asyncio.wait_for(self._prepare(owner, job_id, attempt, spec, sid, tree),
+                                                      self._config.ship_transfer_timeout_s))
+        keeper = asyncio.ensure_future(_keep_lease(renew, lease_s, attempt)) if renew is not None else None
         try:
-            return await asyncio.wait_for(self._prepare(owner, job_id, attempt, spec, sid, tree),
-                                          self._config.ship_transfer_timeout_s)
+            if keeper is not None:
+                await asyncio.wait({work, keeper}, return_when=asyncio.FIRST_COMPLETED)
+                if keeper.done() and not work.done():
+                    work.cancel()
+                    keeper.result()  # (raises TransferFailed: the owner no longer holds it)
+            return await work
         except (TransferFailed, PeerCallError, AsUserError, OSError, ValueError, LookupError,
                 asyncio.TimeoutError) as e:
             await asyncio.to_thread(shutil.rmtree, tree, True)
@@ -112,6 +130,10 @@ class ShipClient:
                 e, asyncio.TimeoutError) else str(e) or type(e).__name__
             log.info("job_id=%s attempt %d: Transfer: %s (nothing started, no tree left)", job_id, attempt, why)
             raise TransferFailed(f"Transfer: {why}") from None
+        finally:
+            for task in (work, keeper):
+                if task is not None and not task.done():
+                    task.cancel()
 
     async def _prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec, sid: str, tree: Path) -> str:
         holder = _Buffer()
@@ -200,6 +222,18 @@ class ShipClient:
                     last=off + BLOB_CHUNK_BYTES >= len(data)))
         await self._transport.call(owner, SHIP_OUTPUT, OutputChunk(worker=self.node_id, job_id=job_id,
                                                                    attempt=attempt, done=True, note=note[:2000]))
+
+
+async def _keep_lease(renew: Callable[[], Awaitable[bool]], lease_s: float, attempt: int) -> None:
+    """Renew the lease every ``lease_s / 3`` seconds (at least 0.2 s apart) until cancelled.
+
+    Raises:
+        TransferFailed: the owner answered that the attempt is stale (no longer its holder's).
+    """
+    while True:
+        await asyncio.sleep(max(lease_s / 3, 0.2))
+        if not await renew():
+            raise TransferFailed(f"the owner no longer holds attempt {attempt} (its lease was renewed stale)")
 
 
 class _Buffer:
