@@ -151,6 +151,9 @@ class SnapshotView(BaseModel):
 
     snapshot_id: str
     missing: list[str] = Field(default_factory=list)
+    received: dict[str, int] = Field(default_factory=dict)
+    """Of the ``missing`` contents, those an earlier, interrupted upload of this user began: digest ->
+    the bytes held (the upload resumes there; from 0 the part is dropped and it starts again)."""
     stored: bool = False
     files: int = 0
     bytes: int = 0

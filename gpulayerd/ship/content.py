@@ -14,6 +14,10 @@ A user is told a content is present only when one of that user's own snapshots l
 another user stored some file is never revealed (the upload of a content present already is
 verified and dropped). An upload is taken only for a content an offer of that user found missing.
 
+Uploads resume: a part file an interrupted upload left stays (until the daemon restarts), the next
+offer of that user says how many bytes of each missing content it holds (``received``) and the
+upload goes on from there; an upload that starts again from byte 0 drops the old part first.
+
 Blocking file I/O: the daemon calls these methods in a thread; a lock keeps the index consistent.
 """
 
@@ -63,6 +67,7 @@ class ContentStore:
         self._owners: dict[str, str] = {}  # snapshot id -> user
         self._user_digests: dict[str, dict[str, int]] = {}  # user -> digest -> size (their snapshots' contents)
         self._pending: dict[str, dict[str, int]] = {}  # user -> digest -> size: offered, not uploaded
+        self._uids: dict[str, int] = {}  # user -> the uid their uploads came from (their part files' names)
         self._blob_bytes = 0
         self._opened = False
 
@@ -139,8 +144,21 @@ class ContentStore:
             if len(pending) + len(missing) > MAX_PENDING:
                 pending.clear()
             pending.update({d: digests[d] for d in missing})
-        return SnapshotView(snapshot_id=manifest.snapshot_id(), missing=missing, files=len(manifest.entries),
-                            bytes=manifest.file_bytes())
+        uid = self._uids.get(user)
+        received = {}
+        for d in missing if uid is not None else []:
+            try:
+                have = self._part(uid or 0, d).stat().st_size
+            except FileNotFoundError:
+                continue
+            if 0 < have < digests[d]:
+                received[d] = have
+        return SnapshotView(snapshot_id=manifest.snapshot_id(), missing=missing, received=received,
+                            files=len(manifest.entries), bytes=manifest.file_bytes())
+
+    def _part(self, uid: int, digest: str) -> Path:
+        """The part file of ``uid``'s upload of ``digest`` (checked digest, numeric uid)."""
+        return self.root / "partial" / f"{int(uid)}-{digest}"
 
     def put(self, user: str, uid: int, digest: str, offset: int, data: bytes) -> BlobView:
         """Append ``data`` at ``offset`` to the upload of content ``digest`` by ``user`` (uid ``uid``); once
@@ -159,8 +177,13 @@ class ContentStore:
             raise NotOffered(f"content {digest[:12]} was not offered by {user} (offer the manifest first)")
         if len(data) > BLOB_CHUNK_BYTES:
             raise NotOffered(f"a chunk of {len(data)} bytes (at most {BLOB_CHUNK_BYTES})")
-        part = self.root / "partial" / f"{uid}-{digest}"
+        with self._lock:
+            self._uids[user] = uid
+        part = self._part(uid, digest)
         have = part.stat().st_size if part.exists() else 0
+        if offset == 0 and have:  # an upload started again from 0: the part an interrupted one left goes
+            part.unlink(missing_ok=True)
+            have = 0
         if offset != have or have + len(data) > size:
             raise NotOffered(f"content {digest[:12]}: next byte is {have} of {size}, not {offset} (+{len(data)})")
         with open(part, "ab") as f:

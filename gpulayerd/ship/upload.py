@@ -4,8 +4,9 @@
 The files (:func:`gpulayerd.ship.walk.list_paths`: git's list in a git work tree, else the
 directory minus ``.gpulayerignore``) are hashed here, the manifest is offered to the local daemon,
 which answers the contents it lacks (or refuses the snapshot over a cap, naming the largest files:
-exit 2); those are uploaded in 1 MiB chunks (a chunk already there is skipped: an interrupted
-upload resumes), then the manifest is committed and its id goes into the spec's ``ship``.
+exit 2); those are uploaded in 1 MiB chunks, each from the byte the daemon says it holds already
+(``received``: an interrupted upload resumes where it stopped), then the manifest is committed and
+its id goes into the spec's ``ship``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ShipUsageError", "SnapshotClient", "ship_spec"]
+__all__ = ["ShipUsageError", "SnapshotClient", "send_snapshot", "ship_spec"]
 
 
 class ShipUsageError(ValueError):
@@ -90,7 +91,6 @@ def ship_spec(args: object, spec: dict[str, object],
 
 def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Path) -> str:
     """Snapshot ``workdir``, upload what the daemon lacks, commit; the snapshot id."""
-    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
     from gpulayerd.ship.walk import WalkError, list_paths, make_manifest
 
     try:
@@ -98,31 +98,41 @@ def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Pat
     except WalkError as e:
         raise ShipUsageError(f"--ship: {e}") from None
     body = manifest.model_dump(mode="json")
+    return call(lambda c: send_snapshot(c, body, sources))
 
-    def upload(c: SnapshotClient) -> str:
-        offered = c.snapshot(body, commit=False)
-        sent = 0
-        for digest in offered.missing:
-            source = sources.get(digest)
-            if source is None:
-                raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
-            with open(source, "rb") as f:
-                offset = 0
-                while True:
-                    chunk = f.read(BLOB_CHUNK_BYTES)
-                    if not chunk and offset:
-                        break
-                    c.snapshot_blob(digest, offset, chunk)
-                    offset += len(chunk)
-                    sent += len(chunk)
-                    if not chunk:
-                        break
-        stored = c.snapshot(body, commit=True)
-        if not stored.stored:
-            raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
+
+def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Path]) -> str:
+    """Offer the manifest ``body``, upload the contents the daemon lacks from ``sources`` (SHA-256 -> a
+    file holding them), each from the byte the daemon holds already, then commit; the snapshot id.
+
+    Raises:
+        ShipUsageError: the daemon asked for a content not in the snapshot, or one changed meanwhile.
+        CommandFailed: the daemon failed (an upload cut there resumes at the next submit).
+    """
+    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
+
+    offered = c.snapshot(body, commit=False)
+    sent = 0
+    for digest in offered.missing:
+        source = sources.get(digest)
+        if source is None:
+            raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
+        with open(source, "rb") as f:
+            offset = int((getattr(offered, "received", None) or {}).get(digest, 0))  # resumed, if interrupted
+            f.seek(offset)
+            while True:
+                chunk = f.read(BLOB_CHUNK_BYTES)
+                if not chunk and offset:
+                    break
+                c.snapshot_blob(digest, offset, chunk)
+                offset += len(chunk)
+                sent += len(chunk)
+                if not chunk:
+                    break
+    stored = c.snapshot(body, commit=True)
+    if not stored.stored:
+        raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
                              "missing): submit again")
-        print(f"shipped {stored.files} files ({stored.bytes / 1e6:.1f} MB; {len(offered.missing)} uploaded, "
-              f"{sent / 1e6:.1f} MB) as snapshot {stored.snapshot_id[:12]}", file=sys.stderr)
-        return str(stored.snapshot_id)
-
-    return call(upload)
+    print(f"shipped {stored.files} files ({stored.bytes / 1e6:.1f} MB; {len(offered.missing)} uploaded, "
+          f"{sent / 1e6:.1f} MB) as snapshot {stored.snapshot_id[:12]}", file=sys.stderr)
+    return str(stored.snapshot_id)

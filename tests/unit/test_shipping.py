@@ -188,3 +188,57 @@ def test_unpack_in_process_through_the_stream_and_cache(tmp_path: Path) -> None:
     (tmp_path / "cache" / ("ef" * 32)).write_bytes(b"123456")
     assert cache.trim({_sha(data)}) == 6  # over the cap: the unpinned content goes, the pinned one stays
     assert cache.has(_sha(data)) and not cache.has("ef" * 32)
+
+
+class _Cut(Exception):
+    """The CLI's connection cut in the middle of an upload."""
+
+
+class _StoreClient:
+    """The CLI's client of the local daemon, straight onto a content store; cut after ``cut_after`` chunks."""
+
+    def __init__(self, store: ContentStore, cut_after: int | None = None) -> None:
+        self.store = store
+        self.cut_after = cut_after
+        self.offsets: list[int] = []
+
+    def snapshot(self, manifest: dict[str, object], commit: bool) -> object:
+        m = Manifest.model_validate(manifest)
+        return self.store.commit("alice", m) if commit else self.store.offer("alice", m)
+
+    def snapshot_blob(self, digest: str, offset: int, data: bytes) -> object:
+        if self.cut_after is not None and len(self.offsets) >= self.cut_after:
+            raise _Cut
+        self.offsets.append(offset)
+        return self.store.put("alice", 1000, digest, offset, data)
+
+
+def test_an_interrupted_upload_resumes_from_the_bytes_the_daemon_holds(tmp_path: Path) -> None:
+    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
+    from gpulayerd.ship.upload import send_snapshot
+
+    store = _store(tmp_path)
+    data = os.urandom(2 * BLOB_CHUNK_BYTES + 1000)  # three chunks
+    (tmp_path / "big.bin").write_bytes(data)
+    m = Manifest(entries=[ManifestEntry(path="big.bin", kind="file", size=len(data), sha256=_sha(data))])
+    body, sources = m.model_dump(mode="json"), {_sha(data): tmp_path / "big.bin"}
+    first = _StoreClient(store, cut_after=1)
+    with pytest.raises(_Cut):
+        send_snapshot(first, body, sources)  # one chunk in, then the connection is cut
+    assert store.offer("alice", m).received == {_sha(data): BLOB_CHUNK_BYTES}
+    again = _StoreClient(store)
+    assert send_snapshot(again, body, sources) == m.snapshot_id()
+    assert again.offsets == [BLOB_CHUNK_BYTES, 2 * BLOB_CHUNK_BYTES]  # resumed: the first chunk is not sent again
+    assert store.read(_sha(data), 0, len(data))[1] == len(data)
+    assert store.blob_path(_sha(data)).read_bytes() == data
+
+
+def test_an_upload_started_again_from_zero_drops_the_stale_part(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    data = b"0123456789" * 10
+    m = Manifest(entries=[ManifestEntry(path="d.txt", kind="file", size=len(data), sha256=_sha(data))])
+    store.offer("alice", m)
+    assert store.put("alice", 1000, _sha(data), 0, b"garbage").received == 7  # an old CLI's cut upload
+    assert store.put("alice", 1000, _sha(data), 0, data).complete  # from 0 again: the part is dropped, not refused
+    assert store.commit("alice", m).stored
+    assert store.blob_path(_sha(data)).read_bytes() == data
