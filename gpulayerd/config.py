@@ -161,7 +161,10 @@ class DaemonConfig(BaseModel):
             (its lease is renewed meanwhile); past it the job is re-queued with ``Transfer: ...``.
         ship_fetch_mb_per_s: the most a worker's fetches of shipped contents move per second, MB
             (0: no limit), so a cold transfer does not take the whole LAN.
-        ship_outputs_mb: the most bytes of outputs (``--output``) one attempt brings back, MB.
+        ship_outputs_mb: the most bytes of outputs (``--output``) one attempt brings back, MB (and
+            the most one ``gpulayer fetch`` gets).
+        ship_keep_s: how long a worker keeps an ended shipped attempt's tree (for ``gpulayer fetch``),
+            seconds (default a day); then it is removed.
         ship_tree_dir: where workers make per-attempt trees of shipped jobs (default
             ``<state dir>/trees``; system mode ``/var/tmp/gpulayer-trees``: jobs' users must enter it).
         allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (``kern.hv_vmm_present``
@@ -224,6 +227,7 @@ class DaemonConfig(BaseModel):
     ship_transfer_timeout_s: float = Field(default=300.0, gt=0)
     ship_fetch_mb_per_s: float = Field(default=0.0, ge=0)
     ship_outputs_mb: float = Field(default=100.0, gt=0)
+    ship_keep_s: float = Field(default=86400.0, ge=0)
     ship_tree_dir: Path | None = None
 
     @field_validator("exclude_gpus", mode="before")

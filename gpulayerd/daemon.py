@@ -339,7 +339,7 @@ class Services:
 
 def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerService, member: GangMember,
                   remote_jobs: RemoteJobs, cluster: ClusterNode | None, heartbeat: PeerHandler | None = None,
-                  shipping: ShipServer | None = None) -> dict[str, PeerHandler]:
+                  shipping: ShipServer | None = None, trees: ShipClient | None = None) -> dict[str, PeerHandler]:
     """Every peer route's handler by the name the route table gives it (``heartbeat`` only in a cluster:
     the :class:`ClusterNode`'s, else ``heartbeat``, a given :class:`PeerNode`'s own membership)."""
 
@@ -364,6 +364,7 @@ def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerServic
         "jobs.peer_logs": remote_jobs.peer_logs,
         "jobs.peer_cancel": remote_jobs.peer_cancel,
         **({"shipping.fetch": shipping.fetch, "shipping.output": shipping.output} if shipping is not None else {}),
+        **({"trees.files": trees.files} if trees is not None else {}),
     }
     if cluster is not None:
         handlers["cluster.heartbeat"] = cluster.heartbeat
@@ -456,10 +457,12 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
                       requesters=requesters, support=support, clock=clock, names=names,
                       own=lambda: machine.snapshot(refresh_apps=False))
-    shipping = ShipServer(config=config, jobs=jobs, store=store, clock=clock)  # --ship: snapshots, contents, outputs
-    roles.listed, starter.shipping = shipping.listed, ShipClient(config=config, node_id=node_id, transport=transport)
+    shipping = ShipServer(config=config, jobs=jobs, store=store, clock=clock, transport=transport)  # --ship
+    starter.shipping = trees = ShipClient(config=config, node_id=node_id, transport=transport, store=store)
+    roles.listed = shipping.listed
     router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
-                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), shipping=shipping), roles)
+                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), shipping=shipping,
+                               trees=trees), roles)
 
     async def locate_nvidia_smi() -> str | None:
         return nvidia_path(await machine.capabilities())

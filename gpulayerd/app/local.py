@@ -33,7 +33,7 @@ from gpulayerd.models import (
 )
 from gpulayerd.models.jobs_query import JobsQuery
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
+from gpulayerd.models.snapshots import BlobView, FetchChunk, FetchRequest, SnapshotRequest, SnapshotView
 
 __all__ = ["LocalApi"]
 
@@ -138,6 +138,12 @@ class LocalApi:
         if self._shipping is None:
             raise BadRequest("this daemon does not take shipped jobs")
         return await self._shipping.snapshot_blob(requester, digest, offset, data)
+
+    async def async_fetch(self, job_ref: str, request: FetchRequest, requester: Requester) -> FetchChunk:
+        """See :meth:`ShipServer.files`. Raises BadRequest: no shipping here (and see there)."""
+        if self._shipping is None:
+            raise BadRequest("this daemon does not take shipped jobs")
+        return await self._shipping.files(requester, job_ref, request)
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
                               scope: str = "local", requester: Requester | None = None,

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from gpulayerd import routes
 from gpulayerd.models import Capabilities, JobList, LogChunk
-from gpulayerd.models.snapshots import OutputChunk, ShipChunk, ShipFetch
+from gpulayerd.models.snapshots import OutputChunk, ShipChunk, ShipFetch, TreeFiles
 from gpulayerd.net.identity import PeerIdentity
 from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.wire import (
@@ -56,7 +56,7 @@ from gpulayerd.net.wire import (
 
 __all__ = [
     "BY_NAME", "CAPABILITIES", "CLAIM", "COMMIT", "HEARTBEAT", "HOLD", "JOBS", "JOB_ACTION_ROUTES", "JOB_FIND",
-    "KILL", "LOGS", "OFFER", "RELEASE", "REPORT", "SHIP_FETCH", "SHIP_OUTPUT",
+    "KILL", "LOGS", "OFFER", "RELEASE", "REPORT", "SHIP_FETCH", "SHIP_FILES", "SHIP_OUTPUT",
     "NoBody", "PeerConnector", "PeerDispatch", "PeerHandler",
     "PeerNetwork", "PeerRoute", "PeerTransport", "RoleCheck", "Sender",
 ]
@@ -147,9 +147,11 @@ JOB_ACTION_ROUTES: dict[str, PeerRoute[JobRequest, JobReply]] = {
 """``/v1/peer/job/<action>`` by action."""
 SHIP_FETCH = _bind("ship_fetch", ShipFetch, ShipChunk)
 SHIP_OUTPUT = _bind("ship_output", OutputChunk, Ack)
+SHIP_FILES = _bind("ship_files", TreeFiles, ShipChunk)
 
 _ALL: list[PeerRoute[Any, Any]] = [HEARTBEAT, CAPABILITIES, JOBS, OFFER, CLAIM, REPORT, KILL, LOGS, HOLD, RELEASE,
-                                   COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values(), SHIP_FETCH, SHIP_OUTPUT]
+                                   COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values(), SHIP_FETCH, SHIP_OUTPUT,
+                                   SHIP_FILES]
 BY_NAME: dict[str, PeerRoute[Any, Any]] = {r.name: r for r in _ALL}
 """Every peer route, bound, by name."""
 if set(BY_NAME) != set(routes.PEER):  # pragma: no cover - the table and the bindings must agree at import

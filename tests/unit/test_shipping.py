@@ -242,3 +242,19 @@ def test_an_upload_started_again_from_zero_drops_the_stale_part(tmp_path: Path) 
     assert store.put("alice", 1000, _sha(data), 0, data).complete  # from 0 again: the part is dropped, not refused
     assert store.commit("alice", m).stored
     assert store.blob_path(_sha(data)).read_bytes() == data
+
+
+def test_kept_trees_are_removed_once_older_than_ship_keep_s(tmp_path: Path) -> None:
+    from gpulayerd.app.worker.ship_client import _ended, _sweep
+
+    old, new, running = tmp_path / "owner-job1-1", tmp_path / "owner-job2-1", tmp_path / "owner-job3-1"
+    for tree in (old, new, running):
+        (tree / "src").mkdir(parents=True)
+        (tree / "src" / "a.py").write_text("x")
+    _ended(old).touch()
+    _ended(new).touch()
+    day_ago = os.path.getmtime(_ended(new)) - 86401
+    os.utime(_ended(old), (day_ago, day_ago))
+    assert _sweep(tmp_path, 86400.0) == 1
+    assert not old.exists() and not _ended(old).exists()
+    assert (new / "src" / "a.py").read_text() == "x" and running.is_dir()  # kept; no marker: its attempt runs

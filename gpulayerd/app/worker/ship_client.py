@@ -10,6 +10,10 @@ bytes already received (its part file, kept when a transfer is cut), may be thro
 (``ship_fetch_mb_per_s``), renews the attempt's lease while it lasts (as a running attempt's is
 renewed), is bounded by ``ship_transfer_timeout_s``, and on any failure leaves no tree
 behind: :class:`TransferFailed`, and the job is re-queued (the attempt never started).
+
+An ended attempt's tree is kept ``ship_keep_s`` (a marker ``<tree>.ended`` beside it dates the end;
+:meth:`ShipClient.sweep` removes it later) and its files are served to the job's owner only
+(peer route ``ship_files``, ``gpulayer fetch``).
 """
 
 from __future__ import annotations
@@ -21,19 +25,21 @@ import logging
 import os
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Protocol
 
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.shipping import MB
-from gpulayerd.errors import PeerCallError
+from gpulayerd.errors import PeerBadRequest, PeerCallError
 from gpulayerd.models import JobSpec
-from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, Manifest, OutputChunk, ShipFetch
-from gpulayerd.net.transport import SHIP_FETCH, SHIP_OUTPUT, PeerTransport
+from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, Manifest, OutputChunk, ShipChunk, ShipFetch, TreeFiles
+from gpulayerd.net.transport import SHIP_FETCH, SHIP_OUTPUT, PeerTransport, Sender
 from gpulayerd.ship.asuser import AsUserError, run_as, user_ids
 from gpulayerd.ship.blobcache import BlobCache
 from gpulayerd.ship.tree import header, read_entries
+from gpulayerd.store import Store
 
 __all__ = ["ShipClient", "TransferFailed"]
 
@@ -58,12 +64,17 @@ class ShipClient:
         config: the cache's cap, the trees' directory, the time and output limits.
         node_id: this node (the sender of output chunks).
         transport: calls the owner.
+        store: the runs stored here (whose tree ``gpulayer fetch`` reads; None: not served).
     """
 
-    def __init__(self, *, config: DaemonConfig, node_id: str, transport: PeerTransport) -> None:
+    def __init__(self, *, config: DaemonConfig, node_id: str, transport: PeerTransport,
+                 store: Store | None = None) -> None:
         self._config = config
         self.node_id = node_id
         self._transport = transport
+        self._store = store
+        self._streams: OrderedDict[tuple[str, str, int, tuple[str, ...]], bytes] = OrderedDict()
+        self._swept = 0.0  # monotonic time of the last sweep of kept trees
         self.cache = BlobCache(config.state_dir / "ship-cache", int(config.ship_cache_mb * MB))
         self.notes: dict[tuple[str, int], str] = {}
         """(job, attempt) -> what its transfer moved ("Transfer: ..."), for the ``started`` report."""
@@ -183,8 +194,9 @@ class ShipClient:
 
         run_as("unpack", [str(tree)], ids, feed=feed, timeout_s=self._config.ship_transfer_timeout_s)
 
-    async def send_outputs(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> None:
-        """Collect the attempt's outputs as the job's user and send them to the owner; then drop its tree.
+    async def send_outputs(self, owner: str, job_id: str, attempt: int, spec: JobSpec, keep: bool = False) -> None:
+        """Collect the attempt's outputs as the job's user and send them to the owner; then drop its tree,
+        or, with ``keep`` (an attempt that ran), keep it ``ship_keep_s`` for ``gpulayer fetch``.
         Failures are logged: an attempt's end is reported whatever happens here."""
         assert spec.ship is not None
         tree = self.tree(owner, job_id, attempt)
@@ -197,7 +209,55 @@ class ShipClient:
         finally:
             self.notes.pop((job_id, attempt), None)
             self.shipped.pop((job_id, attempt), None)
-            await asyncio.to_thread(shutil.rmtree, tree, True)
+            if keep and self._config.ship_keep_s > 0 and tree.is_dir():
+                await asyncio.to_thread(_ended(tree).touch)  # kept from now on (see sweep)
+            else:
+                await asyncio.to_thread(shutil.rmtree, tree, True)
+            await self.sweep()
+
+    async def sweep(self, every_s: float = 60.0) -> int:
+        """Remove the kept trees of attempts that ended more than ``ship_keep_s`` ago (at most one look
+        every ``every_s`` seconds); how many were removed."""
+        now = time.monotonic()
+        if now - self._swept < every_s:
+            return 0
+        self._swept = now
+        return await asyncio.to_thread(_sweep, self._config.trees_dir, self._config.ship_keep_s)
+
+    async def files(self, sender: Sender, msg: TreeFiles) -> ShipChunk:
+        """Peer route ``ship_files`` (role checked: the attempt ran here for the sender, its owner): a chunk
+        of the stream of the files of its kept tree matching ``msg.patterns`` (every file when none),
+        collected as the job's user without following links, capped at ``ship_outputs_mb``.
+
+        Raises:
+            PeerBadRequest: no such attempt here, it still runs, not shipped, its tree not kept any more.
+        """
+        owner = sender.node_id
+        run = await self._store.runs.remote_run(owner, msg.job_id, msg.attempt) if self._store is not None else None
+        if run is None:
+            raise PeerBadRequest(f"no attempt {msg.attempt} of job {msg.job_id} ran here")
+        if run.state == "running":
+            raise PeerBadRequest(f"attempt {msg.attempt} of job {msg.job_id} still runs here")
+        spec = JobSpec.model_validate_json(run.spec_json)
+        tree = self.tree(owner, msg.job_id, msg.attempt)
+        if spec.ship is None or not tree.is_dir():
+            raise PeerBadRequest(f"the tree of attempt {msg.attempt} of job {msg.job_id} is not kept here "
+                                 f"(kept {self._config.ship_keep_s:g} s after the attempt ends)")
+        key = (owner, msg.job_id, msg.attempt, tuple(msg.patterns))
+        stream = self._streams.get(key)
+        if stream is None or msg.offset == 0:
+            cap = int(self._config.ship_outputs_mb * MB)
+            args = [str(tree), str(cap), "10000", *(msg.patterns or ["**"])]
+            stream = await asyncio.to_thread(run_as, "collect", args,
+                                             user_ids(spec.user), timeout_s=self._config.ship_transfer_timeout_s,
+                                             max_out_bytes=cap + 4 * MB)
+            self._streams[key] = stream
+            while len(self._streams) > 4:  # a few fetches at once; a stream is read once, in order
+                self._streams.popitem(last=False)
+        data = stream[msg.offset:msg.offset + BLOB_CHUNK_BYTES]
+        if msg.offset + len(data) >= len(stream):
+            self._streams.pop(key, None)
+        return ShipChunk(data=base64.b64encode(data).decode("ascii"), offset=msg.offset, total=len(stream))
 
     async def _send(self, owner: str, job_id: str, attempt: int, spec: JobSpec, tree: Path) -> None:
         assert spec.ship is not None
@@ -222,6 +282,27 @@ class ShipClient:
                     last=off + BLOB_CHUNK_BYTES >= len(data)))
         await self._transport.call(owner, SHIP_OUTPUT, OutputChunk(worker=self.node_id, job_id=job_id,
                                                                    attempt=attempt, done=True, note=note[:2000]))
+
+
+def _ended(tree: Path) -> Path:
+    """The marker beside a kept tree: its modification time is when its attempt ended."""
+    return tree.with_name(tree.name + ".ended")
+
+
+def _sweep(trees_dir: Path, keep_s: float) -> int:
+    """Remove the trees whose marker is older than ``keep_s`` seconds, and their markers."""
+    removed = 0
+    cutoff = time.time() - keep_s
+    for marker in trees_dir.glob("*.ended") if trees_dir.is_dir() else []:
+        try:
+            if marker.lstat().st_mtime > cutoff:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(marker.with_name(marker.name[:-len(".ended")]), ignore_errors=True)
+        marker.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 async def _keep_lease(renew: Callable[[], Awaitable[bool]], lease_s: float, attempt: int) -> None:

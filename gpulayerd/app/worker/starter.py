@@ -155,10 +155,11 @@ class Starter:
         return self.shipping.notes.get(key, "") if self.shipping is not None else ""
 
     async def after_run(self, key: tuple[str, int]) -> None:
-        """When attempt ``key`` has ended: a shipped one's outputs go back to its owner, its tree is removed."""
+        """When attempt ``key`` has ended: a shipped one's outputs go back to its owner, its tree is kept
+        ``ship_keep_s`` (``gpulayer fetch``)."""
         shipped = self.shipping.shipped.get(key) if self.shipping is not None else None
         if shipped is not None and self.shipping is not None:
-            await self.shipping.send_outputs(shipped[0], key[0], key[1], shipped[1])
+            await self.shipping.send_outputs(shipped[0], key[0], key[1], shipped[1], keep=True)
 
 
 def preflight_check(spec: JobSpec, placement: Placement, timeout_s: float) -> PreflightCheck | None:

@@ -538,6 +538,8 @@ class WorkerService:
         is over.
         """
         await self._store_acks()
+        if self._starter.shipping is not None:  # kept trees of shipped attempts, past ship_keep_s
+            await self._starter.shipping.sweep()
         if not self._owed_loaded:
             self._owed_loaded = True
             for r in await self._store.runs.remote_runs(active=False, unreported=True):
