@@ -151,6 +151,8 @@ class DaemonConfig(BaseModel):
         log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
             bytes; the rest is dropped with a note (the state disk is shared).
         max_array_size: the most tasks one job array may have (``--array``; default 10,000).
+        ship: a lab default: ``gpulayer submit`` ships the workdir (``--ship``) of every job submitted
+            here that does not say otherwise (``--no-ship``, ``ship = false`` in its file).
         ship_max_snapshot_mb: the most one shipped snapshot's distinct contents may hold (``--ship``;
             MB = 10^6 bytes); over it, the submit is refused naming the largest files.
         ship_user_quota_mb: the most the snapshots of one user stored here may hold, MB.
@@ -219,6 +221,7 @@ class DaemonConfig(BaseModel):
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
     max_array_size: int = Field(default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=MAX_INDEX + 1)
     allow_virtual_mps: bool = False
+    ship: bool = False
     ship_max_snapshot_mb: float = Field(default=200.0, gt=0)
     ship_user_quota_mb: float = Field(default=2000.0, gt=0)
     ship_total_mb: float = Field(default=20000.0, gt=0)

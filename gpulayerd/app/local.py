@@ -75,7 +75,8 @@ class LocalApi:
     def health(self) -> HealthView:
         """Liveness and identity, with the protocol counters."""
         return HealthView(ok=True, version=self._version, node_id=self._node_id, hostname=self._hostname,
-                          pid=os.getpid(), state_dir=self._state_dir, counters=dict(self._signals.stats))
+                          pid=os.getpid(), state_dir=self._state_dir, counters=dict(self._signals.stats),
+                          ship_default=self._shipping is not None and self._shipping.ship_default)
 
     async def async_capabilities(self) -> Capabilities:
         """This machine's capabilities with the current grant state of each device."""

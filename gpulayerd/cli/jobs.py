@@ -182,6 +182,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="ship the workdir with the job: a snapshot (in git: tracked and untracked files not ignored; "
                    "elsewhere: all but .gpulayerignore's patterns; links as links) is uploaded now, and the job runs "
                    "on any worker in a fresh copy of it (default: the workdir must exist on the worker)")
+    p.add_argument("--no-ship", action="store_true", default=None,
+                   help="do not ship the workdir, even where the daemon's config ships jobs by default (ship = true)")
     p.add_argument("--output", action="append", metavar="GLOB", default=[],
                    help="with --ship: files matching GLOB (relative to the workdir, e.g. 'results/*.json') come "
                    "back when the attempt ends, also after a failure, into WORKDIR/gpulayer-out/ID/ (repeatable)")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ShipUsageError", "SnapshotClient", "send_snapshot", "ship_spec"]
+__all__ = ["ShipUsageError", "SnapshotClient", "send_snapshot", "ship_spec", "wants_ship"]
 
 
 class ShipUsageError(ValueError):
@@ -33,6 +33,10 @@ class SnapshotClient(Protocol):
 
     def snapshot_blob(self, digest: str, offset: int, data: bytes) -> Any:
         """``POST /v1/snapshots/blobs``."""
+        ...
+
+    def health(self) -> Any:
+        """``GET /v1/health`` (its ``ship_default``: the daemon's lab default)."""
         ...
 
 
@@ -55,8 +59,9 @@ def _ship_table(spec: dict[str, object]) -> dict[str, object] | None:
 def ship_spec(args: object, spec: dict[str, object],
               call: Callable[[Callable[[SnapshotClient], str]], str]) -> dict[str, object]:
     """``spec`` (workdir resolved) with its workdir snapshotted and uploaded when it is shipped
-    (``ship`` in the spec or ``args.ship``; ``args.output``, ``args.output_dir`` add to it); as it is
-    otherwise. ``call(fn)`` runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``).
+    (:func:`wants_ship`: ``--ship``, ``ship`` in the spec, or the daemon's lab default, unless
+    ``--no-ship``; ``args.output``, ``args.output_dir`` add to it); as it is otherwise. ``call(fn)``
+    runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``).
 
     Raises:
         ShipUsageError: an ``--output`` that is absolute or climbs out with ``..``, ``--output`` without
@@ -66,8 +71,10 @@ def ship_spec(args: object, spec: dict[str, object],
     """
     from gpulayerd.core.shipping import glob_problem
 
-    if getattr(args, "ship", None):
+    if wants_ship(args, spec, lambda: bool(getattr(call(lambda c: c.health()), "ship_default", False))):
         spec["ship"] = spec.get("ship") if isinstance(spec.get("ship"), dict) else True
+    elif getattr(args, "no_ship", None):
+        spec["ship"] = False
     table = _ship_table(spec)
     outputs = list(getattr(args, "output", None) or [])
     out_dir = getattr(args, "output_dir", None)
@@ -87,6 +94,23 @@ def ship_spec(args: object, spec: dict[str, object],
     table["snapshot"] = _upload(call, workdir)
     spec["ship"] = table
     return spec
+
+
+def wants_ship(args: object, spec: dict[str, object], lab_default: Callable[[], bool]) -> bool:
+    """Whether the job is shipped: ``--no-ship`` says no, ``--ship`` yes, then the spec's own ``ship``,
+    then the daemon's lab default (``ship = true`` in its config: ``lab_default()`` asks it), never for a
+    multi-host job (not shipped yet)."""
+    if getattr(args, "no_ship", None):
+        return False
+    if getattr(args, "ship", None):
+        return True
+    if "ship" in spec:
+        return spec["ship"] not in (None, False)
+    distributed = spec.get("distributed")
+    nnodes = distributed.get("nnodes", 1) if isinstance(distributed, dict) else 1
+    if isinstance(nnodes, int) and nnodes > 1:
+        return False
+    return lab_default()
 
 
 def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Path) -> str:

@@ -3,7 +3,8 @@ file throttled to 4 MB/s (``ship_fetch_mb_per_s``, so the cut is not a race); h1
 killed while the part file grows. h2 leaves no tree, never starts the attempt, keeps the part file;
 once h1 is back the job is queued again (nothing ran: no retry used), h2 resumes the file from the
 part and the job runs on the whole file. That second transfer outlasts the job's lease (1 s) and
-the owner's grace (1 s): the worker renews the lease while it fetches, so it is not declared lost."""
+the owner's grace (1 s): the worker renews the lease while it fetches, so it is not declared lost.
+h1's config ships jobs by default (``ship = true``): the job is submitted without ``--ship``."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     lan = lan_factory(2)
     h1, h2 = lan.hosts
     lan.form_cluster(h1, h2)
-    owner = {**FAST_CLUSTER, "lease_grace_s": 1.0}
+    owner = {**FAST_CLUSTER, "lease_grace_s": 1.0, "ship": True}  # a lab default: jobs submitted on h1 ship
     h1.start_daemon(config=owner, extra_args=MDNS, cpu_slots=2, log_level=QUIET, wait=False)
     h2.start_daemon(config={**FAST_CLUSTER, "ship_fetch_mb_per_s": 4.0}, extra_args=MDNS, cpu_slots=2,
                     log_level=QUIET, fake_gpus=GPU, wait=False)
@@ -48,7 +49,7 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     repo.mkdir()
     (repo / "msg.txt").write_text("whole\n")
     h1.run(f"head -c {BIG} /dev/urandom > big.bin", check=True, cwd=repo)
-    r = h1.cli("submit", "--ship", "--accelerator", "cuda", "--lease-s", "1", "--", "sh", "-c",
+    r = h1.cli("submit", "--accelerator", "cuda", "--lease-s", "1", "--", "sh", "-c",
                "cat msg.txt; wc -c < big.bin", cwd=repo, check=True)
     job = r.stdout.split()[2].rstrip(":")
 
@@ -73,3 +74,6 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     moved = [int(n) for n in re.findall(r"Transfer: \d+ file\(s\), (\d+) bytes moved", history)]
     assert moved and moved[-1] <= BIG - cut + 100, history  # resumed from the part file
     assert not list(cache.glob("*.part"))
+    plain = h1.cli("submit", "--no-ship", "--", "true", cwd=repo, check=True)  # --no-ship: no snapshot taken
+    assert "shipped" not in plain.stderr
+    assert h1.job(plain.stdout.split()[2].rstrip(":")).spec.ship is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,30 @@ def test_kept_trees_are_removed_once_older_than_ship_keep_s(tmp_path: Path) -> N
     assert _sweep(tmp_path, 86400.0) == 1
     assert not old.exists() and not _ended(old).exists()
     assert (new / "src" / "a.py").read_text() == "x" and running.is_dir()  # kept; no marker: its attempt runs
+
+
+def test_a_lab_default_ships_jobs_that_do_not_say_and_no_ship_overrides_it() -> None:
+    from argparse import Namespace
+
+    from gpulayerd.models.views import HealthView
+    from gpulayerd.ship.upload import wants_ship
+
+    asked: list[bool] = []
+
+    def lab(default: bool) -> Callable[[], bool]:
+        def ask() -> bool:
+            asked.append(default)
+            return default
+        return ask
+
+    plain = Namespace(ship=None, no_ship=None)
+    assert wants_ship(plain, {"command": ["x"]}, lab(True)) is True  # the daemon's ship = true
+    assert wants_ship(plain, {"command": ["x"]}, lab(False)) is False
+    assert asked == [True, False]
+    assert wants_ship(Namespace(ship=None, no_ship=True), {"command": ["x"]}, lab(True)) is False
+    assert wants_ship(plain, {"ship": False}, lab(True)) is False  # the job's file says no
+    assert wants_ship(Namespace(ship=True, no_ship=None), {}, lab(False)) is True
+    assert wants_ship(plain, {"distributed": {"nnodes": 2}}, lab(True)) is False  # multi-host: not shipped yet
+    assert asked == [True, False]  # asked only when nothing else decides
+    assert HealthView.model_validate({"ok": True, "version": "0", "node_id": "n", "hostname": "h", "pid": 1,
+                                      "state_dir": "/s", "ship_default": True}).ship_default

@@ -84,6 +84,11 @@ class ShipServer:
         self._listed: OrderedDict[str, frozenset[str]] = OrderedDict()  # snapshot id -> its contents (64 kept)
         self._spooled: dict[tuple[str, int], int] = {}  # (job, attempt) -> output bytes spooled
 
+    @property
+    def ship_default(self) -> bool:
+        """The ``ship`` setting: jobs submitted here are shipped unless they say otherwise (told by health)."""
+        return self._config.ship
+
     # ------------------------------------------------------------------ local routes
 
     async def snapshot(self, request: SnapshotRequest, requester: Requester) -> SnapshotView:
