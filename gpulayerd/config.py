@@ -157,6 +157,8 @@ class DaemonConfig(BaseModel):
             MB = 10^6 bytes); over it, the submit is refused naming the largest files.
         ship_user_quota_mb: the most the snapshots of one user stored here may hold, MB.
         ship_total_mb: the most all snapshots stored here may hold, MB.
+        ship_keep_days: a snapshot no queued or running job names is removed this many days after its
+            last submit (and sooner, least recently used first, when its user's quota is needed).
         ship_reserve_mb: the free space the snapshots leave on the state disk (the database's), MB.
         ship_cache_mb: the most a worker's cache of shipped contents keeps, MB (least recently used dropped).
         ship_transfer_timeout_s: the longest a worker's fetch and unpack of a shipped job may take, seconds
@@ -226,6 +228,7 @@ class DaemonConfig(BaseModel):
     ship_user_quota_mb: float = Field(default=2000.0, gt=0)
     ship_total_mb: float = Field(default=20000.0, gt=0)
     ship_reserve_mb: float = Field(default=500.0, ge=0)
+    ship_keep_days: float = Field(default=7.0, ge=0)
     ship_cache_mb: float = Field(default=2000.0, gt=0)
     ship_transfer_timeout_s: float = Field(default=300.0, gt=0)
     ship_fetch_mb_per_s: float = Field(default=0.0, ge=0)

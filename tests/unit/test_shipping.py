@@ -286,3 +286,38 @@ def test_a_lab_default_ships_jobs_that_do_not_say_and_no_ship_overrides_it() -> 
     assert asked == [True, False]  # asked only when nothing else decides
     assert HealthView.model_validate({"ok": True, "version": "0", "node_id": "n", "hostname": "h", "pid": 1,
                                       "state_dir": "/s", "ship_default": True}).ship_default
+
+
+def _snapshot(store: ContentStore, user: str, data: bytes, at: float) -> str:
+    m = Manifest(entries=[ManifestEntry(path="f.bin", kind="file", size=len(data), sha256=_sha(data))])
+    store.offer(user, m)
+    store.put(user, 1000, _sha(data), 0, data)
+    sid = store.commit(user, m).snapshot_id
+    os.utime(tmp := store.root / "manifests" / f"{sid}.json", (at, at))
+    assert tmp.is_file()
+    return sid
+
+
+def test_old_snapshots_no_job_needs_go_and_the_quota_frees_least_recently_used_first(tmp_path: Path) -> None:
+    store = _store(tmp_path, user_quota_bytes=3000)
+    now = 1_000_000_000.0
+    a, b, c = (os.urandom(1000) for _ in range(3))
+    old = _snapshot(store, "alice", a, now - 8 * 86400)  # a week and a day old
+    queued = _snapshot(store, "alice", b, now - 9 * 86400)  # older still, but a queued job names it
+    recent = _snapshot(store, "alice", c, now - 3600)
+    bobs = _snapshot(store, "bob", a, now - 30 * 86400)  # bob's, same content as alice's old one
+    assert store.prune("alice", {queued}, 7 * 86400, now=now) == [old]
+    assert store.manifest_of(old, "alice") is None and store.manifest_of(queued, "alice") is not None
+    assert bobs == old and store.manifest_of(old, "bob") is not None  # the same files stored by bob: his stays
+    assert store.blob_path(_sha(a)).is_file()  # bob's snapshot still lists it
+    assert store.prune("bob", set(), 7 * 86400, now=now) == [bobs]
+    assert not store.blob_path(_sha(a)).exists()  # listed by no snapshot any more: removed
+    # Quota: alice holds b and c (2000 of 3000 bytes); two new 1000-byte files need 1000 more: the least
+    # recently committed snapshot no job needs (recent) goes, the queued job's stays.
+    d, e = os.urandom(1000), os.urandom(1000)
+    new = Manifest(entries=[ManifestEntry(path="d.bin", kind="file", size=1000, sha256=_sha(d)),
+                            ManifestEntry(path="e.bin", kind="file", size=1000, sha256=_sha(e))])
+    assert store.prune("alice", {queued}, 7 * 86400, new, now=now) == [recent]
+    assert store.offer("alice", new).missing == sorted([_sha(d), _sha(e)])  # fits now: no CapExceeded
+    assert store.blob_path(_sha(b)).is_file() and not store.blob_path(_sha(c)).exists()
+    assert store.prune("alice", {queued}, 7 * 86400, new, now=now) == []  # nothing more to remove

@@ -32,6 +32,7 @@ from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.requester import Requester
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.job_facts import ACTIVE_STATES, job_user
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.shipping import MB, path_problem
 from gpulayerd.errors import BadRequest, Forbidden, PeerBadRequest, PeerCallError, PeerRefused, PeerUnreachable
 from gpulayerd.models import JobSpec
@@ -97,11 +98,28 @@ class ShipServer:
         Raises:
             BadRequest: over a cap (the message names the cap and the largest files).
         """
+        if not request.commit:  # old snapshots of this user no job needs go first (see ContentStore.prune)
+            keep = await self._in_use()
+            gone = await asyncio.to_thread(self.content.prune, requester.user, keep,
+                                           self._config.ship_keep_days * 86400, request.manifest)
+            if gone:
+                log.info("removed %d old snapshot(s) of %s: %s", len(gone), requester.user,
+                         ", ".join(g[:12] for g in gone[:5]))
         fn = self.content.commit if request.commit else self.content.offer
         try:
             return await asyncio.to_thread(fn, requester.user, request.manifest)
         except CapExceeded as e:
             raise BadRequest(str(e)) from None
+
+    async def _in_use(self) -> set[str]:
+        """The snapshot ids of the jobs owned here that are queued, claimed or running (kept)."""
+        rows = await self._store.jobs.list_jobs({JobStatus.QUEUED, JobStatus.CLAIMED, JobStatus.RUNNING})
+        out: set[str] = set()
+        for row in rows:
+            ship = self._jobs.spec(row).ship
+            if ship is not None and ship.snapshot:
+                out.add(ship.snapshot)
+        return out
 
     async def snapshot_blob(self, requester: Requester, digest: str, offset: int, data: bytes) -> BlobView:
         """Local route ``snapshot_blob``: a chunk of a content an offer of ``requester`` found missing.
