@@ -56,12 +56,13 @@ def _ship_table(spec: dict[str, object]) -> dict[str, object] | None:
     raise ShipUsageError("invalid job spec\nship: must be true, false or a table")
 
 
-def ship_spec(args: object, spec: dict[str, object],
-              call: Callable[[Callable[[SnapshotClient], str]], str]) -> dict[str, object]:
+def ship_spec(args: object, spec: dict[str, object], call: Callable[[Callable[[SnapshotClient], str]], str],
+              lab_default: Callable[[], bool] | None = None) -> dict[str, object]:
     """``spec`` (workdir resolved) with its workdir snapshotted and uploaded when it is shipped
     (:func:`wants_ship`: ``--ship``, ``ship`` in the spec, or the daemon's lab default, unless
     ``--no-ship``; ``args.output``, ``args.output_dir`` add to it); as it is otherwise. ``call(fn)``
-    runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``).
+    runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``); ``lab_default()`` asks
+    the daemon's ``ship`` setting (None: through ``call``).
 
     Raises:
         ShipUsageError: an ``--output`` that is absolute or climbs out with ``..``, ``--output`` without
@@ -71,7 +72,10 @@ def ship_spec(args: object, spec: dict[str, object],
     """
     from gpulayerd.core.shipping import glob_problem
 
-    if wants_ship(args, spec, lambda: bool(getattr(call(lambda c: c.health()), "ship_default", False))):
+    if lab_default is None:
+        def lab_default() -> bool:
+            return bool(getattr(call(lambda c: c.health()), "ship_default", False))
+    if wants_ship(args, spec, lab_default):
         spec["ship"] = spec.get("ship") if isinstance(spec.get("ship"), dict) else True
     elif getattr(args, "no_ship", None):
         spec["ship"] = False
