@@ -15,6 +15,10 @@ all down. Prints one line per figure with its target; asserts nothing.
   jobs that run where they are submitted (h2) is the baseline; the difference is what
   the LAN protocol adds. Both paths are warmed up first and measured in alternating
   blocks, each split at the owner's "claimed" event (see BASELINE_NOTE).
+- ship: ``gpulayer submit --ship`` of a 50 MB git repository (50 files of 1 MB) from h1 to h2
+  (h3 stopped): the CLI's snapshot + upload time and the start's (offer, claim, fetch, unpack),
+  cold (nothing stored) and warm (one file changed: one file moves), each beside the same job
+  submitted with ``--no-ship`` (targets: cold <= 2 s added, warm <= 200 ms added to submit->start).
 - burst spread: 3 hosts with 2 CPU slots each; h1 and h2 each submit 100 ``sleep 2``
   at once; the jobs each host ran (target >= 40 each: idle hosts get work too).
 - claim conflicts: a burst of jobs submitted on all three hosts at once; every claim a
@@ -209,6 +213,67 @@ def bench_latency(lan: Lan, n: int, shared: Path) -> None:
     print(BASELINE_NOTE, flush=True)
 
 
+SHIP_FILES = 50
+SHIP_FILE_BYTES = 1_000_000
+SHIP_COLD_TARGET_MS = 2000.0
+SHIP_WARM_TARGET_MS = 200.0
+
+
+def _ship_run(h1: Host, repo: Path, shared: Path, ship: bool) -> tuple[float, float, str]:
+    """``gpulayer submit`` on h1 in ``repo`` (``--ship`` or ``--no-ship``) of a job that writes its start
+    time; (the CLI's wall time in s: snapshot, upload, submit; from the CLI's return to the job's first
+    instruction in s: offer, claim, transfer, unpack, start; the job's ``Transfer:`` words)."""
+    cmd = f"date +%s.%N > {shared}/$GPULAYER_JOB_ID.tmp && mv {shared}/$GPULAYER_JOB_ID.tmp {shared}/$GPULAYER_JOB_ID"
+    t0 = time.time()
+    r = h1.cli("submit", "--ship" if ship else "--no-ship", "--", "sh", "-c", cmd, cwd=repo, check=True)
+    t1 = time.time()
+    job = r.stdout.split()[2].rstrip(":")
+    started = wait_file(shared / job, 60.0)
+    view = h1.wait_job(job, timeout_s=60)
+    if view.status != "succeeded":
+        raise RuntimeError(f"job {job} {view.status}: {view.reason}")
+    moved = next((e.reason for e in view.events if e.reason.startswith("Transfer:")), "")
+    return t1 - t0, started - t1, moved
+
+
+def bench_ship(lan: Lan, shared: Path) -> None:
+    """``--ship`` of a 50 MB git repository from h1 to h2 (h3 stopped, so the warm run meets h2's cache):
+    cold (nothing stored anywhere), then warm (one file changed), beside jobs that ship nothing."""
+    h1, h3 = lan.host(1), lan.host(3)
+    h3.stop_daemon()
+    repo = h1.work / "ship50"
+    repo.mkdir()
+    for i in range(SHIP_FILES):
+        (repo / f"data{i:02d}.bin").write_bytes(os.urandom(SHIP_FILE_BYTES))
+    (repo / "msg.txt").write_text("cold\n")
+    h1.run("git init -q && git add . && git -c user.email=b@b -c user.name=b commit -qm ship", check=True, cwd=repo)
+    _ship_run(h1, repo, shared, ship=False)  # warm the remote path and the CLI
+    plain = [_ship_run(h1, repo, shared, ship=False) for _ in range(3)]
+    cli0 = sorted(c for c, _, _ in plain)[1]
+    start0 = sorted(s for _, s, _ in plain)[1]
+    cold_cli, cold_start, cold_moved = _ship_run(h1, repo, shared, ship=True)
+    warm = []
+    for i in range(3):
+        (repo / "msg.txt").write_text(f"warm {i}\n")
+        warm.append(_ship_run(h1, repo, shared, ship=True))
+    warm_cli = sorted(c for c, _, _ in warm)[1]
+    warm_start = sorted(s for _, s, _ in warm)[1]
+    print(f"--ship of a {SHIP_FILES * SHIP_FILE_BYTES / 1e6:.0f} MB git repository ({SHIP_FILES + 1} files) from h1, "
+          f"run on h2 (medians of 3 where repeated):")
+    line("  no --ship: gpulayer submit (CLI wall)", cli0 * 1000, "ms")
+    line("  no --ship: CLI return -> the job's first instruction", start0 * 1000, "ms")
+    line("  cold: snapshot + upload + submit (CLI wall)", cold_cli * 1000, "ms")
+    line("  cold: CLI return -> first instruction (offer, claim, fetch 50 MB, unpack)", cold_start * 1000, "ms")
+    line("  cold: snapshot + transfer added to submit->start", (cold_cli - cli0 + cold_start - start0) * 1000, "ms",
+         SHIP_COLD_TARGET_MS)
+    print(f"    ({cold_moved})")
+    line("  warm (1 file changed): snapshot + upload + submit (CLI wall)", warm_cli * 1000, "ms")
+    line("  warm: CLI return -> first instruction", warm_start * 1000, "ms")
+    line("  warm: snapshot + transfer added to submit->start", (warm_cli - cli0 + warm_start - start0) * 1000, "ms",
+         SHIP_WARM_TARGET_MS)
+    print(f"    ({warm[-1][2]})", flush=True)
+
+
 SPREAD_PER_OWNER = 100
 SPREAD_TARGET = 40
 
@@ -330,8 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=100, help="jobs for the latency figure (default 100)")
     p.add_argument("--burst", type=int, default=50, help="jobs per host in the conflict burst (default 50)")
-    p.add_argument("--parts", default="discovery,latency,conflicts,spread,failure",
-                   help="which figures, comma-separated (default all: discovery,latency,conflicts,spread,failure)")
+    p.add_argument("--parts", default="discovery,latency,ship,conflicts,spread,failure",
+                   help="which figures, comma-separated (default all: discovery,latency,ship,conflicts,spread,failure)")
     args = p.parse_args(argv)
     problems = check_environment()
     if problems:
@@ -357,10 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 start_all(lan, slots, "INFO")
             blocker = h1.submit({"command": ["sleep", "3600"]})
             h1.wait_job(blocker.id, states={"running"})
+            shared = lan.root / "starts"
+            shared.mkdir()
             if "latency" in parts:
-                shared = lan.root / "starts"
-                shared.mkdir()
                 bench_latency(lan, args.jobs, shared)
+            if "ship" in parts:
+                bench_ship(lan, shared)
             h1.api(lambda c: c.cancel(blocker.id))
             h1.wait_job(blocker.id)
             for h in lan.hosts:

@@ -180,14 +180,24 @@ class DaemonConfig(BaseModel):
         log_cap_bytes: the most of one stream (stdout or stderr) of one attempt kept on disk,
             bytes; the rest is dropped with a note (the state disk is shared).
         max_array_size: the most tasks one job array may have (``--array``; default 10,000).
+        ship: a lab default: ``gpulayer submit`` ships the workdir (``--ship``) of every job submitted
+            here that does not say otherwise (``--no-ship``, ``ship = false`` in its file).
         ship_max_snapshot_mb: the most one shipped snapshot's distinct contents may hold (``--ship``;
             MB = 10^6 bytes); over it, the submit is refused naming the largest files.
         ship_user_quota_mb: the most the snapshots of one user stored here may hold, MB.
         ship_total_mb: the most all snapshots stored here may hold, MB.
+        ship_keep_days: a snapshot no queued or running job names is removed this many days after its
+            last submit (and sooner, least recently used first, when its user's quota is needed).
         ship_reserve_mb: the free space the snapshots leave on the state disk (the database's), MB.
         ship_cache_mb: the most a worker's cache of shipped contents keeps, MB (least recently used dropped).
-        ship_transfer_timeout_s: the longest a worker's fetch and unpack of a shipped job may take, seconds.
-        ship_outputs_mb: the most bytes of outputs (``--output``) one attempt brings back, MB.
+        ship_transfer_timeout_s: the longest a worker's fetch and unpack of a shipped job may take, seconds
+            (its lease is renewed meanwhile); past it the job is re-queued with ``Transfer: ...``.
+        ship_fetch_mb_per_s: the most a worker's fetches of shipped contents move per second, MB
+            (0: no limit), so a cold transfer does not take the whole LAN.
+        ship_outputs_mb: the most bytes of outputs (``--output``) one attempt brings back, MB (and
+            the most one ``gpulayer fetch`` gets).
+        ship_keep_s: how long a worker keeps an ended shipped attempt's tree (for ``gpulayer fetch``),
+            seconds (default a day); then it is removed.
         ship_tree_dir: where workers make per-attempt trees of shipped jobs (default
             ``<state dir>/trees``; system mode ``/var/tmp/gpulayer-trees``: jobs' users must enter it).
         allow_virtual_mps: schedule the Apple GPU of a macOS virtual machine (``kern.hv_vmm_present``
@@ -247,13 +257,17 @@ class DaemonConfig(BaseModel):
     log_cap_bytes: int = Field(default=1_000_000_000, ge=4096)
     max_array_size: int = Field(default=DEFAULT_MAX_ARRAY_SIZE, ge=1, le=MAX_INDEX + 1)
     allow_virtual_mps: bool = False
+    ship: bool = False
     ship_max_snapshot_mb: float = Field(default=200.0, gt=0)
     ship_user_quota_mb: float = Field(default=2000.0, gt=0)
     ship_total_mb: float = Field(default=20000.0, gt=0)
     ship_reserve_mb: float = Field(default=500.0, ge=0)
+    ship_keep_days: float = Field(default=7.0, ge=0)
     ship_cache_mb: float = Field(default=2000.0, gt=0)
     ship_transfer_timeout_s: float = Field(default=300.0, gt=0)
+    ship_fetch_mb_per_s: float = Field(default=0.0, ge=0)
     ship_outputs_mb: float = Field(default=100.0, gt=0)
+    ship_keep_s: float = Field(default=86400.0, ge=0)
     ship_tree_dir: Path | None = None
     slurm: SlurmConfig | None = None
 

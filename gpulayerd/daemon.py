@@ -364,10 +364,8 @@ def peer_handlers(*, machine: Machine, owner: OwnerService, worker: WorkerServic
         "jobs.peer_cancel": remote_jobs.peer_cancel,
         **(more or {}),
     }
-    if cluster is not None:
-        handlers["cluster.heartbeat"] = cluster.heartbeat
-    elif heartbeat is not None:
-        handlers["cluster.heartbeat"] = heartbeat
+    if (beat := cluster.heartbeat if cluster is not None else heartbeat) is not None:
+        handlers["cluster.heartbeat"] = beat
     return handlers
 
 
@@ -455,14 +453,15 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
                       requesters=requesters, support=support, clock=clock, names=names,
                       own=lambda: machine.snapshot(refresh_apps=False))
-    shipping = ShipServer(config=config, jobs=jobs, store=store, clock=clock)  # --ship: snapshots, contents, outputs
-    roles.listed, starter.shipping = shipping.listed, ShipClient(config=config, node_id=node_id, transport=transport)
+    shipping = ShipServer(config=config, jobs=jobs, store=store, clock=clock, transport=transport)  # --ship
+    starter.shipping = trees = ShipClient(config=config, node_id=node_id, transport=transport, store=store)
+    roles.listed = shipping.listed
     accounting = Accounting(store=store, clock=clock, node_id=node_id, name_of=names.name_of, machine=machine,
                             keep_days=config.history_keep_days, directory=node, transport=transport)
+    more: dict[str, PeerHandler] = {"shipping.fetch": shipping.fetch, "shipping.output": shipping.output,
+                                    "trees.files": trees.files, "accounting.peer_report": accounting.peer_report}
     router.serve(peer_handlers(machine=machine, owner=owner, worker=worker, member=member, remote_jobs=remote_jobs,
-                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), more={
-                                   "shipping.fetch": shipping.fetch, "shipping.output": shipping.output,
-                                   "accounting.peer_report": accounting.peer_report}), roles)
+                               cluster=cluster, heartbeat=getattr(node, "heartbeat", None), more=more), roles)
 
     async def locate_nvidia_smi() -> str | None:
         return nvidia_path(await machine.capabilities())

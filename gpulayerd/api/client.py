@@ -31,7 +31,7 @@ from gpulayerd.models import (
     UserUsageView,
 )
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.models.snapshots import BlobView, Manifest, SnapshotRequest, SnapshotView
+from gpulayerd.models.snapshots import BlobView, FetchChunk, FetchRequest, Manifest, SnapshotRequest, SnapshotView
 from gpulayerd.text import escape, http_error
 
 __all__ = ["ApiRequestError", "ChangeEvent", "DaemonClient", "DaemonUnreachable", "connection_problem"]
@@ -220,6 +220,12 @@ class DaemonClient:
         r = routes.LOCAL["snapshot_blob"]
         return BlobView.model_validate_json(await self._request(r.method, r.path, params=[
             ("digest", digest), ("offset", str(offset))], raw=data))
+
+    async def fetch(self, job_ref: str, patterns: list[str] | None = None, offset: int = 0,
+                    attempt: int | None = None) -> FetchChunk:
+        """``POST /v1/jobs/{id}/fetch``: a chunk of the files of a finished attempt of a shipped job."""
+        return FetchChunk.model_validate_json(await self._call("fetch", job_ref, body=FetchRequest(
+            attempt=attempt, patterns=patterns or [], offset=offset)))
 
     async def jobs(self, statuses: list[str] | None = None, limit: int | None = None,
                    scope: str = "local", ids: Collection[str] | None = None) -> list[JobView]:

@@ -56,7 +56,7 @@ from gpulayerd.models import (
 )
 from gpulayerd.models.jobs_query import MAX_IDS, JobsQuery
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
+from gpulayerd.models.snapshots import BlobView, FetchChunk, FetchRequest, SnapshotRequest, SnapshotView
 from gpulayerd.store import StoreFull
 
 __all__ = ["PROMETHEUS_TEXT", "ApiError", "LocalService", "LocalSocket", "make_local_app", "metrics_loops",
@@ -173,6 +173,10 @@ class LocalService(Protocol):
 
     async def async_snapshot_blob(self, requester: Requester, digest: str, offset: int, data: bytes) -> BlobView:
         """A chunk of a content an offer found missing. Raises BadRequest: not offered, wrong offset or hash."""
+        ...
+
+    async def async_fetch(self, job_ref: str, request: FetchRequest, requester: Requester) -> FetchChunk:
+        """A chunk of the files of a finished attempt of a shipped job owned here (``gpulayer fetch``)."""
         ...
 
 
@@ -355,6 +359,13 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
             raise ApiError(400, "bad_request", f"invalid snapshot request: {e}") from e
         return _json(await service.async_snapshot(body, _requester(request)))
 
+    async def fetch(request: web.Request) -> web.Response:
+        try:
+            body = FetchRequest.model_validate_json(await request.read())
+        except ValueError as e:
+            raise ApiError(400, "bad_request", f"invalid fetch request: {e}") from e
+        return _json(await service.async_fetch(request.match_info["job"], body, _requester(request)))
+
     async def snapshot_blob(request: web.Request) -> web.Response:
         digest = request.query.get("digest", "")
         offset = _int_param(request, "offset", 0) or 0
@@ -415,7 +426,7 @@ def make_local_app(service: LocalService, events_keepalive_s: float = 15.0) -> w
     handlers: dict[str, Handler] = {
         "health": health, "devices": devices, "peers": peers, "users": users, "metrics": metrics, "events": events,
         "submit": submit, "jobs": list_jobs, "job": get_job, "explain": explain, "cancel": cancel, "logs": logs,
-        "snapshot": snapshot, "snapshot_blob": snapshot_blob, "report": report,
+        "snapshot": snapshot, "snapshot_blob": snapshot_blob, "fetch": fetch, "report": report,
         "prometheus": prometheus,
     }
     if set(handlers) != set(routes.LOCAL):  # pragma: no cover - the table and the server must agree

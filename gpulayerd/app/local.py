@@ -37,7 +37,7 @@ from gpulayerd.models import (
 )
 from gpulayerd.models.jobs_query import JobsQuery
 from gpulayerd.models.metrics import MetricsView
-from gpulayerd.models.snapshots import BlobView, SnapshotRequest, SnapshotView
+from gpulayerd.models.snapshots import BlobView, FetchChunk, FetchRequest, SnapshotRequest, SnapshotView
 
 __all__ = ["LocalApi"]
 
@@ -86,7 +86,8 @@ class LocalApi:
     def health(self) -> HealthView:
         """Liveness and identity, with the protocol counters."""
         return HealthView(ok=True, version=self._version, node_id=self._node_id, hostname=self._hostname,
-                          pid=os.getpid(), state_dir=self._state_dir, counters=dict(self._signals.stats))
+                          pid=os.getpid(), state_dir=self._state_dir, counters=dict(self._signals.stats),
+                          ship_default=self._shipping is not None and self._shipping.ship_default)
 
     async def async_capabilities(self) -> Capabilities:
         """This machine's capabilities with the current grant state of each device."""
@@ -178,6 +179,12 @@ class LocalApi:
             return await self.accounting.report(since_s, by)
         except ValueError as e:
             raise BadRequest(str(e)) from None
+
+    async def async_fetch(self, job_ref: str, request: FetchRequest, requester: Requester) -> FetchChunk:
+        """See :meth:`ShipServer.files`. Raises BadRequest: no shipping here (and see there)."""
+        if self._shipping is None:
+            raise BadRequest("this daemon does not take shipped jobs")
+        return await self._shipping.files(requester, job_ref, request)
 
     async def async_list_jobs(self, statuses: list[str] | None, limit: int | None,
                               scope: str = "local", requester: Requester | None = None,

@@ -22,7 +22,7 @@ The roles (see :class:`gpulayerd.routes.Role` for their words):
   current attempt asking again for its grant holds the role too.
 - ``HOLDER`` (report): the job is owned here and the sender holds that attempt (its worker,
   or a member of its gang).
-- ``RUN_OWNER`` (kill, logs): the attempt runs or ran here for the sender.
+- ``RUN_OWNER`` (kill, logs, ship_files): the attempt runs or ran here for the sender.
 - ``HOLD_OWNER`` (release, commit): the hold, if kept here, was placed by the sender (for that job).
 - ``RELAYED_JOB_USER_OR_ADMIN`` (a peer's logs and cancel) and ``JOB_USER_OR_ADMIN`` (local
   logs and cancel): the job's user, or an admin. For a relayed request the user name counts
@@ -51,7 +51,7 @@ from gpulayerd.core.types import SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import PERSONAL, SYSTEM, vouch_refusal, vouches
 from gpulayerd.core.verdict import FitState
 from gpulayerd.errors import AmbiguousJob, Forbidden, NoSuchJob
-from gpulayerd.models.snapshots import OutputChunk, ShipFetch
+from gpulayerd.models.snapshots import OutputChunk, ShipFetch, TreeFiles
 from gpulayerd.models.stored import spec_of
 from gpulayerd.net.transport import Sender
 from gpulayerd.net.wire import Claim, Commit, Hold, JobRequest, Kill, LogRequest, Offer, Release, RunReport
@@ -141,7 +141,7 @@ class PeerRoles:
             return await self._holder(sender, body)
         if role is Role.SHIP_HOLDER and isinstance(body, ShipFetch):
             return await self._ship_holder(sender, body)
-        if role is Role.RUN_OWNER and isinstance(body, (Kill, LogRequest)):
+        if role is Role.RUN_OWNER and isinstance(body, (Kill, LogRequest, TreeFiles)):
             return await self._run_owner(sender, body)
         if role is Role.HOLD_OWNER and isinstance(body, (Release, Commit)):
             return self._hold_owner(sender, body)
@@ -188,7 +188,7 @@ class PeerRoles:
             return f"job id {msg.job_id} is another owner's here ({other[:12]})"
         return None
 
-    async def _run_owner(self, sender: Sender, msg: Kill | LogRequest) -> str | None:
+    async def _run_owner(self, sender: Sender, msg: Kill | LogRequest | TreeFiles) -> str | None:
         entry = self._ledger.state.runs.get((msg.job_id, msg.attempt))
         if entry is not None and entry.owner == sender.node_id:
             return None  # it runs here for the sender (its job id was bound to it when the run began)

@@ -6,7 +6,8 @@ Every command that prints a table takes ``--json``.
 One module per group of subcommands (:mod:`~gpulayerd.cli.devices`, :mod:`~gpulayerd.cli.jobs`,
 :mod:`~gpulayerd.cli.run`, :mod:`~gpulayerd.cli.users`, :mod:`~gpulayerd.cli.profiles`,
 :mod:`~gpulayerd.cli.cluster`, :mod:`~gpulayerd.cli.service`, :mod:`~gpulayerd.cli.tui`,
-:mod:`~gpulayerd.cli.completion`; helpers: :mod:`~gpulayerd.cli.http`, :mod:`~gpulayerd.cli.logs`,
+:mod:`~gpulayerd.cli.completion`, :mod:`~gpulayerd.cli.logs` (``fetch``; and the helper of ``logs``); helpers:
+:mod:`~gpulayerd.cli.http`,
 :mod:`~gpulayerd.cli.jobs_table`, :mod:`~gpulayerd.cli.render`, :mod:`~gpulayerd.cli.exits`); each adds
 its parsers and raises :class:`~gpulayerd.cli.exits.UsageError` or
 :class:`~gpulayerd.cli.exits.CommandFailed`, which :func:`main` turns into exit codes.
@@ -47,6 +48,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("show", "one job: spec, state, attempts, history, why it waits", "jobs"),
     ("logs", "a job's output", "jobs"),
     ("cancel", "cancel a job (running: SIGTERM or --signal NAME, grace, SIGKILL to its process group)", "jobs"),
+    ("fetch", "files of a finished attempt of a shipped job, from the worker that ran it", "logs"),
     ("run", "submit a job and wait: stream its output, exit with its exit code", "run"),
     ("tui", "the terminal UI: devices, jobs, job detail, peers, live", "tui"),
     ("cluster", "this machine's cluster membership: init, join, token, remove, signer, show", "cluster"),

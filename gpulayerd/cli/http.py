@@ -312,6 +312,13 @@ class SyncClient:
         return self.request(LOCAL["snapshot_blob"].method, local_path("snapshot_blob"),
                             params=[("digest", digest), ("offset", str(offset))], raw_body=data)
 
+    def fetch(self, job_ref: str, patterns: Sequence[str], offset: int, attempt: int | None = None) -> Any:
+        """``POST /v1/jobs/{id}/fetch``: a chunk (base64) of the stream of files of a finished attempt."""
+        body: dict[str, Any] = {"patterns": list(patterns), "offset": offset}
+        if attempt is not None:
+            body["attempt"] = attempt
+        return self._call("fetch", job_ref, body=body)
+
     def jobs(self, states: Sequence[str] | None = None, limit: int | None = None, scope: str = "local",
              user: str | None = None, finished: int | None = None, fields: Sequence[str] | None = None) -> Any:
         """``GET /v1/jobs`` in submission order, filtered by the daemon (see the route's docstring):

@@ -189,6 +189,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="ship the workdir with the job: a snapshot (in git: tracked and untracked files not ignored; "
                    "elsewhere: all but .gpulayerignore's patterns; links as links) is uploaded now, and the job runs "
                    "on any worker in a fresh copy of it (default: the workdir must exist on the worker)")
+    p.add_argument("--no-ship", action="store_true", default=None,
+                   help="do not ship the workdir, even where the daemon's config ships jobs by default (ship = true)")
     p.add_argument("--output", action="append", metavar="GLOB", default=[],
                    help="with --ship: files matching GLOB (relative to the workdir, e.g. 'results/*.json') come "
                    "back when the attempt ends, also after a failure, into WORKDIR/gpulayer-out/ID/ (repeatable)")
@@ -317,7 +319,7 @@ def spec_body(args: argparse.Namespace) -> dict[str, object]:
     from gpulayerd.ship.upload import ShipUsageError, ship_spec  # (--ship: then the hashing and the models)
 
     try:
-        return ship_spec(args, spec, lambda upload: call_daemon(args, upload))
+        return ship_spec(args, spec, lambda upload: call_daemon(args, upload), lambda: _lab_default(args))
     except ShipUsageError as e:
         raise UsageError(str(e)) from None
 
@@ -544,6 +546,18 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     if args.rank is not None and args.rank < 0:
         raise UsageError("logs: --rank must be 0 or more")
     return call_daemon(args, lambda c: follow_logs(c, args))
+
+
+def _lab_default(args: argparse.Namespace) -> bool:
+    """The daemon's ``ship`` setting (its health's ``ship_default``); False when it cannot be asked (the
+    submit then says why)."""
+    from gpulayerd.cli import http
+    from gpulayerd.cli.exits import CommandFailed
+
+    try:
+        return bool(getattr(http.call_daemon(args, lambda c: c.health()), "ship_default", False))
+    except CommandFailed:
+        return False
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

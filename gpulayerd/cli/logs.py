@@ -11,6 +11,12 @@ Output to a terminal goes through :class:`gpulayerd.termsafe.TerminalText` (colo
 other escape sequence and control character dropped, ``\r`` overwriting its line; a line shows
 once it is complete) unless the reader is the job's user or ``--raw`` is given; piped output is
 always the text as the daemon sent it.
+
+``gpulayer fetch ID [PATH...]`` (here too: it reads what an attempt left, as ``logs`` does): the
+files of a finished attempt of a shipped job, from the tree its worker keeps (``ship_keep_s``);
+only the job's user (or root), through the job's owner. The CLI, as the user, writes them under
+``./gpulayer-out/ID/`` (or ``--to DIR``) with :func:`gpulayerd.ship.tree.write_tree`: relative
+paths only, no ``..``, no link followed, an existing file replaced; at most ``ship_outputs_mb``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ if TYPE_CHECKING:
     from gpulayerd.cli.http import SyncClient
     from gpulayerd.models import JobView
 
-__all__ = ["POLL_S", "follow_logs", "outcome", "sanitizes"]
+__all__ = ["MAX_FETCH_BYTES", "POLL_S", "add_parser", "fetch_files", "follow_logs", "outcome", "sanitizes"]
+
+MAX_FETCH_BYTES = 2 * 10**9
+"""The most bytes one ``gpulayer fetch`` takes (the worker caps it at ``ship_outputs_mb`` before)."""
 
 POLL_S = 0.3
 """Seconds between reads while following a job that has nothing new."""
@@ -199,3 +208,73 @@ def follow_logs(c: SyncClient, args: argparse.Namespace) -> int:
         return EXIT_OK  # an earlier attempt's log, read to its end
     print(outcome(job), file=sys.stderr)
     return EXIT_OK if job.status == "succeeded" else EXIT_FAILURE
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``gpulayer fetch``."""
+    f = sub.add_parser("fetch", help="files of a finished attempt of a shipped job, from the worker that ran it",
+                       description="Get files of a finished attempt of a shipped job (--ship) from the tree its "
+                       "worker keeps (ship_keep_s, default a day). Only the job's user (or root) may, on the "
+                       "machine that owns the job. Files are written as you under ./gpulayer-out/ID/ (or --to "
+                       "DIR), links never followed; paths are relative to the job's tree.")
+    f.add_argument("job", metavar="ID", help="the job's id")
+    f.add_argument("paths", nargs="*", metavar="PATH", help="globs relative to the job's tree (default: every file)")
+    f.add_argument("--attempt", type=int, metavar="N", help="an earlier attempt (default: the latest)")
+    f.add_argument("--to", metavar="DIR", help="write the files under DIR (default: ./gpulayer-out/ID/)")
+    f.set_defaults(func=_cmd_fetch)
+
+
+def fetch_files(client: SyncClient, job: str, paths: list[str], attempt: int | None) -> tuple[bytes, int, str]:
+    """The stream of the files (see :mod:`gpulayerd.ship.tree`), the attempt and its worker.
+
+    Raises:
+        CommandFailed: the daemon refused, or more than :data:`MAX_FETCH_BYTES`.
+    """
+    import base64
+
+    from gpulayerd.cli.exits import CommandFailed
+
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = client.fetch(job, paths, offset, attempt)
+        data = base64.b64decode(chunk.data)
+        if chunk.offset != offset or chunk.total > MAX_FETCH_BYTES:
+            raise CommandFailed(f"fetch: a malformed or oversized answer ({chunk.total} bytes)")
+        parts.append(data)
+        offset += len(data)
+        attempt = int(chunk.attempt)
+        if offset >= chunk.total or not data:
+            return b"".join(parts), attempt, str(chunk.worker)
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    import io
+    from pathlib import Path
+
+    from gpulayerd.cli.exits import CommandFailed, UsageError
+    from gpulayerd.cli.http import call_daemon
+    from gpulayerd.core.shipping import glob_problem
+    from gpulayerd.ship.tree import TreeError, read_entries, write_tree
+
+    for pattern in args.paths:
+        problem = glob_problem(pattern)
+        if problem is not None:
+            raise UsageError(f"fetch: {problem}")
+    raw, attempt, _ = call_daemon(args, lambda c: fetch_files(c, args.job, list(args.paths), args.attempt))
+    body, note = raw, ""
+    cut = raw.rfind(b'\n{"done":true')  # the last header: what the worker left out over its caps
+    if cut >= 0 or raw.startswith(b'{"done":true'):
+        body = raw[:cut + 1] if cut >= 0 else b""
+        for entry, _read in read_entries(io.BytesIO(raw[cut + 1 if cut >= 0 else 0:])):
+            note = str(entry.get("note", ""))
+    dest = Path(args.to) if args.to else Path.cwd() / "gpulayer-out" / args.job
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        n, size = write_tree(str(dest), io.BytesIO(body), verify=False, replace=True)
+    except (TreeError, OSError) as e:
+        raise CommandFailed(f"fetch: {e}") from None
+    print(f"fetched {n} file(s) ({size / 1e6:.1f} MB) of attempt {attempt} into {fmt.escape(str(dest))}")
+    if note:
+        print(f"note: {fmt.escape(note)}", file=sys.stderr)
+    return EXIT_OK if n else EXIT_FAILURE

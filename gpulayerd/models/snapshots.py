@@ -16,8 +16,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from gpulayerd.core.shipping import Entry, glob_problem, manifest_problem
 
-__all__ = ["BLOB_CHUNK_BYTES", "BlobView", "Manifest", "ManifestEntry", "OutputChunk", "ShipChunk", "ShipFetch",
-           "ShipField", "ShipModel", "SnapshotRequest", "SnapshotView", "is_digest"]
+__all__ = ["BLOB_CHUNK_BYTES", "BlobView", "FetchChunk", "FetchRequest", "Manifest", "ManifestEntry", "OutputChunk",
+           "ShipChunk", "ShipFetch", "ShipField", "ShipModel", "SnapshotRequest", "SnapshotView", "TreeFiles",
+           "is_digest"]
 
 BLOB_CHUNK_BYTES = 1 << 20
 """The most bytes of one upload or fetch chunk (1 MiB: a peer message stays under its 4 MiB limit in base64)."""
@@ -151,6 +152,9 @@ class SnapshotView(BaseModel):
 
     snapshot_id: str
     missing: list[str] = Field(default_factory=list)
+    received: dict[str, int] = Field(default_factory=dict)
+    """Of the ``missing`` contents, those an earlier, interrupted upload of this user began: digest ->
+    the bytes held (the upload resumes there; from 0 the part is dropped and it starts again)."""
     stored: bool = False
     files: int = 0
     bytes: int = 0
@@ -181,6 +185,60 @@ class ShipChunk(BaseModel):
     """Owner -> worker: up to :data:`BLOB_CHUNK_BYTES` bytes at ``offset`` (base64) of a content of
     ``total`` bytes."""
 
+    data: str
+    offset: int
+    total: int
+
+
+def _check_globs(v: list[str]) -> list[str]:
+    for pattern in v:
+        problem = glob_problem(pattern)
+        if problem is not None:
+            raise ValueError(problem)
+    return v
+
+
+class TreeFiles(BaseModel):
+    """Owner -> worker (peer route ``ship_files``, ``gpulayer fetch``): a chunk, from byte ``offset``, of
+    the stream of the files matching ``patterns`` (globs relative to the tree; none: every file) in the
+    kept tree of an ended attempt the worker ran for the sender (:mod:`gpulayerd.ship.tree`'s stream,
+    as ``collect`` writes it). Answered with a :class:`ShipChunk` of that stream."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(max_length=64)
+    attempt: int = Field(ge=1)
+    patterns: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
+    offset: int = Field(default=0, ge=0, le=2**50)
+
+    @field_validator("patterns")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        return _check_globs(v)
+
+
+class FetchRequest(BaseModel):
+    """``POST /v1/jobs/{job}/fetch``: a chunk of the files of a finished attempt of a shipped job owned
+    here (``attempt`` None: the latest), from its worker's kept tree (see :class:`TreeFiles`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int | None = Field(default=None, ge=1)
+    patterns: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
+    offset: int = Field(default=0, ge=0, le=2**50)
+
+    @field_validator("patterns")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        return _check_globs(v)
+
+
+class FetchChunk(BaseModel):
+    """The answer to :class:`FetchRequest`: ``data`` (base64) at ``offset`` of a stream of ``total`` bytes,
+    of attempt ``attempt`` on ``worker``."""
+
+    attempt: int
+    worker: str = ""
     data: str
     offset: int
     total: int

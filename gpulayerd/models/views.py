@@ -244,6 +244,9 @@ class HealthView(BaseModel):
     requester: RequesterView | None = None
     """Who asked this health (the TUI offers cancel on the jobs they may manage); None from a daemon
     before this field."""
+    ship_default: bool = False
+    """The daemon's ``ship`` setting (a lab default): ``gpulayer submit`` ships the workdir of a job that
+    does not say (``--ship``, ``--no-ship``, ``ship`` in its file)."""
 
 
 class PeerView(BaseModel):

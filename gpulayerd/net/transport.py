@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from gpulayerd import routes
 from gpulayerd.models import Capabilities, JobList, LogChunk, ReportView
-from gpulayerd.models.snapshots import OutputChunk, ShipChunk, ShipFetch
+from gpulayerd.models.snapshots import OutputChunk, ShipChunk, ShipFetch, TreeFiles
 from gpulayerd.net.identity import PeerIdentity
 from gpulayerd.net.limits import ConnectionLimits
 from gpulayerd.net.wire import (
@@ -71,6 +71,7 @@ __all__ = [
     "RELEASE",
     "REPORT",
     "SHIP_FETCH",
+    "SHIP_FILES",
     "SHIP_OUTPUT",
     "USAGE_REPORT",
     "NoBody",
@@ -171,10 +172,11 @@ JOB_ACTION_ROUTES: dict[str, PeerRoute[JobRequest, JobReply]] = {
 SHIP_FETCH = _bind("ship_fetch", ShipFetch, ShipChunk)
 SHIP_OUTPUT = _bind("ship_output", OutputChunk, Ack)
 USAGE_REPORT = _bind("usage_report", UsageReportRequest, ReportView)
+SHIP_FILES = _bind("ship_files", TreeFiles, ShipChunk)
 
 _ALL: list[PeerRoute[Any, Any]] = [HEARTBEAT, CAPABILITIES, JOBS, OFFER, CLAIM, REPORT, KILL, LOGS, HOLD, RELEASE,
                                    COMMIT, JOB_FIND, *JOB_ACTION_ROUTES.values(), SHIP_FETCH, SHIP_OUTPUT,
-                                   USAGE_REPORT]
+                                   USAGE_REPORT, SHIP_FILES]
 BY_NAME: dict[str, PeerRoute[Any, Any]] = {r.name: r for r in _ALL}
 """Every peer route, bound, by name."""
 if set(BY_NAME) != set(routes.PEER):  # pragma: no cover - the table and the bindings must agree at import

@@ -171,6 +171,9 @@ LOCAL_ROUTES: tuple[Route, ...] = (
     Route("snapshot_blob", "POST", "/v1/snapshots/blobs", "bytes", "BlobView", Role.LOCAL_USER,
           "local.async_snapshot_blob", "a chunk of a content an offer of the requester found missing",
           query=("digest", "offset")),
+    Route("fetch", "POST", f"/v1/jobs/{_JOB}/fetch", "FetchRequest", "FetchChunk", Role.JOB_USER_OR_ADMIN,
+          "local.async_fetch", "files of a finished attempt of a shipped job owned here, from the tree its worker "
+          "keeps (the job's user or root)"),
 )
 """The local API (unix socket)."""
 
@@ -213,6 +216,8 @@ PEER_ROUTES: tuple[Route, ...] = (
           "shipping.fetch", "a worker fetches a chunk of a shipped job's manifest or of a file it lists"),
     Route("ship_output", "POST", "/v1/peer/ship/output", "OutputChunk", "Ack", Role.HOLDER,
           "shipping.output", "the holder of an attempt sends a chunk of its outputs back"),
+    Route("ship_files", "POST", "/v1/peer/ship/files", "TreeFiles", "ShipChunk", Role.RUN_OWNER,
+          "trees.files", "the owner of a shipped job gets files of an ended attempt's tree kept here (gpulayer fetch)"),
 )
 """The peer API (mutual TLS against the cluster CA)."""
 

@@ -1,7 +1,7 @@
 """The owner's content store of shipped snapshots: blobs by SHA-256 and manifests by snapshot id, in
 a directory of its own (``<state dir>/snapshots/``, never beside the database), with caps.
 
-Layout: ``blobs/<2 hex>/<sha256>`` (a file's bytes), ``manifests/<snapshot id>.json`` (``{"user",
+Layout: ``blobs/<2 hex>/<sha256>`` (a file's bytes), ``manifests/<snapshot id>.json`` (``{"users",
 "manifest"}``), ``partial/<uid>-<sha256>`` (an upload in progress). Every name is built from a
 checked digest and a uid, never from a request's text.
 
@@ -14,6 +14,14 @@ A user is told a content is present only when one of that user's own snapshots l
 another user stored some file is never revealed (the upload of a content present already is
 verified and dropped). An upload is taken only for a content an offer of that user found missing.
 
+Old snapshots go (:meth:`ContentStore.prune`, at each offer of their user): those no queued or
+running job names, last committed more than ``ship_keep_days`` ago, and, when a new snapshot would
+put the user over the quota, the least recently committed of the others until it fits.
+
+Uploads resume: a part file an interrupted upload left stays (until the daemon restarts), the next
+offer of that user says how many bytes of each missing content it holds (``received``) and the
+upload goes on from there; an upload that starts again from byte 0 drops the old part first.
+
 Blocking file I/O: the daemon calls these methods in a thread; a lock keeps the index consistent.
 """
 
@@ -24,6 +32,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 from gpulayerd.core.shipping import cap_refusal, unique_bytes
@@ -60,9 +69,10 @@ class ContentStore:
         self.total_bytes = total_bytes
         self.reserve_bytes = reserve_bytes
         self._lock = threading.Lock()
-        self._owners: dict[str, str] = {}  # snapshot id -> user
+        self._owners: dict[str, set[str]] = {}  # snapshot id -> the users who stored it (the same files: one id)
         self._user_digests: dict[str, dict[str, int]] = {}  # user -> digest -> size (their snapshots' contents)
         self._pending: dict[str, dict[str, int]] = {}  # user -> digest -> size: offered, not uploaded
+        self._uids: dict[str, int] = {}  # user -> the uid their uploads came from (their part files' names)
         self._blob_bytes = 0
         self._opened = False
 
@@ -89,11 +99,12 @@ class ContentStore:
                 try:
                     data = json.loads(p.read_bytes())
                     manifest = Manifest.model_validate(data["manifest"])
-                    user = str(data["user"])
+                    users = {str(u) for u in data.get("users", [data.get("user")]) if u}
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
-                self._owners[p.stem] = user
-                self._user_digests.setdefault(user, {}).update(manifest.digests())
+                self._owners[p.stem] = users
+                for user in users:
+                    self._user_digests.setdefault(user, {}).update(manifest.digests())
             self._blob_bytes = sum(p.stat().st_size for p in (self.root / "blobs").glob("*/*") if p.is_file())
             for p in (self.root / "partial").iterdir():  # uploads a previous life left: started again
                 p.unlink(missing_ok=True)
@@ -139,8 +150,21 @@ class ContentStore:
             if len(pending) + len(missing) > MAX_PENDING:
                 pending.clear()
             pending.update({d: digests[d] for d in missing})
-        return SnapshotView(snapshot_id=manifest.snapshot_id(), missing=missing, files=len(manifest.entries),
-                            bytes=manifest.file_bytes())
+        uid = self._uids.get(user)
+        received = {}
+        for d in missing if uid is not None else []:
+            try:
+                have = self._part(uid or 0, d).stat().st_size
+            except FileNotFoundError:
+                continue
+            if 0 < have < digests[d]:
+                received[d] = have
+        return SnapshotView(snapshot_id=manifest.snapshot_id(), missing=missing, received=received,
+                            files=len(manifest.entries), bytes=manifest.file_bytes())
+
+    def _part(self, uid: int, digest: str) -> Path:
+        """The part file of ``uid``'s upload of ``digest`` (checked digest, numeric uid)."""
+        return self.root / "partial" / f"{int(uid)}-{digest}"
 
     def put(self, user: str, uid: int, digest: str, offset: int, data: bytes) -> BlobView:
         """Append ``data`` at ``offset`` to the upload of content ``digest`` by ``user`` (uid ``uid``); once
@@ -159,8 +183,13 @@ class ContentStore:
             raise NotOffered(f"content {digest[:12]} was not offered by {user} (offer the manifest first)")
         if len(data) > BLOB_CHUNK_BYTES:
             raise NotOffered(f"a chunk of {len(data)} bytes (at most {BLOB_CHUNK_BYTES})")
-        part = self.root / "partial" / f"{uid}-{digest}"
+        with self._lock:
+            self._uids[user] = uid
+        part = self._part(uid, digest)
         have = part.stat().st_size if part.exists() else 0
+        if offset == 0 and have:  # an upload started again from 0: the part an interrupted one left goes
+            part.unlink(missing_ok=True)
+            have = 0
         if offset != have or have + len(data) > size:
             raise NotOffered(f"content {digest[:12]}: next byte is {have} of {size}, not {offset} (+{len(data)})")
         with open(part, "ab") as f:
@@ -195,14 +224,101 @@ class ContentStore:
             return view
         sid = view.snapshot_id
         path = self._manifest_path(sid)
-        data = json.dumps({"user": user, "manifest": manifest.model_dump(mode="json")}).encode()
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
         with self._lock:
-            self._owners.setdefault(sid, user)
+            users = self._owners.setdefault(sid, set())
+            users.add(user)
+            data = json.dumps({"users": sorted(users), "manifest": manifest.model_dump(mode="json")}).encode()
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)  # (its time: this commit's, what prune goes by)
             self._pending.pop(user, None)
         return view.model_copy(update={"stored": True})
+
+    # ------------------------------------------------------------------ retention
+
+    def prune(self, user: str, keep: set[str], max_age_s: float, manifest: Manifest | None = None,
+              now: float | None = None) -> list[str]:
+        """Remove ``user``'s snapshots that no job needs (not in ``keep``: the snapshots of queued or
+        running jobs) and were last committed more than ``max_age_s`` ago; then, when ``manifest`` would
+        put the user over their quota, their other unneeded snapshots, least recently committed first,
+        until it fits. Contents no snapshot left lists (and no upload in progress wants) go too.
+
+        Returns:
+            The ids of the snapshots removed.
+        """
+        self.open()
+        now = time.time() if now is None else now
+        with self._lock:
+            mine = []
+            for sid, owners in self._owners.items():
+                if user in owners and sid not in keep:
+                    try:
+                        mine.append((self._manifest_path(sid).stat().st_mtime, sid))
+                    except FileNotFoundError:
+                        continue
+            mine.sort()
+            drop = {sid for at, sid in mine if now - at > max_age_s}
+            if manifest is not None:
+                held = self._user_digests.get(user, {})
+                wanted = manifest.digests()
+                over = sum(held.values()) + sum(n for d, n in wanted.items() if d not in held) - self.user_quota_bytes
+                if over > 0:  # least recently committed first, until the new one fits
+                    for _, sid in mine:
+                        if self._bytes_without(user, drop, wanted) <= self.user_quota_bytes:
+                            break
+                        drop.add(sid)
+            if not drop:
+                return []
+            for sid in drop:
+                owners = self._owners.get(sid, set())
+                owners.discard(user)
+                if owners:  # another user stored the same files: theirs stays (and its time)
+                    path = self._manifest_path(sid)
+                    st = path.stat()
+                    data = json.loads(path.read_bytes())
+                    data["users"] = sorted(owners)
+                    path.write_bytes(json.dumps(data).encode())
+                    os.utime(path, (st.st_atime, st.st_mtime))
+                else:
+                    self._manifest_path(sid).unlink(missing_ok=True)
+                    self._owners.pop(sid, None)
+            self._reindex()
+        return sorted(drop)
+
+    def _listed_by(self, sids: list[str]) -> dict[str, int]:
+        """Digest -> size of the contents the stored manifests ``sids`` list (unreadable ones skipped)."""
+        out: dict[str, int] = {}
+        for sid in sids:
+            try:
+                data = json.loads(self._manifest_path(sid).read_bytes())
+                out.update(Manifest.model_validate(data["manifest"]).digests())
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def _bytes_without(self, user: str, dropped: set[str], wanted: dict[str, int]) -> int:
+        """What ``user`` would hold with ``wanted`` added, once the snapshots ``dropped`` are gone."""
+        held = self._listed_by([sid for sid, owners in self._owners.items() if user in owners and sid not in dropped])
+        return sum({**held, **wanted}.values())
+
+    def _reindex(self) -> None:
+        """After manifests went (lock held): every user's contents again, and the blobs nothing lists
+        (nor any upload in progress wants) removed."""
+        users: dict[str, list[str]] = {}
+        for sid, owners in self._owners.items():
+            for owner in owners:
+                users.setdefault(owner, []).append(sid)
+        self._user_digests = {owner: self._listed_by(sids) for owner, sids in users.items()}
+        needed = {d for digests in self._user_digests.values() for d in digests}
+        needed |= {d for pending in self._pending.values() for d in pending}
+        for p in (self.root / "blobs").glob("*/*"):
+            if p.name not in needed and is_digest(p.name):
+                try:
+                    size = p.stat().st_size
+                    p.unlink()
+                except FileNotFoundError:
+                    continue
+                self._blob_bytes -= size
 
     # ------------------------------------------------------------------ the owner's side
 
@@ -213,7 +329,7 @@ class ContentStore:
             data = json.loads(self._manifest_path(snapshot_id).read_bytes())
         except (OSError, ValueError):
             return None
-        if user is not None and data.get("user") != user:
+        if user is not None and user not in data.get("users", [data.get("user")]):
             return None
         try:
             return Manifest.model_validate(data["manifest"])

@@ -4,8 +4,9 @@
 The files (:func:`gpulayerd.ship.walk.list_paths`: git's list in a git work tree, else the
 directory minus ``.gpulayerignore``) are hashed here, the manifest is offered to the local daemon,
 which answers the contents it lacks (or refuses the snapshot over a cap, naming the largest files:
-exit 2); those are uploaded in 1 MiB chunks (a chunk already there is skipped: an interrupted
-upload resumes), then the manifest is committed and its id goes into the spec's ``ship``.
+exit 2); those are uploaded in 1 MiB chunks, each from the byte the daemon says it holds already
+(``received``: an interrupted upload resumes where it stopped), then the manifest is committed and
+its id goes into the spec's ``ship``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ShipUsageError", "SnapshotClient", "ship_spec"]
+__all__ = ["ShipUsageError", "SnapshotClient", "send_snapshot", "ship_spec", "wants_ship"]
 
 
 class ShipUsageError(ValueError):
@@ -32,6 +33,10 @@ class SnapshotClient(Protocol):
 
     def snapshot_blob(self, digest: str, offset: int, data: bytes) -> Any:
         """``POST /v1/snapshots/blobs``."""
+        ...
+
+    def health(self) -> Any:
+        """``GET /v1/health`` (its ``ship_default``: the daemon's lab default)."""
         ...
 
 
@@ -51,11 +56,13 @@ def _ship_table(spec: dict[str, object]) -> dict[str, object] | None:
     raise ShipUsageError("invalid job spec\nship: must be true, false or a table")
 
 
-def ship_spec(args: object, spec: dict[str, object],
-              call: Callable[[Callable[[SnapshotClient], str]], str]) -> dict[str, object]:
+def ship_spec(args: object, spec: dict[str, object], call: Callable[[Callable[[SnapshotClient], str]], str],
+              lab_default: Callable[[], bool] | None = None) -> dict[str, object]:
     """``spec`` (workdir resolved) with its workdir snapshotted and uploaded when it is shipped
-    (``ship`` in the spec or ``args.ship``; ``args.output``, ``args.output_dir`` add to it); as it is
-    otherwise. ``call(fn)`` runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``).
+    (:func:`wants_ship`: ``--ship``, ``ship`` in the spec, or the daemon's lab default, unless
+    ``--no-ship``; ``args.output``, ``args.output_dir`` add to it); as it is otherwise. ``call(fn)``
+    runs ``fn`` with a client of the local daemon (the CLI's ``call_daemon``); ``lab_default()`` asks
+    the daemon's ``ship`` setting (None: through ``call``).
 
     Raises:
         ShipUsageError: an ``--output`` that is absolute or climbs out with ``..``, ``--output`` without
@@ -65,8 +72,13 @@ def ship_spec(args: object, spec: dict[str, object],
     """
     from gpulayerd.core.shipping import glob_problem
 
-    if getattr(args, "ship", None):
+    if lab_default is None:
+        def lab_default() -> bool:
+            return bool(getattr(call(lambda c: c.health()), "ship_default", False))
+    if wants_ship(args, spec, lab_default):
         spec["ship"] = spec.get("ship") if isinstance(spec.get("ship"), dict) else True
+    elif getattr(args, "no_ship", None):
+        spec["ship"] = False
     table = _ship_table(spec)
     outputs = list(getattr(args, "output", None) or [])
     out_dir = getattr(args, "output_dir", None)
@@ -88,9 +100,25 @@ def ship_spec(args: object, spec: dict[str, object],
     return spec
 
 
+def wants_ship(args: object, spec: dict[str, object], lab_default: Callable[[], bool]) -> bool:
+    """Whether the job is shipped: ``--no-ship`` says no, ``--ship`` yes, then the spec's own ``ship``,
+    then the daemon's lab default (``ship = true`` in its config: ``lab_default()`` asks it), never for a
+    multi-host job (not shipped yet)."""
+    if getattr(args, "no_ship", None):
+        return False
+    if getattr(args, "ship", None):
+        return True
+    if "ship" in spec:
+        return spec["ship"] not in (None, False)
+    distributed = spec.get("distributed")
+    nnodes = distributed.get("nnodes", 1) if isinstance(distributed, dict) else 1
+    if isinstance(nnodes, int) and nnodes > 1:
+        return False
+    return lab_default()
+
+
 def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Path) -> str:
     """Snapshot ``workdir``, upload what the daemon lacks, commit; the snapshot id."""
-    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
     from gpulayerd.ship.walk import WalkError, list_paths, make_manifest
 
     try:
@@ -98,31 +126,41 @@ def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Pat
     except WalkError as e:
         raise ShipUsageError(f"--ship: {e}") from None
     body = manifest.model_dump(mode="json")
+    return call(lambda c: send_snapshot(c, body, sources))
 
-    def upload(c: SnapshotClient) -> str:
-        offered = c.snapshot(body, commit=False)
-        sent = 0
-        for digest in offered.missing:
-            source = sources.get(digest)
-            if source is None:
-                raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
-            with open(source, "rb") as f:
-                offset = 0
-                while True:
-                    chunk = f.read(BLOB_CHUNK_BYTES)
-                    if not chunk and offset:
-                        break
-                    c.snapshot_blob(digest, offset, chunk)
-                    offset += len(chunk)
-                    sent += len(chunk)
-                    if not chunk:
-                        break
-        stored = c.snapshot(body, commit=True)
-        if not stored.stored:
-            raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
+
+def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Path]) -> str:
+    """Offer the manifest ``body``, upload the contents the daemon lacks from ``sources`` (SHA-256 -> a
+    file holding them), each from the byte the daemon holds already, then commit; the snapshot id.
+
+    Raises:
+        ShipUsageError: the daemon asked for a content not in the snapshot, or one changed meanwhile.
+        CommandFailed: the daemon failed (an upload cut there resumes at the next submit).
+    """
+    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
+
+    offered = c.snapshot(body, commit=False)
+    sent = 0
+    for digest in offered.missing:
+        source = sources.get(digest)
+        if source is None:
+            raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
+        with open(source, "rb") as f:
+            offset = int((getattr(offered, "received", None) or {}).get(digest, 0))  # resumed, if interrupted
+            f.seek(offset)
+            while True:
+                chunk = f.read(BLOB_CHUNK_BYTES)
+                if not chunk and offset:
+                    break
+                c.snapshot_blob(digest, offset, chunk)
+                offset += len(chunk)
+                sent += len(chunk)
+                if not chunk:
+                    break
+    stored = c.snapshot(body, commit=True)
+    if not stored.stored:
+        raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
                              "missing): submit again")
-        print(f"shipped {stored.files} files ({stored.bytes / 1e6:.1f} MB; {len(offered.missing)} uploaded, "
-              f"{sent / 1e6:.1f} MB) as snapshot {stored.snapshot_id[:12]}", file=sys.stderr)
-        return str(stored.snapshot_id)
-
-    return call(upload)
+    print(f"shipped {stored.files} files ({stored.bytes / 1e6:.1f} MB; {len(offered.missing)} uploaded, "
+          f"{sent / 1e6:.1f} MB) as snapshot {stored.snapshot_id[:12]}", file=sys.stderr)
+    return str(stored.snapshot_id)

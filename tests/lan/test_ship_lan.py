@@ -2,7 +2,8 @@
 from a git repository on h1 runs on h2 (the only host with a GPU) in a fresh per-attempt tree of
 h2's, prints a file of the repository, finds no untracked ignored file there; a second submit after
 changing one file moves one file (the job's history says so); ``--output results/*.json`` brings
-the files back to h1's ``<repo>/gpulayer-out/<job>/``."""
+the files back to h1's ``<repo>/gpulayer-out/<job>/``; h2 keeps the attempt's tree and ``gpulayer
+fetch`` gets another file of it."""
 
 from __future__ import annotations
 
@@ -47,7 +48,13 @@ def test_a_shipped_job_runs_on_another_host_and_brings_its_outputs_back(lan_fact
     assert json.loads((back / "r.json").read_text()) == {"ok": 1} and not (back / "r.txt").exists()
     history = " | ".join(e.reason for e in h1.job(job).events)
     assert "Transfer: 2 file(s)" in history and "Outputs: 1 file(s) of attempt 1" in history, history
-    assert not (h2.state_dir / "trees" / f"{h1.node_id[:16]}-{job}-1").exists()  # the tree went with the attempt
+    tree = h2.state_dir / "trees" / f"{h1.node_id[:16]}-{job}-1"
+    assert tree.is_dir() and tree.with_name(tree.name + ".ended").exists()  # kept ship_keep_s for gpulayer fetch
+    # gpulayer fetch: a file that was no --output, from h2's kept tree, written as the user on h1.
+    fetched = h1.cli_ok("fetch", job, "results/*.txt", "--to", str(h1.work / "got"), cwd=repo)
+    assert fetched.startswith("fetched 1 file(s)") and (h1.work / "got" / "results" / "r.txt").read_text() == "nope\n"
+    refused = h1.cli("fetch", job, "../x", cwd=repo)
+    assert refused.returncode == 2 and "climbs out" in refused.stderr
 
     # One file changed: one file moves (the other comes from h2's cache).
     (repo / "msg.txt").write_text("changed on h1\n")

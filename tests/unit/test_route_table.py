@@ -45,7 +45,7 @@ from gpulayerd.api.server import make_local_app
 from gpulayerd.app.common.requester import Requester, Requesters
 from gpulayerd.errors import PeerCallError, PeerRefused
 from gpulayerd.models import SubmitRequest
-from gpulayerd.models.snapshots import Manifest, ManifestEntry, OutputChunk, ShipFetch
+from gpulayerd.models.snapshots import Manifest, ManifestEntry, OutputChunk, ShipFetch, TreeFiles
 from gpulayerd.net import ca, identity, tls
 from gpulayerd.net.enroll import decode_token
 from gpulayerd.net.identity import Identity
@@ -282,6 +282,11 @@ async def ship_output_by_a_member_that_did_not_run_it(lab: Lab) -> Send:
                                                            data="eyJ4IjoxfQ==", last=True))
 
 
+async def ship_files_by_a_member_that_does_not_own_the_job(lab: Lab) -> Send:
+    job = await running_on_w1(lab)  # w1 runs (and keeps) attempt 1 for the owner: w2, a valid member, gets no file
+    return Send(W1, BY_NAME["ship_files"], TreeFiles(job_id=job, attempt=1, patterns=["**"]))
+
+
 PEER_REFUSALS: dict[str, list[Case]] = {
     "offer": [offer_of_a_job_id_another_owner_runs_here, offer_for_a_user_it_does_not_vouch_for],
     "claim": [claim_without_an_offer, claim_by_a_personal_node_of_another_user],
@@ -299,10 +304,11 @@ PEER_REFUSALS: dict[str, list[Case]] = {
     "ship_fetch": [ship_fetch_by_a_member_that_does_not_hold_the_job,
                    ship_fetch_by_the_holder_of_a_job_that_is_not_shipped],
     "ship_output": [ship_output_by_a_member_that_did_not_run_it],
+    "ship_files": [ship_files_by_a_member_that_does_not_own_the_job],
 }
 """Every peer route that is not public -> the ways a member without its role is refused."""
 
-LOCAL_REFUSALS = ("cancel", "logs")
+LOCAL_REFUSALS = ("cancel", "logs", "fetch")
 """Every local route that is not public: another local user (bob) asks about root's job."""
 
 
@@ -554,7 +560,7 @@ async def test_local_routes_another_users_job_refused_or_concealed(tmp_path: Pat
         async with local_api(lab, short_dir) as sock, DaemonClient(sock) as c:
             before = await dump(lab, settle=False)
             for name in LOCAL_REFUSALS:
-                call = c.cancel(job) if name == "cancel" else c.logs(job)
+                call = c.cancel(job) if name == "cancel" else c.fetch(job) if name == "fetch" else c.logs(job)
                 with pytest.raises(ApiRequestError) as err:
                     await call
                 assert (err.value.status, err.value.code) == (403, "forbidden")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,135 @@ def test_unpack_in_process_through_the_stream_and_cache(tmp_path: Path) -> None:
     (tmp_path / "cache" / ("ef" * 32)).write_bytes(b"123456")
     assert cache.trim({_sha(data)}) == 6  # over the cap: the unpinned content goes, the pinned one stays
     assert cache.has(_sha(data)) and not cache.has("ef" * 32)
+
+
+class _Cut(Exception):
+    """The CLI's connection cut in the middle of an upload."""
+
+
+class _StoreClient:
+    """The CLI's client of the local daemon, straight onto a content store; cut after ``cut_after`` chunks."""
+
+    def __init__(self, store: ContentStore, cut_after: int | None = None) -> None:
+        self.store = store
+        self.cut_after = cut_after
+        self.offsets: list[int] = []
+
+    def snapshot(self, manifest: dict[str, object], commit: bool) -> object:
+        m = Manifest.model_validate(manifest)
+        return self.store.commit("alice", m) if commit else self.store.offer("alice", m)
+
+    def snapshot_blob(self, digest: str, offset: int, data: bytes) -> object:
+        if self.cut_after is not None and len(self.offsets) >= self.cut_after:
+            raise _Cut
+        self.offsets.append(offset)
+        return self.store.put("alice", 1000, digest, offset, data)
+
+
+def test_an_interrupted_upload_resumes_from_the_bytes_the_daemon_holds(tmp_path: Path) -> None:
+    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
+    from gpulayerd.ship.upload import send_snapshot
+
+    store = _store(tmp_path)
+    data = os.urandom(2 * BLOB_CHUNK_BYTES + 1000)  # three chunks
+    (tmp_path / "big.bin").write_bytes(data)
+    m = Manifest(entries=[ManifestEntry(path="big.bin", kind="file", size=len(data), sha256=_sha(data))])
+    body, sources = m.model_dump(mode="json"), {_sha(data): tmp_path / "big.bin"}
+    first = _StoreClient(store, cut_after=1)
+    with pytest.raises(_Cut):
+        send_snapshot(first, body, sources)  # one chunk in, then the connection is cut
+    assert store.offer("alice", m).received == {_sha(data): BLOB_CHUNK_BYTES}
+    again = _StoreClient(store)
+    assert send_snapshot(again, body, sources) == m.snapshot_id()
+    assert again.offsets == [BLOB_CHUNK_BYTES, 2 * BLOB_CHUNK_BYTES]  # resumed: the first chunk is not sent again
+    assert store.read(_sha(data), 0, len(data))[1] == len(data)
+    assert store.blob_path(_sha(data)).read_bytes() == data
+
+
+def test_an_upload_started_again_from_zero_drops_the_stale_part(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    data = b"0123456789" * 10
+    m = Manifest(entries=[ManifestEntry(path="d.txt", kind="file", size=len(data), sha256=_sha(data))])
+    store.offer("alice", m)
+    assert store.put("alice", 1000, _sha(data), 0, b"garbage").received == 7  # an old CLI's cut upload
+    assert store.put("alice", 1000, _sha(data), 0, data).complete  # from 0 again: the part is dropped, not refused
+    assert store.commit("alice", m).stored
+    assert store.blob_path(_sha(data)).read_bytes() == data
+
+
+def test_kept_trees_are_removed_once_older_than_ship_keep_s(tmp_path: Path) -> None:
+    from gpulayerd.app.worker.ship_client import _ended, _sweep
+
+    old, new, running = tmp_path / "owner-job1-1", tmp_path / "owner-job2-1", tmp_path / "owner-job3-1"
+    for tree in (old, new, running):
+        (tree / "src").mkdir(parents=True)
+        (tree / "src" / "a.py").write_text("x")
+    _ended(old).touch()
+    _ended(new).touch()
+    day_ago = os.path.getmtime(_ended(new)) - 86401
+    os.utime(_ended(old), (day_ago, day_ago))
+    assert _sweep(tmp_path, 86400.0) == 1
+    assert not old.exists() and not _ended(old).exists()
+    assert (new / "src" / "a.py").read_text() == "x" and running.is_dir()  # kept; no marker: its attempt runs
+
+
+def test_a_lab_default_ships_jobs_that_do_not_say_and_no_ship_overrides_it() -> None:
+    from argparse import Namespace
+
+    from gpulayerd.models.views import HealthView
+    from gpulayerd.ship.upload import wants_ship
+
+    asked: list[bool] = []
+
+    def lab(default: bool) -> Callable[[], bool]:
+        def ask() -> bool:
+            asked.append(default)
+            return default
+        return ask
+
+    plain = Namespace(ship=None, no_ship=None)
+    assert wants_ship(plain, {"command": ["x"]}, lab(True)) is True  # the daemon's ship = true
+    assert wants_ship(plain, {"command": ["x"]}, lab(False)) is False
+    assert asked == [True, False]
+    assert wants_ship(Namespace(ship=None, no_ship=True), {"command": ["x"]}, lab(True)) is False
+    assert wants_ship(plain, {"ship": False}, lab(True)) is False  # the job's file says no
+    assert wants_ship(Namespace(ship=True, no_ship=None), {}, lab(False)) is True
+    assert wants_ship(plain, {"distributed": {"nnodes": 2}}, lab(True)) is False  # multi-host: not shipped yet
+    assert asked == [True, False]  # asked only when nothing else decides
+    assert HealthView.model_validate({"ok": True, "version": "0", "node_id": "n", "hostname": "h", "pid": 1,
+                                      "state_dir": "/s", "ship_default": True}).ship_default
+
+
+def _snapshot(store: ContentStore, user: str, data: bytes, at: float) -> str:
+    m = Manifest(entries=[ManifestEntry(path="f.bin", kind="file", size=len(data), sha256=_sha(data))])
+    store.offer(user, m)
+    store.put(user, 1000, _sha(data), 0, data)
+    sid = store.commit(user, m).snapshot_id
+    os.utime(tmp := store.root / "manifests" / f"{sid}.json", (at, at))
+    assert tmp.is_file()
+    return sid
+
+
+def test_old_snapshots_no_job_needs_go_and_the_quota_frees_least_recently_used_first(tmp_path: Path) -> None:
+    store = _store(tmp_path, user_quota_bytes=3000)
+    now = 1_000_000_000.0
+    a, b, c = (os.urandom(1000) for _ in range(3))
+    old = _snapshot(store, "alice", a, now - 8 * 86400)  # a week and a day old
+    queued = _snapshot(store, "alice", b, now - 9 * 86400)  # older still, but a queued job names it
+    recent = _snapshot(store, "alice", c, now - 3600)
+    bobs = _snapshot(store, "bob", a, now - 30 * 86400)  # bob's, same content as alice's old one
+    assert store.prune("alice", {queued}, 7 * 86400, now=now) == [old]
+    assert store.manifest_of(old, "alice") is None and store.manifest_of(queued, "alice") is not None
+    assert bobs == old and store.manifest_of(old, "bob") is not None  # the same files stored by bob: his stays
+    assert store.blob_path(_sha(a)).is_file()  # bob's snapshot still lists it
+    assert store.prune("bob", set(), 7 * 86400, now=now) == [bobs]
+    assert not store.blob_path(_sha(a)).exists()  # listed by no snapshot any more: removed
+    # Quota: alice holds b and c (2000 of 3000 bytes); two new 1000-byte files need 1000 more: the least
+    # recently committed snapshot no job needs (recent) goes, the queued job's stays.
+    d, e = os.urandom(1000), os.urandom(1000)
+    new = Manifest(entries=[ManifestEntry(path="d.bin", kind="file", size=1000, sha256=_sha(d)),
+                            ManifestEntry(path="e.bin", kind="file", size=1000, sha256=_sha(e))])
+    assert store.prune("alice", {queued}, 7 * 86400, new, now=now) == [recent]
+    assert store.offer("alice", new).missing == sorted([_sha(d), _sha(e)])  # fits now: no CapExceeded
+    assert store.blob_path(_sha(b)).is_file() and not store.blob_path(_sha(c)).exists()
+    assert store.prune("alice", {queued}, 7 * 86400, new, now=now) == []  # nothing more to remove

@@ -10,6 +10,9 @@ served to the worker that holds a shipped job, and the outputs a worker sends ba
 - Peer route ``ship_output`` (role: the holder of that attempt): output chunks are spooled here,
   root-only, capped at ``ship_outputs_mb``; at the end they are written as the job's user with
   ``O_NOFOLLOW`` into ``<workdir>/gpulayer-out/<job id>/`` (or ``output_dir``).
+- Local route ``fetch`` (``gpulayer fetch``; the job's user or root): a chunk of the files of a
+  finished attempt, asked of the worker that ran it (peer route ``ship_files``, answered only to
+  the job's owner) from the tree it keeps for ``ship_keep_s``; the CLI writes them as the user.
 """
 
 from __future__ import annotations
@@ -28,19 +31,24 @@ from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.requester import Requester
 from gpulayerd.config import DaemonConfig
+from gpulayerd.core.job_facts import ACTIVE_STATES, job_user
+from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.shipping import MB, path_problem
-from gpulayerd.errors import BadRequest, PeerBadRequest
+from gpulayerd.errors import BadRequest, Forbidden, PeerBadRequest, PeerCallError, PeerRefused, PeerUnreachable
 from gpulayerd.models import JobSpec
 from gpulayerd.models.snapshots import (
     BlobView,
+    FetchChunk,
+    FetchRequest,
     OutputChunk,
     ShipChunk,
     ShipFetch,
     SnapshotRequest,
     SnapshotView,
+    TreeFiles,
     is_digest,
 )
-from gpulayerd.net.transport import Sender
+from gpulayerd.net.transport import SHIP_FILES, PeerTransport, Sender
 from gpulayerd.net.wire import Ack
 from gpulayerd.ship.asuser import AsUserError, run_as, user_ids
 from gpulayerd.ship.content import CapExceeded, ContentStore, NotOffered
@@ -60,10 +68,13 @@ class ShipServer:
         jobs: the jobs owned here (their specs).
         store: the job store (an event records outputs written back).
         clock: wall time of events.
+        transport: calls the workers (``gpulayer fetch``; None: not served).
     """
 
-    def __init__(self, *, config: DaemonConfig, jobs: OwnedJobs, store: Store, clock: Clock) -> None:
+    def __init__(self, *, config: DaemonConfig, jobs: OwnedJobs, store: Store, clock: Clock,
+                 transport: PeerTransport | None = None) -> None:
         self._config = config
+        self._transport = transport
         self._jobs = jobs
         self._store = store
         self._clock = clock
@@ -74,6 +85,11 @@ class ShipServer:
         self._listed: OrderedDict[str, frozenset[str]] = OrderedDict()  # snapshot id -> its contents (64 kept)
         self._spooled: dict[tuple[str, int], int] = {}  # (job, attempt) -> output bytes spooled
 
+    @property
+    def ship_default(self) -> bool:
+        """The ``ship`` setting: jobs submitted here are shipped unless they say otherwise (told by health)."""
+        return self._config.ship
+
     # ------------------------------------------------------------------ local routes
 
     async def snapshot(self, request: SnapshotRequest, requester: Requester) -> SnapshotView:
@@ -82,11 +98,28 @@ class ShipServer:
         Raises:
             BadRequest: over a cap (the message names the cap and the largest files).
         """
+        if not request.commit:  # old snapshots of this user no job needs go first (see ContentStore.prune)
+            keep = await self._in_use()
+            gone = await asyncio.to_thread(self.content.prune, requester.user, keep,
+                                           self._config.ship_keep_days * 86400, request.manifest)
+            if gone:
+                log.info("removed %d old snapshot(s) of %s: %s", len(gone), requester.user,
+                         ", ".join(g[:12] for g in gone[:5]))
         fn = self.content.commit if request.commit else self.content.offer
         try:
             return await asyncio.to_thread(fn, requester.user, request.manifest)
         except CapExceeded as e:
             raise BadRequest(str(e)) from None
+
+    async def _in_use(self) -> set[str]:
+        """The snapshot ids of the jobs owned here that are queued, claimed or running (kept)."""
+        rows = await self._store.jobs.list_jobs({JobStatus.QUEUED, JobStatus.CLAIMED, JobStatus.RUNNING})
+        out: set[str] = set()
+        for row in rows:
+            ship = self._jobs.spec(row).ship
+            if ship is not None and ship.snapshot:
+                out.add(ship.snapshot)
+        return out
 
     async def snapshot_blob(self, requester: Requester, digest: str, offset: int, data: bytes) -> BlobView:
         """Local route ``snapshot_blob``: a chunk of a content an offer of ``requester`` found missing.
@@ -118,6 +151,44 @@ class ShipServer:
             raise BadRequest(f"job spec: ship: snapshot {sid[:16]!r} is not one {requester.user} stored here")
         out["ship"] = {**ship, "files": len(manifest.entries), "bytes": manifest.file_bytes()}
         return out
+
+    async def files(self, requester: Requester, job_ref: str, request: FetchRequest) -> FetchChunk:
+        """Local route ``fetch``: a chunk of the stream of files of a finished attempt of a shipped job
+        owned here, from the tree its worker keeps.
+
+        Raises:
+            Forbidden: the requester is neither the job's user nor root.
+            BadRequest: not shipped, no such attempt, it still runs, or the worker refused (its tree
+                is not kept any more, say). NoSuchJob, AmbiguousJob: no job (not owned here).
+            PeerUnreachable: the worker did not answer.
+        """
+        row = await self._jobs.row(job_ref)
+        spec = self._jobs.spec(row)
+        user = job_user(spec.user, row.submitted_by)
+        if requester.uid != 0 and requester.user != user:
+            raise Forbidden(f"job {row.id} belongs to {user or 'nobody'}: only its user (or root) fetches its files")
+        if spec.ship is None:
+            raise BadRequest(f"job {row.id} was not shipped: its files are in its workdir")
+        n = request.attempt or row.attempt
+        if not 1 <= n <= row.attempt:
+            raise BadRequest(f"job {row.id} has no attempt {n}" + (f" (attempts: 1 to {row.attempt})"
+                                                                    if row.attempt else ": it has not run yet"))
+        if n == row.attempt and row.status in ACTIVE_STATES:
+            raise BadRequest(f"attempt {n} of job {row.id} still runs: fetch its files once it ended")
+        tried = next((a for a in await self._store.jobs.attempts(row.id) if a.attempt == n), None)
+        if tried is None or not tried.worker or self._transport is None:
+            raise BadRequest(f"attempt {n} of job {row.id} ran nowhere known")
+        try:
+            chunk = await self._transport.call(tried.worker, SHIP_FILES, TreeFiles(
+                job_id=row.id, attempt=n, patterns=request.patterns, offset=request.offset))
+        except PeerRefused as e:
+            raise BadRequest(f"fetch: refused by its worker: {e.reason}") from None
+        except PeerCallError as e:
+            said = next((str(e).split(m, 1)[1] for m in (": HTTP 400: ", ": PeerBadRequest: ") if m in str(e)), None)
+            if said is not None:  # the worker's words (its tree is not kept any more, say)
+                raise BadRequest(f"fetch: its worker answered: {said[:300]}") from None
+            raise PeerUnreachable(f"cannot fetch from {tried.worker[:12]}: {e}") from e
+        return FetchChunk(attempt=n, worker=tried.worker, data=chunk.data, offset=chunk.offset, total=chunk.total)
 
     # ------------------------------------------------------------------ the role check's facts
 

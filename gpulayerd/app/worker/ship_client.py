@@ -6,8 +6,14 @@ them to the owner.
 The manifest is checked against the snapshot id the job's spec records (its SHA-256) and against
 :func:`gpulayerd.core.shipping.manifest_problem`; each content against its SHA-256 before it enters
 the cache (:class:`~gpulayerd.ship.blobcache.BlobCache`). A transfer resumes a content from the
-bytes already received, is bounded by ``ship_transfer_timeout_s``, and on any failure leaves no tree
+bytes already received (its part file, kept when a transfer is cut), may be throttled
+(``ship_fetch_mb_per_s``), renews the attempt's lease while it lasts (as a running attempt's is
+renewed), is bounded by ``ship_transfer_timeout_s``, and on any failure leaves no tree
 behind: :class:`TransferFailed`, and the job is re-queued (the attempt never started).
+
+An ended attempt's tree is kept ``ship_keep_s`` (a marker ``<tree>.ended`` beside it dates the end;
+:meth:`ShipClient.sweep` removes it later) and its files are served to the job's owner only
+(peer route ``ship_files``, ``gpulayer fetch``).
 """
 
 from __future__ import annotations
@@ -18,18 +24,22 @@ import hashlib
 import logging
 import os
 import shutil
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Protocol
 
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.shipping import MB
-from gpulayerd.errors import PeerCallError
+from gpulayerd.errors import PeerBadRequest, PeerCallError
 from gpulayerd.models import JobSpec
-from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, Manifest, OutputChunk, ShipFetch
-from gpulayerd.net.transport import SHIP_FETCH, SHIP_OUTPUT, PeerTransport
+from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, Manifest, OutputChunk, ShipChunk, ShipFetch, TreeFiles
+from gpulayerd.net.transport import SHIP_FETCH, SHIP_OUTPUT, PeerTransport, Sender
 from gpulayerd.ship.asuser import AsUserError, run_as, user_ids
 from gpulayerd.ship.blobcache import BlobCache
 from gpulayerd.ship.tree import header, read_entries
+from gpulayerd.store import Store
 
 __all__ = ["ShipClient", "TransferFailed"]
 
@@ -54,12 +64,17 @@ class ShipClient:
         config: the cache's cap, the trees' directory, the time and output limits.
         node_id: this node (the sender of output chunks).
         transport: calls the owner.
+        store: the runs stored here (whose tree ``gpulayer fetch`` reads; None: not served).
     """
 
-    def __init__(self, *, config: DaemonConfig, node_id: str, transport: PeerTransport) -> None:
+    def __init__(self, *, config: DaemonConfig, node_id: str, transport: PeerTransport,
+                 store: Store | None = None) -> None:
         self._config = config
         self.node_id = node_id
         self._transport = transport
+        self._store = store
+        self._streams: OrderedDict[tuple[str, str, int, tuple[str, ...]], bytes] = OrderedDict()
+        self._swept = 0.0  # monotonic time of the last sweep of kept trees
         self.cache = BlobCache(config.state_dir / "ship-cache", int(config.ship_cache_mb * MB))
         self.notes: dict[tuple[str, int], str] = {}
         """(job, attempt) -> what its transfer moved ("Transfer: ..."), for the ``started`` report."""
@@ -74,6 +89,8 @@ class ShipClient:
         """Fetch content ``digest`` from byte ``have`` into ``sink``; the bytes moved."""
         moved = 0
         offset = have
+        rate = self._config.ship_fetch_mb_per_s * MB  # bytes per second, 0: no limit
+        began = time.monotonic()
         while True:
             chunk = await self._transport.call(owner, SHIP_FETCH, ShipFetch(job_id=job_id, attempt=attempt,
                                                                             digest=digest, offset=offset))
@@ -85,25 +102,49 @@ class ShipClient:
             moved += len(data)
             if offset >= chunk.total or not data:
                 return moved
+            if rate > 0:  # ship_fetch_mb_per_s: wait until this many bytes were due
+                ahead = began + moved / rate - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
 
-    async def prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> str:
+    async def prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec,
+                      renew: Callable[[], Awaitable[bool]] | None = None, lease_s: float = 30.0) -> str:
         """Fetch and unpack the snapshot of ``spec``; the tree the attempt runs in.
 
+        Args:
+            renew: renews the attempt's lease at its owner (the ``renew`` report a running attempt
+                sends); False when the owner answered that the attempt is stale. Called every
+                ``lease_s / 3`` seconds while the transfer lasts, so a transfer longer than the lease
+                is not declared lost; a stale answer ends the transfer.
+
         Raises:
-            TransferFailed: ``Transfer: ...`` words (no tree is left behind).
+            TransferFailed: ``Transfer: ...`` words (no tree is left behind): a failure, a stale
+                answer to a renewal, or more than ``ship_transfer_timeout_s``.
         """
         assert spec.ship is not None
         sid = spec.ship.snapshot or ""
         tree = self.tree(owner, job_id, attempt)
+        work = asyncio.ensure_future(asyncio.wait_for(self._prepare(owner, job_id, attempt, spec, sid, tree),
+                                                      self._config.ship_transfer_timeout_s))
+        keeper = asyncio.ensure_future(_keep_lease(renew, lease_s, attempt)) if renew is not None else None
         try:
-            return await asyncio.wait_for(self._prepare(owner, job_id, attempt, spec, sid, tree),
-                                          self._config.ship_transfer_timeout_s)
+            if keeper is not None:
+                await asyncio.wait({work, keeper}, return_when=asyncio.FIRST_COMPLETED)
+                if keeper.done() and not work.done():
+                    work.cancel()
+                    keeper.result()  # (raises TransferFailed: the owner no longer holds it)
+            return await work
         except (TransferFailed, PeerCallError, AsUserError, OSError, ValueError, LookupError,
                 asyncio.TimeoutError) as e:
             await asyncio.to_thread(shutil.rmtree, tree, True)
             why = f"not done within {self._config.ship_transfer_timeout_s:g} s" if isinstance(
                 e, asyncio.TimeoutError) else str(e) or type(e).__name__
+            log.info("job_id=%s attempt %d: Transfer: %s (nothing started, no tree left)", job_id, attempt, why)
             raise TransferFailed(f"Transfer: {why}") from None
+        finally:
+            for task in (work, keeper):
+                if task is not None and not task.done():
+                    task.cancel()
 
     async def _prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec, sid: str, tree: Path) -> str:
         holder = _Buffer()
@@ -153,8 +194,9 @@ class ShipClient:
 
         run_as("unpack", [str(tree)], ids, feed=feed, timeout_s=self._config.ship_transfer_timeout_s)
 
-    async def send_outputs(self, owner: str, job_id: str, attempt: int, spec: JobSpec) -> None:
-        """Collect the attempt's outputs as the job's user and send them to the owner; then drop its tree.
+    async def send_outputs(self, owner: str, job_id: str, attempt: int, spec: JobSpec, keep: bool = False) -> None:
+        """Collect the attempt's outputs as the job's user and send them to the owner; then drop its tree,
+        or, with ``keep`` (an attempt that ran), keep it ``ship_keep_s`` for ``gpulayer fetch``.
         Failures are logged: an attempt's end is reported whatever happens here."""
         assert spec.ship is not None
         tree = self.tree(owner, job_id, attempt)
@@ -167,7 +209,55 @@ class ShipClient:
         finally:
             self.notes.pop((job_id, attempt), None)
             self.shipped.pop((job_id, attempt), None)
-            await asyncio.to_thread(shutil.rmtree, tree, True)
+            if keep and self._config.ship_keep_s > 0 and tree.is_dir():
+                await asyncio.to_thread(_ended(tree).touch)  # kept from now on (see sweep)
+            else:
+                await asyncio.to_thread(shutil.rmtree, tree, True)
+            await self.sweep()
+
+    async def sweep(self, every_s: float = 60.0) -> int:
+        """Remove the kept trees of attempts that ended more than ``ship_keep_s`` ago (at most one look
+        every ``every_s`` seconds); how many were removed."""
+        now = time.monotonic()
+        if now - self._swept < every_s:
+            return 0
+        self._swept = now
+        return await asyncio.to_thread(_sweep, self._config.trees_dir, self._config.ship_keep_s)
+
+    async def files(self, sender: Sender, msg: TreeFiles) -> ShipChunk:
+        """Peer route ``ship_files`` (role checked: the attempt ran here for the sender, its owner): a chunk
+        of the stream of the files of its kept tree matching ``msg.patterns`` (every file when none),
+        collected as the job's user without following links, capped at ``ship_outputs_mb``.
+
+        Raises:
+            PeerBadRequest: no such attempt here, it still runs, not shipped, its tree not kept any more.
+        """
+        owner = sender.node_id
+        run = await self._store.runs.remote_run(owner, msg.job_id, msg.attempt) if self._store is not None else None
+        if run is None:
+            raise PeerBadRequest(f"no attempt {msg.attempt} of job {msg.job_id} ran here")
+        if run.state == "running":
+            raise PeerBadRequest(f"attempt {msg.attempt} of job {msg.job_id} still runs here")
+        spec = JobSpec.model_validate_json(run.spec_json)
+        tree = self.tree(owner, msg.job_id, msg.attempt)
+        if spec.ship is None or not tree.is_dir():
+            raise PeerBadRequest(f"the tree of attempt {msg.attempt} of job {msg.job_id} is not kept here "
+                                 f"(kept {self._config.ship_keep_s:g} s after the attempt ends)")
+        key = (owner, msg.job_id, msg.attempt, tuple(msg.patterns))
+        stream = self._streams.get(key)
+        if stream is None or msg.offset == 0:
+            cap = int(self._config.ship_outputs_mb * MB)
+            args = [str(tree), str(cap), "10000", *(msg.patterns or ["**"])]
+            stream = await asyncio.to_thread(run_as, "collect", args,
+                                             user_ids(spec.user), timeout_s=self._config.ship_transfer_timeout_s,
+                                             max_out_bytes=cap + 4 * MB)
+            self._streams[key] = stream
+            while len(self._streams) > 4:  # a few fetches at once; a stream is read once, in order
+                self._streams.popitem(last=False)
+        data = stream[msg.offset:msg.offset + BLOB_CHUNK_BYTES]
+        if msg.offset + len(data) >= len(stream):
+            self._streams.pop(key, None)
+        return ShipChunk(data=base64.b64encode(data).decode("ascii"), offset=msg.offset, total=len(stream))
 
     async def _send(self, owner: str, job_id: str, attempt: int, spec: JobSpec, tree: Path) -> None:
         assert spec.ship is not None
@@ -192,6 +282,39 @@ class ShipClient:
                     last=off + BLOB_CHUNK_BYTES >= len(data)))
         await self._transport.call(owner, SHIP_OUTPUT, OutputChunk(worker=self.node_id, job_id=job_id,
                                                                    attempt=attempt, done=True, note=note[:2000]))
+
+
+def _ended(tree: Path) -> Path:
+    """The marker beside a kept tree: its modification time is when its attempt ended."""
+    return tree.with_name(tree.name + ".ended")
+
+
+def _sweep(trees_dir: Path, keep_s: float) -> int:
+    """Remove the trees whose marker is older than ``keep_s`` seconds, and their markers."""
+    removed = 0
+    cutoff = time.time() - keep_s
+    for marker in trees_dir.glob("*.ended") if trees_dir.is_dir() else []:
+        try:
+            if marker.lstat().st_mtime > cutoff:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(marker.with_name(marker.name[:-len(".ended")]), ignore_errors=True)
+        marker.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+async def _keep_lease(renew: Callable[[], Awaitable[bool]], lease_s: float, attempt: int) -> None:
+    """Renew the lease every ``lease_s / 3`` seconds (at least 0.2 s apart) until cancelled.
+
+    Raises:
+        TransferFailed: the owner answered that the attempt is stale (no longer its holder's).
+    """
+    while True:
+        await asyncio.sleep(max(lease_s / 3, 0.2))
+        if not await renew():
+            raise TransferFailed(f"the owner no longer holds attempt {attempt} (its lease was renewed stale)")
 
 
 class _Buffer:

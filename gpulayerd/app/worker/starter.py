@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +89,8 @@ class Starter:
         return layout.log_path(self._config.runs_dir, job_id, attempt, stream)
 
     async def start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, lease_s: float,
-                    lock_fds: list[int], gang: GangRank | None = None, owner: str = "") -> RunHandle:
+                    lock_fds: list[int], gang: GangRank | None = None, owner: str = "",
+                    renew: Callable[[], Awaitable[bool]] | None = None) -> RunHandle:
         """Start the attempt; return once its processes run (the watchdog start runs in a thread).
 
         A shipped job (``spec.ship``) is first fetched from ``owner`` and unpacked into its per-attempt
@@ -100,6 +101,7 @@ class Starter:
                 moves its deadline.
             lock_fds: descriptors holding this machine's device locks (the watchdog inherits them).
             gang: this machine's rank of a multi-host job, or None.
+            renew: renews the lease at the owner while a shipped job's transfer lasts (False: stale).
 
         Raises:
             TransferFailed: a shipped job's snapshot could not be fetched or unpacked (``Transfer: ...``;
@@ -111,7 +113,8 @@ class Starter:
         if spec.ship is not None:
             if self.shipping is None or gang is not None or not owner:
                 raise TransferFailed("Transfer: this worker does not fetch shipped jobs of this kind")
-            spec = spec.model_copy(update={"workdir": await self.shipping.prepare(owner, job_id, attempt, spec)})
+            tree = await self.shipping.prepare(owner, job_id, attempt, spec, renew, lease_s)
+            spec = spec.model_copy(update={"workdir": tree})
         deadline = self._clock.monotonic() + lease_s
         try:
             return await asyncio.to_thread(self._start, job_id, attempt, spec, placement, deadline, lock_fds, gang,
@@ -160,10 +163,11 @@ class Starter:
         return self.shipping.notes.get(key, "") if self.shipping is not None else ""
 
     async def after_run(self, key: tuple[str, int]) -> None:
-        """When attempt ``key`` has ended: a shipped one's outputs go back to its owner, its tree is removed."""
+        """When attempt ``key`` has ended: a shipped one's outputs go back to its owner, its tree is kept
+        ``ship_keep_s`` (``gpulayer fetch``)."""
         shipped = self.shipping.shipped.get(key) if self.shipping is not None else None
         if shipped is not None and self.shipping is not None:
-            await self.shipping.send_outputs(shipped[0], key[0], key[1], shipped[1])
+            await self.shipping.send_outputs(shipped[0], key[0], key[1], shipped[1], keep=True)
 
 
 def preflight_check(spec: JobSpec, placement: Placement, timeout_s: float) -> PreflightCheck | None:

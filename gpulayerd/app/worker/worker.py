@@ -430,7 +430,8 @@ class WorkerService:
                                                                 never_started=True)))
                 return
             try:
-                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds, owner=owner)
+                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds, owner=owner,
+                                                   renew=lambda: self._renew_starting(owner, key))
             except TransferFailed as e:  # nothing started: re-queued as never started, with the reason
                 await self.never_started(key, owner, str(e))
                 return
@@ -458,6 +459,11 @@ class WorkerService:
         finally:
             if not reported.done():
                 reported.set_result(None)
+
+    async def _renew_starting(self, owner: str, key: RunKey) -> bool:
+        """Renew the lease of an attempt still starting (a shipped job's transfer); False: stale there."""
+        reply = await self.report(owner, key, "renew", None, "")
+        return reply is None or not reply.stale
 
     async def report(self, owner: str, key: RunKey, kind: ReportKind, exit_code: int | None, reason: str,
                      never_started: bool = False, timed_out: bool = False,
@@ -532,6 +538,8 @@ class WorkerService:
         is over.
         """
         await self._store_acks()
+        if self._starter.shipping is not None:  # kept trees of shipped attempts, past ship_keep_s
+            await self._starter.shipping.sweep()
         if not self._owed_loaded:
             self._owed_loaded = True
             for r in await self._store.runs.remote_runs(active=False, unreported=True):

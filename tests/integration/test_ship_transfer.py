@@ -1,0 +1,72 @@
+"""A shipped job's transfer on the worker (issue 34), with an owner that never answers: the lease is
+renewed while the transfer lasts, the transfer ends at ``ship_transfer_timeout_s`` with
+``Transfer: not done within ...`` and leaves no tree; a stale answer to a renewal ends it at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulayerd.app.worker.ship_client import ShipClient, TransferFailed
+from gpulayerd.config import DaemonConfig
+from gpulayerd.models import JobSpec
+
+SNAPSHOT = "ab" * 32
+
+
+class _Silent:
+    """An owner that takes every call and never answers it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def call(self, node_id: str, route: Any, body: Any) -> Any:
+        self.calls += 1
+        await asyncio.Event().wait()
+
+
+def _client(tmp_path: Path, timeout_s: float) -> tuple[ShipClient, _Silent]:
+    owner = _Silent()
+    config = DaemonConfig(state_dir=tmp_path, ship_transfer_timeout_s=timeout_s)
+    return ShipClient(config=config, node_id="worker", transport=owner), owner  # type: ignore[arg-type]
+
+
+SPEC = JobSpec(command=["true"], workdir="/", ship={"snapshot": SNAPSHOT})
+
+
+@pytest.mark.asyncio
+async def test_a_transfer_past_its_time_limit_is_a_transfer_failure_with_its_lease_renewed_meanwhile(
+        tmp_path: Path) -> None:
+    client, owner = _client(tmp_path, 0.7)
+    renewals: list[float] = []
+
+    async def renew() -> bool:
+        renewals.append(time.monotonic())
+        return True
+
+    began = time.monotonic()
+    with pytest.raises(TransferFailed) as failed:
+        await client.prepare("owner-node", "job1", 1, SPEC, renew, lease_s=0.6)
+    assert str(failed.value) == "Transfer: not done within 0.7 s"
+    assert 0.69 < time.monotonic() - began < 2.0
+    assert len(renewals) >= 2 and owner.calls == 1  # renewed every lease/3 s while the manifest never came
+    assert not client.tree("owner-node", "job1", 1).exists()
+
+
+@pytest.mark.asyncio
+async def test_a_stale_answer_to_a_renewal_ends_the_transfer(tmp_path: Path) -> None:
+    client, _ = _client(tmp_path, 30.0)
+
+    async def stale() -> bool:
+        return False
+
+    began = time.monotonic()
+    with pytest.raises(TransferFailed) as failed:
+        await client.prepare("owner-node", "job1", 2, SPEC, stale, lease_s=0.6)
+    assert str(failed.value) == "Transfer: the owner no longer holds attempt 2 (its lease was renewed stale)"
+    assert time.monotonic() - began < 5.0
+    assert not client.tree("owner-node", "job1", 2).exists()
