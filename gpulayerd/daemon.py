@@ -449,7 +449,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     # Any job id of the cluster, on any of its machines (show/explain/logs/cancel).
     remote_jobs = RemoteJobs(node_id=node_id, owner=owner, store=store, transport=transport, directory=node,
                              names=names, requesters=requesters, time_limit_s=min(3.0, config.peer_timeout_s))
-    arrays.gate.lookup = lambda ref: remote_jobs.show(ref, None)  # --after names any job of the cluster
+    arrays.gate.lookup = owner.queue.lookup = lambda ref: remote_jobs.show(ref, None)  # any job of the cluster
     roles = PeerRoles(node_id=node_id, store=store, jobs=jobs, gangs=gangs, ledger=ledger, directory=node,
                       requesters=requesters, support=support, clock=clock, names=names,
                       own=lambda: machine.snapshot(refresh_apps=False))

@@ -269,6 +269,8 @@ def render_job(job: JobView) -> str:
 
         at = next(i for i, line in enumerate(out) if line.startswith("  wants:")) + 1
         out[at:at] = origin_lines(job.spec.requirement_origins, job.spec.profile)
+    at = next(i for i, line in enumerate(out) if line.startswith("  reason:")) + 1
+    out[at:at] = _queue_lines(job)
     where = _job_where(job)
     if where is not None:
         out.insert(next(i for i, line in enumerate(out) if line.startswith("  reason:")) + 1,
@@ -288,6 +290,23 @@ def render_job(job: JobView) -> str:
     if job.explanation is not None and job.status in ("queued", "rejected"):
         out += ["", render_explanation(job.explanation, title="why it waits:")]
     return "\n".join(out)
+
+
+def _queue_lines(job: JobView) -> list[str]:
+    """Where a waiting job stands (position, holders, estimate); a running job's usual duration."""
+    lines = []
+    if job.position is not None:
+        lines.append(f"  position:  {job.position} among the jobs queued here for the same devices")
+        for h in job.holders:
+            ran = fmt.DASH if h.elapsed_s is None else fmt.age(h.elapsed_s)
+            usual = "no earlier run" if h.usual_s is None else (
+                f"usually {fmt.age(h.usual_s)} ({h.runs} run{'s' if h.runs != 1 else ''})")
+            lines.append(f"  held by:   job {_e(h.id)} of {_e(h.user or '?')}, running {ran}, {usual}")
+        lines.append(f"  estimate:  {_e(job.estimate or 'unknown')}")
+    elif job.usual_duration_s is not None:
+        lines.append(f"  usually:   {fmt.age(job.usual_duration_s)} (the median of {job.usual_runs} earlier "
+                     f"run{'s' if job.usual_runs != 1 else ''} of the same command)")
+    return lines
 
 
 def _job_where(job: JobView) -> str | None:

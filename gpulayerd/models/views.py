@@ -18,6 +18,7 @@ __all__ = [
     "AttemptView",
     "EventView",
     "HealthView",
+    "HolderView",
     "JobList",
     "JobView",
     "LogChunk",
@@ -78,6 +79,24 @@ class EventView(BaseModel):
     attempt: int | None = None
     reason: str = ""
     stimulus_id: str = ""
+
+
+class HolderView(BaseModel):
+    """A job holding devices a waiting job wants (``JobView.holders``).
+
+    Attributes:
+        elapsed_s: seconds its current attempt has run; None: unknown.
+        usual_s: the median duration of its user's earlier runs of the same command (its owner's figure);
+            None: no earlier run.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(max_length=200)
+    user: str = Field(default="", max_length=256)
+    elapsed_s: float | None = None
+    usual_s: float | None = None
+    runs: int = 0
 
 
 class JobView(BaseModel):
@@ -147,6 +166,19 @@ class JobView(BaseModel):
     """A task of an array (``ID_7``): the array's id."""
     array: ArraySummary | None = None
     """An array's own job (``ID``): its tasks counted by state (``gpulayer jobs`` shows it as one line)."""
+    position: int | None = None
+    """A waiting job (``show``): its place among the jobs queued at its owner that want the same devices
+    (the same requirements), in submission order; 1: next. None: not a waiting job, or not asked."""
+    holders: list[HolderView] = Field(default_factory=list, max_length=64)
+    """A waiting job (``show``): the jobs holding the devices it waits for (on the workers where it fits
+    but they are busy)."""
+    estimate: str | None = None
+    """A waiting job (``show``): when it may start, in words, with the basis (``unknown`` without one)."""
+    usual_duration_s: float | None = None
+    """A running job (``show``): the median duration (s) of its user's earlier succeeded runs of the same
+    command, computed by its owner (the command never leaves it); None: no such run."""
+    usual_runs: int = 0
+    """How many runs ``usual_duration_s`` is the median of."""
 
 
 class ArraySummary(BaseModel):

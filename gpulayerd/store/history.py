@@ -91,6 +91,23 @@ class HistoryTable:
 
         return await self._db.read(read)
 
+    async def usual_duration(self, user: str, command_json: str, exclude: str = "",
+                             last: int = 20) -> tuple[float | None, int]:
+        """(the median duration in s, how many runs) of the last ``last`` succeeded jobs of ``user`` whose
+        command is ``command_json`` (a JSON list), their final attempt's start to end; (None, 0): none."""
+        rows = await self._db.fetch_all(
+            "SELECT a.ended_at - a.started_at FROM jobs j JOIN attempts a ON a.job_id = j.id AND a.attempt = j.attempt "
+            "WHERE j.status = 'succeeded' AND j.id != ? AND a.started_at IS NOT NULL AND a.ended_at IS NOT NULL "
+            "AND COALESCE(json_extract(j.spec_json, '$.user'), j.submitted_by, '') = ? "
+            "AND json_extract(j.spec_json, '$.command') = json(?) ORDER BY j.updated_at DESC LIMIT ?",
+            (exclude, user, command_json, last))
+        durations = sorted(max(0.0, float(r[0])) for r in rows)
+        if not durations:
+            return None, 0
+        mid = len(durations) // 2
+        median = durations[mid] if len(durations) % 2 else (durations[mid - 1] + durations[mid]) / 2
+        return median, len(durations)
+
     async def active_jobs(self) -> list[tuple[str, str, str]]:
         """(state, user, reason line) of every job owned here that has not ended (queued, claimed,
         running; not the rows of whole arrays), in one read: what ``GET /metrics`` counts."""

@@ -21,6 +21,7 @@ from gpulayerd.app.owner.gang_placement import GangCoordinator
 from gpulayerd.app.owner.idempotency import Submitted, same_spec
 from gpulayerd.app.owner.listing import in_states, select_rows, with_open_arrays
 from gpulayerd.app.owner.profile_expansion import expand_at_submit
+from gpulayerd.app.owner.queue_context import QueueContext
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter
 from gpulayerd.core.job_facts import job_user
@@ -98,6 +99,7 @@ class OwnerService:
         self._clock = clock
         self._rng = rng
         self.arrays = arrays  # arrays and dependencies (None: neither is accepted)
+        self.queue = QueueContext(store=store, machine=machine, directory=directory, clock=clock)  # show's position
 
     # ------------------------------------------------------------- local API
 
@@ -263,7 +265,11 @@ class OwnerService:
         events = await self._store.jobs.events(row.id)
         view = self.view(row)
         if row.status is JobStatus.QUEUED and view.explanation is not None and view.explanation.verdict != "fits now":
-            view.explanation.hints = (await self._judge(row)).hints  # show: the ways forward, judged now
+            judged = await self._judge(row)
+            view.explanation.hints = judged.hints  # show: the ways forward, judged now
+            await self.queue.fill_waiting(view, row, judged)  # position, holders, estimate
+        elif row.status in (JobStatus.RUNNING, JobStatus.CLAIMED):
+            await self.queue.fill_running(view, row)  # its usual duration: a number, never the command
         view.attempts = []
         for a in attempts:
             stored = read_placement(a.placement_json)
