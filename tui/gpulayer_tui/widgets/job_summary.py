@@ -85,4 +85,10 @@ class JobSummary(Static):
         if spec.policy.retries:
             text.append(f"\npolicy:  retries {spec.policy.retries}, lease {spec.policy.lease_s:g} s")
         text.append(f"\nreason:  {fmt.escape(row.reason) if row.reason else fmt.DASH}")
+        if job.position is not None:  # where it stands (the daemon's show): position, holders, estimate
+            held = ", ".join(f"{fmt.escape(h.id)} ({fmt.escape(h.user or '?')})" for h in job.holders) or fmt.DASH
+            text.append(f"\nqueue:   position {job.position}; held by {held}")
+            text.append(f"\nstart:   {fmt.escape(job.estimate or 'unknown')}")
+        elif job.usual_duration_s is not None:
+            text.append(f"\nusually: {fmt.age(job.usual_duration_s)} ({job.usual_runs} earlier runs)")
         self.update(text)
