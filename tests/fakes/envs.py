@@ -36,15 +36,28 @@ def add_dists(directory: Path, dists: Mapping[str, str]) -> None:
 
 
 def fake_torch(*, cuda: bool | str, nccl: bool, prelude: str = "") -> str:
-    """``torch/__init__.py`` with just what the environment probe reads: version (from a
-    ``torch/version.py`` the caller writes), CUDA available with one device or not (``cuda``: a
-    bool, or a Python expression evaluated at each call, e.g. whether a flag file exists), no MPS,
-    gloo, NCCL or not. ``prelude`` runs first (e.g. a wait on a gate file, an import)."""
+    """``torch/__init__.py`` with just what the environment probe and the pre-flight check read: version
+    (from a ``torch/version.py`` the caller writes), CUDA available with one device or not (``cuda``: a
+    bool, or a Python expression evaluated at each call, e.g. whether a flag file exists; ``cuda.init()``
+    raises as torch's does without one), ``zeros`` (a tiny tensor), no MPS, gloo, NCCL or not.
+    ``prelude`` runs first (e.g. a wait on a gate file, an import)."""
     return f"""{prelude}from . import version
 __version__ = version.__version__
+class _Tensor:
+    def __add__(self, other): return self
+    def sum(self): return self
+    def __float__(self): return 1.0
+def zeros(*shape, device=None):
+    if device == "cuda" and not ({cuda}):
+        raise RuntimeError("No CUDA GPUs are available")
+    return _Tensor()
+def _init():
+    if not ({cuda}):
+        raise RuntimeError("No CUDA GPUs are available")
 class cuda:
     is_available = staticmethod(lambda: {cuda})
     device_count = staticmethod(lambda: int({cuda}))
+    init = staticmethod(_init)
 class backends:
     class mps:
         is_built = staticmethod(lambda: False)

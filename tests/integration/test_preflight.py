@@ -22,14 +22,6 @@ from .loopback import loopback_cluster, node_id
 
 UNDEFINED = "libtorch_cuda.so: undefined symbol: __nvJitLinkComplete_12_4"
 
-DEVICE = """
-class _Tensor:
-    def __add__(self, other): return self
-    def sum(self): return self
-    def __float__(self): return 1.0
-def zeros(*shape, device=None): return _Tensor()
-cuda.init = staticmethod(lambda: None)
-"""
 
 
 def torch_env(root: Path, broken_in_jobs: bool) -> Path:
@@ -39,7 +31,7 @@ def torch_env(root: Path, broken_in_jobs: bool) -> Path:
         prelude += f"if os.environ.get('GPULAYER_JOB_ID'):\n    raise ImportError({UNDEFINED!r})\n"
     python, _ = make_env(root, {"torch": "2.5.1+cu124"}, {
         "torch/version.py": "__version__ = '2.5.1+cu124'\ncuda = '12.4'\n",
-        "torch/__init__.py": fake_torch(cuda=True, nccl=True, prelude=prelude) + DEVICE,
+        "torch/__init__.py": fake_torch(cuda=True, nccl=True, prelude=prelude),
     })
     return python
 

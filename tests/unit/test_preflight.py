@@ -158,3 +158,11 @@ def test_a_failure_is_read_from_the_checks_last_line(tmp_path: Path) -> None:
 def test_a_bad_check_in_launch_json_is_refused_naming_the_field(data: dict[str, object], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         PreflightCheck.from_json(data)
+
+
+def test_a_mark_made_under_one_driver_state_is_cleared_when_the_driver_changes() -> None:
+    """A device that did not initialize (the driver was not ready) is not broken for ever."""
+    marks = PreflightMarks()
+    assert marks.mark([env()], "/envs/a/bin/python", "torch", "RuntimeError: CUDA error", driver="GPU-1 not ready")
+    assert marks.apply([env()], "GPU-1 not ready")[0].import_errors  # the same probe: still broken
+    assert marks.apply([env()], "GPU-1 550.54.15")[0].import_errors == {}  # the driver came back

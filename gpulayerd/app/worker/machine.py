@@ -308,14 +308,18 @@ class Machine:
             # Metadata first (or the cached full answer): torch's import-based check runs in the
             # background and lands through _apply_environment (TorchChecks).
             self._envs = envs = list(await self.torch_checks.answers(self._config.interpreters))
-            caps = self.shape_caps(build_capabilities(inventory, self.preflight_marks.apply(envs), self.node_id,
-                                                      self._clock.wall()))
+            caps = self._build(inventory, envs)
             changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
         self._ready.set()
         if changed:
             self._signals.devices_changed()
             self._signals.wake()
+
+    def _build(self, inventory: HostInventory, envs: list[EnvironmentSnapshot]) -> Capabilities:
+        """This machine's capabilities from a probe's ``inventory`` and ``envs``, the pre-flight marks applied."""
+        marked = self.preflight_marks.apply(envs, inventory.driver_state)
+        return self.shape_caps(build_capabilities(inventory, marked, self.node_id, self._clock.wall()))
 
     async def _apply_environment(self, env: EnvironmentSnapshot) -> None:
         """Take the full (torch-checked) snapshot of one interpreter, landed from the background:
@@ -325,8 +329,7 @@ class Machine:
             if self._caps is None or self._inventory is None:
                 return
             self._envs = envs = [env if e.interpreter == env.interpreter else e for e in self._envs]
-            caps = self.shape_caps(build_capabilities(self._inventory, self.preflight_marks.apply(envs),
-                                                      self.node_id, self._clock.wall()))
+            caps = self._build(self._inventory, envs)
             changed = _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
         if changed:
@@ -346,10 +349,9 @@ class Machine:
         async with self._env_lock:
             if self._caps is None or self._inventory is None:
                 return
-            if not self.preflight_marks.mark(self._envs, interpreter, framework, line):
+            if not self.preflight_marks.mark(self._envs, interpreter, framework, line, self._inventory.driver_state):
                 return
-            self._caps = build_capabilities(self._inventory, self.preflight_marks.apply(self._envs), self.node_id,
-                                            self._clock.wall())
+            self._caps = self._build(self._inventory, self._envs)
         self._signals.devices_changed()
         self._signals.wake()
 

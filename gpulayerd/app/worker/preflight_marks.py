@@ -4,8 +4,9 @@ A pre-flight failure (:mod:`gpulayerd.runs.preflight`) marks (interpreter, frame
 environment is then shown with that framework's import error (``devices``, ``explain``) and
 no job naming the framework is placed on it, exactly as if the probe had seen the import fail.
 The mark holds while what the probe reads of that framework is the same as when it was made
-(its version, the interpreter's Python version, the CUDA builds): a reinstall, an upgrade or a
-fixed build clears it at the next probe.
+(its version, the interpreter's Python version, the CUDA builds) and so is the machine's driver
+state (the GPUs' driver, as :attr:`gpulayerd.gpu.discovery.HostInventory.driver_state` says it): a
+reinstall, an upgrade, a fixed build or a driver that came back clears it at the next probe.
 """
 
 from __future__ import annotations
@@ -38,27 +39,28 @@ class PreflightMarks:
     def __init__(self) -> None:
         self._marks: dict[tuple[str, str], tuple[str, tuple[object, ...]]] = {}
 
-    def mark(self, envs: Sequence[EnvironmentSnapshot], interpreter: str, framework: str, line: str) -> bool:
-        """Mark ``framework`` broken in ``interpreter`` (as the last probe of ``envs`` shows it) with
-        ``line``; False (nothing marked) when no such environment is probed here."""
+    def mark(self, envs: Sequence[EnvironmentSnapshot], interpreter: str, framework: str, line: str,
+             driver: str = "") -> bool:
+        """Mark ``framework`` broken in ``interpreter`` (as the last probe of ``envs`` shows it, under the
+        driver state ``driver``) with ``line``; False (nothing marked) when no such environment is probed here."""
         env = next((e for e in envs if e.interpreter == interpreter), None)
         if env is None or not framework:
             return False
         self._marks.pop((interpreter, framework), None)
-        self._marks[(interpreter, framework)] = (line, _fingerprint(env, framework))
+        self._marks[(interpreter, framework)] = (line, (*_fingerprint(env, framework), driver))
         while len(self._marks) > MAX_MARKS:
             del self._marks[next(iter(self._marks))]
         log.warning("environment %s: %s broken for jobs naming it (%s: %s) until a probe shows it changed",
                     interpreter, framework, PREFLIGHT_NOTE, line)
         return True
 
-    def apply(self, envs: Sequence[EnvironmentSnapshot]) -> list[EnvironmentSnapshot]:
+    def apply(self, envs: Sequence[EnvironmentSnapshot], driver: str = "") -> list[EnvironmentSnapshot]:
         """``envs`` with each mark that still holds as an import error and a note; a mark whose
-        environment changed (or is gone) is dropped."""
+        environment or driver state (``driver``) changed is dropped."""
         out: list[EnvironmentSnapshot] = []
         for env in envs:
             marked = {fw: line for (interp, fw), (line, fp) in self._marks.items()
-                      if interp == env.interpreter and fp == _fingerprint(env, fw)}
+                      if interp == env.interpreter and fp == (*_fingerprint(env, fw), driver)}
             for (interp, fw) in [k for k in self._marks if k[0] == env.interpreter and k[1] not in marked]:
                 log.info("environment %s changed: %s is no longer marked broken", interp, fw)
                 del self._marks[(interp, fw)]
