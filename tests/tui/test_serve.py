@@ -214,13 +214,33 @@ async def test_served_board_needs_token_and_origin_shows_the_queue_and_stays_rea
                 text = ANSI.sub(b"", bytes(screen)).decode("utf-8", "replace")
                 assert LOG_MARK not in text and CMD_MARK not in text
                 assert "Cancel" not in text and "Logs" not in text
+                # nothing changed: the running job runs, the queued one waits, neither is being cancelled
+                for job_id, status in ((running, "running"), (queued, "queued")):
+                    job = await asyncio.to_thread(daemon.job, job_id)  # (it runs a loop of its own)
+                    assert (job.status, job.cancel_requested) == (status, False)
+                # a viewer that leaves ends its TUI and frees its place
+                await viewer.close()
+                end = time.monotonic() + 10
+                while len(board_tuis(daemon)) != 1:
+                    assert time.monotonic() < end, board_tuis(daemon)
+                    await asyncio.sleep(0.05)
+                while True:  # (the server counts the viewer out once its TUI's end has been read)
+                    try:
+                        third = await session.ws_connect(ws_url, headers={"Origin": origin})
+                        break
+                    except aiohttp.WSServerHandshakeError as e:
+                        assert e.status == 503 and time.monotonic() < end, e
+                        await asyncio.sleep(0.05)
+                await third.close()
+                # the board stops (SIGTERM) while a viewer watches: that viewer is closed, its TUI ends
+                proc.send_signal(signal.SIGTERM)
+                end = time.monotonic() + 15
+                while (await second.receive(timeout=15)).type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                    assert time.monotonic() < end, "the board went on after SIGTERM"
+                assert second.closed
             finally:
                 await viewer.close()
                 await second.close()
-        # nothing changed: the running job runs, the queued one waits, neither is being cancelled
-        for job_id, status in ((running, "running"), (queued, "queued")):
-            job = await asyncio.to_thread(daemon.job, job_id)  # (it runs a loop of its own)
-            assert (job.status, job.cancel_requested) == (status, False)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

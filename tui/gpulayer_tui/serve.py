@@ -44,8 +44,12 @@ __all__ = ["DEFAULT_HOST", "DEFAULT_MAX_VIEWERS", "DEFAULT_PORT", "BoardServer",
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 DEFAULT_MAX_VIEWERS = 8
-STOP_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 3.0
 """Seconds a viewer's TUI has to end once its websocket closed, before it is killed."""
+STOPPING_TIMEOUT_S = 1.0
+"""The same once the board stops: a TUI still running then (one still starting) is killed."""
+SHUTDOWN_TIMEOUT_S = STOP_TIMEOUT_S + 2.0
+"""Seconds the server waits for its viewers to end when it stops (then what is left is cancelled, killed)."""
 MAX_MESSAGE_BYTES = 64 * 1024
 """The largest websocket message a viewer may send (keys, a resize, a ping)."""
 
@@ -105,6 +109,7 @@ class BoardServer(Server):
         self.origin = origin.rstrip("/").lower() if origin else None
         self._viewers: set[web.WebSocketResponse] = set()
         self._runner: web.AppRunner | None = None
+        self._services: set[AppService] = set()
 
     # ------------------------------------------------------------------ facts
 
@@ -181,6 +186,7 @@ class BoardServer(Server):
 
             service = AppService(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
                                  close=close, download_manager=self.download_manager)
+            self._services.add(service)
             await service.start(_int(request.query.get("width", ""), 80), _int(request.query.get("height", ""), 24))
             await self._process_messages(websocket, service)
         except asyncio.CancelledError:
@@ -189,13 +195,22 @@ class BoardServer(Server):
             log.exception("board viewer failed")
         finally:
             if service is not None:
-                await _stop(service)
+                await _stop(service, STOP_TIMEOUT_S)
+                self._services.discard(service)
             self._viewers.discard(websocket)
         return websocket
 
     async def _close_viewers(self, _app: web.Application) -> None:
-        for websocket in list(self._viewers):
-            await websocket.close(code=1001, message=b"the board stops")
+        """The board stops: close every viewer (their TUIs are told to quit); kill the TUIs left after
+        ``STOPPING_TIMEOUT_S``."""
+        closing = [ws.close(code=1001, message=b"the board stops") for ws in self._viewers]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), STOPPING_TIMEOUT_S)
+        end = asyncio.get_running_loop().time() + STOPPING_TIMEOUT_S
+        while self._services and asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(0.05)
+        for service in list(self._services):
+            _kill(service)
 
     # ------------------------------------------------------------------ running
 
@@ -203,7 +218,7 @@ class BoardServer(Server):
         """Listen; :attr:`port` is the bound port afterwards."""
         self._runner = runner = web.AppRunner(await self._make_app(), handle_signals=False, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, shutdown_timeout=STOP_TIMEOUT_S)
+        site = web.TCPSite(runner, self.host, self.port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await site.start()
         self.port = int(runner.addresses[0][1])
 
@@ -214,16 +229,28 @@ class BoardServer(Server):
             self._runner = None
 
 
-async def _stop(service: AppService) -> None:
-    """End a viewer's TUI: ask it to quit, kill it when it does not within ``STOP_TIMEOUT_S``."""
+async def _stop(service: AppService, timeout_s: float) -> None:
+    """End a viewer's TUI: ask it to quit; kill it when it has not ended within ``timeout_s``, or when the
+    server stops waiting (its shutdown cancels the handlers that are left)."""
+    async def quit_and_wait() -> None:
+        await service.stop()  # "quit", then until its output ends
+        if service._process is not None:
+            await service._process.wait()  # and until it has ended (it closes its output a little before)
+
     try:
-        await asyncio.wait_for(service.stop(), STOP_TIMEOUT_S)
+        await asyncio.wait_for(quit_and_wait(), timeout_s)
     except (asyncio.TimeoutError, ConnectionError):
-        process = service._process  # textual-serve keeps it there; nothing else ends a TUI that hangs
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+        _kill(service)
+    except asyncio.CancelledError:
+        _kill(service)
+        raise
+
+
+def _kill(service: AppService) -> None:
+    process = service._process  # textual-serve keeps it there; nothing else ends a TUI that hangs
+    if process is not None and process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
 
 
 async def _private_headers(_request: web.Request, response: web.StreamResponse) -> None:
@@ -244,8 +271,8 @@ async def _serve(server: BoardServer, say: Callable[[str], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
     try:
+        await server.start()
         say(f"gpulayer board (read-only), at most {server.max_viewers} viewers at once; open:\n"
             f"  {server.url()}\n"
             "Anyone with this URL sees the board (devices, jobs, users): share it as a password. Ctrl+C stops it.")
