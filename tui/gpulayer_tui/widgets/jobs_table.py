@@ -343,7 +343,7 @@ class JobsTable(ScrollView, can_focus=True):
 
     def on_key(self, event: events.Key) -> None:
         """c or F9 where cancel is not offered: say why (a greyed key does nothing otherwise)."""
-        if event.key in ("c", "f9") and self.highlighted_id is not None:
+        if event.key in ("c", "f9") and self.highlighted_id is not None and not self.read_only:
             job = self._jobs.get(self.highlighted_id)
             why = None if job is None else cancel_refusal(job, self.requester)
             if why is not None:
