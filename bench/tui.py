@@ -25,6 +25,9 @@ with the app headless at 120x40:
   and while the feed sends 200 changes a second.
 
 It asserts nothing; figures depend on the machine (printed first).
+
+``python bench/tui.py --browser [PNG]``: instead, a screenshot of the board served by
+``gpulayer tui --serve`` in headless Chromium, when it is installed (:mod:`board`).
 """
 
 from __future__ import annotations
@@ -510,5 +513,9 @@ def log_open_figure() -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--paint-child":
         _paint_child(int(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1:2] == ["--browser"]:  # the served board in headless Chromium (bench/board.py)
+        from board import browser_main
+
+        raise SystemExit(browser_main(sys.argv[2:]))
     else:
         main()

@@ -26,6 +26,7 @@ from textual.signal import Signal
 from textual.widgets import Input
 
 from gpulayer_tui.api import ApiRequestError, ChangeEvent, DaemonApi, DaemonUnreachable, connection_problem
+from gpulayer_tui.readonly import READ_ONLY, ReadOnlyApi, ReadOnlyRefused
 from gpulayer_tui.screens.confirm import ConfirmCancel
 from gpulayer_tui.screens.detail import JobDetailScreen
 from gpulayer_tui.screens.help import HelpScreen
@@ -79,13 +80,16 @@ class GpulayerApp(App[None]):
         Binding("f1", "toggle_help", "Help", show=False),
     ]
 
-    def __init__(self, client: DaemonApi, *, clock: Callable[[], float], settings: TuiSettings) -> None:
+    def __init__(self, client: DaemonApi, *, clock: Callable[[], float], settings: TuiSettings,
+                 read_only: bool = False) -> None:
         """The app; see :func:`make_app`."""
         # NO_COLOR: no colour at all, only bold/dim/reverse/underline (Textual's NoColor filter). Without
         # ansi_color Textual would grey every colour by its luminance instead (Monochrome): red text
         # became grey 237 on a grey 235 background.
         super().__init__(ansi_color=True if "NO_COLOR" in os.environ else None)
-        self.client = client
+        self.read_only = read_only
+        """A read-only board (:mod:`gpulayer_tui.readonly`): no cancel, no job detail, no logs."""
+        self.client: DaemonApi = ReadOnlyApi(client) if read_only and not isinstance(client, ReadOnlyApi) else client
         self.clock = clock
         self.settings = settings
         self.state = ClusterState()
@@ -105,9 +109,11 @@ class GpulayerApp(App[None]):
             self.theme = self.settings.theme
         elif self.no_color or self.console.color_system in ("standard", "windows"):
             self.theme = "ansi-dark"
+        if self.read_only:
+            self.title = "gpulayer board (read-only)"
         self.push_screen(MainScreen(self, clock=self.clock, age_refresh_s=self.settings.age_refresh_s,
                                     metrics=getattr(self.client, "metrics", None),
-                                    metrics_poll_s=self.settings.metrics_poll_s))
+                                    metrics_poll_s=self.settings.metrics_poll_s, read_only=self.read_only))
         self.follow_daemon()
 
     async def on_unmount(self) -> None:
@@ -133,6 +139,9 @@ class GpulayerApp(App[None]):
 
     @on(JobsTable.OpenRequested)
     def _open_job(self, event: JobsTable.OpenRequested) -> None:
+        if self.read_only:
+            self.notify(READ_ONLY, severity="warning", markup=False)
+            return
         self.push_screen(JobDetailScreen(event.job_id, source=self, client=self.client, clock=self.clock,
                                          log_poll_s=self.settings.log_poll_s, tab=event.tab))
 
@@ -141,7 +150,7 @@ class GpulayerApp(App[None]):
     def _confirm_cancel(self, event: JobsTable.CancelRequested | JobDetailScreen.CancelRequested) -> None:
         job_id = event.job_id
         job = self.state.jobs.get(job_id)
-        why = None if job is None else cancel_refusal(job, self.state.requester)
+        why = READ_ONLY if self.read_only else None if job is None else cancel_refusal(job, self.state.requester)
         if why is not None:  # the keys are not offered then; a message from elsewhere is told why
             self.notify(why, severity="warning", markup=False)
             return
@@ -158,8 +167,10 @@ class GpulayerApp(App[None]):
 
     @work(group="cancel")
     async def cancel_job(self, job_id: str) -> None:
-        """Ask the daemon to cancel ``job_id`` and show the answer."""
+        """Ask the daemon to cancel ``job_id`` and show the answer (never on a read-only board)."""
         try:
+            if self.read_only:
+                raise ReadOnlyRefused(f"cancel {job_id}")
             job = await self.client.cancel(job_id)
         except (DaemonUnreachable, ApiRequestError) as e:
             self.notify(fmt.escape(f"cannot cancel {job_id}: {e}"), severity="error", markup=False)
@@ -290,12 +301,14 @@ class GpulayerApp(App[None]):
 
 
 def make_app(client: DaemonApi, *, clock: Callable[[], float] = time.time,
-             settings: TuiSettings | None = None) -> GpulayerApp:
+             settings: TuiSettings | None = None, read_only: bool = False) -> GpulayerApp:
     """The TUI bound to ``client`` (a :class:`gpulayerd.api.client.DaemonClient` or a fake).
 
     Args:
         client: the local daemon's API; the app closes it when it exits.
         clock: wall time now (seconds since the epoch), for ages; tests pass a fixed one.
         settings: timings and theme (default :class:`TuiSettings`).
+        read_only: a read-only board (:mod:`gpulayer_tui.readonly`): ``client`` is wrapped in
+            :class:`~gpulayer_tui.readonly.ReadOnlyApi`; no cancel, no job detail, no logs.
     """
-    return GpulayerApp(client, clock=clock, settings=settings or TuiSettings())
+    return GpulayerApp(client, clock=clock, settings=settings or TuiSettings(), read_only=read_only)

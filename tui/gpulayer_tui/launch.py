@@ -7,6 +7,9 @@ A TUI whose terminal goes away ends (:class:`TerminalWatch`): on SIGHUP, and whe
 hangs up without one (a closed tmux session or ssh connection while SIGHUP is ignored, e.g.
 under ``nohup``). Textual's input thread reads end-of-file from a hung-up terminal in a loop,
 which would otherwise keep a TUI that nobody sees at 100 % of a core.
+
+Under textual-serve's web driver (a viewer of ``gpulayer tui --serve``, :mod:`gpulayer_tui.serve`) there is
+no terminal: the TUI runs on pipes, and it is always a read-only board (:mod:`gpulayer_tui.readonly`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-__all__ = ["HANGUP_CHECK_S", "TerminalWatch", "main", "run"]
+__all__ = ["HANGUP_CHECK_S", "WEB_DRIVER", "TerminalWatch", "in_browser", "main", "run"]
 
 HANGUP_CHECK_S = 0.25
 """Seconds between checks that the terminal is still there (a hung-up terminal is found within this)."""
+
+WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
+"""The Textual driver textual-serve names in ``TEXTUAL_DRIVER`` for the app it runs for a browser."""
+
+
+def in_browser() -> bool:
+    """True when the TUI runs for a browser (textual-serve's web driver), not in a terminal."""
+    return os.environ.get("TEXTUAL_DRIVER", "") == WEB_DRIVER
 
 
 class Exitable(Protocol):
@@ -122,8 +133,13 @@ def _detach_from_terminal() -> None:
         os.close(null)
 
 
-def run(socket_path: Path) -> None:
-    """Run the TUI on the daemon at ``socket_path`` until the user quits (needs a terminal).
+def run(socket_path: Path, *, read_only: bool = False) -> None:
+    """Run the TUI on the daemon at ``socket_path`` until the user quits (needs a terminal, unless it runs
+    for a browser: :func:`in_browser`, and then it is read-only whatever ``read_only`` says).
+
+    Args:
+        socket_path: the daemon's unix socket.
+        read_only: a read-only board (:mod:`gpulayer_tui.readonly`): no cancel, no job detail, no logs.
 
     Raises:
         SystemExit: 129 (128 + SIGHUP) when the terminal went away (SIGHUP, or a hung-up terminal).
@@ -131,7 +147,11 @@ def run(socket_path: Path) -> None:
     from gpulayer_tui.app import make_app
     from gpulayerd.api.client import DaemonClient
 
-    app = make_app(DaemonClient(socket_path))
+    browser = in_browser()
+    app = make_app(DaemonClient(socket_path), read_only=read_only or browser)
+    if browser:  # pipes to textual-serve, which ends the app when its websocket closes
+        app.run()
+        return
     with TerminalWatch(app, sys.__stdin__.fileno() if sys.__stdin__ is not None else 0) as watch:
         app.run()
     if watch.hung_up:
@@ -151,10 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "'gpulayer tui' starts the same and finds the daemon's socket by itself.")
     p.add_argument("--socket", type=Path, metavar="PATH", default=Path(env) if env else None,
                    help="the gpulayerd's unix socket (env GPULAYER_SOCKET)")
+    p.add_argument("--read-only", action="store_true",
+                   help="a read-only board: no cancel, no job detail, no logs (always so for a browser)")
     args = p.parse_args(argv)
     if args.socket is None:
         p.error("give --socket PATH (or set GPULAYER_SOCKET), or run 'gpulayer tui'")
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not in_browser() and not (sys.stdin.isatty() and sys.stdout.isatty()):
         p.error("needs a terminal (stdin and stdout must be a TTY)")
-    run(args.socket)
+    run(args.socket, read_only=args.read_only)
     return 0

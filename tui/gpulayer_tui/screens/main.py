@@ -7,13 +7,14 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.validation import ValidationResult, Validator
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
+from gpulayer_tui.readonly import READ_ONLY
 from gpulayer_tui.state import Connection, JobsUpdate, StateSource
 from gpulayer_tui.widgets.connection import ConnectionBanner
 from gpulayer_tui.widgets.devices_table import DevicesTable, device_detail, mig_names, probe_texts
@@ -90,7 +91,7 @@ class MainScreen(Screen[None]):
     ]
 
     def __init__(self, source: StateSource, *, clock: Callable[[], float], age_refresh_s: float,
-                 metrics: MetricsFetch | None = None, metrics_poll_s: float = 1.0) -> None:
+                 metrics: MetricsFetch | None = None, metrics_poll_s: float = 1.0, read_only: bool = False) -> None:
         """The main screen.
 
         Args:
@@ -99,6 +100,7 @@ class MainScreen(Screen[None]):
             age_refresh_s: seconds between age updates (0: never).
             metrics: reads this machine's live GPU metrics (None: no live metrics).
             metrics_poll_s: seconds between reads while the Devices view is shown (0: never).
+            read_only: a read-only board: the Jobs table offers neither cancel nor a job's detail.
         """
         super().__init__()
         self._source = source
@@ -106,6 +108,7 @@ class MainScreen(Screen[None]):
         self._age_refresh_s = age_refresh_s
         self._metrics = metrics
         self._metrics_poll_s = metrics_poll_s
+        self._read_only = read_only
         self._status = ""
 
     def compose(self) -> ComposeResult:
@@ -133,6 +136,7 @@ class MainScreen(Screen[None]):
         source = self._source
         jobs = self.query_one(JobsTable)
         jobs.requester = source.state.requester
+        jobs.read_only = self._read_only
         jobs.set_jobs(source.state.jobs.values())
         self.query_one(DevicesTable).labeller = self._job_label
         self.query_one(GpuMetricsPanel).labeller = self._job_label
@@ -176,6 +180,12 @@ class MainScreen(Screen[None]):
             self.query_one(JobsTable).focus()
 
     # ---------------------------------------------------------------- handlers
+
+    def on_key(self, event: events.Key) -> None:
+        """On a read-only board, the Jobs table's c, F9, l and enter say what the board does not do."""
+        if self._read_only and event.key in ("c", "f9", "l", "enter") and isinstance(self.focused, JobsTable):
+            event.stop()
+            self.notify(READ_ONLY, severity="warning", markup=False)
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:

@@ -110,6 +110,8 @@ class JobsTable(ScrollView, can_focus=True):
     requester: RequesterView | None = None
     """Who the TUI runs as (set by the screen from the daemon's answer): cancel is offered only on the jobs
     they may cancel; None: on every job (the daemon decides)."""
+    read_only = False
+    """True on a read-only board (:mod:`gpulayer_tui.readonly`): neither cancel nor a job's detail or log is offered."""
     show_all_finished: reactive[bool] = reactive(False, init=False)
     """True: every finished job; False: only the latest ``FINISHED_SHOWN`` (as ``gpulayer jobs``)."""
 
@@ -325,7 +327,9 @@ class JobsTable(ScrollView, can_focus=True):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Cancel is offered only for a job that has not finished (hidden otherwise) and that
-        :attr:`requester` may cancel (greyed otherwise; pressing it says why)."""
+        :attr:`requester` may cancel (greyed otherwise; pressing it says why); neither on a read-only board."""
+        if self.read_only and action in ("cancel_job", "open_job"):
+            return False
         if action == "cancel_job":
             job_id = self.highlighted_id
             job = self._jobs.get(job_id) if job_id is not None else None
@@ -339,7 +343,7 @@ class JobsTable(ScrollView, can_focus=True):
 
     def on_key(self, event: events.Key) -> None:
         """c or F9 where cancel is not offered: say why (a greyed key does nothing otherwise)."""
-        if event.key in ("c", "f9") and self.highlighted_id is not None:
+        if event.key in ("c", "f9") and self.highlighted_id is not None and not self.read_only:
             job = self._jobs.get(self.highlighted_id)
             why = None if job is None else cancel_refusal(job, self.requester)
             if why is not None:
