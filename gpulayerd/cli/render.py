@@ -232,6 +232,8 @@ def render_explanation(e: ExplanationModel, title: str, limit: int | None = None
     if e.hints:
         out += ["", "smallest changes that make it fit (each re-judged against the workers):"]
         out += [f"  - {h.line()}" for h in e.hints]
+    if e.position is not None:  # explain's own: show prints the same under the job's reason
+        out += ["", *(line.strip() for line in _queue_lines(e))]
     return "\n".join(out)
 
 
@@ -292,7 +294,7 @@ def render_job(job: JobView) -> str:
     return "\n".join(out)
 
 
-def _queue_lines(job: JobView) -> list[str]:
+def _queue_lines(job: JobView | ExplanationModel) -> list[str]:
     """Where a waiting job stands (position, holders, estimate); a running job's usual duration."""
     lines = []
     if job.position is not None:
@@ -303,9 +305,10 @@ def _queue_lines(job: JobView) -> list[str]:
                 f"usually {fmt.age(h.usual_s)} ({h.runs} run{'s' if h.runs != 1 else ''})")
             lines.append(f"  held by:   job {_e(h.id)} of {_e(h.user or '?')}, running {ran}, {usual}")
         lines.append(f"  estimate:  {_e(job.estimate or 'unknown')}")
-    elif job.usual_duration_s is not None:
-        lines.append(f"  usually:   {fmt.age(job.usual_duration_s)} (the median of {job.usual_runs} earlier "
-                     f"run{'s' if job.usual_runs != 1 else ''} of the same command)")
+    elif getattr(job, "usual_duration_s", None) is not None:  # (a JobView's: the CLI imports no models)
+        took, runs = float(getattr(job, "usual_duration_s", None) or 0), int(getattr(job, "usual_runs", None) or 0)
+        lines.append(f"  usually:   {fmt.age(took)} (the median of {runs} earlier run{'s' if runs != 1 else ''} "
+                     "of the same command)")
     return lines
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "CheckModel",
     "ExplanationModel",
     "HintModel",
+    "HolderView",
     "JobStateModel",
     "PlacementModel",
     "RejectionModel",
@@ -208,6 +209,24 @@ class HintModel(BaseModel):
         return fmt.escape(self.text or f"{self.change} → fits {', '.join(self.fits)}")
 
 
+class HolderView(BaseModel):
+    """A job holding devices a waiting job wants (``JobView.holders``).
+
+    Attributes:
+        elapsed_s: seconds its current attempt has run; None: unknown.
+        usual_s: the median duration of its user's earlier runs of the same command (its owner's figure);
+            None: no earlier run.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(max_length=200)
+    user: str = Field(default="", max_length=256)
+    elapsed_s: float | None = None
+    usual_s: float | None = None
+    runs: int = 0
+
+
 class ExplanationModel(BaseModel):
     """``gpulayer explain --json``: verdict, placement and the worker x requirement table.
 
@@ -226,6 +245,12 @@ class ExplanationModel(BaseModel):
     workers: list[WorkerExplanationModel] = Field(default_factory=list)
     state: JobStateModel | None = None
     hints: list[HintModel] = Field(default_factory=list)
+    position: int | None = None
+    """A waiting job: its place among the jobs queued at its owner for the same devices (see ``JobView``)."""
+    holders: list[HolderView] = Field(default_factory=list, max_length=64)
+    """A waiting job: the jobs holding the devices it waits for."""
+    estimate: str | None = None
+    """A waiting job: when it may start, in words, with the basis (``unknown`` without one)."""
     """Nearest-miss hints of a queued job that fits nowhere, or only a busy or offline worker."""
 
     @classmethod

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from gpulayerd.core.reasons import code_for
 from gpulayerd.core.users import may_manage
 from gpulayerd.models.capabilities import Capabilities
-from gpulayerd.models.explanation import ExplanationModel, PlacementModel
+from gpulayerd.models.explanation import ExplanationModel, HolderView, PlacementModel
 from gpulayerd.models.spec import JobSpec
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "AttemptView",
     "EventView",
     "HealthView",
-    "HolderView",
     "JobList",
     "JobView",
     "LogChunk",
@@ -79,24 +78,6 @@ class EventView(BaseModel):
     attempt: int | None = None
     reason: str = ""
     stimulus_id: str = ""
-
-
-class HolderView(BaseModel):
-    """A job holding devices a waiting job wants (``JobView.holders``).
-
-    Attributes:
-        elapsed_s: seconds its current attempt has run; None: unknown.
-        usual_s: the median duration of its user's earlier runs of the same command (its owner's figure);
-            None: no earlier run.
-    """
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: str = Field(max_length=200)
-    user: str = Field(default="", max_length=256)
-    elapsed_s: float | None = None
-    usual_s: float | None = None
-    runs: int = 0
 
 
 class JobView(BaseModel):

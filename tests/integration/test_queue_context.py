@@ -52,6 +52,11 @@ def test_show_names_the_position_the_holder_and_an_estimate_from_its_usual_durat
     assert "position:  1 among the jobs queued here for the same devices" in text
     assert f"held by:   job {holder} of " in text and "usually " in text and "estimate:  after job" in text
     assert "usually:" in d.cli_ok("show", holder)  # the holder's own show: its usual duration
+    explained = d.cli_json("explain", "--json", behind[1])
+    assert (explained["position"], [h["id"] for h in explained["holders"]]) == (2, [holder]), explained
+    assert explained["estimate"].startswith(f"after job {holder} ends, after the 1 job ahead of it") or \
+        explained["estimate"].startswith("unknown: 1 jobs wait ahead"), explained["estimate"]
+    assert "position:  2 among the jobs queued here for the same devices" in d.cli_ok("explain", behind[1])
     gate.touch()
     for job_id in (holder, *behind):
         assert d.wait_status(job_id, TERMINAL).status == "succeeded"

@@ -267,7 +267,7 @@ class OwnerService:
         if row.status is JobStatus.QUEUED and view.explanation is not None and view.explanation.verdict != "fits now":
             judged = await self._judge(row)
             view.explanation.hints = judged.hints  # show: the ways forward, judged now
-            await self.queue.fill_waiting(view, row, judged)  # position, holders, estimate
+            await self.queue.fill_waiting(view, row, judged, view.spec)  # position, holders, estimate
         elif row.status in (JobStatus.RUNNING, JobStatus.CLAIMED):
             await self.queue.fill_running(view, row)  # its usual duration: a number, never the command
         view.attempts = []
@@ -303,6 +303,7 @@ class OwnerService:
         if row.status is not JobStatus.QUEUED:
             return await self._explain_state(row, requester)
         fresh = _keep_fair_share(await self._judge(row), row)
+        await self.queue.fill_waiting(fresh, row, fresh, self._jobs.spec(row))  # position, holders, estimate
         req = self._jobs.spec(row).to_core(row.id)
         if requester is not None and not requester.may_manage(self.user_of(row)):
             fresh = hide_path(fresh, req.workdir)  # the job's user's (and admins') to see, like its spec

@@ -25,7 +25,7 @@ from gpulayerd.app.worker.machine import Machine
 from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.types import OUTSIDE_HOLDER
-from gpulayerd.models import ExplanationModel, HolderView, JobView
+from gpulayerd.models import ExplanationModel, HolderView, JobSpec, JobView
 from gpulayerd.store import JobRow, Store
 
 __all__ = ["MAX_HOLDERS", "QueueContext"]
@@ -64,8 +64,9 @@ class QueueContext:
         usual, runs = await self._store.history.usual_duration(user, json.dumps(view.spec.command), exclude=row.id)
         view.usual_duration_s, view.usual_runs = usual, runs
 
-    async def fill_waiting(self, view: JobView, row: JobRow, explanation: ExplanationModel | None) -> None:
-        """A queued job's position, holders and estimate."""
+    async def fill_waiting(self, view: JobView | ExplanationModel, row: JobRow, explanation: ExplanationModel | None,
+                           spec: JobSpec) -> None:
+        """A queued job's position, holders and estimate, into its ``show`` view or its explanation."""
         shape = _shape(row.spec_json)
         queued = await self._store.jobs.list_jobs([JobStatus.QUEUED], None)
         view.position = 1 + sum(1 for r in queued if r.seq is not None and row.seq is not None and r.seq < row.seq
@@ -76,7 +77,7 @@ class QueueContext:
         if busy:
             workers = [await self._machine.snapshot(refresh_apps=False),
                        *(self._directory.worker_snapshots() if self._directory is not None else [])]
-            kind = view.spec.requirements.accelerator.value
+            kind = spec.requirements.accelerator.value
             for w in workers:
                 if w.node_id in busy:
                     held += [d.granted_to for d in sorted(w.devices, key=lambda d: d.index)
