@@ -59,3 +59,24 @@ def test_report_sums_the_attempts_gpu_and_slot_hours_and_history_survives_a_rest
     assert [(j["name"], j["exit_code"]) for j in failed] == [("broken", 4)]
     assert d.cli_json("report", "--since", "1d", "--json")["rows"][0]["jobs"] == 4  # the store's, after the restart
     assert d.cli("history", "--state", "running").returncode == 2
+
+
+@pytest.mark.slow
+def test_a_lab_report_sums_every_owners_jobs(lab: Lab) -> None:
+    """``report --lab`` on one daemon covers the jobs owned by the other too (through the owners)."""
+    from .loopback import loopback_cluster
+
+    first, second = loopback_cluster(lab, [1, 1])
+    me = getpass.getuser()
+    ids = [(d, d.submit("--", "sleep", "0.2")) for d in (first, second, second)]
+    for d, job_id in ids:
+        assert d.wait_status(job_id, TERMINAL, timeout_s=30).status == "succeeded"
+    mine = first.cli_json("report", "--since", "1h", "--json")
+    assert (mine["scope"], [r["jobs"] for r in mine["rows"]]) == ("daemon", [1])
+    lab_wide = first.cli_json("report", "--since", "1h", "--lab", "--json")
+    assert (lab_wide["scope"], len(lab_wide["owners"]), lab_wide["missing"]) == ("lab", 2, [])
+    [row] = lab_wide["rows"]
+    assert (row["key"], row["jobs"], row["failures"]) == (me, 3, 0)
+    slots = second.cli_json("report", "--since", "1h", "--json")["rows"][0]["cpu_slot_hours"]
+    assert row["cpu_slot_hours"] == pytest.approx(mine["rows"][0]["cpu_slot_hours"] + slots, rel=1e-6)
+    assert "the lab's jobs (owners: " in first.cli_ok("report", "--since", "1h", "--lab")

@@ -145,15 +145,19 @@ class Accounting:
         ask = UsageReportRequest(msg_id=new_msg_id(), since_s=since_s, by=by)
         answers: list[ReportView | BaseException] = [] if transport is None else list(await asyncio.gather(
             *(transport.call(p, USAGE_REPORT, ask) for p in peers), return_exceptions=True))
-        parts = {self._host(self._node_id): mine}
+        parts = {self._node_id: mine}  # by node id: two machines may share a host name
         missing = []
         for peer, answer in zip(peers, answers, strict=True):
             if isinstance(answer, BaseException):
                 log.info("report: %s did not answer: %s", self._host(peer), answer)
-                missing.append(self._host(peer))
+                missing.append(self._label(peer))
             else:
-                parts[self._host(peer)] = answer
-        return merged(parts, missing, mine.since, mine.until, by)
+                parts[peer] = answer
+        return merged({self._label(n): v for n, v in parts.items()}, missing, mine.since, mine.until, by)
+
+    def _label(self, node_id: str) -> str:
+        """A node's host name and the head of its id (host names need not be unique)."""
+        return f"{self._host(node_id)} ({node_id[:8]})"
 
     async def purge(self) -> int:
         """Remove the finished jobs older than the retention; how many went."""
