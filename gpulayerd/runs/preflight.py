@@ -2,12 +2,12 @@
 and, for a CUDA or MPS job naming torch, initializes the granted device.
 
 The watchdog (:mod:`.watchdog`) runs :data:`CHECK` with the job's interpreter, environment
-(``CUDA_VISIBLE_DEVICES`` holds the granted devices) and account, in a neutral directory (``/``,
-never the workdir: a user's own ``torch/`` folder there must not make the environment look
-broken for everyone), bounded in time. A failure ends the attempt ``preflight_failed`` with the
-error's line (the exception, e.g. ``ImportError: ... undefined symbol: __nvJitLinkComplete_12_4``)
-and the framework it concerns; the daemon then marks that environment broken for that framework
-and the owner queues the job again for another worker.
+(``CUDA_VISIBLE_DEVICES`` holds the granted devices; without the variables the job's own spec sets)
+and account, in a neutral directory (``/``, never the workdir): a user's own ``torch/`` folder or
+``PYTHONPATH`` must not make the environment look broken for everyone. Bounded in time. A failure
+ends the attempt ``preflight_failed`` with the error's line (the exception, e.g. ``ImportError: ...
+undefined symbol: __nvJitLinkComplete_12_4``) and the framework it concerns; the daemon then marks
+that environment broken for that framework and the owner queues the job again for another worker.
 
 Stdlib only: the watchdog and the zygote import this.
 """
@@ -70,17 +70,21 @@ class PreflightCheck:
         frameworks: the frameworks the job names (their import names), in order.
         device: ``cuda`` or ``mps`` (the granted device is initialized when torch is named), or ``none``.
         timeout_s: seconds the check may take (then it is stopped and counts as failed).
+        drop_env: variables of the job's environment the check runs without: the ones the job's own spec
+            sets (``PYTHONPATH``, ``LD_PRELOAD``, …): one user's variables must not mark the environment
+            broken for everyone; the check sees the environment as the worker gives it to every job.
     """
 
     python: str
     frameworks: tuple[str, ...]
     device: str = "none"
     timeout_s: float = 60.0
+    drop_env: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The ``launch.json`` form."""
         return {"python": self.python, "frameworks": list(self.frameworks), "device": self.device,
-                "timeout_s": self.timeout_s}
+                "timeout_s": self.timeout_s, "drop_env": list(self.drop_env)}
 
     @classmethod
     def from_json(cls, data: object) -> PreflightCheck:
@@ -101,7 +105,10 @@ class PreflightCheck:
             raise ValueError(f"preflight.device must be cuda, mps or none, not {device!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise ValueError(f"preflight.timeout_s must be a positive number, not {timeout!r}")
-        return cls(python, tuple(names), str(device), float(timeout))
+        drop = data.get("drop_env", [])
+        if not isinstance(drop, list) or not all(isinstance(k, str) for k in drop):
+            raise ValueError("preflight.drop_env must be a list of variable names")
+        return cls(python, tuple(names), str(device), float(timeout), tuple(drop))
 
 
 def start(check: PreflightCheck, env: Mapping[str, str], user: JobUser | None, stderr: int) -> Popen[bytes]:
@@ -111,10 +118,11 @@ def start(check: PreflightCheck, env: Mapping[str, str], user: JobUser | None, s
         OSError: the interpreter cannot be started.
     """
     argv = [check.python, "-c", CHECK, ",".join(check.frameworks), check.device]
+    env = {k: v for k, v in env.items() if k not in check.drop_env}
     if user is None:
-        return Popen(argv, env=dict(env), cwd="/", stdin=DEVNULL, stdout=DEVNULL, stderr=stderr,
+        return Popen(argv, env=env, cwd="/", stdin=DEVNULL, stdout=DEVNULL, stderr=stderr,
                      start_new_session=True, close_fds=True)
-    return Popen(argv, env=dict(env), cwd="/", stdin=DEVNULL, stdout=DEVNULL, stderr=stderr,
+    return Popen(argv, env=env, cwd="/", stdin=DEVNULL, stdout=DEVNULL, stderr=stderr,
                  start_new_session=True, close_fds=True, user=user.uid, group=user.gid,
                  extra_groups=list(user.groups))
 

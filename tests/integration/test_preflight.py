@@ -72,11 +72,12 @@ def test_a_job_whose_environment_fails_its_preflight_is_moved_and_the_environmen
     job = owner.wait_status(again, TERMINAL, timeout_s=60)
     assert (job.status, job.where_node, job.attempt) == ("succeeded", other, 1), job
 
-    # A workdir that holds a broken torch/ folder marks nothing broken: the check runs in a neutral directory.
+    # A workdir that holds a broken torch/ folder (on the job's own PYTHONPATH too) marks nothing broken: the
+    # check runs in a neutral directory, without the variables the job's spec sets.
     workdir = lab.root / "with-own-torch"
     (workdir / "torch").mkdir(parents=True)
     (workdir / "torch" / "__init__.py").write_text("raise ImportError('the user\\'s own torch folder')\n")
-    mine = worker.submit(*cuda, "--workdir", str(workdir), "--", "true")
+    mine = worker.submit(*cuda, "--workdir", str(workdir), "--env", f"PYTHONPATH={workdir}", "--", "true")
     job = worker.wait_status(mine, TERMINAL, timeout_s=60)
     assert (job.status, job.where_node, job.attempt) == ("succeeded", other, 1), (job, worker.log_tail())
     envs = environments(worker, other)

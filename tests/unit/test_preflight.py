@@ -122,6 +122,8 @@ def placement(accelerator: Accelerator, environment: str = "/envs/a/bin/python")
 
 
 @pytest.mark.parametrize(("spec", "where", "expected"), [
+    ({"requirements": {"frameworks": {"torch": ""}}, "env": {"PYTHONPATH": "/home/u/torchfork", "X": "1"}},
+     Accelerator.CPU, PreflightCheck("/envs/a/bin/python", ("torch",), "none", 60.0, ("PYTHONPATH", "X"))),
     ({"requirements": {"frameworks": {"torch": ">=2.4", "numpy": ""}}}, Accelerator.CUDA,
      PreflightCheck("/envs/a/bin/python", ("numpy", "torch"), "cuda", 60.0)),
     ({"requirements": {"frameworks": {"torch": ""}}}, Accelerator.CPU,

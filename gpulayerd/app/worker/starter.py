@@ -177,7 +177,7 @@ def preflight_check(spec: JobSpec, placement: Placement, timeout_s: float) -> Pr
     if not names or not spec.policy.preflight or not placement.environment.startswith("/"):
         return None
     device = placement.accelerator.value if placement.accelerator.value in ("cuda", "mps") else "none"
-    return PreflightCheck(placement.environment, names, device, timeout_s)
+    return PreflightCheck(placement.environment, names, device, timeout_s, tuple(sorted(spec.env)))
 
 
 def _same_account(user: JobUser | None) -> bool:
