@@ -412,7 +412,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
         discovery=DiscoveryConfig(nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, use_gpus=not config.isolated,
                                   allow_virtual_mps=config.allow_virtual_mps),
         nvidia=NvidiaSmi(), support=support, signals=signals, clock=clock)
-    starter.activation_of = machine.activation_of
+    starter.activation_of, starter.preflight_recent = machine.activation_of, machine.preflight_recent
     attach_slurm(machine, config.slurm)  # a login node's daemon: the Slurm cluster is its worker (None: none)
     if capabilities is not None:
         machine.use_capabilities(capabilities)

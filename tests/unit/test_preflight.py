@@ -168,3 +168,17 @@ def test_a_mark_made_under_one_driver_state_is_cleared_when_the_driver_changes()
     assert marks.mark([env()], "/envs/a/bin/python", "torch", "RuntimeError: CUDA error", driver="GPU-1 not ready")
     assert marks.apply([env()], "GPU-1 not ready")[0].import_errors  # the same probe: still broken
     assert marks.apply([env()], "GPU-1 550.54.15")[0].import_errors == {}  # the driver came back
+
+
+def test_a_passed_import_check_stands_for_ten_minutes_while_nothing_changes() -> None:
+    from gpulayerd.app.worker.preflight_marks import PASS_KEEP_S
+
+    marks = PreflightMarks()
+    key = ("/envs/a/bin/python", ("torch",), "alice", ())
+    assert not marks.passed_recently([env()], key, "d", 100.0)
+    marks.record_pass([env()], key, "d", 100.0)
+    assert marks.passed_recently([env()], key, "d", 100.0 + PASS_KEEP_S - 1)
+    assert not marks.passed_recently([env()], key, "d", 100.0 + PASS_KEEP_S + 1)  # too old: checked again
+    assert not marks.passed_recently([env(version="2.6.0")], key, "d", 101.0)  # reinstalled: checked again
+    assert not marks.passed_recently([env()], key, "other driver", 101.0)
+    assert not marks.passed_recently([env()], ("/envs/a/bin/python", ("torch",), "bob", ()), "d", 101.0)

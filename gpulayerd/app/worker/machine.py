@@ -53,6 +53,7 @@ from gpulayerd.models import Capabilities, DeviceModel
 from gpulayerd.runs.account import lookup_user
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.layout import LAUNCH_FILE, read_json
+from gpulayerd.runs.preflight import PreflightCheck
 from gpulayerd.store import Store
 
 __all__ = ["ANOTHER_DAEMON", "REPROBE_AFTER_S", "Machine", "PathChecker"]
@@ -354,6 +355,26 @@ class Machine:
             self._caps = self._build(self._inventory, self._envs)
         self._signals.devices_changed()
         self._signals.wake()
+
+    def preflight_recent(self, check: PreflightCheck, user: str) -> bool:
+        """Whether ``check`` (import-only: a CPU job's) passed for ``user`` lately, nothing changed since."""
+        key = (check.python, check.frameworks, user, check.drop_env)
+        driver = self._inventory.driver_state if self._inventory is not None else ""
+        return check.device == "none" and self.preflight_marks.passed_recently(self._envs, key, driver,
+                                                                                self._clock.monotonic())
+
+    async def preflight_passed(self, run_dir: Path) -> None:
+        """The attempt in ``run_dir`` ran its command: an import-only check it had passed (remembered)."""
+        launch = await asyncio.to_thread(read_json, run_dir / LAUNCH_FILE)
+        try:
+            check = PreflightCheck.from_json(launch.get("preflight") if isinstance(launch, dict) else None)
+        except ValueError:
+            return
+        user = launch.get("user") if isinstance(launch, dict) else None
+        name = str(user.get("name", "")) if isinstance(user, dict) else ""
+        if check.device == "none" and self._inventory is not None:
+            self.preflight_marks.record_pass(self._envs, (check.python, check.frameworks, name, check.drop_env),
+                                             self._inventory.driver_state, self._clock.monotonic())
 
     def activation_of(self, interpreter: str) -> dict[str, str]:
         """The conda activation jobs run ``interpreter`` with (from the last probe); {} for others."""

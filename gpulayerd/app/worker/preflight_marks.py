@@ -22,7 +22,14 @@ __all__ = ["MAX_MARKS", "PREFLIGHT_NOTE", "PreflightMarks"]
 log = logging.getLogger(__name__)
 
 MAX_MARKS = 256
-"""The most marks kept (the oldest go first): a bound, whatever the jobs name."""
+"""The most marks (and remembered passes) kept (the oldest go first): a bound, whatever the jobs name."""
+
+PASS_KEEP_S = 600.0
+"""How long a passed import-only check (a CPU job's) stands for the same interpreter, frameworks and user
+while the environment and the driver state are unchanged: the next such job skips it (seconds)."""
+
+PassKey = tuple[str, tuple[str, ...], str, tuple[str, ...]]
+"""(interpreter, frameworks, user, variables dropped) of an import-only check."""
 
 PREFLIGHT_NOTE = "pre-flight check failed"
 
@@ -38,6 +45,28 @@ class PreflightMarks:
 
     def __init__(self) -> None:
         self._marks: dict[tuple[str, str], tuple[str, tuple[object, ...]]] = {}
+        self._passes: dict[PassKey, tuple[float, tuple[object, ...]]] = {}
+
+    @staticmethod
+    def _state(envs: Sequence[EnvironmentSnapshot], key: PassKey, driver: str) -> tuple[object, ...] | None:
+        env = next((e for e in envs if e.interpreter == key[0]), None)
+        return None if env is None else (*(_fingerprint(env, fw) for fw in key[1]), driver)
+
+    def record_pass(self, envs: Sequence[EnvironmentSnapshot], key: PassKey, driver: str, now: float) -> None:
+        """An import-only check of ``key`` passed at ``now`` (monotonic s) under this probe and driver state."""
+        state = self._state(envs, key, driver)
+        if state is None:
+            return
+        self._passes.pop(key, None)
+        self._passes[key] = (now, state)
+        while len(self._passes) > MAX_MARKS:
+            del self._passes[next(iter(self._passes))]
+
+    def passed_recently(self, envs: Sequence[EnvironmentSnapshot], key: PassKey, driver: str, now: float) -> bool:
+        """Whether an import-only check of ``key`` passed within :data:`PASS_KEEP_S` with the environment and
+        the driver state as they are now (then the next one is skipped)."""
+        kept = self._passes.get(key)
+        return kept is not None and now - kept[0] < PASS_KEEP_S and kept[1] == self._state(envs, key, driver)
 
     def mark(self, envs: Sequence[EnvironmentSnapshot], interpreter: str, framework: str, line: str,
              driver: str = "") -> bool:

@@ -73,6 +73,8 @@ class Starter:
         self._clock = clock
         # interpreter -> its conda activation (Machine.activation_of); set once the machine exists.
         self.activation_of = activation_of
+        # Whether an import-only pre-flight check passed lately for that user (Machine.preflight_recent).
+        self.preflight_recent: Callable[[PreflightCheck, str], bool] | None = None
         self.shipping: ShipClient | None = None
         """Fetches and unpacks shipped jobs (set by the composition root; None: shipped jobs fail to start)."""
 
@@ -153,10 +155,13 @@ class Starter:
             argv = proxy_argv(slurm, sys.executable, job_id, attempt, argv, env, spec.workdir or "",
                               [u for u in placement.device_uuids if u], cpu_slots_of(spec), spec.policy.time_limit,
                               warning)
+        check = None if gang is not None or slurm is not None else preflight_check(
+            spec, placement, self._config.preflight_timeout_s)
+        if check is not None and self.preflight_recent is not None and self.preflight_recent(
+                check, user.name if user is not None else ""):
+            check = None  # the same import-only check passed lately, nothing changed since
         return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
-                                  renew_s=lease_s, time_limit=limit,
-                                  preflight=None if gang is not None or slurm is not None else preflight_check(
-                                      spec, placement, self._config.preflight_timeout_s))
+                                  renew_s=lease_s, time_limit=limit, preflight=check)
 
     def transfer_note(self, key: tuple[str, int]) -> str:
         """What the transfer of shipped attempt ``key`` moved (``Transfer: ...``), "" for another attempt."""

@@ -193,6 +193,8 @@ class WorkerService:
         kind: Literal["exited", "lost"] = "lost" if lost else "exited"
         if preflight and entry is not None:
             await self._machine.preflight_failed(entry.handle.run_dir, text)
+        elif entry is not None and status.reason in ("exited", "timeout"):  # the command ran: its check passed
+            await self._machine.preflight_passed(entry.handle.run_dir)
         actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text, never_started=preflight,
                                             timed_out=status.timed_out, preflight=preflight))
         if not any(isinstance(a, core.RecordEnd) for a in actions):
