@@ -54,7 +54,7 @@ def test_a_transfer_cut_mid_way_leaves_no_tree_and_runs_once_the_owner_is_back(l
     job = r.stdout.split()[2].rstrip(":")
 
     cache = h2.state_dir / "ship-cache"
-    _wait("h2 fetches big.bin", lambda: _part_bytes(cache) >= 1_000_000, 20)
+    _wait("h2 fetches big.bin", lambda: _part_bytes(cache) >= 1_000_000, 45)  # (the 16 MB snapshot goes first)
     h1.kill_daemon()  # the owner dies mid-transfer
     _wait("h2 gives the transfer up", lambda: f"job_id={job} attempt 1: Transfer:" in h2.log_tail(20000), 15)
     cut = _part_bytes(cache)
