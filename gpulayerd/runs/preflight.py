@@ -3,8 +3,9 @@ and, for a CUDA or MPS job naming torch, initializes the granted device.
 
 The watchdog (:mod:`.watchdog`) runs :data:`CHECK` with the job's interpreter, environment
 (``CUDA_VISIBLE_DEVICES`` holds the granted devices; without the variables the job's own spec sets)
-and account, in a neutral directory (``/``, never the workdir): a user's own ``torch/`` folder or
-``PYTHONPATH`` must not make the environment look broken for everyone. Bounded in time. A failure
+and account, in a neutral directory (``/``, never the workdir) and without the user's site-packages
+(``python -s``): a user's own ``torch/`` folder, ``PYTHONPATH`` or ``~/.local/lib/python*/site-packages``
+must not make the environment look broken for everyone. Bounded in time. A failure
 ends the attempt ``preflight_failed`` with the error's line (the exception, e.g. ``ImportError: ...
 undefined symbol: __nvJitLinkComplete_12_4``) and the framework it concerns; the daemon then marks
 that environment broken for that framework and the owner queues the job again for another worker.
@@ -56,7 +57,7 @@ except BaseException as e:
     sys.stderr.write("\n" + json.dumps({"framework": step, "error": line}) + "\n")
     sys.exit(3)
 """
-"""The check, run as ``python -c CHECK FRAMEWORKS DEVICE`` (frameworks comma-separated, device
+"""The check, run as ``python -s -c CHECK FRAMEWORKS DEVICE`` (frameworks comma-separated, device
 ``cuda``, ``mps`` or ``none``); on failure it prints the traceback, then, as the last line of standard
 error, a JSON object ``{"framework": ..., "error": ...}``, and exits 3."""
 
@@ -117,7 +118,9 @@ def start(check: PreflightCheck, env: Mapping[str, str], user: JobUser | None, s
     Raises:
         OSError: the interpreter cannot be started.
     """
-    argv = [check.python, "-c", CHECK, ",".join(check.frameworks), check.device]
+    # -s: without the user's own site-packages (~/.local/...: HOME is the user's), whose modules and .pth
+    # files would otherwise come before the environment's.
+    argv = [check.python, "-s", "-c", CHECK, ",".join(check.frameworks), check.device]
     env = {k: v for k, v in env.items() if k not in check.drop_env}
     if user is None:
         return Popen(argv, env=env, cwd="/", stdin=DEVNULL, stdout=DEVNULL, stderr=stderr,

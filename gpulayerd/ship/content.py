@@ -173,6 +173,8 @@ class ContentStore:
         Raises:
             NotOffered: no offer of this user found it missing, ``offset`` is not the next byte, more
                 bytes than offered, or a chunk over :data:`BLOB_CHUNK_BYTES` (nothing kept).
+            CapExceeded: keeping it would pass the user's quota or the store's total as they stand now
+                (several offers made before any upload add up), or the disk's reserve.
             ValueError: the bytes do not hash to ``digest`` (the upload is dropped).
         """
         if not is_digest(digest):
@@ -192,6 +194,11 @@ class ContentStore:
             have = 0
         if offset != have or have + len(data) > size:
             raise NotOffered(f"content {digest[:12]}: next byte is {have} of {size}, not {offset} (+{len(data)})")
+        with self._lock:  # offers made before any upload must not add up past the caps
+            self._check_caps(user, digest, size)
+        if shutil.disk_usage(self.root).free - len(data) < self.reserve_bytes:
+            raise CapExceeded(f"snapshot refused: the state disk keeps {self.reserve_bytes / 1e6:.0f} MB free "
+                              "for its database (ship_reserve_mb)")
         with open(part, "ab") as f:
             f.write(data)
         have += len(data)
@@ -207,6 +214,11 @@ class ContentStore:
         dest = self.blob_path(digest)
         dest.parent.mkdir(mode=0o700, exist_ok=True)
         with self._lock:
+            try:
+                self._check_caps(user, digest, size)
+            except CapExceeded:
+                part.unlink(missing_ok=True)
+                raise
             if dest.is_file():
                 part.unlink(missing_ok=True)
             else:
@@ -215,6 +227,19 @@ class ContentStore:
             self._pending.get(user, {}).pop(digest, None)
             self._user_digests.setdefault(user, {})[digest] = size  # uploaded by them: theirs to be told of
         return BlobView(digest=digest, received=have, complete=True)
+
+    def _check_caps(self, user: str, digest: str, size: int) -> None:
+        """(Lock held.) Raise :class:`CapExceeded` when keeping content ``digest`` (``size`` bytes) for
+        ``user`` would put them over their quota or all blobs over the total, as they stand now."""
+        mine = self._user_digests.get(user, {})
+        if digest not in mine and sum(mine.values()) + size > self.user_quota_bytes:
+            raise CapExceeded(f"snapshot refused: {user}'s snapshots with this content: "
+                              f"{(sum(mine.values()) + size) / 1e6:.1f} MB > {self.user_quota_bytes / 1e6:.1f} MB "
+                              "(ship_user_quota_mb)")
+        if not self.blob_path(digest).is_file() and self._blob_bytes + size > self.total_bytes:
+            raise CapExceeded(f"snapshot refused: all snapshots stored here with this content: "
+                              f"{(self._blob_bytes + size) / 1e6:.1f} MB > {self.total_bytes / 1e6:.1f} MB "
+                              "(ship_total_mb)")
 
     def commit(self, user: str, manifest: Manifest) -> SnapshotView:
         """Store ``manifest`` as ``user``'s snapshot once every content is here and theirs; else the ones

@@ -268,3 +268,46 @@ def board_tuis(daemon: RealDaemon) -> list[int]:
         if b"gpulayer_tui" in argv and str(daemon.socket_path).encode() in argv:
             found.append(int(cmdline.parent.name))
     return found
+
+
+@pytest.mark.filterwarnings("ignore:shutdown_timeout should be set on BaseRunner:DeprecationWarning")
+def test_a_viewer_cannot_ask_for_a_terminal_of_any_size(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The page's ``width``/``height`` and a ``resize`` message come from the browser: a viewer with the
+    URL must not make the board's TUI draw a screen of a billion cells (memory, CPU of the board's machine)."""
+    from textual_serve.app_service import AppService
+
+    from gpulayer_tui.serve import BoardServer
+
+    sizes: list[tuple[int, int]] = []
+
+    async def start(self: AppService, width: int, height: int) -> None:
+        sizes.append((width, height))
+
+    async def set_terminal_size(self: AppService, width: int, height: int) -> None:
+        sizes.append((width, height))
+
+    async def stop(self: AppService) -> None:
+        return None
+
+    monkeypatch.setattr(AppService, "start", start)
+    monkeypatch.setattr(AppService, "set_terminal_size", set_terminal_size)
+    monkeypatch.setattr(AppService, "stop", stop)
+    server = BoardServer(tmp_path / "no.sock", port=0, command="exec true")
+
+    async def view() -> None:
+        await server.start()
+        try:
+            origin = f"http://127.0.0.1:{server.port}"
+            async with aiohttp.ClientSession() as session:
+                ws = await session.ws_connect(f"{origin}/{server.token}/ws?width=1000000000&height=1000000000",
+                                              headers={"Origin": origin})
+                await ws.send_str(json.dumps(["resize", {"width": 10**9, "height": 10**9}]))
+                await ws.send_str(json.dumps(["ping", "x"]))
+                await ws.receive(timeout=5)
+                await ws.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(view())
+    assert len(sizes) == 2, sizes
+    assert all(1 <= w <= 1000 and 1 <= h <= 1000 for w, h in sizes), sizes

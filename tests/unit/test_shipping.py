@@ -321,3 +321,22 @@ def test_old_snapshots_no_job_needs_go_and_the_quota_frees_least_recently_used_f
     assert store.offer("alice", new).missing == sorted([_sha(d), _sha(e)])  # fits now: no CapExceeded
     assert store.blob_path(_sha(b)).is_file() and not store.blob_path(_sha(c)).exists()
     assert store.prune("alice", {queued}, 7 * 86400, new, now=now) == []  # nothing more to remove
+
+
+def test_offers_made_before_any_upload_do_not_add_up_past_the_quota_the_total_or_the_reserve(tmp_path: Path) -> None:
+    """Each offer is checked against what the user holds now; a user who offers many manifests first and
+    uploads afterwards must still be stopped at the quota and at the store's total (one user must not
+    fill the state disk the database shares)."""
+    store = _store(tmp_path, max_snapshot_bytes=100, user_quota_bytes=150, total_bytes=1000)
+    blobs = [bytes([i]) * 100 for i in range(5)]
+    for b in blobs:  # each offer alone fits: 100 new bytes, nothing held yet
+        store.offer("mallory", Manifest(entries=[ManifestEntry(path="f", kind="file", size=100, sha256=_sha(b))]))
+    kept = 0
+    for b in blobs:
+        try:
+            store.put("mallory", 1000, _sha(b), 0, b)
+            kept += 100
+        except (NotOffered, CapExceeded):
+            pass
+    assert kept <= 150
+    assert sum(p.stat().st_size for p in (store.root / "blobs").glob("*/*")) <= 150

@@ -187,7 +187,7 @@ class BoardServer(Server):
             service = AppService(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
                                  close=close, download_manager=self.download_manager)
             self._services.add(service)
-            await service.start(_int(request.query.get("width", ""), 80), _int(request.query.get("height", ""), 24))
+            await service.start(_cells(request.query.get("width", ""), 80), _cells(request.query.get("height", ""), 24))
             await self._process_messages(websocket, service)
         except asyncio.CancelledError:
             await websocket.close()
@@ -199,6 +199,11 @@ class BoardServer(Server):
                 self._services.discard(service)
             self._viewers.discard(websocket)
         return websocket
+
+    async def _process_messages(self, websocket: web.WebSocketResponse, app_service: AppService) -> None:
+        """textual-serve's, with a ``resize`` bounded to :data:`MAX_CELLS` a side (the browser says the size)."""
+        bounded = _BoundedSize(app_service)
+        await super()._process_messages(websocket, bounded)  # type: ignore[arg-type]
 
     async def _close_viewers(self, _app: web.Application) -> None:
         """The board stops: close every viewer (their TUIs are told to quit); kill the TUIs left after
@@ -257,6 +262,30 @@ async def _private_headers(_request: web.Request, response: web.StreamResponse) 
     response.headers["Referrer-Policy"] = "no-referrer"  # the page's URL holds the token
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Content-Type-Options"] = "nosniff"
+
+
+MAX_CELLS = 1000
+"""The most columns (and rows) of a viewer's terminal: the browser says its size; a huge one would make the
+board's machine draw a screen of a billion cells."""
+
+
+def _cells(value: object, default: int) -> int:
+    """A terminal side the browser asked for (a number or its text), within 1 and :data:`MAX_CELLS`."""
+    n = value if isinstance(value, int) and not isinstance(value, bool) else _int(str(value), default)
+    return max(1, min(MAX_CELLS, n))
+
+
+class _BoundedSize:
+    """An :class:`AppService` whose ``set_terminal_size`` is bounded (the rest passed through)."""
+
+    def __init__(self, service: AppService) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._service, name)
+
+    async def set_terminal_size(self, width: object, height: object) -> None:
+        await self._service.set_terminal_size(_cells(width, 80), _cells(height, 24))
 
 
 def _int(value: str, default: int) -> int:

@@ -129,7 +129,7 @@ class ShipServer:
         """
         try:
             return await asyncio.to_thread(self.content.put, requester.user, requester.uid, digest, offset, data)
-        except (NotOffered, ValueError) as e:
+        except (NotOffered, CapExceeded, ValueError) as e:
             raise BadRequest(f"snapshot upload: {e}") from None
 
     async def vet_submit(self, spec: Mapping[str, Any], requester: Requester) -> dict[str, Any]:

@@ -5,6 +5,7 @@ without the command ever running."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -97,3 +98,26 @@ def test_a_cancel_during_the_check_cancels_the_attempt(runner: Runner, tmp_path:
     assert "during the pre-flight check" in status.detail
     assert not (tmp_path / "ran").exists()
     wait_until(lambda: read_file(handle.run_dir / "exit.json") != "", 5, "exit.json")
+
+
+def test_the_users_own_site_packages_do_not_make_the_check_fail(runner: Runner, tmp_path: Path) -> None:
+    """The check runs with the job's HOME (the user's): a ``.pth`` file or a module in the user's
+    ``~/.local/lib/pythonX.Y/site-packages`` must not shadow the environment's framework, or one user
+    marks the environment broken for everyone."""
+    python = getattr(sys, "_base_executable", sys.executable)  # a venv disables the user site; its base does not
+    probe = subprocess.run([python, "-c", "import site; print(site.ENABLE_USER_SITE)"], capture_output=True,
+                           text=True, env={"HOME": str(tmp_path)}, check=False)
+    if probe.stdout.strip() != "True":
+        pytest.skip(f"{python} has no user site")
+    home = tmp_path / "home"
+    user_site = home / ".local" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    user_site.mkdir(parents=True)
+    evil = stand_in(tmp_path, "fwshadow", "raise ImportError('the user site copy')\n")
+    (user_site / "zz.pth").write_text(f"import sys; sys.path.insert(0, {str(evil)!r})\n")
+    real = stand_in(tmp_path / "env", "fwshadow", "")
+    job_id = new_job_id()
+    env = job_env(job_id, {"PYTHONPATH": str(real), "HOME": str(home)})
+    handle = runner.start(job_id, 1, ["sh", "-c", "echo ok"], env, tmp_path,
+                          preflight=PreflightCheck(python, ("fwshadow",)))
+    status = wait_status(runner, handle)
+    assert status.reason == "exited", status.detail
