@@ -27,10 +27,17 @@ from gpulayerd.runs.account import JobUser
 from gpulayerd.runs.layout import JOB_FILE, write_json
 from gpulayerd.runs.process import record_of
 
-__all__ = ["CHECK", "PREFLIGHT_FAILED", "PREFLIGHT_LOG", "PreflightCheck", "begin", "failure", "start"]
+__all__ = ["CHECK", "PREFLIGHT_FAILED", "PREFLIGHT_LOG", "PREFLIGHT_STOPPED", "PreflightCheck", "begin", "failure",
+           "start"]
 
 PREFLIGHT_FAILED = "preflight_failed"
-"""``exit.json``'s reason (and the attempt's end state) when the check failed: ``detail`` is ``FRAMEWORK: error``."""
+"""``exit.json``'s reason when the check itself said what failed (its error line): ``detail`` is
+``FRAMEWORK: error``; the worker marks the environment broken for that framework."""
+
+PREFLIGHT_STOPPED = "preflight_stopped"
+"""``exit.json``'s reason when the check ended otherwise (a signal, its time bound): the job moves to another
+worker all the same, but nothing is marked: the job's own user can stop or kill its check, and must not
+make the environment look broken for everyone."""
 
 PREFLIGHT_LOG = "preflight.log"
 """The check's standard error, in the run directory (the watchdog opens it; the check only writes)."""
@@ -152,9 +159,10 @@ def begin(run_dir: Path, check: PreflightCheck, env: Mapping[str, str], user: Jo
     return proc
 
 
-def failure(log_path: Path, returncode: int | None, check: PreflightCheck) -> tuple[str, str]:
-    """(framework, one line) of a failed check, from its standard error: the JSON line it wrote, else
-    the last line of output or how it ended (a crash: "killed by signal 11")."""
+def failure(log_path: Path, returncode: int | None, check: PreflightCheck) -> tuple[str, str, str]:
+    """(reason, framework, one line) of a failed check: :data:`PREFLIGHT_FAILED` with the error it wrote
+    (the JSON line, and it exited 3 by itself), else :data:`PREFLIGHT_STOPPED` with the last line of its
+    output or how it ended (a crash: "killed by signal 11")."""
     framework = check.frameworks[0] if check.frameworks else ""
     try:
         with open(log_path, "rb") as f:
@@ -168,11 +176,13 @@ def failure(log_path: Path, returncode: int | None, check: PreflightCheck) -> tu
             record = json.loads(lines[-1])
             if isinstance(record, dict) and isinstance(record.get("error"), str):
                 named = record.get("framework")
-                return (named if isinstance(named, str) and named in check.frameworks else framework,
+                return (PREFLIGHT_FAILED if returncode == 3 else PREFLIGHT_STOPPED,
+                        named if isinstance(named, str) and named in check.frameworks else framework,
                         record["error"][:_MAX_LINE])
         except ValueError:
             pass
-        return framework, lines[-1][:_MAX_LINE]
+        if returncode is None or returncode >= 0:
+            return PREFLIGHT_STOPPED, framework, lines[-1][:_MAX_LINE]
     if returncode is not None and returncode < 0:
-        return framework, f"the check was killed by signal {-returncode}"
-    return framework, f"the check exited with code {returncode}"
+        return PREFLIGHT_STOPPED, framework, f"the check was killed by signal {-returncode}"
+    return PREFLIGHT_STOPPED, framework, f"the check exited with code {returncode}"

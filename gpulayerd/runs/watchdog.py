@@ -360,14 +360,14 @@ class _Watchdog:
         self._kill_leftovers(proc, launch.kill_timeout_s)
         self.proc = None
         if reason == "timeout":
-            return None, "preflight_failed", f"{check.frameworks[0]}: the check took over {check.timeout_s:g} s"
+            return None, preflight.PREFLIGHT_STOPPED, f"{check.frameworks[0]}: the check took over {check.timeout_s:g}s"
         if reason != "exited":
             self.killed = True
             return proc.returncode, reason, f"{detail} (during the pre-flight check)"
         if proc.returncode == 0:
             return None
-        framework, line = preflight.failure(self.run_dir / preflight.PREFLIGHT_LOG, proc.returncode, check)
-        return None, "preflight_failed", f"{framework}: {line}"
+        why, framework, line = preflight.failure(self.run_dir / preflight.PREFLIGHT_LOG, proc.returncode, check)
+        return None, why, f"{framework}: {line}"
 
     def _first_signal(self, reason: str) -> signal.Signals | None:
         """The first signal of a stop for ``reason``: SIGTERM, or a cancel's ``cancel_signal``;

@@ -26,7 +26,7 @@ from gpulayerd.core.protocol.claims import (
 from gpulayerd.core.types import Accelerator, EnvironmentSnapshot, FrameworkVersion
 from gpulayerd.core.verdict import Placement
 from gpulayerd.models import JobSpec
-from gpulayerd.runs.preflight import PreflightCheck, failure
+from gpulayerd.runs.preflight import PREFLIGHT_FAILED, PREFLIGHT_STOPPED, PreflightCheck, failure
 
 ERROR = "torch: ImportError: undefined symbol: __nvJitLinkComplete_12_4"
 
@@ -141,14 +141,15 @@ def test_a_failure_is_read_from_the_checks_last_line(tmp_path: Path) -> None:
     check = PreflightCheck("/usr/bin/python3", ("numpy", "torch"))
     log = tmp_path / "preflight.log"
     log.write_text('Traceback ...\nImportError: x\n\n{"framework": "torch", "error": "ImportError: x"}\n')
-    assert failure(log, 3, check) == ("torch", "ImportError: x")
+    assert failure(log, 3, check) == (PREFLIGHT_FAILED, "torch", "ImportError: x")
+    assert failure(log, -9, check)[0] == PREFLIGHT_STOPPED  # its line, but killed: its user may have done it
     log.write_text("Fatal Python error: Segmentation fault\n")
-    assert failure(log, -11, check) == ("numpy", "Fatal Python error: Segmentation fault")
+    assert failure(log, -11, check) == (PREFLIGHT_STOPPED, "numpy", "the check was killed by signal 11")
     log.write_text("")
-    assert failure(log, -11, check) == ("numpy", "the check was killed by signal 11")
+    assert failure(log, -11, check) == (PREFLIGHT_STOPPED, "numpy", "the check was killed by signal 11")
     log.write_text('{"framework": "../../etc", "error": "' + "y" * 1000 + '"}\n')  # not a framework it checked
-    framework, line = failure(log, 3, check)
-    assert (framework, len(line)) == ("numpy", 300)
+    why, framework, line = failure(log, 3, check)
+    assert (why, framework, len(line)) == (PREFLIGHT_FAILED, "numpy", 300)
 
 
 @pytest.mark.parametrize(("data", "problem"), [

@@ -48,7 +48,7 @@ from gpulayerd.net.transport import CLAIM, OFFER, REPORT, PeerTransport, Sender
 from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.exitnote import retry_delays
-from gpulayerd.runs.preflight import PREFLIGHT_FAILED
+from gpulayerd.runs.preflight import PREFLIGHT_FAILED, PREFLIGHT_STOPPED
 from gpulayerd.runs.runner import RunHandle, Runner, RunnerError, RunStatus
 from gpulayerd.store import RemoteRunRow, Store, StoreError
 
@@ -188,10 +188,10 @@ class WorkerService:
             text += "; its processes were stopped"
         # Stopped at the lease deadline: lost (the job retries as its policy says), not failed. A failed
         # pre-flight check: lost too, nothing of the job ran (the owner moves it to another worker).
-        preflight = status.reason == PREFLIGHT_FAILED
+        preflight = status.reason in (PREFLIGHT_FAILED, PREFLIGHT_STOPPED)
         lost = preflight or status.gone or status.reason == "deadline"
         kind: Literal["exited", "lost"] = "lost" if lost else "exited"
-        if preflight and entry is not None:
+        if status.reason == PREFLIGHT_FAILED and entry is not None:  # (a stopped check marks nothing)
             await self._machine.preflight_failed(entry.handle.run_dir, text)
         elif entry is not None and status.reason in ("exited", "timeout"):  # the command ran: its check passed
             await self._machine.preflight_passed(entry.handle.run_dir)
@@ -230,7 +230,8 @@ class WorkerService:
             StoreError: the store cannot take it (e.g. the disk is full).
         """
         job_id, attempt = key
-        state = "timeout" if status.timed_out else "preflight-failed" if status.reason == PREFLIGHT_FAILED else kind
+        state = "timeout" if status.timed_out else "preflight-failed" if status.reason in (
+            PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
         await self._store.runs.end_remote_run(owner, job_id, attempt, state,
                                               status.exit_code, text, self._clock.wall())
         self._signals.devices_changed()
