@@ -158,16 +158,75 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else math.nan
 
 
+def _one_faulty_seed(seed: int, n: int, minutes: float) -> tuple[int, str, float]:
+    """One seed of ``--seeds`` (in its own process): (seed, what it found, real seconds)."""
+    from tests.sim.invariants import Violation
+    from tests.sim.test_sim import faulty_department
+
+    logging.getLogger("gpulayerd.store.db").setLevel(logging.ERROR)
+    logging.getLogger("gpulayerd").setLevel(logging.ERROR)  # refusals of stale kills etc.: expected under faults
+    t0 = time.perf_counter()
+
+    async def run() -> str:
+        with tempfile.TemporaryDirectory() as td:
+            sim, settle_s, counts = await faulty_department(Path(td), seed, n, minutes=minutes)
+            return (f"ok: {len(sim.jobs)} jobs {counts}, all ended {settle_s:.0f} s after the last fault healed "
+                    f"and the last submission, {sim.checker.checked} starts checked, {sim.steps} steps, "
+                    f"{sim.net.calls} calls")
+
+    try:
+        what = asyncio.run(run())
+    except Violation as v:
+        what = f"VIOLATION: {v}"
+    except Exception as e:  # a handler error or a crash of the simulation: reported, not a pass
+        what = f"ERROR: {type(e).__name__}: {e}"
+    return seed, what, time.perf_counter() - t0
+
+
+def faulty_seeds(seeds: list[int], n: int, minutes: float, jobs: int) -> int:
+    """Run ``tests/sim/test_sim.py``'s faulty department for each seed (``jobs`` processes at a time); prints
+    each seed's result as it ends; the count of seeds that broke an invariant or failed."""
+    import concurrent.futures
+    import multiprocessing
+
+    bad, t0 = 0, time.perf_counter()
+    print(f"{len(seeds)} seeds, N={n}, {minutes:g} simulated minutes each, with faults, {jobs} at a time")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                max_tasks_per_child=1) as pool:
+        futures = [pool.submit(_one_faulty_seed, s, n, minutes) for s in seeds]
+        for f in concurrent.futures.as_completed(futures):
+            seed, what, real_s = f.result()
+            bad += not what.startswith("ok")
+            print(f"seed {seed}: {what} ({real_s:.0f} s real)")
+    print(f"{len(seeds) - bad} of {len(seeds)} seeds held every invariant; {bad} did not "
+          f"({time.perf_counter() - t0:.0f} s real)")
+    return bad
+
+
+def _seed_list(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def main() -> None:
-    """Parse the flags, run each N, print the figures and their growth with N."""
+    """Parse the flags, run each N, print the figures and their growth with N (or, with ``--faults``, the seeds)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="100", help="N, or N1,N2,... (growth exponents)")
     ap.add_argument("--minutes", type=float, default=10.0, help="simulated span per N (minutes)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=540.0, help="real seconds for all N together")
+    ap.add_argument("--faults", action="store_true",
+                    help="instead of the figures: the invariants of --seeds runs with faults (N = --nodes)")
+    ap.add_argument("--seeds", default="1-20", help="with --faults: seeds, e.g. 1-20 or 1,4,7")
+    ap.add_argument("--jobs", type=int, default=1, help="with --faults: seeds run at a time (processes)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # each figure as soon as it is known
     logging.getLogger("gpulayerd.store.db").setLevel(logging.ERROR)
+    if args.faults:
+        sys.exit(1 if faulty_seeds(_seed_list(args.seeds), int(args.nodes), args.minutes, args.jobs) else 0)
     ns = [int(x) for x in args.nodes.split(",")]
     weights = [n * n for n in ns]
     results = {}
