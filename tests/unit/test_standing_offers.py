@@ -136,7 +136,7 @@ def test_kept_offers_of_one_shape_are_judged_once_per_machine_snapshot(monkeypat
                                             spec=spec)
     gpu = DeviceSnapshot(accelerator=Accelerator.CUDA, index=0, uuid="GPU-0", name="RTX", execution_supported=True,
                          memory_total_bytes=24 * 10**9)
-    free = WorkerSnapshot(node_id="w" * 52, devices=(gpu,))
+    free = WorkerSnapshot(node_id="w" * 52, devices=(gpu,), environments=ENV)
     first = [offers.may_fit(k, free, SUPPORT_MATRIX) for k in offers]
     assert len(judged) == 1
     busy = replace(free, devices=(replace(gpu, granted_to="other"),))
