@@ -94,10 +94,10 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
               f"max {out['detect_max']:.2f} s   [target <= 10 s]")
         # 3. burst onto the idle cluster (right after the detection: nothing runs, no wait)
         gpus = sum(d.gpus for d in sim.daemons.values() if d.services)
-        ideal = (math.ceil(1000 / gpus) - 1) * burst_job_s
         out["burst_ratio"] = math.nan
         t0, t0s = time.perf_counter(), sim.time.now
-        ids = set(await burst(sim, 1000, duration_s=burst_job_s))
+        ids = set(await burst(sim, 1000, duration_s=burst_job_s))  # (none on the daemon killed above)
+        ideal = (math.ceil(len(ids) / gpus) - 1) * burst_job_s
         while sim.time.now - t0s < 4 * ideal + 120 and left() > 0:
             await sim.run_for(2)
             if all(sim.jobs[j].started is not None for j in ids):
@@ -113,7 +113,10 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
                   f"({gpus} GPUs free): {out['burst_ratio']:.2f}x   [target <= 2x]")
         burst_per_s = (time.perf_counter() - t0) / max(sim.time.now - t0s, 1e-9)
         print(f"N={n}: real seconds per simulated second (burst): {burst_per_s:.2f}")
-        await sim.run_for(burst_job_s + 2)  # the burst's last jobs end: the load starts on an idle cluster
+        if left() > burst_per_s * (burst_job_s + 2) + 30:
+            await sim.run_for(burst_job_s + 2)  # the burst's last jobs end: the load starts on an idle cluster
+        else:
+            print(f"N={n}: the burst's jobs not yet ended stay (real-time budget): the load starts beside them")
         # 4. load: the lab mix for the rest of the span, as far as the real-time budget goes
         load_s = max(30.0, span - (sim.time.now - 10))
         granted0 = sum(d.services.signals.stats["claim_requests_granted"] for d in sim.daemons.values() if d.services)
@@ -123,7 +126,7 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
         t0, ran = time.perf_counter(), 0.0
         while ran < load_s:
             chunk = min(10.0, load_s - ran)
-            if ran and left() - 5 < (time.perf_counter() - t0) / ran * chunk:
+            if ran and left() - 5 < (time.perf_counter() - t0) / ran * chunk:  # (the first chunk always runs)
                 print(f"N={n}: load window cut to {ran:.0f} of {load_s:.0f} simulated s (real-time budget)")
                 break
             await sim.run_for(chunk)
