@@ -58,8 +58,8 @@ def _fmt(traffic: dict[str, tuple[float, float]]) -> str:
     return f"{total_m:.1f} msg/s {total_b / 1e3:.2f} KB/s ({parts})"
 
 
-async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_s: float = 10.0
-                  ) -> dict[str, float]:
+async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_s: float = 10.0,
+                  with_burst: bool = True) -> dict[str, float]:
     """Every figure for ``n`` daemons (see the module docstring); NaN for a phase cut short."""
     out: dict[str, float] = {}
     t_real = time.perf_counter()
@@ -95,16 +95,19 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
         # 3. burst onto the idle cluster (right after the detection: nothing runs, no wait)
         gpus = sum(d.gpus for d in sim.daemons.values() if d.services)
         out["burst_ratio"] = math.nan
-        t0, t0s = time.perf_counter(), sim.time.now
-        ids = set(await burst(sim, 1000, duration_s=burst_job_s))  # (none on the daemon killed above)
+        t0s = sim.time.now
+        ids = set(await burst(sim, 1000, duration_s=burst_job_s)) if with_burst else set()  # (none on the dead one)
+        t0 = time.perf_counter()
         ideal = (math.ceil(len(ids) / gpus) - 1) * burst_job_s
-        while sim.time.now - t0s < 4 * ideal + 120 and left() > 0.45 * budget_s:  # the load gets the rest
+        while with_burst and sim.time.now - t0s < 4 * ideal + 120 and left() > 0.45 * budget_s:  # (then the load)
             await sim.run_for(0.5)
             if all(sim.jobs[j].started is not None for j in ids):
                 break
         burst_per_s = (time.perf_counter() - t0) / max(sim.time.now - t0s, 1e-9)
         starts = [t for t in (sim.jobs[j].started for j in ids) if t is not None]
-        if not ids or len(starts) < len(ids):  # no figure (max() over NaNs would answer the first one)
+        if not with_burst:
+            print(f"N={n}: no burst at this N (--compare: the budget goes to the other phases)")
+        elif not ids or len(starts) < len(ids):  # no figure (max() over NaNs would answer the first one)
             cut = sim.time.now - t0s
             by_then = min(len(ids), gpus * (math.floor(cut / burst_job_s) + 1))  # the ideal's starts by then
             print(f"N={n}: 1,000-job burst cut short after {cut:.1f} simulated s (real-time budget or 4x ideal + "
@@ -118,15 +121,17 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
                 if job.started is None and d.services is not None:
                     await d.services.owner.cancel(j)
                     del sim.jobs[j]  # ended: no longer a job waiting for the idle check
+            await sim.run_for(2)  # the workers' offers of cancelled jobs: claimed, denied, dropped
         else:
             placed = max(starts) - t0s
             out["burst_ratio"] = placed / ideal if ideal > 0 else math.nan
             print(f"N={n}: 1,000-job burst ({burst_job_s:g} s jobs) placed in {placed:.1f} s, ideal {ideal:.0f} s "
                   f"({gpus} GPUs free): {out['burst_ratio']:.2f}x   [target <= 2x]")
-        print(f"N={n}: real seconds per simulated second (burst): {burst_per_s:.2f}")
-        if left() > burst_per_s * (burst_job_s + 2) + 30:
+        if with_burst:
+            print(f"N={n}: real seconds per simulated second (burst): {burst_per_s:.2f}")
+        if with_burst and left() > burst_per_s * (burst_job_s + 2) + 30:
             await sim.run_for(burst_job_s + 2)  # the burst's last jobs end: the load starts on an idle cluster
-        else:
+        elif with_burst:
             print(f"N={n}: the burst's jobs not yet ended stay (real-time budget): the load starts beside them")
         # 4. load: the lab mix for the rest of the span, as far as the real-time budget goes
         load_s = max(30.0, span - (sim.time.now - 10))
@@ -257,7 +262,8 @@ def main() -> None:
     budgets[-1] = max(60.0, args.budget_s - sum(budgets[:-1]))  # the largest N gets what the others leave
     results = {}
     for n, budget in zip(ns, budgets, strict=True):
-        results[n] = asyncio.run(measure(n, args.minutes, args.seed, budget, args.burst_job_s))
+        results[n] = asyncio.run(measure(n, args.minutes, args.seed, budget, args.burst_job_s,
+                                         with_burst=n == ns[-1] or len(ns) == len(args.nodes.split(","))))
     if len(ns) > 1:
         growth(ns, results)
 
