@@ -166,7 +166,6 @@ class Sim:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim")  # one: runs in that order
         self._stepping = False  # within run_until: quiet() hands the threads' results over
         self._plain: Callable[..., asyncio.Future[Any]] | None = None  # the loop's own run_in_executor
-        self._select: Callable[..., list[Any]] | None = None  # the loop's selector's own select
         self.steps = 0
         self._frozen_at = -1.0  # true time of the last heap freeze (see _freeze_heap)
         self._pool_threads = 1  # threads alive but for path checks (this one, pools' workers): a cheap test
@@ -191,7 +190,7 @@ class Sim:
 
         loop.run_in_executor = counted  # type: ignore[method-assign]  # to know when threads are busy
         selector = loop._selector  # type: ignore[attr-defined]
-        polled = self._select = selector.select
+        polled = selector.select
 
         def select(timeout: float | None = None) -> list[Any]:
             # A turn with callbacks ready polls the file descriptors first (a system call per turn,
