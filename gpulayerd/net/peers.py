@@ -79,6 +79,9 @@ class PeerTable:
     suspect_after_s: float = 3.0
     down_after_s: float = 10.0
     peers: dict[str, Peer] = field(default_factory=dict)
+    # node id -> (the capabilities counted, (GPUs, CPU slots) they advertise): see advertised()
+    _advertised: dict[str, tuple[Capabilities, tuple[int, int | None]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     # --------------------------------------------------------------- inputs
 
@@ -195,7 +198,11 @@ class PeerTable:
         caps = p.caps if p is not None else None
         if caps is None:
             return 0, 0
-        return sum(1 for d in caps.devices if d.accelerator is not Accelerator.CPU), caps.cpu_slots_total
+        kept = self._advertised.get(node_id)  # asked at every heartbeat and reply: counted once per fetch
+        if kept is None or kept[0] is not caps:
+            kept = (caps, (sum(1 for d in caps.devices if d.accelerator is not Accelerator.CPU), caps.cpu_slots_total))
+            self._advertised[node_id] = kept
+        return kept[1]
 
     def views(self, now_mono: float) -> list[PeerView]:
         """Every peer as the API shows it, ordered by node id."""

@@ -33,7 +33,6 @@ start (one mDNS domain).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import random
 import types
@@ -44,6 +43,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from gpulayerd.app.cluster.node import PeerSnapshots
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
@@ -274,7 +274,7 @@ class SimNode:
         self.mode = "personal"
         self.user = ""
         self.ep = f"{network.rng.getrandbits(32):08x}"
-        self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}
+        self._snapshots = PeerSnapshots(usage)  # ClusterNode's: the GPUs each user holds there included
 
     def announce(self, others: list[SimNode]) -> None:
         """mDNS: ``others`` are seen (untrusted until a heartbeat answers)."""
@@ -396,12 +396,7 @@ class SimNode:
         return self._snapshot(p, p.caps, self.clock.monotonic())
 
     def _snapshot(self, p: Peer, caps: Capabilities, now: float) -> WorkerSnapshot:
-        made = self._cores.get(p.key)
-        if made is None or made[0] is not caps:
-            made = (caps, caps.to_core())
-            self._cores[p.key] = made
-        snap = dataclasses.replace(made[1], node_id=p.key, name=p.name, online=self.table.state(p, now) == "up")
-        return snap.with_identity(p.proven_mode or "personal", p.proven_user)
+        return self._snapshots.get(p, caps, online=self.table.state(p, now) == "up")
 
     def name_of(self, node_id: str) -> str | None:
         """A peer's name."""

@@ -10,6 +10,7 @@ a quiet period. "Eventually" is bounded: every acknowledged job has ended within
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from tests.sim.workload import Faults, burst, fault_plan, lab_mix, run_with
 from tests.sim.world import Sim
 
 QUIET_BOUND_S = 120.0
-"""Seconds after the last fault heals by which every acknowledged job has ended (jobs last at most 20 s)."""
+"""Seconds after the last fault heals (and the last job is submitted) by which every acknowledged job has
+ended: jobs last at most 20 s in CI, 60 s in the 10-minute runs (``bench/sim.py --seeds``)."""
 
 
 @pytest.fixture(autouse=True)
@@ -44,23 +46,45 @@ async def _all_ended(sim: Sim) -> bool:
     return True
 
 
-async def faulty_department(root: Path, seed: int, n: int = 20) -> tuple[Sim, float, dict[str, int]]:
-    """One seed: the lab mix under the fault plan, then quiet until every job ended; (sim, seconds to end, statuses)."""
+async def _faults(sim: Sim, plans: list[Faults]) -> None:
+    """The fault plans one after another (the first with the plan's own random source: the CI seeds' runs)."""
+    for i, plan in enumerate(plans):
+        await fault_plan(sim, plan, None if i == 0 else random.Random(f"{sim.seed}-faults-{i}"))
+
+
+async def faulty_department(root: Path, seed: int, n: int = 20, *, minutes: float | None = None
+                            ) -> tuple[Sim, float, dict[str, int]]:
+    """One seed: the lab mix under the fault plan, then quiet until every job ended; (sim, seconds to end, statuses).
+
+    Without ``minutes``: the CI run (one short fault plan, jobs of 5-20 s). With ``minutes``: that
+    many simulated minutes of the lab mix (jobs of 10-60 s) under the default fault plan
+    (:class:`~tests.sim.workload.Faults`: a 20 s crash, a 30 s partition, 60 s of 10 % loss, a
+    15 s pause) over and over; then quiet. Either way every job has ended within
+    :data:`QUIET_BOUND_S` after the last fault healed and the last job was submitted.
+
+    Raises:
+        Violation: an invariant broke (its message names the seed and the last events).
+    """
     sim = Sim(root / f"seed{seed}", seed=seed, n=n, skew_ppm=200)
     await sim.start()
     try:
         await sim.run_for(3)
-        plan = Faults(start=sim.time.now + 5, crash_s=5, partition_s=8, loss_s=10, pause_s=5, gap_s=3)
-        await run_with(sim, plan.end - sim.time.now + 1,
-                       lab_mix(sim, plan.end - sim.time.now, util=0.6, duration_s=(5.0, 20.0)),
-                       fault_plan(sim, plan))
+        if minutes is None:
+            plans = [Faults(start=sim.time.now + 5, crash_s=5, partition_s=8, loss_s=10, pause_s=5, gap_s=3)]
+            span, durations = plans[0].end - sim.time.now + 1, (5.0, 20.0)
+        else:
+            span, durations, plans = minutes * 60 - sim.time.now, (10.0, 60.0), []
+            assert span >= 230, "a run with faults takes at least 4 simulated minutes (one fault plan)"
+            while not plans or plans[-1].end + 225 < sim.time.now + span:
+                plans.append(Faults(start=plans[-1].end + 20 if plans else sim.time.now + 5))
+        await run_with(sim, span, lab_mix(sim, span - 1, util=0.6, duration_s=durations), _faults(sim, plans))
         healed = sim.time.now
         while not await _all_ended(sim):
             if sim.time.now - healed > QUIET_BOUND_S:
                 sim.checker.fail(f"jobs still waiting {QUIET_BOUND_S:g} s after the faults healed")
             await sim.run_for(2.0)
         counts = await sim.checker.final()
-        assert sim.net.errors == []
+        assert sim.net.errors == [], sim.net.errors[:3]
         return sim, sim.time.now - healed, counts
     finally:
         await sim.close()

@@ -190,6 +190,16 @@ class Sim:
             return outer
 
         loop.run_in_executor = counted  # type: ignore[method-assign]  # to know when threads are busy
+        selector = loop._selector  # type: ignore[attr-defined]
+        polled = selector.select
+
+        def select(timeout: float | None = None) -> list[Any]:
+            # A turn with callbacks ready polls the file descriptors first (a system call per turn,
+            # several per step). Nothing here waits on a socket; a thread's answer is already among
+            # the callbacks (call_soon_threadsafe), its wake-up byte is read at the next blocking poll.
+            return [] if timeout == 0 else polled(timeout)
+
+        selector.select = select
         await asyncio.to_thread(self.workdir.mkdir, parents=True, exist_ok=True)
         ids = node_ids(self._n, random.Random(f"{self.seed}-ids"))
         for i, node_id in enumerate(ids):
@@ -349,6 +359,8 @@ class Sim:
         the loop stood when a thread ended never shows in the run.
         """
         loop = asyncio.get_running_loop()
+        if not loop._ready and not self._threads and threading.active_count() <= self._pool_threads:  # type: ignore[attr-defined]
+            return  # nothing woke (a message whose handler never waits): no turn of the loop needed
         while True:
             for _ in range(10_000):
                 await asyncio.sleep(0)
@@ -445,6 +457,8 @@ class Sim:
         self._pool.shutdown(wait=True)
         with contextlib.suppress(AttributeError):
             del self._loop.run_in_executor  # type: ignore[method-assign]  # the loop's own again
+        with contextlib.suppress(AttributeError):
+            del self._loop._selector.select  # type: ignore[attr-defined]  # the selector's own again
         gc.unfreeze()
         if self._gc_threshold is not None:
             gc.set_threshold(*self._gc_threshold)

@@ -260,3 +260,17 @@ def test_a_memo_keeps_what_each_round_reuses_however_many_and_lets_go_of_the_res
     memo.turn()
     memo.turn()  # two rounds without them
     assert all(freeze(t, memo) is not f for t, f in zip(many[:3], first, strict=False))
+
+
+def test_a_memo_freezes_a_snapshot_once_per_object_and_a_changed_one_afresh() -> None:
+    from gpulayerd.core.matching.shapes import FreezeMemo, freeze
+
+    memo = FreezeMemo()
+    w = WorkerSnapshot(node_id="w1", name="one", devices=(), cpu_slots_free=4, gpus_held_by_user={"alice": 1})
+    first = freeze(w, memo)
+    assert first == freeze(w)  # the answer without a memo
+    assert freeze(w, memo) is first  # the same object: no walk
+    changed = replace(w, cpu_slots_free=3)
+    assert freeze(changed, memo) != first and freeze(changed, memo) == freeze(changed)
+    same = replace(w)  # another object equal by value: frozen afresh, equal
+    assert freeze(same, memo) == first and freeze(same, memo) is not first

@@ -111,3 +111,36 @@ def test_a_kept_offers_spec_is_parsed_once_not_at_every_pass(monkeypatch: pytest
     assert kept.may_fit(("n-flood", "j0"), _peer(None, {}), SUPPORT_MATRIX)  # a new offer: parsed again
     assert kept.pop(("n-flood", "j1")) is not None and not kept.may_fit(("n-flood", "j1"), busy, SUPPORT_MATRIX)
     assert len(parsed) == 513 and len(kept) == 511
+
+
+def test_kept_offers_of_one_shape_are_judged_once_per_machine_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A burst leaves many offers of one shape here: a walk judges the shape once per snapshot of
+    # this machine, and a new snapshot (a device freed or granted) judges it again.
+    from dataclasses import replace
+
+    from gpulayerd.app.worker import kept_offers
+    from gpulayerd.net.wire import Offer, new_msg_id
+
+    judged: list[str] = []
+    real = kept_offers._fits
+
+    def counting(req: object, worker: WorkerSnapshot, support: object) -> bool:
+        judged.append(getattr(req, "job_id", ""))
+        return real(req, worker, support)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kept_offers, "_fits", counting)
+    spec = {"command": ["python", "t.py"], "requirements": {"accelerator": "cuda", "gpu_count": 1}}
+    offers = kept_offers.KeptOffers()
+    for i in range(5):
+        offers[("o" * 52, f"j{i}")] = Offer(msg_id=new_msg_id(), owner="o" * 52, job_id=f"j{i}", lease_s=10.0,
+                                            spec=spec)
+    gpu = DeviceSnapshot(accelerator=Accelerator.CUDA, index=0, uuid="GPU-0", name="RTX", execution_supported=True,
+                         memory_total_bytes=24 * 10**9)
+    free = WorkerSnapshot(node_id="w" * 52, devices=(gpu,), environments=ENV)
+    first = [offers.may_fit(k, free, SUPPORT_MATRIX) for k in offers]
+    assert len(judged) == 1
+    busy = replace(free, devices=(replace(gpu, granted_to="other"),))
+    second = [offers.may_fit(k, busy, SUPPORT_MATRIX) for k in offers]
+    assert len(judged) == 2 and all(first) and not any(second)
+    assert first == [real(kept_offers._request(o), free, SUPPORT_MATRIX) for o in offers.values()]
+    assert second == [real(kept_offers._request(o), busy, SUPPORT_MATRIX) for o in offers.values()]

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from gpulayerd.net.mdns import MdnsService
     from gpulayerd.store import Store
 
-__all__ = ["ClusterNode"]
+__all__ = ["ClusterNode", "PeerSnapshots"]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class ClusterNode:
         self._mdns: MdnsService | None = None
         self._announced: tuple[int | None, int | None] = (None, None)
         self._holdings_refused: set[str] = set()
-        self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}  # peer -> (its caps, their core snapshot)
+        self._snapshots = PeerSnapshots(usage)  # each peer's snapshot, made again when it changed
 
     def _holdings(self) -> dict[str, tuple[int, int]] | None:
         return self._usage.own_holdings() if self._usage is not None else None
@@ -273,20 +273,8 @@ class ClusterNode:
         return self._snapshot(p, p.caps, self._clock.monotonic())
 
     def _snapshot(self, p: Peer, caps: Capabilities, now: float) -> WorkerSnapshot:
-        """What the peer reports, under the name and id we know it by, with its mode and user as its
-        certificate proves them (what it says of itself decides nothing about whose jobs, and so
-        whose commands and environment, it is sent: a peer not yet proven counts as a personal
-        node of no user, which runs nobody's jobs). The core snapshot of its capabilities is made
-        once per fetch of them; the GPUs each user holds there are what its last heartbeat reported
-        (fair share and the per-user cap read them)."""
-        made = self._cores.get(p.key)
-        if made is None or made[0] is not caps:
-            made = (caps, caps.to_core())
-            self._cores[p.key] = made
-        held = self._usage.gpus_held_on(p.key) if self._usage is not None else {}
-        snapshot = dataclasses.replace(made[1], node_id=p.key, name=p.name,
-                                       online=self.table.state(p, now) == "up", gpus_held_by_user=held)
-        return snapshot.with_identity(p.proven_mode or "personal", p.proven_user)
+        """What the peer reports (:class:`PeerSnapshots`), online if it answers heartbeats now."""
+        return self._snapshots.get(p, caps, online=self.table.state(p, now) == "up")
 
     def name_of(self, node_id: str) -> str | None:
         """A peer's host name."""
@@ -374,3 +362,43 @@ class ClusterNode:
             self._holdings_refused.add(node_id)
         log.log(logging.WARNING if first else logging.DEBUG, "holdings of peer %s not counted: %s%s", node_id[:12],
                 why, " (further ones are logged at debug level)" if first else "")
+
+
+class PeerSnapshots:
+    """Each peer's :class:`~gpulayerd.core.types.WorkerSnapshot` as this node sees it, the same
+    object until something it reads changed (the scheduler freezes each peer's snapshot by
+    identity, see :class:`~gpulayerd.core.matching.shapes.FreezeMemo`, so an unchanged peer costs
+    it a lookup per pass).
+
+    A snapshot is what the peer reports, under the name and id we know it by, with its mode and
+    user as its certificate proves them (what it says of itself decides nothing about whose jobs,
+    and so whose commands and environment, it is sent: a peer not yet proven counts as a personal
+    node of no user, which runs nobody's jobs). The core snapshot of its capabilities is made once
+    per fetch of them; the GPUs each user holds there are what its last heartbeat reported (fair
+    share and the per-user cap read them).
+
+    Args:
+        usage: the fair-share book (the GPUs each user holds on each peer); None: none held.
+    """
+
+    def __init__(self, usage: UsageService | None) -> None:
+        self._usage = usage
+        self._cores: dict[str, tuple[Capabilities, WorkerSnapshot]] = {}  # peer -> (its caps, their core snapshot)
+        # peer -> (what its last snapshot read: core, name, online, held, mode, user; that snapshot)
+        self._made: dict[str, tuple[tuple[object, ...], WorkerSnapshot]] = {}
+
+    def get(self, p: Peer, caps: Capabilities, *, online: bool) -> WorkerSnapshot:
+        """Peer ``p``'s snapshot from ``caps`` (its last fetched capabilities), ``online`` or not."""
+        made = self._cores.get(p.key)
+        if made is None or made[0] is not caps:
+            made = (caps, caps.to_core())
+            self._cores[p.key] = made
+        held = self._usage.gpus_held_on(p.key) if self._usage is not None else {}
+        reads = (made[1], p.name, online, held, p.proven_mode or "personal", p.proven_user)
+        last = self._made.get(p.key)
+        if last is not None and last[0][0] is made[1] and last[0][1:] == reads[1:]:
+            return last[1]
+        snapshot = dataclasses.replace(made[1], node_id=p.key, name=p.name, online=online, gpus_held_by_user=held,
+                                       mode=reads[4], user=p.proven_user)
+        self._made[p.key] = (reads, snapshot)
+        return snapshot

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.owned_jobs import OwnedJobs
@@ -206,9 +205,16 @@ class Scheduler:
         return core.ClaimAnswered(True, await self._machine.snapshot(refresh_apps=False))
 
     async def _write_reasons(self, items: tuple[tuple[core.QueuedJob, str, Explanation], ...]) -> None:
-        """Store each job's new reason line and explanation, in one transaction."""
-        rows = [(job.id, text, ExplanationModel.from_core(e if e.job_id == job.id else replace(e, job_id=job.id))
-                 .model_dump_json()) for job, text, e in items]
+        """Store each job's new reason line and explanation, in one transaction. The jobs of one shape
+        share an explanation: it is converted once (only its job id differs between their rows)."""
+        made: dict[int, tuple[Explanation, ExplanationModel]] = {}  # id -> (the explanation, kept alive; its model)
+        rows = []
+        for job, text, e in items:
+            got = made.get(id(e))
+            if got is None:
+                got = made[id(e)] = (e, ExplanationModel.from_core(e))
+            model = got[1] if e.job_id == job.id else got[1].model_copy(update={"job_id": job.id})
+            rows.append((job.id, text, model.model_dump_json()))
         await self._store.jobs.set_explanations(rows)
         for job, _, _ in items:
             self._signals.job_changed(job.id)

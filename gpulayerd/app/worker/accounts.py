@@ -35,6 +35,8 @@ __all__ = ["MAX_MISSING", "Accounts", "own_account"]
 MAX_MISSING = 256
 """At most this many missing account names are remembered (the oldest go first)."""
 
+_NONE: frozenset[str] = frozenset()
+
 
 def own_account() -> str:
     """The name of this process's effective user ("" if the uid has no entry). Blocking: call at start-up."""
@@ -105,6 +107,8 @@ class Accounts:
 
     def missing(self) -> frozenset[str]:
         """The names asked for and found missing within ``missing_ttl_s`` (at most :data:`MAX_MISSING`)."""
+        if not self._missing:  # the common case, asked at every heartbeat (the capabilities' digest)
+            return _NONE
         now = self._clock.monotonic()
         for name in [n for n, until in self._missing.items() if until <= now]:
             del self._missing[name]

@@ -13,10 +13,11 @@ twice what judging it does).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.core.matching.evaluate import evaluate
+from gpulayerd.core.matching.shapes import shape_key
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.models import JobSpec, SpecError, job_spec_from_mapping
 from gpulayerd.net.wire import Offer
@@ -74,7 +75,12 @@ class KeptOffers(Mapping[OfferKey, Offer]):
 
     def __init__(self) -> None:
         self._offers: dict[OfferKey, Offer] = {}
-        self._requests: dict[OfferKey, JobRequest | None] = {}  # parsed so far (None: does not parse)
+        # parsed so far: (its request, None when it does not parse; the request's shape)
+        self._requests: dict[OfferKey, tuple[JobRequest | None, Hashable]] = {}
+        # the machine snapshot last judged against, and each shape's answer there: a walk over many
+        # offers of one shape (a burst's) judges it once per snapshot, not once per offer
+        self._judged_on: WorkerSnapshot | None = None
+        self._judged: dict[Hashable, bool] = {}
 
     def __getitem__(self, key: OfferKey) -> Offer:
         return self._offers[key]
@@ -96,13 +102,23 @@ class KeptOffers(Mapping[OfferKey, Offer]):
         return self._offers.pop(key, default)
 
     def may_fit(self, key: OfferKey, worker: WorkerSnapshot, support: SupportMatrix) -> bool:
-        """:func:`may_fit` of the offer kept as ``key`` (False when none is), its spec parsed once."""
+        """:func:`may_fit` of the offer kept as ``key`` (False when none is), its spec parsed once, and
+        judged once per shape (every field of its request but the job id) and snapshot ``worker``."""
         offer = self._offers.get(key)
         if offer is None:
             return False
         if key not in self._requests:
-            self._requests[key] = _request(offer)
-        return _fits(self._requests[key], worker, support)
+            req = _request(offer)
+            self._requests[key] = (req, shape_key(req) if req is not None else None)
+        req, shape = self._requests[key]
+        if req is None:
+            return True
+        if self._judged_on is not worker:  # snapshots are never changed in place: a new one, new answers
+            self._judged_on, self._judged = worker, {}
+        fit = self._judged.get(shape)
+        if fit is None:
+            fit = self._judged[shape] = _fits(req, worker, support)
+        return fit
 
 
 def granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None) -> JobSpec:

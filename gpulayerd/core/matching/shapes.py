@@ -54,6 +54,11 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 """Each dataclass type's field names, in order (:func:`dataclasses.fields` is slow; a type's fields never change)."""
 
 
+_FROZEN_TYPES: set[type] = set()
+"""The frozen dataclass types among :data:`_FIELD_NAMES`: an instance is frozen once per memo round
+(its fields are never reassigned; the snapshots' mappings are never changed once made)."""
+
+
 _SEEN: dict[int, tuple[object, Hashable]] = {}
 """Tuples frozen lately, by identity (with the tuple itself, so its id stays its own): a machine's
 environments and probe health are the same tuple in snapshot after snapshot; at most :data:`_SEEN_MAX`."""
@@ -61,13 +66,15 @@ _SEEN_MAX = 256
 
 
 class FreezeMemo:
-    """One owner's tuples frozen lately (:func:`freeze`'s ``memo``), by identity: those frozen or
-    reused since the owner's last :meth:`turn` and in the round before it.
+    """One owner's tuples and frozen dataclasses frozen lately (:func:`freeze`'s ``memo``), by
+    identity: those frozen or reused since the owner's last :meth:`turn` and in the round before it.
 
     A scheduler freezes every peer's snapshot each pass (their device and environment tuples, two
     or three a peer): with more than about a hundred peers they did not fit :data:`_SEEN`, whose
     oldest entry leaves first, so every pass froze every snapshot from scratch. A memo holds what
-    its owner's rounds reuse, whatever their size, and lets go of the rest after one round.
+    its owner's rounds reuse, whatever their size, and lets go of the rest after one round. A
+    peer's snapshot itself is the same object while that peer does not change
+    (:class:`gpulayerd.app.cluster.node.PeerSnapshots`): it is frozen once, not once a pass.
     """
 
     __slots__ = ("_last", "_now")
@@ -121,7 +128,15 @@ def freeze(value: object, memo: FreezeMemo | None = None) -> Hashable:
     names = _FIELD_NAMES.get(type(value))
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+        if type(value).__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            _FROZEN_TYPES.add(type(value))
     if names is not None:
+        if memo is not None and type(value) in _FROZEN_TYPES:  # a peer's snapshot, the same object pass after pass
+            kept = memo.get(value)
+            if kept is None:
+                kept = (type(value).__name__, *[freeze(getattr(value, n), memo) for n in names])
+                memo.put(value, kept)
+            return kept
         return (type(value).__name__, *[freeze(getattr(value, n), memo) for n in names])
     if isinstance(value, Mapping):
         return tuple(sorted(((freeze(k, memo), freeze(v, memo)) for k, v in value.items()), key=repr))
