@@ -528,7 +528,9 @@ def metrics_loops(listen: str | None, token_file: Path | None,
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+            site = web.TCPSite(runner, host.strip("[]"), int(port))
+            await site.start()
+            log.info("metrics: GET /metrics on %s (a bearer token is needed)", site.name)
             await asyncio.Event().wait()
         finally:
             await runner.cleanup()

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
@@ -81,7 +82,8 @@ class OpenMetrics:
         devices = Counter((d.accelerator.value, "yes" if d.granted_to else "no") for d in caps.devices)
         for (acc, g), n in devices.items():
             granted.labels(acc, g).set(n)
-        health = Gauge("gpulayer_probe_ok", "1 when the probe of a source answered fine, else 0",
+        health = Gauge("gpulayer_probe_ok", "1 when a probe source answered fine or is absent (no such tool "
+                       "or device here: not_found, no_devices), 0 when it failed",
                        ["source", "status"], registry=reg)
         for h in caps.health:
             health.labels(h.source, h.status.value).set(1 if h.status.value in ("ok", "not_found", "no_devices") else 0)
@@ -93,12 +95,26 @@ class OpenMetrics:
             for user, u in sorted(self._usage.usage().items())[:MAX_USERS]:
                 gpu.labels(user or "(unknown)").set(u.gpu_s / 3600)
                 slot.labels(user or "(unknown)").set(u.cpu_slot_s / 3600)
-        for name, key, text in (
-                ("gpulayer_claim_conflicts_total", "claim_requests_denied",
-                 "Claims this owner denied (another worker's claim won, or the job had changed)"),
-                ("gpulayer_claims_granted_total", "claim_requests_granted", "Claims this owner granted"),
-                ("gpulayer_lease_losses_total", "lease_losses", "Attempts this owner declared lost (lease expired)"),
-                ("gpulayer_peer_refusals_total", "peer_messages_refused",
-                 "Peer messages refused for a missing role")):
-            Gauge(name, text, registry=reg).set(self._stats.get(key, 0))
+        slots = Gauge("gpulayer_cpu_slots", "This machine's CPU slots for jobs, free and in all", ["state"],
+                      registry=reg)
+        slots.labels("total").set(caps.cpu_slots_total or 0)
+        slots.labels("free").set(caps.cpu_slots_free or 0)
+        reg.register(_Counters(self._stats))
         return generate_latest(reg)
+
+
+class _Counters:
+    """The protocol counters as Prometheus counters (their values since the daemon started)."""
+
+    SERIES = (("gpulayer_claim_conflicts", "claim_requests_denied",
+               "Claims this owner denied (another worker's claim won, or the job had changed)"),
+              ("gpulayer_claims_granted", "claim_requests_granted", "Claims this owner granted"),
+              ("gpulayer_lease_losses", "lease_losses", "Attempts this owner declared lost (lease expired)"),
+              ("gpulayer_peer_refusals", "peer_messages_refused", "Peer messages refused for a missing role"))
+
+    def __init__(self, stats: Mapping[str, int]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, key, text in self.SERIES:
+            yield CounterMetricFamily(name, text, value=self._stats.get(key, 0))

@@ -90,7 +90,10 @@ def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
                    "an array is one line, its tasks counted by state; finished tasks with --all or --state)")
     j.set_defaults(func=_cmd_jobs)
 
-    sh = sub.add_parser("show", help="one job: spec, state, attempts, history, why it waits")
+    sh = sub.add_parser("show", help="one job: spec, state, attempts, history, why it waits",
+                        description="One job: its user, state and reason, where it runs or ran, what it asks for, "
+                        "its attempts and history; a waiting job also its position, who holds what it waits for and "
+                        "when it may start; a running one how long its command usually takes.")
     sh.add_argument("job", metavar="ID", help="the job's id (gpulayer jobs lists them), a task's (ID_7) or an "
                     "array's; a unique prefix will do")
     sh.add_argument("--json", action="store_true", help="print the job as JSON (every field)")

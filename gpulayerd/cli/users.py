@@ -117,7 +117,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
         print(fmt.json_out(json.dumps(report, ensure_ascii=False, separators=(",", ":"))))
         return EXIT_OK
-    print(render_report(report, args.since))
+    print(render_report(report, fmt.age(since_s)))
     return EXIT_OK
 
 

@@ -46,6 +46,9 @@ def notify_policy(policy: dict[str, object]) -> None:
     if bad:
         raise ValueError(f"--notify: unknown event {', '.join(map(repr, bad))}; allowed: {', '.join(NOTIFY_EVENTS)}")
     policy["notify"] = events
+    if os.geteuid() == 0:
+        print("gpulayer: --notify: notify commands never run as root: this job's will not run (submit it as "
+              "your own account)", file=sys.stderr)
     if policy.get("notify_command"):
         return
     if sys.version_info >= (3, 11):

@@ -60,3 +60,21 @@ def test_show_names_the_position_the_holder_and_an_estimate_from_its_usual_durat
     gate.touch()
     for job_id in (holder, *behind):
         assert d.wait_status(job_id, TERMINAL).status == "succeeded"
+
+
+def test_a_cpu_job_names_the_runs_holding_the_cpu_slots_and_a_job_that_fits_nowhere_has_no_position(
+        lab: Lab) -> None:
+    d = lab.daemon(cpu_slots=1)
+    gate = lab.root / "open-cpu"
+    holder = d.submit("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    d.wait_status(holder, {"running"})
+    waiting = d.submit("--", "true")
+    d.wait_reason(waiting, lambda j: (j.reason or "").startswith("Resources"))
+    shown = d.show(waiting)
+    assert (shown["position"], [h["id"] for h in shown["holders"]]) == (1, [holder]), shown
+    nowhere = d.submit(*GPU, "--", "true")  # no GPU here: it waits for nothing a job holds
+    d.wait_reason(nowhere, lambda j: bool(j.reason) and j.reason != "waiting for the scheduler")
+    assert (d.show(nowhere)["position"], d.show(nowhere)["holders"]) == (None, [])
+    d.cli_ok("cancel", nowhere)
+    gate.touch()
+    assert d.wait_status(waiting, TERMINAL).status == "succeeded"

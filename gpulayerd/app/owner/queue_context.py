@@ -4,7 +4,8 @@ estimate in words with its basis.
 - **position**: among the jobs queued here that ask for the same requirements (the same devices), in
   submission order; 1 is next.
 - **holders**: the jobs holding the devices of the job's accelerator on the workers where it fits but
-  they are busy (the explanation's ``fits_but_busy`` rows): their id, user, how long their attempt has
+  they are busy (the explanation's ``fits_but_busy`` rows; for a CPU job, the runs holding this
+  machine's CPU slots — a peer's CPU slots are not named): their id, user, how long their attempt has
   run, and their *usual duration*: the median of their user's earlier succeeded runs of the same
   command, computed by the holder's own owner (:meth:`QueueContext.fill_running`, a number in its
   ``show``; the command never leaves its owner).
@@ -67,14 +68,18 @@ class QueueContext:
     async def fill_waiting(self, view: JobView | ExplanationModel, row: JobRow, explanation: ExplanationModel | None,
                            spec: JobSpec) -> None:
         """A queued job's position, holders and estimate, into its ``show`` view or its explanation."""
+        rows = explanation.workers if explanation is not None else []
+        busy = {w.worker for w in rows if w.state == "fits_but_busy"}
+        if not busy:
+            return  # it waits for nothing a job holds (it fits nowhere, or a peer is offline): no queue to stand in
         shape = _shape(row.spec_json)
         queued = await self._store.jobs.list_jobs([JobStatus.QUEUED], None)
         view.position = 1 + sum(1 for r in queued if r.seq is not None and row.seq is not None and r.seq < row.seq
                                 and _shape(r.spec_json) == shape)
-        rows = explanation.workers if explanation is not None else []
-        busy = {w.worker for w in rows if w.state == "fits_but_busy"}
         held: list[str] = []
-        if busy:
+        if spec.requirements.accelerator.value == "cpu" and self._machine.node_id in busy:
+            held += [key[0] for key, entry in self._machine.runs() if entry.cpu_slots]  # its CPU slots' holders
+        else:
             workers = [await self._machine.snapshot(refresh_apps=False),
                        *(self._directory.worker_snapshots() if self._directory is not None else [])]
             kind = spec.requirements.accelerator.value

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpulayerd.app.common.clock import Clock
-from gpulayerd.app.common.ledger import Ledger, RunKey, process_trees
+from gpulayerd.app.common.ledger import Ledger, RunEntry, RunKey, process_trees
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.worker.accounts import Accounts, own_account
 from gpulayerd.app.worker.envchecks import TorchChecks
@@ -355,6 +355,10 @@ class Machine:
             self._caps = self._build(self._inventory, self._envs)
         self._signals.devices_changed()
         self._signals.wake()
+
+    def runs(self) -> list[tuple[RunKey, RunEntry]]:
+        """The attempts running on this machine (the ledger's): what holds its devices and CPU slots."""
+        return self._ledger.runs()
 
     def preflight_recent(self, check: PreflightCheck, user: str) -> bool:
         """Whether ``check`` (import-only: a CPU job's) passed for ``user`` lately, nothing changed since."""
