@@ -316,9 +316,10 @@ def spec_body(args: argparse.Namespace) -> dict[str, object]:
         raise UsageError(f"workdir: {wd}: {e.strerror or e}") from e
     if not is_dir:
         raise UsageError(f"workdir: {wd} does not exist or is not a directory")
-    if not (getattr(args, "ship", None) or spec.get("ship") or getattr(args, "output", None)
-            or getattr(args, "output_dir", None)):
-        return spec  # not shipped: none of the hashing, upload and models is imported
+    asked = (getattr(args, "ship", None) or "ship" in spec or getattr(args, "output", None)
+             or getattr(args, "output_dir", None))
+    if not asked and (getattr(args, "no_ship", None) or not _lab_default(args)):
+        return spec  # not shipped (nor the lab's default): none of the hashing, upload and models is imported
     from gpulayerd.ship.upload import ShipUsageError, ship_spec  # (--ship: then the hashing and the models)
 
     try:
