@@ -98,15 +98,17 @@ def _cmd_history(args: argparse.Namespace) -> int:
     now = time.time()
     rows = [[fmt.escape(j["id"]), fmt.escape(j.get("name") or fmt.DASH), fmt.escape(_user_of(j)), j["status"],
              fmt.DASH if j.get("exit_code") is None else j["exit_code"], fmt.ago(j.get("updated_at"), now),
-             fmt.escape(j.get("where_name") or j.get("holder_name") or fmt.DASH), fmt.one_line(j.get("reason"), 60)]
+             fmt.escape(j.get("where_name") or j.get("holder_name") or fmt.DASH),
+             fmt.escape(fmt.one_line(j.get("reason"), 60))]
             for j in ended]
     print(fmt.table(["ID", "NAME", "USER", "STATE", "EXIT", "ENDED", "WHERE", "HOW"], rows))
     return EXIT_OK
 
 
 def _user_of(job: dict[str, Any]) -> str:
-    spec = job.get("spec") or {}
-    return str(spec.get("user") or job.get("submitted_by") or "?")
+    from gpulayerd.core.job_facts import job_user
+
+    return job_user((job.get("spec") or {}).get("user"), job.get("submitted_by")) or "?"
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
