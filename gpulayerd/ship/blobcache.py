@@ -9,7 +9,6 @@ transfer in progress needs are pinned (never dropped while pinned). Blocking I/O
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from gpulayerd.host.privdirs import make_private_dirs
 from gpulayerd.models.snapshots import is_digest
+from gpulayerd.ship.walk import hash_file
 
 __all__ = ["BlobCache"]
 
@@ -72,11 +72,7 @@ class BlobCache:
             ValueError: its bytes do not hash to ``digest`` (the temporary file is removed).
         """
         part = self.partial(digest)
-        h = hashlib.sha256()
-        with open(part, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-        if h.hexdigest() != digest:
+        if hash_file(part)[0] != digest:
             part.unlink(missing_ok=True)
             raise ValueError(f"content {digest[:12]}: the bytes received do not hash to it")
         os.replace(part, self.path(digest))

@@ -27,7 +27,6 @@ Blocking file I/O: the daemon calls these methods in a thread; a lock keeps the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 from gpulayerd.core.shipping import cap_refusal, unique_bytes
 from gpulayerd.host.privdirs import make_private_dirs
 from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, BlobView, Manifest, SnapshotView, is_digest
+from gpulayerd.ship.walk import hash_file
 
 __all__ = ["CapExceeded", "ContentStore", "NotOffered"]
 
@@ -204,11 +204,7 @@ class ContentStore:
         have += len(data)
         if have < size:
             return BlobView(digest=digest, received=have)
-        h = hashlib.sha256()
-        with open(part, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-        if h.hexdigest() != digest:
+        if hash_file(part)[0] != digest:
             part.unlink(missing_ok=True)
             raise ValueError(f"content {digest[:12]}: the bytes uploaded do not hash to it (dropped)")
         dest = self.blob_path(digest)
