@@ -367,17 +367,10 @@ class Machine:
         return check.device == "none" and self.preflight_marks.passed_recently(self._envs, key, driver,
                                                                                 self._clock.monotonic())
 
-    async def preflight_passed(self, run_dir: Path) -> None:
-        """The attempt in ``run_dir`` ran its command: an import-only check it had passed (remembered)."""
-        launch = await asyncio.to_thread(read_json, run_dir / LAUNCH_FILE)
-        try:
-            check = PreflightCheck.from_json(launch.get("preflight") if isinstance(launch, dict) else None)
-        except ValueError:
-            return
-        user = launch.get("user") if isinstance(launch, dict) else None
-        name = str(user.get("name", "")) if isinstance(user, dict) else ""
+    def preflight_passed(self, check: PreflightCheck, user: str) -> None:
+        """An attempt whose import-only ``check`` ran (for ``user``) ran its command: the check passed."""
         if check.device == "none" and self._inventory is not None:
-            self.preflight_marks.record_pass(self._envs, (check.python, check.frameworks, name, check.drop_env),
+            self.preflight_marks.record_pass(self._envs, (check.python, check.frameworks, user, check.drop_env),
                                              self._inventory.driver_state, self._clock.monotonic())
 
     def activation_of(self, interpreter: str) -> dict[str, str]:

@@ -75,6 +75,8 @@ class Starter:
         self.activation_of = activation_of
         # Whether an import-only pre-flight check passed lately for that user (Machine.preflight_recent).
         self.preflight_recent: Callable[[PreflightCheck, str], bool] | None = None
+        # (job, attempt) -> (the import-only check it runs, its user): what its end tells Machine.preflight_passed.
+        self.import_checks: dict[tuple[str, int], tuple[PreflightCheck, str]] = {}
         self.shipping: ShipClient | None = None
         """Fetches and unpacks shipped jobs (set by the composition root; None: shipped jobs fail to start)."""
 
@@ -157,11 +159,17 @@ class Starter:
                               warning)
         check = None if gang is not None or slurm is not None else preflight_check(
             spec, placement, self._config.preflight_timeout_s)
-        if check is not None and self.preflight_recent is not None and self.preflight_recent(
-                check, user.name if user is not None else ""):
+        name = user.name if user is not None else ""
+        if check is not None and self.preflight_recent is not None and self.preflight_recent(check, name):
             check = None  # the same import-only check passed lately, nothing changed since
-        return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
-                                  renew_s=lease_s, time_limit=limit, preflight=check)
+        if check is not None and check.device == "none":
+            self.import_checks[(job_id, attempt)] = (check, name)
+        try:
+            return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
+                                      renew_s=lease_s, time_limit=limit, preflight=check)
+        except BaseException:
+            self.import_checks.pop((job_id, attempt), None)  # (no end will come through WorkerService.finished)
+            raise
 
     def transfer_note(self, key: tuple[str, int]) -> str:
         """What the transfer of shipped attempt ``key`` moved (``Transfer: ...``), "" for another attempt."""

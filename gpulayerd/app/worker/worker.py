@@ -193,8 +193,9 @@ class WorkerService:
         kind: Literal["exited", "lost"] = "lost" if lost else "exited"
         if status.reason == PREFLIGHT_FAILED and entry is not None:  # (a stopped check marks nothing)
             await self._machine.preflight_failed(entry.handle.run_dir, text)
-        elif entry is not None and status.reason in ("exited", "timeout"):  # the command ran: its check passed
-            await self._machine.preflight_passed(entry.handle.run_dir)
+        checked = self._starter.import_checks.pop(key, None)  # (no file read at each end: the starter knows)
+        if checked is not None and status.reason in ("exited", "timeout"):  # the command ran: its check passed
+            self._machine.preflight_passed(*checked)
         actions = self._apply(core.RunEnded(key, owner, kind, status.exit_code, text, never_started=preflight,
                                             timed_out=status.timed_out, preflight=preflight))
         if not any(isinstance(a, core.RecordEnd) for a in actions):
