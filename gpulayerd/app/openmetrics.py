@@ -15,7 +15,6 @@ listener is :func:`gpulayerd.api.server.metrics_loops`.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
@@ -25,23 +24,13 @@ from prometheus_client.core import CounterMetricFamily
 from gpulayerd.app.common.signals import Signals
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.machine import Machine
+from gpulayerd.core.reasons import code_for
 from gpulayerd.store import Store
 
-__all__ = ["OpenMetrics", "reason_code"]
-
-_CODE = re.compile(r"[A-Z][A-Za-z]{1,40}")
+__all__ = ["OpenMetrics"]
 
 MAX_USERS = 1000
 """Users with series of their own; the rest are summed as ``(others)`` (bounded cardinality)."""
-
-
-def reason_code(reason: str | None) -> str:
-    """The code a waiting job's reason line starts with (``Resources: GPU 0 held…`` -> ``Resources``),
-    ``None`` for no reason, ``Other`` for a line without a code."""
-    if not reason:
-        return "None"
-    head = reason.split(":", 1)[0].strip()
-    return head if _CODE.fullmatch(head) else "Other"
 
 
 class OpenMetrics:
@@ -74,7 +63,7 @@ class OpenMetrics:
 
         for (state, user), n in Counter((s, who(u)) for s, u, _ in rows).items():
             jobs.labels(state, user).set(n)
-        for (code, user), n in Counter((reason_code(r), who(u)) for s, u, r in rows if s == "queued").items():
+        for (code, user), n in Counter((code_for(s, r), who(u)) for s, u, r in rows if s == "queued").items():
             waiting.labels(code, user).set(n)
         caps = await self._machine.capabilities()
         granted = Gauge("gpulayer_devices", "This machine's devices by accelerator and whether one is granted",
