@@ -43,6 +43,12 @@ _LOG_EVERY_S = 60.0
 _LOG_MEMORY = 4096
 """At most this many addresses remembered for the log-once rule (older ones are forgotten)."""
 
+MEMBER_MEMORY_S = 600.0
+"""Seconds an address that completed mutual TLS counts as a member's (:class:`ConnectionLimits`)."""
+MEMBER_HANDSHAKES = 4
+"""Handshakes in progress from a member's address that are taken for a stranger's connection last."""
+_MEMBER_ADDRESSES = 4096
+
 
 def fitted_total(requested: int, soft_file_limit: int) -> int:
     """The total connection limit to use: ``requested``, at most half the soft open-files limit.
@@ -121,7 +127,10 @@ class ConnectionLimits:
     strangers' connections than the newcomer's; else it is refused. So a flood from a few addresses,
     however fast it reopens, cannot keep out an address that holds fewer, and a member's handshake
     takes milliseconds. A connection that completed mutual TLS (:meth:`authenticated`) is never
-    evicted.
+    evicted. An address that completed mutual TLS in the last :data:`MEMBER_MEMORY_S` seconds is
+    a member's: up to :data:`MEMBER_HANDSHAKES` of its connections still in their handshake are
+    taken last, so a member reconnecting through a flood from its own /24 is not cut off by a
+    handshake slowed by load (a stranger on a member's machine gains those few slots at most).
 
     Not thread-safe: used from the event loop only (the listener accepts there).
     """
@@ -154,6 +163,7 @@ class ConnectionLimits:
         self._unauth_subnet: dict[str, int] = {}
         self._unauth_total = 0
         self._logged: dict[str, tuple[float, int]] = {}  # address -> (last log time, refusals since)
+        self._members: dict[str, float] = {}  # address -> when a connection from it last completed mutual TLS
 
     @classmethod
     def fitted(cls, total: int, per_address: int, clock: Callable[[], float], *,
@@ -213,6 +223,10 @@ class ConnectionLimits:
         slot.authenticated = True
         self._slots.pop(id(slot), None)
         self._unauth_take(slot, -1)
+        self._members.pop(slot.address, None)
+        self._members[slot.address] = self._clock()
+        if len(self._members) > _MEMBER_ADDRESSES:
+            del self._members[next(iter(self._members))]  # the longest unseen
 
     def release(self, slot: Slot) -> None:
         """Give back ``slot`` (its connection closed); once, however often it is called."""
@@ -262,14 +276,15 @@ class ConnectionLimits:
         now = self._clock()
         held = self._unauth.get(newcomer, 0)
         victim: Slot | None = None
-        best: tuple[int, int, float] | None = None
+        best: tuple[bool, int, int, float] | None = None
         for slot in self._slots.values():
             if slot.evict is None or (subnet and slot.subnet != subnet):
                 continue
             count = self._unauth.get(slot.address, 0)
             if now - slot.opened_at < self.min_age_s and count <= held:
                 continue
-            key = (count, self._unauth_subnet.get(slot.subnet, 0), -slot.opened_at)
+            key = (not self._is_member(slot.address, count, now), count, self._unauth_subnet.get(slot.subnet, 0),
+                   -slot.opened_at)
             if best is None or key > best:
                 victim, best = slot, key
         if victim is None or victim.evict is None:
@@ -280,6 +295,11 @@ class ConnectionLimits:
         with contextlib.suppress(OSError):
             evict()
         return True
+
+    def _is_member(self, address: str, unauthenticated: int, now: float) -> bool:
+        """Whether ``address`` is a recent member's holding few enough handshakes to be taken last."""
+        seen = self._members.get(address)
+        return seen is not None and now - seen <= MEMBER_MEMORY_S and unauthenticated <= MEMBER_HANDSHAKES
 
     def _refuse(self, address: str, limit: str) -> None:
         self._refused_total += 1

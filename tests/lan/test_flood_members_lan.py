@@ -17,6 +17,7 @@ that completed mutual TLS is never closed to make room.
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.lan.harness import FAST_CLUSTER, Lan
+from tests.lan.harness import FAST_CLUSTER, DaemonSettings, Lan
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,9 @@ PEER_FLOOD = 2000
 SLOWLORIS = 200
 FLOOD_S = 14.0
 GPU = [(16384, "8.6")]
+CLUSTER: DaemonSettings = {**FAST_CLUSTER, "suspect_after_s": 4.0, "down_after_s": 8.0}
+"""Beats every 0.5 s, down after 8 s without one: a member cut off by the flood misses 16 beats, while
+a 2-core CI machine running three test workers and the flood may stall a daemon's loop a few seconds."""
 
 # Holds N plain TCP connections to TARGET:PORT spread over SOURCES, and M TLS connections to
 # TARGET:EPORT that send a request head one byte a second; reopens what is closed (each kind at
@@ -121,11 +125,11 @@ def test_members_heartbeat_place_jobs_and_join_while_strangers_flood_both_ports(
     lan = lan_factory(4)
     h1, h2, h3, h4 = lan.hosts
     token = h2.cluster_init("--uses", "2", "--address", f"{h2.ip}:{ENROLL_PORT}")
-    h2.start_daemon(config={**FAST_CLUSTER, "peer_handshake_timeout_s": 2.0}, extra_args=["--no-mdns"],
+    h2.start_daemon(config={**CLUSTER, "peer_handshake_timeout_s": 2.0}, extra_args=["--no-mdns"],
                     cpu_slots=1, log_level="INFO")
     lan.wait((h2.identity_dir / "enroll.json").exists, timeout_s=10, what="h2's enrollment listener")
     h3.cluster_join(token)
-    h3.start_daemon(config=FAST_CLUSTER, extra_args=["--no-mdns", "--peer", h2.endpoint(PORT)], cpu_slots=1,
+    h3.start_daemon(config=CLUSTER, extra_args=["--no-mdns", "--peer", h2.endpoint(PORT)], cpu_slots=1,
                     fake_gpus=GPU, log_level="INFO")
     lan.wait_cluster(h2, h3, timeout_s=20)
 
@@ -173,7 +177,8 @@ def test_members_heartbeat_place_jobs_and_join_while_strangers_flood_both_ports(
     assert h2.cli_ok("logs", job.id) == f"placed on {h3.hostname}\n"
     assert joined.returncode == 0, (joined.stdout, joined.stderr)
     assert h4.identity_dir.joinpath("node.crt").exists()
-    assert states and "down" not in states and not any(s.startswith("error") for s in states), states
+    seen = collections.Counter(states)
+    assert states and "down" not in seen and not any(s.startswith("error") for s in seen), (seen, states)
     assert summary["plain_opened"] > PEER_FLOOD and summary["plain_closed_by_server"] > 0, summary
     assert summary["slow_handshakes"] >= SLOWLORIS, summary
     assert h2.daemon_running() and h3.daemon_running()

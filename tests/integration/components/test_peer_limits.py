@@ -278,6 +278,35 @@ def test_one_subnet_holds_at_most_its_share_of_the_strangers_budget() -> None:
     assert limits.stats().unauthenticated == 5 and limits.stats().evicted == 7
 
 
+def test_a_members_reconnect_in_a_flooded_subnet_is_taken_last() -> None:
+    """A member's address (it completed mutual TLS before) reconnecting while strangers of its own /24
+    churn through the budget: its handshake, slowed past min_age_s, is not the one evicted."""
+    clock = _Clock()
+    limits = ConnectionLimits(total=64, per_address=8, clock=clock, unauthenticated=8, per_subnet=8)
+    first = limits.admit("10.5.0.3", lambda: None)
+    assert first is not None
+    limits.authenticated(first)
+    limits.release(first)  # its connection dropped (a timed-out call)
+    evicted: list[str] = []
+    for i in range(7):
+        assert limits.admit(f"10.5.0.{100 + i}", lambda i=i: evicted.append(f"s{i}")) is not None
+    again = limits.admit("10.5.0.3", lambda: evicted.append("member"))
+    assert again is not None and evicted == []  # the eighth slot
+    for n in range(50):  # each stranger newcomer, once slots are old enough, evicts the oldest stranger
+        clock.now += 1.0
+        limits.admit(f"10.5.0.{150 + n % 40}", lambda n=n: evicted.append(f"t{n}"))
+    assert "member" not in evicted and not again.released and len(evicted) == 50
+    # Only a few handshakes from a member's address are favoured: a fifth one there is an ordinary stranger's.
+    extra = [limits.admit("10.5.0.3", lambda k=k: evicted.append(f"m{k}")) for k in range(4)]
+    assert all(e is not None for e in extra)
+    clock.now += 1.0
+    assert limits.admit("10.5.0.250", lambda: None) is not None and evicted[-1].startswith("m"), evicted[-3:]
+    # An address not seen authenticated for MEMBER_MEMORY_S is a stranger's again.
+    from gpulayerd.net.limits import MEMBER_MEMORY_S
+    clock.now += MEMBER_MEMORY_S + 1
+    assert not limits._is_member("10.5.0.3", 1, clock.now)
+
+
 def test_ipv4_clients_of_a_dual_stack_listener_count_in_their_own_24() -> None:
     from gpulayerd.net.limits import subnet_of
 
