@@ -13,6 +13,9 @@ calls to and from it:
   moved ``call_timeout_s`` past its start (the client's timeout), like a host that stopped
   answering without closing its connections.
 
+:meth:`LoopbackNetwork.lose_replies` loses the replies of the next calls on one route to one
+node: the handler runs (what it decided stands) and the caller gets a connection reset.
+
 :meth:`LoopbackNetwork.crash` removes a node: every call to it fails, and calls hung on it
 fail too (connections reset). :meth:`LoopbackNetwork.heartbeat` is one heartbeat round:
 every node fetches the capabilities of every node it can reach; a node is up for another
@@ -77,6 +80,7 @@ class LoopbackNetwork:
         self.calls: list[Call] = []
         self.errors: list[str] = []  # handler exceptions (a test should end with none)
         self._hung: list[tuple[float, str, str, asyncio.Future[None]]] = []  # deadline, sender, target, future
+        self._lose: dict[tuple[str, str], int] = {}  # (target, path) -> replies still to lose
 
     def node(self, node_id: str, name: str, *, router: PeerDispatch, machine: Machine,
              usage: UsageService | None = None) -> LoopbackNode:
@@ -94,6 +98,10 @@ class LoopbackNetwork:
             self.faults.pop(node_id, None)
         else:
             self.faults[node_id] = fault
+
+    def lose_replies(self, target: str, route: PeerRoute[Any, Any], n: int = 1) -> None:
+        """The next ``n`` calls on ``route`` to ``target`` are handled there, and their replies lost."""
+        self._lose[(target, route.path)] = n
 
     def crash(self, node_id: str) -> None:
         """``node_id`` is gone: calls to it fail, and calls hung on it fail now (connection reset)."""
@@ -171,6 +179,10 @@ class LoopbackNetwork:
             self.errors.append(f"{path} on {target[:12]} from {sender[:12]}: {type(e).__name__}: {e}")
             self.calls.append(Call(sender, target, path, body, f"error: {e}"))
             raise PeerCallError(f"{path} on {target[:12]} failed: 500 {type(e).__name__}") from e
+        if self._lose.get((target, path), 0) > 0:
+            self._lose[(target, path)] -= 1
+            self.calls.append(Call(sender, target, path, body, "reply lost"))
+            raise PeerCallError(f"{path} on {target[:12]}: connection reset before the reply")
         self.calls.append(Call(sender, target, path, body, "ok"))
         return route.reply.model_validate_json(answer.model_dump_json())
 

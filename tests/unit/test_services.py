@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from gpulayerd.net.transport import OFFER
+from gpulayerd.net.transport import CLAIM, OFFER
 from gpulayerd.net.wire import Offer, new_msg_id
 from tests.fakes.daemons import GRACE_S, LEASE_S, OWNER, W1, W2, Lab, d
 
@@ -52,6 +52,34 @@ async def test_offer_claim_run_exit_on_a_worker(lab: Lab) -> None:
     assert [(a.attempt, a.worker, a.state, a.exit_code) for a in view.attempts] == [(1, W1, "exited", 0)]
     remote = await d(lab, "w1").store.runs.remote_runs()
     assert [(r.job_id, r.attempt, r.state, r.reported) for r in remote] == [(job, 1, "exited", True)]
+
+
+@pytest.mark.asyncio
+async def test_a_grant_whose_answer_was_lost_goes_back_at_once_not_at_its_lease(lab: Lab) -> None:
+    """The owner granted w1's claim but the answer was lost (w1 released the devices): w1 asks again with
+    the same claim, gets the same grant and gives it back as never started. The job is queued again in
+    seconds (not after its lease) without using a retry, and attempt 2 runs: never two at once."""
+    owner, w1 = d(lab, "owner"), d(lab, "w1")
+    job = await lab.submit(owner, cpus=2)
+    lab.net.lose_replies(OWNER, CLAIM, 2)  # the first claim's answer, and the first time it is asked again
+    await lab.schedule()
+    await lab.schedule()
+    assert w1.runner.running() == [] and (await lab.job(owner, job)).attempt == 1  # granted, unknown to w1
+    waited = await lab.run_until("the job running again", lambda: _running(lab, job), limit_s=LEASE_S / 2)
+    view = await lab.job(owner, job)
+    assert waited < 10 and (view.status, view.attempt) == ("running", 2), view.events
+    assert [(a.attempt, a.state) for a in view.attempts] == [(1, "lost"), (2, "running")]
+    assert "answer to its claim was lost" in view.attempts[0].reason
+    assert view.retries_left == view.spec.policy.retries  # a never-started attempt uses no retry
+    claims = [c for c in lab.net.calls if c.path == CLAIM.path and c.sender == W1]
+    assert [c.outcome for c in claims[:3]] == ["reply lost", "reply lost", "ok"]
+    assert claims[0].body is not None and claims[1].body is not None and claims[0].body.msg_id == claims[1].body.msg_id
+    assert w1.services.worker._lost.outcomes == {"given back": 1}
+    assert len([k for w in (w1, d(lab, "w2")) for k in w.runner.running()]) == 1
+
+
+async def _running(lab: Lab, job: str) -> bool:
+    return await status(lab, job) == "running"
 
 
 # ---------------------------------------------------------------------- claim races

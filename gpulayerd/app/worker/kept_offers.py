@@ -12,17 +12,20 @@ twice what judging it does).
 
 from __future__ import annotations
 
+import collections
 import logging
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
 
 from gpulayerd.app.common.usage import UsageService
 from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.matching.shapes import shape_key
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+from gpulayerd.errors import PeerCallError, PeerRefused
 from gpulayerd.models import JobSpec, SpecError, job_spec_from_mapping
-from gpulayerd.net.wire import Offer
+from gpulayerd.net.transport import CLAIM, REPORT, PeerTransport
+from gpulayerd.net.wire import Claim, Offer, RunReport, new_msg_id
 
-__all__ = ["KeptOffers", "claim_order", "granted_spec", "may_fit", "offered_spec"]
+__all__ = ["KeptOffers", "LostAnswers", "claim_order", "granted_spec", "may_fit", "offered_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +147,71 @@ def granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSp
                 spec = spec.model_copy(update={"user": vetted})
             return spec
     return offered if offered is not None else offered_spec(offer)
+
+
+class LostAnswers:
+    """Claims whose answer never came (the call timed out or its connection broke): the owner may
+    have granted one, and would then wait out its lease (minutes) before queueing the job again.
+
+    The worker released the devices when the answer did not come, so it cannot run such a grant:
+    :meth:`give_back` asks the owner again with the same claim (a holder asking again gets the same
+    grant; a claim the owner never saw is decided now) and gives a grant found that way back at
+    once as never started (re-queued without using a retry). While one is given back, the worker
+    claims nothing else of that job (:meth:`__contains__`), so the attempt it gives back is never
+    one it starts.
+
+    Args:
+        transport: calls the owner (CLAIM, REPORT).
+        sleep: the service clock's sleep (seconds).
+        tries: claims sent again at most (``delay_s`` × the try number apart); after that the lease decides.
+    """
+
+    def __init__(self, transport: PeerTransport, sleep: Callable[[float], Awaitable[None]], *,
+                 tries: int = 4, delay_s: float = 1.0) -> None:
+        self._transport = transport
+        self._sleep = sleep
+        self._tries = tries
+        self._delay_s = delay_s
+        self._open: set[OfferKey] = set()
+        self.outcomes: collections.Counter[str] = collections.Counter()
+
+    def __contains__(self, key: OfferKey) -> bool:
+        return key in self._open
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def give_back(self, owner: str, claim: Claim) -> None:
+        """Settle the claim ``claim`` sent to ``owner``; its outcome is counted in :attr:`outcomes`:
+        ``given back`` (a grant found and reported lost, never started), ``denied`` (nothing was
+        granted), ``refused`` (403) or ``unanswered`` (every try failed: its lease decides). Never
+        raises a peer error."""
+        key = (owner, claim.job_id)
+        if key in self._open:
+            return
+        self._open.add(key)
+        try:
+            self.outcomes[await self._settle(owner, claim)] += 1
+        finally:
+            self._open.discard(key)
+
+    async def _settle(self, owner: str, claim: Claim) -> str:
+        for n in range(1, self._tries + 1):
+            await self._sleep(self._delay_s * n)
+            try:
+                reply = await self._transport.call(owner, CLAIM, claim)
+                if not reply.granted:
+                    return "denied"
+                await self._transport.call(owner, REPORT, RunReport(
+                    msg_id=new_msg_id(), worker=claim.worker, job_id=claim.job_id, attempt=reply.attempt,
+                    kind="lost", never_started=True,
+                    reason="the answer to its claim was lost; the worker had released the devices"))
+                log.info("job_id=%s: gave back attempt %d granted by %s (its answer was lost)", claim.job_id,
+                         reply.attempt, owner[:12])
+                return "given back"
+            except PeerRefused as e:
+                log.debug("job_id=%s: settling a lost claim answer: %s", claim.job_id, e)
+                return "refused"
+            except PeerCallError as e:
+                log.debug("job_id=%s: settling a lost claim answer (try %d): %s", claim.job_id, n, e)
+        return "unanswered"

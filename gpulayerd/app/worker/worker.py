@@ -33,7 +33,7 @@ from gpulayerd.app.common.logread import read_log
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals, log_failure
 from gpulayerd.app.common.usage import UsageService
-from gpulayerd.app.worker.kept_offers import KeptOffers, claim_order, granted_spec, offered_spec
+from gpulayerd.app.worker.kept_offers import KeptOffers, LostAnswers, claim_order, granted_spec, offered_spec
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.ship_client import TransferFailed
 from gpulayerd.app.worker.starter import Starter, device_grants
@@ -42,7 +42,7 @@ from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.protocol import worker as core
 from gpulayerd.core.types import SupportMatrix
 from gpulayerd.core.verdict import Placement
-from gpulayerd.errors import PeerBadRequest, PeerCallError
+from gpulayerd.errors import PeerBadRequest, PeerCallError, PeerRefused
 from gpulayerd.models import JobSpec, LogChunk, PlacementModel, SpecError
 from gpulayerd.net.transport import CLAIM, OFFER, REPORT, PeerTransport, Sender
 from gpulayerd.net.wire import Ack, Claim, Kill, LogRequest, Offer, RunReport, RunReportReply, new_msg_id
@@ -86,6 +86,7 @@ class WorkerService:
         self._signals = signals
         self._clock = clock
         self._offers = KeptOffers()  # (owner, job) -> the offer the core keeps
+        self._lost = LostAnswers(transport, clock.sleep)  # claims whose answer never came
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
@@ -336,7 +337,7 @@ class WorkerService:
             True if a claim was granted (the attempt starts soon).
         """
         offer = self._offers.get((owner, job_id))  # (one's own offer is kept as a peer's is)
-        if offer is None:
+        if offer is None or (owner, job_id) in self._lost:
             return False
         spec: JobSpec | None = None  # parsed only to judge it here (a placement given was judged on it)
         if placement is None:
@@ -391,6 +392,8 @@ class WorkerService:
             except PeerCallError as e:
                 stats["claims_failed"] += 1
                 log.info("job_id=%s: claim at %s failed: %s", offer.job_id, owner[:12], e)
+                if not isinstance(e, PeerRefused):  # a grant whose answer was lost goes back now, not at its lease
+                    self._signals.spawn(self._lost.give_back(owner, claim), name=f"give-back-{offer.job_id}")
                 return None
             if not reply.granted:
                 stats["claims_denied"] += 1
