@@ -20,6 +20,7 @@ they were, and refuses, unchanged, one owned by another account or writable by a
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -68,17 +69,29 @@ def read_token(path: Path) -> str:
     """The bearer token in ``path`` (``metrics_token_file``), stripped.
 
     Raises:
-        ValueError: missing, not a regular file, readable or writable by others than its owner and group
-            (mode at most 0640), or shorter than 16 characters.
+        ValueError: missing, a symbolic link or not a regular file, owned by another account than
+            root or the daemon's, readable or writable by others than its owner and group (mode at
+            most 0640), or shorter than 16 characters. The file is opened without following a link
+            and checked on the open descriptor (what is checked is what is read).
     """
     try:
-        st = os.stat(path, follow_symlinks=False)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        why = "is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise ValueError(f"metrics_token_file: {path}: {why}") from None
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
             raise ValueError(f"metrics_token_file: {path} is not a regular file")
-        if st.st_mode & 0o137:
-            raise ValueError(f"metrics_token_file: {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0640 "
-                             "or stricter (root and the admin group only)")
-        token = path.read_text(encoding="utf-8").strip()
+        with os.fdopen(fd, "rb") as f:
+            if st.st_uid not in (0, os.geteuid()):
+                raise ValueError(f"metrics_token_file: {path} is owned by uid {st.st_uid}; it must be owned by "
+                                 f"root or by the daemon's account (uid {os.geteuid()})")
+            if st.st_mode & 0o137:
+                raise ValueError(f"metrics_token_file: {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be "
+                                 "0640 or stricter (root and the admin group only)")
+            token = f.read(4096).decode("utf-8", errors="replace").strip()
     except OSError as e:
         raise ValueError(f"metrics_token_file: {path}: {e.strerror or e}") from None
     if len(token) < 16:
