@@ -104,7 +104,7 @@ def _env_rejections(job: JobRequest, env: EnvironmentSnapshot, worker: str) -> l
             out.append(
                 Rejection(
                     RejectionCode.ENVIRONMENT_BROKEN, f"frameworks.{name}", spec, "import fails", worker,
-                    f"{name}: import fails: {env.import_errors[name]} (in {where})", environment=where,
+                    f"{name}: import fails: {env.import_errors[name]}", environment=where,
                 )
             )
             continue
@@ -296,7 +296,11 @@ def _choose_environment(
     checks.extend(env_runtime_rows(job, worker, envs))
     if chosen is not None:
         return chosen, []
-    return None, [r for _, rs in per_env for r in rs]
+    # The environment closest to the job first (its rejections decide the reason line): one that has
+    # every framework installed (a broken import, a version off) before one that lacks some, then the
+    # fewest rejections; reported order within a tie.
+    closest = sorted(per_env, key=lambda p: (sum(r.code is RejectionCode.FRAMEWORK_MISSING for r in p[1]), len(p[1])))
+    return None, [r for _, rs in closest for r in rs]
 
 
 def _torch_rows(job: JobRequest) -> list[tuple[str, str]]:
