@@ -16,6 +16,7 @@ estimate in words with its basis.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -88,8 +89,9 @@ class QueueContext:
                     held += [d.granted_to for d in sorted(w.devices, key=lambda d: d.index)
                              if d.granted_to and d.granted_to != OUTSIDE_HOLDER and d.accelerator.value == kind]
         now = self._clock.wall()
-        for job_id in list(dict.fromkeys(held))[:MAX_HOLDERS]:
-            view.holders.append(await self._holder(job_id, now))
+        # Asked together (each lookup may be a peer's round trip, bounded by its timeout), kept in order.
+        view.holders.extend(await asyncio.gather(*(self._holder(job_id, now)
+                                                   for job_id in list(dict.fromkeys(held))[:MAX_HOLDERS])))
         view.estimate = _estimate(view.position, view.holders)
 
     async def _holder(self, job_id: str, now: float) -> HolderView:
