@@ -157,6 +157,9 @@ def parse_nodes_json(text: str) -> list[SlurmNode]:
         ValueError: not JSON, or no ``nodes`` list.
     """
     data = json.loads(text)
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if isinstance(errors, list) and errors:  # (exit 0 all the same: slurmctld unreachable, say)
+        raise ValueError("; ".join(str(e.get("error") or e) if isinstance(e, dict) else str(e) for e in errors))
     raw = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(raw, list):
         raise ValueError("sinfo --json: no \"nodes\" list")

@@ -23,7 +23,8 @@ class SlurmQueue:
     """The gpulayer jobs in Slurm's queue, read at most once per ``interval_s``.
 
     Attributes:
-        answered_at: when ``squeue`` last answered (``clock``'s time), None before it ever did.
+        answered_at: when ``squeue`` last answered (``clock``'s time; at the start: the start, so that the
+            leases of attempts re-adopted then are renewed until a first read says otherwise).
         error: Slurm's words when the last read failed ("" when it answered).
     """
 
@@ -36,8 +37,9 @@ class SlurmQueue:
         self._lock = asyncio.Lock()
         self._jobs: dict[str, SlurmJob] = {}
         self._positions: dict[str, int] = {}
-        self.answered_at: float | None = None
+        self.answered_at = clock()
         self.error = ""
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def refresh(self) -> None:
         """Read ``squeue`` (in a thread) unless it was read within the interval."""
@@ -54,6 +56,13 @@ class SlurmQueue:
             self._jobs = {j.comment: j for j in jobs if j.comment.startswith("gpulayer:")}
             self._positions = queue_positions(jobs)
 
+    def poke(self) -> None:
+        """Start a :meth:`refresh` in the background if a read is due (from code that must not wait)."""
+        if self._clock() - self._read_at >= self._interval_s and not self._tasks:
+            task = asyncio.get_running_loop().create_task(self.refresh())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     def find(self, job_id: str, attempt: int) -> SlurmJob | None:
         """The Slurm job of gpulayer's attempt, as the last read saw it; None if Slurm did not list it."""
         return self._jobs.get(comment_of(job_id, attempt))
@@ -64,4 +73,4 @@ class SlurmQueue:
 
     def answered_within(self, seconds: float) -> bool:
         """Whether ``squeue`` answered within the last ``seconds``."""
-        return self.answered_at is not None and self._clock() - self.answered_at <= seconds
+        return self._clock() - self.answered_at <= seconds

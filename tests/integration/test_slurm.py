@@ -28,7 +28,7 @@ def gateway(slurm: SlurmCluster) -> Iterator[Daemon]:
     """One gpulayerd whose worker is the Slurm cluster (CPU slots 2, as the node's CPUs)."""
     lab = Lab()
     try:
-        yield lab.daemon(toml=slurm_toml(slurm, str(lab.root / "slurm-out")))
+        yield lab.daemon(toml=slurm_toml(slurm, str(lab.root / "slurm-out")), probe_interval_s=1.0)
     finally:
         lab.close()
 
@@ -134,3 +134,30 @@ def test_pending_in_slurm_is_claimed_with_slurms_reason_then_running_on_its_node
     assert "running" in line and f"/{slurm.node}" in line, line
     gate.touch()
     assert gateway.wait_status(job, {"succeeded", "failed"}, timeout_s=30).status == "succeeded", gateway.show(job)
+
+
+def test_slurmctld_down_degrades_the_worker_and_no_job_is_lost_when_it_comes_back(
+        gateway: Daemon, slurm: SlurmCluster, tmp_path: Path) -> None:
+    gate = tmp_path / f"gate-{uuid.uuid4().hex[:8]}"
+    job = gateway.submit("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done; echo survived")
+    gateway.wait_status(job, {"running"}, timeout_s=30)
+    waiting = ""
+    try:
+        slurm.stop_slurmctld()
+        wait_until(lambda: "DEGRADED" in gateway.cli_ok("devices"), 20, "devices say the worker is degraded")
+        assert "Slurm did not answer" in gateway.cli_ok("devices")
+        assert "slurm DEGRADED: " in gateway.cli_ok("peers"), gateway.cli_ok("peers")
+        wait_until(lambda: "Slurm does not answer" in gateway.cli_ok("logs", "--stderr", job), 20,
+                   "the proxy says Slurm does not answer")
+        waiting = gateway.submit("--", "sh", "-c", "echo after")
+        wait_until(lambda: gateway.show(waiting)["reason"] not in ("", "submitted"), 10, "the new job is judged")
+        assert gateway.show(waiting)["status"] == "queued", gateway.show(waiting)  # no new claims
+        assert gateway.show(job)["status"] == "running", gateway.show(job)  # its lease is kept
+    finally:
+        slurm.start_slurmctld()
+    wait_until(lambda: "DEGRADED" not in gateway.cli_ok("devices"), 30, "the worker is back")
+    gate.touch()
+    view = gateway.wait_status(job, {"succeeded", "failed", "lost"}, timeout_s=30)
+    assert view.status == "succeeded" and gateway.show(job)["attempt"] == 1, gateway.show(job)
+    assert "survived" in gateway.cli_ok("logs", job)
+    assert gateway.wait_status(waiting, {"succeeded", "failed"}, timeout_s=30).status == "succeeded"

@@ -92,6 +92,11 @@ def test_squeue_and_scontrol_jobs() -> None:
     assert parse_scontrol_job("") is None
 
 
+def test_sinfo_json_with_errors_is_an_error_not_an_empty_cluster() -> None:
+    with pytest.raises(ValueError, match="Unspecified error"):
+        parse_nodes_json('{"meta": {}, "errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []}')
+
+
 def test_queue_positions_by_priority_then_id_per_partition() -> None:
     jobs = parse_squeue("7|PENDING|Priority|||100|a\n3|PENDING|Resources|||200|b\n9|PENDING|Priority|||100|c\n"
                         "4|RUNNING|None|n1||500|d\n5|PENDING|Priority||cpu|1|e\n")

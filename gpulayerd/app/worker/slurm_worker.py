@@ -16,7 +16,7 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 
-from gpulayerd.app.common.ledger import RunKey
+from gpulayerd.app.common.ledger import Ledger, RunKey
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.worker import WorkerService
 from gpulayerd.models import Capabilities
@@ -45,11 +45,13 @@ class SlurmGate:
         report: ``WorkerService.report`` (a ``renew`` carrying the pending reason).
         ended: whether the attempt's watchdog has ended (blocking: run in a thread).
         poll_s: how often Slurm is asked.
+        lease_of: an attempt's lease (seconds), None when it is not running here.
     """
 
     def __init__(self, queue: SlurmQueue, report: Callable[..., Awaitable[object]],
-                 ended: Callable[[RunHandle], bool], poll_s: float) -> None:
+                 ended: Callable[[RunHandle], bool], poll_s: float, lease_of: Callable[[RunKey], float | None]) -> None:
         self.queue = queue
+        self._lease_of = lease_of
         self._report = report
         self._ended = ended
         self._poll_s = poll_s
@@ -70,19 +72,38 @@ class SlurmGate:
             await asyncio.sleep(self._poll_s)
         return ""
 
+    def renewable(self, key: RunKey) -> bool:
+        """Whether the attempt's lease is renewed now: ``squeue`` answered within the lease (slurmctld
+        unreachable longer: the lease runs out and the attempt is lost, as any worker's that stops renewing)."""
+        self.queue.poke()
+        lease_s = self._lease_of(key)
+        return lease_s is None or self.queue.answered_within(lease_s)
+
 
 def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerService | None = None,
-                 runner: Runner | None = None) -> SlurmCapacity | None:
+                 runner: Runner | None = None, ledger: Ledger | None = None) -> SlurmCapacity | None:
     """Make ``machine`` the worker of the Slurm cluster ``cfg`` names (``worker``'s started attempts wait
     for Slurm to run them); the capacity reader it uses (None: ``cfg`` is None, nothing changes)."""
     if cfg is None:
         return None
     commands = SlurmCommands(cfg.command_timeout_s, cfg.env)
     capacity = SlurmCapacity(cfg, commands, socket.gethostname())
-    if worker is not None and runner is not None:
+    gate: SlurmGate | None = None
+    if worker is not None and runner is not None and ledger is not None:
+        def lease_of(key: RunKey) -> float | None:
+            run = ledger.state.runs.get(key)
+            return run.lease_s if run is not None else None
+
         gate = SlurmGate(SlurmQueue(commands, cfg.poll_interval_s), worker.report,
-                         lambda h: not runner.poll(h).running, cfg.poll_interval_s)
-        worker.start_gate = gate.until_running
+                         lambda h: not runner.poll(h).running, cfg.poll_interval_s, lease_of)
+        worker.start_gate, worker.renewable = gate.until_running, gate.renewable
+
+    def refuse(spec: Mapping[str, object]) -> str | None:
+        """What the worker does not run (:func:`spec_refusal`), and nothing while Slurm does not answer."""
+        if gate is not None:
+            gate.queue.poke()
+        down = capacity.error or (gate.queue.error if gate is not None else "")
+        return spec_refusal(spec) or (f"SlurmDown: Slurm does not answer: {down}" if down else None)
 
     def shape(caps: Capabilities) -> Capabilities:
         return caps.model_copy(update={"kind": "slurm", "slurm_partitions": list(capacity.partitions),
@@ -90,5 +111,5 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
 
     machine.inventory_source = capacity.inventory
     machine.shape_caps = shape
-    machine.accounts.refuse_spec = spec_refusal
+    machine.accounts.refuse_spec = refuse
     return capacity

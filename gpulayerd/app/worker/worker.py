@@ -91,8 +91,9 @@ class WorkerService:
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
         self._acked: list[tuple[str, str, int]] = []  # (owner, job, attempt): end reports acknowledged, to store
-        # A Slurm worker: waits until Slurm runs a started attempt (its node list, for WHERE) before `started`.
+        # A Slurm worker: `started` once Slurm runs it (its nodes: WHERE), renewed while squeue answers.
         self.start_gate: Callable[[str, RunKey, RunHandle], Awaitable[str]] | None = None
+        self.renewable: Callable[[RunKey], bool] = lambda key: True
 
     def _apply(self, event: core.Event) -> list[core.Action]:
         return self._ledger.apply(event, self._clock.monotonic())
@@ -566,7 +567,7 @@ class WorkerService:
     async def _renew_round(self, round_: core.SendRenewals, now: float) -> None:
         owner = round_.owner
         owed = self._ledger.state.owed
-        calls = [*(self._renew_one(owner, k, now) for k in round_.runs),
+        calls = [*(self._renew_one(owner, k, now) for k in round_.runs if self.renewable(k)),
                  *(self._send_report(k, owed[k]) for k in round_.reports if k in owed)]
         bound_s = 2 * self._config.peer_timeout_s
         try:
