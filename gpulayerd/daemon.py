@@ -413,7 +413,6 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
                                   allow_virtual_mps=config.allow_virtual_mps),
         nvidia=NvidiaSmi(), support=support, signals=signals, clock=clock)
     starter.activation_of, starter.preflight_recent = machine.activation_of, machine.preflight_recent
-    attach_slurm(machine, config.slurm)  # a login node's daemon: the Slurm cluster is its worker (None: none)
     if capabilities is not None:
         machine.use_capabilities(capabilities)
     cluster: ClusterNode | None = None
@@ -434,6 +433,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
                            signals=signals, clock=clock, usage=usage)
+    attach_slurm(machine, config.slurm, worker, runner, ledger)  # a login node's daemon: the Slurm cluster as worker
     gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
                             directory=node, names=names, support=support, signals=signals, clock=clock, rng=rng)
     member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,

@@ -163,6 +163,9 @@ def _cmd_peers(args: argparse.Namespace) -> int:
         caps = p.capabilities
         gpus = fmt.DASH if caps is None else (
             fmt.hardware((d.get("name"), d.get("kind") == "mig") for d in caps.devices) or "cpu only")
+        if caps is not None and caps.get("kind") == "slurm":  # a Slurm cluster as worker; degraded: Slurm is down
+            down = any(h.get("source") == "slurm" and h.get("status") == "error" for h in caps.get("health") or ())
+            gpus = f"slurm{' DEGRADED' if down else ''}: {gpus}"
         seen = fmt.ago(p.last_heartbeat_at, now)
         trust = "self" if p.state == "self" else "removed" if p.state == "removed" else (
             "trusted" if p.trusted else "foreign" if p.state == "foreign" else "untrusted")

@@ -40,7 +40,9 @@ def render_capabilities(caps: Capabilities, wide: bool = False, limit: int | Non
         f"RAM: {fmt.gb(caps.memory_total_bytes)}",
     ]
     if caps.kind == "slurm":  # a worker backed by a Slurm cluster: its partitions and each node's GRES
-        out.append(_e(f"Worker kind: slurm   partitions: {', '.join(caps.slurm_partitions) or 'none seen'}"))
+        down = next((h.message for h in caps.health if h.source == "slurm" and h.status.value == "error"), None)
+        out.append(_e(f"Worker kind: slurm   partitions: {', '.join(caps.slurm_partitions) or 'none seen'}"
+                      + (f"   DEGRADED (no new claims): {down}" if down is not None else "")))
         out += [_e(f"  GRES {g}") for g in caps.slurm_gres]
     out += ["", "Devices:"]
     if caps.devices:

@@ -174,6 +174,9 @@ class RunReport(_Msg):
     preflight_failed: bool = False
     """``lost`` (never started): its pre-flight check failed on this worker (``reason``: ``FRAMEWORK: error``);
     the owner queues the job again for another worker."""
+    where: str = Field(default="", max_length=200, pattern=r"^[A-Za-z0-9._,\[\]-]*$")
+    """``started``: where the attempt runs besides the worker (a Slurm worker: Slurm's node list), for WHERE.
+    ``renew`` of an attempt not started yet may carry a ``reason`` (``SlurmPending: ...``): the claimed job's."""
 
 
 class RunReportReply(_Msg):

@@ -60,13 +60,17 @@ class SlurmCapacity:
     last: HostInventory | None = None
     partitions: tuple[str, ...] = ()
     gres: tuple[str, ...] = ()
+    error: str = ""
+    """Slurm's words when the last ``sinfo`` failed ("" when it answered)."""
 
     def inventory(self) -> HostInventory:
         """The cluster now, or the last one seen marked unusable with Slurm's words (never raises)."""
         try:
             nodes = self.commands.nodes()
         except SlurmError as e:
+            self.error = str(e)
             return self._degraded(str(e))
+        self.error = ""
         mine = [n for n in nodes if not self.cfg.partitions or set(n.partitions) & set(self.cfg.partitions)]
         self.partitions = tuple(sorted({p for n in mine for p in n.partitions
                                         if not self.cfg.partitions or p in self.cfg.partitions}))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 __all__ = ["END_STATES", "JOB_FORMAT", "NODE_FORMAT", "Gres", "SlurmEnd", "SlurmJob", "SlurmNode",
            "end_of", "parse_gres", "parse_nodes_json", "parse_nodes_lines", "parse_scontrol_job",
-           "parse_squeue", "pending_reason"]
+           "parse_squeue", "pending_reason", "queue_positions"]
 
 NODE_FORMAT = "%N|%P|%c|%m|%G|%T|%f"
 """``sinfo -N -h -o`` format: node, partition (``*`` marks the default), CPUs, memory MB, GRES, state, features."""
@@ -64,6 +64,7 @@ class SlurmJob:
         comment: ``--comment`` (``gpulayer:<job>:<attempt>``).
         exit_code: the batch script's exit status; None while unknown.
         signal: the signal that killed it (``ExitCode=0:9``), 0 if none.
+        priority: Slurm's priority (``squeue %Q``); None when not read.
     """
 
     job_id: str
@@ -74,6 +75,7 @@ class SlurmJob:
     comment: str = ""
     exit_code: int | None = None
     signal: int = 0
+    priority: int | None = None
 
     @property
     def ended(self) -> bool:
@@ -155,6 +157,9 @@ def parse_nodes_json(text: str) -> list[SlurmNode]:
         ValueError: not JSON, or no ``nodes`` list.
     """
     data = json.loads(text)
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if isinstance(errors, list) and errors:  # (exit 0 all the same: slurmctld unreachable, say)
+        raise ValueError("; ".join(str(e.get("error") or e) if isinstance(e, dict) else str(e) for e in errors))
     raw = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(raw, list):
         raise ValueError("sinfo --json: no \"nodes\" list")
@@ -185,8 +190,20 @@ def parse_squeue(text: str) -> list[SlurmJob]:
         f = line.split("|", 6)
         if len(f) != 7 or not f[0].strip():
             continue
-        jobs.append(SlurmJob(f[0].strip(), f[1].strip(), f[2].strip(), f[3].strip(), f[4].strip(), f[6].strip()))
+        jobs.append(SlurmJob(f[0].strip(), f[1].strip(), f[2].strip(), f[3].strip(), f[4].strip(), f[6].strip(),
+                             priority=_int(f[5])))
     return jobs
+
+
+def queue_positions(jobs: list[SlurmJob]) -> dict[str, int]:
+    """Each pending job's place in its partition's queue (1: next), by priority, then job id."""
+    out: dict[str, int] = {}
+    pending = [j for j in jobs if j.state == "PENDING"]
+    for part in {j.partition for j in pending}:
+        ranked = sorted((j for j in pending if j.partition == part),
+                        key=lambda j: (-(j.priority or 0), int(j.job_id) if j.job_id.isdigit() else 0))
+        out.update({j.job_id: i for i, j in enumerate(ranked, 1)})
+    return out
 
 
 _KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)")

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"Slurm job {job_id}")
     outs = [_Follow(sub.output_path("out"), 1), _Follow(sub.output_path("err"), 2)]
     last_seen = time.monotonic()
-    state = ""
+    state, down = "", ""
     while True:
         if stop["asked"] and not stop["done"]:
             stop["done"] = True
@@ -122,9 +122,15 @@ def main(argv: list[str] | None = None) -> int:
                 _say(f"scancel {job_id}: {e}")
         try:
             job = cmds.job(job_id)
-        except SlurmError:
-            job = None
+        except SlurmError as e:  # slurmctld unreachable says nothing of the job: the daemon's lease rule decides
+            job, last_seen = None, time.monotonic()
+            if not down:
+                down = str(e)
+                _say(f"Slurm does not answer ({down}); following job {job_id} again when it does")
         else:
+            if down:
+                down = ""
+                _say("Slurm answers again")
             if job is not None:
                 last_seen = time.monotonic()
         for o in outs:

@@ -39,6 +39,7 @@ class SlurmCommands:
         self._env = dict(env or {})
         self._runner = runner
         self._json_nodes: bool | None = None  # does this sinfo answer --json? (asked once)
+        self.last_stderr = ""  # the last command's standard error (Slurm's words beside a JSON answer's errors)
 
     def run(self, argv: Sequence[str]) -> str:
         """``argv``'s standard output.
@@ -47,6 +48,7 @@ class SlurmCommands:
             SlurmError: it is missing, timed out or exited non-zero (``sbatch: error: ...``).
         """
         r = self._runner(argv, self._timeout_s, self._env)
+        self.last_stderr = r.stderr or ""
         if r.not_found:
             raise SlurmError(f"{argv[0]}: not found (is Slurm's client installed here?)")
         if r.timed_out:
@@ -67,9 +69,10 @@ class SlurmCommands:
                 nodes = parse_nodes_json(self.run(["sinfo", "--json"]))
                 self._json_nodes = True
                 return nodes
-            except (SlurmError, ValueError):
-                if self._json_nodes:
-                    raise
+            except (SlurmError, ValueError) as e:
+                if self._json_nodes:  # this sinfo answers --json: its errors are Slurm's (slurmctld unreachable)
+                    words = decisive_line(self.last_stderr.strip().splitlines())
+                    raise SlurmError(f"sinfo: {words or e}") from e
                 self._json_nodes = False
         try:
             return parse_nodes_lines(self.run(["sinfo", "-N", "-h", "-o", NODE_FORMAT]))

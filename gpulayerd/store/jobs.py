@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 _JOB_COLUMNS = ", ".join(JOB_FIELDS)
 _ATTEMPT_COLUMNS = (
     "job_id, attempt, worker, placement_json, state, run_dir, watchdog_pid, watchdog_create_time, "
-    "job_pgid, started_at, ended_at, exit_code, reason"
+    "job_pgid, started_at, ended_at, exit_code, reason, place"
 )
 _EVENT_COLUMNS = "seq, job_id, at, kind, from_status, to_status, attempt, reason, stimulus_id"
 
@@ -67,7 +67,7 @@ VALUES (?, ?, ?, ?, 'claimed', ?)"""
 _MARK_RUNNING = """
 UPDATE attempts SET state = 'running', watchdog_pid = :watchdog_pid,
     watchdog_create_time = :watchdog_create_time, job_pgid = :job_pgid,
-    started_at = COALESCE(started_at, :now)
+    started_at = COALESCE(started_at, :now), place = CASE WHEN :place = '' THEN place ELSE :place END
 WHERE job_id = :job_id AND attempt = :attempt AND state IN ('claimed', 'running')"""
 _END_ATTEMPT = """
 UPDATE attempts SET state = :state, ended_at = :now, exit_code = :exit_code, reason = :reason
@@ -75,6 +75,7 @@ WHERE job_id = :job_id AND attempt = :attempt AND state IN ('claimed', 'running'
 _HOLDER_FACTS = ("SELECT j.attempt, j.holder, a.worker, a.placement_json FROM jobs j LEFT JOIN attempts a "
                  "ON a.job_id = j.id AND a.attempt = ? WHERE j.id = ?")
 _SET_JOB_EXIT = "UPDATE jobs SET exit_code = ? WHERE id = ? AND attempt = ? AND exit_code IS NULL"
+_SET_CLAIMED_REASON = "UPDATE jobs SET reason = ? WHERE id = ? AND attempt = ? AND status = 'claimed'"
 _SET_EXPLANATION = (
     "UPDATE jobs SET reason = ?, explanation_json = ? WHERE id = ? AND status IN ('queued', 'rejected')"
 )
@@ -335,6 +336,10 @@ class JobsTable:
         """
         await self._db.write_one(_SET_EXPLANATION, (reason, explanation_json, job_id))
 
+    async def set_claimed_reason(self, job_id: str, attempt: int, reason: str) -> None:
+        """A claimed job's reason while its worker has not started it (``SlurmPending: ...``; no event)."""
+        await self._db.write_one(_SET_CLAIMED_REASON, (reason, job_id, attempt))
+
     async def set_explanations(self, items: Sequence[tuple[str, str, str | None]]) -> None:
         """:meth:`set_explanation` for each ``(job_id, reason, explanation_json)``, in one transaction."""
         if not items:
@@ -385,8 +390,10 @@ class JobsTable:
         now_wall: float,
         then: PersistJob | None = None,
         kind: str = "state",
+        place: str = "",
     ) -> bool:
-        """Record that an attempt's processes run (or were re-adopted) under this watchdog.
+        """Record that an attempt's processes run (or were re-adopted) under this watchdog (``place``: where
+        besides the worker, a Slurm node; "" keeps the stored one).
 
         Keeps the first ``started_at``. An attempt that already ended is left alone.
         The job's own status change goes through :meth:`apply`, or through ``then``: that
@@ -403,6 +410,7 @@ class JobsTable:
             "now": now_wall,
             "job_id": job_id,
             "attempt": attempt,
+            "place": place,
         }
 
         def mark(db: sqlite3.Connection) -> tuple[int, bool]:

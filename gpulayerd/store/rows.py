@@ -112,6 +112,7 @@ class AttemptRow:
             from a reused pid when re-adopting.
         started_at: wall time the job started, or None while only claimed.
         ended_at: wall time the attempt ended, or None while active.
+        place: where it ran besides the worker (a Slurm worker's node), "" for the worker itself.
     """
 
     job_id: str
@@ -127,6 +128,7 @@ class AttemptRow:
     ended_at: float | None = None
     exit_code: int | None = None
     reason: str = ""
+    place: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,6 +208,13 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         ALTER TABLE jobs ADD COLUMN preflight_failed_on TEXT NOT NULL DEFAULT '';
         """,
     ),
+    (
+        10,
+        """
+        -- A Slurm worker (issue 36): where its attempt runs besides the worker (the Slurm node), for WHERE.
+        ALTER TABLE attempts ADD COLUMN place TEXT NOT NULL DEFAULT '';
+        """,
+    ),
 )
 """(version, SQL script) pairs, applied in order, each in its own transaction. Append only."""
 

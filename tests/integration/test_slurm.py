@@ -6,7 +6,9 @@ a gpulayerd with ``[slurm]`` lists the cluster's partitions and GRES, submits th
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +28,7 @@ def gateway(slurm: SlurmCluster) -> Iterator[Daemon]:
     """One gpulayerd whose worker is the Slurm cluster (CPU slots 2, as the node's CPUs)."""
     lab = Lab()
     try:
-        yield lab.daemon(toml=slurm_toml(slurm, str(lab.root / "slurm-out")))
+        yield lab.daemon(toml=slurm_toml(slurm, str(lab.root / "slurm-out")), probe_interval_s=1.0)
     finally:
         lab.close()
 
@@ -93,3 +95,69 @@ def test_gateway_killed_mid_job_readopts_it_and_records_the_exit_once(gateway: D
     shown = gateway.show(job)
     assert shown["attempt"] == 1, shown  # submitted once: no second attempt, no second sbatch
     assert [ln for ln in slurm.run("squeue", "-h", "-o", "%k").stdout.splitlines() if job in ln] == []
+
+
+def _slurm_state(slurm: SlurmCluster, comment: str) -> str:
+    """Slurm's state of the job with ``--comment`` ``comment`` ("" when squeue does not list it)."""
+    rows = [ln.split("|") for ln in slurm.run("squeue", "-h", "-o", "%T|%k").stdout.splitlines()]
+    return next((r[0] for r in rows if len(r) == 2 and r[1] == comment), "")
+
+
+def test_pending_in_slurm_is_claimed_with_slurms_reason_then_running_on_its_node(
+        gateway: Daemon, slurm: SlurmCluster, tmp_path: Path) -> None:
+    blocker = slurm.run("sbatch", "--parsable", "--exclusive", "--output=/dev/null",
+                        "--wrap", "sleep 300").stdout.strip()
+    gate = tmp_path / f"gate-{uuid.uuid4().hex[:8]}"
+    job = ""
+    try:
+        assert blocker.isdigit(), blocker
+        wait_until(lambda: "RUNNING" in slurm.run("squeue", "-h", "-j", blocker, "-o", "%T").stdout, 20,
+                   "the blocker runs (the node is full)")
+        job = gateway.submit("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done; echo released")
+        wait_until(lambda: _slurm_state(slurm, f"gpulayer:{job}:1") == "PENDING", 20, "Slurm holds it pending")
+        wait_until(lambda: "SlurmPending" in gateway.show(job)["reason"], 20, "the reason follows Slurm's")
+        shown = gateway.show(job)
+        assert shown["status"] == "claimed", shown
+        assert shown["reason"] == "SlurmPending: Resources (partition gpu, position 1)", shown
+        listing = gateway.cli_ok("jobs")
+        line = next(ln for ln in listing.splitlines() if job[:8] in ln)
+        assert "claimed" in line and "SlurmPending: Resources" in line, listing
+    finally:
+        slurm.run("scancel", blocker)
+    wait_until(lambda: _slurm_state(slurm, f"gpulayer:{job}:1") == "RUNNING", 30, "Slurm runs it")
+    view = gateway.wait_status(job, {"running", "succeeded", "failed"}, timeout_s=20)
+    assert view.status == "running", gateway.show(job)
+    shown = gateway.show(job)
+    assert shown["where_name"].endswith(f"/{slurm.node}"), shown
+    assert shown["reason"].startswith("running on ") and shown["reason"].endswith(f"/{slurm.node}"), shown
+    line = next(ln for ln in gateway.cli_ok("jobs").splitlines() if job[:8] in ln)
+    assert "running" in line and f"/{slurm.node}" in line, line
+    gate.touch()
+    assert gateway.wait_status(job, {"succeeded", "failed"}, timeout_s=30).status == "succeeded", gateway.show(job)
+
+
+def test_slurmctld_down_degrades_the_worker_and_no_job_is_lost_when_it_comes_back(
+        gateway: Daemon, slurm: SlurmCluster, tmp_path: Path) -> None:
+    gate = tmp_path / f"gate-{uuid.uuid4().hex[:8]}"
+    job = gateway.submit("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done; echo survived")
+    gateway.wait_status(job, {"running"}, timeout_s=30)
+    waiting = ""
+    try:
+        slurm.stop_slurmctld()
+        wait_until(lambda: "DEGRADED" in gateway.cli_ok("devices"), 20, "devices say the worker is degraded")
+        assert "Slurm did not answer" in gateway.cli_ok("devices")
+        assert "slurm DEGRADED: " in gateway.cli_ok("peers"), gateway.cli_ok("peers")
+        wait_until(lambda: "Slurm does not answer" in gateway.cli_ok("logs", "--stderr", job), 20,
+                   "the proxy says Slurm does not answer")
+        waiting = gateway.submit("--", "sh", "-c", "echo after")
+        wait_until(lambda: gateway.show(waiting)["reason"] not in ("", "submitted"), 10, "the new job is judged")
+        assert gateway.show(waiting)["status"] == "queued", gateway.show(waiting)  # no new claims
+        assert gateway.show(job)["status"] == "running", gateway.show(job)  # its lease is kept
+    finally:
+        slurm.start_slurmctld()
+    wait_until(lambda: "DEGRADED" not in gateway.cli_ok("devices"), 30, "the worker is back")
+    gate.touch()
+    view = gateway.wait_status(job, {"succeeded", "failed", "lost"}, timeout_s=30)
+    assert view.status == "succeeded" and gateway.show(job)["attempt"] == 1, gateway.show(job)
+    assert "survived" in gateway.cli_ok("logs", job)
+    assert gateway.wait_status(waiting, {"succeeded", "failed"}, timeout_s=30).status == "succeeded"

@@ -97,7 +97,7 @@ async def test_schema_5_keys_existing_grants_by_their_runs_owner(tmp_path: Path)
         assert await s.runs.job_claims("local1") == [("", None)]
     con = sqlite3.connect(path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     finally:
         con.close()
 

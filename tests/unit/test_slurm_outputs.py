@@ -23,6 +23,7 @@ from gpulayerd.slurm.outputs import (
     parse_scontrol_job,
     parse_squeue,
     pending_reason,
+    queue_positions,
 )
 from gpulayerd.slurm.proxy import exit_status, submission_of
 from gpulayerd.slurm.settings import SlurmConfig
@@ -89,6 +90,19 @@ def test_squeue_and_scontrol_jobs() -> None:
     assert failed is not None
     assert (failed.state, failed.exit_code, failed.signal, failed.nodes, failed.ended) == ("FAILED", 3, 0, "vm", True)
     assert parse_scontrol_job("") is None
+
+
+def test_sinfo_json_with_errors_is_an_error_not_an_empty_cluster() -> None:
+    with pytest.raises(ValueError, match="Unspecified error"):
+        parse_nodes_json('{"meta": {}, "errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []}')
+
+
+def test_queue_positions_by_priority_then_id_per_partition() -> None:
+    jobs = parse_squeue("7|PENDING|Priority|||100|a\n3|PENDING|Resources|||200|b\n9|PENDING|Priority|||100|c\n"
+                        "4|RUNNING|None|n1||500|d\n5|PENDING|Priority||cpu|1|e\n")
+    jobs = [SlurmJob(j.job_id, j.state, j.reason, j.nodes, j.partition or "gpu", j.comment, priority=j.priority)
+            for j in jobs]
+    assert queue_positions(jobs) == {"3": 1, "7": 2, "9": 3, "5": 1}
 
 
 @pytest.mark.parametrize(("state", "code", "sig", "status", "words"), [

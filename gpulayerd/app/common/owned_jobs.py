@@ -430,7 +430,7 @@ class OwnedJobs:
     async def reported(self, job_id: str, kind: str, attempt: int, worker: str, *, exit_code: int | None = None,
                        reason: str = "", never_started: bool = False, stimulus_id: str = "",
                        row: JobRow | None = None, timed_out: bool = False,
-                       preflight: bool = False) -> list[claims.Action]:
+                       preflight: bool = False, where: str = "") -> list[claims.Action]:
         """A worker's report (this node's own included) on an attempt of a job owned here (``kind``:
         started, renew, exited, lost): one decision of the claim machine
         (:func:`~gpulayerd.core.protocol.claims.report_event`), its actions carried out with the
@@ -439,16 +439,22 @@ class OwnedJobs:
         Returns:
             The actions carried out: a ReplyStale when the sender must stop that run (nothing written).
             ``row``: the job as the caller just read it (see :meth:`_apply_joined`).
+            ``reason`` of a ``renew`` (an attempt its worker has not started yet: ``SlurmPending: ...``) is
+            the claimed job's reason; ``where`` of a ``started``: where it runs besides ``worker`` (WHERE).
         """
         event = claims.report_event(kind, attempt, worker, exit_code=exit_code, reason=reason,
                                     never_started=never_started, stimulus_id=stimulus_id, timed_out=timed_out,
-                                    preflight=preflight)
+                                    preflight=preflight, where=where)
         if kind == "renew":
-            return await self.apply(job_id, event, row=row)
+            actions = await self.apply(job_id, event, row=row)
+            if reason and not any(isinstance(a, claims.ReplyStale) for a in actions):
+                await self._store.jobs.set_claimed_reason(job_id, attempt, reason[:300])
+                self._signals.job_changed(job_id)
+            return actions
         wall = self._clock.wall()
         if kind == "started":  # (its processes are in the worker's run row, none recorded here)
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.mark_running(
-                job_id, attempt, 0, 0.0, 0, wall, then, k), write_alone=False, row=row)
+                job_id, attempt, 0, 0.0, 0, wall, then, k, place=where), write_alone=False, row=row)
         else:
             state: Literal["exited", "lost", "preflight-failed"] = (
                 "exited" if kind == "exited" else "preflight-failed" if preflight else "lost")

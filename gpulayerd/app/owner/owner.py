@@ -426,6 +426,8 @@ class OwnerService:
         stored = read_placement(latest.placement_json)
         view.where_node = latest.worker
         view.where_name = self._names.name_of(latest.worker)
+        if latest.place:  # a Slurm worker's node
+            view.where_name = f"{view.where_name or latest.worker[:12]}/{latest.place}"
         view.where_hosts = [self._names.name_of(m) or m[:12] for m in stored.gang]
         if not stored.gang:
             view.where_devices = stored.device_indices
@@ -531,7 +533,7 @@ class OwnerService:
         actions = await self._jobs.reported(row.id, msg.kind, msg.attempt, worker, exit_code=msg.exit_code,
                                             reason=msg.reason, never_started=msg.never_started,
                                             stimulus_id=msg.msg_id, row=row, timed_out=msg.timed_out,
-                                            preflight=msg.preflight_failed)
+                                            preflight=msg.preflight_failed, where=msg.where)
         stale = next((a for a in actions if isinstance(a, claims.ReplyStale)), None)
         if stale is not None:
             return RunReportReply(ok=False, stale=True, current_attempt=stale.current_attempt)

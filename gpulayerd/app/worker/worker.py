@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -91,6 +91,9 @@ class WorkerService:
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
         self._acked: list[tuple[str, str, int]] = []  # (owner, job, attempt): end reports acknowledged, to store
+        # A Slurm worker: `started` once Slurm runs it (its nodes: WHERE), renewed while squeue answers.
+        self.start_gate: Callable[[str, RunKey, RunHandle], Awaitable[str]] | None = None
+        self.renewable: Callable[[RunKey], bool] = lambda key: True
 
     def _apply(self, event: core.Event) -> list[core.Action]:
         return self._ledger.apply(event, self._clock.monotonic())
@@ -147,7 +150,8 @@ class WorkerService:
 
         async def tell() -> None:
             try:
-                await self.report(owner, key, "started", None, "")
+                where = await self.start_gate(owner, key, handle) if self.start_gate is not None else ""
+                await self.report(owner, key, "started", None, "", where=where)
             finally:
                 if not told.done():
                     told.set_result(None)
@@ -462,7 +466,8 @@ class WorkerService:
         self.track(key, handle, spec, owner, lease_s, after=reported)
         self._signals.devices_changed()
         try:
-            await self.report(owner, key, "started", None, self._starter.transfer_note(key))
+            where = await self.start_gate(owner, key, handle) if self.start_gate is not None else ""
+            await self.report(owner, key, "started", None, self._starter.transfer_note(key), where=where)
         finally:
             if not reported.done():
                 reported.set_result(None)
@@ -474,11 +479,11 @@ class WorkerService:
 
     async def report(self, owner: str, key: RunKey, kind: ReportKind, exit_code: int | None, reason: str,
                      never_started: bool = False, timed_out: bool = False,
-                     preflight: bool = False) -> RunReportReply | None:
+                     preflight: bool = False, where: str = "") -> RunReportReply | None:
         """Tell ``owner`` about an attempt we run for it; None if the owner did not answer."""
         msg = RunReport(msg_id=new_msg_id(), worker=self.node_id, job_id=key[0], attempt=key[1], kind=kind,
                         exit_code=exit_code, reason=reason, never_started=never_started, timed_out=timed_out,
-                        preflight_failed=preflight)
+                        preflight_failed=preflight, where=where)
         try:
             return await self._transport.call(owner, REPORT, msg)
         except PeerCallError as e:
@@ -562,7 +567,7 @@ class WorkerService:
     async def _renew_round(self, round_: core.SendRenewals, now: float) -> None:
         owner = round_.owner
         owed = self._ledger.state.owed
-        calls = [*(self._renew_one(owner, k, now) for k in round_.runs),
+        calls = [*(self._renew_one(owner, k, now) for k in round_.runs if self.renewable(k)),
                  *(self._send_report(k, owed[k]) for k in round_.reports if k in owed)]
         bound_s = 2 * self._config.peer_timeout_s
         try:

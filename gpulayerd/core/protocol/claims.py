@@ -299,15 +299,16 @@ Action = PersistJob | ExtendLease | GrantClaim | DenyClaim | KillRun | ReplyStal
 
 def report_event(kind: str, attempt: int, worker: str, *, exit_code: int | None = None, reason: str = "",
                  never_started: bool = False, stimulus_id: str = "", timed_out: bool = False,
-                 preflight: bool = False) -> Event:
+                 preflight: bool = False, where: str = "") -> Event:
     """The event a worker's report on ``attempt`` is (``kind``: ``started``, ``renew``, ``exited`` or
-    ``lost``): the one mapping of reports to the claim machine, for a peer's and this node's alike.
+    ``lost``): the one mapping of reports to the claim machine, for a peer's and this node's alike
+    (``where``: where a started attempt runs besides ``worker``, a Slurm worker's node: ``worker/node``).
 
     Raises:
         ValueError: an unknown ``kind``.
     """
     if kind == "started":
-        return RunStarted(attempt, worker, stimulus_id)
+        return RunStarted(attempt, worker, stimulus_id, f"{worker}/{where}" if where else "")
     if kind == "renew":
         return LeaseRenewed(attempt, worker, stimulus_id)
     if kind == "exited":
