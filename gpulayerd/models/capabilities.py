@@ -331,4 +331,6 @@ class Capabilities(BaseModel):
             max_gpus_per_user=self.max_gpus_per_user,
             os=self.platform.lower() if self.platform else None,
             driver_cuda=self.driver_cuda,
+            kind=self.kind,
+            slurm_partitions=tuple(self.slurm_partitions),
         )

@@ -161,3 +161,20 @@ def test_slurmctld_down_degrades_the_worker_and_no_job_is_lost_when_it_comes_bac
     assert view.status == "succeeded" and gateway.show(job)["attempt"] == 1, gateway.show(job)
     assert "survived" in gateway.cli_ok("logs", job)
     assert gateway.wait_status(waiting, {"succeeded", "failed"}, timeout_s=30).status == "succeeded"
+
+
+def test_worker_and_no_slurm_target_or_avoid_the_slurm_worker(gateway: Daemon) -> None:
+    r = gateway.cli("submit", "--worker", "no-such-worker", "--", "true")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    name = json.loads(gateway.cli_ok("devices", "--json"))[0]["hostname"]
+    assert "no worker named 'no-such-worker'" in r.stderr and f"known workers: {name}" in r.stderr, r.stderr
+    kept_off = gateway.submit("--no-slurm", "--", "true")
+    try:
+        wait_until(lambda: gateway.show(kept_off)["reason"].startswith("Target: "), 20, "the --no-slurm job is judged")
+        shown = gateway.show(kept_off)
+        assert shown["status"] == "queued", shown
+        assert shown["reason"] == f"Target: {name} is a Slurm worker (--no-slurm)", shown
+    finally:
+        gateway.cli("cancel", kept_off)
+    named = gateway.submit("--worker", name, "--", "sh", "-c", "echo on $SLURMD_NODENAME")
+    assert gateway.wait_status(named, {"succeeded", "failed"}, timeout_s=30).status == "succeeded", gateway.show(named)

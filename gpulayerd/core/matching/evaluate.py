@@ -17,6 +17,7 @@ from dataclasses import replace
 from gpulayerd.core.fairshare import gpu_cap_rejection, gpus_of
 from gpulayerd.core.matching.requirements import check_workdir, choose_devices, choose_environment
 from gpulayerd.core.matching.runtime_checks import check_host
+from gpulayerd.core.matching.targeting import target_rejection
 from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import (
@@ -139,6 +140,10 @@ def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True)
         if account is not None:
             static.append(account)
 
+    target = target_rejection(job, worker)  # --worker NAME, --no-slurm
+    if target is not None:
+        checks.append(Check(target.requirement, target.wanted, target.found, False))
+        static.append(target)
     checks.append(Check("online", "yes", "yes" if worker.online else "no (offline)", worker.online))
     if static:
         state = FitState.NO_FIT
@@ -224,6 +229,8 @@ def job_signature(job: JobRequest) -> tuple[object, ...]:
         job.min_driver_version,
         job.cuda_runtime,
         job.os,
+        job.worker,
+        job.slurm,
     )
 
 
