@@ -129,6 +129,7 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.CUDA_DRIVER_INCOMPATIBLE: ReasonCode.DRIVER,
     RejectionCode.CUDA_RUNTIME_MISMATCH: ReasonCode.FRAMEWORK,
     RejectionCode.WORKER_TARGET: ReasonCode.TARGET,
+    RejectionCode.SLURM_LAST: ReasonCode.RESOURCES,  # (a workstation fits now: the job is Ready there)
 }
 
 # The ladder: among the rejections of the rows that decide, the first kind found here decides.

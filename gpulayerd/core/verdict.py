@@ -63,6 +63,7 @@ class RejectionCode(str, enum.Enum):
     CUDA_RUNTIME_MISMATCH = "CUDA_RUNTIME_MISMATCH"
     CUDA_DRIVER_INCOMPATIBLE = "CUDA_DRIVER_INCOMPATIBLE"
     WORKER_TARGET = "WORKER_TARGET"
+    SLURM_LAST = "SLURM_LAST"
 
 
 BUSY_CODES = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS, RejectionCode.USER_GPU_CAP,
@@ -151,7 +152,7 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class WorkerExplanation:
-    """One worker's row group in an explanation."""
+    """One worker's row group in an explanation (``slurm``: a worker backed by a Slurm cluster)."""
 
     worker: str
     name: str
@@ -160,6 +161,7 @@ class WorkerExplanation:
     checks: tuple[Check, ...]
     rejections: tuple[Rejection, ...]
     placement: Placement | None
+    slurm: bool = False
 
 
 @dataclass(frozen=True, slots=True)

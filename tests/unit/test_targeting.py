@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from gpulayerd.core.matching.evaluate import explain, job_signature
 from gpulayerd.core.matching.index import WorkerIndex, fit_only
+from gpulayerd.core.matching.shapes import ShapeBook
 from gpulayerd.core.matching.targeting import target_rejection, unknown_worker
+from gpulayerd.core.protocol.targets import OfferRound
+from gpulayerd.core.scheduling.judging import elsewhere
 from gpulayerd.core.types import EnvironmentSnapshot, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import FitState, RejectionCode, Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX
@@ -43,7 +46,7 @@ def test_no_slurm_skips_only_slurm_workers() -> None:
 def test_the_fit_only_matcher_and_the_signature_know_the_target() -> None:
     index = WorkerIndex([LOGIN, WS1, WS2])
     for job, where in ((JobRequest(job_id="a", worker="ws-2"), "n2"), (JobRequest(job_id="b", slurm=False), "n1"),
-                       (JobRequest(job_id="c"), "n0")):
+                       (JobRequest(job_id="c"), "n1")):
         d = fit_only(job, index, SUPPORT_MATRIX)
         assert d.placement is not None and d.placement.worker == where, job
     assert job_signature(JobRequest(worker="ws-2")) != job_signature(JobRequest())
@@ -55,3 +58,31 @@ def test_an_unknown_worker_name_is_refused_naming_the_known_ones() -> None:
     assert unknown_worker("ws-1", ["ws-1", "login1"]) is None
     assert unknown_worker("ws-9", ["ws-1", "login1", "ws-1"]) == \
         "worker: no worker named 'ws-9'; known workers: login1, ws-1"
+
+
+BUSY_WS1 = WorkerSnapshot(node_id="n1", name="ws-1", environments=ENV, cpu_slots_total=2, cpu_slots_free=0)
+
+
+def test_a_slurm_worker_comes_last_while_a_workstation_fits_now() -> None:
+    e = explain(JobRequest(job_id="j"), [LOGIN, WS1], SUPPORT_MATRIX)  # login1 has the lowest node id
+    assert e.verdict is Verdict.FITS_NOW and e.placement is not None and e.placement.worker == "n1"
+    row = next(r for r in e.workers if r.name == "login1")
+    assert row.state is FitState.FITS_BUT_BUSY and row.placement is None
+    assert [r.message for r in row.rejections] == [
+        "login1 is a Slurm worker: a workstation fits now ([slurm] prefer = last)"]
+    # every workstation busy (or none can run it): the cluster takes it now
+    e = explain(JobRequest(job_id="j"), [LOGIN, BUSY_WS1], SUPPORT_MATRIX)
+    assert e.verdict is Verdict.FITS_NOW and e.placement is not None and e.placement.worker == "n0"
+
+
+def test_a_gateway_that_owns_the_job_leaves_it_to_a_workstation_that_fits_now() -> None:
+    book = ShapeBook(SUPPORT_MATRIX)
+    job = JobRequest(job_id="j")
+    book.observe([LOGIN, WS1])
+    here = book.row(job, LOGIN).placement
+    assert here is not None
+    fit = elsewhere(book, job, here, LOGIN, [WS1], OfferRound({}))
+    assert fit is not None and fit.worker == "n1"
+    book.observe([LOGIN, BUSY_WS1])
+    assert elsewhere(book, job, here, LOGIN, [BUSY_WS1], OfferRound({})) is None  # busy: claimed here
+    assert elsewhere(book, job, here, WS2, [WS1], OfferRound({})) is None  # a workstation keeps its CPU job

@@ -211,8 +211,8 @@ def _rest(job: JobRequest) -> Hashable:
 def _fit_only(job: JobRequest, index: WorkerIndex, support: SupportMatrix) -> FitDecision:
     if validate(job, support):
         return FitDecision(job.job_id, Verdict.FITS_NOWHERE, None)
-    if job.distributed is not None and job.distributed.nnodes > 1:
-        e = explain(job, index.workers, support)
+    if (job.distributed is not None and job.distributed.nnodes > 1) or any(w.kind == "slurm" for w in index.workers):
+        e = explain(job, index.workers, support)  # (a Slurm worker comes last: targeting.prefer_workstations)
         return FitDecision(job.job_id, e.verdict, e.placement, len(index.workers))
     cands = index.candidates(job)
     n = 0

@@ -8,16 +8,22 @@
 
 Both are static rejections of the row (code ``WORKER_TARGET``, reason ``Target``): the job waits for
 the workers it may use, never for the others. :func:`unknown_worker` is the submit-time check of a name.
+
+A Slurm worker comes last (``[slurm] prefer = "last"``): :func:`prefer_workstations` turns its row
+"fits now" into "fits but busy" (``login1 is a Slurm worker: a workstation fits now ([slurm] prefer =
+last)``) while a workstation fits the job now, so the job is placed and offered there; the cluster gets
+what fits no workstation now (every one busy, or none can run it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from gpulayerd.core.types import JobRequest, WorkerSnapshot
-from gpulayerd.core.verdict import Rejection, RejectionCode
+from gpulayerd.core.verdict import FitState, Rejection, RejectionCode, WorkerExplanation
 
-__all__ = ["target_rejection", "unknown_worker"]
+__all__ = ["prefer_workstations", "target_rejection", "unknown_worker", "workstation_first"]
 
 
 def target_rejection(job: JobRequest, worker: WorkerSnapshot) -> Rejection | None:
@@ -38,3 +44,19 @@ def unknown_worker(name: str, known: Iterable[str]) -> str | None:
     if not name or name in names:
         return None
     return f"worker: no worker named {name!r}; known workers: {', '.join(names) or 'none'}"
+
+
+def prefer_workstations(rows: Sequence[WorkerExplanation]) -> Sequence[WorkerExplanation]:
+    """``rows`` with each Slurm worker's "fits now" made "fits but busy" while a workstation's row fits now."""
+    if not any(r.state is FitState.FITS_NOW and not r.slurm for r in rows) or not any(r.slurm for r in rows):
+        return rows
+    return [replace(r, state=FitState.FITS_BUT_BUSY, placement=None, rejections=(Rejection(
+        RejectionCode.SLURM_LAST, "prefer", "no workstation fits now", "a workstation fits now", r.worker,
+        f"{r.name or r.worker} is a Slurm worker: a workstation fits now ([slurm] prefer = last)"),))
+            if r.slurm and r.state is FitState.FITS_NOW else r for r in rows]
+
+
+def workstation_first(worker: WorkerSnapshot, fitting_peers: Sequence[WorkerSnapshot]) -> bool:
+    """Whether a job that fits this machine (``worker``) now goes to a peer instead: this machine is a Slurm
+    worker and ``fitting_peers`` (the peers that fit it now) has a workstation."""
+    return worker.kind == "slurm" and any(p.kind != "slurm" for p in fitting_peers)
