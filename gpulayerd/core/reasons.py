@@ -129,6 +129,7 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.CUDA_DRIVER_INCOMPATIBLE: ReasonCode.DRIVER,
     RejectionCode.CUDA_RUNTIME_MISMATCH: ReasonCode.FRAMEWORK,
     RejectionCode.WORKER_TARGET: ReasonCode.TARGET,
+    RejectionCode.SLURM_REFUSED: ReasonCode.NOT_ALLOWED,
     RejectionCode.SLURM_LAST: ReasonCode.RESOURCES,  # (a workstation fits now: the job is Ready there)
 }
 
@@ -143,7 +144,8 @@ _LADDER: tuple[frozenset[RejectionCode], ...] = (
     frozenset({RejectionCode.USER_GPU_CAP}),
     frozenset({RejectionCode.ACCELERATOR_MISMATCH, RejectionCode.EXECUTION_UNSUPPORTED, RejectionCode.OS_MISMATCH,
                RejectionCode.NO_ACCOUNT, RejectionCode.OTHER_USERS_WORKER, RejectionCode.ROOT_JOBS_NOT_ALLOWED,
-               RejectionCode.USER_NOT_VOUCHED, RejectionCode.DRIVER_TOO_OLD, RejectionCode.CUDA_DRIVER_INCOMPATIBLE,
+               RejectionCode.USER_NOT_VOUCHED, RejectionCode.SLURM_REFUSED, RejectionCode.DRIVER_TOO_OLD,
+               RejectionCode.CUDA_DRIVER_INCOMPATIBLE,
                RejectionCode.INSUFFICIENT_MEMORY, RejectionCode.MEMORY_KIND_MISMATCH,
                RejectionCode.COMPUTE_CAPABILITY_TOO_LOW, RejectionCode.FLOAT64_UNSUPPORTED,
                RejectionCode.ENVIRONMENT_BROKEN, RejectionCode.PYTHON_VERSION, RejectionCode.FRAMEWORK_MISSING,

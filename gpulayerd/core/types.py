@@ -404,6 +404,8 @@ class WorkerSnapshot:
         slurm_partitions: a Slurm worker's partitions (shown in explanations).
         slurm_overflow_after_s: a Slurm worker's ``prefer``: None for ``last`` (it gets what fits no
             workstation now), else ``overflow-after``'s seconds (:mod:`gpulayerd.core.matching.targeting`).
+        slurm_refused: user -> Slurm's words, for the users whose jobs Slurm refused lately (sbatch:
+            no account or association, a partition's AllowGroups): their jobs are not run there for a while.
     """
 
     node_id: str
@@ -431,6 +433,7 @@ class WorkerSnapshot:
     kind: str = "host"
     slurm_partitions: tuple[str, ...] = ()
     slurm_overflow_after_s: float | None = None
+    slurm_refused: Mapping[str, str] = field(default_factory=dict)
 
     def with_identity(self, mode: str, user: str) -> WorkerSnapshot:
         """This snapshot with ``mode`` and ``user`` as the worker's certificate proves them (what a

@@ -1,14 +1,16 @@
-"""``--worker NAME`` and ``--no-slurm`` in the pure matcher (gpulayerd.core.matching.targeting): the rows
+"""``--worker NAME``, ``--no-slurm``, ``[slurm] prefer`` and Slurm's refusals in the pure matcher (gpulayerd.core.matching.targeting): the rows
 of the workers a job may not use say why, the job is placed only on the others, and an unknown name
 is refused at submit naming the known workers."""
 
 from __future__ import annotations
 
+from gpulayerd.app.worker.slurm_worker import SlurmRefusals
 from gpulayerd.core.matching.evaluate import explain, job_signature
 from gpulayerd.core.matching.index import WorkerIndex, fit_only
 from gpulayerd.core.matching.shapes import ShapeBook
 from gpulayerd.core.matching.targeting import target_rejection, unknown_worker
 from gpulayerd.core.protocol.targets import OfferRound
+from gpulayerd.core.reasons import reason_of
 from gpulayerd.core.scheduling.judging import elsewhere
 from gpulayerd.core.types import EnvironmentSnapshot, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import FitState, RejectionCode, Verdict
@@ -86,3 +88,22 @@ def test_a_gateway_that_owns_the_job_leaves_it_to_a_workstation_that_fits_now() 
     book.observe([LOGIN, BUSY_WS1])
     assert elsewhere(book, job, here, LOGIN, [BUSY_WS1], OfferRound({})) is None  # busy: claimed here
     assert elsewhere(book, job, here, WS2, [WS1], OfferRound({})) is None  # a workstation keeps its CPU job
+
+
+def test_a_user_slurm_refused_is_kept_off_that_worker_with_slurms_words() -> None:
+    words = "sbatch: error: Batch job submission failed: Invalid account or account/partition combination"
+    login = WorkerSnapshot(node_id="n0", name="login1", environments=ENV, kind="slurm", slurm_refused={"alice": words})
+    e = explain(JobRequest(job_id="j", user="alice"), [login], SUPPORT_MATRIX)
+    assert e.verdict is Verdict.FITS_NOWHERE
+    assert reason_of(e).text == f"NotAllowed: Slurm on login1 refused alice's job: {words}"
+    assert explain(JobRequest(job_id="j", user="bob"), [login], SUPPORT_MATRIX).verdict is Verdict.FITS_NOW
+
+
+def test_slurm_refusals_are_kept_for_a_while() -> None:
+    now = [0.0]
+    refusals = SlurmRefusals(keep_s=600.0, clock=lambda: now[0])
+    refusals.remember("alice", "sbatch: error: Invalid account")
+    now[0] = 599.0
+    assert refusals.now() == {"alice": "sbatch: error: Invalid account"}
+    now[0] = 600.0
+    assert refusals.now() == {}

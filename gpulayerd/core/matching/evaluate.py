@@ -17,7 +17,7 @@ from dataclasses import replace
 from gpulayerd.core.fairshare import gpu_cap_rejection, gpus_of
 from gpulayerd.core.matching.requirements import check_workdir, choose_devices, choose_environment
 from gpulayerd.core.matching.runtime_checks import check_host
-from gpulayerd.core.matching.targeting import prefer_workstations, target_rejection
+from gpulayerd.core.matching.targeting import prefer_workstations, slurm_refusal, target_rejection
 from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import (
@@ -140,7 +140,7 @@ def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True)
         if account is not None:
             static.append(account)
 
-    target = target_rejection(job, worker)  # --worker NAME, --no-slurm
+    target = target_rejection(job, worker) or slurm_refusal(job, worker)  # --worker NAME, --no-slurm, sbatch's no
     if target is not None:
         checks.append(Check(target.requirement, target.wanted, target.found, False))
         static.append(target)

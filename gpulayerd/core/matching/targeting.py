@@ -8,6 +8,8 @@
 
 Both are static rejections of the row (code ``WORKER_TARGET``, reason ``Target``): the job waits for
 the workers it may use, never for the others. :func:`unknown_worker` is the submit-time check of a name.
+A Slurm worker whose ``sbatch`` refused a user's job lately (no account or association, a partition's
+AllowGroups) does not take that user's jobs for a while (:func:`slurm_refusal`, reason ``NotAllowed``).
 
 A Slurm worker comes last (``[slurm] prefer = "last"``): :func:`prefer_workstations` turns its row
 "fits now" into "fits but busy" (``login1 is a Slurm worker: a workstation fits now ([slurm] prefer =
@@ -23,7 +25,7 @@ from dataclasses import replace
 from gpulayerd.core.types import JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import FitState, Rejection, RejectionCode, WorkerExplanation
 
-__all__ = ["prefer_workstations", "target_rejection", "unknown_worker", "workstation_first"]
+__all__ = ["prefer_workstations", "slurm_refusal", "target_rejection", "unknown_worker", "workstation_first"]
 
 
 def target_rejection(job: JobRequest, worker: WorkerSnapshot) -> Rejection | None:
@@ -36,6 +38,15 @@ def target_rejection(job: JobRequest, worker: WorkerSnapshot) -> Rejection | Non
         return Rejection(RejectionCode.WORKER_TARGET, "slurm", "no Slurm worker", "a Slurm worker", worker.node_id,
                          f"{name} is a Slurm worker (--no-slurm)")
     return None
+
+
+def slurm_refusal(job: JobRequest, worker: WorkerSnapshot) -> Rejection | None:
+    """Slurm on ``worker`` refused a job of ``job``'s user lately (its words), or None."""
+    words = worker.slurm_refused.get(job.user) if job.user else None
+    if words is None:
+        return None
+    return Rejection(RejectionCode.SLURM_REFUSED, "user", job.user, "refused by Slurm", worker.node_id,
+                     f"Slurm on {worker.name or worker.node_id} refused {job.user}'s job: {words}")
 
 
 def unknown_worker(name: str, known: Iterable[str]) -> str | None:
