@@ -47,7 +47,7 @@ _SPEC_FLAGS = ("name", "workdir", "accelerator", "gpus", "gpu_memory_gb", "gpu_m
                "requires_python", "nproc", "nnodes", "backend", "env", "retries", "lease_s", "profile",
                "min_driver_version", "cuda_runtime", "os", "time", "signal", "retry_on", "retry_exit_codes",
                "retry_backoff", "retry_elsewhere", "no_preflight", "notify", "notify_tasks", "array", "after", "ship",
-               "output", "output_dir")
+               "output", "output_dir", "worker", "no_slurm")
 
 
 def add_parsers(sub: _Sub[argparse.ArgumentParser]) -> None:
@@ -150,6 +150,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-driver-version", metavar="X.Y.Z", help="oldest NVIDIA driver, e.g. 525.60.13")
     p.add_argument("--cuda-runtime", metavar="SPEC", help="torch's CUDA build, e.g. '>=12.1' or '12.4'")
     p.add_argument("--os", choices=["linux", "darwin"], help="the worker's operating system")
+    p.add_argument("--worker", metavar="NAME", help="run only on the worker of this name (as gpulayer peers shows it)")
+    p.add_argument("--no-slurm", action="store_true", default=None,
+                   help="never on a Slurm worker (a cluster's gateway)")
     p.add_argument("--nproc", type=int, metavar="N", help="torch.distributed processes per host")
     p.add_argument("--nnodes", type=int, metavar="N", help="hosts for a torch.distributed job")
     p.add_argument("--backend", choices=["gloo", "nccl"], help="torch.distributed backend")
@@ -273,6 +276,10 @@ def _spec_from_flags(args: argparse.Namespace) -> dict[str, object]:
         spec["array"] = args.array
     if args.after:
         spec["after"] = args.after
+    if args.worker:
+        spec["worker"] = args.worker
+    if args.no_slurm:
+        spec["slurm"] = False
     return spec
 
 

@@ -51,6 +51,7 @@ class ReasonCode(str, enum.Enum):
     DEPENDENCY = "Dependency"
     DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
     ARRAY = "Array"
+    TARGET = "Target"
 
 
 MEANINGS: dict[ReasonCode, str] = {
@@ -87,6 +88,8 @@ MEANINGS: dict[ReasonCode, str] = {
     ReasonCode.DEPENDENCY_NEVER_SATISFIED: "ended cancelled: a job it names with --after ended so that the "
                                            "dependency can never be satisfied (which one, how it ended)",
     ReasonCode.ARRAY: "an array: its tasks run as jobs of their own (ID_7); its tasks counted by state",
+    ReasonCode.TARGET: "every worker that could run it is one it may not use: not the worker it names "
+                       "(--worker), or a Slurm worker (--no-slurm)",
 }
 """Every code and what it means (docs/architecture.md, "Reasons", shows the same table)."""
 
@@ -125,6 +128,9 @@ _BY_REJECTION: dict[RejectionCode, ReasonCode] = {
     RejectionCode.DRIVER_TOO_OLD: ReasonCode.DRIVER,
     RejectionCode.CUDA_DRIVER_INCOMPATIBLE: ReasonCode.DRIVER,
     RejectionCode.CUDA_RUNTIME_MISMATCH: ReasonCode.FRAMEWORK,
+    RejectionCode.WORKER_TARGET: ReasonCode.TARGET,
+    RejectionCode.SLURM_REFUSED: ReasonCode.NOT_ALLOWED,
+    RejectionCode.SLURM_LAST: ReasonCode.RESOURCES,  # (a workstation fits now: the job is Ready there)
 }
 
 # The ladder: among the rejections of the rows that decide, the first kind found here decides.
@@ -138,7 +144,8 @@ _LADDER: tuple[frozenset[RejectionCode], ...] = (
     frozenset({RejectionCode.USER_GPU_CAP}),
     frozenset({RejectionCode.ACCELERATOR_MISMATCH, RejectionCode.EXECUTION_UNSUPPORTED, RejectionCode.OS_MISMATCH,
                RejectionCode.NO_ACCOUNT, RejectionCode.OTHER_USERS_WORKER, RejectionCode.ROOT_JOBS_NOT_ALLOWED,
-               RejectionCode.USER_NOT_VOUCHED, RejectionCode.DRIVER_TOO_OLD, RejectionCode.CUDA_DRIVER_INCOMPATIBLE,
+               RejectionCode.USER_NOT_VOUCHED, RejectionCode.SLURM_REFUSED, RejectionCode.DRIVER_TOO_OLD,
+               RejectionCode.CUDA_DRIVER_INCOMPATIBLE,
                RejectionCode.INSUFFICIENT_MEMORY, RejectionCode.MEMORY_KIND_MISMATCH,
                RejectionCode.COMPUTE_CAPABILITY_TOO_LOW, RejectionCode.FLOAT64_UNSUPPORTED,
                RejectionCode.ENVIRONMENT_BROKEN, RejectionCode.PYTHON_VERSION, RejectionCode.FRAMEWORK_MISSING,
@@ -152,6 +159,7 @@ _LADDER: tuple[frozenset[RejectionCode], ...] = (
     # "needs N qualifying devices, has K" follows from the devices' own rejections above; alone (more
     # than the worker has in all, even free) it decides as DeviceCount.
     frozenset({RejectionCode.NOT_ENOUGH_DEVICES}),
+    frozenset({RejectionCode.WORKER_TARGET}),  # (decides only when every row is a worker the job may not use)
 )
 _HELD = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS, RejectionCode.PROBE_UNHEALTHY})
 _MAX_NAMED = 3  # holders named in one Resources reason; "and N more" after
@@ -195,6 +203,7 @@ def reason_of(e: Explanation) -> Reason:
     state = {Verdict.FITS_BUT_BUSY: FitState.FITS_BUT_BUSY,
              Verdict.FITS_ONLY_OFFLINE: FitState.FITS_OFFLINE}.get(e.verdict, FitState.NO_FIT)
     rows = [w for w in e.workers if w.state is state and w.rejections]
+    rows = [w for w in rows if not _skipped(w)] or rows  # a worker it may not use (--worker) never decides
     hosts = ""
     if e.hosts_needed > 1:
         now = sum(1 for w in e.workers if w.state is FitState.FITS_NOW)
@@ -268,6 +277,11 @@ def _fits_now(e: Explanation) -> str:
     name = next((w.name for w in e.workers if w.worker == p.worker), "") or p.worker
     devs = ",".join(str(i) for i in p.device_indices)
     return f"fits now on {name}" + (f" GPU {devs}" if devs else "")
+
+
+def _skipped(row: WorkerExplanation) -> bool:
+    """Whether the job may not use ``row``'s worker at all (``--worker``, ``--no-slurm``)."""
+    return any(r.code is RejectionCode.WORKER_TARGET for r in row.rejections)
 
 
 def _deciding(rows: list[WorkerExplanation], busy: bool) -> tuple[WorkerExplanation, Rejection] | None:

@@ -400,6 +400,12 @@ class WorkerSnapshot:
         os: ``linux`` or ``darwin`` (``platform.system()`` lower-cased); None if unknown.
         driver_cuda: the newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``
             or the driver table of :mod:`gpulayerd.core.matching.cuda_compat`); None if unknown.
+        kind: ``host`` (a workstation) or ``slurm`` (a worker backed by a Slurm cluster).
+        slurm_partitions: a Slurm worker's partitions (shown in explanations).
+        slurm_overflow_after_s: a Slurm worker's ``prefer``: None for ``last`` (it gets what fits no
+            workstation now), else ``overflow-after``'s seconds (:mod:`gpulayerd.core.matching.targeting`).
+        slurm_refused: user -> Slurm's words, for the users whose jobs Slurm refused lately (sbatch:
+            no account or association, a partition's AllowGroups): their jobs are not run there for a while.
     """
 
     node_id: str
@@ -424,6 +430,10 @@ class WorkerSnapshot:
     gpus_held_by_user: Mapping[str, int] = field(default_factory=dict)
     os: str | None = None
     driver_cuda: str | None = None
+    kind: str = "host"
+    slurm_partitions: tuple[str, ...] = ()
+    slurm_overflow_after_s: float | None = None
+    slurm_refused: Mapping[str, str] = field(default_factory=dict)
 
     def with_identity(self, mode: str, user: str) -> WorkerSnapshot:
         """This snapshot with ``mode`` and ``user`` as the worker's certificate proves them (what a
@@ -466,6 +476,8 @@ class JobRequest:
         min_driver_version: the oldest NVIDIA driver accepted (``"535.54.03"``); None = any.
         cuda_runtime: PEP 440 specifier on the environment's torch CUDA build (``">=12.1"``).
         os: ``linux`` or ``darwin``; None = any.
+        worker: the name of the one worker it may run on (``--worker``); "" = any.
+        slurm: whether a Slurm worker may run it (False: ``--no-slurm``).
     """
 
     job_id: str = ""
@@ -483,3 +495,5 @@ class JobRequest:
     min_driver_version: str | None = None
     cuda_runtime: str | None = None
     os: str | None = None
+    worker: str = ""
+    slurm: bool = True

@@ -62,6 +62,9 @@ class RejectionCode(str, enum.Enum):
     DRIVER_TOO_OLD = "DRIVER_TOO_OLD"
     CUDA_RUNTIME_MISMATCH = "CUDA_RUNTIME_MISMATCH"
     CUDA_DRIVER_INCOMPATIBLE = "CUDA_DRIVER_INCOMPATIBLE"
+    WORKER_TARGET = "WORKER_TARGET"
+    SLURM_LAST = "SLURM_LAST"
+    SLURM_REFUSED = "SLURM_REFUSED"
 
 
 BUSY_CODES = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS, RejectionCode.USER_GPU_CAP,
@@ -150,7 +153,7 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class WorkerExplanation:
-    """One worker's row group in an explanation."""
+    """One worker's row group in an explanation (``slurm``: a worker backed by a Slurm cluster)."""
 
     worker: str
     name: str
@@ -159,6 +162,7 @@ class WorkerExplanation:
     checks: tuple[Check, ...]
     rejections: tuple[Rejection, ...]
     placement: Placement | None
+    slurm: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -281,6 +281,7 @@ class Capabilities(BaseModel):
         kind: ``host`` (a workstation) or ``slurm`` (a worker backed by a Slurm cluster: its devices are the
             GPUs of ``slurm_partitions``).
         slurm_partitions: a Slurm worker's partitions; ``slurm_gres``: each node's GRES (``node: gpu:a100:4``).
+        slurm_refused: user -> Slurm's words, for users whose jobs its sbatch refused lately (kept off a while).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -309,6 +310,7 @@ class Capabilities(BaseModel):
     kind: Literal["host", "slurm"] = "host"
     slurm_partitions: list[str] = Field(default_factory=list, max_length=256)
     slurm_gres: list[str] = Field(default_factory=list, max_length=4096)
+    slurm_refused: dict[str, str] = Field(default_factory=dict, max_length=256)
 
     def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
         """Convert to a :class:`WorkerSnapshot` for the matcher."""
@@ -331,4 +333,7 @@ class Capabilities(BaseModel):
             max_gpus_per_user=self.max_gpus_per_user,
             os=self.platform.lower() if self.platform else None,
             driver_cuda=self.driver_cuda,
+            kind=self.kind,
+            slurm_partitions=tuple(self.slurm_partitions),
+            slurm_refused=dict(self.slurm_refused),
         )

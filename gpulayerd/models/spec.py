@@ -406,6 +406,10 @@ class JobSpec(BaseModel):
     """Set by the owner on an array's task (never taken from a submission)."""
     ship: ShipField = None
     """The workdir travels as a snapshot (``--ship``; :mod:`gpulayerd.models.snapshots`): no worker needs it."""
+    worker: str | None = Field(default=None, min_length=1, max_length=253, pattern=r"^[A-Za-z0-9._-]+$")
+    """The one worker that may run it, by name (``--worker``; :mod:`gpulayerd.core.matching.targeting`)."""
+    slurm: bool = True
+    """False: no Slurm worker runs it (``--no-slurm``)."""
 
     @field_validator("array")
     @classmethod
@@ -501,11 +505,8 @@ class JobSpec(BaseModel):
             backend = self.distributed.backend or (
                 "nccl" if r.accelerator is Accelerator.CUDA else "gloo"
             )
-            dist = DistributedRequest(
-                nnodes=self.distributed.nnodes,
-                nproc_per_node=self.distributed.nproc_per_node,
-                backend=backend,
-            )
+            dist = DistributedRequest(nnodes=self.distributed.nnodes, nproc_per_node=self.distributed.nproc_per_node,
+                                      backend=backend)
         return JobRequest(
             job_id=job_id,
             accelerator=r.accelerator,
@@ -522,6 +523,7 @@ class JobSpec(BaseModel):
             min_driver_version=r.min_driver_version,
             cuda_runtime=r.cuda_runtime,
             os=r.os,
+            worker=self.worker or "", slurm=self.slurm,
         )
 
 

@@ -11,6 +11,8 @@ This process:
 3. follows the job (``scontrol -o show job``), copying the job's ``.out``/``.err`` files to its own
    stdout/stderr as they grow (gpulayer's logs of the attempt, ``gpulayer logs -f``);
 4. on SIGTERM or SIGINT (a cancel, the lease lost, the time limit) runs ``scancel`` and waits for the end;
+   (sbatch's refusal, ``sbatch: error: Invalid account``: ``gpulayer: NotAllowed: <Slurm's words>`` and
+   exit 126: the worker ends the attempt "never started" and keeps that user's jobs off for a while);
 5. exits with the job's code (:func:`exit_status`): its exit status, 128+N when killed by signal N,
    124 on Slurm's TIMEOUT, and its last stderr line names Slurm's end state.
 """
@@ -30,7 +32,11 @@ from gpulayerd.slurm.batch import Submission, batch_script, sbatch_argv
 from gpulayerd.slurm.outputs import SlurmJob, end_of
 from gpulayerd.slurm.slurmcmd import SlurmCommands, SlurmError
 
-__all__ = ["exit_status", "main", "submission_of"]
+__all__ = ["REFUSED", "exit_status", "main", "submission_of"]
+
+REFUSED = "NotAllowed: "
+"""How the last stderr line (after ``gpulayer: ``) of an attempt sbatch refused starts, Slurm's words after it
+(:func:`gpulayerd.app.worker.slurm_worker.refusal_words` reads it; the proxy then exits 126)."""
 
 GONE_AFTER_S = 30.0
 """A job Slurm stops answering about for this long is taken as gone (exit 125)."""
@@ -105,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         job_id = cmds.submit(sbatch_argv(sub))
-    except SlurmError as e:
-        _say(f"NotAllowed: {e}" if "account" in str(e).lower() or "association" in str(e).lower() else str(e))
+    except SlurmError as e:  # sbatch refused it: nothing ran (the worker ends the attempt "never started")
+        _say(f"{REFUSED}{e}" if e.refusal else str(e))
         return 126
     Path(f"{sub.out_dir}/{sub.stem}.slurm").write_text(job_id + "\n")
     _say(f"Slurm job {job_id}")

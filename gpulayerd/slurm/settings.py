@@ -57,7 +57,9 @@ class SlurmConfig(BaseModel):
         partitions: the partitions this worker uses (empty: every partition ``sinfo`` shows).
         gres: GRES type (``a100``) -> its GPU's memory and compute capability.
         interpreters: the workload interpreters on the cluster's nodes (default: the daemon's).
-        prefer: ``last`` (the cluster gets what fits no workstation) or ``overflow-after = DURATION``.
+        prefer: ``last`` (the cluster gets what fits no workstation now:
+            :func:`gpulayerd.core.matching.targeting.prefer_workstations`) or ``overflow-after = DURATION``
+            (accepted; acts as ``last`` for now).
         command_timeout_s: hard limit of one Slurm command (sinfo, sbatch, squeue, scontrol, scancel).
         poll_interval_s: how often a submitted job's state is read.
         output_dir: where a job's batch script and output go, per user, on the shared filesystem

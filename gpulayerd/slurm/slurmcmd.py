@@ -21,7 +21,13 @@ __all__ = ["SlurmCommands", "SlurmError"]
 
 
 class SlurmError(Exception):
-    """A Slurm command failed, timed out or is missing; the message carries its own words."""
+    """A Slurm command failed, timed out or is missing; the message carries its own words.
+
+    ``refusal``: Slurm answered and refused (exit non-zero), as opposed to not answering or missing."""
+
+    def __init__(self, message: str, refusal: bool = False) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 class SlurmCommands:
@@ -55,7 +61,8 @@ class SlurmCommands:
             raise SlurmError(f"{argv[0]} did not answer within {self._timeout_s:g} s")
         if r.returncode != 0:
             words = decisive_line((r.stderr or r.stdout).strip().splitlines()) or f"exit {r.returncode}"
-            raise SlurmError(words if words.startswith(argv[0]) else f"{argv[0]}: {words}")
+            unreachable = "unable to contact" in words.lower() or "timed out" in words.lower()
+            raise SlurmError(words if words.startswith(argv[0]) else f"{argv[0]}: {words}", refusal=not unreachable)
         return r.stdout
 
     def nodes(self) -> list[SlurmNode]:

@@ -67,6 +67,11 @@ class SlurmCluster:
         self.procs[1] = _spawn(self.root, ["slurmctld", "-D", "-f", str(self.root / "slurm.conf")], self.env)
 
 
+NOROOT = "noroot"
+"""A second partition over the same node whose sbatch refuses root's jobs (``DisableRootJobs``): a real
+refusal of one user by Slurm, for a cluster without slurmdbd (no accounts or associations to lack)."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,6 +114,7 @@ KillWait=2
 MinJobAge=300
 NodeName={host} CPUs={cpus}{gres} State=UNKNOWN
 PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName={NOROOT} Nodes=ALL MaxTime=INFINITE State=UP DisableRootJobs=YES
 """
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.daemon_process import Daemon, Lab, wait_until
-from tests.fakes.slurm_cluster import SlurmCluster
+from tests.fakes.slurm_cluster import NOROOT, SlurmCluster
 
 
 def slurm_toml(cluster: SlurmCluster, out_dir: str) -> str:
@@ -161,3 +161,43 @@ def test_slurmctld_down_degrades_the_worker_and_no_job_is_lost_when_it_comes_bac
     assert view.status == "succeeded" and gateway.show(job)["attempt"] == 1, gateway.show(job)
     assert "survived" in gateway.cli_ok("logs", job)
     assert gateway.wait_status(waiting, {"succeeded", "failed"}, timeout_s=30).status == "succeeded"
+
+
+def test_worker_and_no_slurm_target_or_avoid_the_slurm_worker(gateway: Daemon) -> None:
+    r = gateway.cli("submit", "--worker", "no-such-worker", "--", "true")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    name = json.loads(gateway.cli_ok("devices", "--json"))[0]["hostname"]
+    assert "no worker named 'no-such-worker'" in r.stderr and f"known workers: {name}" in r.stderr, r.stderr
+    kept_off = gateway.submit("--no-slurm", "--", "true")
+    try:
+        wait_until(lambda: gateway.show(kept_off)["reason"].startswith("Target: "), 20, "the --no-slurm job is judged")
+        shown = gateway.show(kept_off)
+        assert shown["status"] == "queued", shown
+        assert shown["reason"] == f"Target: {name} is a Slurm worker (--no-slurm)", shown
+    finally:
+        gateway.cli("cancel", kept_off)
+    named = gateway.submit("--worker", name, "--", "sh", "-c", "echo on $SLURMD_NODENAME")
+    assert gateway.wait_status(named, {"succeeded", "failed"}, timeout_s=30).status == "succeeded", gateway.show(named)
+
+
+def test_a_user_slurm_refuses_is_kept_off_the_worker_with_slurms_words(slurm: SlurmCluster) -> None:
+    lab = Lab()  # a gateway on the partition whose sbatch refuses root's jobs (DisableRootJobs; we run as root)
+    try:
+        toml = slurm_toml(slurm, str(lab.root / "slurm-out")).replace(f'["{slurm.partition}"]', f'["{NOROOT}"]')
+        gateway = lab.daemon(toml=toml, probe_interval_s=1.0)
+        job = gateway.submit("--retries", "0", "--", "true")
+        try:
+            wait_until(lambda: gateway.show(job)["reason"].startswith("NotAllowed: Slurm on "), 30,
+                       "the job waits with Slurm's refusal")
+        except AssertionError:
+            raise AssertionError((gateway.cli("show", job).stdout, gateway.cli("logs", "--stderr", job).stdout,
+                                  gateway.log_tail())) from None
+        shown = gateway.show(job)
+        assert shown["status"] == "queued", shown  # not failed: nothing ran, no retry used
+        assert "refused root's job: sbatch: " in shown["reason"], shown
+        text = gateway.cli_ok("show", job)
+        assert "lost" in text and "NotAllowed: sbatch: " in text, text  # the refused attempt, Slurm's words
+        assert [ln for ln in slurm.run("squeue", "-h", "-o", "%k").stdout.splitlines() if job in ln] == []
+        assert "Slurm on " in (explained := gateway.cli_ok("explain", job)) and "refused root" in explained, explained
+    finally:
+        lab.close()

@@ -143,6 +143,11 @@ CASES: list[tuple[str, JobRequest, list[WorkerSnapshot], tuple[str, str]]] = [
      [ws(devices=(gpu(0, driver_version="470.82.01"),), envs=(env(cuda_builds={"torch": "12.4"}),))],
      ("Driver", f"torch 2.4.0+cu124 needs driver ≥ 525.60.13 (CUDA 12.x); ws-1 has 470.82.01 (CUDA 11.4) on ws-1 in {PY}")),
     ("operating system", job(os="darwin"), [ws(os="linux")], ("OS", "ws-1 runs linux, darwin required")),
+    ("--worker names another worker", job(worker="login1"), [ws()], ("Target", "ws-1 is not the --worker named (login1)")),
+    ("--no-slurm and only a Slurm worker", job(slurm=False), [ws(kind="slurm")],
+     ("Target", "ws-1 is a Slurm worker (--no-slurm)")),
+    ("--worker: the named worker's own reason decides", job(**{**CUDA, "gpu_count": 2}, worker="ws-2"),
+     [ws("n1"), ws("n2", devices=(gpu(0),))], ("DeviceCount", "needs 2 whole cuda device(s) at once, worker ws-2 has 1 in all")),
 ]
 
 

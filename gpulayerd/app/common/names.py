@@ -24,6 +24,11 @@ class Names:
         name = self._directory.name_of(node_id) if self._directory is not None else None
         return name or node_id[:12]
 
+    def worker_names(self) -> list[str]:
+        """The names of every worker this node knows: its own and its trusted peers' (``--worker NAME``)."""
+        peers = self._directory.worker_snapshots() if self._directory is not None else []
+        return [self.hostname, *(w.name for w in peers)]
+
     def label(self, node_id: str) -> str:
         """A host name, with the node id's start when in a cluster (host names may repeat)."""
         name = self.name_of(node_id) or node_id[:12]

@@ -26,6 +26,7 @@ from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.starter import Starter
 from gpulayerd.core.job_facts import job_user
 from gpulayerd.core.matching.evaluate import explain, validate
+from gpulayerd.core.matching.targeting import unknown_worker
 from gpulayerd.core.protocol import claims
 from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.reasons import removed_reason
@@ -150,12 +151,14 @@ class OwnerService:
         elif spec.array or spec.after or spec.array_task:
             raise InvalidSpec("array, after: not accepted by this daemon")
         req = spec.to_core(job_id)
+        if (unknown := unknown_worker(req.worker, self._names.worker_names())) is not None:
+            raise InvalidSpec(f"job spec: {unknown}")  # --worker NAME: exit 2, the known names listed
         rejections = validate(req, self._support)
         root_refusal = None if rejections else self._root_refusal(req.user)
         status = JobStatus.REJECTED if rejections or root_refusal else JobStatus.QUEUED
         if rejections:
-            reason = "; ".join(r.message for r in rejections)
-            explanation = ExplanationModel.from_core(explain(req, [], self._support))
+            reason, explanation = "; ".join(r.message for r in rejections), ExplanationModel.from_core(
+                explain(req, [], self._support))
         elif root_refusal is not None:
             reason, explanation = root_refusal, None
         else:

@@ -8,26 +8,44 @@ array tasks). The attempts it claims run as :mod:`gpulayerd.slurm.proxy` under t
 (:class:`~gpulayerd.app.worker.starter.Starter`); :class:`SlurmGate` holds each one's ``started`` report
 until Slurm runs it (WHERE: Slurm's node), the claimed job's reason following Slurm's meanwhile
 (``SlurmPending: Priority (partition gpu, position 2)``), read from ``squeue`` (:class:`SlurmQueue`).
+
+An attempt ``sbatch`` refused (no account or association, a partition's AllowGroups: the proxy's exit 126
+and ``gpulayer: NotAllowed: <Slurm's words>``) ends "never started" (lost, no retry used, Slurm's words its
+reason) and :class:`SlurmRefusals` keeps that user's jobs off this worker for :data:`REFUSAL_KEEP_S`
+(offers refused, and the capabilities say so: owners' matchers give ``NotAllowed: Slurm on login1
+refused alice's job: sbatch: error: ...``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 from gpulayerd.app.common.ledger import Ledger, RunKey
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.worker import WorkerService
+from gpulayerd.core.job_facts import job_user
 from gpulayerd.models import Capabilities
+from gpulayerd.runs.launchfile import LaunchFile
+from gpulayerd.runs.layout import LAUNCH_FILE, STDERR_LOG
 from gpulayerd.runs.runner import RunHandle, Runner
+from gpulayerd.runs.status import RunStatus
 from gpulayerd.slurm.batch import refusal
 from gpulayerd.slurm.capacity import SlurmCapacity
+from gpulayerd.slurm.proxy import REFUSED
 from gpulayerd.slurm.queue import SlurmQueue
 from gpulayerd.slurm.settings import SlurmConfig
 from gpulayerd.slurm.slurmcmd import SlurmCommands
 
-__all__ = ["SlurmGate", "attach_slurm", "spec_refusal"]
+__all__ = ["REFUSAL_KEEP_S", "SlurmGate", "SlurmRefusals", "attach_slurm", "refusal_of", "spec_refusal"]
+
+REFUSAL_KEEP_S = 600.0
+"""How long a user whose job sbatch refused is kept off this worker (seconds)."""
 
 
 def spec_refusal(spec: Mapping[str, object]) -> str | None:
@@ -37,30 +55,77 @@ def spec_refusal(spec: Mapping[str, object]) -> str | None:
     return refusal(nnodes if isinstance(nnodes, int) else 1, spec.get("array_task") is not None)
 
 
+def refusal_of(status: RunStatus, run_dir: Path) -> tuple[str, str] | None:
+    """(the job's user, Slurm's words) when ``sbatch`` refused the attempt of ``run_dir`` (the proxy's exit 126
+    and last stderr line), else None. The user comes from the attempt's ``launch.json`` (the daemon's own
+    account in personal mode), never from the job's output (blocking: run in a thread)."""
+    if status.reason != "exited" or status.exit_code != 126:
+        return None
+    try:
+        with open(run_dir / STDERR_LOG, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        launch = LaunchFile.load(run_dir / LAUNCH_FILE)
+    except (OSError, ValueError):
+        return None
+    said = f"gpulayer: {REFUSED}"
+    if not lines or not lines[-1].startswith(said):
+        return None
+    user = launch.user.name if launch.user is not None else pwd.getpwuid(os.getuid()).pw_name
+    return user, lines[-1][len(said):].strip()[:500] or "sbatch refused the job"
+
+
+class SlurmRefusals:
+    """The users whose jobs ``sbatch`` refused lately, with Slurm's words, each kept ``keep_s``."""
+
+    def __init__(self, keep_s: float = REFUSAL_KEEP_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._keep_s, self._clock = keep_s, clock
+        self._until: dict[str, tuple[str, float]] = {}
+
+    def remember(self, user: str, words: str) -> None:
+        """Slurm refused a job of ``user`` now."""
+        self._until[user] = (words, self._clock() + self._keep_s)
+        while len(self._until) > 256:
+            del self._until[next(iter(self._until))]
+
+    def now(self) -> dict[str, str]:
+        """user -> Slurm's words, for the refusals still kept."""
+        t = self._clock()
+        for user in [u for u, (_, until) in self._until.items() if until <= t]:
+            del self._until[user]
+        return {u: w for u, (w, _) in self._until.items()}
+
+
 class SlurmGate:
     """Holds a started attempt's ``started`` report until Slurm runs its job (or the attempt ended).
 
     Args:
         queue: the shared ``squeue`` reader.
         report: ``WorkerService.report`` (a ``renew`` carrying the pending reason).
-        ended: whether the attempt's watchdog has ended (blocking: run in a thread).
+        poll: the attempt's watchdog's status (blocking: run in a thread).
         poll_s: how often Slurm is asked.
         lease_of: an attempt's lease (seconds), None when it is not running here.
     """
 
     def __init__(self, queue: SlurmQueue, report: Callable[..., Awaitable[object]],
-                 ended: Callable[[RunHandle], bool], poll_s: float, lease_of: Callable[[RunKey], float | None]) -> None:
+                 poll: Callable[[RunHandle], RunStatus], poll_s: float,
+                 lease_of: Callable[[RunKey], float | None]) -> None:
         self.queue = queue
         self._lease_of = lease_of
         self._report = report
-        self._ended = ended
+        self._poll = poll
         self._poll_s = poll_s
 
     async def until_running(self, owner: str, key: RunKey, handle: RunHandle) -> str:
         """Wait until Slurm runs the attempt's job; its node list ("" when the attempt ended first). While
-        it is pending, each new reason goes to the owner with a renewal (the claimed job's reason)."""
+        it is pending, each new reason goes to the owner with a renewal (the claimed job's reason).
+
+        Raises:
+            asyncio.CancelledError: sbatch refused it: it never started (no ``started`` report; its end
+                says so, :func:`attach_slurm`).
+        """
         said = ""
-        while not await asyncio.to_thread(self._ended, handle):
+        while (status := await asyncio.to_thread(self._poll, handle)).running:
             await self.queue.refresh()
             job = self.queue.find(*key)
             if job is not None and job.state != "PENDING":
@@ -70,6 +135,8 @@ class SlurmGate:
                 said = reason
                 await self._report(owner, key, "renew", None, reason)
             await asyncio.sleep(self._poll_s)
+        if await asyncio.to_thread(refusal_of, status, handle.run_dir) is not None:
+            raise asyncio.CancelledError  # (the "started" report is not sent: the owner believes "never started")
         return ""
 
     def renewable(self, key: RunKey) -> bool:
@@ -89,25 +156,42 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
     commands = SlurmCommands(cfg.command_timeout_s, cfg.env)
     capacity = SlurmCapacity(cfg, commands, socket.gethostname())
     gate: SlurmGate | None = None
+    refusals = SlurmRefusals()
     if worker is not None and runner is not None and ledger is not None:
         def lease_of(key: RunKey) -> float | None:
             run = ledger.state.runs.get(key)
             return run.lease_s if run is not None else None
 
         gate = SlurmGate(SlurmQueue(commands, cfg.poll_interval_s), worker.report,
-                         lambda h: not runner.poll(h).running, cfg.poll_interval_s, lease_of)
+                         runner.poll, cfg.poll_interval_s, lease_of)
         worker.start_gate, worker.renewable = gate.until_running, gate.renewable
+        finished = worker.finished
+
+        async def refused_or_finished(key: RunKey, status: RunStatus, owner: str = "") -> None:
+            """An attempt sbatch refused ends never started (Slurm's words its reason); any other as usual."""
+            entry = ledger.get(key)
+            got = await asyncio.to_thread(refusal_of, status, entry.handle.run_dir) if entry is not None else None
+            if entry is None or got is None:
+                return await finished(key, status, owner)
+            refusals.remember(*got)
+            ledger.ended(key)
+            await worker.never_started(key, entry.owner, f"{REFUSED}{got[1]}")
+
+        worker.finished = refused_or_finished  # type: ignore[method-assign]
 
     def refuse(spec: Mapping[str, object]) -> str | None:
         """What the worker does not run (:func:`spec_refusal`), and nothing while Slurm does not answer."""
         if gate is not None:
             gate.queue.poke()
         down = capacity.error or (gate.queue.error if gate is not None else "")
-        return spec_refusal(spec) or (f"SlurmDown: Slurm does not answer: {down}" if down else None)
+        user = job_user(spec.get("user") if isinstance(spec.get("user"), str) else None, None)  # type: ignore[arg-type]
+        words = refusals.now().get(user) if user else None
+        return (spec_refusal(spec) or (f"SlurmDown: Slurm does not answer: {down}" if down else None)
+                or (f"{REFUSED}Slurm refused {user}'s job lately: {words}" if words else None))
 
     def shape(caps: Capabilities) -> Capabilities:
         return caps.model_copy(update={"kind": "slurm", "slurm_partitions": list(capacity.partitions),
-                                       "slurm_gres": list(capacity.gres)})
+                                       "slurm_gres": list(capacity.gres), "slurm_refused": refusals.now()})
 
     machine.inventory_source = capacity.inventory
     machine.shape_caps = shape

@@ -17,6 +17,7 @@ from dataclasses import replace
 from gpulayerd.core.fairshare import gpu_cap_rejection, gpus_of
 from gpulayerd.core.matching.requirements import check_workdir, choose_devices, choose_environment
 from gpulayerd.core.matching.runtime_checks import check_host
+from gpulayerd.core.matching.targeting import prefer_workstations, slurm_refusal, target_rejection
 from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import (
@@ -139,6 +140,10 @@ def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True)
         if account is not None:
             static.append(account)
 
+    target = target_rejection(job, worker) or slurm_refusal(job, worker)  # --worker NAME, --no-slurm, sbatch's no
+    if target is not None:
+        checks.append(Check(target.requirement, target.wanted, target.found, False))
+        static.append(target)
     checks.append(Check("online", "yes", "yes" if worker.online else "no (offline)", worker.online))
     if static:
         state = FitState.NO_FIT
@@ -166,7 +171,7 @@ def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True)
         )
     rejections = tuple(static + busy) if state is not FitState.FITS_NOW else ()
     return WorkerExplanation(
-        worker.node_id, worker.name, worker.online, state, tuple(checks), rejections, placement
+        worker.node_id, worker.name, worker.online, state, tuple(checks), rejections, placement, worker.kind == "slurm"
     )
 
 
@@ -188,6 +193,7 @@ def assemble(job: JobRequest, rows: Sequence[WorkerExplanation]) -> Explanation:
     row that has one)."""
     # A multi-host job needs nnodes workers at once: the verdict is the best state that
     # enough workers reach (counting each worker at its own state or better).
+    rows = prefer_workstations(rows)  # [slurm] prefer = last: a Slurm worker only when no workstation fits now
     need = job.distributed.nnodes if job.distributed is not None else 1
     ladder = [(FitState.FITS_NOW, Verdict.FITS_NOW), (FitState.FITS_BUT_BUSY, Verdict.FITS_BUT_BUSY),
               (FitState.FITS_OFFLINE, Verdict.FITS_ONLY_OFFLINE)]
@@ -224,6 +230,8 @@ def job_signature(job: JobRequest) -> tuple[object, ...]:
         job.min_driver_version,
         job.cuda_runtime,
         job.os,
+        job.worker,
+        job.slurm,
     )
 
 

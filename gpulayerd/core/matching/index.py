@@ -40,7 +40,7 @@ _INF = float("inf")
 _SIGNATURE_FIELDS = frozenset({
     "job_id", "accelerator", "gpu_count", "gpu_memory_bytes", "gpu_memory_kind", "min_cuda_compute_capability",
     "frameworks", "python", "requires_float64", "distributed", "workdir", "user", "min_driver_version",
-    "cuda_runtime", "os",
+    "cuda_runtime", "os", "worker", "slurm",
 })
 """The fields :func:`_rest` reads by name; a field added to JobRequest falls back to a generic key."""
 _GENERIC = {f.name for f in dataclasses.fields(JobRequest)} != _SIGNATURE_FIELDS
@@ -205,14 +205,14 @@ def _rest(job: JobRequest) -> Hashable:
         return freeze(replace(job, job_id="", gpu_memory_bytes=None, workdir=None))
     return (job.accelerator, job.gpu_count, job.gpu_memory_kind, job.min_cuda_compute_capability,
             tuple(sorted(job.frameworks.items())), job.python, job.requires_float64, job.distributed, job.user,
-            job.min_driver_version, job.cuda_runtime, job.os)
+            job.min_driver_version, job.cuda_runtime, job.os, job.worker, job.slurm)
 
 
 def _fit_only(job: JobRequest, index: WorkerIndex, support: SupportMatrix) -> FitDecision:
     if validate(job, support):
         return FitDecision(job.job_id, Verdict.FITS_NOWHERE, None)
-    if job.distributed is not None and job.distributed.nnodes > 1:
-        e = explain(job, index.workers, support)
+    if (job.distributed is not None and job.distributed.nnodes > 1) or any(w.kind == "slurm" for w in index.workers):
+        e = explain(job, index.workers, support)  # (a Slurm worker comes last: targeting.prefer_workstations)
         return FitDecision(job.job_id, e.verdict, e.placement, len(index.workers))
     cands = index.candidates(job)
     n = 0

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from gpulayerd.core import fairshare
 from gpulayerd.core.matching.shapes import FreezeMemo, ShapeBook, freeze
+from gpulayerd.core.matching.targeting import workstation_first
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
 from gpulayerd.core.scheduling.retrying import OfferAges, prefer_others
 from gpulayerd.core.scheduling.steps import Key, QueuedJob, SendOffer
@@ -154,10 +155,14 @@ def elsewhere(book: ShapeBook, req: JobRequest, here: Placement, worker: WorkerS
     this machine, any peer that fits the job now (CPU jobs too; :meth:`OfferRound.choose`).
     (A peer's workdir is checked only when it claims: the caller bounds how long a job is left.)"""
     mine = avoid is not None and avoid == worker.node_id
-    if (req.gpu_count == 0 and not mine) or not remote:
+    last = worker.kind == "slurm"  # [slurm] prefer = last: a workstation that fits now takes it (targeting)
+    if (req.gpu_count == 0 and not mine and not last) or not remote:
         return None
-    fits = [fit_of(r.placement, w) for w in remote
-            if w.node_id != avoid and (r := book.row(req, w)).state is FitState.FITS_NOW and r.placement is not None]
+    fitting = [(w, r.placement) for w in remote
+               if w.node_id != avoid and (r := book.row(req, w)).state is FitState.FITS_NOW and r.placement is not None]
+    if last and workstation_first(worker, [w for w, _ in fitting]):
+        return offers.choose([fit_of(p, w) for w, p in fitting if w.kind != "slurm"])
+    fits = [fit_of(p, w) for w, p in fitting]
     return offers.choose(fits) if mine else offers.smaller_than(fit_of(here, worker), fits)
 
 
