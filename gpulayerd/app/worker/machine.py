@@ -380,6 +380,14 @@ class Machine:
             return {}
         return next((dict(e.activation) for e in caps.environments if e.interpreter == interpreter), {})
 
+    def reshape(self) -> None:
+        """Apply :attr:`shape_caps` to the capabilities again (what it adds changed: a Slurm worker's
+        refusals); the scheduler judges the queue again and peers fetch the new capabilities."""
+        if self._caps is not None:
+            self._caps = self.shape_caps(self._caps)
+            self._signals.devices_changed()
+            self._signals.wake()
+
     def use_capabilities(self, caps: Capabilities) -> None:
         """Take ``caps`` as this machine's probed capabilities (for a machine that is not probed,
         e.g. one made up by a test); :meth:`probe_loop` would replace them."""

@@ -174,8 +174,10 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
             if entry is None or got is None:
                 return await finished(key, status, owner)
             refusals.remember(*got)
+            machine.reshape()  # its capabilities say so now: this node's queue and its peers judge again
             ledger.ended(key)
             await worker.never_started(key, entry.owner, f"{REFUSED}{got[1]}")
+            worker._watchers.pop(key, None)  # (as finished does: this attempt is no longer watched)
 
         worker.finished = refused_or_finished  # type: ignore[method-assign]
 
