@@ -79,7 +79,9 @@ def test_ignore_file_outside_git(tmp_path: Path) -> None:
     (tmp_path / ".gpulayerignore").write_text("*.bin\nlogs/\n")
     os.symlink("/etc", tmp_path / "etc-link")
     assert _ignored_walk(tmp_path) == [".gpulayerignore", "etc-link", "src/a.py"]
-    manifest, sources = make_manifest(tmp_path, _ignored_walk(tmp_path))
+    body, sources = make_manifest(tmp_path, _ignored_walk(tmp_path))
+    manifest = Manifest.model_validate(body)  # what the daemon takes, unchanged
+    assert manifest.model_dump(mode="json") == body
     kinds = {e.path: (e.kind, e.target) for e in manifest.entries}
     assert kinds["etc-link"] == ("link", "/etc")  # shipped as a link, never followed
     assert sources[_sha(b"x")] == tmp_path / "src" / "a.py"
@@ -340,3 +342,65 @@ def test_offers_made_before_any_upload_do_not_add_up_past_the_quota_the_total_or
             pass
     assert kept <= 150
     assert sum(p.stat().st_size for p in (store.root / "blobs").glob("*/*")) <= 150
+
+
+def _walk_cached(workdir: Path, cache_dir: Path, racy_s: float = 0.0) -> tuple[dict[str, str], int]:
+    """(path -> SHA-256, files the stat cache answered) of a snapshot of every file in ``workdir``."""
+    from gpulayerd.ship.statcache import StatCache
+
+    cache = StatCache(cache_dir, workdir, racy_s=racy_s)
+    body, _ = make_manifest(workdir, _ignored_walk(workdir), cache)
+    cache.save()
+    return {e["path"]: e["sha256"] for e in body["entries"]}, cache.hits
+
+
+def test_the_stat_cache_skips_unchanged_files_and_rehashes_one_changed_with_the_same_size_and_mtime(
+        tmp_path: Path) -> None:
+    wd, cache_dir = tmp_path / "wd", tmp_path / "cache"
+    wd.mkdir()
+    (wd / "a.txt").write_bytes(b"aaaa")
+    (wd / "b.txt").write_bytes(b"bbbb")
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"aaaa"), "b.txt": _sha(b"bbbb")}, 0)
+    (cache_file,) = cache_dir.iterdir()
+    assert cache_file.stat().st_mode & 0o777 == 0o600
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"aaaa"), "b.txt": _sha(b"bbbb")}, 2)  # nothing read
+    st = os.stat(wd / "a.txt")
+    with open(wd / "a.txt", "r+b") as f:  # same inode, same size, then its mtime put back
+        f.write(b"AAAA")
+    os.utime(wd / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(wd / "a.txt").st_size, os.stat(wd / "a.txt").st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"AAAA"), "b.txt": _sha(b"bbbb")}, 1)  # its ctime moved
+    cache_file.write_text("{not json")  # a broken cache is ignored: every file hashed
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"AAAA"), "b.txt": _sha(b"bbbb")}, 0)
+
+
+def test_the_stat_cache_does_not_remember_a_file_changed_just_before_it_was_hashed(tmp_path: Path) -> None:
+    wd, cache_dir = tmp_path / "wd", tmp_path / "cache"
+    wd.mkdir()
+    (wd / "new.txt").write_bytes(b"just written")
+    assert _walk_cached(wd, cache_dir, racy_s=3600.0)[1] == 0
+    assert _walk_cached(wd, cache_dir, racy_s=3600.0)[1] == 0  # racily clean: read again, as git would
+
+
+def test_a_file_replaced_between_hash_and_upload_is_caught_before_its_last_chunk(tmp_path: Path) -> None:
+    from gpulayerd.ship.upload import ShipUsageError, send_snapshot
+
+    store = _store(tmp_path)
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "a.bin").write_bytes(b"first")
+    body, sources = make_manifest(wd, ["a.bin"])
+    (wd / "a.bin").write_bytes(b"other")  # the same size, other bytes
+    client = _StoreClient(store)
+    with pytest.raises(ShipUsageError, match=r"a\.bin changed after the snapshot was made"):
+        send_snapshot(client, body, sources)
+    assert client.offsets == [] and not store.blob_path(_sha(b"first")).exists()
+    os.unlink(wd / "a.bin")
+    os.symlink(tmp_path / "elsewhere", wd / "a.bin")  # never followed, even at upload
+    (tmp_path / "elsewhere").write_bytes(b"first")
+    with pytest.raises(ShipUsageError, match="cannot read"):
+        send_snapshot(_StoreClient(store), body, sources)
+    (wd / "a.bin").unlink()
+    (wd / "a.bin").write_bytes(b"first")
+    assert send_snapshot(_StoreClient(store), body, sources) == Manifest.model_validate(body).snapshot_id()
+
