@@ -3,8 +3,11 @@ bytes, the least recently used dropped first.
 
 A content enters only verified (its bytes hash to its name), through a temporary file renamed into
 place: a cut transfer leaves no partial blob under a content's name. Job trees get copies of cached
-contents (:mod:`gpulayerd.ship.tree`), never hard links: a job cannot change the cache. Contents a
-transfer in progress needs are pinned (never dropped while pinned). Blocking I/O: call from a thread.
+contents (:mod:`gpulayerd.ship.tree`), never hard links: a job cannot change the cache. A content is
+read for a tree through :meth:`BlobCache.open_content`: hashed again unless this daemon's life
+verified that very file (the same device, inode, size and change time) when it entered, so each content is hashed
+once per daemon life, not at every unpack. Contents a transfer in progress needs are pinned (never
+dropped while pinned). Blocking I/O: call from a thread.
 """
 
 from __future__ import annotations
@@ -13,12 +16,20 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from gpulayerd.host.privdirs import make_private_dirs
 from gpulayerd.models.snapshots import is_digest
-from gpulayerd.ship.walk import hash_file
+from gpulayerd.ship.walk import hash_fd
 
 __all__ = ["BlobCache"]
+
+_Key = tuple[int, int, int, int]
+"""A cached file's (device, inode, size in bytes, ``st_ctime_ns``): the file a verification holds for."""
+
+
+def _key(st: os.stat_result) -> _Key:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns)
 
 
 class BlobCache:
@@ -34,6 +45,7 @@ class BlobCache:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._pins: dict[str, int] = {}
+        self._verified: dict[str, _Key] = {}  # digest -> the key of the file hashed in this life
         self._opened = False
 
     def _open(self) -> None:
@@ -55,8 +67,13 @@ class BlobCache:
         p = self.path(digest)
         try:
             os.utime(p)
+            st = os.stat(p, follow_symlinks=False)
         except FileNotFoundError:
             return False
+        with self._lock:  # (the use moved its change time: the verification still holds for that file)
+            known = self._verified.get(digest)
+            if known is not None and known[:3] == _key(st)[:3]:
+                self._verified[digest] = _key(st)
         return True
 
     def partial(self, digest: str) -> Path:
@@ -72,10 +89,50 @@ class BlobCache:
             ValueError: its bytes do not hash to ``digest`` (the temporary file is removed).
         """
         part = self.partial(digest)
-        if hash_file(part)[0] != digest:
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            got = hash_fd(fd)[0]
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if got != digest:
             part.unlink(missing_ok=True)
             raise ValueError(f"content {digest[:12]}: the bytes received do not hash to it")
         os.replace(part, self.path(digest))
+        with self._lock:
+            self._verified[digest] = _key(st)
+
+    def open_content(self, digest: str, size: int) -> BinaryIO:
+        """The cached content ``digest`` opened for reading (no link followed), checked to hold ``size``
+        bytes that hash to ``digest``: hashed now unless this daemon verified that very file (device,
+        inode, size, change time) when it entered (:meth:`finish`) or at an earlier open. The caller
+        closes it.
+
+        Raises:
+            ValueError: it does not hold ``size`` bytes or they do not hash to ``digest`` (it is removed
+                from the cache). OSError: it is not cached (FileNotFoundError) or cannot be read.
+        """
+        path = self.path(digest)
+        f = open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)), "rb")  # noqa: SIM115
+        try:
+            st = os.fstat(f.fileno())
+            key = _key(st)
+            with self._lock:
+                known = self._verified.get(digest) == key
+            if not known:
+                got, n = hash_fd(f.fileno())
+                if got != digest or n != st.st_size:
+                    path.unlink(missing_ok=True)
+                    raise ValueError(f"content {digest[:12]}: the cached bytes do not hash to it (dropped)")
+                f.seek(0)
+                with self._lock:
+                    self._verified[digest] = key
+            if st.st_size != size:
+                raise ValueError(f"content {digest[:12]}: {st.st_size} bytes cached, the manifest says {size}")
+            return f
+        except BaseException:
+            f.close()
+            raise
 
     def pin(self, digests: Iterable[str]) -> None:
         """Keep ``digests`` while a transfer or an unpack needs them (see :meth:`unpin`)."""
@@ -115,6 +172,8 @@ class BlobCache:
             if pinned and p.name in pinned:
                 continue
             p.unlink(missing_ok=True)
+            with self._lock:
+                self._verified.pop(p.name, None)
             total -= size
             dropped += size
         return dropped

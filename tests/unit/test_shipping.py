@@ -404,3 +404,42 @@ def test_a_file_replaced_between_hash_and_upload_is_caught_before_its_last_chunk
     (wd / "a.bin").write_bytes(b"first")
     assert send_snapshot(_StoreClient(store), body, sources) == Manifest.model_validate(body).snapshot_id()
 
+
+def test_a_cached_content_is_hashed_again_unless_this_life_verified_that_very_file(tmp_path: Path) -> None:
+    data = b"content"
+    cache = BlobCache(tmp_path / "cache", max_bytes=1000)
+    cache.partial(_sha(data)).write_bytes(data)
+    cache.finish(_sha(data))
+    with cache.open_content(_sha(data), len(data)) as f:  # verified when it entered
+        assert f.read() == data
+    with pytest.raises(ValueError, match="the manifest says 6"):
+        cache.open_content(_sha(data), 6)
+    os.unlink(cache.path(_sha(data)))  # another file put under its name: hashed again, dropped
+    cache.path(_sha(data)).write_bytes(b"garbage!")
+    with pytest.raises(ValueError, match="do not hash"):
+        cache.open_content(_sha(data), len(data))
+    assert not cache.has(_sha(data))
+    later = BlobCache(tmp_path / "cache", max_bytes=1000)  # a new daemon life: an old content is hashed once
+    cache.partial(_sha(b"old")).write_bytes(b"old")
+    cache.finish(_sha(b"old"))
+    with later.open_content(_sha(b"old"), 3) as f:
+        assert f.read() == b"old"
+
+
+def test_an_unpack_fed_a_content_the_cache_cannot_verify_fails(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "cache", max_bytes=1000)
+    cache.path(_sha(b"x")).parent.mkdir(parents=True, exist_ok=True)
+    cache.path(_sha(b"x")).write_bytes(b"y")  # (not through finish: never verified, and wrong)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+
+    def feed(sink: io.BufferedWriter) -> None:  # type: ignore[type-arg]
+        sink.write(header({"path": "ok.txt", "kind": "file", "size": 0, "sha256": _sha(b"")}))
+        try:  # as ShipClient._unpack feeds: a content the cache refuses ends the stream as a failure
+            cache.open_content(_sha(b"x"), 1)
+        except ValueError as e:
+            raise TreeError(str(e)) from None
+
+    with pytest.raises(AsUserError, match="the cached bytes do not hash to it"):
+        run_as("unpack", [str(tree)], None, feed=feed, timeout_s=5)
+    assert not cache.path(_sha(b"x")).exists()
