@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import IO
 
+from gpulayerd.host.filelocks import widen_pipe
 from gpulayerd.ship.tree import TreeError, collect_outputs, header, write_tree
 
 __all__ = ["AsUserError", "main", "run_as", "user_ids"]
@@ -106,6 +107,7 @@ def run_as(op: str, args: list[str], ids: tuple[int, int, tuple[int, ...]] | Non
     except OSError as e:  # e.g. the interpreter is not readable by that account
         raise AsUserError(f"cannot start the {op} helper as uid {uid}: {e.strerror or e}") from e
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    widen_pipe(proc.stdin.fileno())
     stdin = proc.stdin
     failure: list[BaseException] = []
 
@@ -145,6 +147,7 @@ def run_as(op: str, args: list[str], ids: tuple[int, int, tuple[int, ...]] | Non
 def _in_process(op: str, args: list[str], feed: Callable[[IO[bytes]], None] | None, timeout_s: float) -> bytes:
     """:func:`run_as` in this process: the stream through a pipe fed by a thread."""
     r, w = os.pipe()
+    widen_pipe(w)  # (1 MiB pieces: far fewer switches between the feeding thread and the writer)
     src = os.fdopen(r, "rb")
     failure: list[BaseException] = []
 

@@ -42,14 +42,15 @@ class WalkError(Exception):
 
 
 def _git_paths(workdir: Path) -> list[str] | None:
-    """The paths git lists in ``workdir`` (relative to it), or None when it is not in a git work tree."""
+    """The paths git lists in ``workdir`` (relative to it), or None when it is not in a git work tree
+    (one ``git`` process in a work tree; where ``ls-files`` fails, a second asks whether it is one)."""
+    listed = run_command(["git", "-C", str(workdir), "ls-files", "-co", "--exclude-standard", "-z"], GIT_TIMEOUT_S)
+    if listed.returncode == 0:
+        return sorted({p for p in listed.stdout.split("\0") if p})
     inside = run_command(["git", "-C", str(workdir), "rev-parse", "--is-inside-work-tree"], GIT_TIMEOUT_S)
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return None
-    listed = run_command(["git", "-C", str(workdir), "ls-files", "-co", "--exclude-standard", "-z"], GIT_TIMEOUT_S)
-    if listed.returncode != 0:
-        raise WalkError(f"git ls-files in {workdir} failed: {listed.stderr.strip()[:200] or 'timed out'}")
-    return sorted({p for p in listed.stdout.split("\0") if p})
+    raise WalkError(f"git ls-files in {workdir} failed: {listed.stderr.strip()[:200] or 'timed out'}")
 
 
 def _ignored_walk(workdir: Path) -> list[str]:

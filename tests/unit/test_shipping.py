@@ -443,3 +443,4 @@ def test_an_unpack_fed_a_content_the_cache_cannot_verify_fails(tmp_path: Path) -
     with pytest.raises(AsUserError, match="the cached bytes do not hash to it"):
         run_as("unpack", [str(tree)], None, feed=feed, timeout_s=5)
     assert not cache.path(_sha(b"x")).exists()
+
