@@ -7,17 +7,21 @@ this workdir is not read again: :mod:`gpulayerd.ship.statcache`), the manifest i
 which answers the contents it lacks (or refuses the snapshot over a cap, naming the largest files:
 exit 2); those are uploaded in 1 MiB chunks, each from the byte the daemon says it holds already
 (``received``: an interrupted upload resumes where it stopped), then the manifest is committed and
-its id goes into the spec's ``ship``. A content is hashed again as it is uploaded: a file changed
-after the snapshot was made is refused before its last chunk. No pydantic on this path (a fast start).
+its id goes into the spec's ``ship``. A file whose stamp (size, times, inode) moved since it was
+hashed is refused before it is uploaded; the daemon verifies every content's SHA-256 anyway. No
+pydantic on this path (a fast start).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpulayerd.ship.statcache import Stamp
 
 __all__ = ["ShipUsageError", "SnapshotClient", "send_snapshot", "ship_spec", "wants_ship"]
 
@@ -127,19 +131,20 @@ def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Pat
 
     cache = StatCache(default_dir(), workdir)
     try:
-        body, sources = make_manifest(workdir, list_paths(workdir), cache)
+        snap = make_manifest(workdir, list_paths(workdir), cache)
     except WalkError as e:
         raise ShipUsageError(f"--ship: {e}") from None
     cache.save()
-    return call(lambda c: send_snapshot(c, body, sources))
+    return call(lambda c: send_snapshot(c, snap.body, snap.sources, snap.stamps))
 
 
-def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Path]) -> str:
+def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: Mapping[str, Path],
+                  stamps: Mapping[str, Stamp] | None = None) -> str:
     """Offer the manifest ``body``, upload the contents the daemon lacks from ``sources`` (SHA-256 -> a
-    file holding them, read without following a link), each from the byte the daemon holds already,
-    then commit; the snapshot id. Each content is hashed again as it is read: one that no longer
-    hashes to its SHA-256 (the file changed after the snapshot was made) is refused before its last
-    chunk is sent (the daemon verifies it too).
+    file holding them, opened without following a link), each from the byte the daemon holds already,
+    then commit; the snapshot id. A file whose stamp is no longer the one ``stamps`` holds (it was
+    written, replaced or touched after it was hashed) is refused before any of it is sent; the daemon
+    verifies every content's SHA-256 in any case (a change the stamps cannot see: exit 2 there).
 
     Raises:
         ShipUsageError: the daemon asked for a content not in the snapshot, or a file changed meanwhile.
@@ -153,7 +158,8 @@ def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Pa
         source = sources.get(digest)
         if source is None or digest not in sizes:
             raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
-        sent += _upload_one(c, digest, sizes[digest], source, int(received.get(digest, 0)))
+        expected = stamps.get(digest) if stamps is not None else None
+        sent += _upload_one(c, digest, sizes[digest], source, int(received.get(digest, 0)), expected)
     stored = c.snapshot(body, commit=True)
     if not stored.stored:
         raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
@@ -163,17 +169,19 @@ def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Pa
     return str(stored.snapshot_id)
 
 
-def _upload_one(c: SnapshotClient, digest: str, size: int, source: Path, offset: int) -> int:
-    """Upload content ``digest`` (``size`` bytes) from ``source``, from byte ``offset`` (what the daemon
-    holds, resumed; those bytes are read and hashed here too); the bytes sent.
+def _upload_one(c: SnapshotClient, digest: str, size: int, source: Path, offset: int,
+                expected: Stamp | None) -> int:
+    """Upload content ``digest`` (``size`` bytes) from ``source`` from byte ``offset`` (what the daemon
+    holds: resumed); the bytes sent.
 
     Raises:
-        ShipUsageError: ``source`` is not a regular file or its bytes do not hash to ``digest``.
+        ShipUsageError: ``source`` is not a regular file, its stamp is not ``expected`` (when given), or
+            it does not hold ``size`` bytes.
     """
-    import hashlib
     import stat
 
     from gpulayerd.core.shipping import BLOB_CHUNK_BYTES
+    from gpulayerd.ship.statcache import stamp
 
     changed = ShipUsageError(f"--ship: {source} changed after the snapshot was made: submit again")
     try:
@@ -181,27 +189,19 @@ def _upload_one(c: SnapshotClient, digest: str, size: int, source: Path, offset:
     except OSError as e:
         raise ShipUsageError(f"--ship: {source}: cannot read: {e.strerror or e}") from None
     with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise changed
-        h = hashlib.sha256()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size or (expected is not None and stamp(st) != expected):
+            raise changed  # (before a byte is sent)
         offset = offset if 0 <= offset <= size else 0
-        left = offset
-        while left > 0:  # the bytes the daemon holds: hashed, not sent again
-            chunk = f.read(min(left, BLOB_CHUNK_BYTES))
-            if not chunk:
-                raise changed
-            h.update(chunk)
-            left -= len(chunk)
+        f.seek(offset)
         sent = 0
         while True:
             chunk = f.read(min(BLOB_CHUNK_BYTES, size - offset))
-            h.update(chunk)
-            last = offset + len(chunk) >= size or not chunk
-            if last and (offset + len(chunk) != size or f.read(1) or h.hexdigest() != digest):
-                raise changed  # (before its last chunk: the daemon never completes a wrong content)
             if chunk or offset == 0:
                 c.snapshot_blob(digest, offset, chunk)
             offset += len(chunk)
             sent += len(chunk)
-            if last:
+            if offset >= size:
                 return sent
+            if not chunk:
+                raise changed  # (it shrank: the daemon holds a part, completed or dropped at the next upload)

@@ -20,15 +20,14 @@ import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from gpulayerd.core.shipping import Entry, manifest_problem, path_problem
 from gpulayerd.gpu.command import run_command
+from gpulayerd.ship.statcache import Stamp, StatCache, stamp
 
-if TYPE_CHECKING:
-    from gpulayerd.ship.statcache import StatCache
-
-__all__ = ["IGNORE_FILE", "OUTPUT_DIR", "WalkError", "hash_fd", "hash_file", "list_paths", "make_manifest"]
+__all__ = ["IGNORE_FILE", "OUTPUT_DIR", "Snapshot", "WalkError", "hash_fd", "hash_file", "list_paths",
+           "make_manifest"]
 
 IGNORE_FILE = ".gpulayerignore"
 """The file whose gitignore-syntax patterns a workdir outside git leaves out of its snapshot."""
@@ -130,8 +129,21 @@ def hash_file(path: Path) -> tuple[str, int, bool]:
         os.close(fd)
 
 
-def _hash_entry(full: Path, rel: str, cache: StatCache | None) -> tuple[str, int, bool]:
-    """(SHA-256, size in bytes, executable) of the regular file ``full``, remembered in ``cache``.
+class Snapshot(NamedTuple):
+    """What :func:`make_manifest` made of a workdir."""
+
+    body: dict[str, Any]
+    """The manifest as the JSON body of ``POST /v1/snapshots`` (``{"entries": [...]}``)."""
+    sources: dict[str, Path]
+    """SHA-256 -> a file holding those bytes (what an upload reads)."""
+    stamps: dict[str, Stamp]
+    """SHA-256 -> the :data:`~gpulayerd.ship.statcache.Stamp` that file had when its hash was taken (an
+    upload refuses a file whose stamp moved since)."""
+
+
+def _hash_entry(full: Path, rel: str, cache: StatCache | None) -> tuple[str, int, bool, os.stat_result]:
+    """(SHA-256, size in bytes, executable, its status when opened) of the regular file ``full``,
+    remembered in ``cache``.
 
     Raises:
         OSError: it cannot be opened or read. WalkError: it is no longer a regular file.
@@ -148,16 +160,15 @@ def _hash_entry(full: Path, rel: str, cache: StatCache | None) -> tuple[str, int
         os.close(fd)
     if cache is not None and size == before.st_size:
         cache.remember(rel, before, after, digest, began)
-    return digest, size, bool(before.st_mode & stat.S_IXUSR)
+    return digest, size, bool(before.st_mode & stat.S_IXUSR), before
 
 
-def make_manifest(workdir: Path, paths: Iterable[str],
-                  cache: StatCache | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
+def make_manifest(workdir: Path, paths: Iterable[str], cache: StatCache | None = None) -> Snapshot:
     """The manifest of ``paths`` (relative to ``workdir``) as the JSON body of ``POST /v1/snapshots``
     (``{"entries": [...]}``, each entry with every field of
     :class:`~gpulayerd.models.snapshots.ManifestEntry`, checked by
-    :func:`~gpulayerd.core.shipping.manifest_problem`), and where each content's bytes are (SHA-256 ->
-    a file holding them). Paths git lists that are gone (deleted, not committed) are left out; a
+    :func:`~gpulayerd.core.shipping.manifest_problem`), where each content's bytes are and that file's
+    stamp when it was hashed (:class:`Snapshot`). Paths git lists that are gone (deleted, not committed) are left out; a
     directory git lists (a submodule) is left out. A file whose status ``cache`` holds unchanged is
     not read (its remembered SHA-256); the others are hashed and remembered there.
 
@@ -166,6 +177,7 @@ def make_manifest(workdir: Path, paths: Iterable[str],
     """
     entries: list[dict[str, Any]] = []
     sources: dict[str, Path] = {}
+    stamps: dict[str, Stamp] = {}
     for rel in paths:
         problem = path_problem(rel)
         if problem is not None:
@@ -183,15 +195,16 @@ def make_manifest(workdir: Path, paths: Iterable[str],
         elif stat.S_ISREG(st.st_mode):
             digest = cache.lookup(rel, st) if cache is not None else None
             if digest is not None:
-                size, exe = st.st_size, bool(st.st_mode & stat.S_IXUSR)
+                size, exe, hashed = st.st_size, bool(st.st_mode & stat.S_IXUSR), st
             else:
                 try:
-                    digest, size, exe = _hash_entry(full, rel, cache)
+                    digest, size, exe, hashed = _hash_entry(full, rel, cache)
                 except OSError as e:
                     raise WalkError(f"{full}: cannot read: {e.strerror or e}") from e
             entries.append({"path": rel, "kind": "file", "size": size, "sha256": digest, "executable": exe,
                             "target": ""})
-            sources.setdefault(digest, full)
+            if digest not in sources:
+                sources[digest], stamps[digest] = full, stamp(hashed)
     # An entry under a link (git lists a link and, from an older commit, a file under its name) cannot
     # be unpacked: leave out what lies under a link, as git would check it out.
     links = {e["path"] for e in entries if e["kind"] == "link"}
@@ -199,4 +212,4 @@ def make_manifest(workdir: Path, paths: Iterable[str],
     problem = manifest_problem([Entry(e["path"], e["kind"], e["size"], e["sha256"], e["target"]) for e in kept])
     if problem is not None:
         raise WalkError(f"the snapshot of {workdir} cannot be shipped: {problem}")
-    return {"entries": kept}, sources
+    return Snapshot({"entries": kept}, sources, stamps)

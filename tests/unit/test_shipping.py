@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_ignore_file_outside_git(tmp_path: Path) -> None:
     (tmp_path / ".gpulayerignore").write_text("*.bin\nlogs/\n")
     os.symlink("/etc", tmp_path / "etc-link")
     assert _ignored_walk(tmp_path) == [".gpulayerignore", "etc-link", "src/a.py"]
-    body, sources = make_manifest(tmp_path, _ignored_walk(tmp_path))
+    body, sources, _ = make_manifest(tmp_path, _ignored_walk(tmp_path))
     manifest = Manifest.model_validate(body)  # what the daemon takes, unchanged
     assert manifest.model_dump(mode="json") == body
     kinds = {e.path: (e.kind, e.target) for e in manifest.entries}
@@ -349,7 +350,7 @@ def _walk_cached(workdir: Path, cache_dir: Path, racy_s: float = 0.0) -> tuple[d
     from gpulayerd.ship.statcache import StatCache
 
     cache = StatCache(cache_dir, workdir, racy_s=racy_s)
-    body, _ = make_manifest(workdir, _ignored_walk(workdir), cache)
+    body = make_manifest(workdir, _ignored_walk(workdir), cache).body
     cache.save()
     return {e["path"]: e["sha256"] for e in body["entries"]}, cache.hits
 
@@ -368,6 +369,9 @@ def test_the_stat_cache_skips_unchanged_files_and_rehashes_one_changed_with_the_
     with open(wd / "a.txt", "r+b") as f:  # same inode, same size, then its mtime put back
         f.write(b"AAAA")
     os.utime(wd / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
+    while os.stat(wd / "a.txt").st_ctime_ns == st.st_ctime_ns:  # (a coarse clock: until its change time moves)
+        time.sleep(0.005)
+        os.utime(wd / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (os.stat(wd / "a.txt").st_size, os.stat(wd / "a.txt").st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"AAAA"), "b.txt": _sha(b"bbbb")}, 1)  # its ctime moved
     cache_file.write_text("{not json")  # a broken cache is ignored: every file hashed
@@ -382,24 +386,36 @@ def test_the_stat_cache_does_not_remember_a_file_changed_just_before_it_was_hash
     assert _walk_cached(wd, cache_dir, racy_s=3600.0)[1] == 0  # racily clean: read again, as git would
 
 
-def test_a_file_replaced_between_hash_and_upload_is_caught_before_its_last_chunk(tmp_path: Path) -> None:
+def test_a_file_replaced_between_hash_and_upload_is_caught(tmp_path: Path) -> None:
     from gpulayerd.ship.upload import ShipUsageError, send_snapshot
 
     store = _store(tmp_path)
     wd = tmp_path / "wd"
     wd.mkdir()
     (wd / "a.bin").write_bytes(b"first")
-    body, sources = make_manifest(wd, ["a.bin"])
-    (wd / "a.bin").write_bytes(b"other")  # the same size, other bytes
+    body, sources, stamps = make_manifest(wd, ["a.bin"])
+    (wd / "new").write_bytes(b"other")
+    os.replace(wd / "new", wd / "a.bin")  # replaced (an editor's save): the same size, other bytes
     client = _StoreClient(store)
     with pytest.raises(ShipUsageError, match=r"a\.bin changed after the snapshot was made"):
-        send_snapshot(client, body, sources)
-    assert client.offsets == [] and not store.blob_path(_sha(b"first")).exists()
+        send_snapshot(client, body, sources, stamps)
+    assert client.offsets == []  # refused before a byte was sent
+    with pytest.raises(ValueError, match="do not hash"):  # without stamps: the daemon's own check
+        send_snapshot(_StoreClient(store), body, sources)
+    with open(wd / "a.bin", "r+b") as f:  # written in place, maybe within the clock tick of the hash
+        f.write(b"FIRST")
+    _, _, later = make_manifest(wd, ["a.bin"])
+    with open(wd / "a.bin", "r+b") as f:
+        f.write(b"first")
+    with pytest.raises((ShipUsageError, ValueError)):  # the stamp moved (the CLI), or not (the daemon)
+        send_snapshot(_StoreClient(store), {"entries": [{**body["entries"][0], "sha256": _sha(b"FIRST")}]},
+                      {_sha(b"FIRST"): wd / "a.bin"}, {_sha(b"FIRST"): later[_sha(b"FIRST")]})
+    assert not store.blob_path(_sha(b"FIRST")).exists()
     os.unlink(wd / "a.bin")
     os.symlink(tmp_path / "elsewhere", wd / "a.bin")  # never followed, even at upload
     (tmp_path / "elsewhere").write_bytes(b"first")
     with pytest.raises(ShipUsageError, match="cannot read"):
-        send_snapshot(_StoreClient(store), body, sources)
+        send_snapshot(_StoreClient(store), body, sources, stamps)
     (wd / "a.bin").unlink()
     (wd / "a.bin").write_bytes(b"first")
     assert send_snapshot(_StoreClient(store), body, sources) == Manifest.model_validate(body).snapshot_id()
