@@ -91,14 +91,13 @@ class BlobCache:
         part = self.partial(digest)
         fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         try:
-            got = hash_fd(fd)[0]
-            st = os.fstat(fd)
+            if hash_fd(fd)[0] != digest:
+                part.unlink(missing_ok=True)
+                raise ValueError(f"content {digest[:12]}: the bytes received do not hash to it")
+            os.replace(part, self.path(digest))
+            st = os.fstat(fd)  # (after the rename, which moved its change time: the file verified)
         finally:
             os.close(fd)
-        if got != digest:
-            part.unlink(missing_ok=True)
-            raise ValueError(f"content {digest[:12]}: the bytes received do not hash to it")
-        os.replace(part, self.path(digest))
         with self._lock:
             self._verified[digest] = _key(st)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import hashlib
 import logging
 import os
@@ -340,7 +341,7 @@ def _decode_into(sink: _Sink, data: str) -> int:
         TransferFailed: it is not base64 or holds more than :data:`BLOB_CHUNK_BYTES`.
     """
     try:
-        raw = base64.b64decode(data)
+        raw = binascii.a2b_base64(data)  # (what b64decode does, without its copy of the text first)
     except ValueError:
         raise TransferFailed("the owner answered a chunk that is not base64") from None
     if len(raw) > BLOB_CHUNK_BYTES:
