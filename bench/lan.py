@@ -18,7 +18,8 @@ all down. Prints one line per figure with its target; asserts nothing.
 - ship: ``gpulayer submit --ship`` of a 50 MB git repository (50 files of 1 MB) from h1 to h2
   (h3 stopped): the CLI's snapshot + upload time and the start's (offer, claim, fetch, unpack),
   cold (nothing stored) and warm (one file changed: one file moves), each beside the same job
-  submitted with ``--no-ship`` (targets: cold <= 2 s added, warm <= 200 ms added to submit->start).
+  submitted with ``--no-ship`` (targets: cold <= 2 s added, warm <= 200 ms added to submit->start);
+  with the worker's own timing of each transfer (its log: fetch, unpack) and each warm run's figures.
 - burst spread: 3 hosts with 2 CPU slots each; h1 and h2 each submit 100 ``sleep 2``
   at once; the jobs each host ran (target >= 40 each: idle hosts get work too).
 - claim conflicts: a burst of jobs submitted on all three hosts at once; every claim a
