@@ -66,14 +66,14 @@ class BlobCache:
         self._open()
         p = self.path(digest)
         try:
+            before = os.stat(p, follow_symlinks=False)
             os.utime(p)
-            st = os.stat(p, follow_symlinks=False)
+            after = os.stat(p, follow_symlinks=False)
         except FileNotFoundError:
             return False
-        with self._lock:  # (the use moved its change time: the verification still holds for that file)
-            known = self._verified.get(digest)
-            if known is not None and known[:3] == _key(st)[:3]:
-                self._verified[digest] = _key(st)
+        with self._lock:  # this use moved its change time: a verification of the unchanged file holds
+            if self._verified.get(digest) == _key(before):
+                self._verified[digest] = _key(after)
         return True
 
     def partial(self, digest: str) -> Path:

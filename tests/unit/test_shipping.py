@@ -428,6 +428,21 @@ def test_a_cached_content_is_hashed_again_unless_this_life_verified_that_very_fi
     cache.finish(_sha(data))
     with cache.open_content(_sha(data), len(data)) as f:  # verified when it entered
         assert f.read() == data
+    assert cache.has(_sha(data))  # (a use: it stays verified)
+    with cache.open_content(_sha(data), len(data)) as f:
+        assert f.read() == data
+    blob = cache.path(_sha(data))
+    ctime = blob.stat().st_ctime_ns
+    with open(blob, "r+b") as f:  # rotted in place: the same file and size, a new change time
+        f.write(b"CONTENT")
+    while blob.stat().st_ctime_ns == ctime:  # (a coarse clock: until its change time moves)
+        time.sleep(0.005)
+        os.utime(blob)
+    assert cache.has(_sha(data))
+    with pytest.raises(ValueError, match="do not hash"):
+        cache.open_content(_sha(data), len(data))
+    cache.partial(_sha(data)).write_bytes(data)  # fetched again
+    cache.finish(_sha(data))
     with pytest.raises(ValueError, match="the manifest says 6"):
         cache.open_content(_sha(data), 6)
     os.unlink(cache.path(_sha(data)))  # another file put under its name: hashed again, dropped
