@@ -18,7 +18,8 @@ all down. Prints one line per figure with its target; asserts nothing.
 - ship: ``gpulayer submit --ship`` of a 50 MB git repository (50 files of 1 MB) from h1 to h2
   (h3 stopped): the CLI's snapshot + upload time and the start's (offer, claim, fetch, unpack),
   cold (nothing stored) and warm (one file changed: one file moves), each beside the same job
-  submitted with ``--no-ship`` (targets: cold <= 2 s added, warm <= 200 ms added to submit->start).
+  submitted with ``--no-ship`` (targets: cold <= 2 s added, warm <= 200 ms added to submit->start);
+  with the worker's own timing of each transfer (its log: fetch, unpack) and each warm run's figures.
 - burst spread: 3 hosts with 2 CPU slots each; h1 and h2 each submit 100 ``sleep 2``
   at once; the jobs each host ran (target >= 40 each: idle hosts get work too).
 - claim conflicts: a burst of jobs submitted on all three hosts at once; every claim a
@@ -219,10 +220,10 @@ SHIP_COLD_TARGET_MS = 2000.0
 SHIP_WARM_TARGET_MS = 200.0
 
 
-def _ship_run(h1: Host, repo: Path, shared: Path, ship: bool) -> tuple[float, float, str]:
+def _ship_run(h1: Host, repo: Path, shared: Path, ship: bool) -> tuple[float, float, str, str]:
     """``gpulayer submit`` on h1 in ``repo`` (``--ship`` or ``--no-ship``) of a job that writes its start
     time; (the CLI's wall time in s: snapshot, upload, submit; from the CLI's return to the job's first
-    instruction in s: offer, claim, transfer, unpack, start; the job's ``Transfer:`` words)."""
+    instruction in s: offer, claim, transfer, unpack, start; the job's ``Transfer:`` words; its id)."""
     cmd = f"date +%s.%N > {shared}/$GPULAYER_JOB_ID.tmp && mv {shared}/$GPULAYER_JOB_ID.tmp {shared}/$GPULAYER_JOB_ID"
     t0 = time.time()
     r = h1.cli("submit", "--ship" if ship else "--no-ship", "--", "sh", "-c", cmd, cwd=repo, check=True)
@@ -233,13 +234,19 @@ def _ship_run(h1: Host, repo: Path, shared: Path, ship: bool) -> tuple[float, fl
     if view.status != "succeeded":
         raise RuntimeError(f"job {job} {view.status}: {view.reason}")
     moved = next((e.reason for e in view.events if e.reason.startswith("Transfer:")), "")
-    return t1 - t0, started - t1, moved
+    return t1 - t0, started - t1, moved, job
+
+
+def _worker_timing(h: Host, job: str) -> str:
+    """The worker's timing of a shipped job's transfer (its log line: fetch, unpack), or ""."""
+    found = re.findall(rf"job_id={job} attempt \d+: Transfer: .*\((fetch [^)]*)\)", h.log_tail(200_000))
+    return found[-1] if found else ""
 
 
 def bench_ship(lan: Lan, shared: Path) -> None:
     """``--ship`` of a 50 MB git repository from h1 to h2 (h3 stopped, so the warm run meets h2's cache):
     cold (nothing stored anywhere), then warm (one file changed), beside jobs that ship nothing."""
-    h1, h3 = lan.host(1), lan.host(3)
+    h1, h2, h3 = lan.host(1), lan.host(2), lan.host(3)
     h3.stop_daemon()
     repo = h1.work / "ship50"
     repo.mkdir()
@@ -249,15 +256,15 @@ def bench_ship(lan: Lan, shared: Path) -> None:
     h1.run("git init -q && git add . && git -c user.email=b@b -c user.name=b commit -qm ship", check=True, cwd=repo)
     _ship_run(h1, repo, shared, ship=False)  # warm the remote path and the CLI
     plain = [_ship_run(h1, repo, shared, ship=False) for _ in range(3)]
-    cli0 = sorted(c for c, _, _ in plain)[1]
-    start0 = sorted(s for _, s, _ in plain)[1]
-    cold_cli, cold_start, cold_moved = _ship_run(h1, repo, shared, ship=True)
+    cli0 = sorted(p[0] for p in plain)[1]
+    start0 = sorted(p[1] for p in plain)[1]
+    cold_cli, cold_start, cold_moved, cold_job = _ship_run(h1, repo, shared, ship=True)
     warm = []
     for i in range(3):
         (repo / "msg.txt").write_text(f"warm {i}\n")
         warm.append(_ship_run(h1, repo, shared, ship=True))
-    warm_cli = sorted(c for c, _, _ in warm)[1]
-    warm_start = sorted(s for _, s, _ in warm)[1]
+    warm_cli = sorted(w[0] for w in warm)[1]
+    warm_start = sorted(w[1] for w in warm)[1]
     print(f"--ship of a {SHIP_FILES * SHIP_FILE_BYTES / 1e6:.0f} MB git repository ({SHIP_FILES + 1} files) from h1, "
           f"run on h2 (medians of 3 where repeated):")
     line("  no --ship: gpulayer submit (CLI wall)", cli0 * 1000, "ms")
@@ -266,12 +273,14 @@ def bench_ship(lan: Lan, shared: Path) -> None:
     line("  cold: CLI return -> first instruction (offer, claim, fetch 50 MB, unpack)", cold_start * 1000, "ms")
     line("  cold: snapshot + transfer added to submit->start", (cold_cli - cli0 + cold_start - start0) * 1000, "ms",
          SHIP_COLD_TARGET_MS)
-    print(f"    ({cold_moved})")
+    print(f"    ({cold_moved}; on h2: {_worker_timing(h2, cold_job) or 'no timing logged'})")
     line("  warm (1 file changed): snapshot + upload + submit (CLI wall)", warm_cli * 1000, "ms")
     line("  warm: CLI return -> first instruction", warm_start * 1000, "ms")
     line("  warm: snapshot + transfer added to submit->start", (warm_cli - cli0 + warm_start - start0) * 1000, "ms",
          SHIP_WARM_TARGET_MS)
-    print(f"    ({warm[-1][2]})", flush=True)
+    for w in warm:
+        print(f"    ({w[2]}; on h2: {_worker_timing(h2, w[3]) or 'no timing logged'}; "
+              f"CLI {w[0] * 1000:.0f} ms, start {w[1] * 1000:.0f} ms)", flush=True)
 
 
 SPREAD_PER_OWNER = 100

@@ -326,8 +326,8 @@ def spec_body(args: argparse.Namespace) -> dict[str, object]:
     asked = (getattr(args, "ship", None) or "ship" in spec or getattr(args, "output", None)
              or getattr(args, "output_dir", None))
     if not asked and (getattr(args, "no_ship", None) or not _lab_default(args)):
-        return spec  # not shipped (nor the lab's default): none of the hashing, upload and models is imported
-    from gpulayerd.ship.upload import ShipUsageError, ship_spec  # (--ship: then the hashing and the models)
+        return spec  # not shipped (nor the lab's default): none of the hashing and upload is imported
+    from gpulayerd.ship.upload import ShipUsageError, ship_spec  # (--ship: the hashing, still no pydantic)
 
     try:
         return ship_spec(args, spec, lambda upload: call_daemon(args, upload), lambda: _lab_default(args))

@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MAX_ENTRIES", "MAX_PATH_BYTES", "MB", "Entry", "cap_refusal", "glob_problem", "largest",
+__all__ = ["BLOB_CHUNK_BYTES", "MAX_ENTRIES", "MAX_PATH_BYTES", "MB", "Entry", "cap_refusal", "glob_problem", "largest",
            "manifest_problem", "path_problem", "unique_bytes"]
 
 MB = 1_000_000
 """A megabyte: 10^6 bytes."""
+
+BLOB_CHUNK_BYTES = 1 << 20
+"""The most bytes of one upload or fetch chunk (1 MiB: a peer message stays under its 4 MiB limit in base64)."""
 
 MAX_PATH_BYTES = 4096
 """The longest relative path a snapshot or an output may name, UTF-8 bytes."""

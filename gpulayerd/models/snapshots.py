@@ -14,14 +14,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from gpulayerd.core.shipping import Entry, glob_problem, manifest_problem
+from gpulayerd.core.shipping import BLOB_CHUNK_BYTES, Entry, glob_problem, manifest_problem
 
 __all__ = ["BLOB_CHUNK_BYTES", "BlobView", "FetchChunk", "FetchRequest", "Manifest", "ManifestEntry", "OutputChunk",
            "ShipChunk", "ShipFetch", "ShipField", "ShipModel", "SnapshotRequest", "SnapshotView", "TreeFiles",
            "is_digest"]
-
-BLOB_CHUNK_BYTES = 1 << 20
-"""The most bytes of one upload or fetch chunk (1 MiB: a peer message stays under its 4 MiB limit in base64)."""
 
 MAX_OUTPUTS = 32
 """The most ``--output`` patterns of one job."""

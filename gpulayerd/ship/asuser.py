@@ -4,7 +4,9 @@ thread of its own).
 
 Operations (the stream of :mod:`gpulayerd.ship.tree` on stdin or stdout):
 
-- ``unpack ROOT``: write the stream under the existing directory ROOT, verifying each file's SHA-256;
+- ``unpack ROOT``: write the stream under the existing directory ROOT (each file exactly its ``size``
+  bytes; the daemon feeds contents its cache verified against their SHA-256:
+  :meth:`~gpulayerd.ship.blobcache.BlobCache.open_content`, so they are not hashed a second time here);
   prints ``{"entries": N, "bytes": B}``.
 - ``collect ROOT MAX_BYTES MAX_FILES PATTERN...``: the output files as a stream on stdout, then a last
   header ``{"done": true, "note": ...}``.
@@ -25,6 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import IO
 
+from gpulayerd.host.filelocks import widen_pipe
 from gpulayerd.ship.tree import TreeError, collect_outputs, header, write_tree
 
 __all__ = ["AsUserError", "main", "run_as", "user_ids"]
@@ -56,7 +59,7 @@ def _do(op: str, args: list[str], src: IO[bytes], dst: IO[bytes]) -> None:
         TreeError, OSError, ValueError: the operation failed.
     """
     if op == "unpack" and len(args) == 1:
-        n, b = write_tree(args[0], src)
+        n, b = write_tree(args[0], src, verify=False)  # (verified where the daemon reads its cache)
         dst.write(json.dumps({"entries": n, "bytes": b}).encode())
     elif op == "collect" and len(args) >= 3:
         note = collect_outputs(args[0], args[3:], dst, max_bytes=int(args[1]), max_files=int(args[2]))
@@ -104,6 +107,7 @@ def run_as(op: str, args: list[str], ids: tuple[int, int, tuple[int, ...]] | Non
     except OSError as e:  # e.g. the interpreter is not readable by that account
         raise AsUserError(f"cannot start the {op} helper as uid {uid}: {e.strerror or e}") from e
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    widen_pipe(proc.stdin.fileno())
     stdin = proc.stdin
     failure: list[BaseException] = []
 
@@ -143,6 +147,7 @@ def run_as(op: str, args: list[str], ids: tuple[int, int, tuple[int, ...]] | Non
 def _in_process(op: str, args: list[str], feed: Callable[[IO[bytes]], None] | None, timeout_s: float) -> bytes:
     """:func:`run_as` in this process: the stream through a pipe fed by a thread."""
     r, w = os.pipe()
+    widen_pipe(w)  # (1 MiB pieces: far fewer switches between the feeding thread and the writer)
     src = os.fdopen(r, "rb")
     failure: list[BaseException] = []
 

@@ -3,8 +3,11 @@ bytes, the least recently used dropped first.
 
 A content enters only verified (its bytes hash to its name), through a temporary file renamed into
 place: a cut transfer leaves no partial blob under a content's name. Job trees get copies of cached
-contents (:mod:`gpulayerd.ship.tree`), never hard links: a job cannot change the cache. Contents a
-transfer in progress needs are pinned (never dropped while pinned). Blocking I/O: call from a thread.
+contents (:mod:`gpulayerd.ship.tree`), never hard links: a job cannot change the cache. A content is
+read for a tree through :meth:`BlobCache.open_content`: hashed again unless this daemon's life
+verified that very file (the same device, inode, size and change time) when it entered, so each content is hashed
+once per daemon life, not at every unpack. Contents a transfer in progress needs are pinned (never
+dropped while pinned). Blocking I/O: call from a thread.
 """
 
 from __future__ import annotations
@@ -13,12 +16,20 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from gpulayerd.host.privdirs import make_private_dirs
 from gpulayerd.models.snapshots import is_digest
-from gpulayerd.ship.walk import hash_file
+from gpulayerd.ship.walk import hash_fd
 
 __all__ = ["BlobCache"]
+
+_Key = tuple[int, int, int, int]
+"""A cached file's (device, inode, size in bytes, ``st_ctime_ns``): the file a verification holds for."""
+
+
+def _key(st: os.stat_result) -> _Key:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns)
 
 
 class BlobCache:
@@ -34,6 +45,7 @@ class BlobCache:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._pins: dict[str, int] = {}
+        self._verified: dict[str, _Key] = {}  # digest -> the key of the file hashed in this life
         self._opened = False
 
     def _open(self) -> None:
@@ -54,9 +66,14 @@ class BlobCache:
         self._open()
         p = self.path(digest)
         try:
+            before = os.stat(p, follow_symlinks=False)
             os.utime(p)
+            after = os.stat(p, follow_symlinks=False)
         except FileNotFoundError:
             return False
+        with self._lock:  # this use moved its change time: a verification of the unchanged file holds
+            if self._verified.get(digest) == _key(before):
+                self._verified[digest] = _key(after)
         return True
 
     def partial(self, digest: str) -> Path:
@@ -72,10 +89,49 @@ class BlobCache:
             ValueError: its bytes do not hash to ``digest`` (the temporary file is removed).
         """
         part = self.partial(digest)
-        if hash_file(part)[0] != digest:
-            part.unlink(missing_ok=True)
-            raise ValueError(f"content {digest[:12]}: the bytes received do not hash to it")
-        os.replace(part, self.path(digest))
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if hash_fd(fd)[0] != digest:
+                part.unlink(missing_ok=True)
+                raise ValueError(f"content {digest[:12]}: the bytes received do not hash to it")
+            os.replace(part, self.path(digest))
+            st = os.fstat(fd)  # (after the rename, which moved its change time: the file verified)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._verified[digest] = _key(st)
+
+    def open_content(self, digest: str, size: int) -> BinaryIO:
+        """The cached content ``digest`` opened for reading (no link followed), checked to hold ``size``
+        bytes that hash to ``digest``: hashed now unless this daemon verified that very file (device,
+        inode, size, change time) when it entered (:meth:`finish`) or at an earlier open. The caller
+        closes it.
+
+        Raises:
+            ValueError: it does not hold ``size`` bytes or they do not hash to ``digest`` (it is removed
+                from the cache). OSError: it is not cached (FileNotFoundError) or cannot be read.
+        """
+        path = self.path(digest)
+        f = open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)), "rb")  # noqa: SIM115
+        try:
+            st = os.fstat(f.fileno())
+            key = _key(st)
+            with self._lock:
+                known = self._verified.get(digest) == key
+            if not known:
+                got, n = hash_fd(f.fileno())
+                if got != digest or n != st.st_size:
+                    path.unlink(missing_ok=True)
+                    raise ValueError(f"content {digest[:12]}: the cached bytes do not hash to it (dropped)")
+                f.seek(0)
+                with self._lock:
+                    self._verified[digest] = key
+            if st.st_size != size:
+                raise ValueError(f"content {digest[:12]}: {st.st_size} bytes cached, the manifest says {size}")
+            return f
+        except BaseException:
+            f.close()
+            raise
 
     def pin(self, digests: Iterable[str]) -> None:
         """Keep ``digests`` while a transfer or an unpack needs them (see :meth:`unpin`)."""
@@ -115,6 +171,8 @@ class BlobCache:
             if pinned and p.name in pinned:
                 continue
             p.unlink(missing_ok=True)
+            with self._lock:
+                self._verified.pop(p.name, None)
             total -= size
             dropped += size
         return dropped

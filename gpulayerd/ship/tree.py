@@ -8,8 +8,10 @@ simple stream: per entry one JSON line (``path``, ``kind`` file|link, ``size`` b
 
 Every path is checked by :func:`gpulayerd.core.shipping.path_problem`; each directory on the way is
 opened with ``O_NOFOLLOW`` (an entry under a link is refused: the kernel answers ELOOP/ENOTDIR), a
-file is created with ``O_EXCL | O_NOFOLLOW`` (never written through a link) and verified against its
-SHA-256 as it is written. Standard library and the pure core only: the helper starts fast.
+file is created with ``O_EXCL | O_NOFOLLOW`` (never written through a link) and, unless the writer
+was fed contents verified already (``verify=False``: the unpack, fed from the worker's verified cache;
+outputs, which carry no hash), verified against its SHA-256 as it is written. Standard library and
+the pure core only: the helper starts fast.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def _copy_exact(read: Any, out_fd: int, size: int, h: Any) -> None:
         chunk = read(min(left, 1 << 20))
         if not chunk:
             raise TreeError("the stream ended in the middle of a file")
-        h.update(chunk)
+        if h is not None:
+            h.update(chunk)
         view = memoryview(chunk)
         while view:
             view = view[os.write(out_fd, view):]
@@ -98,7 +101,8 @@ def write_tree(root: str, src: IO[bytes], *, verify: bool = True, replace: bool 
     """Write the entries of the stream ``src`` under the existing directory ``root``.
 
     Args:
-        verify: check each file against its ``sha256`` (outputs carry none: False).
+        verify: check each file against its ``sha256`` (False: outputs, which carry none, and an unpack
+            fed from contents the worker's cache verified).
         replace: an entry that exists is removed first (outputs of a later attempt; a link there is
             removed, never followed); else it is an error.
 
@@ -138,12 +142,12 @@ def write_tree(root: str, src: IO[bytes], *, verify: bool = True, replace: bool 
                     mode = 0o755 if entry.get("executable") else 0o644
                     out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                   | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=fd)
-                    h = hashlib.sha256()
+                    h = hashlib.sha256() if verify else None
                     try:
                         _copy_exact(read, out, size, h)
                     finally:
                         os.close(out)
-                    if verify and h.hexdigest() != entry.get("sha256"):
+                    if h is not None and h.hexdigest() != entry.get("sha256"):
                         raise TreeError(f"{path}: its bytes do not hash to the manifest's SHA-256")
                     total += size
                 else:

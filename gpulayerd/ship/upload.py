@@ -2,20 +2,26 @@
 (called by :mod:`gpulayerd.cli.jobs` with its client of the local daemon).
 
 The files (:func:`gpulayerd.ship.walk.list_paths`: git's list in a git work tree, else the
-directory minus ``.gpulayerignore``) are hashed here, the manifest is offered to the local daemon,
+directory minus ``.gpulayerignore``) are hashed here (a file unchanged since the last snapshot of
+this workdir is not read again: :mod:`gpulayerd.ship.statcache`), the manifest is offered to the local daemon,
 which answers the contents it lacks (or refuses the snapshot over a cap, naming the largest files:
 exit 2); those are uploaded in 1 MiB chunks, each from the byte the daemon says it holds already
 (``received``: an interrupted upload resumes where it stopped), then the manifest is committed and
-its id goes into the spec's ``ship``.
+its id goes into the spec's ``ship``. A file whose stamp (size, times, inode) moved since it was
+hashed is refused before it is uploaded; the daemon verifies every content's SHA-256 anyway. No
+pydantic on this path (a fast start).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpulayerd.ship.statcache import Stamp
 
 __all__ = ["ShipUsageError", "SnapshotClient", "send_snapshot", "ship_spec", "wants_ship"]
 
@@ -118,45 +124,42 @@ def wants_ship(args: object, spec: dict[str, object], lab_default: Callable[[], 
 
 
 def _upload(call: Callable[[Callable[[SnapshotClient], str]], str], workdir: Path) -> str:
-    """Snapshot ``workdir``, upload what the daemon lacks, commit; the snapshot id."""
+    """Snapshot ``workdir`` (files unchanged since the last snapshot are not read again: the user's
+    :class:`~gpulayerd.ship.statcache.StatCache`), upload what the daemon lacks, commit; the snapshot id."""
+    from gpulayerd.ship.statcache import StatCache, default_dir
     from gpulayerd.ship.walk import WalkError, list_paths, make_manifest
 
+    cache = StatCache(default_dir(), workdir)
     try:
-        manifest, sources = make_manifest(workdir, list_paths(workdir))
+        snap = make_manifest(workdir, list_paths(workdir), cache)
     except WalkError as e:
         raise ShipUsageError(f"--ship: {e}") from None
-    body = manifest.model_dump(mode="json")
-    return call(lambda c: send_snapshot(c, body, sources))
+    cache.save()
+    return call(lambda c: send_snapshot(c, snap.body, snap.sources, snap.stamps))
 
 
-def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Path]) -> str:
+def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: Mapping[str, Path],
+                  stamps: Mapping[str, Stamp] | None = None) -> str:
     """Offer the manifest ``body``, upload the contents the daemon lacks from ``sources`` (SHA-256 -> a
-    file holding them), each from the byte the daemon holds already, then commit; the snapshot id.
+    file holding them, opened without following a link), each from the byte the daemon holds already,
+    then commit; the snapshot id. A file whose stamp is no longer the one ``stamps`` holds (it was
+    written, replaced or touched after it was hashed) is refused before any of it is sent; the daemon
+    verifies every content's SHA-256 in any case (a change the stamps cannot see: exit 2 there).
 
     Raises:
-        ShipUsageError: the daemon asked for a content not in the snapshot, or one changed meanwhile.
+        ShipUsageError: the daemon asked for a content not in the snapshot, or a file changed meanwhile.
         CommandFailed: the daemon failed (an upload cut there resumes at the next submit).
     """
-    from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES
-
+    sizes = {str(e.get("sha256")): int(e.get("size", 0)) for e in body.get("entries", []) if e.get("kind") == "file"}
     offered = c.snapshot(body, commit=False)
+    received = getattr(offered, "received", None) or {}
     sent = 0
     for digest in offered.missing:
         source = sources.get(digest)
-        if source is None:
+        if source is None or digest not in sizes:
             raise ShipUsageError(f"--ship: the daemon asked for a content {digest[:12]} not in this snapshot")
-        with open(source, "rb") as f:
-            offset = int((getattr(offered, "received", None) or {}).get(digest, 0))  # resumed, if interrupted
-            f.seek(offset)
-            while True:
-                chunk = f.read(BLOB_CHUNK_BYTES)
-                if not chunk and offset:
-                    break
-                c.snapshot_blob(digest, offset, chunk)
-                offset += len(chunk)
-                sent += len(chunk)
-                if not chunk:
-                    break
+        expected = stamps.get(digest) if stamps is not None else None
+        sent += _upload_one(c, digest, sizes[digest], source, int(received.get(digest, 0)), expected)
     stored = c.snapshot(body, commit=True)
     if not stored.stored:
         raise ShipUsageError(f"--ship: the snapshot changed while it was uploaded ({len(stored.missing)} contents "
@@ -164,3 +167,41 @@ def send_snapshot(c: SnapshotClient, body: dict[str, Any], sources: dict[str, Pa
     print(f"shipped {stored.files} files ({stored.bytes / 1e6:.1f} MB; {len(offered.missing)} uploaded, "
           f"{sent / 1e6:.1f} MB) as snapshot {stored.snapshot_id[:12]}", file=sys.stderr)
     return str(stored.snapshot_id)
+
+
+def _upload_one(c: SnapshotClient, digest: str, size: int, source: Path, offset: int,
+                expected: Stamp | None) -> int:
+    """Upload content ``digest`` (``size`` bytes) from ``source`` from byte ``offset`` (what the daemon
+    holds: resumed); the bytes sent.
+
+    Raises:
+        ShipUsageError: ``source`` is not a regular file, its stamp is not ``expected`` (when given), or
+            it does not hold ``size`` bytes.
+    """
+    import stat
+
+    from gpulayerd.core.shipping import BLOB_CHUNK_BYTES
+    from gpulayerd.ship.statcache import stamp
+
+    changed = ShipUsageError(f"--ship: {source} changed after the snapshot was made: submit again")
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ShipUsageError(f"--ship: {source}: cannot read: {e.strerror or e}") from None
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size or (expected is not None and stamp(st) != expected):
+            raise changed  # (before a byte is sent)
+        offset = offset if 0 <= offset <= size else 0
+        f.seek(offset)
+        sent = 0
+        while True:
+            chunk = f.read(min(BLOB_CHUNK_BYTES, size - offset))
+            if chunk or offset == 0:
+                c.snapshot_blob(digest, offset, chunk)
+            offset += len(chunk)
+            sent += len(chunk)
+            if offset >= size:
+                return sent
+            if not chunk:
+                raise changed  # (it shrank: the daemon holds a part, completed or dropped at the next upload)

@@ -6,6 +6,10 @@ elsewhere it is the directory minus the patterns of its ``.gpulayerignore`` (git
 read with the ``pathspec`` library; ``.git/`` is always left out). Symbolic links are shipped as
 links (their target as written), never followed; anything that is neither a regular file nor a
 link (a socket, a device) is left out. Sizes are bytes.
+
+Standard library and the pure core only (no pydantic): the manifest is made as the JSON body the
+daemon validates. With a :class:`~gpulayerd.ship.statcache.StatCache`, a file unchanged since it
+was last hashed is not read again.
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from gpulayerd.core.shipping import path_problem
+from gpulayerd.core.shipping import Entry, manifest_problem, path_problem
 from gpulayerd.gpu.command import run_command
-from gpulayerd.models.snapshots import Manifest, ManifestEntry
+from gpulayerd.ship.statcache import Stamp, StatCache, stamp
 
-__all__ = ["IGNORE_FILE", "OUTPUT_DIR", "WalkError", "hash_file", "list_paths", "make_manifest"]
+__all__ = ["IGNORE_FILE", "OUTPUT_DIR", "Snapshot", "WalkError", "hash_fd", "hash_file", "list_paths",
+           "make_manifest"]
 
 IGNORE_FILE = ".gpulayerignore"
 """The file whose gitignore-syntax patterns a workdir outside git leaves out of its snapshot."""
@@ -34,14 +41,15 @@ class WalkError(Exception):
 
 
 def _git_paths(workdir: Path) -> list[str] | None:
-    """The paths git lists in ``workdir`` (relative to it), or None when it is not in a git work tree."""
+    """The paths git lists in ``workdir`` (relative to it), or None when it is not in a git work tree
+    (one ``git`` process in a work tree; where ``ls-files`` fails, a second asks whether it is one)."""
+    listed = run_command(["git", "-C", str(workdir), "ls-files", "-co", "--exclude-standard", "-z"], GIT_TIMEOUT_S)
+    if listed.returncode == 0:
+        return sorted({p for p in listed.stdout.split("\0") if p})
     inside = run_command(["git", "-C", str(workdir), "rev-parse", "--is-inside-work-tree"], GIT_TIMEOUT_S)
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return None
-    listed = run_command(["git", "-C", str(workdir), "ls-files", "-co", "--exclude-standard", "-z"], GIT_TIMEOUT_S)
-    if listed.returncode != 0:
-        raise WalkError(f"git ls-files in {workdir} failed: {listed.stderr.strip()[:200] or 'timed out'}")
-    return sorted({p for p in listed.stdout.split("\0") if p})
+    raise WalkError(f"git ls-files in {workdir} failed: {listed.stderr.strip()[:200] or 'timed out'}")
 
 
 def _ignored_walk(workdir: Path) -> list[str]:
@@ -88,6 +96,23 @@ def list_paths(workdir: Path) -> list[str]:
     return [p for p in listed if p != OUTPUT_DIR and not p.startswith(OUTPUT_DIR + "/")]
 
 
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def hash_fd(fd: int) -> tuple[str, int]:
+    """(SHA-256 hex, bytes read) of what the open file descriptor ``fd`` reads from its offset to its end.
+
+    Raises:
+        OSError: it cannot be read.
+    """
+    h = hashlib.sha256()
+    size = 0
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+        size += len(chunk)
+    return h.hexdigest(), size
+
+
 def hash_file(path: Path) -> tuple[str, int, bool]:
     """(SHA-256 hex, size in bytes, executable) of the regular file at ``path``, read without following
     a link in its last component.
@@ -98,26 +123,61 @@ def hash_file(path: Path) -> tuple[str, int, bool]:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
-        h = hashlib.sha256()
-        size = 0
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-        return h.hexdigest(), size, bool(st.st_mode & stat.S_IXUSR)
+        digest, size = hash_fd(fd)
+        return digest, size, bool(st.st_mode & stat.S_IXUSR)
     finally:
         os.close(fd)
 
 
-def make_manifest(workdir: Path, paths: Iterable[str]) -> tuple[Manifest, dict[str, Path]]:
-    """The manifest of ``paths`` (relative to ``workdir``) and where each content's bytes are (SHA-256 ->
-    a file holding them). Paths git lists that are gone (deleted, not committed) are left out; a
-    directory git lists (a submodule) is left out.
+class Snapshot(NamedTuple):
+    """What :func:`make_manifest` made of a workdir."""
+
+    body: dict[str, Any]
+    """The manifest as the JSON body of ``POST /v1/snapshots`` (``{"entries": [...]}``)."""
+    sources: dict[str, Path]
+    """SHA-256 -> a file holding those bytes (what an upload reads)."""
+    stamps: dict[str, Stamp]
+    """SHA-256 -> the :data:`~gpulayerd.ship.statcache.Stamp` that file had when its hash was taken (an
+    upload refuses a file whose stamp moved since)."""
+
+
+def _hash_entry(full: Path, rel: str, cache: StatCache | None) -> tuple[str, int, bool, os.stat_result]:
+    """(SHA-256, size in bytes, executable, its status when opened) of the regular file ``full``,
+    remembered in ``cache``.
+
+    Raises:
+        OSError: it cannot be opened or read. WalkError: it is no longer a regular file.
+    """
+    began = time.time_ns()
+    fd = os.open(full, _READ_FLAGS)  # (non-blocking: a FIFO put there meanwhile is not waited on)
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise WalkError(f"{full}: changed while it was read (no longer a regular file)")
+        digest, size = hash_fd(fd)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if cache is not None and size == before.st_size:
+        cache.remember(rel, before, after, digest, began)
+    return digest, size, bool(before.st_mode & stat.S_IXUSR), before
+
+
+def make_manifest(workdir: Path, paths: Iterable[str], cache: StatCache | None = None) -> Snapshot:
+    """The manifest of ``paths`` (relative to ``workdir``) as the JSON body of ``POST /v1/snapshots``
+    (``{"entries": [...]}``, each entry with every field of
+    :class:`~gpulayerd.models.snapshots.ManifestEntry`, checked by
+    :func:`~gpulayerd.core.shipping.manifest_problem`), where each content's bytes are and that file's
+    stamp when it was hashed (:class:`Snapshot`). Paths git lists that are gone (deleted, not committed) are left out; a
+    directory git lists (a submodule) is left out. A file whose status ``cache`` holds unchanged is
+    not read (its remembered SHA-256); the others are hashed and remembered there.
 
     Raises:
         WalkError: a path that cannot be shipped (absolute, ``..``) or a file that cannot be read.
     """
-    entries: list[ManifestEntry] = []
+    entries: list[dict[str, Any]] = []
     sources: dict[str, Path] = {}
+    stamps: dict[str, Stamp] = {}
     for rel in paths:
         problem = path_problem(rel)
         if problem is not None:
@@ -130,19 +190,26 @@ def make_manifest(workdir: Path, paths: Iterable[str]) -> tuple[Manifest, dict[s
         except OSError as e:
             raise WalkError(f"{full}: {e.strerror or e}") from e
         if stat.S_ISLNK(st.st_mode):
-            entries.append(ManifestEntry(path=rel, kind="link", target=os.readlink(full)))
+            entries.append({"path": rel, "kind": "link", "size": 0, "sha256": "", "executable": False,
+                            "target": os.readlink(full)})
         elif stat.S_ISREG(st.st_mode):
-            try:
-                digest, size, exe = hash_file(full)
-            except OSError as e:
-                raise WalkError(f"{full}: cannot read: {e.strerror or e}") from e
-            entries.append(ManifestEntry(path=rel, kind="file", size=size, sha256=digest, executable=exe))
-            sources.setdefault(digest, full)
+            digest = cache.lookup(rel, st) if cache is not None else None
+            if digest is not None:
+                size, exe, hashed = st.st_size, bool(st.st_mode & stat.S_IXUSR), st
+            else:
+                try:
+                    digest, size, exe, hashed = _hash_entry(full, rel, cache)
+                except OSError as e:
+                    raise WalkError(f"{full}: cannot read: {e.strerror or e}") from e
+            entries.append({"path": rel, "kind": "file", "size": size, "sha256": digest, "executable": exe,
+                            "target": ""})
+            if digest not in sources:
+                sources[digest], stamps[digest] = full, stamp(hashed)
     # An entry under a link (git lists a link and, from an older commit, a file under its name) cannot
     # be unpacked: leave out what lies under a link, as git would check it out.
-    links = {e.path for e in entries if e.kind == "link"}
-    kept = [e for e in entries if not any(e.path.startswith(link + "/") for link in links)]
-    try:
-        return Manifest(entries=kept), sources
-    except ValueError as e:
-        raise WalkError(f"the snapshot of {workdir} cannot be shipped: {e}") from e
+    links = {e["path"] for e in entries if e["kind"] == "link"}
+    kept = [e for e in entries if not any(e["path"].startswith(link + "/") for link in links)] if links else entries
+    problem = manifest_problem([Entry(e["path"], e["kind"], e["size"], e["sha256"], e["target"]) for e in kept])
+    if problem is not None:
+        raise WalkError(f"the snapshot of {workdir} cannot be shipped: {problem}")
+    return Snapshot({"entries": kept}, sources, stamps)

@@ -70,3 +70,50 @@ async def test_a_stale_answer_to_a_renewal_ends_the_transfer(tmp_path: Path) -> 
     assert str(failed.value) == "Transfer: the owner no longer holds attempt 2 (its lease was renewed stale)"
     assert time.monotonic() - began < 5.0
     assert not client.tree("owner-node", "job1", 2).exists()
+
+
+class _Owner:
+    """An owner that serves a snapshot's manifest and contents (peer route ``ship_fetch``)."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        import base64
+        import hashlib
+
+        from gpulayerd.models.snapshots import Manifest, ManifestEntry
+
+        self.b64 = base64.b64encode
+        self.manifest = Manifest(entries=[ManifestEntry(path=p, kind="file", size=len(d),
+                                                        sha256=hashlib.sha256(d).hexdigest())
+                                          for p, d in sorted(files.items())])
+        self.blobs = {e.sha256: files[e.path] for e in self.manifest.entries}
+        self.blobs[self.manifest.snapshot_id()] = self.manifest.canonical()
+        self.fetched: list[str] = []
+
+    async def call(self, node_id: str, route: Any, body: Any) -> Any:
+        from gpulayerd.models.snapshots import ShipChunk
+
+        self.fetched.append(body.digest)
+        data = self.blobs[body.digest]
+        return ShipChunk(data=self.b64(data[body.offset:body.offset + (1 << 20)]).decode(), offset=body.offset,
+                         total=len(data))
+
+
+@pytest.mark.asyncio
+async def test_a_cached_content_is_hashed_once_per_daemon_life_and_a_corrupt_one_fails_the_transfer(
+        tmp_path: Path) -> None:
+    owner = _Owner({"a.py": b"print('a')\n", "data/b.bin": b"\x00" * 5000})
+    spec = JobSpec(command=["true"], workdir="/", ship={"snapshot": owner.manifest.snapshot_id()})
+    config = DaemonConfig(state_dir=tmp_path)
+    first = ShipClient(config=config, node_id="worker", transport=owner)  # type: ignore[arg-type]
+    tree = Path(await first.prepare("owner-node", "job1", 1, spec))
+    assert (tree / "data" / "b.bin").read_bytes() == b"\x00" * 5000
+    again = ShipClient(config=config, node_id="worker", transport=owner)  # type: ignore[arg-type]  # a new life
+    blob = again.cache.path(owner.manifest.entries[1].sha256)
+    blob.write_bytes(b"\x01" * 5000)  # rotted in place: same file, same size
+    owner.fetched.clear()
+    with pytest.raises(TransferFailed, match="the cached bytes do not hash to it"):
+        await again.prepare("owner-node", "job1", 2, spec)
+    assert not again.tree("owner-node", "job1", 2).exists() and not blob.exists()
+    assert owner.fetched == [owner.manifest.snapshot_id()]  # the cache was believed, then checked
+    tree = Path(await again.prepare("owner-node", "job1", 3, spec))  # fetched again, verified
+    assert (tree / "data" / "b.bin").read_bytes() == b"\x00" * 5000

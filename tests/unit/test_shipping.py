@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,7 +80,9 @@ def test_ignore_file_outside_git(tmp_path: Path) -> None:
     (tmp_path / ".gpulayerignore").write_text("*.bin\nlogs/\n")
     os.symlink("/etc", tmp_path / "etc-link")
     assert _ignored_walk(tmp_path) == [".gpulayerignore", "etc-link", "src/a.py"]
-    manifest, sources = make_manifest(tmp_path, _ignored_walk(tmp_path))
+    body, sources, _ = make_manifest(tmp_path, _ignored_walk(tmp_path))
+    manifest = Manifest.model_validate(body)  # what the daemon takes, unchanged
+    assert manifest.model_dump(mode="json") == body
     kinds = {e.path: (e.kind, e.target) for e in manifest.entries}
     assert kinds["etc-link"] == ("link", "/etc")  # shipped as a link, never followed
     assert sources[_sha(b"x")] == tmp_path / "src" / "a.py"
@@ -340,3 +343,135 @@ def test_offers_made_before_any_upload_do_not_add_up_past_the_quota_the_total_or
             pass
     assert kept <= 150
     assert sum(p.stat().st_size for p in (store.root / "blobs").glob("*/*")) <= 150
+
+
+def _walk_cached(workdir: Path, cache_dir: Path, racy_s: float = 0.0) -> tuple[dict[str, str], int]:
+    """(path -> SHA-256, files the stat cache answered) of a snapshot of every file in ``workdir``."""
+    from gpulayerd.ship.statcache import StatCache
+
+    cache = StatCache(cache_dir, workdir, racy_s=racy_s)
+    body = make_manifest(workdir, _ignored_walk(workdir), cache).body
+    cache.save()
+    return {e["path"]: e["sha256"] for e in body["entries"]}, cache.hits
+
+
+def test_the_stat_cache_skips_unchanged_files_and_rehashes_one_changed_with_the_same_size_and_mtime(
+        tmp_path: Path) -> None:
+    wd, cache_dir = tmp_path / "wd", tmp_path / "cache"
+    wd.mkdir()
+    (wd / "a.txt").write_bytes(b"aaaa")
+    (wd / "b.txt").write_bytes(b"bbbb")
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"aaaa"), "b.txt": _sha(b"bbbb")}, 0)
+    (cache_file,) = cache_dir.iterdir()
+    assert cache_file.stat().st_mode & 0o777 == 0o600
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"aaaa"), "b.txt": _sha(b"bbbb")}, 2)  # nothing read
+    st = os.stat(wd / "a.txt")
+    with open(wd / "a.txt", "r+b") as f:  # same inode, same size, then its mtime put back
+        f.write(b"AAAA")
+    os.utime(wd / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
+    while os.stat(wd / "a.txt").st_ctime_ns == st.st_ctime_ns:  # (a coarse clock: until its change time moves)
+        time.sleep(0.005)
+        os.utime(wd / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(wd / "a.txt").st_size, os.stat(wd / "a.txt").st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"AAAA"), "b.txt": _sha(b"bbbb")}, 1)  # its ctime moved
+    cache_file.write_text("{not json")  # a broken cache is ignored: every file hashed
+    assert _walk_cached(wd, cache_dir) == ({"a.txt": _sha(b"AAAA"), "b.txt": _sha(b"bbbb")}, 0)
+
+
+def test_the_stat_cache_does_not_remember_a_file_changed_just_before_it_was_hashed(tmp_path: Path) -> None:
+    wd, cache_dir = tmp_path / "wd", tmp_path / "cache"
+    wd.mkdir()
+    (wd / "new.txt").write_bytes(b"just written")
+    assert _walk_cached(wd, cache_dir, racy_s=3600.0)[1] == 0
+    assert _walk_cached(wd, cache_dir, racy_s=3600.0)[1] == 0  # racily clean: read again, as git would
+
+
+def test_a_file_replaced_between_hash_and_upload_is_caught(tmp_path: Path) -> None:
+    from gpulayerd.ship.upload import ShipUsageError, send_snapshot
+
+    store = _store(tmp_path)
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "a.bin").write_bytes(b"first")
+    body, sources, stamps = make_manifest(wd, ["a.bin"])
+    (wd / "new").write_bytes(b"other")
+    os.replace(wd / "new", wd / "a.bin")  # replaced (an editor's save): the same size, other bytes
+    client = _StoreClient(store)
+    with pytest.raises(ShipUsageError, match=r"a\.bin changed after the snapshot was made"):
+        send_snapshot(client, body, sources, stamps)
+    assert client.offsets == []  # refused before a byte was sent
+    with pytest.raises(ValueError, match="do not hash"):  # without stamps: the daemon's own check
+        send_snapshot(_StoreClient(store), body, sources)
+    with open(wd / "a.bin", "r+b") as f:  # written in place, maybe within the clock tick of the hash
+        f.write(b"FIRST")
+    _, _, later = make_manifest(wd, ["a.bin"])
+    with open(wd / "a.bin", "r+b") as f:
+        f.write(b"first")
+    with pytest.raises((ShipUsageError, ValueError)):  # the stamp moved (the CLI), or not (the daemon)
+        send_snapshot(_StoreClient(store), {"entries": [{**body["entries"][0], "sha256": _sha(b"FIRST")}]},
+                      {_sha(b"FIRST"): wd / "a.bin"}, {_sha(b"FIRST"): later[_sha(b"FIRST")]})
+    assert not store.blob_path(_sha(b"FIRST")).exists()
+    os.unlink(wd / "a.bin")
+    os.symlink(tmp_path / "elsewhere", wd / "a.bin")  # never followed, even at upload
+    (tmp_path / "elsewhere").write_bytes(b"first")
+    with pytest.raises(ShipUsageError, match="cannot read"):
+        send_snapshot(_StoreClient(store), body, sources, stamps)
+    (wd / "a.bin").unlink()
+    (wd / "a.bin").write_bytes(b"first")
+    assert send_snapshot(_StoreClient(store), body, sources) == Manifest.model_validate(body).snapshot_id()
+
+
+def test_a_cached_content_is_hashed_again_unless_this_life_verified_that_very_file(tmp_path: Path) -> None:
+    data = b"content"
+    cache = BlobCache(tmp_path / "cache", max_bytes=1000)
+    cache.partial(_sha(data)).write_bytes(data)
+    cache.finish(_sha(data))
+    with cache.open_content(_sha(data), len(data)) as f:  # verified when it entered
+        assert f.read() == data
+    assert cache.has(_sha(data))  # (a use: it stays verified)
+    with cache.open_content(_sha(data), len(data)) as f:
+        assert f.read() == data
+    blob = cache.path(_sha(data))
+    ctime = blob.stat().st_ctime_ns
+    with open(blob, "r+b") as f:  # rotted in place: the same file and size, a new change time
+        f.write(b"CONTENT")
+    while blob.stat().st_ctime_ns == ctime:  # (a coarse clock: until its change time moves)
+        time.sleep(0.005)
+        os.utime(blob)
+    assert cache.has(_sha(data))
+    with pytest.raises(ValueError, match="do not hash"):
+        cache.open_content(_sha(data), len(data))
+    cache.partial(_sha(data)).write_bytes(data)  # fetched again
+    cache.finish(_sha(data))
+    with pytest.raises(ValueError, match="the manifest says 6"):
+        cache.open_content(_sha(data), 6)
+    os.unlink(cache.path(_sha(data)))  # another file put under its name: hashed again, dropped
+    cache.path(_sha(data)).write_bytes(b"garbage!")
+    with pytest.raises(ValueError, match="do not hash"):
+        cache.open_content(_sha(data), len(data))
+    assert not cache.has(_sha(data))
+    later = BlobCache(tmp_path / "cache", max_bytes=1000)  # a new daemon life: an old content is hashed once
+    cache.partial(_sha(b"old")).write_bytes(b"old")
+    cache.finish(_sha(b"old"))
+    with later.open_content(_sha(b"old"), 3) as f:
+        assert f.read() == b"old"
+
+
+def test_an_unpack_fed_a_content_the_cache_cannot_verify_fails(tmp_path: Path) -> None:
+    cache = BlobCache(tmp_path / "cache", max_bytes=1000)
+    cache.path(_sha(b"x")).parent.mkdir(parents=True, exist_ok=True)
+    cache.path(_sha(b"x")).write_bytes(b"y")  # (not through finish: never verified, and wrong)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+
+    def feed(sink: io.BufferedWriter) -> None:  # type: ignore[type-arg]
+        sink.write(header({"path": "ok.txt", "kind": "file", "size": 0, "sha256": _sha(b"")}))
+        try:  # as ShipClient._unpack feeds: a content the cache refuses ends the stream as a failure
+            cache.open_content(_sha(b"x"), 1)
+        except ValueError as e:
+            raise TreeError(str(e)) from None
+
+    with pytest.raises(AsUserError, match="the cached bytes do not hash to it"):
+        run_as("unpack", [str(tree)], None, feed=feed, timeout_s=5)
+    assert not cache.path(_sha(b"x")).exists()
+

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import hashlib
 import logging
 import os
@@ -38,7 +39,7 @@ from gpulayerd.models.snapshots import BLOB_CHUNK_BYTES, Manifest, OutputChunk, 
 from gpulayerd.net.transport import SHIP_FETCH, SHIP_OUTPUT, PeerTransport, Sender
 from gpulayerd.ship.asuser import AsUserError, run_as, user_ids
 from gpulayerd.ship.blobcache import BlobCache
-from gpulayerd.ship.tree import header, read_entries
+from gpulayerd.ship.tree import TreeError, header, read_entries
 from gpulayerd.store import Store
 
 __all__ = ["ShipClient", "TransferFailed"]
@@ -94,13 +95,12 @@ class ShipClient:
         while True:
             chunk = await self._transport.call(owner, SHIP_FETCH, ShipFetch(job_id=job_id, attempt=attempt,
                                                                             digest=digest, offset=offset))
-            data = base64.b64decode(chunk.data)
-            if len(data) > BLOB_CHUNK_BYTES or chunk.offset != offset:
+            if chunk.offset != offset:
                 raise TransferFailed(f"the owner answered a malformed chunk of {digest[:12]}")
-            await asyncio.to_thread(sink.write, data)
-            offset += len(data)
-            moved += len(data)
-            if offset >= chunk.total or not data:
+            n = await asyncio.to_thread(_decode_into, sink, chunk.data)  # (1.4 MB of base64: off the loop)
+            offset += n
+            moved += n
+            if offset >= chunk.total or not n:
                 return moved
             if rate > 0:  # ship_fetch_mb_per_s: wait until this many bytes were due
                 ahead = began + moved / rate - time.monotonic()
@@ -147,6 +147,7 @@ class ShipClient:
                     task.cancel()
 
     async def _prepare(self, owner: str, job_id: str, attempt: int, spec: JobSpec, sid: str, tree: Path) -> str:
+        began = time.monotonic()
         holder = _Buffer()
         await self._fetch(owner, job_id, attempt, sid, holder, 0)
         raw = holder.data()
@@ -155,26 +156,36 @@ class ShipClient:
         manifest = Manifest.model_validate_json(raw)  # (its rules checked again here)
         digests = manifest.digests()
         self.cache.pin(digests)
+        fetched = unpacked = began
         try:
-            moved = files = 0
-            for digest in sorted(digests):
-                if await asyncio.to_thread(self.cache.has, digest):
-                    continue
-                part = self.cache.partial(digest)
-                have = part.stat().st_size if part.exists() else 0  # resumed
-                with open(part, "ab") as sink:
+            lacking = await asyncio.to_thread(lambda: [d for d in sorted(digests) if not self.cache.has(d)])
+            moved = 0
+            for digest in lacking:
+                sink, have = await asyncio.to_thread(self._open_part, digest)
+                try:
                     moved += await self._fetch(owner, job_id, attempt, digest, sink, have)
+                finally:
+                    await asyncio.to_thread(sink.close)
                 await asyncio.to_thread(self.cache.finish, digest)
-                files += 1
+            files = len(lacking)
             note = (f"Transfer: {files} file(s), {moved} bytes moved from the owner; "
                     f"{len(digests) - files} from this worker's cache")
+            fetched = time.monotonic()
             await asyncio.to_thread(self._unpack, tree, manifest, spec)
+            unpacked = time.monotonic()
         finally:
             await asyncio.to_thread(self.cache.unpin, digests)
         self.notes[(job_id, attempt)] = note
         self.shipped[(job_id, attempt)] = (owner, spec)
-        log.info("job_id=%s attempt %d: %s", job_id, attempt, note)
+        log.info("job_id=%s attempt %d: %s (fetch %.0f ms, unpack %.0f ms, unpin %.0f ms)", job_id, attempt, note,
+                 (fetched - began) * 1000, (unpacked - fetched) * 1000, (time.monotonic() - unpacked) * 1000)
         return str(tree)
+
+    def _open_part(self, digest: str) -> tuple[IO[bytes], int]:
+        """The cache's part file of ``digest`` opened for appending, and the bytes it holds (a transfer
+        resumes there)."""
+        sink = open(self.cache.partial(digest), "ab")  # noqa: SIM115 (closed by the caller)
+        return sink, sink.tell()
 
     def _unpack(self, tree: Path, manifest: Manifest, spec: JobSpec) -> None:
         """Make ``tree`` afresh (0700, the job's user's) and unpack ``manifest`` into it as that user."""
@@ -187,10 +198,16 @@ class ShipClient:
 
         def feed(sink: IO[bytes]) -> None:
             for e in manifest.entries:
-                sink.write(header(e.model_dump()))
-                if e.kind == "file":
-                    with open(self.cache.path(e.sha256), "rb") as f:  # a copy: never a link into the cache
-                        shutil.copyfileobj(f, sink)
+                if e.kind != "file":
+                    sink.write(header(e.model_dump()))
+                    continue
+                try:  # verified (its SHA-256, once per daemon life) and sized before a byte is written
+                    content = self.cache.open_content(e.sha256, e.size)
+                except ValueError as err:
+                    raise TreeError(str(err)) from None
+                with content:  # a copy: never a link into the cache
+                    sink.write(header(e.model_dump()))
+                    shutil.copyfileobj(content, sink, BLOB_CHUNK_BYTES)
 
         run_as("unpack", [str(tree)], ids, feed=feed, timeout_s=self._config.ship_transfer_timeout_s)
 
@@ -315,6 +332,22 @@ async def _keep_lease(renew: Callable[[], Awaitable[bool]], lease_s: float, atte
         await asyncio.sleep(max(lease_s / 3, 0.2))
         if not await renew():
             raise TransferFailed(f"the owner no longer holds attempt {attempt} (its lease was renewed stale)")
+
+
+def _decode_into(sink: _Sink, data: str) -> int:
+    """Write the base64 ``data`` of a chunk to ``sink``; its bytes.
+
+    Raises:
+        TransferFailed: it is not base64 or holds more than :data:`BLOB_CHUNK_BYTES`.
+    """
+    try:
+        raw = binascii.a2b_base64(data)  # (what b64decode does, without its copy of the text first)
+    except ValueError:
+        raise TransferFailed("the owner answered a chunk that is not base64") from None
+    if len(raw) > BLOB_CHUNK_BYTES:
+        raise TransferFailed("the owner answered a chunk over 1 MiB")
+    sink.write(raw)
+    return len(raw)
 
 
 class _Buffer:
