@@ -262,17 +262,18 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         if problem is not None:
             raise UsageError(f"fetch: {problem}")
     raw, attempt, _ = call_daemon(args, lambda c: fetch_files(c, args.job, list(args.paths), args.attempt))
-    body, note = raw, ""
-    cut = raw.rfind(b'\n{"done":true')  # the last header: what the worker left out over its caps
-    if cut >= 0 or raw.startswith(b'{"done":true'):
-        body = raw[:cut + 1] if cut >= 0 else b""
-        for entry, _read in read_entries(io.BytesIO(raw[cut + 1 if cut >= 0 else 0:])):
-            note = str(entry.get("note", ""))
     dest = Path(args.to) if args.to else Path.cwd() / "gpulayer-out" / args.job
     dest.mkdir(parents=True, exist_ok=True)
+    note = ""
     try:
-        n, size = write_tree(str(dest), io.BytesIO(body), verify=False, replace=True)
-    except (TreeError, OSError) as e:
+        n, size = write_tree(str(dest), io.BytesIO(raw), verify=False, replace=True)  # (up to the trailer)
+        src = io.BytesIO(raw)
+        for entry, read in read_entries(src):  # the trailer's note: what the worker left out over its caps
+            if entry.get("done"):
+                note = str(entry.get("note", ""))
+                break
+            read(int(entry.get("size", 0)) if entry.get("kind") == "file" else 0)
+    except (TreeError, OSError, ValueError) as e:
         raise CommandFailed(f"fetch: {e}") from None
     print(f"fetched {n} file(s) ({size / 1e6:.1f} MB) of attempt {attempt} into {fmt.escape(str(dest))}")
     if note:

@@ -106,6 +106,8 @@ def write_tree(root: str, src: IO[bytes], *, verify: bool = True, replace: bool 
         replace: an entry that exists is removed first (outputs of a later attempt; a link there is
             removed, never followed); else it is an error.
 
+    A ``{"done": true, ...}`` header (the trailer a collected stream ends with) ends the entries.
+
     Returns:
         (entries written, file bytes written).
 
@@ -117,6 +119,8 @@ def write_tree(root: str, src: IO[bytes], *, verify: bool = True, replace: bool 
     count = total = 0
     try:
         for entry, read in read_entries(src):
+            if entry.get("done"):  # the trailer (collect's note of what was left out): no entry after it
+                break
             path, kind = str(entry.get("path", "")), entry.get("kind")
             problem = path_problem(path)
             if problem is not None:

@@ -33,7 +33,7 @@ def test_a_shipped_job_runs_on_another_host_and_brings_its_outputs_back(lan_fact
            "git add msg.txt .gitignore && git -c user.email=t@t -c user.name=t commit -qm init && "
            "head -c 100000000 /dev/zero > big.bin", check=True, cwd=repo)
     script = ('pwd; cat msg.txt; ls -a; mkdir -p results && echo "{\\"ok\\": 1}" > results/r.json && '
-              'echo nope > results/r.txt')
+              'echo nope > results/r.txt && printf "no newline" > results/r.dat')
     r = h1.cli("submit", "--ship", "--output", "results/*.json", "--accelerator", "cuda", "--", "sh", "-c", script,
                cwd=repo, check=True)
     job = r.stdout.split()[2].rstrip(":")
@@ -53,6 +53,9 @@ def test_a_shipped_job_runs_on_another_host_and_brings_its_outputs_back(lan_fact
     # gpulayer fetch: a file that was no --output, from h2's kept tree, written as the user on h1.
     fetched = h1.cli_ok("fetch", job, "results/*.txt", "--to", str(h1.work / "got"), cwd=repo)
     assert fetched.startswith("fetched 1 file(s)") and (h1.work / "got" / "results" / "r.txt").read_text() == "nope\n"
+    # A file whose bytes do not end with a newline (the stream's trailer follows it directly).
+    fetched = h1.cli_ok("fetch", job, "results/r.dat", "--to", str(h1.work / "got"), cwd=repo)
+    assert fetched.startswith("fetched 1 file(s)") and (h1.work / "got" / "results" / "r.dat").read_text() == "no newline"
     refused = h1.cli("fetch", job, "../x", cwd=repo)
     assert refused.returncode == 2 and "climbs out" in refused.stderr
 

@@ -152,6 +152,15 @@ def test_tree_written_without_following_links_and_verified(tmp_path: Path) -> No
         write_tree(str(root), io.BytesIO(_stream([({"path": "/abs", "kind": "file", "size": 0}, b"")])))
 
 
+def test_a_collected_stream_s_trailer_ends_the_entries_whatever_the_last_file_ends_with(tmp_path: Path) -> None:
+    root = tmp_path / "got"
+    root.mkdir()
+    stream = _stream([({"path": "results/r.dat", "kind": "file", "size": 10}, b"no newline"),
+                      ({"done": True, "note": "1 output file(s) left out"}, b"")])
+    assert write_tree(str(root), io.BytesIO(stream), verify=False, replace=True) == (1, 10)
+    assert (root / "results" / "r.dat").read_bytes() == b"no newline" and sorted(os.listdir(root)) == ["results"]
+
+
 def test_outputs_collected_without_links_and_capped(tmp_path: Path) -> None:
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "a.json").write_text('{"a": 1}')
