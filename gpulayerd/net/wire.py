@@ -176,7 +176,8 @@ class RunReport(_Msg):
     the owner queues the job again for another worker."""
     where: str = Field(default="", max_length=200, pattern=r"^[A-Za-z0-9._,\[\]-]*$")
     """``started``: where the attempt runs besides the worker (a Slurm worker: Slurm's node list), for WHERE.
-    ``renew`` of an attempt not started yet may carry a ``reason`` (``SlurmPending: ...``): the claimed job's."""
+    ``renew`` of an attempt not started yet may carry a ``reason``: the claimed job's when it is ``SlurmPending: ...``
+    on one line (the owner keeps no other)."""
 
 
 class RunReportReply(_Msg):

@@ -49,11 +49,12 @@ class BlobCache:
         self._opened = False
 
     def _open(self) -> None:
-        if not self._opened:
-            make_private_dirs([self.root])
-            for p in self.root.glob("*.part*"):  # transfers a previous life cut
-                p.unlink(missing_ok=True)
-            self._opened = True
+        with self._lock:  # (threads of two transfers at once: no part file of this life swept)
+            if not self._opened:
+                make_private_dirs([self.root])
+                for p in self.root.glob("*.part*"):  # transfers a previous life cut
+                    p.unlink(missing_ok=True)
+                self._opened = True
 
     def path(self, digest: str) -> Path:
         """Where content ``digest`` lies in the cache. Raises ValueError: not a SHA-256."""

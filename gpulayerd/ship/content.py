@@ -20,7 +20,9 @@ put the user over the quota, the least recently committed of the others until it
 
 Uploads resume: a part file an interrupted upload left stays (until the daemon restarts), the next
 offer of that user says how many bytes of each missing content it holds (``received``) and the
-upload goes on from there; an upload that starts again from byte 0 drops the old part first.
+upload goes on from there; an upload that starts again from byte 0 drops the old part first. Chunks
+of one part file are taken one at a time (its next byte checked, appended, hashed and renamed under its
+lock): two uploads of one content at once never keep bytes under a name they do not hash to.
 
 Blocking file I/O: the daemon calls these methods in a thread; a lock keeps the index consistent.
 """
@@ -73,6 +75,7 @@ class ContentStore:
         self._user_digests: dict[str, dict[str, int]] = {}  # user -> digest -> size (their snapshots' contents)
         self._pending: dict[str, dict[str, int]] = {}  # user -> digest -> size: offered, not uploaded
         self._uids: dict[str, int] = {}  # user -> the uid their uploads came from (their part files' names)
+        self._part_locks: dict[tuple[int, str], tuple[threading.Lock, int]] = {}  # (uid, digest) -> lock, users
         self._blob_bytes = 0
         self._opened = False
 
@@ -187,6 +190,21 @@ class ContentStore:
             raise NotOffered(f"a chunk of {len(data)} bytes (at most {BLOB_CHUNK_BYTES})")
         with self._lock:
             self._uids[user] = uid
+            part_lock, users = self._part_locks.get((uid, digest), (threading.Lock(), 0))
+            self._part_locks[(uid, digest)] = (part_lock, users + 1)
+        try:
+            with part_lock:  # one upload of a part at a time: its next byte, append, hash and rename
+                return self._put(user, uid, digest, offset, data, size)
+        finally:
+            with self._lock:
+                part_lock, users = self._part_locks[(uid, digest)]
+                if users <= 1:
+                    del self._part_locks[(uid, digest)]
+                else:
+                    self._part_locks[(uid, digest)] = (part_lock, users - 1)
+
+    def _put(self, user: str, uid: int, digest: str, offset: int, data: bytes, size: int) -> BlobView:
+        """:meth:`put` with the lock of ``uid``'s part file of ``digest`` held."""
         part = self._part(uid, digest)
         have = part.stat().st_size if part.exists() else 0
         if offset == 0 and have:  # an upload started again from 0: the part an interrupted one left goes

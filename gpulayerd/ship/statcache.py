@@ -10,6 +10,10 @@ its modification time put back is hashed again. A file changed within :data:`RAC
 before it was hashed is not remembered (a later write in the same clock tick could leave every
 stamp as it was: git's "racily clean" entries), nor one whose status changed while it was read.
 
+It is kept only in a directory of the user's that no other account can write (its parent and
+grandparent too, e.g. ``~/.cache``), opened without following a link: a CLI run as root with another
+user's ``HOME`` or ``XDG_CACHE_HOME`` hashes every file and writes nothing there.
+
 This cache only saves reading: the owner daemon verifies every uploaded content against its SHA-256,
 and the worker every content before a job runs on it. A cache that cannot be read or written is
 ignored (every file is hashed). Standard library only: the CLI's ``--ship`` path stays fast.
@@ -21,7 +25,9 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["MAX_WORKDIRS", "RACY_S", "Stamp", "StatCache", "default_dir", "stamp"]
@@ -84,11 +90,20 @@ class StatCache:
     def _load(self) -> dict[str, list[object]]:
         path = self.path
         assert path is not None
+        dir_fd = _open_dir(path.parent, create=False)
+        if dir_fd is None:
+            return {}
         try:
-            with open(path, "rb") as f:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                         dir_fd=dir_fd)
+            with open(fd, "rb") as f:
+                if not _mine(os.fstat(f.fileno()), stat.S_ISREG):
+                    return {}
                 data = json.load(f)
         except (OSError, ValueError):
             return {}
+        finally:
+            os.close(dir_fd)
         if not isinstance(data, dict) or data.get("workdir") != self._workdir:
             return {}
         entries = data.get("entries")
@@ -126,21 +141,93 @@ class StatCache:
         path = self.path
         if path is None or self._new == self._old:
             return
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        dir_fd = _open_dir(path.parent, create=True)
+        if dir_fd is None:
+            return
+        try:
+            tmp = f"{path.name}.{os.getpid()}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-                         0o600)
+                         0o600, dir_fd=dir_fd)
             with open(fd, "w", encoding="utf-8") as f:
                 json.dump({"workdir": self._workdir, "entries": self._new}, f, separators=(",", ":"))
-            os.replace(tmp, path)
-            others = sorted(path.parent.glob("*.json"), key=_mtime)
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            others = sorted((n for n in os.listdir(dir_fd) if n.endswith(".json")), key=lambda n: _mtime(dir_fd, n))
             for old in others[:max(len(others) - MAX_WORKDIRS, 0)]:
-                old.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old, dir_fd=dir_fd)
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)
 
 
-def _mtime(p: Path) -> float:
+def _mtime(dir_fd: int, name: str) -> float:
     try:
-        return p.stat().st_mtime
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
     except OSError:
         return 0.0
+
+
+def _mine(st: os.stat_result, kind: Callable[[int], bool]) -> bool:
+    """Whether ``st`` is of ``kind`` (``stat.S_ISDIR``, ...), owned by this process's account and
+    writable by no other account (group-writable only for this account's own private group, as a
+    umask of 002 leaves it)."""
+    if not kind(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o002:
+        return False
+    return not st.st_mode & 0o020 or _private_group(st.st_gid)
+
+
+def _private_group(gid: int) -> bool:
+    """Whether ``gid`` is this process's group with no other member listed (a user private group)."""
+    if gid != os.getegid():
+        return False
+    try:
+        import grp
+        import pwd
+
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        return not [m for m in grp.getgrgid(gid).gr_mem if m != me]
+    except (ImportError, KeyError):
+        return False
+
+
+def _trusted(path: Path) -> bool:
+    """Whether ``path`` is a directory of :func:`_mine`, reached through a link only of this account."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid != os.geteuid():
+                return False
+            st = os.stat(path)
+    except OSError:
+        return False
+    return _mine(st, stat.S_ISDIR)
+
+
+def _open_dir(directory: Path, create: bool) -> int | None:
+    """A descriptor of the cache directory ``directory`` (created 0700 with ``create``), or None (no cache
+    is kept) unless it, its parent and its grandparent, those that exist, and the nearest existing
+    directory above it when it is missing (on Linux by default ``~/.cache``, ``gpulayer``, ``ship``) are
+    directories of this account that no other can write: a CLI run as root with another user's ``HOME``
+    or ``XDG_CACHE_HOME`` never reads hashes that user wrote, nor writes or removes files where that
+    user's links point."""
+    levels = [directory, *directory.parents]
+    nearest = next((p for p in levels if os.path.lexists(p)), None)
+    if nearest is None:
+        return None
+    checked = {p for p in levels[:3] if os.path.lexists(p)} | {nearest}
+    if not all(_trusted(p) for p in checked):
+        return None
+    missing = levels[:levels.index(nearest)]
+    if missing and not create:
+        return None
+    try:
+        for p in reversed(missing):
+            os.mkdir(p, 0o700)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    if not _mine(os.fstat(fd), stat.S_ISDIR):
+        os.close(fd)
+        return None
+    return fd

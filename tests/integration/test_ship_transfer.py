@@ -14,6 +14,7 @@ import pytest
 from gpulayerd.app.worker.ship_client import ShipClient, TransferFailed
 from gpulayerd.config import DaemonConfig
 from gpulayerd.models import JobSpec
+from gpulayerd.ship.blobcache import BlobCache
 
 SNAPSHOT = "ab" * 32
 
@@ -117,3 +118,57 @@ async def test_a_cached_content_is_hashed_once_per_daemon_life_and_a_corrupt_one
     assert owner.fetched == [owner.manifest.snapshot_id()]  # the cache was believed, then checked
     tree = Path(await again.prepare("owner-node", "job1", 3, spec))  # fetched again, verified
     assert (tree / "data" / "b.bin").read_bytes() == b"\x00" * 5000
+
+
+class _Interleaving(_Owner):
+    """An owner whose every answer lets the other transfers in progress run first (two jobs of one
+    snapshot granted to one worker at once fetch their contents side by side)."""
+
+    async def call(self, node_id: str, route: Any, body: Any) -> Any:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return await super().call(node_id, route, body)
+
+
+@pytest.mark.asyncio
+async def test_two_transfers_of_one_content_at_once_both_unpack_its_exact_bytes(tmp_path: Path) -> None:
+    big = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB and more: several chunks each
+    owner = _Interleaving({"a.py": b"print('a')\n", "data/big.bin": big})
+    spec = JobSpec(command=["true"], workdir="/", ship={"snapshot": owner.manifest.snapshot_id()})
+    client = ShipClient(config=DaemonConfig(state_dir=tmp_path), node_id="worker",
+                        transport=owner)  # type: ignore[arg-type]
+    trees = await asyncio.gather(client.prepare("owner-node", "job1", 1, spec),
+                                 client.prepare("owner-node", "job2", 1, spec))
+    for tree in trees:
+        assert (Path(tree) / "data" / "big.bin").read_bytes() == big
+    digest = next(e.sha256 for e in owner.manifest.entries if e.path == "data/big.bin")
+    assert client.cache.path(digest).read_bytes() == big  # the cache holds it once, whole
+    assert owner.fetched.count(digest) == 4  # fetched by one transfer (4 chunks); the other took the cache's
+
+
+class _GrowingCache(BlobCache):
+    """A cache whose content grows (a writer that still holds it open, appending) once it was opened
+    and checked for an unpack."""
+
+    grown = False
+
+    def open_content(self, digest: str, size: int) -> Any:
+        f = super().open_content(digest, size)
+        if self.grown:
+            return f
+        self.grown = True
+        with open(self.path(digest), "ab") as more:
+            more.write(b'{"path":"injected.py","kind":"file","size":2}\nhi')
+        return f
+
+
+@pytest.mark.asyncio
+async def test_an_unpack_copies_exactly_each_files_size_from_the_cache(tmp_path: Path) -> None:
+    owner = _Owner({"a.py": b"print('a')\n", "b.py": b"print('b')\n"})
+    spec = JobSpec(command=["true"], workdir="/", ship={"snapshot": owner.manifest.snapshot_id()})
+    client = ShipClient(config=DaemonConfig(state_dir=tmp_path), node_id="worker",
+                        transport=owner)  # type: ignore[arg-type]
+    client.cache = _GrowingCache(client.cache.root, client.cache.max_bytes)
+    tree = Path(await client.prepare("owner-node", "job1", 1, spec))
+    assert sorted(p.name for p in tree.iterdir()) == ["a.py", "b.py"]
+    assert (tree / "a.py").read_bytes() == b"print('a')\n" and (tree / "b.py").read_bytes() == b"print('b')\n"

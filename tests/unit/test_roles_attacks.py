@@ -8,6 +8,7 @@ failed before its fix (they were written as working attacks, then turned around)
   a hold lasts at most the worker's own ``hold_ttl_s``;
 - ``explain`` of a finished job hides its workdir from other users, as ``show`` does;
 - a claimer's placement cannot name other nodes as holders (no ``gang`` list).
+- a holder's renewal sets its claimed job's reason only to a one-line ``SlurmPending: ...`` (issue 36's review).
 """
 
 from __future__ import annotations
@@ -178,3 +179,22 @@ async def test_a_gang_hold_carries_environment_names_only_and_the_commit_the_val
             assert run is not None and '"HF_TOKEN":"alice-s3cret"' in run.spec_json.replace(" ", ""), name
     finally:
         await lab.close()
+
+
+@pytest.mark.asyncio
+async def test_a_holders_renewal_sets_only_a_slurm_pending_reason(lab: Lab) -> None:
+    """A renewal's ``reason`` (a Slurm worker's ``SlurmPending: ...`` while Slurm holds the job) is the
+    claimed job's reason only when it is one: the holder cannot make the listing say another code
+    (that it was cancelled, that another user's job goes first) or span lines."""
+    owner = d(lab, "owner")
+    job = await lab.submit(owner, cpus=2)
+    granted = await owner.services.jobs.grant(job, W1, new_msg_id(), dump_placement({}, W1))
+    assert not isinstance(granted, str)
+    for forged in ("Cancelled: cancelled by root", "SlurmPending: Resources\nFairShare: bob's jobs go first"):
+        await owner.services.jobs.reported(job, "renew", granted.attempt, W1, reason=forged)
+        row = await owner.services.jobs.get(job)
+        assert row is not None and row.status == "claimed" and row.reason != forged
+    await owner.services.jobs.reported(job, "renew", granted.attempt, W1,
+                                       reason="SlurmPending: Resources (partition gpu, position 1)")
+    row = await owner.services.jobs.get(job)
+    assert row is not None and row.reason == "SlurmPending: Resources (partition gpu, position 1)"

@@ -4,6 +4,7 @@ largest files), uploads only of offered contents, and trees written without foll
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -484,3 +485,32 @@ def test_an_unpack_fed_a_content_the_cache_cannot_verify_fails(tmp_path: Path) -
         run_as("unpack", [str(tree)], None, feed=feed, timeout_s=5)
     assert not cache.path(_sha(b"x")).exists()
 
+
+
+def test_uploads_of_one_content_at_once_never_leave_a_blob_that_does_not_hash_to_its_name(tmp_path: Path) -> None:
+    """Two CLIs of one user (or a user's own requests) sending the last chunk of one content at once:
+    each check of the next byte, append, hash and rename is one upload's, so the store never keeps
+    bytes under a name they do not hash to (a later user's job of that content would fail its transfer)."""
+    import threading
+
+    data = bytes(range(256)) * 64
+    digest = _sha(data)
+    manifest = Manifest(entries=[ManifestEntry(path="a.bin", kind="file", size=len(data), sha256=digest)])
+    for n in range(150):
+        store = _store(tmp_path / str(n))
+        store.offer("alice", manifest)
+        store.put("alice", 1000, digest, 0, data[:-100])
+        start = threading.Barrier(3)
+
+        def send(tail: bytes, store: ContentStore = store, start: threading.Barrier = start) -> None:
+            start.wait()
+            with contextlib.suppress(NotOffered, ValueError):
+                store.put("alice", 1000, digest, len(data) - 100, tail)
+
+        threads = [threading.Thread(target=send, args=(tail,)) for tail in (data[-100:], b"X" * 100, data[-100:])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        blob = store.blob_path(digest)
+        assert not blob.is_file() or _sha(blob.read_bytes()) == digest, f"round {n}"

@@ -447,7 +447,7 @@ class OwnedJobs:
                                     preflight=preflight, where=where)
         if kind == "renew":
             actions = await self.apply(job_id, event, row=row)
-            if reason and not any(isinstance(a, claims.ReplyStale) for a in actions):
+            if _pending_reason(reason) and not any(isinstance(a, claims.ReplyStale) for a in actions):
                 await self._store.jobs.set_claimed_reason(job_id, attempt, reason[:300])
                 self._signals.job_changed(job_id)
             return actions
@@ -497,3 +497,10 @@ class OwnedJobs:
             job_id, claims.RunLost(attempt, worker, reason, never_started, stimulus_id),
             lambda then, kind: self._store.jobs.end_attempt(job_id, attempt, "lost", None, reason,
                                                             self._clock.wall(), then, kind)))
+
+
+def _pending_reason(reason: str) -> bool:
+    """Whether a renewal's ``reason`` is one a holder may set as its claimed job's: a Slurm worker's
+    ``SlurmPending: ...`` on one line (no other code: a holder cannot make the listing say the job was
+    cancelled or waits on another user's)."""
+    return reason.startswith("SlurmPending: ") and reason.isprintable()

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -77,6 +78,7 @@ class ShipClient:
         self._streams: OrderedDict[tuple[str, str, int, tuple[str, ...]], bytes] = OrderedDict()
         self._swept = 0.0  # monotonic time of the last sweep of kept trees
         self.cache = BlobCache(config.state_dir / "ship-cache", int(config.ship_cache_mb * MB))
+        self._fetching = _PerContent()
         self.notes: dict[tuple[str, int], str] = {}
         """(job, attempt) -> what its transfer moved ("Transfer: ..."), for the ``started`` report."""
         self.shipped: dict[tuple[str, int], tuple[str, JobSpec]] = {}
@@ -159,15 +161,18 @@ class ShipClient:
         fetched = unpacked = began
         try:
             lacking = await asyncio.to_thread(lambda: [d for d in sorted(digests) if not self.cache.has(d)])
-            moved = 0
+            moved = files = 0
             for digest in lacking:
-                sink, have = await asyncio.to_thread(self._open_part, digest)
-                try:
-                    moved += await self._fetch(owner, job_id, attempt, digest, sink, have)
-                finally:
-                    await asyncio.to_thread(sink.close)
-                await asyncio.to_thread(self.cache.finish, digest)
-            files = len(lacking)
+                async with self._fetching.hold(digest):  # one writer of a content's part file at a time
+                    if self._fetching.waited(digest) and await asyncio.to_thread(self.cache.has, digest):
+                        continue  # another transfer brought it meanwhile
+                    sink, have = await asyncio.to_thread(self._open_part, digest)
+                    try:
+                        moved += await self._fetch(owner, job_id, attempt, digest, sink, have)
+                    finally:
+                        await asyncio.to_thread(sink.close)
+                    await asyncio.to_thread(self.cache.finish, digest)
+                    files += 1
             note = (f"Transfer: {files} file(s), {moved} bytes moved from the owner; "
                     f"{len(digests) - files} from this worker's cache")
             fetched = time.monotonic()
@@ -205,9 +210,9 @@ class ShipClient:
                     content = self.cache.open_content(e.sha256, e.size)
                 except ValueError as err:
                     raise TreeError(str(err)) from None
-                with content:  # a copy: never a link into the cache
+                with content:  # a copy of exactly its size (never more: the stream's next header): no link
                     sink.write(header(e.model_dump()))
-                    shutil.copyfileobj(content, sink, BLOB_CHUNK_BYTES)
+                    _copy_exact(content, sink, e.size, e.sha256)
 
         run_as("unpack", [str(tree)], ids, feed=feed, timeout_s=self._config.ship_transfer_timeout_s)
 
@@ -348,6 +353,54 @@ def _decode_into(sink: _Sink, data: str) -> int:
         raise TransferFailed("the owner answered a chunk over 1 MiB")
     sink.write(raw)
     return len(raw)
+
+
+def _copy_exact(src: IO[bytes], sink: IO[bytes], size: int, digest: str) -> None:
+    """Copy exactly ``size`` bytes of ``src`` to ``sink`` (a content the cache checked; bytes past its
+    size, should anything have appended to it since, are never copied: they would be read as the stream's
+    next header).
+
+    Raises:
+        TreeError: ``src`` holds fewer bytes.
+    """
+    left = size
+    while left > 0:
+        chunk = src.read(min(left, BLOB_CHUNK_BYTES))
+        if not chunk:
+            raise TreeError(f"content {digest[:12]}: the cached file is shorter than its {size} bytes")
+        sink.write(chunk)
+        left -= len(chunk)
+
+
+class _PerContent:
+    """One transfer at a time per content: two jobs of one snapshot granted here at once would both
+    append to its one part file (a content mixed up, the hash refusing it, both transfers failing);
+    the second waits and then takes what the first put in the cache."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._waited: set[str] = set()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, digest: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(digest, (asyncio.Lock(), 0))
+        self._locks[digest] = (lock, users + 1)
+        try:
+            if lock.locked():
+                self._waited.add(digest)
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[digest]
+            if users <= 1:
+                del self._locks[digest]
+                self._waited.discard(digest)
+            else:
+                self._locks[digest] = (lock, users - 1)
+
+    def waited(self, digest: str) -> bool:
+        """Whether a transfer of ``digest`` waited for another one (so the cache may hold it now)."""
+        return digest in self._waited
 
 
 class _Buffer:
