@@ -186,20 +186,46 @@ def _open_regular(root_fd: int, rel: str) -> int | None:
     return out
 
 
+def _files_under(root_fd: int, rel: str, limit: int) -> list[str]:
+    """The paths (relative to the root) of the entries that are not directories under the directory
+    ``rel``, dotfiles included, at most ``limit``; no link followed, on the way to ``rel`` or under it
+    ([] when ``rel`` is not a directory reached that way)."""
+    try:
+        fd = _walk_to(root_fd, rel.split("/"), create=False)
+    except OSError:
+        return []
+    out: list[str] = []
+    try:
+        for dirpath, dirs, names, _ in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            dirs.sort()
+            base = rel if dirpath == "." else f"{rel}/{dirpath[2:]}"
+            out.extend(f"{base}/{n}" for n in sorted(names))
+            if len(out) >= limit:
+                return out[:limit]
+    finally:
+        os.close(fd)
+    return out
+
+
 def collect_outputs(root: str, patterns: list[str], dst: IO[bytes], *, max_bytes: int, max_files: int) -> str:
     """Write to ``dst`` (the stream) the regular files under ``root`` that ``patterns`` (globs relative to
-    ``root``, ``**`` allowed) match, no link followed, at most ``max_files`` files and ``max_bytes``
-    bytes in all. Returns a note of what was left out ("" when nothing was)."""
+    ``root``, ``**`` allowed; ``*`` stays within one directory and skips dotfiles, as a shell's) match, a
+    matched directory standing for every file under it, no link followed, at most ``max_files`` files
+    and ``max_bytes`` bytes in all. Returns a note of what was left out ("" when nothing was)."""
     root_fd = os.open(root, _DIR_FLAGS)
     left_out: list[str] = []
     sent = files = 0
+    more = False
     try:
-        matched: list[str] = []
+        matched: dict[str, None] = {}
         for pattern in patterns:
             for found in sorted(glob.glob(pattern, root_dir=root, recursive=True)):
                 rel = os.path.normpath(found)
-                if path_problem(rel) is None and rel not in matched:
-                    matched.append(rel)
+                if path_problem(rel) is None:
+                    matched.update(dict.fromkeys([rel, *_files_under(root_fd, rel, max_files + 1)]))
+                if len(matched) > 2 * max_files + 1:  # bounded: more than can go is left out uncounted
+                    more = True
+                    break
         for rel in matched:
             fd = _open_regular(root_fd, rel)
             if fd is None:
@@ -224,5 +250,5 @@ def collect_outputs(root: str, patterns: list[str], dst: IO[bytes], *, max_bytes
         os.close(root_fd)
     if not left_out:
         return ""
-    return (f"{len(left_out)} output file(s) left out over the caps ({max_files} files, {max_bytes / 1e6:.1f} MB): "
-            f"{', '.join(left_out[:5])}")
+    return (f"{len(left_out)}{' or more' if more else ''} output file(s) left out over the caps ({max_files} files, "
+            f"{max_bytes / 1e6:.1f} MB): {', '.join(left_out[:5])}")

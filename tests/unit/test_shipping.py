@@ -176,6 +176,23 @@ def test_outputs_collected_without_links_and_capped(tmp_path: Path) -> None:
     assert note.startswith("1 output file(s) left out over the caps") and "results/big.json" in note
 
 
+def test_a_matched_directory_stands_for_every_file_under_it_no_link_followed(tmp_path: Path) -> None:
+    (tmp_path / "results" / "run1").mkdir(parents=True)
+    (tmp_path / "results" / "run1" / "m.json").write_text("1")
+    (tmp_path / "results" / ".hidden").write_text("2")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("no")
+    os.symlink(tmp_path / "outside", tmp_path / "results" / "linked")  # a link to a directory: never entered
+    os.symlink(tmp_path / "outside", tmp_path / "viaLink")
+    out = io.BytesIO()
+    assert collect_outputs(str(tmp_path), ["results", "viaLink"], out, max_bytes=1000, max_files=10) == ""
+    got = {h["path"]: read(h["size"]) for h, read in read_entries(io.BytesIO(out.getvalue()))}
+    assert got == {"results/.hidden": b"2", "results/run1/m.json": b"1"}
+    out = io.BytesIO()  # the file cap holds for a directory's files too
+    note = collect_outputs(str(tmp_path), ["results"], out, max_bytes=1000, max_files=1)
+    assert note.startswith("1 output file(s) left out over the caps (1 files")
+
+
 def test_unpack_in_process_through_the_stream_and_cache(tmp_path: Path) -> None:
     cache = BlobCache(tmp_path / "cache", max_bytes=5)
     data = b"hello"
