@@ -278,4 +278,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     print(f"fetched {n} file(s) ({size / 1e6:.1f} MB) of attempt {attempt} into {fmt.escape(str(dest))}")
     if note:
         print(f"note: {fmt.escape(note)}", file=sys.stderr)
+    if not n:
+        what = ", ".join(fmt.escape(p) for p in args.paths) if args.paths else "every file"
+        print(f"gpulayer: fetch: no file of attempt {attempt} matched {what} (globs as a shell's: '*' stays in one "
+              "directory, '**' crosses them, a directory stands for its files)", file=sys.stderr)
     return EXIT_OK if n else EXIT_FAILURE
