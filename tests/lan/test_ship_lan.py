@@ -56,6 +56,8 @@ def test_a_shipped_job_runs_on_another_host_and_brings_its_outputs_back(lan_fact
     # A file whose bytes do not end with a newline (the stream's trailer follows it directly).
     fetched = h1.cli_ok("fetch", job, "results/r.dat", "--to", str(h1.work / "got"), cwd=repo)
     assert fetched.startswith("fetched 1 file(s)") and (h1.work / "got" / "results" / "r.dat").read_text() == "no newline"
+    nothing = h1.cli("fetch", job, "nope/*", "--to", str(h1.work / "got"), cwd=repo)
+    assert nothing.returncode == 1 and "no file of attempt 1 matched nope/*" in nothing.stderr, nothing.stderr
     refused = h1.cli("fetch", job, "../x", cwd=repo)
     assert refused.returncode == 2 and "climbs out" in refused.stderr
 
