@@ -406,6 +406,8 @@ class WorkerSnapshot:
             workstation now), else ``overflow-after``'s seconds (:mod:`gpulayerd.core.matching.targeting`).
         slurm_refused: user -> Slurm's words, for the users whose jobs Slurm refused lately (sbatch:
             no account or association, a partition's AllowGroups): their jobs are not run there for a while.
+        slurm_pending: Slurm's reasons (``Priority``, ``Resources``) for the gpulayer jobs it holds pending
+            on this worker now (explanations: what its busy slots wait for).
     """
 
     node_id: str
@@ -434,6 +436,7 @@ class WorkerSnapshot:
     slurm_partitions: tuple[str, ...] = ()
     slurm_overflow_after_s: float | None = None
     slurm_refused: Mapping[str, str] = field(default_factory=dict)
+    slurm_pending: tuple[str, ...] = ()
 
     def with_identity(self, mode: str, user: str) -> WorkerSnapshot:
         """This snapshot with ``mode`` and ``user`` as the worker's certificate proves them (what a

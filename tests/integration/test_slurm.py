@@ -134,6 +134,8 @@ def test_pending_in_slurm_is_claimed_with_slurms_reason_then_running_on_its_node
         listing = gateway.cli_ok("jobs")
         line = next(ln for ln in listing.splitlines() if job[:8] in ln)
         assert "claimed" in line and "SlurmPending: Resources" in line, listing
+        wait_until(lambda: json.loads(gateway.cli_ok("devices", "--json"))[0]["slurm_pending"] == ["Resources"], 10,
+                   "the worker's capabilities say what Slurm holds its jobs for (explain's busy Slurm row)")
     finally:
         slurm.run("scancel", blocker)
     wait_until(lambda: _slurm_state(slurm, f"gpulayer:{job}:1") == "RUNNING", 30, "Slurm runs it")
@@ -186,6 +188,8 @@ def test_worker_and_no_slurm_target_or_avoid_the_slurm_worker(gateway: Daemon) -
         shown = gateway.show(kept_off)
         assert shown["status"] == "queued", shown
         assert shown["reason"] == f"Target: {name} is a Slurm worker (--no-slurm)", shown
+        explained = gateway.cli_ok("explain", kept_off)
+        assert f"worker {name} (" in explained and ", slurm/gpu: no fit\n" in explained, explained
     finally:
         gateway.cli("cancel", kept_off)
     named = gateway.submit("--worker", name, "--", "sh", "-c", "echo on $SLURMD_NODENAME")

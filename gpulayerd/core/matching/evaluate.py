@@ -171,7 +171,8 @@ def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True)
         )
     rejections = tuple(static + busy) if state is not FitState.FITS_NOW else ()
     return WorkerExplanation(
-        worker.node_id, worker.name, worker.online, state, tuple(checks), rejections, placement, worker.kind == "slurm"
+        worker.node_id, worker.name, worker.online, state, tuple(checks), rejections, placement, worker.kind == "slurm",
+        worker.slurm_partitions, worker.slurm_pending,
     )
 
 
