@@ -65,6 +65,7 @@ def test_cpu_job_runs_in_slurm_and_its_output_is_in_logs(gateway: Daemon, slurm:
     assert f"on {slurm.node}" in out and "hello from " in out, out
     err = gateway.cli_ok("logs", "--stderr", job)
     assert "oops" in err and "gpulayer: Slurm job" in err, err
+    assert " ended COMPLETED (from scontrol, at " in err, err  # no slurmdbd here: sacct says accounting is off
 
 
 def test_gpu_job_gets_a_gres_gpu(gateway: Daemon, slurm: SlurmCluster) -> None:
