@@ -481,6 +481,9 @@ class JobRequest:
         os: ``linux`` or ``darwin``; None = any.
         worker: the name of the one worker it may run on (``--worker``); "" = any.
         slurm: whether a Slurm worker may run it (False: ``--no-slurm``).
+        waited_s: how long it has waited since its submit, as far as a Slurm worker's ``[slurm] prefer =
+            "overflow-after = D"`` reads it: the largest such D its wait passed (the scheduler moves it there:
+            :func:`gpulayerd.core.scheduling.judging.overflow_waits`; identical jobs keep one shape until then).
     """
 
     job_id: str = ""
@@ -500,3 +503,4 @@ class JobRequest:
     os: str | None = None
     worker: str = ""
     slurm: bool = True
+    waited_s: float = 0.0

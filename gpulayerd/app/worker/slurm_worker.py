@@ -194,7 +194,8 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
     def shape(caps: Capabilities) -> Capabilities:
         return caps.model_copy(update={"kind": "slurm", "slurm_partitions": list(capacity.partitions),
                                        "slurm_gres": list(capacity.gres), "slurm_refused": refusals.now(),
-                                       "slurm_pending": list(gate.queue.pending) if gate is not None else []})
+                                       "slurm_pending": list(gate.queue.pending) if gate is not None else [],
+                                       "slurm_overflow_after_s": cfg.overflow_after_s})
 
     machine.inventory_source = capacity.inventory
     machine.shape_caps = shape
