@@ -11,6 +11,11 @@ directory, nothing under /etc is touched), measures, and stops it again (always)
   instruction (``date +%s.%N``), p50 of 10, one at a time.
 - throughput: N trivial batch jobs (``true``) submitted back to back; first submit to the
   last job's end, in jobs/s (the anchor for gpulayer's jobs/s).
+- through gpulayer (``main``, same cluster, same run): a gpulayerd whose worker is this cluster (``[slurm]``);
+  ``gpulayer submit`` -> the job's first instruction in Slurm, p50 of 5, the whole CLI process included,
+  next to ``sbatch``'s figure (target: within sbatch's + 1 s); and a job over its time limit
+  (``--time 1m``, ``sleep 300``) must end ``timeout`` (Slurm enforces limits in whole minutes: a minute
+  and more, so a bench, not a test; ``--no-timeout-check`` leaves it out).
 
 Other benches call :func:`slurm_figures`: a :class:`SlurmFigures`, or a string saying why
 Slurm is not available (printed as ``Slurm not available: <reason>``).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -50,6 +56,8 @@ class SlurmFigures:
         jobs_per_s: trivial batch jobs, first submit to the last one's end, per second.
         jobs: how many jobs the throughput figure ran.
         version: ``sinfo --version``.
+        gpulayer_start_p50_ms: ``gpulayer submit`` -> the job's first instruction in Slurm, p50 (None: not run).
+        timeout_end: how the job over its time limit ended (its status, after how long; "": not run).
     """
 
     srun_true_p50_ms: float
@@ -57,6 +65,8 @@ class SlurmFigures:
     jobs_per_s: float
     jobs: int
     version: str
+    gpulayer_start_p50_ms: float | None = None
+    timeout_end: str = ""
 
 
 def ensure_installed() -> str | None:
@@ -148,18 +158,57 @@ def measure(env: dict[str, str], n_srun: int = 20, n_sbatch: int = 10, n_jobs: i
     return SlurmFigures(percentile(srun, 50), percentile(starts, 50), n_jobs / elapsed, n_jobs, version)
 
 
-def slurm_figures(n_srun: int = 20, n_sbatch: int = 10, n_jobs: int = 100, cpus: int = 2) -> SlurmFigures | str:
+def through_gpulayer(env: dict[str, str], n: int = 5, timeout_check: bool = True) -> tuple[float, str]:
+    """A gpulayerd backed by the running cluster: ``gpulayer submit`` -> the job's first instruction in Slurm,
+    p50 of ``n`` (ms), and how a ``--time 1m`` job of ``sleep 300`` ended ("" when not checked)."""
+    from tests.fakes.daemon_process import TERMINAL, Lab
+
+    d = Path(env["BENCH_SLURM_DIR"])
+    lab = Lab()
+    try:
+        toml = (f'\n[slurm]\npartitions = ["bench"]\npoll_interval_s = 0.2\noutput_dir = "{lab.root}/slurm-out"\n'
+                f'env = {{ SLURM_CONF = "{env["SLURM_CONF"]}" }}\n')
+        gw = lab.daemon(toml=toml, probe_interval_s=1.0)
+        gw.wait_status(gw.submit("--", "true"), {"succeeded"}, timeout_s=60)  # warm up (the proxy's imports)
+        starts: list[float] = []
+        for i in range(n):
+            out = d / f"gl-start-{i}"
+            sent = time.time()
+            job = gw.submit("--", "sh", "-c", f"date +%s.%N > {out}.tmp && mv {out}.tmp {out}")
+            starts.append((_wait_file(out, 60) - sent) * 1000)
+            gw.wait_status(job, {"succeeded"}, timeout_s=60)
+        ended = ""
+        if timeout_check:
+            t0 = time.monotonic()
+            job = gw.submit("--time", "1m", "--", "sleep", "300")
+            view = gw.wait_status(job, TERMINAL, timeout_s=240)
+            said = [ln for ln in gw.cli_ok("logs", "--stderr", job).splitlines() if ln.startswith("gpulayer: ")]
+            ended = (f"{view.status} after {time.monotonic() - t0:.0f} s (exit {view.exit_code}); "
+                     f"{said[-1] if said else 'the proxy said nothing'}")
+        return percentile(starts, 50), ended
+    finally:
+        lab.close()
+
+
+def slurm_figures(n_srun: int = 20, n_sbatch: int = 10, n_jobs: int = 100, cpus: int = 2, gpulayer: bool = False,
+                  timeout_check: bool = True) -> SlurmFigures | str:
     """Install (when missing), start, measure and stop Slurm; the figures, or why Slurm is not available.
 
     ``cpus``: the CPUs the single node offers (2, as gpulayer's ``--cpu-slots 2`` in the other benches).
+    ``gpulayer``: measure :func:`through_gpulayer` too, on the same cluster (``timeout_check``: with its
+    time-limit check).
     """
     reason = ensure_installed()
     if reason is not None:
         return reason
     try:
         with running_slurm(cpus) as env:
-            return measure(env, n_srun, n_sbatch, n_jobs)
-    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+            figures = measure(env, n_srun, n_sbatch, n_jobs)
+            if gpulayer:
+                p50, ended = through_gpulayer(env, timeout_check=timeout_check)
+                figures = dataclasses.replace(figures, gpulayer_start_p50_ms=p50, timeout_end=ended)
+            return figures
+    except (RuntimeError, AssertionError, subprocess.CalledProcessError, OSError) as e:
         detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) and e.stderr else ""
         return f"{e}{f' ({detail})' if detail else ''}"
 
@@ -180,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=100, help="jobs for the throughput figure (default 100)")
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the single node (default 2)")
+    p.add_argument("--no-timeout-check", action="store_true", help="leave out the time-limit check (a minute and more)")
     args = p.parse_args(argv)
     runs = []
     for _ in range(5):
@@ -187,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         runs.append((time.perf_counter() - t0) * 1000)
     base = percentile(runs, 50)
-    figures = slurm_figures(n_jobs=args.jobs, cpus=args.cpus)
+    figures = slurm_figures(n_jobs=args.jobs, cpus=args.cpus, gpulayer=True, timeout_check=not args.no_timeout_check)
     if isinstance(figures, str):
         print(f"Slurm not available: {figures}")
         return 1
@@ -195,7 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     line("srun true round trip, p50 of 20", figures.srun_true_p50_ms, "ms")
     line("sbatch -> the job's first instruction, p50 of 10", figures.sbatch_start_p50_ms, "ms")
     line(f"throughput, {figures.jobs} trivial batch jobs", figures.jobs_per_s, "jobs/s", fmt=".2f")
-    return 0
+    ok = True
+    if figures.gpulayer_start_p50_ms is not None:
+        line("gpulayer submit -> the job's first instruction in Slurm, p50 of 5", figures.gpulayer_start_p50_ms, "ms")
+        over = figures.gpulayer_start_p50_ms - figures.sbatch_start_p50_ms
+        ok = over <= 1000
+        print(f"  gpulayer over sbatch: {over:+.0f} ms (target: at most +1000 ms): {'ok' if ok else 'MISSED'}")
+    if figures.timeout_end:
+        timed_out = figures.timeout_end.startswith("timeout ")
+        ok = ok and timed_out
+        print(f"a job over its time limit (--time 1m, sleep 300): {figures.timeout_end}: "
+              f"{'ok' if timed_out else 'NOT timeout'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -215,8 +215,7 @@ def render_explanation(e: ExplanationModel, title: str, limit: int | None = None
         out.append("Rejected before matching (no worker can ever run it):")
         out += [f"  ✗ {_e(r.requirement)}: {_e(r.message)}" for r in e.rejections]
     for w in e.workers:
-        label = w.name if w.name == w.worker else f"{w.name} ({w.worker[:12]})"
-        out.append(_e(f"worker {label}: {w.state.replace('_', ' ')}"))
+        out.append(_e(f"worker {w.label()}: {w.state_text()}"))
         rows = [[fmt.mark(c.ok), c.requirement, c.wanted, c.found] for c in w.checks]
         out.append(fmt.table(["", "REQUIREMENT", "WANTED", "FOUND"], rows, "  ", limit=limit))
         for r in w.rejections:

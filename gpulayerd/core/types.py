@@ -406,6 +406,8 @@ class WorkerSnapshot:
             workstation now), else ``overflow-after``'s seconds (:mod:`gpulayerd.core.matching.targeting`).
         slurm_refused: user -> Slurm's words, for the users whose jobs Slurm refused lately (sbatch:
             no account or association, a partition's AllowGroups): their jobs are not run there for a while.
+        slurm_pending: Slurm's reasons (``Priority``, ``Resources``) for the gpulayer jobs it holds pending
+            on this worker now (explanations: what its busy slots wait for).
     """
 
     node_id: str
@@ -434,6 +436,7 @@ class WorkerSnapshot:
     slurm_partitions: tuple[str, ...] = ()
     slurm_overflow_after_s: float | None = None
     slurm_refused: Mapping[str, str] = field(default_factory=dict)
+    slurm_pending: tuple[str, ...] = ()
 
     def with_identity(self, mode: str, user: str) -> WorkerSnapshot:
         """This snapshot with ``mode`` and ``user`` as the worker's certificate proves them (what a
@@ -478,6 +481,9 @@ class JobRequest:
         os: ``linux`` or ``darwin``; None = any.
         worker: the name of the one worker it may run on (``--worker``); "" = any.
         slurm: whether a Slurm worker may run it (False: ``--no-slurm``).
+        waited_s: how long it has waited since its submit, as far as a Slurm worker's ``[slurm] prefer =
+            "overflow-after = D"`` reads it: the largest such D its wait passed (the scheduler moves it there:
+            :func:`gpulayerd.core.scheduling.judging.overflow_waits`; identical jobs keep one shape until then).
     """
 
     job_id: str = ""
@@ -497,3 +503,4 @@ class JobRequest:
     os: str | None = None
     worker: str = ""
     slurm: bool = True
+    waited_s: float = 0.0

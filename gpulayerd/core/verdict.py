@@ -153,7 +153,8 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class WorkerExplanation:
-    """One worker's row group in an explanation (``slurm``: a worker backed by a Slurm cluster)."""
+    """One worker's row group in an explanation (``slurm``: a worker backed by a Slurm cluster, with its
+    ``partitions`` and the reasons Slurm gives for the gpulayer jobs it holds pending there now: ``pending``)."""
 
     worker: str
     name: str
@@ -163,6 +164,8 @@ class WorkerExplanation:
     rejections: tuple[Rejection, ...]
     placement: Placement | None
     slurm: bool = False
+    partitions: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

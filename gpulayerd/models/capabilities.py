@@ -282,6 +282,9 @@ class Capabilities(BaseModel):
             GPUs of ``slurm_partitions``).
         slurm_partitions: a Slurm worker's partitions; ``slurm_gres``: each node's GRES (``node: gpu:a100:4``).
         slurm_refused: user -> Slurm's words, for users whose jobs its sbatch refused lately (kept off a while).
+        slurm_pending: Slurm's reasons for the gpulayer jobs it holds pending now (``Priority``, ``Resources``).
+        slurm_overflow_after_s: ``[slurm] prefer = "overflow-after = D"``'s D (s): it takes only jobs that
+            waited that long; None for ``last``.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -311,6 +314,8 @@ class Capabilities(BaseModel):
     slurm_partitions: list[str] = Field(default_factory=list, max_length=256)
     slurm_gres: list[str] = Field(default_factory=list, max_length=4096)
     slurm_refused: dict[str, str] = Field(default_factory=dict, max_length=256)
+    slurm_pending: list[str] = Field(default_factory=list, max_length=64)
+    slurm_overflow_after_s: float | None = Field(default=None, ge=0)
 
     def to_core(self, existing_paths: frozenset[str] | None = None) -> WorkerSnapshot:
         """Convert to a :class:`WorkerSnapshot` for the matcher."""
@@ -336,4 +341,6 @@ class Capabilities(BaseModel):
             kind=self.kind,
             slurm_partitions=tuple(self.slurm_partitions),
             slurm_refused=dict(self.slurm_refused),
+            slurm_pending=tuple(p[:64] for p in self.slurm_pending),
+            slurm_overflow_after_s=self.slurm_overflow_after_s,
         )

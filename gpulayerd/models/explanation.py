@@ -76,7 +76,8 @@ class CheckModel(BaseModel):
 
 
 class WorkerExplanationModel(BaseModel):
-    """One worker's part of an explanation."""
+    """One worker's part of an explanation (a Slurm worker: ``kind`` ``slurm``, its partitions, and Slurm's
+    reasons for the gpulayer jobs it holds pending there: ``slurm_pending``)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -87,6 +88,24 @@ class WorkerExplanationModel(BaseModel):
     checks: list[CheckModel]
     rejections: list[RejectionModel]
     placement: PlacementModel | None = None
+    kind: str = "host"
+    slurm_partitions: list[str] = Field(default_factory=list)
+    slurm_pending: list[str] = Field(default_factory=list)
+
+    def label(self) -> str:
+        """``vm (uastpavzh5h2)``; a Slurm worker's with its partitions: ``login1 (uastpavzh5h2), slurm/gpu``."""
+        label = self.name if self.name == self.worker else f"{self.name} ({self.worker[:12]})"
+        if self.kind == "slurm":
+            label += ", slurm/" + (",".join(self.slurm_partitions) or "any partition")
+        return label
+
+    def state_text(self) -> str:
+        """``fits but busy``; a busy Slurm worker's with what Slurm holds its jobs for: ``fits but busy
+        (in Slurm: Priority, Resources)``."""
+        text = self.state.replace("_", " ")
+        if self.kind == "slurm" and self.state == "fits_but_busy" and self.slurm_pending:
+            text += f" (in Slurm: {', '.join(self.slurm_pending)})"
+        return text
 
 
 class JobStateModel(BaseModel):
@@ -270,6 +289,8 @@ class ExplanationModel(BaseModel):
                             for c in w.checks],
                     rejections=[RejectionModel.from_core(r) for r in w.rejections],
                     placement=None if w.placement is None else PlacementModel.from_core(w.placement),
+                    kind="slurm" if w.slurm else "host", slurm_partitions=list(w.partitions),
+                    slurm_pending=list(w.pending),
                 )
                 for w in e.workers
             ],

@@ -3,6 +3,7 @@
 - nodes: ``sinfo --json`` (Slurm >= 21.08 built with the OpenAPI plugins) or, where that is missing,
   ``sinfo -N -h -o NODE_FORMAT`` (one ``|``-separated line per node and partition);
 - jobs: ``squeue -h -o JOB_FORMAT`` and ``scontrol -o show job ID`` (``key=value`` on one line);
+- ended jobs where Slurm accounting runs: ``sacct -n -P -X -o SACCT_FORMAT -j ID``;
 - GRES strings: ``gpu:a100:4``, ``gpu:2``, ``gpu:a100:4(S:0-1)``, comma-separated lists.
 """
 
@@ -12,8 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["END_STATES", "JOB_FORMAT", "NODE_FORMAT", "Gres", "SlurmEnd", "SlurmJob", "SlurmNode",
-           "end_of", "parse_gres", "parse_nodes_json", "parse_nodes_lines", "parse_scontrol_job",
+__all__ = ["END_STATES", "JOB_FORMAT", "NODE_FORMAT", "SACCT_FORMAT", "Gres", "SlurmEnd", "SlurmJob", "SlurmNode",
+           "end_of", "parse_gres", "parse_nodes_json", "parse_nodes_lines", "parse_sacct", "parse_scontrol_job",
            "parse_squeue", "pending_reason", "queue_positions"]
 
 NODE_FORMAT = "%N|%P|%c|%m|%G|%T|%f"
@@ -21,6 +22,9 @@ NODE_FORMAT = "%N|%P|%c|%m|%G|%T|%f"
 
 JOB_FORMAT = "%i|%T|%r|%N|%P|%Q|%k"
 """``squeue -h -o`` format: job id, state, reason, nodes, partition, priority, comment."""
+
+SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Partition,Start,End"
+"""``sacct -n -P -X -o`` fields: the job's allocation line (no steps), ``|``-separated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,9 @@ class SlurmJob:
         exit_code: the batch script's exit status; None while unknown.
         signal: the signal that killed it (``ExitCode=0:9``), 0 if none.
         priority: Slurm's priority (``squeue %Q``); None when not read.
+        start, end: Slurm's start and end times as it prints them (``2026-12-01T10:00:00``; "" when not read,
+            ``Unknown`` while not known).
+        source: which command said so (``squeue``, ``scontrol``, ``sacct``).
     """
 
     job_id: str
@@ -76,6 +83,9 @@ class SlurmJob:
     exit_code: int | None = None
     signal: int = 0
     priority: int | None = None
+    start: str = ""
+    end: str = ""
+    source: str = ""
 
     @property
     def ended(self) -> bool:
@@ -223,7 +233,23 @@ def parse_scontrol_job(text: str) -> SlurmJob | None:
     state = kv.get("JobState", "").split()[0] if kv.get("JobState") else ""
     nodes = kv.get("NodeList", "")
     return SlurmJob(kv.get("JobId", ""), state, kv.get("Reason", ""), "" if nodes == "(null)" else nodes,
-                    kv.get("Partition", ""), kv.get("Comment", ""), code, signal)
+                    kv.get("Partition", ""), kv.get("Comment", ""), code, signal, start=kv.get("StartTime", ""),
+                    end=kv.get("EndTime", ""), source="scontrol")
+
+
+def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
+    """Job ``job_id``'s allocation line of ``sacct -n -P -X -o SACCT_FORMAT -j ID``; None when sacct has none
+    (the state's first word: ``CANCELLED by 1001`` is ``CANCELLED``; ``ExitCode`` is ``code:signal``)."""
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) != 7 or f[0].strip() != job_id:
+            continue
+        m = re.fullmatch(r"(\d+):(\d+)", f[2].strip())
+        code, signal = (int(m.group(1)), int(m.group(2))) if m else (None, 0)
+        nodes = f[3].strip()
+        return SlurmJob(job_id, (f[1].split() or [""])[0], "", "" if nodes in ("None assigned", "(null)") else nodes,
+                        f[4].strip(), "", code, signal, start=f[5].strip(), end=f[6].strip(), source="sacct")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +291,8 @@ def end_of(job: SlurmJob) -> SlurmEnd:
         return SlurmEnd(code, f"Slurm: NODE_FAIL on {job.nodes or '?'}", lost=True)
     if kind == "cancelled":
         return SlurmEnd(code or -15, "Slurm: CANCELLED")
-    if job.state == "OUT_OF_MEMORY":
-        return SlurmEnd(code or 137, f"Slurm: OUT_OF_MEMORY on {job.nodes or '?'}")
+    if job.state == "OUT_OF_MEMORY":  # (sacct's ExitCode says 0:125: not a signal)
+        return SlurmEnd(137, f"Slurm: OUT_OF_MEMORY on {job.nodes or '?'}")
     return SlurmEnd(code or 1, f"Slurm: {job.state or 'FAILED'} (exit {code}) on {job.nodes or '?'}")
 
 

@@ -14,7 +14,9 @@ This process:
    (sbatch's refusal, ``sbatch: error: Invalid account``: ``gpulayer: NotAllowed: <Slurm's words>`` and
    exit 126: the worker ends the attempt "never started" and keeps that user's jobs off for a while);
 5. exits with the job's code (:func:`exit_status`): its exit status, 128+N when killed by signal N,
-   124 on Slurm's TIMEOUT, and its last stderr line names Slurm's end state.
+   124 on Slurm's TIMEOUT, and its last stderr line names Slurm's end state. The end is ``sacct``'s record
+   where Slurm accounting runs (also for a job ``scontrol`` no longer knows), else ``scontrol``'s
+   (:meth:`~gpulayerd.slurm.slurmcmd.SlurmCommands.final`).
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 _say("Slurm answers again")
             if job is not None:
                 last_seen = time.monotonic()
+            elif state:  # scontrol forgot it (MinJobAge passed): sacct may still have its end
+                job = cmds.final(job_id, None)
         for o in outs:
             o.copy()
         if job is not None and job.state != state:
@@ -149,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)  # the last bytes Slurm's step writes
             for o in outs:
                 o.copy()
+            job = cmds.final(job_id, job) or job
             end = end_of(job)
-            _say(f"Slurm job {job_id} ended {job.state}" + (f" ({end.reason})" if end.reason else ""))
+            _say(f"Slurm job {job_id} ended {job.state}" + (f" ({end.reason})" if end.reason else "")
+                 + f" (from {job.source}" + (f", at {job.end}" if job.end and job.end != "Unknown" else "") + ")")
             return exit_status(job)
         if time.monotonic() - last_seen > GONE_AFTER_S:
             _say(f"Slurm job {job_id}: Slurm has not known it for {GONE_AFTER_S:g} s")

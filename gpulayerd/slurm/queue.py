@@ -23,13 +23,15 @@ class SlurmQueue:
     """The gpulayer jobs in Slurm's queue, read at most once per ``interval_s``.
 
     Attributes:
+        pending: Slurm's reasons (sorted, distinct) for the gpulayer jobs it holds pending, as the last read
+            saw them (``on_pending`` is called when they change: the worker's capabilities say them).
         answered_at: when ``squeue`` last answered (``clock``'s time; at the start: the start, so that the
             leases of attempts re-adopted then are renewed until a first read says otherwise).
         error: Slurm's words when the last read failed ("" when it answered).
     """
 
     def __init__(self, commands: SlurmCommands, interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_pending: Callable[[], None] | None = None) -> None:
         self._commands = commands
         self._interval_s = interval_s
         self._clock = clock
@@ -40,6 +42,8 @@ class SlurmQueue:
         self.answered_at = clock()
         self.error = ""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._on_pending = on_pending
+        self.pending: list[str] = []
 
     async def refresh(self) -> None:
         """Read ``squeue`` (in a thread) unless it was read within the interval."""
@@ -55,6 +59,11 @@ class SlurmQueue:
             self.error, self.answered_at = "", self._clock()
             self._jobs = {j.comment: j for j in jobs if j.comment.startswith("gpulayer:")}
             self._positions = queue_positions(jobs)
+            pending = sorted({j.reason or "None" for j in self._jobs.values() if j.state == "PENDING"})
+            if pending != self.pending:
+                self.pending = pending
+                if self._on_pending is not None:
+                    self._on_pending()
 
     def poke(self) -> None:
         """Start a :meth:`refresh` in the background if a read is due (from code that must not wait)."""

@@ -59,7 +59,7 @@ class SlurmConfig(BaseModel):
         interpreters: the workload interpreters on the cluster's nodes (default: the daemon's).
         prefer: ``last`` (the cluster gets what fits no workstation now:
             :func:`gpulayerd.core.matching.targeting.prefer_workstations`) or ``overflow-after = DURATION``
-            (accepted; acts as ``last`` for now).
+            (it takes a job only once the job waited that long since its submit: :attr:`overflow_after_s`).
         command_timeout_s: hard limit of one Slurm command (sinfo, sbatch, squeue, scontrol, scancel).
         poll_interval_s: how often a submitted job's state is read.
         output_dir: where a job's batch script and output go, per user, on the shared filesystem
@@ -88,6 +88,12 @@ class SlurmConfig(BaseModel):
             raise ValueError(f"prefer is \"last\" or \"overflow-after = DURATION\", not {v!r}")
         parse_duration(m.group(1))
         return v
+
+    @property
+    def overflow_after_s(self) -> float | None:
+        """``prefer = "overflow-after = D"``'s D in seconds; None for ``last``."""
+        m = re.fullmatch(r"overflow-after\s*=\s*(\S+)", self.prefer.strip())
+        return parse_duration(m.group(1)) if m else None
 
     @field_validator("partitions")
     @classmethod

@@ -9,10 +9,12 @@ from gpulayerd.gpu.command import CommandRunner, decisive_line, run_command
 from gpulayerd.slurm.outputs import (
     JOB_FORMAT,
     NODE_FORMAT,
+    SACCT_FORMAT,
     SlurmJob,
     SlurmNode,
     parse_nodes_json,
     parse_nodes_lines,
+    parse_sacct,
     parse_scontrol_job,
     parse_squeue,
 )
@@ -31,7 +33,7 @@ class SlurmError(Exception):
 
 
 class SlurmCommands:
-    """``sinfo``, ``squeue``, ``scontrol``, ``sbatch`` and ``scancel``, each bounded by ``timeout_s``.
+    """``sinfo``, ``squeue``, ``scontrol``, ``sacct``, ``sbatch`` and ``scancel``, each bounded by ``timeout_s``.
 
     Args:
         timeout_s: the hard limit of one command.
@@ -45,6 +47,7 @@ class SlurmCommands:
         self._env = dict(env or {})
         self._runner = runner
         self._json_nodes: bool | None = None  # does this sinfo answer --json? (asked once)
+        self.accounting_off = False  # sacct said accounting is disabled here (asked no more)
         self.last_stderr = ""  # the last command's standard error (Slurm's words beside a JSON answer's errors)
 
     def run(self, argv: Sequence[str]) -> str:
@@ -99,6 +102,32 @@ class SlurmCommands:
             if "Invalid job id" in str(e):
                 return None
             raise
+
+    def accounted(self, job_id: str) -> SlurmJob | None:
+        """Job ``job_id`` as ``sacct`` records it where Slurm accounting runs; None where it is disabled (asked
+        once: ``Slurm accounting storage is disabled``) or sacct has no record of it.
+
+        Raises:
+            SlurmError: sacct failed otherwise (slurmdbd unreachable: its words).
+        """
+        if self.accounting_off:
+            return None
+        try:
+            return parse_sacct(self.run(["sacct", "-n", "-P", "-X", "-o", SACCT_FORMAT, "-j", job_id]), job_id)
+        except SlurmError as e:
+            if "accounting storage is disabled" in str(e).lower():
+                self.accounting_off = True
+                return None
+            raise
+
+    def final(self, job_id: str, seen: SlurmJob | None) -> SlurmJob | None:
+        """The record an ended job's end is taken from: ``sacct``'s where accounting runs and has it ended,
+        else ``seen`` (``scontrol``'s, while Slurm still knows the job; None: neither knows it)."""
+        try:
+            acct = self.accounted(job_id)
+        except SlurmError:
+            acct = None
+        return acct if acct is not None and acct.ended else seen
 
     def submit(self, argv: Sequence[str]) -> str:
         """Run ``sbatch --parsable ...``; Slurm's job id.

@@ -7,7 +7,10 @@ A virtual environment whose interpreter lives under ``/root`` (pyenv, the usual 
 layout) cannot be run by another account, so :func:`shared_python` copies gpulayer and
 the libraries its CLI needs into a world-readable directory under ``/tmp`` and runs them
 with the system's ``/usr/bin/python3`` (same minor version, so compiled extensions
-load). :meth:`SharedPython.cli` runs ``gpulayer`` as a given account through it.
+load). :meth:`SharedPython.cli` runs ``gpulayer`` as a given account through it, and
+:meth:`SharedPython.venv` is a virtual environment of that interpreter that imports that copy without
+``PYTHONPATH`` (a daemon run by it starts helpers, e.g. a Slurm worker's proxy, as other accounts with
+the job's own environment: ``sys.executable -m gpulayerd...`` must work for them as it is).
 """
 
 from __future__ import annotations
@@ -114,6 +117,24 @@ class SharedPython:
             env.update(HOME=str(account.home), USER=account.name, LOGNAME=account.name)
         env.update(extra)
         return env
+
+    def venv(self) -> str:
+        """The interpreter of a virtual environment (made on first use beside :attr:`path`, world-readable)
+        whose site-packages find gpulayer in :attr:`path` (a ``.pth``): gpulayer's daemon run by it is a
+        lab install every account can use."""
+        venv = self.path.parent / "venv"
+        python = venv / "bin" / "python"
+        if not python.exists():
+            subprocess.run([self.python, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+            site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                       check=True, capture_output=True, text=True).stdout.strip())
+            (site / "gpulayer-shared.pth").write_text(f"{self.path}\n")
+            for d, _dirs, files in os.walk(venv):
+                os.chmod(d, 0o755)
+                for f in files:
+                    if not os.path.islink(os.path.join(d, f)):
+                        os.chmod(os.path.join(d, f), 0o644 | (os.stat(os.path.join(d, f)).st_mode & 0o111))
+        return str(python)
 
     def cli(self, account: Account | None, *args: str, timeout_s: float = 60.0,
             env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -39,17 +39,18 @@ def node_id(d: Daemon) -> str:
 
 def loopback_cluster(
     lab: Lab, cpu_slots: Sequence[int], settings: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
-    each: Sequence[Mapping[str, Any]] | None = None,
+    each: Sequence[Mapping[str, Any]] | None = None, system: bool = False,
 ) -> list[Daemon]:
     """Start ``len(cpu_slots)`` daemons of ``lab`` (daemon i with ``cpu_slots[i]`` CPU slots) in
     one new cluster on 127.0.0.1 and wait until each lists every other one as up, trusted
     and with its capabilities. ``settings`` are config keys for every daemon (e.g. timings); ``each[i]``
     more keyword arguments of :meth:`Lab.daemon` for daemon i (its fake GPUs, its interpreters).
+    ``system``: every daemon in system mode, enrolled so (``cluster init/join --system``).
 
     Returns the daemons, the founder first.
     """
     port = free_port()
-    common: dict[str, Any] = {"mdns": "false", **(settings or {})}  # "false": TOML has no bare False in repr
+    common: dict[str, Any] = {"mdns": "false", **({"mode": "system"} if system else {}), **(settings or {})}  # "false": TOML has no bare False in repr
     # Each daemon stands for a machine of its own: its own lock dir (one gpulayerd per machine).
     own = list(each or [{} for _ in cpu_slots])
     founder = lab.daemon(cpu_slots=cpu_slots[0], start=False, listen=f"{LOOPBACK}:{port}",
@@ -62,20 +63,22 @@ def loopback_cluster(
     daemons = [founder, *others]
     for d in daemons:
         d.work.mkdir(parents=True, exist_ok=True)  # the CLI's working directory
-    founder.cli_ok("cluster", "init")
+    founder.cli_ok("cluster", "init", *(["--system"] if system else []))
     founder.start()
     if others:
         token = json.loads(founder.cli_ok("cluster", "token", "--uses", str(len(others)), "--json"))["token"]
         for d in others:
-            join(d, token)
+            join(d, token, system)
             d.start()
     wait_cluster(daemons, timeout_s)
     return daemons
 
 
-def join(d: Daemon, token: str) -> str:
-    """``gpulayer cluster join -`` for ``d`` with ``token`` on stdin (its signer must run); returns stdout."""
-    r = subprocess.run([GPULAYER, "--state-dir", str(d.state_dir), "cluster", "join", "-"], input=token,
+def join(d: Daemon, token: str, system: bool = False) -> str:
+    """``gpulayer cluster join -`` (``--system``) for ``d`` with ``token`` on stdin (its signer must run);
+    returns stdout."""
+    r = subprocess.run([GPULAYER, "--state-dir", str(d.state_dir), "cluster", "join", *(["--system"] if system else []),
+                        "-"], input=token,
                        cwd=d.work, env=clean_env(), capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, f"gpulayer cluster join -> {r.returncode}\n{r.stdout}\n{r.stderr}"
     return r.stdout

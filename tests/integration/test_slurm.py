@@ -1,25 +1,37 @@
 """A Slurm cluster as a gpulayer worker (issue 36), against a real one-node Slurm (the ``slurm`` fixture):
 a gpulayerd with ``[slurm]`` lists the cluster's partitions and GRES, submits the jobs it claims with
-``sbatch`` as the job's user, follows them, and maps their end; ``gpulayer cancel`` reaches ``scancel``.
+``sbatch`` as the job's user, follows them, and maps their end; ``gpulayer cancel`` reaches ``scancel``. The last tests submit on another daemon of
+the cluster (a workstation that does not fit the job now) as a throwaway account, and the job runs in Slurm
+as that account, its output in ``gpulayer logs`` on the submitting daemon.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.fakes.daemon_process import Daemon, Lab, wait_until
+from tests.fakes.accounts import Account, Accounts, SharedPython
+from tests.fakes.daemon_process import TERMINAL, Daemon, Lab, wait_until
 from tests.fakes.slurm_cluster import NOROOT, SlurmCluster
 
+from .loopback import loopback_cluster, node_id
+from .test_local_users import open_to_everyone
 
-def slurm_toml(cluster: SlurmCluster, out_dir: str) -> str:
-    """The ``[slurm]`` section of a daemon backed by ``cluster``."""
+
+def slurm_toml(cluster: SlurmCluster, out_dir: str | None) -> str:
+    """The ``[slurm]`` section of a daemon backed by ``cluster`` (``out_dir`` None: the default, in the
+    job user's home)."""
+    out = f'output_dir = "{out_dir}"\n' if out_dir is not None else ""
     return (f'\n[slurm]\npartitions = ["{cluster.partition}"]\npoll_interval_s = 0.2\n'
-            f'output_dir = "{out_dir}"\nenv = {{ SLURM_CONF = "{cluster.env["SLURM_CONF"]}" }}\n'
+            f'{out}env = {{ SLURM_CONF = "{cluster.env["SLURM_CONF"]}" }}\n'
             f'[slurm.gres]\n{cluster.gpu_type} = {{ memory_gb = 80, cc = "8.0" }}\n')
 
 
@@ -53,6 +65,7 @@ def test_cpu_job_runs_in_slurm_and_its_output_is_in_logs(gateway: Daemon, slurm:
     assert f"on {slurm.node}" in out and "hello from " in out, out
     err = gateway.cli_ok("logs", "--stderr", job)
     assert "oops" in err and "gpulayer: Slurm job" in err, err
+    assert " ended COMPLETED (from scontrol, at " in err, err  # no slurmdbd here: sacct says accounting is off
 
 
 def test_gpu_job_gets_a_gres_gpu(gateway: Daemon, slurm: SlurmCluster) -> None:
@@ -122,6 +135,8 @@ def test_pending_in_slurm_is_claimed_with_slurms_reason_then_running_on_its_node
         listing = gateway.cli_ok("jobs")
         line = next(ln for ln in listing.splitlines() if job[:8] in ln)
         assert "claimed" in line and "SlurmPending: Resources" in line, listing
+        wait_until(lambda: json.loads(gateway.cli_ok("devices", "--json"))[0]["slurm_pending"] == ["Resources"], 10,
+                   "the worker's capabilities say what Slurm holds its jobs for (explain's busy Slurm row)")
     finally:
         slurm.run("scancel", blocker)
     wait_until(lambda: _slurm_state(slurm, f"gpulayer:{job}:1") == "RUNNING", 30, "Slurm runs it")
@@ -174,6 +189,8 @@ def test_worker_and_no_slurm_target_or_avoid_the_slurm_worker(gateway: Daemon) -
         shown = gateway.show(kept_off)
         assert shown["status"] == "queued", shown
         assert shown["reason"] == f"Target: {name} is a Slurm worker (--no-slurm)", shown
+        explained = gateway.cli_ok("explain", kept_off)
+        assert f"worker {name} (" in explained and ", slurm/gpu: no fit\n" in explained, explained
     finally:
         gateway.cli("cancel", kept_off)
     named = gateway.submit("--worker", name, "--", "sh", "-c", "echo on $SLURMD_NODENAME")
@@ -201,3 +218,93 @@ def test_a_user_slurm_refuses_is_kept_off_the_worker_with_slurms_words(slurm: Sl
         assert "Slurm on " in (explained := gateway.cli_ok("explain", job)) and "refused root" in explained, explained
     finally:
         lab.close()
+
+
+# ------------------------------------------------------------- a job of another daemon, as its user
+
+
+@dataclass
+class Site:
+    """A workstation (one CPU slot, no GPU) and a Slurm gateway in one cluster, both in system mode, run
+    by a lab install every account can use; ``user`` submits on the workstation's socket ``sock``."""
+
+    workstation: Daemon
+    gateway: Daemon
+    user: Account
+    sock: Path
+    shared: SharedPython
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``gpulayer ARGS`` as :attr:`user` on the workstation's socket."""
+        return self.shared.cli(self.user, "--socket", str(self.sock), *args)
+
+    def ok(self, *args: str) -> str:
+        r = self.cli(*args)
+        assert r.returncode == 0, f"gpulayer {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return r.stdout
+
+    def submit(self, *args: str) -> str:
+        return str(json.loads(self.ok("submit", "--json", *args))["id"])
+
+    def show(self, job: str) -> dict[str, Any]:
+        shown: dict[str, Any] = json.loads(self.ok("show", "--json", job))
+        return shown
+
+    def wait_end(self, job: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        try:
+            wait_until(lambda: self.show(job)["status"] in TERMINAL, timeout_s, f"job {job} to end", interval_s=0.3)
+        except AssertionError:
+            raise AssertionError((self.ok("show", job), self.gateway.log_tail(3000))) from None
+        return self.show(job)
+
+
+@pytest.fixture(scope="module")
+def site(slurm: SlurmCluster, shared_python: SharedPython) -> Iterator[Site]:
+    """:class:`Site` on the module's Slurm; its throwaway account (present on both: one machine) removed after."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: makes an account and runs daemons in system mode")
+    made, lab = Accounts(), Lab()
+    try:
+        user = made.user("slurm")
+        python = shared_python.venv()  # the proxy runs as the user with the daemon's interpreter
+        ws, gw = loopback_cluster(lab, [1, 2], system=True, each=[
+            {"wrap": [python]}, {"wrap": [python], "toml": slurm_toml(slurm, None), "probe_interval_s": 1.0}])
+        yield Site(ws, gw, user, open_to_everyone(ws), shared_python)
+    finally:
+        lab.close()
+        made.remove_all()
+
+
+def _slurm_user(site: Site, slurm: SlurmCluster, job: str) -> str:
+    """The account Slurm ran ``job``'s Slurm job as (``scontrol show job``'s ``UserId``)."""
+    said = [ln for ln in site.ok("logs", "--stderr", job).splitlines() if ln.startswith("gpulayer: Slurm job ")]
+    slurm_id = said[0].split()[3]
+    fields = dict(f.split("=", 1) for f in slurm.run("scontrol", "-o", "show", "job", slurm_id).stdout.split()
+                  if "=" in f)
+    return fields.get("UserId", "").split("(")[0]
+
+
+def test_a_cpu_job_submitted_on_a_busy_workstation_runs_in_slurm_as_its_user(site: Site, slurm: SlurmCluster) -> None:
+    blocker = site.submit("--no-slurm", "--", "sleep", "300")  # the workstation's one CPU slot
+    try:
+        wait_until(lambda: site.show(blocker)["status"] == "running", 30, "the blocker runs on the workstation")
+        job = site.submit("--", "sh", "-c", "echo hello from $(id -un) on $SLURMD_NODENAME in $(pwd)")
+        shown = site.wait_end(job)
+    finally:
+        site.cli("cancel", blocker)
+    assert shown["status"] == "succeeded", shown
+    assert shown["submitted_by"] == site.user.name and shown["where_node"] == node_id(site.gateway), shown
+    out = site.ok("logs", job)  # on the submitting daemon, from the gateway
+    assert f"hello from {site.user.name} on {slurm.node} in {site.user.home}" in out, out
+    assert _slurm_user(site, slurm, job) == site.user.name
+
+
+def test_a_gpu_job_no_workstation_fits_runs_in_slurm_as_its_user(site: Site, slurm: SlurmCluster) -> None:
+    job = site.submit("--accelerator", "cuda", "--gpus", "1", "--", "sh", "-c",
+                      "echo gpus=$SLURM_JOB_GPUS by $(id -un)")
+    shown = site.wait_end(job)
+    assert shown["status"] == "succeeded", shown
+    assert shown["where_node"] == node_id(site.gateway), shown
+    out = site.ok("logs", job)
+    assert f"by {site.user.name}" in out and "gpus=" in out and "gpus=\n" not in out, out
+    assert _slurm_user(site, slurm, job) == site.user.name

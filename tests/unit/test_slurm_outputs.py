@@ -20,6 +20,7 @@ from gpulayerd.slurm.outputs import (
     parse_gres,
     parse_nodes_json,
     parse_nodes_lines,
+    parse_sacct,
     parse_scontrol_job,
     parse_squeue,
     pending_reason,
@@ -212,3 +213,57 @@ def test_a_bad_slurm_key_names_itself(tmp_path: Path) -> None:
     cfg = DaemonConfig.load(good, {})
     assert cfg.slurm is not None and cfg.slurm.gres["a100"].compute_capability == (8, 0)
     assert cfg.interpreters == ["/opt/py/bin/python3"]
+
+
+@pytest.mark.parametrize(("job_id", "state", "status", "words"), [
+    ("101", "COMPLETED", 0, ""),
+    ("102", "FAILED", 3, "Slurm: FAILED (exit 3) on vm"),
+    ("103", "TIMEOUT", 124, "Slurm: TIMEOUT (its time limit) on vm"),
+    ("104", "OUT_OF_MEMORY", 137, "Slurm: OUT_OF_MEMORY on vm"),
+    ("105", "NODE_FAIL", 125, "Slurm: NODE_FAIL on vm"),
+    ("106", "CANCELLED", 143, "Slurm: CANCELLED"),
+])
+def test_sacct_records_mapped(job_id: str, state: str, status: int, words: str) -> None:
+    job = parse_sacct(read("sacct-ended.txt"), job_id)
+    assert job is not None and job.state == state and job.ended and job.source == "sacct", job
+    assert (exit_status(job), end_of(job).reason) == (status, words)
+    assert job.start.startswith("2026-12-01T10:0") and job.end.startswith("2026-12-01T10:0")
+
+
+def test_sacct_of_a_job_not_ended_or_unknown() -> None:
+    running = parse_sacct(read("sacct-ended.txt"), "107")
+    assert running is not None and not running.ended and running.end == "Unknown"
+    pending = parse_sacct(read("sacct-ended.txt"), "108")
+    assert pending is not None and pending.nodes == "" and pending.state == "PENDING"
+    assert parse_sacct(read("sacct-ended.txt"), "999") is None and parse_sacct("", "101") is None
+
+
+def test_the_end_comes_from_sacct_where_accounting_runs_else_from_scontrol() -> None:
+    calls: list[list[str]] = []
+    answers: dict[str, CommandResult] = {}
+
+    def runner(argv: object, timeout_s: float, env: object = None) -> CommandResult:
+        calls.append(list(argv))  # type: ignore[call-overload]
+        return answers[calls[-1][0]]
+
+    seen = parse_scontrol_job(read("scontrol-failed.txt"))
+    assert seen is not None and seen.source == "scontrol"
+    # Accounting runs: sacct's record decides (FAILED 3 on vm, from sacct).
+    answers["sacct"] = CommandResult(stdout=read("sacct-ended.txt").replace("102|", f"{seen.job_id}|", 1), returncode=0)
+    with_acct = SlurmCommands(5.0, {}, runner)
+    final = with_acct.final(seen.job_id, seen)
+    assert final is not None and (final.source, final.state, final.exit_code) == ("sacct", "FAILED", 3)
+    assert calls[-1][:6] == ["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList,Partition,Start,End"]
+    # A job sacct does not have ended yet (its record lags): scontrol's.
+    answers["sacct"] = CommandResult(stdout=f"{seen.job_id}|RUNNING|0:0|vm|gpu|x|Unknown\n", returncode=0)
+    assert with_acct.final(seen.job_id, seen) is seen
+    # sacct failing otherwise (slurmdbd down): scontrol's, and sacct is asked again next time.
+    answers["sacct"] = CommandResult(stderr="sacct: error: Problem talking to the database: Connection refused",
+                                     returncode=1)
+    assert with_acct.final(seen.job_id, seen) is seen and not with_acct.accounting_off
+    # No accounting (this test cluster's sacct, recorded): scontrol's, and sacct is not asked again.
+    answers["sacct"] = CommandResult(stderr="Slurm accounting storage is disabled\n", returncode=1)
+    without = SlurmCommands(5.0, {}, runner)
+    assert without.final(seen.job_id, seen) is seen and without.accounting_off
+    n = len(calls)
+    assert without.final(seen.job_id, seen) is seen and without.final(seen.job_id, None) is None and len(calls) == n

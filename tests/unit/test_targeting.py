@@ -4,7 +4,10 @@ is refused at submit naming the known workers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpulayerd.app.worker.slurm_worker import SlurmRefusals
+from gpulayerd.cli.render import render_explanation
 from gpulayerd.core.matching.evaluate import explain, job_signature
 from gpulayerd.core.matching.index import WorkerIndex, fit_only
 from gpulayerd.core.matching.shapes import ShapeBook
@@ -15,6 +18,7 @@ from gpulayerd.core.scheduling.judging import elsewhere
 from gpulayerd.core.types import EnvironmentSnapshot, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import FitState, RejectionCode, Verdict
 from gpulayerd.gpu.support import SUPPORT_MATRIX
+from gpulayerd.models.explanation import ExplanationModel
 
 ENV = (EnvironmentSnapshot(interpreter="/usr/bin/python3", python_version="3.11.7", ok=True),)
 WS1 = WorkerSnapshot(node_id="n1", name="ws-1", environments=ENV, cpu_slots_total=2, cpu_slots_free=2)
@@ -107,3 +111,14 @@ def test_slurm_refusals_are_kept_for_a_while() -> None:
     assert refusals.now() == {"alice": "sbatch: error: Invalid account"}
     now[0] = 600.0
     assert refusals.now() == {}
+
+
+def test_explain_names_a_slurm_worker_its_partitions_and_what_slurm_holds_its_jobs_for() -> None:
+    busy = replace(LOGIN, cpu_slots_free=0, slurm_pending=("Priority", "Resources"))
+    text = render_explanation(ExplanationModel.from_core(explain(JobRequest(job_id="j"), [busy, WS1], SUPPORT_MATRIX)),
+                              "job j")
+    assert "worker login1 (n0), slurm/gpu: fits but busy (in Slurm: Priority, Resources)\n" in text, text
+    assert "worker ws-1 (n1): fits now\n" in text, text
+    idle = render_explanation(ExplanationModel.from_core(explain(JobRequest(job_id="j", slurm=False), [LOGIN],
+                                                                 SUPPORT_MATRIX)), "job j")
+    assert "worker login1 (n0), slurm/gpu: no fit\n" in idle, idle

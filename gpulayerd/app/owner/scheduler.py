@@ -65,11 +65,11 @@ class Scheduler:
 
     def _kept(self, row: JobRow, *, fresh: bool = False) -> core.QueuedJob:
         """``row`` as the core keeps it (id, seq, reason line, a retry's worker to avoid and end of
-        backoff), with its request when it is new to the queue (or ``fresh``: a reload). The rest of
+        backoff, its submit time), with its request when it is new to the queue (or ``fresh``: a reload). The rest of
         the row is read again by a claim or a gang."""
         queued = row.status is JobStatus.QUEUED and (fresh or not self.core.queued(row.id))
         return core.QueuedJob(row.id, row.seq, row.reason, self._jobs.spec(row).to_core(row.id) if queued else None,
-                              avoid=row.avoid_worker, retry_at=row.retry_at)
+                              avoid=row.avoid_worker, retry_at=row.retry_at, submitted_at=row.submitted_at)
 
     def _schedulable(self, row: JobRow) -> bool:
         """Whether queued ``row`` is the scheduler's: not an array's own row (its tasks are), not

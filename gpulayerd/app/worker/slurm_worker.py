@@ -162,7 +162,7 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
             run = ledger.state.runs.get(key)
             return run.lease_s if run is not None else None
 
-        gate = SlurmGate(SlurmQueue(commands, cfg.poll_interval_s), worker.report,
+        gate = SlurmGate(SlurmQueue(commands, cfg.poll_interval_s, on_pending=machine.reshape), worker.report,
                          runner.poll, cfg.poll_interval_s, lease_of)
         worker.start_gate, worker.renewable = gate.until_running, gate.renewable
         finished = worker.finished
@@ -193,7 +193,9 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
 
     def shape(caps: Capabilities) -> Capabilities:
         return caps.model_copy(update={"kind": "slurm", "slurm_partitions": list(capacity.partitions),
-                                       "slurm_gres": list(capacity.gres), "slurm_refused": refusals.now()})
+                                       "slurm_gres": list(capacity.gres), "slurm_refused": refusals.now(),
+                                       "slurm_pending": list(gate.queue.pending) if gate is not None else [],
+                                       "slurm_overflow_after_s": cfg.overflow_after_s})
 
     machine.inventory_source = capacity.inventory
     machine.shape_caps = shape

@@ -17,7 +17,7 @@ from dataclasses import replace
 from gpulayerd.core.fairshare import gpu_cap_rejection, gpus_of
 from gpulayerd.core.matching.requirements import check_workdir, choose_devices, choose_environment
 from gpulayerd.core.matching.runtime_checks import check_host
-from gpulayerd.core.matching.targeting import prefer_workstations, slurm_refusal, target_rejection
+from gpulayerd.core.matching.targeting import overflow_row, prefer_workstations, slurm_refusal, target_rejection
 from gpulayerd.core.types import Accelerator, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.users import account_rejection
 from gpulayerd.core.verdict import (
@@ -171,7 +171,8 @@ def _evaluate_valid(job: JobRequest, worker: WorkerSnapshot, table: bool = True)
         )
     rejections = tuple(static + busy) if state is not FitState.FITS_NOW else ()
     return WorkerExplanation(
-        worker.node_id, worker.name, worker.online, state, tuple(checks), rejections, placement, worker.kind == "slurm"
+        worker.node_id, worker.name, worker.online, state, tuple(checks), rejections, placement, worker.kind == "slurm",
+        worker.slurm_partitions, worker.slurm_pending,
     )
 
 
@@ -184,7 +185,8 @@ def explain(job: JobRequest, workers: Iterable[WorkerSnapshot], support: Support
     job_level = validate(job, support)
     if job_level:
         return Explanation(job.job_id, Verdict.FITS_NOWHERE, None, tuple(job_level), ())
-    return assemble(job, [_evaluate_valid(job, w) for w in sorted(workers, key=lambda w: w.node_id)])
+    rows = [overflow_row(job, w, _evaluate_valid(job, w)) for w in sorted(workers, key=lambda w: w.node_id)]
+    return assemble(job, rows)
 
 
 def assemble(job: JobRequest, rows: Sequence[WorkerExplanation]) -> Explanation:

@@ -23,6 +23,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from gpulayerd.core.matching.evaluate import assemble, evaluate, validate
+from gpulayerd.core.matching.targeting import overflow_row
 from gpulayerd.core.reasons import reason_text
 from gpulayerd.core.types import OUTSIDE_HOLDER, JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import (
@@ -279,7 +280,7 @@ class ShapeBook:
             entry = self._rows[(worker.node_id, dev)] = (ver, {})
         got = entry[1].get(sid)
         if got is None:
-            got = evaluate(job, worker, self._support)
+            got = overflow_row(job, worker, evaluate(job, worker, self._support))  # [slurm] overflow-after
             self.evaluations += 1
             pool = self._pools.get((worker.node_id, dev))
             if pool is None or pool[0] != ver:

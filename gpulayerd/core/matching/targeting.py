@@ -14,7 +14,9 @@ AllowGroups) does not take that user's jobs for a while (:func:`slurm_refusal`, 
 A Slurm worker comes last (``[slurm] prefer = "last"``): :func:`prefer_workstations` turns its row
 "fits now" into "fits but busy" (``login1 is a Slurm worker: a workstation fits now ([slurm] prefer =
 last)``) while a workstation fits the job now, so the job is placed and offered there; the cluster gets
-what fits no workstation now (every one busy, or none can run it).
+what fits no workstation now (every one busy, or none can run it). With ``prefer = "overflow-after = D"``
+(:func:`overflow_row`) its row is "fits but busy" until the job has waited D since its submit (``login1 is
+a Slurm worker: it takes jobs that waited 10m ([slurm] prefer = overflow-after = 10m)``), then as ``last``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from gpulayerd.core.job_policy import format_duration
 from gpulayerd.core.types import JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import FitState, Rejection, RejectionCode, WorkerExplanation
 
-__all__ = ["prefer_workstations", "slurm_refusal", "target_rejection", "unknown_worker", "workstation_first"]
+__all__ = ["overflow_row", "prefer_workstations", "slurm_refusal", "target_rejection", "unknown_worker",
+           "workstation_first"]
 
 
 def target_rejection(job: JobRequest, worker: WorkerSnapshot) -> Rejection | None:
@@ -65,6 +69,19 @@ def prefer_workstations(rows: Sequence[WorkerExplanation]) -> Sequence[WorkerExp
         RejectionCode.SLURM_LAST, "prefer", "no workstation fits now", "a workstation fits now", r.worker,
         f"{r.name or r.worker} is a Slurm worker: a workstation fits now ([slurm] prefer = last)"),))
             if r.slurm and r.state is FitState.FITS_NOW else r for r in rows]
+
+
+def overflow_row(job: JobRequest, worker: WorkerSnapshot, row: WorkerExplanation) -> WorkerExplanation:
+    """``row`` (``worker``'s, fits now) made "fits but busy" while ``job`` has waited less than the
+    ``overflow-after`` of ``worker`` (a Slurm worker); else ``row`` itself."""
+    after = worker.slurm_overflow_after_s
+    if worker.kind != "slurm" or after is None or job.waited_s >= after or row.state is not FitState.FITS_NOW:
+        return row
+    d = format_duration(after)
+    return replace(row, state=FitState.FITS_BUT_BUSY, placement=None, rejections=(Rejection(
+        RejectionCode.SLURM_LAST, "prefer", f"waited {d}", "waited less", worker.node_id,
+        f"{worker.name or worker.node_id} is a Slurm worker: it takes jobs that waited {d} "
+        f"([slurm] prefer = overflow-after = {d})"),))
 
 
 def workstation_first(worker: WorkerSnapshot, fitting_peers: Sequence[WorkerSnapshot]) -> bool:

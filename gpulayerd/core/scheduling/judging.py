@@ -13,13 +13,13 @@ from gpulayerd.core.matching.shapes import FreezeMemo, ShapeBook, freeze
 from gpulayerd.core.matching.targeting import workstation_first
 from gpulayerd.core.protocol.targets import Fit, OfferRound, WorkerLoad, choose_target, fit_size
 from gpulayerd.core.scheduling.retrying import OfferAges, prefer_others
-from gpulayerd.core.scheduling.steps import Key, QueuedJob, SendOffer
+from gpulayerd.core.scheduling.steps import Key, MachineRead, QueuedJob, SendOffer
 from gpulayerd.core.types import DeviceKind, DeviceSnapshot, DeviceState, JobRequest, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, FitState, Placement, Rejection, RejectionCode, Verdict
 
 __all__ = ["BUSY_OFFERS", "StandingOffers", "busy_target", "due_offers", "elsewhere", "fair_order", "fit_of",
-           "order_key", "others_hold_gpus", "pair_key", "pass_inputs", "paths_changed", "peer_fits", "peer_loads",
-           "settled_for", "smaller_than_here", "spread", "user_ranks", "with_fair_share", "without_paths"]
+           "order_key", "others_hold_gpus", "overflow_waits", "pair_key", "pass_inputs", "paths_changed", "peer_fits",
+           "peer_loads", "settled_for", "smaller_than_here", "spread", "user_ranks", "with_fair_share", "without_paths"]
 
 _HELD = frozenset({RejectionCode.RESERVED, RejectionCode.FOREIGN_PROCESS})
 
@@ -308,3 +308,26 @@ def with_fair_share(e: Explanation, req: JobRequest, workers: Mapping[str, Worke
         rows[i] = replace(row, rejections=(rej, *row.rejections))
         changed = True
     return replace(e, workers=tuple(rows)) if changed else e
+
+
+def overflow_waits(jobs: Iterable[QueuedJob], request: Callable[[str], JobRequest],
+                   machine: MachineRead) -> tuple[dict[str, float], bool]:
+    """``[slurm] prefer = "overflow-after = D"``: the queued ``jobs`` whose ``waited_s`` (``request``'s) moves to
+    the largest D of the Slurm workers of ``machine`` (this one and its peers) that their wait since
+    ``submitted_at`` passed at its wall-clock time (job id -> its new value), and whether a job still waits
+    for a larger D (passes go on until then)."""
+    workers = [machine.local, *machine.remote] if machine.local is not None else list(machine.remote)
+    marks = sorted({w.slurm_overflow_after_s for w in workers
+                    if w.kind == "slurm" and w.slurm_overflow_after_s is not None})
+    now = machine.wall
+    if not marks or now is None:
+        return {}, False
+    moved, waiting = {}, False
+    for job in jobs:
+        if job.submitted_at is None:
+            continue
+        passed = max((m for m in marks if now - job.submitted_at >= m), default=0.0)
+        waiting = waiting or passed < marks[-1]
+        if request(job.id).waited_s != passed:
+            moved[job.id] = passed
+    return moved, waiting

@@ -23,8 +23,7 @@ gangs, and CPU-only jobs when only the free CPU slots changed) are walked.
 The machine is :class:`SchedulerCore`; one pass is the generator :meth:`SchedulerCore.run_pass`:
 it yields one :data:`Action` at a time and is sent the answer (:data:`Answer`) of each; an I/O
 error is thrown into it (``generator.throw``), which leaves it walking every job at the next
-pass. The service that carries the actions out is :class:`gpulayerd.app.owner.scheduler.Scheduler`.
-"""
+pass. The service that carries the actions out is :class:`gpulayerd.app.owner.scheduler.Scheduler`."""
 
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ from gpulayerd.core.scheduling.judging import (
     fair_order,
     order_key,
     others_hold_gpus,
+    overflow_waits,
     pair_key,
     pass_inputs,
     peer_fits,
@@ -308,6 +308,12 @@ class SchedulerCore:
         for job_id in self._holds.release(machine.wall):  # backoff over: walked and judged as new jobs
             self._told.pop(job_id, None)
             self._add(replace(self.queue[job_id], retry_at=None))
+            new.append(job_id)
+        moved, self._busy = overflow_waits(self.queue.values(), self.request, machine)
+        for job_id, waited in moved.items():  # [slurm] overflow-after passed: a new shape (passes go on till then)
+            job, req = self.queue[job_id], replace(self.request(job_id), job_id=job_id, waited_s=waited)
+            self._drop(job_id)
+            self._add(replace(job, request=req))
             new.append(job_id)
         fast_ids = set(new)
         worker, remote, usage = machine.local, list(machine.remote), machine.usage

@@ -29,6 +29,8 @@ class QueuedJob:
             says which are not), not kept afterwards (one request per shape is).
         avoid: a retry's worker to avoid (``--retry-elsewhere``: its last attempt's node id), or None.
         retry_at: a retry's end of backoff (wall-clock s): neither claimed nor offered before, or None.
+        submitted_at: when it was submitted (wall-clock s; its waiting time for ``[slurm] prefer =
+            "overflow-after = D"``), or None.
     """
 
     id: str
@@ -37,6 +39,7 @@ class QueuedJob:
     request: JobRequest | None = None
     avoid: str | None = None
     retry_at: float | None = None
+    submitted_at: float | None = None
 
 
 Key = tuple[float, float, str, str]
