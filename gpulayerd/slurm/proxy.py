@@ -59,10 +59,32 @@ def submission_of(data: dict[str, object], home: str, user: str) -> Submission:
         signal=(str(sig[0]), float(sig[1])) if isinstance(sig, list) and len(sig) == 2 else None)
 
 
-def exit_status(job: SlurmJob) -> int:
-    """The exit status this process ends with for ``job`` (ended)."""
+WARNING_EARLY_S = 60.0
+"""Slurm sends ``--signal``'s warning up to this many seconds before the time it was asked for (sbatch(1))."""
+
+TIMED_OUT = "timed out: "
+"""How the proxy's last stderr line (after ``gpulayer: ``) starts when the job's time limit ended it (exit 124:
+the worker records the attempt ``timeout``, :func:`gpulayerd.app.worker.slurm_worker.timed_out`)."""
+
+
+def after_warning(job: SlurmJob, sub: Submission, ran_s: float | None) -> bool:
+    """Whether ``job`` (ended) died of the warning signal Slurm sent before its time limit: killed by that
+    signal (or exit 128 + it) after at least the limit less the warning less :data:`WARNING_EARLY_S`.
+    As on a workstation, a job that ends after its time limit's warning was ended by the limit."""
+    if sub.signal is None or sub.time_limit_s is None or ran_s is None or job.state == "COMPLETED":
+        return False
+    number = getattr(signal.Signals, f"SIG{sub.signal[0]}", None)
+    if number is None:
+        return False
+    died_of = job.signal == int(number) or job.exit_code == 128 + int(number)
+    return died_of and ran_s >= sub.time_limit_s - sub.signal[1] - WARNING_EARLY_S
+
+
+def exit_status(job: SlurmJob, warned: bool = False) -> int:
+    """The exit status this process ends with for ``job`` (ended); ``warned``: it died of its time limit's
+    warning (:func:`after_warning`)."""
     end = end_of(job)
-    if end.timed_out:
+    if end.timed_out or warned:
         return 124
     if end.lost:
         return 125
@@ -121,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     outs = [_Follow(sub.output_path("out"), 1), _Follow(sub.output_path("err"), 2)]
     last_seen = time.monotonic()
     state, down = "", ""
+    running_since: float | None = None
     while True:
         if stop["asked"] and not stop["done"]:
             stop["done"] = True
@@ -148,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if job is not None and job.state != state:
             state = job.state
             if job.state == "RUNNING":
+                running_since = running_since or time.monotonic()
                 _say(f"Slurm job {job_id} running on {job.nodes}")
         if job is not None and job.ended:
             time.sleep(0.2)  # the last bytes Slurm's step writes
@@ -157,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             end = end_of(job)
             _say(f"Slurm job {job_id} ended {job.state}" + (f" ({end.reason})" if end.reason else "")
                  + f" (from {job.source}" + (f", at {job.end}" if job.end and job.end != "Unknown" else "") + ")")
-            return exit_status(job)
+            warned = not stop["asked"] and after_warning(
+                job, sub, None if running_since is None else time.monotonic() - running_since)
+            if end.timed_out or warned:
+                _say(f"{TIMED_OUT}Slurm job {job_id} " + ("ended at its time limit" if end.timed_out else
+                     f"ended by its time limit's warning (SIG{sub.signal[0] if sub.signal else '?'})"))
+            return exit_status(job, warned)
         if time.monotonic() - last_seen > GONE_AFTER_S:
             _say(f"Slurm job {job_id}: Slurm has not known it for {GONE_AFTER_S:g} s")
             return 125

@@ -267,3 +267,29 @@ def test_the_end_comes_from_sacct_where_accounting_runs_else_from_scontrol() -> 
     assert without.final(seen.job_id, seen) is seen and without.accounting_off
     n = len(calls)
     assert without.final(seen.job_id, seen) is seen and without.final(seen.job_id, None) is None and len(calls) == n
+
+
+def test_death_by_the_time_limits_warning_is_a_timeout_not_a_failure(tmp_path: Path) -> None:
+    """Slurm holds a Slurm attempt's limit (the watchdog has none): the warning it sends up to 60 s early
+    (--signal=B:TERM@30) that kills the job ends the attempt as the limit would, as on a workstation."""
+    from gpulayerd.app.worker.slurm_worker import timed_out
+    from gpulayerd.runs.layout import STDERR_LOG
+    from gpulayerd.runs.status import RunState, RunStatus
+    from gpulayerd.slurm.proxy import TIMED_OUT, after_warning
+
+    limited = _sub(time_limit_s=600.0, signal=("TERM", 30.0))
+    killed = SlurmJob("7", "FAILED", nodes="n1", exit_code=0, signal=15)
+    assert after_warning(killed, limited, ran_s=520.0)  # 600 - 30 - 60 = 510 s: Slurm may have sent it
+    assert not after_warning(killed, limited, ran_s=100.0)  # too early: another TERM (an admin's)
+    assert not after_warning(SlurmJob("7", "FAILED", exit_code=3), limited, ran_s=590.0)  # its own failure
+    assert not after_warning(killed, _sub(time_limit_s=600.0, signal=None), ran_s=590.0)  # no warning asked for
+    assert after_warning(SlurmJob("7", "FAILED", exit_code=143), limited, ran_s=560.0)  # a shell's 128 + 15
+    assert exit_status(killed, warned=True) == 124 and exit_status(killed) == 143
+    # The worker reads the proxy's last line: exit 124 with it is a timeout; a job's own exit 124 is not.
+    (tmp_path / STDERR_LOG).write_text(f"job output\ngpulayer: {TIMED_OUT}Slurm job 7 ended at its time limit\n")
+    exited = RunStatus(RunState.EXITED, exit_code=124, reason="exited")
+    got = timed_out(exited, tmp_path)
+    assert got is not None and got.timed_out and got.detail == "Slurm job 7 ended at its time limit"
+    (tmp_path / STDERR_LOG).write_text("timeout: the job's own `timeout 5 ...` said so\n")
+    assert timed_out(exited, tmp_path) is None
+    assert timed_out(RunStatus(RunState.EXITED, exit_code=3, reason="exited"), tmp_path) is None

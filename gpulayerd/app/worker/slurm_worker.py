@@ -19,6 +19,7 @@ refused alice's job: sbatch: error: ...``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import pwd
 import socket
@@ -37,7 +38,7 @@ from gpulayerd.runs.runner import RunHandle, Runner
 from gpulayerd.runs.status import RunStatus
 from gpulayerd.slurm.batch import refusal
 from gpulayerd.slurm.capacity import SlurmCapacity
-from gpulayerd.slurm.proxy import REFUSED
+from gpulayerd.slurm.proxy import REFUSED, TIMED_OUT
 from gpulayerd.slurm.queue import SlurmQueue
 from gpulayerd.slurm.settings import SlurmConfig
 from gpulayerd.slurm.slurmcmd import SlurmCommands
@@ -61,18 +62,39 @@ def refusal_of(status: RunStatus, run_dir: Path) -> tuple[str, str] | None:
     account in personal mode), never from the job's output (blocking: run in a thread)."""
     if status.reason != "exited" or status.exit_code != 126:
         return None
+    line, said = _last_stderr_line(run_dir), f"gpulayer: {REFUSED}"
+    if not line.startswith(said):
+        return None
+    try:
+        launch = LaunchFile.load(run_dir / LAUNCH_FILE)
+    except (OSError, ValueError):
+        return None
+    user = launch.user.name if launch.user is not None else pwd.getpwuid(os.getuid()).pw_name
+    return user, line[len(said):].strip()[:500] or "sbatch refused the job"
+
+
+def _last_stderr_line(run_dir: Path) -> str:
+    """The last non-empty line of the attempt's stderr log ("" when none; blocking)."""
     try:
         with open(run_dir / STDERR_LOG, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
             lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-        launch = LaunchFile.load(run_dir / LAUNCH_FILE)
-    except (OSError, ValueError):
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def timed_out(status: RunStatus, run_dir: Path) -> RunStatus | None:
+    """``status`` as a ``timeout`` when the proxy said the job's time limit ended it (its exit 124 and last
+    stderr line ``gpulayer: timed out: ...``: Slurm's TIMEOUT, or death by the limit's warning signal), else
+    None (blocking: run in a thread). Slurm holds the limit: the watchdog has none to say so itself."""
+    if status.reason != "exited" or status.exit_code != 124:
         return None
-    said = f"gpulayer: {REFUSED}"
-    if not lines or not lines[-1].startswith(said):
+    line = _last_stderr_line(run_dir)
+    said = f"gpulayer: {TIMED_OUT}"
+    if not line.startswith(said):
         return None
-    user = launch.user.name if launch.user is not None else pwd.getpwuid(os.getuid()).pw_name
-    return user, lines[-1][len(said):].strip()[:500] or "sbatch refused the job"
+    return dataclasses.replace(status, reason="timeout", detail=line[len(said):].strip()[:300])
 
 
 class SlurmRefusals:
@@ -172,7 +194,8 @@ def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerServic
             entry = ledger.get(key)
             got = await asyncio.to_thread(refusal_of, status, entry.handle.run_dir) if entry is not None else None
             if entry is None or got is None:
-                return await finished(key, status, owner)
+                limited = await asyncio.to_thread(timed_out, status, entry.handle.run_dir) if entry else None
+                return await finished(key, limited or status, owner)
             refusals.remember(*got)
             machine.reshape()  # its capabilities say so now: this node's queue and its peers judge again
             ledger.ended(key)

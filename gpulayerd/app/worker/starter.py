@@ -157,6 +157,7 @@ class Starter:
             argv = proxy_argv(slurm, sys.executable, job_id, attempt, argv, env, spec.workdir or "",
                               [u for u in placement.device_uuids if u], cpu_slots_of(spec), spec.policy.time_limit,
                               warning)
+            limit = None  # Slurm holds the limit and its warning (--time, --signal); the watchdog holds the lease
         check = None if gang is not None or slurm is not None else preflight_check(
             spec, placement, self._config.preflight_timeout_s)
         name = user.name if user is not None else ""
