@@ -593,6 +593,11 @@ _replace = os.replace
 
 def _replace_then_die(src, dst, *a, **k):
     if str(dst).endswith("/job.json"):
+        import time
+        wait_for = os.environ.get("INJECT_WAIT_FOR")  # the job's first deed, so that it surely had started
+        end = time.monotonic() + 20
+        while wait_for and not os.path.exists(wait_for) and time.monotonic() < end:
+            time.sleep(0.01)
         os._exit(9)
     return _replace(src, dst, *a, **k)
 
@@ -614,6 +619,7 @@ def test_a_watchdog_dead_before_it_recorded_the_start_leaves_no_job_running(
     runner = Runner(runs_dir, grace_s=GRACE_S, poll_interval_s=POLL_S)
     job_id = new_job_id()
     marker = tmp_path / "ran"
+    monkeypatch.setenv("INJECT_WAIT_FOR", str(marker))  # the watchdog dies once the job surely started
     with pytest.raises(RunnerError, match=r"died before it recorded the job's start \(the job it had spawned was killed"):
         runner.start(job_id, 1, ["sh", "-c", f"touch {marker}; exec sleep 1000"], job_env(job_id), None, None)
     assert marker.exists()  # it had started...
