@@ -433,7 +433,7 @@ def build(config: DaemonConfig, identity: Identity, store: Store, support: Suppo
     worker = WorkerService(config=config, node_id=node_id, store=store, runner=runner, starter=starter, ledger=ledger,
                            locks=locks, machine=machine, jobs=jobs, transport=transport, support=support,
                            signals=signals, clock=clock, usage=usage)
-    attach_slurm(machine, config.slurm, worker, runner, ledger)  # a login node's daemon: the Slurm cluster as worker
+    attach_slurm(machine, config.slurm, worker, runner, ledger, config.state_dir / "cache")  # a login node's
     gangs = GangCoordinator(config=config, node_id=node_id, store=store, jobs=jobs, transport=transport,
                             directory=node, names=names, support=support, signals=signals, clock=clock, rng=rng)
     member = GangMember(node_id=node_id, store=store, ledger=ledger, locks=locks, machine=machine, starter=starter,

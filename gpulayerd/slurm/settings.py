@@ -5,6 +5,8 @@ A bad key or value stops the daemon's start (exit 2) naming it, as any other set
     [slurm]
     partitions = ["gpu"]             # the partitions this worker may use (empty: every one it sees)
     interpreters = ["/usr/bin/python3"]
+    probe_on_login = false           # true: probe them here; false: in a short srun job on the cluster
+    probe_every_s = 86400            # an srun probe's answer is kept this long
     prefer = "last"                  # or "overflow-after = 10m"
     command_timeout_s = 10
     output_dir = "{home}/.gpulayer/slurm"   # on the shared filesystem; {home}, {user}
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from gpulayerd.core.job_policy import parse_duration
 
@@ -57,6 +59,10 @@ class SlurmConfig(BaseModel):
         partitions: the partitions this worker uses (empty: every partition ``sinfo`` shows).
         gres: GRES type (``a100``) -> its GPU's memory and compute capability.
         interpreters: the workload interpreters on the cluster's nodes (default: the daemon's).
+        probe_on_login: probe the interpreters on this login node (as any worker does) rather than in a
+            short ``srun`` job on the cluster (:mod:`gpulayerd.slurm.srunprobe`, the default).
+        probe_every_s: how long an ``srun`` probe's answer is kept (seconds) before it is probed again
+            (a changed ``[slurm]`` setting or interpreter list probes again at once).
         prefer: ``last`` (the cluster gets what fits no workstation now:
             :func:`gpulayerd.core.matching.targeting.prefer_workstations`) or ``overflow-after = DURATION``
             (it takes a job only once the job waited that long since its submit: :attr:`overflow_after_s`).
@@ -72,6 +78,8 @@ class SlurmConfig(BaseModel):
     partitions: list[str] = Field(default_factory=list)
     gres: dict[str, GresModel] = Field(default_factory=dict)
     interpreters: list[str] = Field(default_factory=list)
+    probe_on_login: StrictBool = False
+    probe_every_s: float = Field(default=86400.0, gt=0)
     prefer: str = "last"
     command_timeout_s: float = Field(default=10.0, gt=0, le=300)
     poll_interval_s: float = Field(default=1.0, gt=0, le=60)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from gpulayerd.slurm.settings import SlurmConfig
+from gpulayerd.slurm.slurmcmd import SlurmCommands
+from gpulayerd.slurm.srunprobe import SrunProbe
 from tests.fakes.accounts import Account, Accounts, SharedPython
 from tests.fakes.daemon_process import TERMINAL, Daemon, Lab, wait_until
 from tests.fakes.slurm_cluster import NOROOT, SlurmCluster
@@ -55,6 +59,27 @@ def test_devices_list_the_partitions_and_gres(gateway: Daemon, slurm: SlurmClust
     assert [d["uuid"] for d in caps["devices"]] == [f"slurm:{slurm.node}:a100:0", f"slurm:{slurm.node}:a100:1"]
     assert caps["devices"][0]["memory_total_bytes"] == 80 * 2**30
     assert caps["devices"][0]["compute_capability"] == "8.0"
+
+
+def test_environments_are_probed_in_an_srun_job_and_a_refused_probe_is_broken_with_sruns_words(
+        gateway: Daemon, slurm: SlurmCluster) -> None:
+    def env() -> dict[str, Any]:
+        return json.loads(gateway.cli_ok("devices", "--json"))[0]["environments"][0]
+
+    # [slurm] without probe_on_login: the interpreter is probed in an srun job (its answer kept in the state)
+    wait_until(lambda: env()["ok"], 20, "the srun probe's answer")
+    assert env()["interpreter"] == sys.executable and env()["python_version"], env()
+    assert "JobName=gpulayer-probe " in slurm.run("scontrol", "-o", "show", "job").stdout
+    cache = json.loads((gateway.state_dir / "cache" / "slurm-environments.json").read_text())
+    assert [e["interpreter"] for e in cache.values()] == [sys.executable], cache
+    # srun refuses it (root's job on the DisableRootJobs partition): that environment is broken, srun's words why
+    cfg = SlurmConfig(partitions=[NOROOT], env=slurm.env, command_timeout_s=8)
+
+    async def nothing(_: object) -> None: ...
+
+    probe = SrunProbe(cfg, SlurmCommands(cfg.command_timeout_s, cfg.env), None, lambda c, _: c.close(), nothing)
+    snap = probe.probe(sys.executable)
+    assert not snap.ok and snap.notes[0].startswith("srun probe failed: srun: error: "), snap
 
 
 def test_cpu_job_runs_in_slurm_and_its_output_is_in_logs(gateway: Daemon, slurm: SlurmCluster) -> None:
@@ -201,6 +226,7 @@ def test_a_user_slurm_refuses_is_kept_off_the_worker_with_slurms_words(slurm: Sl
     lab = Lab()  # a gateway on the partition whose sbatch refuses root's jobs (DisableRootJobs; we run as root)
     try:
         toml = slurm_toml(slurm, str(lab.root / "slurm-out")).replace(f'["{slurm.partition}"]', f'["{NOROOT}"]')
+        toml = toml.replace("[slurm]\n", "[slurm]\nprobe_on_login = true\n")  # (srun refuses root's probe there too)
         gateway = lab.daemon(toml=toml, probe_interval_s=1.0)
         job = gateway.submit("--retries", "0", "--", "true")
         try:

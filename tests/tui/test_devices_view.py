@@ -16,7 +16,7 @@ from gpulayer_tui.widgets.gpu_metrics import GpuCard, GpuMetricsPanel, sparkline
 from gpulayer_tui.widgets.job_rows import job_cells
 from gpulayer_tui.widgets.peers_table import peer_rows
 from gpulayerd.core.types import ProbeStatus
-from gpulayerd.models import Capabilities, PeerView
+from gpulayerd.models import Capabilities, PeerView, ProbeHealthModel
 from gpulayerd.models.metrics import GpuMetricsView, GpuProcessView, MetricsView
 from tests.tui.fake_client import NOW, FakeDaemonClient, lab_metrics, make_job, make_peer
 from tests.tui.helpers import screen_text, wait_for
@@ -180,3 +180,40 @@ def test_probe_words_never_say_ok_while_a_gpu_is_lost_and_peers_count_a_mig_gpu_
         update={"where_node": peer.node_id, "where_name": "gpu-box", "where_devices": [5000]})
     assert job_cells(job, NOW, mig_names([peer])).where == "gpu-box MIG 3g.40gb on GPU 4"  # not "GPU 5000"
     assert job_cells(job, NOW).where == "gpu-box GPU 5000"
+
+
+def slurm_login(down: str | None) -> PeerView:
+    """lab-ws-01's report as a Slurm cluster's worker (partitions, GRES; Slurm's words, hostile, when down)."""
+    peer = make_peer("lab-ws-01")
+    assert peer.capabilities is not None
+    health = [*peer.capabilities.health, *([ProbeHealthModel(source="slurm", status=ProbeStatus.ERROR, message=down)]
+                                           if down is not None else [])]
+    caps = peer.capabilities.model_copy(update={
+        "kind": "slurm", "slurm_partitions": ["gpu", "debug\x1b[2J"], "slurm_gres": ["node07: gpu:a100:4\x07"],
+        "health": health})
+    return peer.model_copy(update={"name": "login1", "capabilities": caps})
+
+
+@pytest.mark.asyncio
+async def test_a_slurm_worker_shows_kind_slurm_with_its_partitions_and_degraded_in_slurms_words() -> None:
+    login = slurm_login("sinfo: Unable to contact slurm controller\x1b]0;pwned\x07")
+    fake = FakeDaemonClient(peers=[make_peer("lab-ws-02", state="self"), login], metrics=lab_metrics())
+    app = make_app(fake, clock=lambda: NOW, settings=FAST)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connection.state == "connected", "the first load")
+        await pilot.press("1")
+        await pilot.pause()
+        table = main_screen(app).query_one(DevicesTable)
+        rows = [r for r in table.plain_rows() if r[0] == "login1"]
+        assert rows[0][2] == "slurm" and rows[0][5] == "DEGRADED (no new claims)", rows  # first, before its GPUs
+        assert rows[0][6] == ("slurm: partitions gpu, debug\\x1b[2J · GRES node07: gpu:a100:4\\x07 · sinfo: Unable "
+                              "to contact slurm controller\\x1b]0;pwned\\x07"), rows  # peers' words, escaped
+        table.move_cursor(row=table.get_row_index(f"{login.node_id}:slurm"))
+        await pilot.pause()
+        detail = str(main_screen(app).query_one("#devices-detail", Static).render())
+        assert "login1 slurm: slurm: partitions gpu, debug\\x1b[2J" in detail and "\x1b" not in detail, detail
+    shown = {r[0]: r[8] for r in peer_rows([login, slurm_login(None)], NOW).values()}
+    assert shown["login1"].startswith("slurm: partitions gpu, debug\\x1b[2J; "), shown  # up again: no DEGRADED
+    degraded = peer_rows([login], NOW)[login.node_id][8]
+    assert isinstance(degraded, str) and degraded.startswith("slurm: partitions gpu, debug\\x1b[2J DEGRADED; ")
+    assert "\x1b" not in degraded and "\x07" not in degraded

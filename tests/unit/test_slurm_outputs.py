@@ -213,6 +213,10 @@ def test_a_bad_slurm_key_names_itself(tmp_path: Path) -> None:
     cfg = DaemonConfig.load(good, {})
     assert cfg.slurm is not None and cfg.slurm.gres["a100"].compute_capability == (8, 0)
     assert cfg.interpreters == ["/opt/py/bin/python3"]
+    assert not cfg.slurm.probe_on_login and cfg.slurm.probe_every_s == 86400  # probed with srun, daily
+    bad.write_text('[slurm]\nprobe_on_login = "yes"\n')
+    with pytest.raises(ConfigError, match=r"slurm\.probe_on_login: "):
+        DaemonConfig.load(bad, {})
 
 
 @pytest.mark.parametrize(("job_id", "state", "status", "words"), [

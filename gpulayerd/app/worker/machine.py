@@ -19,7 +19,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -253,6 +253,7 @@ class Machine:
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
         self._env_lock = asyncio.Lock()  # orders a probe pass's environments with a torch check landing
         self.torch_checks = TorchChecks(prober, signals, self._apply_environment)
+        self.env_answers: Callable[[Sequence[str]], Awaitable[list[EnvironmentSnapshot]]] = self.torch_checks.answers
         self._envs: list[EnvironmentSnapshot] = []  # as probed (before the pre-flight marks)
         self.preflight_marks = PreflightMarks()
         self.paths = PathChecker(clock, config.workdir_timeout_s)
@@ -308,7 +309,7 @@ class Machine:
         async with self._env_lock:
             # Metadata first (or the cached full answer): torch's import-based check runs in the
             # background and lands through _apply_environment (TorchChecks).
-            self._envs = envs = list(await self.torch_checks.answers(self._config.interpreters))
+            self._envs = envs = list(await self.env_answers(self._config.interpreters))  # (a Slurm worker's: srun)
             caps = self._build(inventory, envs)
             changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps

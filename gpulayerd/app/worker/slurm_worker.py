@@ -3,7 +3,8 @@
 :func:`attach_slurm` turns the :class:`~gpulayerd.app.worker.machine.Machine` of a login node's gpulayerd
 into the cluster's worker: its devices are the GPUs of the allowed partitions (read by
 :class:`~gpulayerd.slurm.capacity.SlurmCapacity` at every probe), its capabilities say ``kind = "slurm"``
-with the partitions and GRES, and its offers refuse what this worker does not run yet (multi-node jobs,
+with the partitions and GRES, its environments are probed on the cluster (:class:`SrunProbe`, unless
+``probe_on_login``), and its offers refuse what this worker does not run yet (multi-node jobs,
 array tasks). The attempts it claims run as :mod:`gpulayerd.slurm.proxy` under their watchdogs
 (:class:`~gpulayerd.app.worker.starter.Starter`); :class:`SlurmGate` holds each one's ``started`` report
 until Slurm runs it (WHERE: Slurm's node), the claimed job's reason following Slurm's meanwhile
@@ -42,6 +43,7 @@ from gpulayerd.slurm.proxy import REFUSED, TIMED_OUT
 from gpulayerd.slurm.queue import SlurmQueue
 from gpulayerd.slurm.settings import SlurmConfig
 from gpulayerd.slurm.slurmcmd import SlurmCommands
+from gpulayerd.slurm.srunprobe import SrunProbe
 
 __all__ = ["REFUSAL_KEEP_S", "SlurmGate", "SlurmRefusals", "attach_slurm", "refusal_of", "spec_refusal"]
 
@@ -170,13 +172,18 @@ class SlurmGate:
 
 
 def attach_slurm(machine: Machine, cfg: SlurmConfig | None, worker: WorkerService | None = None,
-                 runner: Runner | None = None, ledger: Ledger | None = None) -> SlurmCapacity | None:
+                 runner: Runner | None = None, ledger: Ledger | None = None,
+                 cache_dir: Path | None = None) -> SlurmCapacity | None:
     """Make ``machine`` the worker of the Slurm cluster ``cfg`` names (``worker``'s started attempts wait
-    for Slurm to run them); the capacity reader it uses (None: ``cfg`` is None, nothing changes)."""
+    for Slurm to run them; its interpreters are probed with ``srun`` unless ``probe_on_login``, their answers
+    kept in ``cache_dir``); the capacity reader it uses (None: ``cfg`` is None, nothing changes)."""
     if cfg is None:
         return None
     commands = SlurmCommands(cfg.command_timeout_s, cfg.env)
     capacity = SlurmCapacity(cfg, commands, socket.gethostname())
+    if not cfg.probe_on_login:
+        machine.env_answers = SrunProbe(cfg, commands, cache_dir / "slurm-environments.json" if cache_dir else None,
+                                        machine._signals.spawn, machine._apply_environment).answers
     gate: SlurmGate | None = None
     refusals = SlurmRefusals()
     if worker is not None and runner is not None and ledger is not None:

@@ -3,7 +3,9 @@
 In the words of ``gpulayer devices`` (:mod:`gpulayerd.text`): a MIG instance is KIND
 ``cuda/mig`` named by its profile and GPU (``MIG 3g.40gb on GPU 4``, right under that GPU), a
 lost or unusable GPU says so with the tool's words, a device granted to a job shows the job's
-name and user (never only its id), and each machine ends with a CPU row: its cores and the
+name and user (never only its id), a Slurm cluster as worker has a row of kind ``slurm`` first (its
+partitions and GRES; ``DEGRADED (no new claims)`` with Slurm's words while Slurm does not answer), and
+each machine ends with a CPU row: its cores and the
 daemon's CPU slots (``8 slots (4 free)``). This machine's devices take utilisation and memory
 from the live metrics (:class:`gpulayerd.models.metrics.MetricsView`) while they are polled.
 
@@ -28,7 +30,7 @@ from gpulayerd.models.metrics import GpuMetricsView, MetricsView
 from gpulayerd.text import job_label
 
 __all__ = ["DevicesTable", "JobLabeller", "device_detail", "device_order", "device_rows", "faults", "job_label",
-           "mig_names", "probe_summary", "probe_text", "probe_texts"]
+           "mig_names", "probe_summary", "probe_text", "probe_texts", "slurm_summary"]
 
 _HEALTHY = frozenset({"ok", "not_found", "no_devices"})
 _FAULTS = frozenset({"lost", "unusable"})
@@ -76,6 +78,28 @@ def probe_texts(caps: Capabilities) -> list[str]:
         mine = [d for d in lost if _PROBE_OF.get(d.accelerator.value) == h.source]
         out.append(f"{h.source}: {_fault_words(mine)}" if mine and h.status.value == "ok" else probe_text(h))
     return out
+
+
+def slurm_summary(caps: Capabilities) -> tuple[str, str | None] | None:
+    """A Slurm worker's kind and partitions ("slurm: partitions gpu, debug") and, when it is degraded (Slurm
+    does not answer: its ``slurm`` probe failed), Slurm's words; None for a workstation. Not escaped."""
+    if caps.kind != "slurm":
+        return None
+    down = next(((h.message or "Slurm does not answer") for h in caps.health
+                 if h.source == "slurm" and h.status.value == "error"), None)
+    return f"slurm: partitions {', '.join(caps.slurm_partitions) or 'none seen'}", down
+
+
+def _slurm_row(node: str, caps: Capabilities, probe: Cell) -> tuple[Cell, ...] | None:
+    """A Slurm worker's own row: kind ``slurm``, its partitions and each node's GRES, DEGRADED (no new
+    claims) with Slurm's words while Slurm does not answer; None for a workstation."""
+    summary = slurm_summary(caps)
+    if summary is None:
+        return None
+    what, down = summary
+    state = Text("up", style="green") if down is None else Text("DEGRADED (no new claims)", style="bold red")
+    words = " · ".join([what, *(f"GRES {g}" for g in caps.slurm_gres), *([down] if down is not None else [])])
+    return (node, fmt.DASH, "slurm", fmt.DASH, fmt.DASH, state, fmt.escape(words), fmt.DASH, fmt.DASH, probe)
 
 
 def device_order(devices: Sequence[DeviceModel]) -> list[DeviceModel]:
@@ -186,6 +210,9 @@ def device_rows(peers: Sequence[PeerView], metrics: MetricsView | None = None,
         probe = probe_summary(caps)
         probe_cell = Text(fmt.escape(probe), style="" if probe == "ok" else "bold red")
         parents = {d.uuid: d.index for d in caps.devices if d.uuid}
+        slurm = _slurm_row(node, caps, probe_cell)
+        if slurm is not None:  # a Slurm cluster as worker: its kind, partitions and GRES before its GPUs
+            rows[f"{peer.node_id}:slurm"] = slurm
         for d in device_order(caps.devices):
             fault = d.state.value in _FAULTS
             live = live_by_uuid.get(d.uuid) if peer.state == "self" and d.uuid and not fault else None

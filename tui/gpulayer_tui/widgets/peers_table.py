@@ -1,7 +1,8 @@
 """Every gpulayerd this one knows: trusted or foreign, addresses, version, last heartbeat, its devices.
 
 DEVICES counts each machine's GPUs by name as ``gpulayer peers`` does (:func:`gpulayerd.text.hardware`:
-a GPU split into MIG instances counts once) and adds its CPU slots. Columns fit the table's width.
+a GPU split into MIG instances counts once) and adds its CPU slots; a Slurm worker's starts with its kind
+and partitions (``slurm: partitions gpu DEGRADED; ...`` while Slurm does not answer). Columns fit the table's width.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.reactive import reactive
 
+from gpulayer_tui.widgets.devices_table import slurm_summary
 from gpulayer_tui.widgets.keyed_table import Cell, KeyedTable
 from gpulayerd import text as fmt
 from gpulayerd.models import PeerView
@@ -41,6 +43,9 @@ def peer_rows(peers: Sequence[PeerView], now: float) -> dict[str, tuple[Cell, ..
             slots = fmt.cpu_slots(caps.cpu_slots_total, caps.cpu_slots_free)
             devices = ", ".join(part for part in (fmt.hardware((d.name, d.kind.value == "mig") for d in caps.devices)
                                                   or "cpu only", slots and f"CPU {slots}") if part)
+            slurm = slurm_summary(caps)
+            if slurm is not None:  # a Slurm cluster as worker: its partitions; degraded while Slurm is down
+                devices = f"{slurm[0]}{' DEGRADED' if slurm[1] is not None else ''}; {devices}"
         rows[p.node_id] = (
             fmt.escape(p.name),
             p.node_id[:12],
