@@ -10,6 +10,7 @@ import hmac
 import http.client
 import json
 import ssl
+import time
 from pathlib import Path
 
 from cryptography import x509
@@ -23,6 +24,13 @@ __all__ = ["fetch_ca", "make_csr", "online_join", "renew_if_due", "renew_online"
 
 _TIMEOUT_S = 10.0
 _MAX_REPLY = 64 * 1024
+_TRIES = 3
+"""Connections to one signer address tried at most (0.5 s, then 1 s apart) when the request was never
+sent (a busy or flooded enrollment listener closing a connection before or during its handshake)."""
+
+
+class _Unsent(OSError):
+    """The connection or its TLS handshake failed: the request was never sent (asking again is safe)."""
 
 
 def make_csr(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -63,10 +71,16 @@ def online_join(token: JoinToken, key: ec.EllipticCurvePrivateKey, mode: str, us
     errors: list[str] = []
     for addr in token.addresses:
         host, port = split_address(addr)
-        try:
-            ca_pem = fetch_ca(host, port, timeout_s)
-        except (EnrollRefused, OSError, ssl.SSLError, http.client.HTTPException) as e:
-            errors.append(f"{addr}: {e}")
+        for n in range(1, _TRIES + 1):  # the CA is public and sending for it consumes nothing: asked again
+            try:
+                ca_pem = fetch_ca(host, port, timeout_s)
+                break
+            except (EnrollRefused, _Unsent, OSError, http.client.HTTPException) as e:
+                if n == _TRIES:
+                    errors.append(f"{addr}: {e}")
+                else:
+                    time.sleep(0.5 * n)
+        else:
             continue
         if not hmac.compare_digest(_sha_or_empty(ca_pem), token.ca_sha256):
             raise EnrollRefused(f"{addr} serves a CA certificate whose SHA-256 is not the token's: refused before "
@@ -75,10 +89,21 @@ def online_join(token: JoinToken, key: ec.EllipticCurvePrivateKey, mode: str, us
         ctx.load_verify_locations(cadata=ca_pem.decode("ascii"))
         body = {"token_id": token.token_id, "secret": token.secret, "csr_pem": make_csr(key).decode("ascii"),
                 "mode": mode, "user": user}
-        try:
-            status, raw, _ = _http(host, port, ctx, "POST", "/v1/enroll/join", body, timeout_s, token.signer)
-        except (OSError, ssl.SSLError, http.client.HTTPException) as e:
-            errors.append(f"{addr}: {e}")
+        status, raw, failed = 0, b"", ""
+        for n in range(1, _TRIES + 1):
+            try:
+                status, raw, _ = _http(host, port, ctx, "POST", "/v1/enroll/join", body, timeout_s, token.signer)
+                failed = ""
+                break
+            except _Unsent as e:  # never sent: the token was not consumed, asked again
+                failed = f"{addr}: {e}"
+                if n < _TRIES:
+                    time.sleep(0.5 * n)
+            except (OSError, http.client.HTTPException) as e:  # maybe consumed: never sent twice
+                failed = f"{addr}: {e}"
+                break
+        if failed:
+            errors.append(failed)
             continue
         reply = _json_reply(raw, f"{addr}")
         if status != 200:
@@ -145,7 +170,10 @@ def _http(host: str, port: int, ctx: ssl.SSLContext, method: str, path: str, bod
     (checked after the handshake, before the request is sent)."""
     conn = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=ctx)
     try:
-        conn.connect()
+        try:
+            conn.connect()
+        except (OSError, ssl.SSLError) as e:  # (ssl.SSLError is an OSError: named for the reader)
+            raise _Unsent(str(e) or type(e).__name__) from e
         der = conn.sock.getpeercert(binary_form=True) if isinstance(conn.sock, ssl.SSLSocket) else None
         node = node_id_from_cert_der(der) if der else ""
         if expect_node is not None and node != expect_node:

@@ -268,3 +268,4 @@ async def test_a_removed_nodes_key_cannot_join_again_and_spends_no_token(tmp_pat
         left = {t.token_id: t.uses_left for t in await asyncio.to_thread(enroll.list_tokens, _idir(a))}
         assert left[enroll.decode_token(token).token_id] == 1  # not spent
         await asyncio.to_thread(ca.cluster_join, tmp_path / "c", token)  # a new key joins with it
+

@@ -253,7 +253,8 @@ class Machine:
         self._inventory: HostInventory | None = None  # the last hardware probe's, for rebuilding caps
         self._env_lock = asyncio.Lock()  # orders a probe pass's environments with a torch check landing
         self.torch_checks = TorchChecks(prober, signals, self._apply_environment)
-        self.env_answers: Callable[[Sequence[str]], Awaitable[list[EnvironmentSnapshot]]] = self.torch_checks.answers
+        # The environments' answers: a Slurm worker's come from srun (None: torch_checks', looked up at each probe).
+        self.env_answers: Callable[[Sequence[str]], Awaitable[list[EnvironmentSnapshot]]] | None = None
         self._envs: list[EnvironmentSnapshot] = []  # as probed (before the pre-flight marks)
         self.preflight_marks = PreflightMarks()
         self.paths = PathChecker(clock, config.workdir_timeout_s)
@@ -309,7 +310,8 @@ class Machine:
         async with self._env_lock:
             # Metadata first (or the cached full answer): torch's import-based check runs in the
             # background and lands through _apply_environment (TorchChecks).
-            self._envs = envs = list(await self.env_answers(self._config.interpreters))  # (a Slurm worker's: srun)
+            answers = self.env_answers or self.torch_checks.answers
+            self._envs = envs = list(await answers(self._config.interpreters))  # (a Slurm worker's: srun)
             caps = self._build(inventory, envs)
             changed = self._caps is None or _hardware_key(self._caps) != _hardware_key(caps)
             self._caps = caps
