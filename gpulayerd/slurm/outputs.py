@@ -20,8 +20,9 @@ __all__ = ["END_STATES", "JOB_FORMAT", "NODE_FORMAT", "SACCT_FORMAT", "Gres", "S
 NODE_FORMAT = "%N|%P|%c|%m|%G|%T|%f"
 """``sinfo -N -h -o`` format: node, partition (``*`` marks the default), CPUs, memory MB, GRES, state, features."""
 
-JOB_FORMAT = "%i|%T|%r|%N|%P|%Q|%k"
-"""``squeue -h -o`` format: job id, state, reason, nodes, partition, priority, comment."""
+JOB_FORMAT = "%i|%T|%r|%N|%P|%Q|%U|%k"
+"""``squeue -h -o`` format: job id, state, reason, nodes, partition, priority, user id, comment (last: any user
+may put ``|`` in a comment of theirs)."""
 
 SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Partition,Start,End"
 """``sacct -n -P -X -o`` fields: the job's allocation line (no steps), ``|``-separated."""
@@ -69,6 +70,7 @@ class SlurmJob:
         exit_code: the batch script's exit status; None while unknown.
         signal: the signal that killed it (``ExitCode=0:9``), 0 if none.
         priority: Slurm's priority (``squeue %Q``); None when not read.
+        uid: the user id the job runs as (``squeue %U``); None when not read.
         start, end: Slurm's start and end times as it prints them (``2026-12-01T10:00:00``; "" when not read,
             ``Unknown`` while not known).
         source: which command said so (``squeue``, ``scontrol``, ``sacct``).
@@ -83,6 +85,7 @@ class SlurmJob:
     exit_code: int | None = None
     signal: int = 0
     priority: int | None = None
+    uid: int | None = None
     start: str = ""
     end: str = ""
     source: str = ""
@@ -194,14 +197,14 @@ def parse_nodes_json(text: str) -> list[SlurmNode]:
 
 
 def parse_squeue(text: str) -> list[SlurmJob]:
-    """Jobs from ``squeue -h -o JOB_FORMAT`` (lines that do not have its 7 fields are skipped)."""
+    """Jobs from ``squeue -h -o JOB_FORMAT`` (lines that do not have its 8 fields are skipped)."""
     jobs = []
     for line in text.splitlines():
-        f = line.split("|", 6)
-        if len(f) != 7 or not f[0].strip():
+        f = line.split("|", 7)
+        if len(f) != 8 or not f[0].strip():
             continue
-        jobs.append(SlurmJob(f[0].strip(), f[1].strip(), f[2].strip(), f[3].strip(), f[4].strip(), f[6].strip(),
-                             priority=_int(f[5])))
+        jobs.append(SlurmJob(f[0].strip(), f[1].strip(), f[2].strip(), f[3].strip(), f[4].strip(), f[7].strip(),
+                             priority=_int(f[5]), uid=_int(f[6])))
     return jobs
 
 

@@ -1,6 +1,7 @@
 """``squeue`` as the gateway daemon reads it: one read per poll interval, shared by every attempt that waits on it.
 
-:class:`SlurmQueue` keeps the gpulayer jobs Slurm holds (found by their ``--comment gpulayer:<job>:<attempt>``),
+:class:`SlurmQueue` keeps the gpulayer jobs Slurm holds (found by their ``--comment gpulayer:<job>:<attempt>``
+and their user: any cluster user may give a job of theirs another attempt's comment),
 each pending one's place in its partition's queue, and when ``squeue`` last answered (a Slurm worker keeps
 the leases of its attempts only while it answered within the lease; slurmctld unreachable: its words).
 """
@@ -37,7 +38,7 @@ class SlurmQueue:
         self._clock = clock
         self._read_at = -math.inf
         self._lock = asyncio.Lock()
-        self._jobs: dict[str, SlurmJob] = {}
+        self._jobs: dict[tuple[str, int | None], SlurmJob] = {}
         self._positions: dict[str, int] = {}
         self.answered_at = clock()
         self.error = ""
@@ -57,7 +58,7 @@ class SlurmQueue:
                 self.error = str(e)
                 return
             self.error, self.answered_at = "", self._clock()
-            self._jobs = {j.comment: j for j in jobs if j.comment.startswith("gpulayer:")}
+            self._jobs = {(j.comment, j.uid): j for j in jobs if j.comment.startswith("gpulayer:")}
             self._positions = queue_positions(jobs)
             pending = sorted({j.reason or "None" for j in self._jobs.values() if j.state == "PENDING"})
             if pending != self.pending:
@@ -72,9 +73,10 @@ class SlurmQueue:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def find(self, job_id: str, attempt: int) -> SlurmJob | None:
-        """The Slurm job of gpulayer's attempt, as the last read saw it; None if Slurm did not list it."""
-        return self._jobs.get(comment_of(job_id, attempt))
+    def find(self, job_id: str, attempt: int, uid: int) -> SlurmJob | None:
+        """The Slurm job of gpulayer's attempt run as ``uid`` (its comment and its user), as the last read saw
+        it; None if Slurm did not list it (another user's job with that comment is not it)."""
+        return self._jobs.get((comment_of(job_id, attempt), uid))
 
     def reason(self, job: SlurmJob) -> str:
         """``SlurmPending: Priority (partition gpu, position 2)`` for a pending job."""

@@ -99,8 +99,8 @@ def test_sinfo_json_with_errors_is_an_error_not_an_empty_cluster() -> None:
 
 
 def test_queue_positions_by_priority_then_id_per_partition() -> None:
-    jobs = parse_squeue("7|PENDING|Priority|||100|a\n3|PENDING|Resources|||200|b\n9|PENDING|Priority|||100|c\n"
-                        "4|RUNNING|None|n1||500|d\n5|PENDING|Priority||cpu|1|e\n")
+    jobs = parse_squeue("7|PENDING|Priority|||100|1|a\n3|PENDING|Resources|||200|1|b\n9|PENDING|Priority|||100|1|c\n"
+                        "4|RUNNING|None|n1||500|1|d\n5|PENDING|Priority||cpu|1|1|e\n")
     jobs = [SlurmJob(j.job_id, j.state, j.reason, j.nodes, j.partition or "gpu", j.comment, priority=j.priority)
             for j in jobs]
     assert queue_positions(jobs) == {"3": 1, "7": 2, "9": 3, "5": 1}

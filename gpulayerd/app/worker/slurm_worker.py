@@ -75,6 +75,16 @@ def refusal_of(status: RunStatus, run_dir: Path) -> tuple[str, str] | None:
     return user, line[len(said):].strip()[:500] or "sbatch refused the job"
 
 
+def _uid_of(run_dir: Path) -> int | None:
+    """The user id the attempt of ``run_dir`` runs as, from its ``launch.json`` (the daemon's own in personal
+    mode); None when it cannot be read (blocking)."""
+    try:
+        launch = LaunchFile.load(run_dir / LAUNCH_FILE)
+    except (OSError, ValueError):
+        return None
+    return launch.user.uid if launch.user is not None else os.getuid()
+
+
 def _last_stderr_line(run_dir: Path) -> str:
     """The last non-empty line of the attempt's stderr log ("" when none; blocking)."""
     try:
@@ -148,10 +158,10 @@ class SlurmGate:
             asyncio.CancelledError: sbatch refused it: it never started (no ``started`` report; its end
                 says so, :func:`attach_slurm`).
         """
-        said = ""
+        said, uid = "", await asyncio.to_thread(_uid_of, handle.run_dir)
         while (status := await asyncio.to_thread(self._poll, handle)).running:
             await self.queue.refresh()
-            job = self.queue.find(*key)
+            job = self.queue.find(*key, uid) if uid is not None else None
             if job is not None and job.state != "PENDING":
                 return job.nodes if job.nodes and job.state in ("RUNNING", "COMPLETING", "CONFIGURING") else ""
             reason = self.queue.reason(job) if job is not None else ""
