@@ -288,7 +288,7 @@ class Site:
 def site(slurm: SlurmCluster, shared_python: SharedPython) -> Iterator[Site]:
     """:class:`Site` on the module's Slurm; its throwaway account (present on both: one machine) removed after."""
     if os.geteuid() != 0:
-        pytest.skip("needs root: makes an account and runs daemons in system mode")
+        pytest.fail("needs root (CI runs as root): makes an account and runs daemons in system mode", pytrace=False)
     made, lab = Accounts(), Lab()
     try:
         user = made.user("slurm")
