@@ -195,39 +195,36 @@ def _check_globs(v: list[str]) -> list[str]:
     return v
 
 
-class TreeFiles(BaseModel):
+class _FilesWindow(BaseModel):
+    """A chunk, from byte ``offset``, of the stream of a kept tree's files matching ``patterns`` (globs
+    relative to the tree, checked by :func:`_check_globs`; none: every file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    patterns: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
+    offset: int = Field(default=0, ge=0, le=2**50)
+
+    @field_validator("patterns")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        return _check_globs(v)
+
+
+class TreeFiles(_FilesWindow):
     """Owner -> worker (peer route ``ship_files``, ``gpulayer fetch``): a chunk, from byte ``offset``, of
     the stream of the files matching ``patterns`` (globs relative to the tree; none: every file) in the
     kept tree of an ended attempt the worker ran for the sender (:mod:`gpulayerd.ship.tree`'s stream,
     as ``collect`` writes it). Answered with a :class:`ShipChunk` of that stream."""
 
-    model_config = ConfigDict(extra="forbid")
-
     job_id: str = Field(max_length=64)
     attempt: int = Field(ge=1)
-    patterns: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
-    offset: int = Field(default=0, ge=0, le=2**50)
-
-    @field_validator("patterns")
-    @classmethod
-    def _globs(cls, v: list[str]) -> list[str]:
-        return _check_globs(v)
 
 
-class FetchRequest(BaseModel):
+class FetchRequest(_FilesWindow):
     """``POST /v1/jobs/{job}/fetch``: a chunk of the files of a finished attempt of a shipped job owned
     here (``attempt`` None: the latest), from its worker's kept tree (see :class:`TreeFiles`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     attempt: int | None = Field(default=None, ge=1)
-    patterns: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
-    offset: int = Field(default=0, ge=0, le=2**50)
-
-    @field_validator("patterns")
-    @classmethod
-    def _globs(cls, v: list[str]) -> list[str]:
-        return _check_globs(v)
 
 
 class FetchChunk(BaseModel):
