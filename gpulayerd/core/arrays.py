@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_MAX_ARRAY_SIZE",
+    "LOW_WATER",
     "WINDOW",
     "ArrayError",
     "ArraySpec",
@@ -35,6 +36,11 @@ DEFAULT_MAX_ARRAY_SIZE = 10_000
 
 WINDOW = 256
 """Most tasks of an array without ``%MAX`` queued or running at once (materialized ahead)."""
+
+LOW_WATER = WINDOW // 2
+"""An array without ``%MAX`` materializes again only once at most this many of its tasks are queued or
+running (then up to :data:`WINDOW`): its tasks are written, and judged by the scheduler, in batches of at
+least ``WINDOW - LOW_WATER``, not one or two at each end of a task."""
 
 MAX_INDEX = 10_000_000
 """The largest task index accepted (Slurm's MaxArraySize is at most 4,000,001)."""
@@ -126,8 +132,11 @@ def to_materialize(spec: ArraySpec, materialized: int, active: int) -> int:
 
     Returns:
         At least 0; never more than lets ``active`` exceed ``max_running`` (or :data:`WINDOW`), never
-        past the last position.
+        past the last position; 0 for an array without ``max_running`` while more than
+        :data:`LOW_WATER` of its tasks are active.
     """
+    if spec.max_running is None and active > LOW_WATER:
+        return 0
     bound = spec.max_running if spec.max_running is not None else WINDOW
     return max(0, min(bound - active, spec.count - materialized))
 

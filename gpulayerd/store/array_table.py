@@ -57,10 +57,14 @@ class ArrayRow:
 
 @dataclass(frozen=True, slots=True)
 class Materialized:
-    """What one :meth:`ArraysTable.materialize` wrote: the new tasks' rows and the cursor after."""
+    """What one :meth:`ArraysTable.materialize` wrote: the new tasks' rows and the cursor after; whether
+    the array's row is still queued and not being cancelled (``open``: else nothing was written), and
+    how many of its tasks are queued, claimed or running after the write (``active``; 0 when not open)."""
 
     tasks: list[JobRow]
     materialized: int
+    open: bool = True
+    active: int = 0
 
 
 class ArraysTable:
@@ -151,7 +155,7 @@ class ArraysTable:
                 return None
             array = _array_row(found[0])
             if array.status != "queued" or array.cancel_requested:
-                return Materialized([], array.materialized)
+                return Materialized([], array.materialized, open=False)
             active = int(db.execute(_ACTIVE, (array_id,)).fetchone()[0])
             rows = list(decide(array, active))
             written = []
@@ -165,7 +169,7 @@ class ArraysTable:
             moved = array.materialized + len(rows)
             if rows:
                 db.execute(_MOVE, (moved, array_id, array.materialized))
-            return Materialized(written, moved)
+            return Materialized(written, moved, active=active + len(written))
 
         return await self._db.run(txn)
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulayerd.core.arrays import (
+    LOW_WATER,
     WINDOW,
     ArrayError,
     ArraySpec,
@@ -147,3 +148,14 @@ async def test_a_tasks_change_is_its_arrays_too_in_the_change_feed() -> None:
         assert await sub.take() == [Change("job", "m8abc_7"), Change("job", "m8abc"), Change("job", "m8plain"),
                                     Change("job", "m8abc_8")]
 
+
+
+def test_an_array_without_max_materializes_in_batches_below_its_low_water_mark() -> None:
+    spec = ArraySpec(tuple(range(10_000)), None)
+    assert to_materialize(spec, 0, 0) == WINDOW
+    assert to_materialize(spec, WINDOW, WINDOW - 1) == 0  # one task ended: no write of one row
+    assert to_materialize(spec, WINDOW, LOW_WATER + 1) == 0
+    assert to_materialize(spec, WINDOW, LOW_WATER) == WINDOW - LOW_WATER
+    assert to_materialize(spec, 9_990, 0) == 10  # never past the last position
+    with_max = ArraySpec(tuple(range(100)), 3)
+    assert to_materialize(with_max, 3, 2) == 1  # %MAX: one in as soon as one ends

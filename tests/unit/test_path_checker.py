@@ -50,3 +50,41 @@ async def test_past_the_pending_limit_new_paths_are_unanswered(monkeypatch: pyte
         assert await checker.is_dir("/c") is None
     finally:
         release.set()
+
+
+class _StoppedClock(Clock):
+    """A clock whose monotonic time moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.mark.asyncio
+async def test_an_ok_is_reused_briefly_and_anything_else_is_checked_each_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_isdir = machine.os.path.isdir
+    calls: list[str] = []
+
+    def isdir(path: str) -> bool:
+        calls.append(path)
+        return bool(real_isdir(path))
+
+    monkeypatch.setattr(machine.os.path, "isdir", isdir)
+    clock = _StoppedClock()
+    checker = machine.PathChecker(clock, timeout_s=5.0)
+    missing = str(tmp_path / "missing")
+    assert [await checker.check(str(tmp_path)) for _ in range(3)] == ["ok"] * 3
+    assert calls.count(str(tmp_path)) == 1  # one scheduling pass after another: one check
+    assert [await checker.check(missing) for _ in range(2)] == ["missing"] * 2
+    assert calls.count(missing) == 2
+    clock.now += machine.PathChecker.OK_FRESH_S
+    (tmp_path / "gone").mkdir()
+    assert await checker.check(str(tmp_path / "gone")) == "ok"
+    (tmp_path / "gone").rmdir()
+    clock.now += machine.PathChecker.OK_FRESH_S  # no longer fresh: checked again, and found gone
+    assert await checker.check(str(tmp_path / "gone")) == "missing"
+    assert await checker.check(str(tmp_path)) == "ok"
+    assert calls.count(str(tmp_path)) == 2

@@ -59,6 +59,9 @@ class ArrayBook:
         self._clock = clock
         self._max_size = max_array_size
         self._open: set[str] | None = None  # arrays whose row is queued (None: not read yet)
+        # Open array id -> its row as read when first ticked, its spec and its parsed expression: a tick
+        # reads nothing else (the materializing transaction checks the row is still queued).
+        self._kept: dict[str, tuple[JobRow, JobSpec, ArraySpec]] = {}
 
     def check(self, spec: JobSpec) -> ArraySpec | None:
         """The array a submitted spec asks for (None: an ordinary job).
@@ -112,17 +115,20 @@ class ArrayBook:
         if self._open is None:
             self._open = set(await self._store.arrays.open_ids())
         for array_id in sorted(self._open):
-            row = await self._store.jobs.get_job(array_id)
-            if row is None or row.status is not JobStatus.QUEUED:
-                self._open.discard(array_id)
-                continue
-            spec = self._jobs.spec(row)
+            kept = self._kept.get(array_id)
+            if kept is None:
+                row = await self._store.jobs.get_job(array_id)
+                if row is None or row.status is not JobStatus.QUEUED:
+                    self._open.discard(array_id)
+                    continue
+                spec = self._jobs.spec(row)
+                kept = self._kept[array_id] = (row, spec, parse_array(spec.array or "", max_size=1 << 62))
+            row, spec, parsed = kept
             if not self.gate.released(row, spec):
                 continue
-            await self._materialize(row, spec)
+            await self._materialize(row, spec, parsed)
 
-    async def _materialize(self, row: JobRow, spec: JobSpec) -> None:
-        parsed = parse_array(spec.array or "", max_size=1 << 62)
+    async def _materialize(self, row: JobRow, spec: JobSpec, parsed: ArraySpec) -> None:
         now = self._clock.wall()
         specs: dict[str, JobSpec] = {}
 
@@ -136,7 +142,12 @@ class ArrayBook:
             return out
 
         done = await self._store.arrays.materialize(row.id, decide)
-        if done is None:
+        if done is None or not done.open:  # gone, ended or being cancelled: read afresh at the next tick
+            self._kept.pop(row.id, None)
+            if done is None and self._open is not None:
+                self._open.discard(row.id)
+            elif done is not None and done.materialized >= parsed.count:
+                await self._maybe_end(row)
             return
         for task in done.tasks:
             self._jobs.remember(task.id, specs[task.id])
@@ -144,7 +155,7 @@ class ArrayBook:
         if done.tasks:
             self._signals.job_changed(row.id)
             self._signals.wake()
-        elif done.materialized >= parsed.count:
+        elif done.materialized >= parsed.count and done.active == 0:
             await self._maybe_end(row)
 
     async def cancel_pending(self, task_ref: str, may_manage: Callable[[str], bool] | None, who: str) -> JobRow | None:
@@ -196,6 +207,7 @@ class ArrayBook:
             self._clock.wall(), kind="array ended")
         if done and self._open is not None:
             self._open.discard(row.id)
+            self._kept.pop(row.id, None)
         if done and self._jobs.on_persisted is not None:
             self._jobs.on_persisted(replace(rec, status=status))
         self._signals.job_changed(row.id)

@@ -58,7 +58,7 @@ class Scheduler:
         self._signals = signals
         self._clock = clock
         self._usage = usage
-        self._arrays = arrays  # arrays' tasks and dependencies, ticked before each pass
+        self._arrays = arrays  # arrays' tasks and dependencies, ticked after each pass
         self.core = core.SchedulerCore(node_id, support, offer_interval_s=config.offer_interval_s,
                                        fair_share=usage is not None)
         self.passes_skipped = 0
@@ -124,8 +124,15 @@ class Scheduler:
 
     async def run_once(self) -> None:
         """One scheduling pass over the queued jobs (the core's actions carried out), then the peers'
-        offers; the offers of users with less lab-wide usage than every user waiting here go first."""
-        await self._tick_books()
+        offers; the offers of users with less lab-wide usage than every user waiting here go first.
+        Arrays and dependencies are ticked after the pass, off the path from a freed slot to its next
+        claim: what they let in wakes the next pass."""
+        try:
+            await self._pass()
+        finally:
+            await self._tick_books()
+
+    async def _pass(self) -> None:
         best = self._best_waiting()
         if best is not None:
             await self._worker.take_offers(below=best)

@@ -82,13 +82,22 @@ class PathChecker:
     is reported as unanswered; it keeps running, and a later check of the same key joins
     it instead of starting another. At most ``max_pending`` checks run at once: past that a
     new key is answered "unanswered" at once (the hung ones are what fills it up).
+
+    An ``"ok"`` is taken again without a check for :data:`OK_FRESH_S` seconds from the start of the
+    check that gave it (a scheduling pass per freed slot would otherwise start a thread each time);
+    any other answer is checked afresh each time. A directory removed within that time fails the
+    job's start instead (the watchdog's ``chdir``), which says so.
     """
+
+    OK_FRESH_S = 0.5
+    """Seconds an ``"ok"`` answer is reused (from the start of its check)."""
 
     def __init__(self, clock: Clock, timeout_s: float, max_pending: int = 64) -> None:
         self._clock = clock
         self.timeout_s = timeout_s
         self._max_pending = max_pending
         self._pending: dict[tuple[str | None, str], tuple[asyncio.Future[str], float]] = {}
+        self._ok: dict[tuple[str | None, str], float] = {}  # key -> when the check that said "ok" began
         self._closed = False
 
     async def check(self, path: str, user: str | None = None) -> str | None:
@@ -101,6 +110,9 @@ class PathChecker:
         """
         key = (user or None, path)
         now = self._clock.monotonic()
+        ok_at = self._ok.get(key)
+        if ok_at is not None and 0.0 <= now - ok_at < self.OK_FRESH_S:
+            return "ok"
         pending = self._pending.get(key)
         if pending is None:
             if self._closed or len(self._pending) >= self._max_pending:
@@ -119,6 +131,12 @@ class PathChecker:
             answer = await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
         except asyncio.TimeoutError:
             return None
+        if answer == "ok" and pending is None:
+            if len(self._ok) >= 4096:  # (bounded: the oldest answers go first)
+                self._ok.clear()
+            self._ok[key] = now
+        else:
+            self._ok.pop(key, None)
         return None if answer == "unanswered" else answer
 
     async def is_dir(self, path: str, user: str | None = None) -> bool | None:
