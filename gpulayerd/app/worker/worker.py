@@ -88,6 +88,7 @@ class WorkerService:
         self._offers = KeptOffers()  # (owner, job) -> the offer the core keeps
         self._lost = LostAnswers(transport, clock.sleep)  # claims whose answer never came
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
+        self._telling: dict[RunKey, asyncio.Future[None]] = {}  # starts still being reported: ends wait
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
         self._acked: list[tuple[str, str, int]] = []  # (owner, job, attempt): end reports acknowledged, to store
@@ -126,18 +127,17 @@ class WorkerService:
 
     def track(self, key: RunKey, handle: RunHandle, spec: JobSpec, owner: str, lease_s: float,
               after: asyncio.Future[None] | None = None) -> None:
-        """Count a running attempt in the ledger and watch it until it exits.
-
-        Its watchdog's deadline is taken to be ``lease_s`` from now (set by the start or
-        the re-adoption).
-
-        Args:
-            owner: the owner's node id (this node's for a job owned here).
-            after: done once the start is reported: the end is reported only after it.
+        """Count a running attempt in the ledger and watch it until it exits (its watchdog's deadline
+        is taken to be ``lease_s`` from now: set by the start or the re-adoption). ``owner``: the owner's
+        node id (this node's for a job owned here). ``after``: done once the start is reported; the end is
+        recorded here (its slot freed) as soon as it exits, but reported only after that (:meth:`_send_report`).
         """
         self._apply(core.RunStarted(key, owner, lease_s))
         self._ledger.started(key, handle, spec, owner, lease_s)
-        task = asyncio.create_task(self._watch(key, handle, after), name=f"watch-{key[0]}-{key[1]}")
+        if after is not None and not after.done():
+            self._telling[key] = after
+            after.add_done_callback(lambda _: self._telling.pop(key, None))
+        task = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
         task.add_done_callback(log_failure)
         self._watchers[key] = task
 
@@ -164,10 +164,8 @@ class WorkerService:
         await self._store.runs.end_remote_run(owner, key[0], key[1], "lost", None, reason, self._clock.wall())
         await self._carry_out(self._apply(core.RunEnded(key, owner, "lost", None, reason, never_started=True)))
 
-    async def _watch(self, key: RunKey, handle: RunHandle, after: asyncio.Future[None] | None) -> None:
+    async def _watch(self, key: RunKey, handle: RunHandle) -> None:
         status = await self._runner.async_wait(handle)
-        if after is not None:
-            await asyncio.shield(after)
         await self._starter.after_run(key)  # a shipped attempt's outputs go back first (its lease still renewed)
         await self.finished(key, status)
 
@@ -460,7 +458,7 @@ class WorkerService:
                 self._ledger.not_started(key)
                 if key in self._ledger.state.runs:  # cancelled or failed on the way
                     self._apply(core.RunEnded(key, owner, "lost", report=False))
-        # The end of a short job is reported after its start, not beside it: the owner would
+        # The end of a short job is reported after its start, not beside it (track): the owner would
         # otherwise decide on the two in either order.
         reported: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.track(key, handle, spec, owner, lease_s, after=reported)
@@ -493,6 +491,8 @@ class WorkerService:
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
         reply = None
         try:
+            if (telling := self._telling.get(key)) is not None:  # the owner hears of the start first
+                await asyncio.shield(telling)
             reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started,
                                       owed.timed_out, owed.preflight)
             if reply is not None:
@@ -593,7 +593,7 @@ class WorkerService:
         await self._store_acks()
         watchers = list(self._watchers.values())
         for t in watchers:
-            t.cancel()
+            t.cancel()  # (then awaited: each ends)
         for t in watchers:
             with contextlib.suppress(asyncio.CancelledError, Exception):  # a failure was logged (log_failure)
                 await t
