@@ -81,6 +81,8 @@ class LoopbackNetwork:
         self.errors: list[str] = []  # handler exceptions (a test should end with none)
         self._hung: list[tuple[float, str, str, asyncio.Future[None]]] = []  # deadline, sender, target, future
         self._lose: dict[tuple[str, str], int] = {}  # (target, path) -> replies still to lose
+        self._held: dict[tuple[str, str], asyncio.Future[None]] = {}  # (target, path) -> done when let go
+        self._waiting: list[asyncio.Future[None]] = []  # the calls waiting on a hold
 
     def node(self, node_id: str, name: str, *, router: PeerDispatch, machine: Machine,
              usage: UsageService | None = None) -> LoopbackNode:
@@ -102,6 +104,12 @@ class LoopbackNetwork:
     def lose_replies(self, target: str, route: PeerRoute[Any, Any], n: int = 1) -> None:
         """The next ``n`` calls on ``route`` to ``target`` are handled there, and their replies lost."""
         self._lose[(target, route.path)] = n
+
+    def hold(self, target: str, route: PeerRoute[Any, Any]) -> asyncio.Future[None]:
+        """Calls on ``route`` to ``target`` wait (idle) until the future returned is set, then go on."""
+        held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._held[(target, route.path)] = held
+        return held
 
     def crash(self, node_id: str) -> None:
         """``node_id`` is gone: calls to it fail, and calls hung on it fail now (connection reset)."""
@@ -126,7 +134,7 @@ class LoopbackNetwork:
 
     def idle_futures(self) -> list[asyncio.Future[None]]:
         """Futures of the calls hung now (a task waiting on one is idle, not busy)."""
-        return [fut for *_, fut in self._hung if not fut.done()]
+        return [fut for *_, fut in self._hung if not fut.done()] + [f for f in self._waiting if not f.done()]
 
     def reachable(self, sender: str, target: str) -> bool:
         """True if a call from ``sender`` to ``target`` would be delivered now."""
@@ -163,6 +171,12 @@ class LoopbackNetwork:
                 self.calls.append(Call(sender, target, path, body, str(e)))
                 raise
             raise AssertionError("a hung call is never answered")  # pragma: no cover
+        held = self._held.get((target, path))
+        if held is not None and not held.done():
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # (idle: see idle_futures)
+            held.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
+            self._waiting.append(waiter)
+            await waiter
         node = self.nodes[target]
         copy = None if body is None else route.request.model_validate_json(body.model_dump_json())
         caller = self.nodes.get(sender)

@@ -13,8 +13,8 @@ import asyncio
 
 import pytest
 
-from gpulayerd.net.transport import CLAIM, OFFER
-from gpulayerd.net.wire import Offer, new_msg_id
+from gpulayerd.net.transport import CLAIM, OFFER, REPORT
+from gpulayerd.net.wire import Offer, RunReport, new_msg_id
 from tests.fakes.daemons import GRACE_S, LEASE_S, OWNER, W1, W2, Lab, d
 
 
@@ -76,6 +76,28 @@ async def test_a_grant_whose_answer_was_lost_goes_back_at_once_not_at_its_lease(
     assert claims[0].body is not None and claims[1].body is not None and claims[0].body.msg_id == claims[1].body.msg_id
     assert w1.services.worker._lost.outcomes == {"given back": 1}
     assert len([k for w in (w1, d(lab, "w2")) for k in w.runner.running()]) == 1
+
+
+@pytest.mark.asyncio
+async def test_an_end_frees_its_slot_at_once_and_is_reported_only_after_the_start(lab: Lab) -> None:
+    """A job that exits while its ``started`` report is still unanswered: the worker records the end
+    and frees its slots at once, and tells the owner of the end only after the start."""
+    owner, w1 = d(lab, "owner"), d(lab, "w1")
+    held = lab.net.hold(OWNER, REPORT)
+    job = await lab.submit(owner, cpus=2)
+    await lab.schedule()
+    await lab.schedule()
+    assert w1.runner.running() == [(job, 1)]
+    w1.runner.exit(job, 1, 0)
+    await lab.settle()
+    assert [(r.job_id, r.state) for r in await w1.store.runs.remote_runs()] == [(job, "exited")]
+    assert (await w1.services.machine.snapshot(refresh_apps=False)).cpu_slots_free == 2
+    assert await status(lab, job) == "claimed"  # the owner heard nothing yet
+    held.set_result(None)
+    await lab.settle()
+    assert await status(lab, job) == "succeeded"
+    kinds = [c.body.kind for c in lab.net.calls if c.path == REPORT.path and isinstance(c.body, RunReport)]
+    assert kinds[:2] == ["started", "exited"]
 
 
 async def _running(lab: Lab, job: str) -> bool:

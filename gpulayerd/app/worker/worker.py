@@ -420,9 +420,9 @@ class WorkerService:
 
     async def _start_run(self, owner: str, key: RunKey, lease_s: float, spec: JobSpec, placement: Placement,
                          fds: list[int]) -> None:
-        """Start a granted attempt (counted as starting in the ledger by the caller): its run row and
-        device grants, its watchdog, then the ``started`` report to its owner (its end is reported
-        only after that). Releases the device locks ``fds`` once the watchdog holds them."""
+        """Start a granted attempt (counted as starting in the ledger by the caller): its run row and device
+        grants, its watchdog, then the ``started`` report to its owner (its end is reported only after that).
+        Releases the device locks ``fds`` once the watchdog holds them."""
         job_id, attempt = key
         started = False
         try:
@@ -458,8 +458,7 @@ class WorkerService:
                 self._ledger.not_started(key)
                 if key in self._ledger.state.runs:  # cancelled or failed on the way
                     self._apply(core.RunEnded(key, owner, "lost", report=False))
-        # The end of a short job is reported after its start, not beside it (track): the owner would
-        # otherwise decide on the two in either order.
+        # A short job's end is reported after its start (track): else the owner decides on them in either order.
         reported: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.track(key, handle, spec, owner, lease_s, after=reported)
         self._signals.devices_changed()
@@ -489,10 +488,11 @@ class WorkerService:
             return None
 
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
+        if (telling := self._telling.get(key)) is not None:  # the owner hears of the start first: sent after
+            telling.add_done_callback(lambda _: self._signals.spawn(self._send_report(key, owed)))
+            return
         reply = None
         try:
-            if (telling := self._telling.get(key)) is not None:  # the owner hears of the start first
-                await asyncio.shield(telling)
             reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started,
                                       owed.timed_out, owed.preflight)
             if reply is not None:
