@@ -62,6 +62,8 @@ class Scheduler:
         self.core = core.SchedulerCore(node_id, support, offer_interval_s=config.offer_interval_s,
                                        fair_share=usage is not None)
         self.passes_skipped = 0
+        self._ticking: asyncio.Task[None] | None = None  # the books' tick running in the background
+        self._tick_again = False  # asked again while it ran
 
     def _kept(self, row: JobRow, *, fresh: bool = False) -> core.QueuedJob:
         """``row`` as the core keeps it (id, seq, reason line, a retry's worker to avoid and end of
@@ -115,7 +117,7 @@ class Scheduler:
             else:
                 self.passes_skipped += 1
                 self._signals.stats["scheduler_passes_skipped"] += 1
-                await self._tick_books()
+                self._tick_soon()
                 await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
             due = self.core.retry_due()  # a pass when a retry's backoff ends
             await self._signals.wait_wake(self._config.schedule_interval_s if due is None else
@@ -125,12 +127,29 @@ class Scheduler:
     async def run_once(self) -> None:
         """One scheduling pass over the queued jobs (the core's actions carried out), then the peers'
         offers; the offers of users with less lab-wide usage than every user waiting here go first.
-        Arrays and dependencies are ticked after the pass, off the path from a freed slot to its next
-        claim: what they let in wakes the next pass."""
+        Arrays and dependencies are ticked after the pass, in the background (:meth:`_tick_soon`), off the
+        path from a freed slot to its next claim: what they let in wakes the next pass."""
         try:
             await self._pass()
         finally:
+            self._tick_soon()
+
+    def _tick_soon(self) -> None:
+        """Tick the books (:meth:`_tick_books`) in a background task, one tick at a time: asked while one
+        runs, it runs once more after it."""
+        if self._arrays is None:
+            return
+        if self._ticking is not None and not self._ticking.done():
+            self._tick_again = True
+            return
+        self._ticking = self._signals.spawn(self._tick_while_asked(), name="scheduler-books")
+
+    async def _tick_while_asked(self) -> None:
+        again = True
+        while again:
+            self._tick_again = False
             await self._tick_books()
+            again = self._tick_again
 
     async def _pass(self) -> None:
         best = self._best_waiting()
