@@ -100,6 +100,38 @@ async def test_an_end_frees_its_slot_at_once_and_is_reported_only_after_the_star
     assert kinds[:2] == ["started", "exited"]
 
 
+@pytest.mark.asyncio
+async def test_an_end_deferred_behind_a_slow_start_report_is_sent_once(lab: Lab) -> None:
+    """The ``started`` report waits (a Slurm start gate, a slow owner) while the job has ended: the renewal
+    rounds meanwhile do not each add one more ``exited`` report, sent all at once after the start."""
+    owner, w1 = d(lab, "owner"), d(lab, "w1")
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    lab.net._waiting.append(gate)  # (idle while it waits)
+
+    async def start_gate(owner_id: str, key: object, handle: object) -> str:
+        await gate
+        return ""
+
+    w1.services.worker.start_gate = start_gate
+    job = await lab.submit(owner, cpus=2)
+    await lab.schedule()
+    await lab.schedule()
+    held = lab.net.hold(OWNER, REPORT)
+    await lab.step(schedule=False)  # a renewal round with the owner, in flight
+    w1.runner.exit(job, 1, 0)
+    await lab.settle()
+    held.set_result(None)  # that round ends
+    await lab.settle()
+    for _ in range(3):  # renewal ticks while the start is still being reported
+        await lab.step(schedule=False)
+    gate.set_result(None)
+    await lab.settle()
+    assert (await lab.job(owner, job)).status == "succeeded"
+    kinds = [c.body.kind for c in lab.net.calls if c.path == REPORT.path and isinstance(c.body, RunReport)
+             and c.body.job_id == job and c.body.kind != "renew"]
+    assert kinds == ["started", "exited"]
+
+
 async def _running(lab: Lab, job: str) -> bool:
     return await status(lab, job) == "running"
 

@@ -59,7 +59,7 @@ class ArrayBook:
         self._clock = clock
         self._max_size = max_array_size
         self._open: set[str] | None = None  # arrays whose row is queued (None: not read yet)
-        # Open array id -> its row as read when first ticked, its spec and its parsed expression: a tick
+        # Open array id (let in by its dependencies) -> its row as read, its spec and its parsed expression: a tick
         # reads nothing else (the materializing transaction checks the row is still queued).
         self._kept: dict[str, tuple[JobRow, JobSpec, ArraySpec]] = {}
 
@@ -125,6 +125,7 @@ class ArrayBook:
                 kept = self._kept[array_id] = (row, spec, parse_array(spec.array or "", max_size=1 << 62))
             row, spec, parsed = kept
             if not self.gate.released(row, spec):
+                self._kept.pop(array_id, None)  # read afresh while it waits: the gate forgets it once it ended
                 continue
             await self._materialize(row, spec, parsed)
 

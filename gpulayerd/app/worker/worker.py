@@ -89,6 +89,7 @@ class WorkerService:
         self._lost = LostAnswers(transport, clock.sleep)  # claims whose answer never came
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._telling: dict[RunKey, asyncio.Future[None]] = {}  # starts still being reported: ends wait
+        self._deferred: dict[RunKey, core.OwedReport] = {}  # ends waiting for those (each sent once, after)
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
         self._acked: list[tuple[str, str, int]] = []  # (owner, job, attempt): end reports acknowledged, to store
@@ -136,7 +137,7 @@ class WorkerService:
         self._ledger.started(key, handle, spec, owner, lease_s)
         if after is not None and not after.done():
             self._telling[key] = after
-            after.add_done_callback(lambda _: self._telling.pop(key, None))
+            after.add_done_callback(lambda _: (self._telling.pop(key, None), self._deferred.pop(key, None)))
         task = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
         task.add_done_callback(log_failure)
         self._watchers[key] = task
@@ -172,13 +173,10 @@ class WorkerService:
     async def finished(self, key: RunKey, status: RunStatus, owner: str = "") -> None:
         """Tell its owner an attempt that ran here ended, and record the end here (once per attempt).
 
-        A store that cannot take the end (a full disk: ``database or disk is full``) is
-        retried with backoff until it can, the attempt's lease renewed meanwhile so that it
-        is not declared lost; then a watchdog that kept the end in memory is told it may go.
-
-        Args:
-            owner: for an attempt not tracked (found ended after a restart): its owner.
-        """
+        A store that cannot take the end (a full disk: ``database or disk is full``) is retried with backoff
+        until it can, the attempt's lease renewed meanwhile so that it is not declared lost; then a watchdog
+        that kept the end in memory is told it may go. ``owner``: for an attempt not tracked (found ended
+        after a restart), its owner."""
         job_id, attempt = key
         entry = self._ledger.ended(key)
         if entry is not None:
@@ -489,7 +487,9 @@ class WorkerService:
 
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
         if (telling := self._telling.get(key)) is not None:  # the owner hears of the start first: sent after
-            telling.add_done_callback(lambda _: self._signals.spawn(self._send_report(key, owed)))
+            if key not in self._deferred:  # (once: a renewal round meanwhile asks again)
+                self._deferred[key] = owed
+                telling.add_done_callback(lambda _: self._signals.spawn(self._send_report(key, owed)))
             return
         reply = None
         try:
