@@ -37,10 +37,11 @@ DEFAULT_MAX_ARRAY_SIZE = 10_000
 WINDOW = 256
 """Most tasks of an array without ``%MAX`` queued or running at once (materialized ahead)."""
 
-LOW_WATER = WINDOW // 2
+LOW_WATER = WINDOW - 64
 """An array without ``%MAX`` materializes again only once at most this many of its tasks are queued or
 running (then up to :data:`WINDOW`): its tasks are written, and judged by the scheduler, in batches of at
-least ``WINDOW - LOW_WATER``, not one or two at each end of a task."""
+least ``WINDOW - LOW_WATER`` (64), not one or two at each end of a task; a lab with more free slots than
+that still keeps at least ``LOW_WATER`` of them running."""
 
 MAX_INDEX = 10_000_000
 """The largest task index accepted (Slurm's MaxArraySize is at most 4,000,001)."""
