@@ -78,6 +78,8 @@ def test_cancel_a_task_before_it_was_materialized(daemon: Daemon, tmp_path: Path
     out = daemon.cli_ok("cancel", f"{array}_3")
     assert "cancelled" in out, out
     assert daemon.show(f"{array}_3")["status"] == "cancelled"
+    counts = daemon.show(array)["array"]["counts"]
+    assert sum(counts.values()) == 5 and counts["cancelled"] == 1, counts  # index 3 counted once, not pending too
     missing = daemon.cli("cancel", f"{array}_9")
     assert missing.returncode != 0 and "no job" in missing.stderr, (missing.returncode, missing.stderr)
     done = _ended(daemon, array)
@@ -96,6 +98,26 @@ def test_after_an_array_waits_for_every_task(daemon: Daemon, tmp_path: Path) -> 
     started = done["attempts"][0]["started_at"]
     for i in range(4):
         assert daemon.show(f"{array}_{i}")["attempts"][0]["ended_at"] <= started
+
+
+def test_after_a_task_not_written_yet_waits_for_it_and_for_its_array_if_it_never_comes(daemon: Daemon,
+                                                                                        tmp_path: Path) -> None:
+    """``--after ID_3`` of a task an array (``%1``) has not written yet is taken, waits (``pending``) and
+    runs after that task; of a task its array, cancelled first, will never write: cancelled."""
+    array = daemon.submit("--array", "0-4%1", "--workdir", str(tmp_path), "--", "sh", "-c",
+                          f"touch {tmp_path}/t{{task}}; sleep 0.3")
+    after = daemon.submit("--after", f"{array}_3", "--", "sh", "-c", f"test -e {tmp_path}/t3")
+    assert daemon.show(after)["spec"]["after"] == [f"{array}_3:ok"]
+    assert _ended(daemon, after)["status"] == "succeeded"
+    held = daemon.submit("--array", "0-9%1", "--workdir", str(tmp_path), "--", "sleep", "30")
+    never = daemon.submit("--after", f"{held}_8", "--", "true")
+    view = daemon.wait_reason(never, lambda j: j.reason.startswith("Dependency: after "))
+    assert view.reason == f"Dependency: after {held}_8 (pending)", view.reason
+    daemon.cli_ok("cancel", held)
+    done = _ended(daemon, never)
+    assert (done["status"], done["reason"]) == ("cancelled", f"DependencyNeverSatisfied: {held}_8 cancelled")
+    r = daemon.cli("submit", "--after", f"{held}_10", "--", "true")  # an index the array does not have
+    assert r.returncode == 2 and f"no job '{held}_10'" in r.stderr, r.stderr
 
 
 def test_a_dependency_that_failed_cancels_the_job_and_run_exits_1(daemon: Daemon) -> None:

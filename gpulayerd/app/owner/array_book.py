@@ -233,8 +233,8 @@ class ArrayBook:
             if array is None:
                 continue
             c = dict(counts.get(view.id, {}))
-            if array.total > array.materialized and view.status == "queued":
-                c["pending"] = array.total - array.materialized
+            if array.total > sum(c.values()) and view.status == "queued":  # (a task cancelled ahead has a row)
+                c["pending"] = array.total - sum(c.values())
             parsed_max = view.spec.array.partition("%")[2] if view.spec.array else ""
             view.array = ArraySummary(expr=array.expr, total=array.total,
                                       max_running=int(parsed_max) if parsed_max.isdigit() else None, counts=c)

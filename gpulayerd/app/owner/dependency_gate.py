@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from gpulayerd.app.common.clock import Clock
 from gpulayerd.app.common.owned_jobs import OwnedJobs
 from gpulayerd.app.common.signals import Signals
-from gpulayerd.core.arrays import shown_state
+from gpulayerd.core.arrays import ArrayError, parse_array, shown_state, split_task_id, task_id
 from gpulayerd.core.dependencies import After, Never, Satisfied, Waiting, cycle_through, judge, parse_after
 from gpulayerd.core.job_facts import TERMINAL_STATES
 from gpulayerd.core.protocol import claims
@@ -63,18 +63,57 @@ class DependencyGate:
             try:
                 job_id = (await self._jobs.row(dep.job_id)).id
             except NoSuchJob:
-                if self.lookup is None:
-                    raise InvalidSpec(f"after: no job {dep.job_id!r} (allowed: ids of jobs, tasks or arrays "
-                                      "of the cluster, ID[:ok|any|notok])") from None
-                try:
-                    job_id = (await self.lookup(dep.job_id)).id
-                except GpulayerError as e:
-                    raise InvalidSpec(f"after: {e} (allowed: ids of jobs, tasks or arrays of the cluster, "
-                                      "ID[:ok|any|notok])") from None
+                job_id = await self._elsewhere(dep.job_id)
             except GpulayerError as e:
                 raise InvalidSpec(f"after: {e}") from None
             out.append(str(After(job_id, dep.condition)))
         return out
+
+    async def _elsewhere(self, ref: str) -> str:
+        """The whole id of ``ref``, not a job stored here: a peer's job (``lookup``), or a task not written
+        yet of an array of the cluster (``ID_7`` where the array lists index 7).
+
+        Raises:
+            InvalidSpec: naming ``after``, the id and what is allowed.
+        """
+        problem = f"no job {ref!r}"
+        if self.lookup is not None:
+            try:
+                return (await self.lookup(ref)).id
+            except GpulayerError as e:
+                problem = str(e)
+        array = await self._array_of(ref)
+        parts = split_task_id(ref)
+        if array is not None and parts is not None:
+            return task_id(array[0], parts[1])
+        raise InvalidSpec(f"after: {problem} (allowed: ids of jobs, tasks or arrays of the cluster, ID[:ok|any|notok])")
+
+    async def _array_of(self, ref: str) -> tuple[str, str] | None:
+        """For ``ref`` naming a task (``ID_7``): its array's whole id and state (owned here: the store;
+        elsewhere: ``lookup``) when that array lists the index; else None (the task row is not read)."""
+        parts = split_task_id(ref)
+        if parts is None:
+            return None
+        try:
+            row = await self._jobs.row(parts[0])
+            array_id, spec, state = row.id, self._jobs.spec(row), row.status.value
+        except NoSuchJob:
+            if self.lookup is None:
+                return None
+            try:
+                view = await self.lookup(parts[0])
+            except GpulayerError:
+                return None
+            array_id, spec, state = view.id, view.spec, view.status
+        except GpulayerError:
+            return None
+        if not spec.array or spec.array_task is not None:
+            return None
+        try:
+            listed = parts[1] in parse_array(spec.array, max_size=1 << 62).indices
+        except ArrayError:
+            return None
+        return (array_id, state) if listed else None
 
     def check_cycle(self, job_id: str, after: list[str]) -> None:
         """Refuse ``after`` naming ``job_id`` itself, or closing a cycle through the jobs waiting here.
@@ -137,16 +176,23 @@ class DependencyGate:
         now = self._clock.monotonic()
         if kept is not None and (now - kept[0] < REMOTE_EVERY_S or kept[1] in TERMINAL_STATES):
             return kept[1], kept[2]
-        if self.lookup is None:
-            return None, "unknown here"
-        try:
-            view = await self.lookup(job_id)
-        except GpulayerError as e:
-            state, place = None, str(e)
-        else:
-            state = view.status
-            place = f"on {view.where_name or view.holder_name}" if view.where_name or view.holder_name else ""
-            place = f"at {view.owner_name}" if view.owner_name and not place else place  # "queued at ws-1"
+        state: str | None = None
+        place = "unknown here"
+        if self.lookup is not None:
+            try:
+                view = await self.lookup(job_id)
+            except GpulayerError as e:
+                place = str(e)
+            else:
+                state = view.status
+                place = f"on {view.where_name or view.holder_name}" if view.where_name or view.holder_name else ""
+                place = f"at {view.owner_name}" if view.owner_name and not place else place  # "queued at ws-1"
+        array = await self._array_of(job_id) if state is None else None
+        if array is not None:  # a task not written yet: pending, or never (its array ended first)
+            ended = array[1] in TERMINAL_STATES
+            state, place = ("cancelled", f"its array {array[1]} before it ran") if ended else ("pending", "")
+        elif self.lookup is None:
+            return None, place
         self._remote[job_id] = (now, state, place)
         return state, place
 
