@@ -113,6 +113,8 @@ def test_after_a_task_not_written_yet_waits_for_it_and_for_its_array_if_it_never
     never = daemon.submit("--after", f"{held}_8", "--", "true")
     view = daemon.wait_reason(never, lambda j: j.reason.startswith("Dependency: after "))
     assert view.reason == f"Dependency: after {held}_8 (pending)", view.reason
+    said = daemon.cli_ok("explain", never)  # the dependency decides first, then the table
+    assert f"verdict: waits: Dependency: after {held}_8 (pending); then fits" in said, said
     daemon.cli_ok("cancel", held)
     done = _ended(daemon, never)
     assert (done["status"], done["reason"]) == ("cancelled", f"DependencyNeverSatisfied: {held}_8 cancelled")

@@ -25,6 +25,7 @@ from gpulayerd import text as fmt
 from gpulayerd.core.matching.evaluate import explain
 from gpulayerd.core.matching.hints import nearest_misses
 from gpulayerd.core.protocol.claims import JobStatus
+from gpulayerd.core.reasons import ReasonCode
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Verdict
 from gpulayerd.models import ExplanationModel, HintModel, JobStateModel, LogChunk
@@ -40,6 +41,7 @@ __all__ = [
     "build_state",
     "describe_exit",
     "explain_with_hints",
+    "held_back",
     "local_tail",
     "remote_tail",
     "state_explanation",
@@ -259,6 +261,15 @@ def state_explanation(job_id: str, state: JobStateModel, base: ExplanationModel 
     if base is not None and state.status == JobStatus.REJECTED.value:
         out.rejections, out.workers, out.hosts_needed = base.rejections, base.workers, base.hosts_needed
     return out
+
+
+def held_back(fresh: ExplanationModel, reason: str) -> ExplanationModel:
+    """``fresh`` (a queued job judged against the workers) of a job the dependency gate holds back (its
+    reason ``Dependency: ...``): its verdict says so first (``waits: Dependency: after ID (running); then
+    fits now``), with no placement; any other job's ``fresh`` unchanged."""
+    if not reason.startswith(f"{ReasonCode.DEPENDENCY.value}:"):
+        return fresh
+    return fresh.model_copy(update={"verdict": f"waits: {reason}; then {fresh.verdict}", "placement": None})
 
 
 def explain_with_hints(req: JobRequest, workers: Sequence[WorkerSnapshot], support: SupportMatrix, *,

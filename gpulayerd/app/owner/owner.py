@@ -305,7 +305,7 @@ class OwnerService:
         row = await self._jobs.row(job_ref)
         if row.status is not JobStatus.QUEUED:
             return await self._explain_state(row, requester)
-        fresh = _keep_fair_share(await self._judge(row), row)
+        fresh = explainer.held_back(_keep_fair_share(await self._judge(row), row), row.reason)
         await self.queue.fill_waiting(fresh, row, fresh, self._jobs.spec(row))  # position, holders, estimate
         req = self._jobs.spec(row).to_core(row.id)
         if requester is not None and not requester.may_manage(self.user_of(row)):
