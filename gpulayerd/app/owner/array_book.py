@@ -201,7 +201,7 @@ class ArrayBook:
             words = ", ".join(f"{n} {s}" for s, n in sorted(bad.items()))
             status, reason = JobStatus.FAILED, f"{sum(bad.values())} of {total} tasks did not succeed ({words})"
         else:
-            status, reason = JobStatus.SUCCEEDED, f"all {total} tasks succeeded"
+            status, reason = JobStatus.SUCCEEDED, f"all {total} tasks succeeded" if total > 1 else "its task succeeded"
         rec = row.record()
         done = await self._store.jobs.apply(claims.PersistJob(
             replace(rec, status=status), JobStatus.QUEUED, rec.attempt, reason, f"array-end-{row.id}"),
