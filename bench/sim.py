@@ -59,7 +59,7 @@ def _fmt(traffic: dict[str, tuple[float, float]]) -> str:
 
 
 async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_s: float = 10.0,
-                  with_burst: bool = True) -> dict[str, float]:
+                  with_burst: bool = True, charge_cpu: bool = True) -> dict[str, float]:
     """Every figure for ``n`` daemons (see the module docstring); NaN for a phase cut short."""
     out: dict[str, float] = {}
     t_real = time.perf_counter()
@@ -69,7 +69,7 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
 
     with tempfile.TemporaryDirectory() as td:
         rss0 = _rss_bytes()
-        sim = Sim(Path(td), seed=seed, n=n, skew_ppm=100)
+        sim = Sim(Path(td), seed=seed, n=n, skew_ppm=100, charge_cpu=charge_cpu)
         await sim.start()
         span = minutes * 60
         await sim.run_for(10)
@@ -84,6 +84,11 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
         hb_msg = sim.daemons["n000"].node
         gossip = len(hb_msg._message().model_dump_json(include={"holdings", "revoked"})) if hb_msg else 0
         print(f"N={n}: real seconds per simulated second (idle): {per_sim_s:.2f}")
+        if charge_cpu:
+            charged = sum(sim.net.cpu_charged_s.values()) / max(len(sim.net.cpu_charged_s), 1)
+            print(f"N={n}: handlers' CPU charged in simulated time (replies leave that much later; one "
+                  f"handler at a time per daemon): {charged * 1e3:.0f} ms per daemon over the first {10 + idle_s:g} "
+                  f"simulated s (--no-charge-cpu: timers only)")
         print(f"N={n}: idle traffic per node: {_fmt(idle)}; of each heartbeat, {gossip} B are holdings/revocations "
               f"(gossip)   [target <= 2 KB/s at N=500]")
         # 2. failure detection
@@ -249,6 +254,8 @@ def main() -> None:
                     help="instead of the figures: the invariants of --seeds runs with faults (N = --nodes)")
     ap.add_argument("--seeds", default="1-20", help="with --faults: seeds, e.g. 1-20 or 1,4,7")
     ap.add_argument("--jobs", type=int, default=1, help="with --faults: seeds run at a time (processes)")
+    ap.add_argument("--no-charge-cpu", action="store_true",
+                    help="figures on timers alone: handlers' CPU time is not charged in simulated time")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # each figure as soon as it is known
     logging.getLogger("gpulayerd.store.db").setLevel(logging.ERROR)
@@ -263,7 +270,8 @@ def main() -> None:
     results = {}
     for n, budget in zip(ns, budgets, strict=True):
         results[n] = asyncio.run(measure(n, args.minutes, args.seed, budget, args.burst_job_s,
-                                         with_burst=n == ns[-1] or len(ns) == len(args.nodes.split(","))))
+                                         with_burst=n == ns[-1] or len(ns) == len(args.nodes.split(",")),
+                                         charge_cpu=not args.no_charge_cpu))
     if len(ns) > 1:
         growth(ns, results)
 

@@ -14,7 +14,13 @@ Per call, seeded by the simulation:
 - **crashes**: a call to a daemon that is down is refused at once (connection refused);
   calls in flight to or from one that crashes fail (connection reset);
 - **pauses** (SIGSTOP): a paused daemon handles nothing until it resumes; its callers
-  time out meanwhile.
+  time out meanwhile;
+- **CPU** (``charge_cpu``, off unless asked for): each handler is charged the CPU time its own steps
+  took here (``time.thread_time``, step by step, so what other coroutines ran while it waited is not
+  counted): its reply leaves that much simulated time later, and a daemon handles one thing at a
+  time (a handler that ends while an earlier one's charge runs waits for it), so latencies include
+  the daemons' work, not only the network's timers. Measured CPU differs from run to run, so a
+  charged run is not reproduced exactly by its seed: the invariant runs leave it off.
 
 Every message is counted per node and per kind (:data:`KIND`): messages and bytes sent and
 received. A message's bytes are its JSON plus :data:`HEADER_BYTES` for the HTTP request or
@@ -35,9 +41,10 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 import types
 from collections import Counter
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -99,7 +106,10 @@ class SimNetwork:
     """
 
     def __init__(self, time: SimTime, rng: random.Random, *, latency_s: float = 0.001,
-                 call_timeout_s: float = 5.0) -> None:
+                 call_timeout_s: float = 5.0, charge_cpu: bool = False) -> None:
+        self.charge_cpu = charge_cpu
+        self.cpu_charged_s: dict[str, float] = {}  # node id -> handler CPU charged there (seconds)
+        self._busy_until: dict[str, float] = {}  # node id -> simulated time its charged work ends
         self.time = time
         self.rng = rng
         self.latency_s = latency_s
@@ -194,18 +204,19 @@ class SimNetwork:
             if not answer.done():
                 answer.set_exception(PeerCallError(f"connection to {target[:12]} reset"))
             return
-        handling = self._handle(node, sender, route, raw, answer, kind)
+        cpu = _Cpu()
+        handling = self._handle(node, sender, route, raw, answer, kind, cpu)
         try:  # its first step now: most handlers (a heartbeat's) never wait, and need no task
-            waits_on = handling.send(None)
+            waits_on = cpu.step(handling.send, None)
         except StopIteration:
             return
-        task = asyncio.get_running_loop().create_task(_go_on(handling, waits_on))
+        task = asyncio.get_running_loop().create_task(_go_on(handling, waits_on, cpu))
         running = self._inflight.setdefault(target, set())
         running.add(task)
         task.add_done_callback(running.discard)
 
     async def _handle(self, node: SimNode, sender: str, route: PeerRoute[Any, Any], raw: bytes,
-                      answer: asyncio.Future[bytes], kind: str) -> None:
+                      answer: asyncio.Future[bytes], kind: str, cpu: _Cpu) -> None:
         await node.clock.running()  # a paused daemon reads its socket when it runs again
         copy = None if not raw else route.request.model_validate_json(raw)
         caller = self.nodes.get(sender)
@@ -237,7 +248,17 @@ class SimNetwork:
             else:
                 answer.set_result(reply)
 
-        self.time.call_at(self.time.now + delay, deliver)
+        self.time.call_at(self._charged(node.node_id, cpu.so_far()) + delay, deliver)
+
+    def _charged(self, node_id: str, cost_s: float) -> float:
+        """When a handler of ``node_id`` that took ``cost_s`` of CPU is done, in simulated time (now
+        without ``charge_cpu``): after the node's earlier charged work, then its own."""
+        if not self.charge_cpu:
+            return self.time.now
+        done = max(self.time.now, self._busy_until.get(node_id, 0.0)) + cost_s
+        self._busy_until[node_id] = done
+        self.cpu_charged_s[node_id] = self.cpu_charged_s.get(node_id, 0.0) + cost_s
+        return done
 
     def close(self) -> None:
         """Cancel every handler still running."""
@@ -417,10 +438,33 @@ class SimNode:
         return self.table.views(self.clock.monotonic())
 
 
+class _Cpu:
+    """The CPU time (``time.thread_time``) of one handler's own steps, the running one included."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._step_began: float | None = None
+
+    def step(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)`` (one step of the handler), its CPU time counted."""
+        self._step_began = time.thread_time()
+        try:
+            return fn(arg)
+        finally:
+            self.total += time.thread_time() - self._step_began
+            self._step_began = None
+
+    def so_far(self) -> float:
+        """Seconds of CPU the handler's steps took, the one running now up to now."""
+        running = 0.0 if self._step_began is None else time.thread_time() - self._step_began
+        return self.total + max(running, 0.0)
+
+
 @types.coroutine
-def _go_on(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, Any, None]:
+def _go_on(coro: Coroutine[Any, Any, None], waits_on: Any, cpu: _Cpu) -> Generator[Any, Any, None]:
     """The rest of ``coro``, whose first step (run by the caller) yielded ``waits_on``: what
-    ``yield from coro`` would do from there, so that a task can run it (cancellation included)."""
+    ``yield from coro`` would do from there, so that a task can run it (cancellation included);
+    each step's CPU time counted in ``cpu``."""
     while True:
         try:
             sent = yield waits_on
@@ -429,12 +473,12 @@ def _go_on(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, Any
             raise
         except BaseException as e:  # thrown in by the task (a cancel): passed on
             try:
-                waits_on = coro.throw(e)
+                waits_on = cpu.step(coro.throw, e)
             except StopIteration:
                 return
         else:
             try:
-                waits_on = coro.send(sent)
+                waits_on = cpu.step(coro.send, sent)
             except StopIteration:
                 return
 

@@ -192,3 +192,30 @@ async def test_a_crashed_machine_is_not_an_idle_one_beside_a_waiting_job(tmp_pat
         assert sim.jobs[waiting[0]].started is not None
     finally:
         await sim.close()
+
+
+@pytest.mark.asyncio
+async def test_handlers_are_charged_their_cpu_one_at_a_time_per_daemon(tmp_path: Path) -> None:
+    """With ``charge_cpu`` each handler's reply leaves its CPU time later, after the daemon's earlier
+    charged work (one handler at a time); without it nothing is charged (the seeds' reproducible runs)."""
+    sim = Sim(tmp_path, seed=2, n=3, charge_cpu=True)
+    net = sim.net
+    net.time.now = 100.0
+    assert net._charged("a", 0.002) == pytest.approx(100.002)
+    assert net._charged("a", 0.001) == pytest.approx(100.003)  # behind a's earlier work
+    assert net._charged("b", 0.001) == pytest.approx(100.001)  # another daemon: its own CPU
+    net._busy_until.clear()
+    net.cpu_charged_s.clear()
+    net.time.now = 0.0
+    await sim.start()
+    try:
+        await sim.run_for(5)
+        job = await sim.submit(sim.daemons["n000"], gpus=1, duration_s=2.0)
+        await sim.run_for(10)
+        assert job is not None and sim.jobs[job].started is not None
+        assert set(net.cpu_charged_s) == set(net.nodes) and len(net.nodes) == 3  # heartbeats, the claim
+        assert all(0 < s < 5 for s in net.cpu_charged_s.values()), net.cpu_charged_s
+    finally:
+        await sim.close()
+    plain = Sim(tmp_path / "plain", seed=2, n=2)
+    assert plain.net._charged("a", 0.5) == plain.net.time.now and plain.net.cpu_charged_s == {}

@@ -144,16 +144,18 @@ class Sim:
         n: the number of machines. gpus: GPUs per machine.
         latency_s: median one-way network latency (seconds).
         skew_ppm: each machine's clock rate is 1 + u * skew_ppm / 1e6, u uniform in [-1, 1].
+        charge_cpu: charge each handler its CPU time in simulated time (:class:`SimNetwork`; a run
+            so charged is not reproduced exactly by its seed).
         settings: :class:`DaemonConfig` fields for every daemon (else the daemon's defaults).
     """
 
     def __init__(self, root: Path, *, seed: int, n: int, gpus: int = 2, latency_s: float = 0.001,
-                 skew_ppm: float = 0.0, **settings: Any) -> None:
+                 skew_ppm: float = 0.0, charge_cpu: bool = False, **settings: Any) -> None:
         self.root = root
         self.seed = seed
         self.rng = random.Random(seed)
         self.time = SimTime()
-        self.net = SimNetwork(self.time, random.Random(f"{seed}-net"), latency_s=latency_s)
+        self.net = SimNetwork(self.time, random.Random(f"{seed}-net"), latency_s=latency_s, charge_cpu=charge_cpu)
         self.disk = MemoryDisk(f"{seed}-{id(self):x}")
         self.workdir = root / "work"
         self.settings = settings
