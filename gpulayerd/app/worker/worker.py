@@ -89,7 +89,7 @@ class WorkerService:
         self._lost = LostAnswers(transport, clock.sleep)  # claims whose answer never came
         self._watchers: dict[RunKey, asyncio.Task[None]] = {}
         self._telling: dict[RunKey, asyncio.Future[None]] = {}  # starts still being reported: ends wait
-        self._deferred: dict[RunKey, core.OwedReport] = {}  # ends waiting for those (each sent once, after)
+        self._deferred: set[RunKey] = set()  # ends waiting for those (each sent once, after)
         self._owed_loaded = False  # end reports left unacknowledged by a previous life, read once
         self._usage = usage  # fair share: the order in which kept offers are claimed
         self._acked: list[tuple[str, str, int]] = []  # (owner, job, attempt): end reports acknowledged, to store
@@ -137,7 +137,8 @@ class WorkerService:
         self._ledger.started(key, handle, spec, owner, lease_s)
         if after is not None and not after.done():
             self._telling[key] = after
-            after.add_done_callback(lambda _: (self._telling.pop(key, None), self._deferred.pop(key, None)))
+            after.add_done_callback(lambda _: self._telling.pop(key, None))
+            after.add_done_callback(lambda _: self._deferred.discard(key))
         task = asyncio.create_task(self._watch(key, handle), name=f"watch-{key[0]}-{key[1]}")
         task.add_done_callback(log_failure)
         self._watchers[key] = task
@@ -234,8 +235,7 @@ class WorkerService:
         job_id, attempt = key
         state = "timeout" if status.timed_out else "preflight-failed" if status.reason in (
             PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
-        await self._store.runs.end_remote_run(owner, job_id, attempt, state,
-                                              status.exit_code, text, self._clock.wall())
+        await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall())
         self._signals.devices_changed()
         self._signals.wake()
 
@@ -488,7 +488,7 @@ class WorkerService:
     async def _send_report(self, key: RunKey, owed: core.OwedReport) -> None:
         if (telling := self._telling.get(key)) is not None:  # the owner hears of the start first: sent after
             if key not in self._deferred:  # (once: a renewal round meanwhile asks again)
-                self._deferred[key] = owed
+                self._deferred.add(key)
                 telling.add_done_callback(lambda _: self._signals.spawn(self._send_report(key, owed)))
             return
         reply = None
