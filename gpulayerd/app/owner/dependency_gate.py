@@ -82,14 +82,13 @@ class DependencyGate:
                 return (await self.lookup(ref)).id
             except GpulayerError as e:
                 problem = str(e)
-        array = await self._array_of(ref)
-        parts = split_task_id(ref)
-        if array is not None and parts is not None:
-            return task_id(array[0], parts[1])
+        task = await self._array_of(ref)
+        if task is not None:
+            return task[0]
         raise InvalidSpec(f"after: {problem} (allowed: ids of jobs, tasks or arrays of the cluster, ID[:ok|any|notok])")
 
     async def _array_of(self, ref: str) -> tuple[str, str] | None:
-        """For ``ref`` naming a task (``ID_7``): its array's whole id and state (owned here: the store;
+        """For ``ref`` naming a task (``ID_7``): its whole id and its array's state (owned here: the store;
         elsewhere: ``lookup``) when that array lists the index; else None (the task row is not read)."""
         parts = split_task_id(ref)
         if parts is None:
@@ -113,7 +112,7 @@ class DependencyGate:
             listed = parts[1] in parse_array(spec.array, max_size=1 << 62).indices
         except ArrayError:
             return None
-        return (array_id, state) if listed else None
+        return (task_id(array_id, parts[1]), state) if listed else None
 
     def check_cycle(self, job_id: str, after: list[str]) -> None:
         """Refuse ``after`` naming ``job_id`` itself, or closing a cycle through the jobs waiting here.
