@@ -25,7 +25,8 @@ class SlurmQueue:
 
     Attributes:
         pending: Slurm's reasons (sorted, distinct) for the gpulayer jobs it holds pending, as the last read
-            saw them (``on_pending`` is called when they change: the worker's capabilities say them).
+            saw them (``on_pending`` is called when they change, and when ``error`` comes or goes: the
+            worker's capabilities say them, and what it refused while Slurm did not answer is offered again).
         answered_at: when ``squeue`` last answered (``clock``'s time; at the start: the start, so that the
             leases of attempts re-adopted then are renewed until a first read says otherwise).
         error: Slurm's words when the last read failed ("" when it answered).
@@ -55,13 +56,15 @@ class SlurmQueue:
             try:
                 jobs = await asyncio.to_thread(self._commands.queue)
             except SlurmError as e:
-                self.error = str(e)
+                was, self.error = self.error, str(e)
+                if not was and self._on_pending is not None:
+                    self._on_pending()
                 return
-            self.error, self.answered_at = "", self._clock()
+            was, self.error, self.answered_at = self.error, "", self._clock()
             self._jobs = {(j.comment, j.uid): j for j in jobs if j.comment.startswith("gpulayer:")}
             self._positions = queue_positions(jobs)
             pending = sorted({j.reason or "None" for j in self._jobs.values() if j.state == "PENDING"})
-            if pending != self.pending:
+            if pending != self.pending or was:
                 self.pending = pending
                 if self._on_pending is not None:
                     self._on_pending()

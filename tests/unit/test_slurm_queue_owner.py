@@ -31,3 +31,24 @@ def test_another_users_job_with_the_same_comment_is_not_the_attempts() -> None:
     job = queue.find("j1", 1, 1001)
     assert job is not None and (job.job_id, job.state) == ("10", "PENDING")
     assert queue.find("j1", 1, 1003) is None
+
+
+def test_the_worker_is_told_when_squeue_stops_and_starts_answering() -> None:
+    # Jobs refused while Slurm did not answer are offered again only if the worker's capabilities are
+    # shaped again when squeue answers (a CI run once left a job queued for good after slurmctld restarted).
+    answers = ["", "down", "down", "", ""]
+    now = [0.0]
+
+    def runner(argv: object, timeout_s: float, env: object) -> CommandResult:
+        if answers.pop(0) == "down":
+            return CommandResult(stderr="slurm_load_jobs error: Unable to contact slurm controller", returncode=1)
+        return CommandResult(stdout="", returncode=0)
+
+    told: list[str] = []
+    queue = SlurmQueue(SlurmCommands(5.0, runner=runner), 1.0, clock=lambda: now[0],  # type: ignore[arg-type]
+                       on_pending=lambda: told.append(queue.error))
+    for _ in range(5):
+        asyncio.run(queue.refresh())
+        now[0] += 1.0
+    assert len(told) == 2 and "Unable to contact slurm controller" in told[0] and told[1] == "", told
+    assert queue.error == "" and not answers
