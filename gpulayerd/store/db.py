@@ -2,8 +2,10 @@
 
 One writer connection in WAL mode with ``synchronous=FULL``: a method that returns has
 committed its write, so a ``kill -9`` at any later moment loses nothing acknowledged. Every
-read-modify-write runs in ``BEGIN IMMEDIATE``; an :class:`asyncio.Lock` keeps coroutines from
-interleaving statements inside one transaction.
+read-modify-write runs in ``BEGIN IMMEDIATE``. Each call is one hand-over to the connection's thread (a
+whole transaction there), taken in order and run back to back, without a lock; only the statements of a
+:meth:`Database.transaction`, handed over one at a time, hold an :class:`asyncio.Lock` that keeps other
+calls from landing inside it.
 
 Safety of the file itself: it and its ``-wal``/``-shm`` files are made 0600 at open (they hold
 job environments); a damaged file is refused at open (``PRAGMA quick_check``) with
@@ -22,6 +24,7 @@ import logging
 import os
 import sqlite3
 import stat
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -74,6 +77,8 @@ class Database:
         self._lock = asyncio.Lock()
         self._gone: str | None = None
         self._gone_event = asyncio.Event()
+        self._group: _Group | None = None  # the group of transactions not yet started on the thread
+        self._group_done: asyncio.Future[None] | None = None
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,
@@ -176,7 +181,10 @@ class Database:
     async def run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the connection's thread, with
         the check after the commit (see :meth:`transaction`), all in one hand-over to that thread:
-        a transaction of k statements costs one thread hop instead of k + 3.
+        a transaction of k statements costs one thread hop instead of k + 3. Transactions asked for
+        while none has started on the thread yet go together (group commit, :func:`_transact_group`):
+        each in a savepoint of one ``BEGIN IMMEDIATE`` ... ``COMMIT``, so that one that fails or raises
+        :class:`Rollback` leaves the others as they were, and they share the commit's ``fsync``.
 
         ``fn`` gets the plain :class:`sqlite3.Connection` and must not await or touch the event
         loop. Raise :class:`Rollback` inside to roll back quietly (it still propagates). A caller
@@ -186,15 +194,29 @@ class Database:
             StoreGone: the file was removed or replaced (checked after the commit).
             StoreError: the store is closed, or SQLite failed (the transaction is rolled back).
         """
-        async with self._lock:
-            conn = self._open_conn()
-            await self._settle(conn)
-            # aiosqlite's own queue to its thread (Connection._execute): the documented methods
-            # cost a hop per statement.
-            done: tuple[_T, str] = await self._call(
-                conn._execute(_transact, conn, fn))  # type: ignore[no-untyped-call]
+        if self._lock.locked():  # a transaction() is open: after it, alone
+            done: tuple[_T, str] = await self._hop(_transact, fn)
             self._linked_or_raise(done[1])
             return done[0]
+        group, index = self._group, None
+        if group is not None:
+            index = group.join(fn)
+        if group is None or index is None:  # none waits to start on the thread: a new one, handed over next
+            group = self._group = _Group()
+            index = group.join(fn)
+            conn = self._open_conn()
+            # aiosqlite's own queue to its thread (Connection._execute): its documented methods cost a hop each.
+            self._group_done = asyncio.ensure_future(
+                self._call(conn._execute(_transact_group, conn, group)))  # type: ignore[no-untyped-call]
+            self._group_done.add_done_callback(_retrieved)
+        assert index is not None and self._group_done is not None
+        await asyncio.shield(self._group_done)  # (a cancelled caller leaves the group's transaction as it goes)
+        ok, value = group.results[index]
+        if not ok:
+            assert isinstance(value, BaseException)
+            raise self._store_error(value) if isinstance(value, sqlite3.Error) else value
+        self._linked_or_raise(group.problem)
+        return value  # type: ignore[return-value]
 
     async def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run the reads in ``fn`` on the connection's thread in one hop (each statement is its
@@ -203,11 +225,8 @@ class Database:
         Raises:
             StoreError: the store is closed, or SQLite failed.
         """
-        async with self._lock:
-            conn = self._open_conn()
-            await self._settle(conn)
-            result: _T = await self._call(conn._execute(_plain, conn, fn))  # type: ignore[no-untyped-call]
-            return result
+        result: _T = await self._hop(_plain, fn)
+        return result
 
     async def fetch_all(self, sql: str, params: Params) -> list[Any]:
         """Run one statement on its own (it is its own transaction); every row it returns.
@@ -215,11 +234,8 @@ class Database:
         Raises:
             StoreError: the store is closed, or SQLite failed.
         """
-        async with self._lock:
-            conn = self._open_conn()
-            await self._settle(conn)
-            rows = await self._call(conn.execute_fetchall(sql, params))
-        return list(rows)
+        rows: list[Any] = await self._hop(_fetch_all, sql, params)
+        return rows
 
     async def write_one(self, sql: str, params: Params) -> int:
         """Run one statement on its own (it is its own transaction); the number of rows changed.
@@ -228,15 +244,22 @@ class Database:
             StoreGone: the file was removed or replaced (checked after the commit).
             StoreError: the store is closed, or SQLite failed.
         """
-        async with self._lock:
-            conn = self._open_conn()
-            await self._settle(conn)
-            async with await self._call(conn.execute(sql, params)) as cur:
-                changed = int(cur.rowcount)
-            await self._check_linked(conn)
-            return changed
+        changed, problem = await self._hop(_write_one, sql, params)
+        self._linked_or_raise(problem)
+        return int(changed)
 
     # ------------------------------------------------------------------- helpers
+
+    async def _hop(self, fn: Callable[..., _T], *args: object) -> _T:
+        """``fn(conn, *args)`` on the connection's thread, in one hand-over: a whole unit there (one
+        transaction, or statements that are each their own), so it needs no lock: the thread runs the
+        units in the order they were handed over, back to back, while the event loop is busy elsewhere.
+        Only while a :meth:`transaction` (statements handed over one by one) is open does it wait for the
+        lock, so that none of its statements lands inside that transaction."""
+        if self._lock.locked():
+            async with self._lock:
+                return await self._call(self._open_conn()._execute(fn, self._open_conn(), *args))  # type: ignore[no-untyped-call]
+        return await self._call(self._open_conn()._execute(fn, self._open_conn(), *args))  # type: ignore[no-untyped-call]
 
     def _open_conn(self) -> aiosqlite.Connection:
         if self._gone is not None:
@@ -281,14 +304,29 @@ class Database:
         try:
             return await awaitable
         except sqlite3.Error as e:
-            if getattr(e, "sqlite_errorcode", None) == _SQLITE_FULL:
-                raise StoreFull(f"store {self._path}: the disk is full ({e}): nothing was stored") from e
-            raise StoreError(f"store {self._path}: {e}") from e
+            raise self._store_error(e) from e
+        except ValueError as e:  # aiosqlite: "Connection closed" (closed after the call was made)
+            raise StoreError(f"store {self._path} is closed ({e})") from e
+
+    def _store_error(self, e: sqlite3.Error) -> StoreError:
+        """SQLite's error as the store's: :class:`StoreFull` for a full disk."""
+        if getattr(e, "sqlite_errorcode", None) == _SQLITE_FULL:
+            return StoreFull(f"store {self._path}: the disk is full ({e}): nothing was stored")
+        return StoreError(f"store {self._path}: {e}")
+
+
+def _settled(conn: aiosqlite.Connection) -> sqlite3.Connection:
+    """The raw connection, on its thread, with no transaction left open (by a :meth:`Database.transaction`
+    whose coroutine was cancelled before its ROLLBACK was handed over: rolled back here)."""
+    raw = conn._conn
+    if raw.in_transaction:
+        raw.execute("ROLLBACK")
+    return raw
 
 
 def _transact(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], _T]) -> tuple[_T, str]:
     """:meth:`Database.run` on the connection's thread: (``fn``'s result, what the linked check found)."""
-    raw = conn._conn
+    raw = _settled(conn)
     raw.execute("BEGIN IMMEDIATE")
     try:
         result = fn(raw)
@@ -303,9 +341,94 @@ def _transact(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], _T]
     return result, str(row[0]) if row and row[0] else ""
 
 
+class _Group:
+    """Transactions of :meth:`Database.run` handed over to the connection's thread together (group commit).
+
+    Joined on the event loop's thread until the connection's thread starts it (``started``, under
+    ``lock``); then ``results`` holds, for each joined function in order, ``(True, its result)`` or
+    ``(False, what it raised)``, and ``problem`` what the check after the commit found ("" when fine).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = False
+        self.fns: list[Callable[[sqlite3.Connection], object]] = []
+        self.results: list[tuple[bool, object]] = []
+        self.problem = ""
+
+    def join(self, fn: Callable[[sqlite3.Connection], object]) -> int | None:
+        """Add ``fn``; its index in ``results``, or None once the group has started (join a new one)."""
+        with self.lock:
+            if self.started:
+                return None
+            self.fns.append(fn)
+            return len(self.fns) - 1
+
+
+def _transact_group(conn: aiosqlite.Connection, group: _Group) -> None:
+    """:meth:`Database.run` on the connection's thread: the group's functions in one transaction, each in
+    a savepoint when there are several (one that raises is rolled back alone), one commit and one check.
+    If SQLite itself ends the transaction (a full disk can), every function of the group fails with that
+    error. An error of ``BEGIN`` or ``COMMIT`` is raised: nothing of the group was stored."""
+    with group.lock:
+        group.started = True
+        fns = list(group.fns)
+    if len(fns) == 1:  # (as a transaction of its own: no savepoint)
+        try:
+            result, group.problem = _transact(conn, fns[0])
+            group.results = [(True, result)]
+        except Exception as e:
+            group.results = [(False, e)]
+        return
+    raw = _settled(conn)
+    raw.execute("BEGIN IMMEDIATE")
+    results: list[tuple[bool, object]] = []
+    try:
+        for fn in fns:
+            raw.execute("SAVEPOINT one")
+            try:
+                results.append((True, fn(raw)))
+            except Exception as e:
+                if not raw.in_transaction:  # SQLite rolled the whole transaction back: none of it stands
+                    group.results = [(False, e)] * len(fns)
+                    return
+                raw.execute("ROLLBACK TO one")
+                results.append((False, e))
+            raw.execute("RELEASE one")
+        raw.execute("COMMIT")
+    except BaseException:
+        try:
+            raw.execute("ROLLBACK")
+        except sqlite3.Error as e:
+            logger.debug("rollback: %s", e)
+        raise
+    group.results = results
+    row = raw.execute(f"SELECT {_LINKED_FN}()").fetchone()
+    group.problem = str(row[0]) if row and row[0] else ""
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """Read a group's outcome even when every caller was cancelled (no "never retrieved" warning)."""
+    if not done.cancelled():
+        done.exception()
+
+
 def _plain(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
     """:meth:`Database.read` on the connection's thread."""
-    return fn(conn._conn)
+    return fn(_settled(conn))
+
+
+def _fetch_all(conn: aiosqlite.Connection, sql: str, params: Params) -> list[Any]:
+    """:meth:`Database.fetch_all` on the connection's thread."""
+    return _settled(conn).execute(sql, params).fetchall()
+
+
+def _write_one(conn: aiosqlite.Connection, sql: str, params: Params) -> tuple[int, str]:
+    """:meth:`Database.write_one` on the connection's thread: (rows changed, what the linked check found)."""
+    raw = _settled(conn)
+    changed = raw.execute(sql, params).rowcount
+    row = raw.execute(f"SELECT {_LINKED_FN}()").fetchone()
+    return int(changed), str(row[0]) if row and row[0] else ""
 
 
 async def _configure(conn: aiosqlite.Connection, path: Path, busy_timeout_s: float) -> None:
