@@ -12,6 +12,7 @@ task not yet ended (:meth:`ArrayBook.cancel_rest`).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -32,7 +33,7 @@ from gpulayerd.core.arrays import (
 )
 from gpulayerd.core.job_facts import JOB_STATES, TERMINAL_STATES, job_user
 from gpulayerd.core.protocol import claims
-from gpulayerd.core.protocol.claims import JobStatus
+from gpulayerd.core.protocol.claims import JobRecord, JobStatus
 from gpulayerd.core.reasons import ReasonCode
 from gpulayerd.errors import Forbidden, InvalidSpec
 from gpulayerd.models import ArraySummary, ArrayTask, JobSpec, JobView
@@ -41,6 +42,10 @@ from gpulayerd.store import ArrayRow, JobRow, Store
 __all__ = ["ArrayBook"]
 
 log = logging.getLogger(__name__)
+
+REFRESH_S = 1.0
+"""A tick writes (or at least counts, in its transaction) each open array at least this often (s); between,
+only when the ends of its tasks seen since let tasks in (:meth:`ArrayBook.tick`)."""
 
 _ORDER = ("running", "claimed", *(s for s in JOB_STATES if s not in ("running", "claimed")))
 """The order an array's tasks are counted in its reason: running first."""
@@ -62,6 +67,19 @@ class ArrayBook:
         # Open array id (let in by its dependencies) -> its row as read, its spec and its parsed expression: a tick
         # reads nothing else (the materializing transaction checks the row is still queued).
         self._kept: dict[str, tuple[JobRow, JobSpec, ArraySpec]] = {}
+        # Open array id -> (its active tasks as its last transaction counted them, its cursor then, how many ends
+        # of its tasks had been seen just before, when: monotonic s); and the ends seen so far: a tick skips the
+        # transaction while the count less the ends seen since lets nothing in.
+        self._counted: dict[str, tuple[int, int, int, float]] = {}
+        self._ends: dict[str, int] = {}
+        told = jobs.on_persisted  # (what the daemon set first, the notifier, is still told first)
+
+        def persisted(record: JobRecord) -> None:
+            if told is not None:
+                told(record)
+            self._ended(record)
+
+        jobs.on_persisted = persisted
 
     def check(self, spec: JobSpec) -> ArraySpec | None:
         """The array a submitted spec asks for (None: an ordinary job).
@@ -127,7 +145,25 @@ class ArrayBook:
             if not self.gate.released(row, spec):
                 self._kept.pop(array_id, None)  # read afresh while it waits: the gate forgets it once it ended
                 continue
+            if self._nothing_due(array_id, parsed):
+                continue
             await self._materialize(row, spec, parsed)
+
+    def _nothing_due(self, array_id: str, parsed: ArraySpec) -> bool:
+        """Whether the array's transaction would let no task in and end nothing, as its last count less the
+        ends seen since says (a count at most :data:`REFRESH_S` old: a missed end delays tasks that long)."""
+        counted = self._counted.get(array_id)
+        if counted is None or self._clock.monotonic() - counted[3] >= REFRESH_S:
+            return False
+        active, materialized = counted[0] - (self._ends.get(array_id, 0) - counted[2]), counted[1]
+        return to_materialize(parsed, materialized, active) == 0 and not (materialized >= parsed.count and active <= 0)
+
+    def _ended(self, record: JobRecord) -> None:
+        """A job's change was stored: an ended task of an array counted here is one active task less (an end
+        stored before the count but told after it is taken off twice: only an extra transaction comes of it)."""
+        if record.status in claims.TERMINAL and (parts := split_task_id(record.job_id)) is not None \
+                and parts[0] in self._counted:
+            self._ends[parts[0]] = self._ends.get(parts[0], 0) + 1
 
     async def _materialize(self, row: JobRow, spec: JobSpec, parsed: ArraySpec) -> None:
         now = self._clock.wall()
@@ -142,7 +178,14 @@ class ArrayBook:
                 out.append(task)
             return out
 
+        ends = self._ends.setdefault(row.id, 0)
+        self._counted.setdefault(row.id, (0, 0, ends, -math.inf))  # (its ends are counted from now on)
         done = await self._store.arrays.materialize(row.id, decide)
+        if done is not None and done.open:
+            self._counted[row.id] = (done.active, done.materialized, ends, self._clock.monotonic())
+        else:
+            self._counted.pop(row.id, None)
+            self._ends.pop(row.id, None)
         if done is None or not done.open:  # gone, ended or being cancelled: read afresh at the next tick
             self._kept.pop(row.id, None)
             if done is None and self._open is not None:
