@@ -235,9 +235,9 @@ class WorkerService:
         job_id, attempt = key
         state = "timeout" if status.timed_out else "preflight-failed" if status.reason in (
             PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
-        await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall())
-        self._signals.devices_changed()
+        self._signals.devices_changed()  # (first: the ledger freed the slot; the pass reads the store after this write)
         self._signals.wake()
+        await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall())
 
     async def _keep_lease(self, key: RunKey, owner: str, lease_s: float | None) -> None:
         """While an ended attempt's end cannot be recorded, keep its lease (so it is not declared lost)."""
