@@ -31,6 +31,7 @@ from gpulayerd.store.rows import (
     attempt_row,
     event_params,
     event_row,
+    events_made,
     job_params,
     job_row,
 )
@@ -120,6 +121,7 @@ class JobsTable:
     def __init__(self, db: Database) -> None:
         """Work through ``db``, shared with the other table objects."""
         self._db = db
+        self._head: tuple[int, int, int] | None = None  # last queue_changes: (events_made() before, head, queued)
 
     # ---------------------------------------------------------------------- jobs
 
@@ -330,10 +332,8 @@ class JobsTable:
             bool(written)
 
     async def set_explanation(self, job_id: str, reason: str, explanation_json: str | None) -> None:
-        """Refresh a waiting job's one-line reason and explanation (no event, no status change).
-
-        Does nothing unless the job is ``queued`` or ``rejected``.
-        """
+        """Refresh a waiting job's one-line reason and explanation (no event, no status change); only of a
+        ``queued`` or ``rejected`` job."""
         await self._db.write_one(_SET_EXPLANATION, (reason, explanation_json, job_id))
 
     async def set_claimed_reason(self, job_id: str, attempt: int, reason: str) -> None:
@@ -345,11 +345,7 @@ class JobsTable:
         if not items:
             return
         params = [(reason, ej, job_id) for job_id, reason, ej in items]
-
-        def write(db: sqlite3.Connection) -> None:
-            db.executemany(_SET_EXPLANATION, params)
-
-        await self._db.run(write)  # one hop to the store's thread
+        await self._db.run(lambda db: db.executemany(_SET_EXPLANATION, params))  # one hop to the store's thread
 
     async def queue_changes(self, after_event: int) -> tuple[int, int, list[JobRow]]:
         """What changed for the scheduler's in-memory queue since event ``after_event``.
@@ -359,8 +355,13 @@ class JobsTable:
             queued now, and the current row of every job with an event after ``after_event``
             up to ``head`` (submitted, claimed, requeued, cancelled, ...), in any status. A job's
             status and reason change only with an event (:meth:`apply`, :meth:`insert_job`);
-            :meth:`set_explanation` writes none.
+            :meth:`set_explanation` writes none: with no event made since the last call (:func:`events_made`),
+            the last answer, without a read (asked at every pass: a freed slot's claim need not wait for one).
         """
+
+        made, last = events_made(), self._head  # (made counted before the read: one made after is seen next time)
+        if last is not None and last[0] == made and last[1] == after_event:
+            return last[1], last[2], []
 
         def changes(db: sqlite3.Connection) -> tuple[int, int, list[JobRow]]:
             head_rows = db.execute(_QUEUE_HEAD, ()).fetchall()
@@ -369,7 +370,9 @@ class JobsTable:
                 return head, queued, []
             return head, queued, [job_row(r) for r in db.execute(_CHANGED_JOBS, (after_event, head)).fetchall()]
 
-        return await self._db.read(changes)  # one hop to the store's thread
+        got = await self._db.read(changes)  # one hop to the store's thread
+        self._head = (made, got[0], got[1])
+        return got
 
     async def counts(self) -> dict[str, int]:
         """Number of jobs in each status (every known status present, 0 if none)."""

@@ -7,6 +7,7 @@ except ``JobRow.lease_expires_at`` (the owner's monotonic clock); ``*_s`` are se
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
@@ -223,6 +224,18 @@ def attempt_row(r: Sequence[Any]) -> AttemptRow:
     return AttemptRow(*r)
 
 
+_MADE = [0]
+_MADE_LOCK = threading.Lock()
+
+
+def events_made() -> int:
+    """How many ``events`` rows :func:`event_params` has made parameters for in this process (on any
+    thread, for any store; a row rolled back counts too): while it stays the same, no job's status or
+    reason changed in any store of this process (they change only with an event)."""
+    with _MADE_LOCK:
+        return _MADE[0]
+
+
 def event_params(
     job_id: str,
     at: float,
@@ -233,7 +246,9 @@ def event_params(
     reason: str,
     stimulus_id: str,
 ) -> tuple[object, ...]:
-    """Positional SQL parameters for an ``events`` row (all columns but ``seq``)."""
+    """Positional SQL parameters for an ``events`` row (all columns but ``seq``); counted (:func:`events_made`)."""
+    with _MADE_LOCK:
+        _MADE[0] += 1
     from_value = None if from_status is None else from_status.value
     to_value = None if to_status is None else to_status.value
     return (job_id, at, kind, from_value, to_value, attempt, reason, stimulus_id)
