@@ -143,3 +143,29 @@ async def test_a_second_claimer_and_a_cancelled_job_are_refused_and_nothing_is_g
     assert not isinstance(granted, Granted)
     got = await store.jobs.get_job("k")
     assert got is not None and got.status is JobStatus.CANCELLED and await store.jobs.attempts("k") == []
+
+
+@pytest.mark.asyncio
+async def test_the_queues_changes_are_read_again_only_after_an_event(store: Store,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler asks for the queue's changes at every pass; with no event made since the last answer (a
+    job's status changes only with one), the answer is the same, and no read is made."""
+    await store.jobs.insert_job(job("a"), "submitted")
+    reads: list[int] = []
+    real = store.jobs._db.read
+
+    async def counted(fn: Any) -> Any:
+        reads.append(1)
+        return await real(fn)
+
+    monkeypatch.setattr(store.jobs._db, "read", counted)
+    head, queued, rows = await store.jobs.queue_changes(0)
+    assert (queued, [r.id for r in rows], len(reads)) == (1, ["a"], 1)
+    assert await store.jobs.queue_changes(head) == (head, 1, []) and len(reads) == 1
+    await store.jobs.set_explanation("a", "Ready: fits now", None)  # no event
+    assert await store.jobs.queue_changes(head) == (head, 1, []) and len(reads) == 1
+    await store.jobs.insert_job(job("b"), "submitted")
+    head2, queued2, rows2 = await store.jobs.queue_changes(head)
+    assert (head2 > head, queued2, [r.id for r in rows2], len(reads)) == (True, 2, ["b"], 2)
+    _, _, rows0 = await store.jobs.queue_changes(0)  # asked from another point: read
+    assert ([r.id for r in rows0], len(reads)) == (["a", "b"], 3)
