@@ -178,13 +178,18 @@ class Database:
                 raise
             await self._check_linked(conn)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def run(self, fn: Callable[[sqlite3.Connection], _T], *, durable: bool = True) -> _T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the connection's thread, with
         the check after the commit (see :meth:`transaction`), all in one hand-over to that thread:
         a transaction of k statements costs one thread hop instead of k + 3. Transactions asked for
         while none has started on the thread yet go together (group commit, :func:`_transact_group`):
         each in a savepoint of one ``BEGIN IMMEDIATE`` ... ``COMMIT``, so that one that fails or raises
         :class:`Rollback` leaves the others as they were, and they share the commit's ``fsync``.
+
+        ``durable=False`` (a record no user or peer is told of: a worker's own record of a run whose owner is
+        this node, whose owner's records say the same) commits with ``synchronous=NORMAL`` unless a durable one
+        shares its group: no ``fsync``; it survives a crash of any process (``kill -9``), and a power loss
+        once any later durable commit returned (that ``fsync`` writes the whole WAL, in order).
 
         ``fn`` gets the plain :class:`sqlite3.Connection` and must not await or touch the event
         loop. Raise :class:`Rollback` inside to roll back quietly (it still propagates). A caller
@@ -195,15 +200,15 @@ class Database:
             StoreError: the store is closed, or SQLite failed (the transaction is rolled back).
         """
         if self._lock.locked():  # a transaction() is open: after it, alone
-            done: tuple[_T, str] = await self._hop(_transact, fn)
+            done: tuple[_T, str] = await self._hop(_transact, fn)  # (durable: no group to share with)
             self._linked_or_raise(done[1])
             return done[0]
         group, index = self._group, None
         if group is not None:
-            index = group.join(fn)
+            index = group.join(fn, durable)
         if group is None or index is None:  # none waits to start on the thread: a new one, handed over next
             group = self._group = _Group()
-            index = group.join(fn)
+            index = group.join(fn, durable)
             conn = self._open_conn()
             # aiosqlite's own queue to its thread (Connection._execute): its documented methods cost a hop each.
             self._group_done = asyncio.ensure_future(
@@ -347,6 +352,7 @@ class _Group:
     Joined on the event loop's thread until the connection's thread starts it (``started``, under
     ``lock``); then ``results`` holds, for each joined function in order, ``(True, its result)`` or
     ``(False, what it raised)``, and ``problem`` what the check after the commit found ("" when fine).
+    ``durable``: whether one of them asked for a durable commit (:meth:`Database.run`).
     """
 
     def __init__(self) -> None:
@@ -355,13 +361,15 @@ class _Group:
         self.fns: list[Callable[[sqlite3.Connection], object]] = []
         self.results: list[tuple[bool, object]] = []
         self.problem = ""
+        self.durable = False
 
-    def join(self, fn: Callable[[sqlite3.Connection], object]) -> int | None:
+    def join(self, fn: Callable[[sqlite3.Connection], object], durable: bool = True) -> int | None:
         """Add ``fn``; its index in ``results``, or None once the group has started (join a new one)."""
         with self.lock:
             if self.started:
                 return None
             self.fns.append(fn)
+            self.durable = self.durable or durable
             return len(self.fns) - 1
 
 
@@ -373,6 +381,17 @@ def _transact_group(conn: aiosqlite.Connection, group: _Group) -> None:
     with group.lock:
         group.started = True
         fns = list(group.fns)
+    if not group.durable:
+        _settled(conn).execute("PRAGMA synchronous = NORMAL")  # (outside a transaction only)
+    try:
+        _run_group(conn, group, fns)
+    finally:
+        if not group.durable:
+            conn._conn.execute("PRAGMA synchronous = FULL")
+
+
+def _run_group(conn: aiosqlite.Connection, group: _Group, fns: list[Callable[[sqlite3.Connection], object]]) -> None:
+    """:func:`_transact_group`'s transaction."""
     if len(fns) == 1:  # (as a transaction of its own: no savepoint)
         try:
             result, group.problem = _transact(conn, fns[0])

@@ -84,7 +84,9 @@ class RunsTable:
 
         Args:
             grants: (device_uuid, device_index, accelerator) of every device granted.
-            node_id: this daemon's node id (a gang member's run of a job owned here has it as owner).
+            node_id: this daemon's node id (a gang member's run of a job owned here has it as owner; a run
+                of a job owned here is recorded without an ``fsync``: its owner's records say the same,
+                :meth:`Database.run` ``durable``).
 
         Returns:
             False, writing nothing, if a device is already granted, the attempt is known, or the
@@ -111,7 +113,7 @@ class RunsTable:
                            [(u, i, a, row.job_id, row.attempt, now_wall, row.owner) for u, i, a in grants])
 
         try:
-            await self._db.run(insert)  # one hop to the store's thread
+            await self._db.run(insert, durable=row.owner != node_id or not node_id)  # one hop to the store's thread
         except Rollback:
             return False
         if self._runs_of is not None:
@@ -119,8 +121,9 @@ class RunsTable:
         return True
 
     async def end_remote_run(self, owner: str, job_id: str, attempt: int, state: str, exit_code: int | None,
-                             reason: str, now_wall: float) -> None:
-        """Record how a remote attempt ended and release its devices (idempotent)."""
+                             reason: str, now_wall: float, *, durable: bool = True) -> None:
+        """Record how a remote attempt ended and release its devices (idempotent). ``durable=False``: of a
+        job owned here, whose owner records its end too (no ``fsync``, :meth:`Database.run`)."""
 
         def end(db: sqlite3.Connection) -> None:
             db.execute(
@@ -130,7 +133,7 @@ class RunsTable:
                 (state, exit_code, reason, now_wall, owner, job_id, attempt))
             db.execute(RELEASE_GRANTS, (owner, job_id, attempt))
 
-        await self._db.run(end)  # one hop to the store's thread
+        await self._db.run(end, durable=durable)  # one hop to the store's thread
 
     async def mark_remote_reported_many(self, acked: Sequence[tuple[str, str, int]]) -> None:
         """The owners acknowledged the ends of these (owner, job, attempt), in one transaction."""

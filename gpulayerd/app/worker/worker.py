@@ -226,9 +226,8 @@ class WorkerService:
 
     async def _record_end(self, key: RunKey, owner: str, kind: Literal["exited", "lost"],
                           status: RunStatus, text: str) -> None:
-        """Write an attempt's end to the store (idempotent: a retry after a failure is safe); its
-        owner is told by the report the core owes it.
-
+        """Write an attempt's end to the store (idempotent: a retry after a failure is safe; not ``durable``
+        when its owner is this node, which records it too, durably); its owner is told by the report the core owes it.
         Raises:
             StoreError: the store cannot take it (e.g. the disk is full).
         """
@@ -237,7 +236,8 @@ class WorkerService:
             PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
         self._signals.devices_changed()  # (first: the ledger freed the slot; the pass reads the store after this write)
         self._signals.wake()
-        await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall())
+        await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall(),
+                                              durable=owner != self.node_id)
 
     async def _keep_lease(self, key: RunKey, owner: str, lease_s: float | None) -> None:
         """While an ended attempt's end cannot be recorded, keep its lease (so it is not declared lost)."""
