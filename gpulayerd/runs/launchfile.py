@@ -52,7 +52,15 @@ class LaunchFile:
         Raises:
             ValueError: missing, not a JSON object, or a field of the wrong type (named).
         """
-        data = read_json(path)
+        return cls.parse(read_json(path), path)
+
+    @classmethod
+    def parse(cls, data: Mapping[str, object] | None, path: Path) -> LaunchFile:
+        """:meth:`load` of what ``path`` holds (``data``, None when it holds no JSON object).
+
+        Raises:
+            ValueError: as :meth:`load`.
+        """
         if data is None:
             raise ValueError(f"{path} is missing or not a JSON object")
         argv, env, cwd, fds = data.get("argv"), data.get("env"), data.get("cwd"), data.get("lock_fds", [])

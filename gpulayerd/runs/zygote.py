@@ -52,6 +52,7 @@ import io
 import json
 import logging
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -64,6 +65,7 @@ from pathlib import Path
 
 from gpulayerd.gpu.command import DEVNULL, Popen, TimeoutExpired
 from gpulayerd.runs import layout, watchdog
+from gpulayerd.runs.launchfile import LaunchFile
 from gpulayerd.runs.waiting import die_with_parent, name_process, orphaned, readable
 
 __all__ = ["Zygote", "ZygoteLaunch", "ZygoteRefused", "check_run_dir", "main"]
@@ -457,6 +459,7 @@ def _spare(sock: socket.socket, link: socket.socket) -> None:
         _detach(sock)
         name_process("gpulayer-spare")
         watchdog.prepare()
+        _warm_up()
         link.settimeout(_PARENT_CHECK_S)
         while True:
             try:
@@ -478,6 +481,24 @@ def _spare(sock: socket.socket, link: socket.socket) -> None:
             log.exception("spare watchdog failed")
     finally:
         os._exit(code)
+
+
+def _warm_up() -> None:
+    """In a spare, before it waits: run once, on sample data, what a start runs in Python (the launch
+    file's checks, JSON, the account lookup's first use of the C library's user database, file reads and
+    writes). Each page of the zygote's memory those touch is copied (copy-on-write) now, not during the
+    start: about 200 page faults fewer there, a millisecond of a trivial job's start on a small VM.
+    Nothing is written but to ``/dev/null``; a failure only costs those faults later."""
+    with contextlib.suppress(Exception):
+        sample = {"v": 1, "job_id": "warm-up", "attempt": 1, "argv": ["true"], "env": dict(os.environ), "cwd": "/",
+                  "grace_s": 1.0, "poll_interval_s": 1.0, "kill_timeout_s": 1.0, "lock_fds": [], "user": None,
+                  "log_cap_bytes": 1, "deadline": 1.0, "renew_s": 1.0, "time_limit_s": None, "warn_signal": None,
+                  "warn_at_s": None, "preflight": None}
+        LaunchFile.parse(json.loads(json.dumps(sample, sort_keys=True)), Path("warm-up"))
+        pwd.getpwuid(os.getuid())
+        layout.read_json(Path(f"/proc/{os.getpid()}/stat"))
+        with os.fdopen(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC), "wb") as null:
+            null.write((json.dumps({"pid": 1, "started_at": time.time()}, sort_keys=True) + "\n").encode())
 
 
 def _detach(sock: socket.socket) -> None:
