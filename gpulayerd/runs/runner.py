@@ -110,6 +110,7 @@ class Runner:
         self._wait_interval_s = wait_interval_s
         self._log_cap_bytes = log_cap_bytes
         self._unwritten: set[tuple[str, int]] = set()  # attempts whose deadline could not be written (logged once)
+        self._ended_at_start: dict[Path, RunStatus] = {}  # run dir -> its end, found as its start returned
         self.zygote = Zygote(self._runs_dir, self._python, self._watchdog_env()) if use_zygote else None
 
     def run_dir(self, job_id: str, attempt: int) -> Path:
@@ -212,6 +213,10 @@ class Runner:
                     launch.pause()  # returns as soon as job.json or exit.json is written (the notify pipe ends)
                     handle = self._await_start(job_id, attempt, run_dir, launch.poll, launch.pause, launch.lost)
                 if handle is not None:
+                    if (ended := exit_status(run_dir)) is not None:  # a short job ended already: async_wait
+                        if len(self._ended_at_start) > 256:  # (hints only: one never asked for is dropped)
+                            self._ended_at_start.clear()
+                        self._ended_at_start[run_dir] = ended  # answers it without a look of its own
                     return handle
                 log.warning("job %s attempt %d: no watchdog of the zygote claimed it (the zygote or its watchdog "
                             "died, or the claim could not be written); starting a watchdog", job_id, attempt)
@@ -272,8 +277,10 @@ class Runner:
 
         Wakes on the watchdog's exit through a pidfd where Linux offers one (checking
         again every few seconds regardless), and polls every ``wait_interval_s``
-        elsewhere.
+        elsewhere. An attempt :meth:`start` found ended as it returned is answered at once.
         """
+        if (ended := self._ended_at_start.pop(handle.run_dir, None)) is not None:
+            return ended  # (found by start, in its thread, as it returned)
         loop = asyncio.get_running_loop()
         # Opening the pidfd and polling read /proc and the run directory: in a thread.
         pidfd, first = await asyncio.to_thread(self._open_and_poll, handle)  # one hop for both
