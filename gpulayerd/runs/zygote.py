@@ -7,7 +7,8 @@ It has no threads and no event loop: a plain blocking loop, so forking it is saf
 request's child, in a session of its own, becomes that attempt's watchdog
 (:func:`gpulayerd.runs.watchdog.supervise`): same files, same deadline, device locks, exit
 record, log caps, run-as-user checks, same re-adoption after a daemon restart. The child is
-forked ahead: the zygote keeps one *spare* (forked after each reply, off the start's path) that
+forked ahead: the zygote keeps two *spares* (:data:`SPARES`, one forked again once the requests pause, off
+the start's path, :data:`FORK_AFTER_S`; at once when none is left) that
 has detached, become a child subreaper and read its own process record, and waits on a
 socketpair of its own; a checked start is handed to it (the run directory's path and the
 descriptors). The zygote forks at the start only when the spare cannot take it (it died). A
@@ -78,6 +79,11 @@ _WATCHDOG_FORMAT = logging.Formatter(_WATCHDOG_LINE)
 """A forked watchdog's log format, made before any fork (making it in each child copies pages)."""
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _REPLY_TIMEOUT_S = 5.0
+SPARES = 2
+"""Spare watchdogs kept forked ahead (two starts in a row take one each, none waits for a fork)."""
+FORK_AFTER_S = 0.005
+"""A used spare is forked again once the control socket was quiet this long (s): a fork copies the
+zygote's page tables, CPU that a trivial job's start, just handed to a spare, needs more."""
 _PARENT_CHECK_S = 2.0
 """How often the zygote and a spare check that their parent is still there (seconds)."""
 
@@ -324,17 +330,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     sock.send(json.dumps({"ready": os.getpid()}).encode())
-    spare = _fork_spare(sock)
+    spares = [s for s in (_fork_spare(sock) for _ in range(SPARES)) if s is not None]
     # The daemon's end closing (it stopped or was killed) ends the zygote; so does the daemon's exit
     # seen as a new parent, should its end stay open in some other process. A start in progress is
-    # finished first: requests are only read between starts.
-    sock.settimeout(_PARENT_CHECK_S)
+    # finished first: requests are only read between starts. A spare used is forked again once no
+    # request came for FORK_AFTER_S (not while the start it took runs on the same CPUs).
     while True:
+        sock.settimeout(FORK_AFTER_S if len(spares) < SPARES else _PARENT_CHECK_S)
         try:
             msg, ancdata, _, _ = sock.recvmsg(
                 65536, socket.CMSG_SPACE(_MAX_FDS * 4) + socket.CMSG_SPACE(_CRED.size))
         except TimeoutError:
-            if orphaned(daemon):
+            if len(spares) < SPARES:
+                spares.extend(s for s in [_fork_spare(sock)] if s is not None)
+            elif orphaned(daemon):
                 log.info("the daemon (pid %d) is gone: exiting", daemon)
                 return 0
             continue
@@ -344,8 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         fds, sender = _unpack(ancdata)
         try:
+            spare = spares[0] if spares else None
             reply: dict[str, object] = {"ok": True, "pid": _serve(sock, runs_root, uid, msg, fds, sender, spare)}
-            spare = None  # used (or dead): a refused request leaves it waiting
+            if spares:
+                spares.pop(0)  # used (or dead): a refused request leaves it waiting
         except ZygoteRefused as e:
             log.warning("refused a start: %s", e)
             reply = {"ok": False, "error": str(e)}
@@ -355,8 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.close(fd)
         with contextlib.suppress(OSError):
             sock.send(json.dumps(reply).encode())
-        if spare is None:  # the next start's watchdog, forked now, after the reply
-            spare = _fork_spare(sock)
+        if not spares:  # none left for the next start: forked now, after the reply
+            spares.extend(s for s in [_fork_spare(sock)] if s is not None)
 
 
 def _unpack(ancdata: list[tuple[int, int, bytes]]) -> tuple[list[int], int | None]:

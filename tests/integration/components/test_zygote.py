@@ -18,7 +18,7 @@ import pytest
 from gpulayerd.runs import layout
 from gpulayerd.runs.devicelock import DeviceLocks
 from gpulayerd.runs.runner import Runner, RunnerError, RunState
-from gpulayerd.runs.zygote import ZygoteLaunch, ZygoteRefused, check_run_dir
+from gpulayerd.runs.zygote import SPARES, ZygoteLaunch, ZygoteRefused, check_run_dir
 from tests.integration.components.test_runner import (
     GRACE_S,
     POLL_S,
@@ -238,16 +238,17 @@ def _gone(proc: psutil.Process) -> bool:
 
 
 def _started_with_spare(runner: Runner) -> tuple[int, psutil.Process]:
-    """Start the runner's zygote; (its pid, the spare watchdog it forked ahead)."""
+    """Start the runner's zygote; (its pid, the spare watchdog the next start goes to: the first of the
+    SPARES it forked ahead)."""
     assert runner.zygote is not None and runner.zygote.start()
     zygote = runner.zygote.pid
     assert zygote is not None
     def ready() -> bool:  # forked and set up (its own session): not caught in the moment after the fork
         kids = _children(zygote)
-        return len(kids) == 1 and os.getsid(kids[0].pid) == kids[0].pid
+        return len(kids) == SPARES and all(os.getsid(k.pid) == k.pid for k in kids)
 
-    wait_until(ready, 10.0, "the spare watchdog")
-    return zygote, _children(zygote)[0]
+    wait_until(ready, 10.0, "the spare watchdogs")
+    return zygote, min(_children(zygote), key=lambda p: (p.create_time(), p.pid))
 
 
 def test_a_start_goes_to_the_spare_forked_ahead_which_leaves_with_the_zygote(zrunner: Runner) -> None:
@@ -258,14 +259,14 @@ def test_a_start_goes_to_the_spare_forked_ahead_which_leaves_with_the_zygote(zru
     assert handle.watchdog_pid == spare.pid
     status = wait_status(zrunner, handle)
     assert (status.exit_code, status.reason) == (0, "exited")
-    def next_spare_alone() -> bool:  # the used spare (now the job's watchdog) may still be leaving
-        kids = _children(zygote)
-        return len(kids) == 1 and kids[0].pid != spare.pid
+    def spares_again() -> bool:  # the used spare (now the job's watchdog) may still be leaving; one more is forked
+        kids = _children(zygote)  # once the requests pause (FORK_AFTER_S)
+        return len(kids) == SPARES and spare.pid not in {k.pid for k in kids}
 
-    wait_until(next_spare_alone, 10.0, "the next spare")
-    (following,) = _children(zygote)
+    wait_until(spares_again, 10.0, "the spares again")
+    following = _children(zygote)
     zrunner.close()
-    wait_until(lambda: _gone(following), 10.0, "the spare to leave with the zygote")
+    wait_until(lambda: all(_gone(p) for p in following), 10.0, "the spares to leave with the zygote")
 
 
 def test_a_dead_spare_costs_a_fork_not_a_start(zrunner: Runner) -> None:
