@@ -138,7 +138,9 @@ async def test_a_kill_in_each_window_of_a_job_run_here_runs_it_once_and_ends_it(
         runs.insert_remote_run = hang_insert
     elif window == "before-watchdog":
         starter: Any = worker._starter
-        async def hang_start(*a: Any, **k: Any) -> Any:
+        async def hang_start(*a: Any, recorded: Any = None, **k: Any) -> Any:
+            if recorded is not None:
+                assert await recorded  # its run row is written (while the start prepares), then no watchdog
             await forever()
         starter.start = hang_start
     else:

@@ -8,6 +8,7 @@ its run directory ``runs/<job>/<attempt>/``, its lease deadline) never differs b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,7 +28,22 @@ from gpulayerd.runs.preflight import PreflightCheck
 from gpulayerd.runs.runner import RunHandle, Runner
 from gpulayerd.slurm.submit import proxy_argv
 
-__all__ = ["GangRank", "Starter", "device_grants", "preflight_check"]
+__all__ = ["GangRank", "NotRecorded", "Starter", "device_grants", "preflight_check"]
+
+
+class NotRecorded(Exception):
+    """The attempt's record (:meth:`Starter.start` ``recorded``) answered False: nothing was started."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What an attempt's watchdog is started with (:meth:`Starter._plan`)."""
+
+    user: JobUser | None
+    argv: list[str]
+    env: dict[str, str]
+    limit: tuple[float, str, float] | None
+    check: PreflightCheck | None
 
 
 def device_grants(placement: Placement) -> list[tuple[str, int, str]]:
@@ -94,8 +110,12 @@ class Starter:
 
     async def start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, lease_s: float,
                     lock_fds: list[int], gang: GangRank | None = None, owner: str = "",
-                    renew: Callable[[], Awaitable[bool]] | None = None) -> RunHandle:
+                    renew: Callable[[], Awaitable[bool]] | None = None,
+                    recorded: Awaitable[bool] | None = None) -> RunHandle:
         """Start the attempt; return once its processes run (the watchdog start runs in a thread).
+
+        ``recorded``: the attempt's record (the worker's run row), written meanwhile: the run directory and
+        ``launch.json`` are made while it commits, and nothing is started unless it answers True.
 
         A shipped job (``spec.ship``) is first fetched from ``owner`` and unpacked into its per-attempt
         tree (:class:`~gpulayerd.app.worker.ship_client.ShipClient`), which is then its workdir.
@@ -108,12 +128,18 @@ class Starter:
             renew: renews the lease at the owner while a shipped job's transfer lasts (False: stale).
 
         Raises:
+            NotRecorded: ``recorded`` answered False (what it raised is raised as it is).
             TransferFailed: a shipped job's snapshot could not be fetched or unpacked (``Transfer: ...``;
                 nothing started, no tree left).
             RunnerError: the job's user cannot run here (no account; root where root jobs are
                 not allowed; another user than the daemon's where it runs only its own), or
                 the watchdog or the job could not be started.
         """
+        if recorded is not None and spec.ship is None:
+            return await self._start_while_recorded(job_id, attempt, spec, placement, lease_s, lock_fds, gang,
+                                                    recorded)
+        if recorded is not None and not await recorded:
+            raise NotRecorded(f"job {job_id} attempt {attempt}")
         if spec.ship is not None:
             if self.shipping is None or gang is not None or not owner:
                 raise TransferFailed("Transfer: this worker does not fetch shipped jobs of this kind")
@@ -129,9 +155,39 @@ class Starter:
                     update={"ship": spec.ship.model_copy(update={"outputs": []})}))
             raise
 
+    async def _start_while_recorded(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement,
+                                    lease_s: float, lock_fds: list[int], gang: GangRank | None,
+                                    recorded: Awaitable[bool]) -> RunHandle:
+        """:meth:`start`, its plan (account, argv, environment: :meth:`_plan`) made in a thread while
+        ``recorded`` commits; the watchdog is started only once it answered True."""
+        planning = asyncio.ensure_future(asyncio.to_thread(self._plan, job_id, attempt, spec, placement, gang))
+        try:
+            ok = await recorded
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await planning
+            raise
+        if not ok:
+            with contextlib.suppress(Exception):
+                await planning
+            raise NotRecorded(f"job {job_id} attempt {attempt}")
+        plan = await planning
+        deadline = self._clock.monotonic() + lease_s
+        return await asyncio.to_thread(self._launch, job_id, attempt, spec, deadline, lock_fds, lease_s, plan)
+
     def _start(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement, deadline: float,
                lock_fds: list[int], gang: GangRank | None, lease_s: float | None = None) -> RunHandle:
         """:meth:`start` in a worker thread (the user database and the watchdog's start block)."""
+        return self._launch(job_id, attempt, spec, deadline, lock_fds, lease_s,
+                            self._plan(job_id, attempt, spec, placement, gang))
+
+    def _plan(self, job_id: str, attempt: int, spec: JobSpec, placement: Placement,
+              gang: GangRank | None) -> _Plan:
+        """What the attempt's watchdog is started with (in a worker thread: the user database blocks).
+
+        Raises:
+            RunnerError: the job's user cannot run here (:func:`resolve_job_user`).
+        """
         user = resolve_job_user(spec.user, self._config.mode, self._config.allow_root_jobs)
         run_dir = self.run_dir(job_id, attempt)
         # torchrun's per-rank logs go under the run directory, which only the daemon's account
@@ -163,11 +219,17 @@ class Starter:
         name = user.name if user is not None else ""
         if check is not None and self.preflight_recent is not None and self.preflight_recent(check, name):
             check = None  # the same import-only check passed lately, nothing changed since
-        if check is not None and check.device == "none":
-            self.import_checks[(job_id, attempt)] = (check, name)
+        return _Plan(user, argv, env, limit, check)
+
+    def _launch(self, job_id: str, attempt: int, spec: JobSpec, deadline: float, lock_fds: list[int],
+                lease_s: float | None, plan: _Plan) -> RunHandle:
+        """Start the watchdog as ``plan`` says (in a worker thread: it blocks until the job runs)."""
+        name = plan.user.name if plan.user is not None else ""
+        if plan.check is not None and plan.check.device == "none":
+            self.import_checks[(job_id, attempt)] = (plan.check, name)
         try:
-            return self._runner.start(job_id, attempt, argv, env, spec.workdir or "/", deadline, lock_fds, user,
-                                      renew_s=lease_s, time_limit=limit, preflight=check)
+            return self._runner.start(job_id, attempt, plan.argv, plan.env, spec.workdir or "/", deadline, lock_fds,
+                                      plan.user, renew_s=lease_s, time_limit=plan.limit, preflight=plan.check)
         except BaseException:
             self.import_checks.pop((job_id, attempt), None)  # (no end will come through WorkerService.finished)
             raise

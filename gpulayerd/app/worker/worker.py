@@ -36,7 +36,7 @@ from gpulayerd.app.common.usage import UsageService
 from gpulayerd.app.worker.kept_offers import KeptOffers, LostAnswers, claim_order, granted_spec, offered_spec
 from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.ship_client import TransferFailed
-from gpulayerd.app.worker.starter import Starter, device_grants
+from gpulayerd.app.worker.starter import NotRecorded, Starter, device_grants
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.protocol import worker as core
@@ -418,9 +418,8 @@ class WorkerService:
 
     async def _start_run(self, owner: str, key: RunKey, lease_s: float, spec: JobSpec, placement: Placement,
                          fds: list[int]) -> None:
-        """Start a granted attempt (counted as starting in the ledger by the caller): its run row and device
-        grants, its watchdog, then the ``started`` report to its owner (its end is reported only after that).
-        Releases the device locks ``fds`` once the watchdog holds them."""
+        """Start a granted attempt (counted as starting by the caller): its run row and device grants, its watchdog,
+        the ``started`` report (its end is reported after it); ``fds`` released once the watchdog holds them."""
         job_id, attempt = key
         started = False
         try:
@@ -431,14 +430,15 @@ class WorkerService:
                                placement_json=PlacementModel.from_core(placement).model_dump_json(),
                                lease_s=lease_s, run_dir=str(self._starter.run_dir(job_id, attempt)),
                                state="running", started_at=self._clock.wall())
-            if not await self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall(),
-                                                            node_id=self.node_id):
+            recorded = self._store.runs.insert_remote_run(row, device_grants(placement), self._clock.wall(),
+                                                          node_id=self.node_id)  # (the start waits for it)
+            try:
+                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds, owner=owner,
+                                                   renew=lambda: self._renew_starting(owner, key), recorded=recorded)
+            except NotRecorded:
                 await self._carry_out(self._apply(core.RunEnded(key, owner, "lost", None, "devices taken meanwhile",
                                                                 never_started=True)))
                 return
-            try:
-                handle = await self._starter.start(job_id, attempt, spec, placement, lease_s, fds, owner=owner,
-                                                   renew=lambda: self._renew_starting(owner, key))
             except TransferFailed as e:  # nothing started: re-queued as never started, with the reason
                 await self.never_started(key, owner, str(e))
                 return
