@@ -124,16 +124,20 @@ class KeptOffers(Mapping[OfferKey, Offer]):
         return fit
 
 
-def granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None) -> JobSpec:
+def granted_spec(granted: dict[str, object] | None, offer: Offer, offered: JobSpec | None,
+                 own: JobSpec | None = None) -> JobSpec:
     """The spec to run: the one the grant carries (the only message that must hold the job's
     environment values), else the offer's (``offered``, parsed already, or parsed now); as the
-    offer's user either way (the one vetted).
+    offer's user either way (the one vetted). ``own``: of a job owned by this node, the spec its owner
+    keeps parsed, which the grant carries (used as it is when it names the vetted user: no parse).
 
     Raises:
         SpecError: neither the grant's spec nor the offer's parses.
     """
     user = offer.spec.get("user")
     vetted = user if isinstance(user, str) else ""
+    if granted and own is not None and own.user == vetted:
+        return own
     if granted:
         try:
             spec = job_spec_from_mapping(granted, source=f"grant of {offer.job_id}", base_dir="/")

@@ -409,7 +409,8 @@ class WorkerService:
         if start is None or reply is None:
             return None
         try:
-            return start.key, start.lease_s, granted_spec(reply.spec, offer, spec)
+            own = self._jobs.cached_spec(offer.job_id) if owner == self.node_id else None  # (parsed at submit)
+            return start.key, start.lease_s, granted_spec(reply.spec, offer, spec, own)
         except SpecError as e:
             log.warning("job_id=%s: granted, but no spec of it runs here: %s", offer.job_id, e)
             await self._carry_out(self._apply(core.RunEnded(start.key, owner, "lost", None,
@@ -496,8 +497,7 @@ class WorkerService:
             reply = await self.report(owed.owner, key, owed.kind, owed.exit_code, owed.reason, owed.never_started,
                                       owed.timed_out, owed.preflight)
             if reply is not None:
-                # Stored with the next renewal tick, many in one write: a restart before it sends the
-                # report again, and its owner answers a duplicate as it did the first.
+                # Stored with the next renewal tick, many in one write (a restart first: sent again, answered alike).
                 self._acked.append((owed.owner, key[0], key[1]))
         finally:  # (whatever happened: an unanswered report is sent again in the owner's next round)
             self._apply(core.ReportAnswered(key, reply is not None))
