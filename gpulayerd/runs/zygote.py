@@ -330,22 +330,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     sock.send(json.dumps({"ready": os.getpid()}).encode())
-    spares = [s for s in (_fork_spare(sock) for _ in range(SPARES)) if s is not None]
+    spares: list[_Spare] = []
+    for _ in range(SPARES):
+        spares.extend(s for s in [_fork_spare(sock, spares)] if s is not None)
     # The daemon's end closing (it stopped or was killed) ends the zygote; so does the daemon's exit
     # seen as a new parent, should its end stay open in some other process. A start in progress is
     # finished first: requests are only read between starts. A spare used is forked again once no
     # request came for FORK_AFTER_S (not while the start it took runs on the same CPUs).
+    fork_failed = False  # (then the next try waits _PARENT_CHECK_S, not FORK_AFTER_S)
     while True:
-        sock.settimeout(FORK_AFTER_S if len(spares) < SPARES else _PARENT_CHECK_S)
+        sock.settimeout(FORK_AFTER_S if len(spares) < SPARES and not fork_failed else _PARENT_CHECK_S)
         try:
             msg, ancdata, _, _ = sock.recvmsg(
                 65536, socket.CMSG_SPACE(_MAX_FDS * 4) + socket.CMSG_SPACE(_CRED.size))
         except TimeoutError:
-            if len(spares) < SPARES:
-                spares.extend(s for s in [_fork_spare(sock)] if s is not None)
-            elif orphaned(daemon):
+            if orphaned(daemon):
                 log.info("the daemon (pid %d) is gone: exiting", daemon)
                 return 0
+            if len(spares) < SPARES:
+                spare = _fork_spare(sock, spares)
+                fork_failed = spare is None
+                spares.extend([spare] if spare is not None else [])
             continue
         except ConnectionResetError:
             return 0
@@ -353,8 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         fds, sender = _unpack(ancdata)
         try:
-            spare = spares[0] if spares else None
-            reply: dict[str, object] = {"ok": True, "pid": _serve(sock, runs_root, uid, msg, fds, sender, spare)}
+            reply: dict[str, object] = {"ok": True, "pid": _serve(sock, runs_root, uid, msg, fds, sender, spares)}
             if spares:
                 spares.pop(0)  # used (or dead): a refused request leaves it waiting
         except ZygoteRefused as e:
@@ -366,8 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.close(fd)
         with contextlib.suppress(OSError):
             sock.send(json.dumps(reply).encode())
+        fork_failed = False
         if not spares:  # none left for the next start: forked now, after the reply
-            spares.extend(s for s in [_fork_spare(sock)] if s is not None)
+            spares.extend(s for s in [_fork_spare(sock, spares)] if s is not None)
 
 
 def _unpack(ancdata: list[tuple[int, int, bytes]]) -> tuple[list[int], int | None]:
@@ -406,9 +411,9 @@ class _Spare:
 
 
 def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list[int], sender: int | None,
-           spare: _Spare | None) -> int:
-    """Check one request and hand it to the spare watchdog (or fork one if it cannot take it); the
-    watchdog's pid. Once the request passed its checks, ``spare`` is used up either way."""
+           spares: Sequence[_Spare]) -> int:
+    """Check one request and hand it to the first spare watchdog (or fork one if it cannot take it); the
+    watchdog's pid. Once the request passed its checks, that spare is used up either way."""
     if sender != uid:
         raise ZygoteRefused(f"a request from uid {sender} (only uid {uid} may start jobs here)")
     try:
@@ -419,19 +424,29 @@ def _serve(sock: socket.socket, runs_root: Path, uid: int, msg: bytes, fds: list
     if not isinstance(attempt, int) or not isinstance(locks, int) or len(fds) != 1 + locks:
         raise ZygoteRefused(f"a request with {len(fds)} descriptors for {locks} locks")
     run_dir = check_run_dir(runs_root, job_id, attempt, uid)
-    if spare is not None and spare.hand_over(run_dir, fds):
-        return spare.pid
+    if spares and spares[0].hand_over(run_dir, fds):
+        return spares[0].pid
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
+        _drop_links(spares)
         _detach(sock)
         _become_watchdog(run_dir, fds)  # never returns
     return pid
 
 
-def _fork_spare(sock: socket.socket) -> _Spare | None:
-    """Fork the next start's watchdog now: it detaches and waits, so a start costs no fork."""
+def _drop_links(spares: Sequence[_Spare]) -> None:
+    """In a forked child: close the zygote's ends of the spares' links (only the zygote may hold them, so
+    that a spare sees end-of-file when the zygote exits)."""
+    for other in spares:
+        with contextlib.suppress(OSError):
+            other.link.close()
+
+
+def _fork_spare(sock: socket.socket, spares: Sequence[_Spare] = ()) -> _Spare | None:
+    """Fork the next start's watchdog now: it detaches and waits, so a start costs no fork (``spares``: the
+    others, whose links the child closes)."""
     try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     except OSError as e:  # out of descriptors: the next start forks its watchdog then
@@ -448,6 +463,7 @@ def _fork_spare(sock: socket.socket) -> _Spare | None:
         return None
     if pid == 0:
         ours.close()
+        _drop_links(spares)
         _spare(sock, theirs)  # never returns
     theirs.close()
     return _Spare(pid, ours)

@@ -164,6 +164,9 @@ class Database:
         """
         async with self._lock:
             conn = self._open_conn()
+            if self._group_done is not None and not self._group_done.done():  # (none starts while the lock is held)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._group_done)  # handed over after this BEGIN, it would roll it back
             await self._settle(conn)
             try:
                 # Inside the try: if cancelled while BEGIN is in flight, the ROLLBACK queued
@@ -203,13 +206,13 @@ class Database:
             done: tuple[_T, str] = await self._hop(_transact, fn)  # (durable: no group to share with)
             self._linked_or_raise(done[1])
             return done[0]
+        conn = self._open_conn()  # (first: a closed or gone store leaves no group behind)
         group, index = self._group, None
         if group is not None:
             index = group.join(fn, durable)
         if group is None or index is None:  # none waits to start on the thread: a new one, handed over next
             group = self._group = _Group()
             index = group.join(fn, durable)
-            conn = self._open_conn()
             # aiosqlite's own queue to its thread (Connection._execute): its documented methods cost a hop each.
             self._group_done = asyncio.ensure_future(
                 self._call(conn._execute(_transact_group, conn, group)))  # type: ignore[no-untyped-call]
@@ -381,13 +384,13 @@ def _transact_group(conn: aiosqlite.Connection, group: _Group) -> None:
     with group.lock:
         group.started = True
         fns = list(group.fns)
-    if not group.durable:
-        _settled(conn).execute("PRAGMA synchronous = NORMAL")  # (outside a transaction only)
+    # Set at every group (outside a transaction only): a level a failed restore left behind lasts one group at most.
+    _settled(conn).execute("PRAGMA synchronous = FULL" if group.durable else "PRAGMA synchronous = NORMAL")
     try:
         _run_group(conn, group, fns)
     finally:
-        if not group.durable:
-            conn._conn.execute("PRAGMA synchronous = FULL")
+        if not group.durable:  # (a transaction a failed ROLLBACK left open is rolled back first: else refused)
+            _settled(conn).execute("PRAGMA synchronous = FULL")
 
 
 def _run_group(conn: aiosqlite.Connection, group: _Group, fns: list[Callable[[sqlite3.Connection], object]]) -> None:

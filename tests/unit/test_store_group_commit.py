@@ -14,6 +14,7 @@ import pytest
 
 import gpulayerd.store.db as db_module
 from gpulayerd.store.db import Database, Rollback
+from gpulayerd.store.rows import StoreError
 
 
 async def _open(tmp_path: Path) -> Database:
@@ -79,4 +80,24 @@ async def test_reads_and_writes_after_a_commit_see_it(tmp_path: Path) -> None:
         assert (await db.fetch_all("SELECT count(*) FROM t", ()))[0][0] == k + 1
         assert await db.write_one("UPDATE t SET v = 'y' WHERE k = ?", (k,)) == 1
     assert await db.read(lambda c: c.execute("SELECT group_concat(v, '') FROM t").fetchone()[0]) == "yyyyy"
+    await db.close()
+
+
+@pytest.mark.asyncio
+async def test_a_closed_store_says_so_at_every_call(tmp_path: Path) -> None:
+    db = await _open(tmp_path)
+    await db.close()
+    for _ in range(3):  # (a group made for a call that failed at once must not be joined by the next)
+        with pytest.raises(StoreError, match="closed"):
+            await db.run(lambda c: c.execute("INSERT INTO t (k, v) VALUES (1, 'x')"))
+
+
+@pytest.mark.asyncio
+async def test_a_durable_commit_after_a_non_durable_one_is_full_again(tmp_path: Path) -> None:
+    db = await _open(tmp_path)
+    await db.run(lambda c: c.execute("INSERT INTO t (k, v) VALUES (1, 'x')"), durable=False)
+    level = await db.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+    assert level == 2  # FULL
+    assert await db.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0], durable=False) == 1  # NORMAL
+    assert await db.read(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
     await db.close()

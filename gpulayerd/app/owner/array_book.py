@@ -138,6 +138,7 @@ class ArrayBook:
                 row = await self._store.jobs.get_job(array_id)
                 if row is None or row.status is not JobStatus.QUEUED:
                     self._open.discard(array_id)
+                    self._forget_counts(array_id)
                     continue
                 spec = self._jobs.spec(row)
                 kept = self._kept[array_id] = (row, spec, parse_array(spec.array or "", max_size=1 << 62))
@@ -157,6 +158,10 @@ class ArrayBook:
             return False
         active, materialized = counted[0] - (self._ends.get(array_id, 0) - counted[2]), counted[1]
         return to_materialize(parsed, materialized, active) == 0 and not (materialized >= parsed.count and active <= 0)
+
+    def _forget_counts(self, array_id: str) -> None:
+        self._counted.pop(array_id, None)
+        self._ends.pop(array_id, None)
 
     def _ended(self, record: JobRecord) -> None:
         """A job's change was stored: an ended task of an array counted here is one active task less (an end
@@ -249,6 +254,8 @@ class ArrayBook:
         done = await self._store.jobs.apply(claims.PersistJob(
             replace(rec, status=status), JobStatus.QUEUED, rec.attempt, reason, f"array-end-{row.id}"),
             self._clock.wall(), kind="array ended")
+        if done:
+            self._forget_counts(row.id)
         if done and self._open is not None:
             self._open.discard(row.id)
             self._kept.pop(row.id, None)

@@ -114,8 +114,8 @@ class Starter:
                     recorded: Awaitable[bool] | None = None) -> RunHandle:
         """Start the attempt; return once its processes run (the watchdog start runs in a thread).
 
-        ``recorded``: the attempt's record (the worker's run row), written meanwhile: the run directory and
-        ``launch.json`` are made while it commits, and nothing is started unless it answers True.
+        ``recorded``: the attempt's record (the worker's run row), written meanwhile: the watchdog's plan
+        (account, argv, environment) is made while it commits, and nothing is started unless it answers True.
 
         A shipped job (``spec.ship``) is first fetched from ``owner`` and unpacked into its per-attempt
         tree (:class:`~gpulayerd.app.worker.ship_client.ShipClient`), which is then its workdir.

@@ -234,7 +234,7 @@ class WorkerService:
         job_id, attempt = key
         state = "timeout" if status.timed_out else "preflight-failed" if status.reason in (
             PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
-        self._signals.devices_changed()  # (first: the ledger freed the slot; the pass reads the store after this write)
+        self._signals.devices_changed()  # (first: the ledger freed the slot; a claim's grant check comes after this)
         self._signals.wake()
         await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall(),
                                               durable=owner != self.node_id)
