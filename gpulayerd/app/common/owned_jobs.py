@@ -28,7 +28,7 @@ from gpulayerd.store import AmbiguousJobId, JobNotFound, JobRow, Store
 
 __all__ = ["OFFER_STANDING_S", "SPEC_CACHE_SIZE", "Granted", "OwnedJobs", "RunControl"]
 
-SPEC_CACHE_SIZE = 2048
+SPEC_CACHE_SIZE = 1024
 """Parsed job specs kept by :meth:`OwnedJobs.spec` (least recently used dropped first)."""
 
 _T = TypeVar("_T")
