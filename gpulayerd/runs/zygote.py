@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     spares: list[_Spare] = []
     for _ in range(SPARES):
-        spares.extend(s for s in [_fork_spare(sock, spares)] if s is not None)
+        _add_spare(sock, spares)
     # The daemon's end closing (it stopped or was killed) ends the zygote; so does the daemon's exit
     # seen as a new parent, should its end stay open in some other process. A start in progress is
     # finished first: requests are only read between starts. A spare used is forked again once no
@@ -348,9 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log.info("the daemon (pid %d) is gone: exiting", daemon)
                 return 0
             if len(spares) < SPARES:
-                spare = _fork_spare(sock, spares)
-                fork_failed = spare is None
-                spares.extend([spare] if spare is not None else [])
+                fork_failed = not _add_spare(sock, spares)
             continue
         except ConnectionResetError:
             return 0
@@ -372,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sock.send(json.dumps(reply).encode())
         fork_failed = False
         if not spares:  # none left for the next start: forked now, after the reply
-            spares.extend(s for s in [_fork_spare(sock, spares)] if s is not None)
+            _add_spare(sock, spares)
 
 
 def _unpack(ancdata: list[tuple[int, int, bytes]]) -> tuple[list[int], int | None]:
@@ -442,6 +440,13 @@ def _drop_links(spares: Sequence[_Spare]) -> None:
     for other in spares:
         with contextlib.suppress(OSError):
             other.link.close()
+
+
+def _add_spare(sock: socket.socket, spares: list[_Spare]) -> bool:
+    """Fork one more spare into ``spares``; False when it could not be forked (logged)."""
+    spare = _fork_spare(sock, spares)
+    spares.extend([spare] if spare is not None else [])
+    return spare is not None
 
 
 def _fork_spare(sock: socket.socket, spares: Sequence[_Spare] = ()) -> _Spare | None:

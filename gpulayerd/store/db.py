@@ -345,8 +345,7 @@ def _transact(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], _T]
         except sqlite3.Error as e:
             logger.debug("rollback: %s", e)
         raise
-    row = raw.execute(f"SELECT {_LINKED_FN}()").fetchone()
-    return result, str(row[0]) if row and row[0] else ""
+    return result, _linked_problem(raw)
 
 
 class _Group:
@@ -379,8 +378,8 @@ class _Group:
 def _transact_group(conn: aiosqlite.Connection, group: _Group) -> None:
     """:meth:`Database.run` on the connection's thread: the group's functions in one transaction, each in
     a savepoint when there are several (one that raises is rolled back alone), one commit and one check.
-    If SQLite itself ends the transaction (a full disk can), every function of the group fails with that
-    error. An error of ``BEGIN`` or ``COMMIT`` is raised: nothing of the group was stored."""
+    If SQLite itself ends the transaction (a full disk can), or ``BEGIN`` or ``COMMIT`` fails, every function
+    of the group fails with that error: nothing of the group was stored."""
     with group.lock:
         group.started = True
         fns = list(group.fns)
@@ -394,39 +393,28 @@ def _transact_group(conn: aiosqlite.Connection, group: _Group) -> None:
 
 
 def _run_group(conn: aiosqlite.Connection, group: _Group, fns: list[Callable[[sqlite3.Connection], object]]) -> None:
-    """:func:`_transact_group`'s transaction."""
-    if len(fns) == 1:  # (as a transaction of its own: no savepoint)
-        try:
-            result, group.problem = _transact(conn, fns[0])
-            group.results = [(True, result)]
-        except Exception as e:
-            group.results = [(False, e)]
-        return
-    raw = _settled(conn)
-    raw.execute("BEGIN IMMEDIATE")
-    results: list[tuple[bool, object]] = []
-    try:
+    """:func:`_transact_group`'s transaction (:func:`_transact`): each function in a savepoint when there
+    are several; when the transaction fails whole, every function fails with its error."""
+    def each(raw: sqlite3.Connection) -> list[tuple[bool, object]]:
+        if len(fns) == 1:  # (as a transaction of its own: no savepoint)
+            return [(True, fns[0](raw))]
+        results: list[tuple[bool, object]] = []
         for fn in fns:
             raw.execute("SAVEPOINT one")
             try:
                 results.append((True, fn(raw)))
             except Exception as e:
                 if not raw.in_transaction:  # SQLite rolled the whole transaction back: none of it stands
-                    group.results = [(False, e)] * len(fns)
-                    return
+                    raise
                 raw.execute("ROLLBACK TO one")
                 results.append((False, e))
             raw.execute("RELEASE one")
-        raw.execute("COMMIT")
-    except BaseException:
-        try:
-            raw.execute("ROLLBACK")
-        except sqlite3.Error as e:
-            logger.debug("rollback: %s", e)
-        raise
-    group.results = results
-    row = raw.execute(f"SELECT {_LINKED_FN}()").fetchone()
-    group.problem = str(row[0]) if row and row[0] else ""
+        return results
+
+    try:
+        group.results, group.problem = _transact(conn, each)
+    except Exception as e:
+        group.results = [(False, e)] * len(fns)
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:
@@ -449,8 +437,14 @@ def _write_one(conn: aiosqlite.Connection, sql: str, params: Params) -> tuple[in
     """:meth:`Database.write_one` on the connection's thread: (rows changed, what the linked check found)."""
     raw = _settled(conn)
     changed = raw.execute(sql, params).rowcount
+    return int(changed), _linked_problem(raw)
+
+
+def _linked_problem(raw: sqlite3.Connection) -> str:
+    """On the connection's thread, after a commit: what the check that the file is still the one opened
+    found ("" when it is)."""
     row = raw.execute(f"SELECT {_LINKED_FN}()").fetchone()
-    return int(changed), str(row[0]) if row and row[0] else ""
+    return str(row[0]) if row and row[0] else ""
 
 
 async def _configure(conn: aiosqlite.Connection, path: Path, busy_timeout_s: float) -> None:

@@ -12,7 +12,6 @@ task not yet ended (:meth:`ArrayBook.cancel_rest`).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -167,7 +166,7 @@ class ArrayBook:
         """A job's change was stored: an ended task of an array counted here is one active task less (an end
         stored before the count but told after it is taken off twice: only an extra transaction comes of it)."""
         if record.status in claims.TERMINAL and (parts := split_task_id(record.job_id)) is not None \
-                and parts[0] in self._counted:
+                and parts[0] in self._ends:
             self._ends[parts[0]] = self._ends.get(parts[0], 0) + 1
 
     async def _materialize(self, row: JobRow, spec: JobSpec, parsed: ArraySpec) -> None:
@@ -183,8 +182,7 @@ class ArrayBook:
                 out.append(task)
             return out
 
-        ends = self._ends.setdefault(row.id, 0)
-        self._counted.setdefault(row.id, (0, 0, ends, -math.inf))  # (its ends are counted from now on)
+        ends = self._ends.setdefault(row.id, 0)  # (its ends are counted from now on)
         done = await self._store.arrays.materialize(row.id, decide)
         if done is not None and done.open:
             self._counted[row.id] = (done.active, done.materialized, ends, self._clock.monotonic())

@@ -161,15 +161,14 @@ class Starter:
         """:meth:`start`, its plan (account, argv, environment: :meth:`_plan`) made in a thread while
         ``recorded`` commits; the watchdog is started only once it answered True."""
         planning = asyncio.ensure_future(asyncio.to_thread(self._plan, job_id, attempt, spec, placement, gang))
+        ok = False
         try:
             ok = await recorded
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await planning
-            raise
+        finally:
+            if not ok:  # (the plan is not wanted: its thread is waited for, what it raised dropped)
+                with contextlib.suppress(Exception):
+                    await planning
         if not ok:
-            with contextlib.suppress(Exception):
-                await planning
             raise NotRecorded(f"job {job_id} attempt {attempt}")
         plan = await planning
         deadline = self._clock.monotonic() + lease_s

@@ -226,8 +226,9 @@ class WorkerService:
 
     async def _record_end(self, key: RunKey, owner: str, kind: Literal["exited", "lost"],
                           status: RunStatus, text: str) -> None:
-        """Write an attempt's end to the store (idempotent: a retry after a failure is safe; not ``durable``
-        when its owner is this node, which records it too, durably); its owner is told by the report the core owes it.
+        """Write an attempt's end (idempotent: a retry is safe; not ``durable`` when its owner is this node, which
+        records it durably too); its owner is told by the report the core owes it.
+
         Raises:
             StoreError: the store cannot take it (e.g. the disk is full).
         """
@@ -446,8 +447,7 @@ class WorkerService:
             except RunnerError as e:  # the cause first ("command not found: X") and its exit code (127)
                 code, why = e.status.exit_code if e.status else None, e.cause
                 await self._store.runs.end_remote_run(owner, job_id, attempt, "exited", code, why, self._clock.wall())
-                await self._carry_out(self._apply(core.RunEnded(key, owner, "exited", code,
-                                                                f"could not start: {why}")))
+                await self._carry_out(self._apply(core.RunEnded(key, owner, "exited", code, f"could not start: {why}")))
                 return
             started = True
         finally:
