@@ -11,10 +11,19 @@ load). :meth:`SharedPython.cli` runs ``gpulayer`` as a given account through it,
 :meth:`SharedPython.venv` is a virtual environment of that interpreter that imports that copy without
 ``PYTHONPATH`` (a daemon run by it starts helpers, e.g. a Slurm worker's proxy, as other accounts with
 the job's own environment: ``sys.executable -m gpulayerd...`` must work for them as it is).
+
+Every change of the user database here (``useradd``, ``userdel``, ``groupadd``, ``groupdel``: each
+replaces ``/etc/passwd`` or ``/etc/group`` by a rename) holds :func:`etc_unchanged`, a lock shared by the
+test processes of the machine. A rename over a file drops the bind mounts made over it in every mount
+namespace (Linux >= 3.18), so a test that gives a namespace its own copy of those files
+(``/etc/netns/NAME/``, bound by ``ip netns exec``) holds the lock while its daemons run: else another
+test's ``useradd`` meanwhile hands that namespace the real files back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
 import os
 import pwd
@@ -51,6 +60,34 @@ class Account:
         return os.getgrouplist(self.name, self.gid)
 
 
+ETC_LOCK = Path("/tmp/gpulayer-tests-etc.lock")
+"""The lock file of :func:`etc_unchanged` (one per machine: every test process of every run)."""
+_held = [0]  # how deep this process holds it (a test holding it may still add or remove accounts)
+
+
+@contextlib.contextmanager
+def etc_unchanged() -> Iterator[None]:
+    """While it is held, no test on this machine changes the user database (see the module docstring);
+    reentrant within a process. Blocks until the holder (another test process) lets go."""
+    if _held[0]:
+        _held[0] += 1
+        try:
+            yield
+        finally:
+            _held[0] -= 1
+        return
+    fd = os.open(ETC_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _held[0] = 1
+        try:
+            yield
+        finally:
+            _held[0] = 0
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
 @dataclass
 class Accounts:
     """Makes accounts and groups for one test; :meth:`remove_all` deletes them."""
@@ -62,7 +99,8 @@ class Accounts:
     def group(self, role: str) -> str:
         """A new group named ``gl<run>-<role>``; returns its name."""
         name = f"gl{self.run}-{role}"[:32]
-        subprocess.run(["groupadd", name], check=True, capture_output=True)
+        with etc_unchanged():
+            subprocess.run(["groupadd", name], check=True, capture_output=True)
         self.group_names.append(name)
         return name
 
@@ -72,7 +110,8 @@ class Accounts:
         argv = ["useradd", "--create-home", "--shell", "/bin/sh", "--user-group"]
         if groups:
             argv += ["--groups", ",".join(groups)]
-        subprocess.run([*argv, name], check=True, capture_output=True)
+        with etc_unchanged():
+            subprocess.run([*argv, name], check=True, capture_output=True)
         self.users.append(name)
         pw = pwd.getpwnam(name)
         return Account(name=name, uid=pw.pw_uid, gid=pw.pw_gid, home=Path(pw.pw_dir))
@@ -81,13 +120,15 @@ class Accounts:
         """Delete every account (with its home) and group made here; errors are ignored."""
         for name in reversed(self.users):
             subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
-            subprocess.run(["userdel", "--remove", "--force", name], check=False, capture_output=True)
+            with etc_unchanged():
+                subprocess.run(["userdel", "--remove", "--force", name], check=False, capture_output=True)
         for name in reversed(self.group_names):
             try:
                 grp.getgrnam(name)
             except KeyError:
                 continue
-            subprocess.run(["groupdel", name], check=False, capture_output=True)
+            with etc_unchanged():
+                subprocess.run(["groupdel", name], check=False, capture_output=True)
         self.users.clear()
         self.group_names.clear()
 

@@ -30,7 +30,7 @@ import pytest
 
 from gpulayerd.models import ExplanationModel
 from gpulayerd.net.ca import cluster_init, cluster_join, new_token
-from tests.fakes.accounts import Account, Accounts, SharedPython
+from tests.fakes.accounts import Account, Accounts, SharedPython, etc_unchanged
 from tests.lan.harness import FAST_CLUSTER, Host, Lan
 
 QUIET = "INFO"
@@ -41,12 +41,16 @@ ETC_FILES = ("passwd", "group", "shadow")
 @pytest.fixture
 def etc_without(request: pytest.FixtureRequest) -> Iterator[Callable[[Host, str], Path]]:
     """``etc_without(host, name)``: ``/etc/netns/<host's namespace>/`` with copies of the user
-    database files that leave out ``name`` (removed after the test)."""
+    database files that leave out ``name`` (removed after the test). From the first copy to the end no
+    other test changes the user database (:func:`etc_unchanged`): a ``useradd`` elsewhere replaces
+    ``/etc/passwd``, which drops the namespace's bind mount of its copy (a CI run saw alice's job run there)."""
     made: list[Path] = []
     parent = Path("/etc/netns")
     parent_existed = parent.exists()
+    held = contextlib.ExitStack()
 
     def make(host: Host, name: str) -> Path:
+        held.enter_context(etc_unchanged())
         d = Path("/etc/netns") / host.ns
         d.mkdir(parents=True, exist_ok=False)
         made.append(d)
@@ -67,6 +71,7 @@ def etc_without(request: pytest.FixtureRequest) -> Iterator[Callable[[Host, str]
         if not parent_existed:
             with contextlib.suppress(OSError):
                 parent.rmdir()  # only if empty: another run's directories stay
+        held.close()
 
 
 def _start_system_daemons(lan: Lan) -> None:
