@@ -235,10 +235,10 @@ class WorkerService:
         job_id, attempt = key
         state = "timeout" if status.timed_out else "preflight-failed" if status.reason in (
             PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
-        self._signals.devices_changed()  # (first: the ledger freed the slot; a claim's grant check comes after this)
-        self._signals.wake()
         await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall(),
                                               durable=owner != self.node_id)
+        self._signals.devices_changed()  # (after the write: a snapshot reads the device grants from the store)
+        self._signals.wake()
 
     async def _keep_lease(self, key: RunKey, owner: str, lease_s: float | None) -> None:
         """While an ended attempt's end cannot be recorded, keep its lease (so it is not declared lost)."""

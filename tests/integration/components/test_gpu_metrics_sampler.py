@@ -132,6 +132,11 @@ async def test_sampler_runs_only_while_watched_and_names_processes(tmp_path: Pat
     pid = metrics.sampler_pid
     assert pid is not None and psutil.Process(pid).is_running()
     view = await metrics.view()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10.0
+    while view.gpus[0].utilization_pct != 90 and loop.time() < end:  # (the fake loops 10, 50, 90 every 20 ms)
+        await asyncio.sleep(0.005)
+        view = await metrics.view()
     gpu0, gpu1 = view.gpus
     assert (gpu0.utilization_pct, gpu0.temperature_c, gpu0.power_draw_w, gpu0.power_limit_w) == (90, 70, 250, 350)
     assert (gpu0.memory_used_bytes, gpu0.memory_total_bytes) == (1024 * MIB, 24576 * MIB)
