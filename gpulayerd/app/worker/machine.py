@@ -522,9 +522,8 @@ class Machine:
     def gpu_counts(self) -> tuple[int | None, int | None]:
         """(schedulable GPUs, free ones) for the mDNS TXT record; (None, None) before the first probe.
 
-        Free GPUs, not GPU jobs: every GPU that this daemon's starting or running attempts and
-        gang holds take (a 4-GPU job takes 4) is not free. A hint for peers: the matcher
-        still decides on the worker's full snapshot.
+        Free GPUs, not GPU jobs: every GPU that this daemon's starting or running attempts and gang holds
+        take (a 4-GPU job takes 4) is not free. A hint for peers: the matcher decides on the full snapshot.
         """
         if self._caps is None:
             return None, None
@@ -536,11 +535,14 @@ class Machine:
         return len(devs), max(0, len(devs) - ours)
 
     def caps_digest(self) -> str:
-        """Changes whenever what peers see of us (devices, grants, CPU slots, missing accounts) changes."""
+        """Changes whenever what peers see of us (devices, grants, CPU slots, missing accounts) changes: at
+        every ``devices_changed()`` too, which follows each grant's store write (a run's end writes it after
+        the ledger let the run go: a peer that fetched in between kept the stale grant)."""
         if self._caps is None:
             return ""
         runs = self._ledger.keys()
-        users = (self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())))
+        users = (self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())),
+                 self._signals.devices_epoch)
         kept = self._digest
         if kept is not None and kept[0] is self._caps and kept[1] == runs and kept[2] == users:
             return kept[3]  # every heartbeat and reply asks: the same answer until one input changes
