@@ -13,6 +13,7 @@ After every step:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import pytest
@@ -169,6 +170,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.woken = True
         self.settled = False  # the last pass ran without a refused claim and nothing changed since
         self.n = 0
+        self.successors = 0  # slots given to an array's next task without a pass
 
     def _changed(self, then_pass: bool = False) -> None:
         self.woken = True
@@ -188,6 +190,47 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.lab.jobs[job_id] = Job(req, self.n)
             self.lab.event(job_id)
         self._changed(then)
+
+    @rule(shape=st.sampled_from(SHAPES[:4]), user=st.sampled_from(USERS), tasks=st.integers(1, 8), then=st.booleans())
+    def submit_array(self, shape: tuple[int, int, int | None, int], user: str, tasks: int, then: bool) -> None:
+        gpus, procs, mem, _ = shape
+        self.n += 1
+        array = f"arr-{self.n:03d}"
+        for i in range(tasks):  # (materialized: a job row each, ``ARRAY_INDEX``)
+            self.n += 1
+            dist = DistributedRequest(nnodes=1, nproc_per_node=procs) if procs > 1 else None
+            req = JobRequest(job_id=f"{array}_{i}", accelerator=Accelerator.CUDA if gpus else Accelerator.CPU,
+                             gpu_count=gpus, gpu_memory_bytes=mem * GB if mem else None, distributed=dist, user=user)
+            self.lab.jobs[req.job_id] = Job(req, self.n)
+            self.lab.event(req.job_id)
+        self._changed(then)
+
+    @rule(pick=st.integers(0, 99))
+    def a_task_ends_and_its_slot_goes_on(self, pick: int) -> None:
+        """A task of an array ends here while nothing asked for a pass since the last one: the core's
+        successor, when it names one, is the claim a fresh core's pass over the same world makes first."""
+        if self.woken:
+            self.scheduling_pass([])  # (what asked for a pass got it first)
+        running = sorted(j for j, job in self.lab.jobs.items() if job.status == "running" and "_" in j)
+        if not running:
+            return
+        ended = running[pick % len(running)]
+        self.lab.jobs[ended].status = "succeeded"
+        self.lab.event(ended)
+        claim = self.core.successor(ended, self.lab.local(), dict(self.lab.usage))
+        if claim is None:
+            self._changed()  # the scheduler runs a pass instead
+            return
+        world = copy.deepcopy(self.lab)
+        claims, _, _ = drive(core.SchedulerCore(ME, SUPPORT_MATRIX, offer_interval_s=5.0), world, [])
+        assert claims and (claims[0].job.id, claims[0].placement) == (claim.job.id, claim.placement), (
+            f"successor {claim.job.id}, a pass's first claim {[c.job.id for c in claims[:1]]}")
+        job = self.lab.jobs[claim.job.id]
+        job.status, job.devices = "running", tuple(u for u in claim.placement.device_uuids if u)
+        job.slots = 0 if job.req.gpu_count else job.req.distributed.nproc_per_node if job.req.distributed else 1
+        self.lab.event(claim.job.id)
+        self.core.claimed_here(claim.job.id)
+        self.successors += 1
 
     @rule(pick=st.integers(0, 99), then=st.booleans())
     def cancel(self, pick: int, then: bool) -> None:
@@ -339,3 +382,23 @@ def test_a_gpu_job_waiting_behind_another_users_gpus_keeps_timer_passes_on() -> 
     assert m.lab.jobs["job-002"].reason.startswith("Resources: GPU 0 is granted to job job-001"), \
         m.lab.jobs["job-002"].reason
     m.every_waiting_jobs_reason_is_current()
+
+
+def test_a_freed_slot_goes_to_the_arrays_next_task_unless_another_job_goes_first() -> None:
+    """The core's successor of an ended task: the array's next task while it is first in fair-share order
+    (and equal to a fresh pass's first claim, the rule's own check); never a job that is no task, nor a
+    task while another user's job, who used less, waits ahead."""
+    m = SchedulerMachine()
+    m.submit_array(shape=(0, 1, None, 1), user="alice", tasks=5, then=True)  # arr-001_0 and _1 run (2 slots)
+    m.a_task_ends_and_its_slot_goes_on(pick=0)
+    assert m.successors == 1
+    assert {j: x.status for j, x in m.lab.jobs.items()} == {
+        "arr-001_0": "succeeded", "arr-001_1": "running", "arr-001_2": "running", "arr-001_3": "queued",
+        "arr-001_4": "queued"}
+    assert m.core.successor("job-999", m.lab.local(), {}) is None  # (not a task: a pass decides)
+    m.usage(user="alice", gpu_hours=5.0)
+    m.submit(shape=(0, 1, None, 1), user="bob", copies=1, then=True)  # bob waits ahead of alice's tasks now
+    m.a_task_ends_and_its_slot_goes_on(pick=0)
+    assert m.successors == 1 and m.woken  # a pass, then: it claims bob's job
+    m.scheduling_pass([])
+    assert m.lab.jobs["job-007"].status == "running" and m.lab.jobs["arr-001_3"].status == "queued"

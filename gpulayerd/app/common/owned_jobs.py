@@ -460,16 +460,17 @@ class OwnedJobs:
                 "exited" if kind == "exited" else "preflight-failed" if preflight else "lost")
             actions = await self._apply_joined(job_id, event, lambda then, k: self._store.jobs.end_attempt(
                 job_id, attempt, state, exit_code, reason, wall, then, k), write_alone=False, row=row)
-        self._ended(job_id, actions)
+        self._ended(job_id, actions, here=worker == self._node_id)
         return actions
 
-    def _ended(self, job_id: str, actions: Sequence[claims.Action]) -> None:
+    def _ended(self, job_id: str, actions: Sequence[claims.Action], here: bool = False) -> None:
         """After an attempt's end was decided: when it ended the job's attempt (the job queued again
-        or finished), its lease is dropped and the scheduler woken; a stale or duplicate end (nothing
-        changed) leaves the current attempt's lease alone."""
+        or finished), its lease is dropped and the scheduler woken (a one-host attempt that ran ``here``:
+        its worker tells of the slot, :meth:`Signals.slot_freed`; a job queued again asks for a pass);
+        a stale or duplicate end (nothing changed) leaves the current attempt's lease alone."""
         if any(isinstance(a, claims.PersistJob) and a.record.status not in claims.ACTIVE for a in actions):
             self.drop_lease(job_id)
-            self._signals.wake()
+            self._signals.ended_here() if here else self._signals.wake()
 
     async def exited(self, job_id: str, attempt: int, exit_code: int | None, detail: str, why: str,
                      stimulus_id: str = "", *, worker: str) -> None:

@@ -39,6 +39,8 @@ class Signals:
         self.feed = ChangeFeed()
         self.stats: Counter[str] = Counter()
         self._wake = asyncio.Event()
+        self._freed: dict[str, None] = {}  # jobs owned here whose runs here ended since the scheduler's last look
+        self._asked = True  # wake() called since then (a pass is asked for; the first pass too)
         self.devices_epoch = 0  # counts devices_changed(): a pass compares it to see what changed meanwhile
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -58,8 +60,29 @@ class Signals:
         self.feed.publish(Change("peers"))
 
     def wake(self) -> None:
-        """Ask the scheduler for a pass soon."""
+        """Ask the scheduler for a pass soon: whatever can let a queued job in or change who goes first (a
+        submit, a retry, an array's new tasks, a dependency satisfied, a slot or device freed, a peer's
+        offer or capabilities) asks for one."""
+        self._asked = True
         self._wake.set()
+
+    def slot_freed(self, job_id: str) -> None:
+        """A run of ``job_id``, owned here, ended here (its end written): the scheduler may give its slot to
+        the next task of the same array without a pass (:mod:`gpulayerd.core.scheduling.successor`)."""
+        self._freed[job_id] = None
+        self._wake.set()
+
+    def ended_here(self) -> None:
+        """A job owned here ended its attempt, which ran here (:meth:`slot_freed` tells of its slot): the
+        scheduler ticks its arrays and dependencies; no pass is asked for."""
+        self._wake.set()
+
+    def take_freed(self) -> tuple[list[str], bool]:
+        """The jobs :meth:`slot_freed` named since the last call, and whether :meth:`wake` was called since."""
+        freed, asked = list(self._freed), self._asked
+        self._freed.clear()
+        self._asked = False
+        return freed, asked
 
     async def wait_wake(self, timeout_s: float) -> None:
         """Wait for a wake-up asked for since the last :meth:`clear_wake` (or ``timeout_s``)."""

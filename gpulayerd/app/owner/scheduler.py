@@ -6,7 +6,9 @@ snapshot and the peers', and answers with claims, gang hand-overs, reason lines 
 this service reads the store, snapshots the machine, claims through the worker, writes the
 reasons and sends the offers, and decides nothing itself. A wake-up by the timer alone is
 skipped when the core says nothing it reads can have changed (:meth:`SchedulerCore.idle`).
-Then the worker claims the peers' offers that fit here now.
+Then the worker claims the peers' offers that fit here now. A wake-up by the end of runs of this
+node's own array tasks alone gives each freed slot to its array's next task without a pass, when the
+core says that is the claim a pass would make first (:mod:`gpulayerd.core.scheduling.successor`).
 """
 
 from __future__ import annotations
@@ -110,19 +112,28 @@ class Scheduler:
         await self._machine.wait_ready()
         woken = True
         while True:
-            self._signals.clear_wake()
-            if woken or not self._idle():
-                self._signals.stats["scheduler_passes"] += 1
-                await self.run_once()
-            else:
-                self.passes_skipped += 1
-                self._signals.stats["scheduler_passes_skipped"] += 1
-                self._tick_soon()
-                await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
+            await self.react(woken)
             due = self.core.retry_due()  # a pass when a retry's backoff ends
             await self._signals.wait_wake(self._config.schedule_interval_s if due is None else
                                           min(self._config.schedule_interval_s, max(due - self._clock.wall(), 0.01)))
             woken = self._signals.woken()
+
+    async def react(self, woken: bool) -> None:
+        """One turn of :meth:`loop`: after a wake-up (``woken``) or the timer. Slots freed by this node's own
+        array tasks alone go to their arrays' next tasks (:meth:`_successors`); else a pass, unless the timer
+        alone woke it and the core says nothing changed (then only the peers' offers are claimed)."""
+        self._signals.clear_wake()
+        freed, asked = self._signals.take_freed()
+        if woken and not asked and await self._successors(freed):
+            self._tick_soon()  # (a slot freed, its next task claimed, or an end to count: no pass asked for)
+        elif woken or not self._idle():
+            self._signals.stats["scheduler_passes"] += 1
+            await self.run_once()
+        else:
+            self.passes_skipped += 1
+            self._signals.stats["scheduler_passes_skipped"] += 1
+            self._tick_soon()
+            await self._worker.take_offers(below=self._best_waiting())  # (the rest after the next pass)
 
     async def run_once(self) -> None:
         """One scheduling pass over the queued jobs (the core's actions carried out), then the peers'
@@ -133,6 +144,27 @@ class Scheduler:
             await self._pass()
         finally:
             self._tick_soon()
+
+    async def _successors(self, freed: list[str]) -> bool:
+        """Claim for each slot that a run of a job of ``freed`` (owned here, run here) left its array's next
+        task, when the core says a pass would claim it first (:meth:`SchedulerCore.successor`); False as soon
+        as one is not so (a pass decides then). The peers' offers kept here are always a pass's to order."""
+        if freed and self._worker.has_offers():
+            return False
+        usage = self._usage.usage() if self._usage is not None else None
+        for job_id in freed:
+            ended = self._jobs.cached_spec(job_id)  # (the next task's user and workdir are the same)
+            if ended is None:
+                return False
+            req = ended.to_core(job_id)
+            worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user or None, req.workdir)])
+            claim = self.core.successor(job_id, worker, usage)
+            spec = await self._jobs.spec_of(claim.job.id) if claim is not None else None
+            if claim is None or spec is None or not await self._worker.claim_own(claim.job.id, spec, claim.placement):
+                return False
+            self.core.claimed_here(claim.job.id)
+            self._signals.stats["scheduler_successor_claims"] += 1
+        return True
 
     def _tick_soon(self) -> None:
         """Tick the books (:meth:`_tick_books`) in a background task, one tick at a time: asked while one

@@ -238,7 +238,7 @@ class WorkerService:
         await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall(),
                                               durable=owner != self.node_id)
         self._signals.devices_changed()  # (after the write: a snapshot reads the device grants from the store)
-        self._signals.wake()
+        self._signals.slot_freed(job_id) if owner == self.node_id else self._signals.wake()
 
     async def _keep_lease(self, key: RunKey, owner: str, lease_s: float | None) -> None:
         """While an ended attempt's end cannot be recorded, keep its lease (so it is not declared lost)."""

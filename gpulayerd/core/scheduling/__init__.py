@@ -1,8 +1,9 @@
 """The scheduler's pass, decided (pure): :mod:`.passes` (:class:`SchedulerCore`, the state and the
 pass as a generator of actions), :mod:`.steps` (what it keeps of a queued job, its actions and
-their answers), :mod:`.judging` (queue keys, peer loads, fair share in a reason) and :mod:`.retrying`
-(retries held until their backoff ends; the worker a retry avoids). The service that carries the
-actions out is :mod:`gpulayerd.app.owner.scheduler`."""
+their answers), :mod:`.judging` (queue keys, peer loads, fair share in a reason), :mod:`.retrying`
+(retries held until their backoff ends; the worker a retry avoids) and :mod:`.successor` (a slot freed
+by an array's task goes to the array's next task without a pass, when a pass would claim it first). The
+service that carries the actions out is :mod:`gpulayerd.app.owner.scheduler`."""
 
 from gpulayerd.core.scheduling.passes import CHUNK, REASON_BATCH, SchedulerCore
 from gpulayerd.core.scheduling.steps import (

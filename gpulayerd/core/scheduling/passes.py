@@ -74,6 +74,7 @@ from gpulayerd.core.scheduling.steps import (
     ToGang,
     Yield,
 )
+from gpulayerd.core.scheduling.successor import successor_claim
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation, Verdict
 
@@ -102,6 +103,7 @@ class SchedulerCore:
                  fair_share: bool = True) -> None:
         self.node_id = node_id
         self.book = ShapeBook(support)  # kept rows and verdicts (gpulayerd.core.matching.shapes)
+        self._support = support
         self._offer_interval_s = offer_interval_s
         self._fair = fair_share
         self.offered: dict[str, tuple[str, float]] = {}  # our job -> (worker, when offered)
@@ -150,11 +152,8 @@ class SchedulerCore:
         return self._holds.next_due()
 
     def request(self, job_id: str) -> JobRequest:
-        """The request of queued ``job_id``'s shape (another job's id, the same requirements).
-
-        Raises:
-            KeyError: ``job_id`` is not queued here.
-        """
+        """The request of queued ``job_id``'s shape (another job's id, the same requirements); raises
+        KeyError when ``job_id`` is not queued here."""
         return self._shape_reqs[self._job_sid[job_id]]
 
     def inputs(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> object:
@@ -162,11 +161,22 @@ class SchedulerCore:
         return pass_inputs(self._users, remote, usage, self.book.memo)
 
     def idle(self, remote: Sequence[WorkerSnapshot], usage: Mapping[str, fairshare.Usage] | None) -> bool:
-        """True when a timer-only pass would decide nothing new: the last pass left no job waiting
-        on a cause no event reports (a missing workdir or account, a process gpulayer did not start,
-        an offer to repeat, a multi-host job, a fair-share figure that decays), and neither the
-        peers' snapshots nor the users' fair-share order changed since."""
+        """True when a timer-only pass would decide nothing new: the last pass left no job waiting on a cause
+        no event reports (a missing workdir or account, a process gpulayer did not start, an offer to repeat,
+        a multi-host job, a fair-share figure that decays), and the peers and the users' order are as then."""
         return not self._busy and self.inputs(remote, usage) == self._last_inputs
+
+    def successor(self, ended: str, worker: WorkerSnapshot,
+                  usage: Mapping[str, fairshare.Usage] | None) -> Claim | None:
+        """The claim a pass would make first for the slot ``ended`` left here, when it is sure to be the same
+        array's next task (:func:`~gpulayerd.core.scheduling.successor.successor_claim`), or None."""
+        q = self.queue
+        first = next((q[k[2]] for k in self._ordered_keys(usage) if k[2] in q), None)
+        return successor_claim(ended, first, self.request, worker, self.gang, self.offered, self._users, self._support)
+
+    def claimed_here(self, job_id: str) -> None:
+        """``job_id`` was claimed here outside a pass (:meth:`successor`): it leaves the queue."""
+        self._drop(job_id)
 
     # ------------------------------------------------------------------ the pass
 
@@ -193,9 +203,8 @@ class SchedulerCore:
     # ------------------------------------------------------------------ the queue
 
     def _refresh(self) -> Generator[Action, Answer, list[str]]:
-        """Bring the kept queue up to the store (the truth): the jobs with an event since the last
-        refresh, or every queued job at the first pass or when the count of queued jobs disagrees.
-        Returns the ids new to the queue, in submission order."""
+        """Bring the kept queue up to the store (the truth): the jobs with an event since the last refresh, or
+        every queued job at the first pass or when the count of queued jobs disagrees; the ids new to it, in order."""
         if self._event >= 0:
             got = yield ReadChanges(self._event)
             assert isinstance(got, QueueChanges)
@@ -226,11 +235,8 @@ class SchedulerCore:
         return [job.id for job in loaded.queued if job.id not in known]
 
     def _add(self, job: QueuedJob) -> None:
-        """Keep ``job`` (queued) in the queue.
-
-        Raises:
-            ValueError: ``job`` is new to the queue and carries no request.
-        """
+        """Keep ``job`` (queued) in the queue; raises ValueError when it is new to the queue and carries no
+        request."""
         req = job.request
         if req is not None:
             job = replace(job, request=None)
@@ -417,12 +423,9 @@ class SchedulerCore:
 
     def _reasons(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
                  usage: Mapping[str, fairshare.Usage] | None, now: float) -> Generator[Action, Answer, None]:
-        """Offer each job that fits only a peer now to it; every other job records why it waits.
-
-        Judged against ``worker`` as the placing left it (after this pass's claims) and the peers'
-        last snapshots: identical jobs share one explanation (the fair-share part is each job's
-        own), and a job's reason is stored only when it changed.
-        """
+        """Offer each job that fits only a peer now to it; every other job records why it waits, judged against
+        ``worker`` as the placing left it and the peers' last snapshots: identical jobs share one explanation
+        (the fair-share part is each job's own); a job's reason is stored only when it changed."""
         if len(self._users) <= 1:
             try:
                 yield from self._reasons_by_shape(worker, remote, usage or {}, now)
@@ -439,9 +442,8 @@ class SchedulerCore:
 
     def _store(self, writes: list[tuple[QueuedJob, str, Explanation]]) -> Generator[Action, Answer, None]:
         """Store ``writes`` (then kept as the jobs' reasons) and empty it."""
-        if not writes:
-            return
-        yield StoreReasons(tuple(writes))
+        if writes:
+            yield StoreReasons(tuple(writes))
         for job, text, _ in writes:
             if job.id in self.queue:
                 self.queue[job.id] = replace(job, reason=text)
@@ -509,13 +511,11 @@ class SchedulerCore:
 
     def _reasons_by_shape(self, worker: WorkerSnapshot, remote: list[WorkerSnapshot],
                           usage: Mapping[str, fairshare.Usage], now: float) -> Generator[Action, Answer, None]:
-        """:meth:`_reasons` when the queue holds one user's jobs: fair share can then name nobody who
-        waits ahead, so every job of a shape gets its shape's line. Each shape is judged once; its jobs
-        are visited only when that line changed or one of them is new or had an event.
-
-        Only shapes whose line can have changed are judged: all of them when what a job that asks
-        for devices reads changed (the book's devices epoch), else the shapes that ask for no
-        device when the CPU slots changed, those with a new job or an event, and those whose line
+        """:meth:`_reasons` when the queue holds one user's jobs: fair share can then name nobody who waits
+        ahead, so every job of a shape gets its shape's line. Each shape is judged once; its jobs are visited
+        only when that line changed or one of them is new or had an event. Only shapes whose line can have
+        changed are judged: all when what a device job reads changed (the book's devices epoch), else the
+        CPU-only shapes when the CPU slots changed, those with a new job or an event, and those whose line
         the clock changes (an offer repeated, fair-share figures)."""
         self._told.clear()  # rows written shape by shape below
         workers = [worker, *remote]  # as last observed by self.book

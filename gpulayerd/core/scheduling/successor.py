@@ -1,0 +1,64 @@
+"""A freed slot's next task, decided without a pass (pure).
+
+When a run of an array's task, owned here and run here, ends, its slot goes at once to the job a pass
+would claim first for it, when that job is sure to be the same array's next task: the first queued job
+in fair-share order is a task of that array, of the only user whose jobs wait here (another user's
+fair-share line names who waits: a pass writes it); a one-host job that waits for no retry's backoff,
+avoids no worker and was not offered to a peer; it asks for no device (a device job's place is a
+pass's: best fit across hosts, and the waiting jobs' lines name a device's holder); and it fits this
+machine now, which is no Slurm worker (a peer that fits goes first there). HTCondor's schedd reuses a
+claim the same way for the next job of a cluster; here the owner still grants it with the usual claim,
+in the store's compare-and-set. The waiting jobs' lines stay true: this machine is as before the end.
+
+The caller (:class:`gpulayerd.app.owner.scheduler.Scheduler`) asks only when nothing else asked for a
+pass since the last one read the queue: every job that enters the queue (a submit, a retry, an array's
+new tasks, a dependency satisfied) asks for one, and a peer's offer kept here is walked by a pass. Any
+other answer (None) leaves the slot to a pass, which comes at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import replace
+
+from gpulayerd.core.arrays import split_task_id
+from gpulayerd.core.matching.evaluate import evaluate
+from gpulayerd.core.scheduling.steps import Claim, QueuedJob
+from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
+
+__all__ = ["successor_claim"]
+
+
+def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str], JobRequest],
+                    worker: WorkerSnapshot, gang: Collection[str], offered: Collection[str],
+                    users: Collection[str], support: SupportMatrix) -> Claim | None:
+    """The claim of ``first`` on ``worker`` for the slot that ``ended`` left, or None (see the module).
+
+    Args:
+        ended: the job whose run here ended (a task id ``ID_7``, else None is answered).
+        first: the first queued job in fair-share order, as the scheduler's core keeps the queue.
+        request: a queued job's requirements (its shape's: another job id, the same requirements).
+        worker: this machine now (its free slots and devices, the ended run's given back); a Slurm worker's
+            jobs are left to a pass (``[slurm] prefer = last``: a workstation peer that fits goes first).
+        gang: queued multi-host jobs; offered: jobs offered to a peer (both left to a pass).
+        users: the users with jobs queued here: ``first``'s alone, or a pass decides (its claim changes who
+            waits, which every other user's fair-share line names).
+        support: the support matrix jobs are judged with.
+    """
+    task = split_task_id(ended)
+    if task is None or first is None:
+        return None
+    mine = split_task_id(first.id)
+    if mine is None or mine[0] != task[0]:
+        return None  # another job goes first (or an array's task after another array's)
+    if first.retry_at is not None or first.avoid is not None or first.id in gang or first.id in offered:
+        return None
+    req = replace(request(first.id), job_id=first.id)
+    if set(users) != {req.user}:
+        return None
+    if (req.distributed is not None and req.distributed.nnodes > 1) or req.gpu_count or worker.kind == "slurm":
+        return None  # (a device job: best fit across hosts, and reasons that name a device's holder, are a pass's)
+    placement = evaluate(req, worker, support, table=False).placement
+    if placement is None or placement.worker != worker.node_id:
+        return None
+    return Claim(first, placement)

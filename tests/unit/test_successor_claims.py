@@ -1,0 +1,133 @@
+"""A slot freed by this node's own array task goes to the array's next task without a pass
+(:meth:`Scheduler.react`, :mod:`gpulayerd.core.scheduling.successor`), on in-process daemons: only when
+nothing else asked for a pass; the end of any other job, a submit, or another user's job first in
+fair-share order leaves the slot to a pass."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpulayerd.models import SubmitRequest
+from tests.fakes.daemons import OWNER, FakeDaemon, Lab
+
+
+@pytest_asyncio.fixture
+async def alone(tmp_path: Path) -> AsyncIterator[tuple[Lab, FakeDaemon, list[int]]]:
+    """One daemon with 2 CPU slots, and a count of the passes its scheduler runs."""
+    lab = Lab(tmp_path)
+    try:
+        owner = await lab.add("owner", OWNER, cpu_slots=2)
+        passes = [0]
+        scheduler = owner.services.scheduler
+        real = scheduler.run_once
+
+        async def counted() -> None:
+            passes[0] += 1
+            await real()
+
+        scheduler.run_once = counted  # type: ignore[method-assign]
+        yield lab, owner, passes
+    finally:
+        await lab.close()
+
+
+async def _submit(lab: Lab, owner: FakeDaemon, **extra: Any) -> str:
+    spec = {"command": ["python", "train.py"], "workdir": str(lab.workdir), **extra}
+    view = await owner.services.owner.submit(SubmitRequest(spec=spec, submitted_by="test"))
+    await lab.settle()
+    return view.id
+
+
+def _running(owner: FakeDaemon) -> list[str]:
+    return [j for j, _ in owner.runner.running()]
+
+
+async def _end(lab: Lab, owner: FakeDaemon, job_id: str) -> None:
+    """``job_id`` exits 0 here; its end is recorded and reported (to this owner)."""
+    owner.runner.exit(job_id, 1)
+    await lab.settle()
+
+
+async def _react(lab: Lab, owner: FakeDaemon) -> None:
+    await owner.services.scheduler.react(True)
+    await lab.settle()
+
+
+@pytest.mark.asyncio
+async def test_a_tasks_end_starts_the_next_task_without_a_pass(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
+    lab, owner, passes = alone
+    array = await _submit(lab, owner, array="0-4")
+    for _ in range(3):
+        await _react(lab, owner)  # the submit asked for a pass; then the array's tasks were written
+    assert _running(owner) == [f"{array}_0", f"{array}_1"]
+    stats, before = owner.services.signals.stats, passes[0]
+    assert before >= 1
+    for n in range(3):  # each end: the next task, no pass (the store's claim as ever: attempt 1, running)
+        await _end(lab, owner, f"{array}_{n}")
+        await _react(lab, owner)
+        assert _running(owner) == [f"{array}_{n + 1}", f"{array}_{n + 2}"]
+        assert stats["scheduler_successor_claims"] == n + 1
+    assert passes[0] == before
+    view = await lab.job(owner, f"{array}_3")
+    assert view.status == "running" and [a.worker for a in view.attempts] == [OWNER]
+    assert (await lab.job(owner, f"{array}_0")).status == "succeeded"
+    # The last task's end has no task to give its slot to: a pass (nothing queued; nothing claimed).
+    for n in (3, 4):
+        await _end(lab, owner, f"{array}_{n}")
+        await _react(lab, owner)
+    assert _running(owner) == [] and passes[0] > before
+    assert stats["scheduler_successor_claims"] == 3
+
+
+@pytest.mark.asyncio
+async def test_anything_else_that_asked_for_a_pass_gets_one(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
+    lab, owner, passes = alone
+    array = await _submit(lab, owner, array="0-5")
+    for _ in range(3):
+        await _react(lab, owner)
+    assert _running(owner) == [f"{array}_0", f"{array}_1"]
+    stats = owner.services.signals.stats
+
+    # A submit meanwhile asked for a pass: the freed slot is the pass's (it claims the next task, first in order).
+    plain = await _submit(lab, owner)
+    before = passes[0]
+    await _end(lab, owner, f"{array}_0")
+    await _react(lab, owner)
+    assert passes[0] == before + 1 and stats["scheduler_successor_claims"] == 0
+    assert _running(owner) == [f"{array}_1", f"{array}_2"]
+
+    # A freed slot of a job that is no array's task: a pass.
+    await owner.services.owner.cancel(array)
+    await lab.settle()
+    for _ in range(2):
+        await _react(lab, owner)
+    assert _running(owner) == [plain]
+    before = passes[0]
+    await _end(lab, owner, plain)
+    await _react(lab, owner)
+    assert passes[0] == before + 1 and stats["scheduler_successor_claims"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_peers_offer_kept_here_leaves_the_slot_to_a_pass(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
+    """A peer's job waits here (its offer is kept): the pass orders it against this node's own users."""
+    lab, owner, passes = alone
+    array = await _submit(lab, owner, array="0-3")
+    for _ in range(3):
+        await _react(lab, owner)
+    worker = owner.services.worker
+    worker._offers[("b" * 52, "peerjob")] = object()  # (its contents are not read: only that one is kept)
+    try:
+        assert worker.has_offers()
+        before = passes[0]
+        await _end(lab, owner, f"{array}_0")
+        assert await owner.services.scheduler._successors([f"{array}_0"]) is False
+        assert owner.services.signals.stats["scheduler_successor_claims"] == 0 and passes[0] == before
+        assert _running(owner) == [f"{array}_1"]
+    finally:
+        worker._offers.pop(("b" * 52, "peerjob"), None)
