@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from gpulayerd.models import SubmitRequest
+from gpulayerd.runs.runner import RunnerError
 from tests.fakes.daemons import OWNER, FakeDaemon, Lab
 
 
@@ -131,3 +132,24 @@ async def test_a_peers_offer_kept_here_leaves_the_slot_to_a_pass(alone: tuple[La
         assert _running(owner) == [f"{array}_1"]
     finally:
         worker._offers.pop(("b" * 52, "peerjob"), None)
+
+
+@pytest.mark.asyncio
+async def test_a_start_that_fails_frees_its_slot_for_a_pass(tmp_path: Path) -> None:
+    """A run here that could not start (command not found) ends without a run's end being watched: its
+    slot is free again and a pass is asked for, so the next job starts (the owner's end asks for none)."""
+    lab = Lab(tmp_path)
+    try:
+        owner = await lab.add("owner", OWNER, cpu_slots=1)
+        scheduler, signals = owner.services.scheduler, owner.services.signals
+        first = await _submit(lab, owner)
+        second = await _submit(lab, owner)
+        owner.runner.start_errors[first] = RunnerError("command not found: train")
+        await _react(lab, owner)
+        assert (await lab.job(owner, first)).status == "failed" and _running(owner) == []
+        assert signals.woken()  # (as the scheduler's loop reads it)
+        await scheduler.react(signals.woken())
+        await lab.settle()
+        assert _running(owner) == [second]
+    finally:
+        await lab.close()

@@ -27,6 +27,7 @@ from gpulayerd.app.worker.machine import Machine
 from gpulayerd.app.worker.worker import WorkerService
 from gpulayerd.config import DaemonConfig
 from gpulayerd.core import scheduling as core
+from gpulayerd.core.arrays import split_task_id
 from gpulayerd.core.protocol.claims import JobStatus
 from gpulayerd.core.types import SupportMatrix, WorkerSnapshot
 from gpulayerd.core.verdict import Explanation
@@ -153,14 +154,19 @@ class Scheduler:
             return False
         usage = self._usage.usage() if self._usage is not None else None
         for job_id in freed:
-            ended = self._jobs.cached_spec(job_id)  # (the next task's user and workdir are the same)
-            if ended is None:
+            ended = self._jobs.cached_spec(job_id) if split_task_id(job_id) is not None else None
+            if ended is None:  # (no task, or its spec no longer cached: the next task's user and workdir are its)
                 return False
             req = ended.to_core(job_id)
-            worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user or None, req.workdir)])
-            claim = self.core.successor(job_id, worker, usage)
-            spec = await self._jobs.spec_of(claim.job.id) if claim is not None else None
-            if claim is None or spec is None or not await self._worker.claim_own(claim.job.id, spec, claim.placement):
+            try:
+                worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user or None, req.workdir)])
+                claim = self.core.successor(job_id, worker, usage)
+                spec = await self._jobs.spec_of(claim.job.id) if claim is not None else None
+                if claim is None or spec is None or not await self._worker.claim_own(claim.job.id, spec,
+                                                                                     claim.placement):
+                    return False
+            except Exception:  # (the pass that follows meets it too, and says so)
+                log.exception("job_id=%s: its slot's next task could not be claimed", job_id)
                 return False
             self.core.claimed_here(claim.job.id)
             self._signals.stats["scheduler_successor_claims"] += 1

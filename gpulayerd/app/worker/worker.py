@@ -11,9 +11,8 @@ deadline) and reports its end until the owner acknowledges it.
 Renewals and reports go to each owner concurrently and within a time bound, one round in flight per
 owner: an owner that does not answer delays only its own runs, never this machine's other renewals.
 
-What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.worker`, its state
-kept by the :class:`Ledger`); this service does the I/O: locks, the store, the starter,
-the runner, the transport.
+What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.worker`, its state kept
+by the :class:`Ledger`); this service does the I/O: locks, the store, the starter, the runner, the transport.
 
 (Same name as :mod:`gpulayerd.core.protocol.worker`: the same idea, decided there (pure), done here.)
 """
@@ -457,6 +456,7 @@ class WorkerService:
                 self._ledger.not_started(key)
                 if key in self._ledger.state.runs:  # cancelled or failed on the way
                     self._apply(core.RunEnded(key, owner, "lost", report=False))
+                self._signals.wake()  # its slot is free again (the owner's end of a run here asks for no pass)
         # A short job's end is reported after its start (track): else the owner decides on them in either order.
         reported: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.track(key, handle, spec, owner, lease_s, after=reported)
