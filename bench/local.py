@@ -339,12 +339,18 @@ async def bench_throughput(root: Path, n: int, slurm_jobs_s: float | None = None
 async def bench_array(d: LocalDaemon, n: int, per_job_s: float) -> None:
     """One array of ``n`` ``/bin/true`` tasks on the same daemon: its submit to the last task's exit,
     in tasks per second, beside the per-job figure of the same run (target: at least 1.2x it)."""
+    async with d.client() as c:
+        before = (await c.health()).counters
     first = time.time()
     async with d.client() as c:
         array = (await c.submit({"command": ["/bin/true"], "workdir": str(d.workdir), "array": f"0-{n - 1}"})).id
     ends = await wait_exits(d, [f"{array}_{i}" for i in range(n)], 600.0)
     await wait_drained(d, 60.0)
+    async with d.client() as c:
+        after = (await c.health()).counters
     print(f"array, one submission of {n} /bin/true tasks, --cpu-slots 2 (array {array}):")
+    print("  scheduling passes {}, successor claims (a task's slot to the next task, no pass) {}".format(
+        *(after.get(k, 0) - before.get(k, 0) for k in ("scheduler_passes", "scheduler_successor_claims"))))
     if len(ends) < n:
         print(f"  {n - len(ends)} tasks have no exit.json", flush=True)
     if ends:
