@@ -14,6 +14,7 @@ After every step:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -402,3 +403,18 @@ def test_a_freed_slot_goes_to_the_arrays_next_task_unless_another_job_goes_first
     assert m.successors == 1 and m.woken  # a pass, then: it claims bob's job
     m.scheduling_pass([])
     assert m.lab.jobs["job-007"].status == "running" and m.lab.jobs["arr-001_3"].status == "queued"
+
+
+def test_the_timers_pass_comes_however_often_successors_are_claimed() -> None:
+    timer = core.TimerPass(5.0, now=100.0)
+    asked: list[float] = []
+
+    def idle(answer: bool) -> Callable[[], bool]:
+        return lambda: asked.append(1) or answer
+
+    assert not timer.due(104.9, idle(False)) and asked == []  # (the core is not asked before the interval)
+    assert timer.due(105.0, idle(False))  # busy: a pass is owed
+    assert not timer.due(105.0, idle(True))  # idle: none, and the interval starts again
+    assert not timer.due(109.9, idle(False))
+    timer.looked(110.0)  # a pass ran
+    assert not timer.due(114.9, idle(False)) and timer.due(115.0, idle(False))

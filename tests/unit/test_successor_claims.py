@@ -153,3 +153,35 @@ async def test_a_start_that_fails_frees_its_slot_for_a_pass(tmp_path: Path) -> N
         assert _running(owner) == [second]
     finally:
         await lab.close()
+
+
+@pytest.mark.asyncio
+async def test_successor_claims_never_hold_off_the_pass_the_timer_owes(
+        alone: tuple[Lab, FakeDaemon, list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks that end more often than ``schedule_interval_s``: once that long has passed since the last pass,
+    the next end gets a pass when the core is busy (what it waits on reports no event), and a successor
+    claim when it calls a timer pass idle."""
+    lab, owner, passes = alone
+    scheduler, stats = owner.services.scheduler, owner.services.signals.stats
+    array = await _submit(lab, owner, array="0-7")
+    for _ in range(3):
+        await _react(lab, owner)
+    busy = [True]
+    monkeypatch.setattr(scheduler, "_idle", lambda: not busy[0])
+    interval = owner.config.schedule_interval_s
+    before = passes[0]
+    await _end(lab, owner, f"{array}_0")
+    lab.clock.advance(interval / 2)
+    await _react(lab, owner)
+    assert (stats["scheduler_successor_claims"], passes[0]) == (1, before)
+    lab.clock.advance(interval / 2)  # the timer's pass is due now, and the core is busy
+    await _end(lab, owner, f"{array}_1")
+    await _react(lab, owner)
+    assert (stats["scheduler_successor_claims"], passes[0]) == (1, before + 1)
+    assert _running(owner) == [f"{array}_2", f"{array}_3"]  # (the pass claimed it)
+    lab.clock.advance(interval)
+    busy[0] = False  # due again, but the core calls a timer pass idle: a successor
+    await _end(lab, owner, f"{array}_2")
+    await _react(lab, owner)
+    assert (stats["scheduler_successor_claims"], passes[0]) == (2, before + 1)
+    assert _running(owner) == [f"{array}_3", f"{array}_4"]

@@ -41,7 +41,6 @@ __all__ = ["Scheduler"]
 log = logging.getLogger(__name__)
 
 
-
 class Scheduler:
     """Runs scheduling passes whenever something changes (or every ``schedule_interval_s``)."""
 
@@ -65,6 +64,7 @@ class Scheduler:
         self.core = core.SchedulerCore(node_id, support, offer_interval_s=config.offer_interval_s,
                                        fair_share=usage is not None)
         self.passes_skipped = 0
+        self._timer = core.TimerPass(config.schedule_interval_s, clock.monotonic())  # (successors never hold it off)
         self._ticking: asyncio.Task[None] | None = None  # the books' tick running in the background
         self._tick_again = False  # asked again while it ran
 
@@ -120,17 +120,20 @@ class Scheduler:
             woken = self._signals.woken()
 
     async def react(self, woken: bool) -> None:
-        """One turn of :meth:`loop`: after a wake-up (``woken``) or the timer. Slots freed by this node's own
-        array tasks alone go to their arrays' next tasks (:meth:`_successors`); else a pass, unless the timer
-        alone woke it and the core says nothing changed (then only the peers' offers are claimed)."""
+        """One turn of :meth:`loop`, after a wake-up (``woken``) or the timer: slots freed by this node's own array
+        tasks alone go to their arrays' next tasks (:meth:`_successors`) unless the timer's pass is due (``TimerPass``);
+        else a pass, unless the timer alone woke it and the core says nothing changed (then the peers' offers)."""
         self._signals.clear_wake()
         freed, asked = self._signals.take_freed()
-        if woken and not asked and await self._successors(freed):
+        now = self._clock.monotonic()
+        if woken and not asked and not self._timer.due(now, self._idle) and await self._successors(freed):
             self._tick_soon()  # (a slot freed, its next task claimed, or an end to count: no pass asked for)
         elif woken or not self._idle():
             self._signals.stats["scheduler_passes"] += 1
+            self._timer.looked(now)
             await self.run_once()
         else:
+            self._timer.looked(now)
             self.passes_skipped += 1
             self._signals.stats["scheduler_passes_skipped"] += 1
             self._tick_soon()

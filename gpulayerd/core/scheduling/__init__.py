@@ -25,7 +25,8 @@ from gpulayerd.core.scheduling.steps import (
     ToGang,
     Yield,
 )
+from gpulayerd.core.scheduling.successor import TimerPass
 
 __all__ = ["CHUNK", "REASON_BATCH", "Action", "Answer", "Claim", "ClaimAnswered", "Count", "MachineRead",
            "QueueChanges", "QueueLoaded", "QueuedJob", "ReadChanges", "ReadMachine", "ReadQueue", "Resume",
-           "SchedulerCore", "SendOffer", "StoreReasons", "ToGang", "Yield"]
+           "SchedulerCore", "SendOffer", "StoreReasons", "TimerPass", "ToGang", "Yield"]

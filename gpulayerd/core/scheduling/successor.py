@@ -13,7 +13,8 @@ in the store's compare-and-set. The waiting jobs' lines stay true: this machine 
 The caller (:class:`gpulayerd.app.owner.scheduler.Scheduler`) asks only when nothing else asked for a
 pass since the last one read the queue: every job that enters the queue (a submit, a retry, an array's
 new tasks, a dependency satisfied) asks for one, and a peer's offer kept here is walked by a pass. Any
-other answer (None) leaves the slot to a pass, which comes at once.
+other answer (None) leaves the slot to a pass, which comes at once; and so does the pass the timer owes
+(:class:`TimerPass`), however often tasks end.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.scheduling.steps import Claim, QueuedJob
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 
-__all__ = ["successor_claim"]
+__all__ = ["TimerPass", "successor_claim"]
 
 
 def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str], JobRequest],
@@ -62,3 +63,33 @@ def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str]
     if placement is None or placement.worker != worker.node_id:
         return None
     return Claim(first, placement)
+
+
+class TimerPass:
+    """The pass the scheduler's timer owes (pure: time as an argument): at least every ``interval_s``
+    (monotonic s) since the last pass, unless the core calls a timer pass idle then. A successor claim is
+    no pass: however often tasks end, a pass the core is busy for (an offer to repeat, a Slurm overflow, a
+    missing workdir) still comes once ``interval_s`` has passed.
+
+    Args:
+        interval_s: the scheduler's ``schedule_interval_s``.
+        now: the monotonic time it starts at (a pass comes first anyway).
+    """
+
+    def __init__(self, interval_s: float, now: float) -> None:
+        self._interval_s = interval_s
+        self._at = now  # the last pass, or the last look at an idle core
+
+    def looked(self, now: float) -> None:
+        """A pass ran at ``now``, or the timer found the core idle."""
+        self._at = now
+
+    def due(self, now: float, idle: Callable[[], bool]) -> bool:
+        """Whether a pass is owed at ``now`` instead of successor claims; ``idle``: the core's
+        :meth:`~gpulayerd.core.scheduling.passes.SchedulerCore.idle` now (asked only once the interval passed)."""
+        if now - self._at < self._interval_s:
+            return False
+        if idle():
+            self._at = now
+            return False
+        return True
