@@ -185,3 +185,20 @@ async def test_successor_claims_never_hold_off_the_pass_the_timer_owes(
     await _react(lab, owner)
     assert (stats["scheduler_successor_claims"], passes[0]) == (2, before + 1)
     assert _running(owner) == [f"{array}_3", f"{array}_4"]
+
+
+@pytest.mark.asyncio
+async def test_a_task_queued_again_for_its_retry_gets_a_pass(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
+    """A task that failed is queued again, as its array's retry policy says (``retry_on = ["failed"]``: tasks
+    once kept only the default, lost attempts only), which asked for a pass: its slot is the pass's."""
+    lab, owner, passes = alone
+    array = await _submit(lab, owner, array="0-3", policy={"retries": 1, "retry_on": ["failed"]})
+    for _ in range(3):
+        await _react(lab, owner)
+    before, stats = passes[0], owner.services.signals.stats
+    owner.runner.exit(f"{array}_0", 1, code=1)
+    await lab.settle()
+    assert (await lab.job(owner, f"{array}_0")).status == "queued"
+    await _react(lab, owner)
+    assert passes[0] == before + 1 and stats["scheduler_successor_claims"] == 0
+    assert len(_running(owner)) == 2

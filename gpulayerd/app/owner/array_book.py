@@ -302,5 +302,6 @@ def _task(array: JobRow, spec: JobSpec, index: int, count: int, now: float) -> t
         "array_task": ArrayTask(array_id=array.id, index=index, count=count)})
     row = JobRow(id=task_id(array.id, index), name=array.name, submitted_by=array.submitted_by,
                  spec_json=task_spec.model_dump_json(), status=JobStatus.QUEUED, retries_left=array.retries_left,
+                 retry_json=array.retry_json,  # (its retry_on, exit codes, backoff, elsewhere: the array's)
                  lease_s=array.lease_s, reason="waiting for the scheduler", submitted_at=now, updated_at=now)
     return row, task_spec
