@@ -218,7 +218,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ended = running[pick % len(running)]
         self.lab.jobs[ended].status = "succeeded"
         self.lab.event(ended)
-        claim = self.core.successor(ended, self.lab.local(), dict(self.lab.usage))
+        claim = self.core.successor(ended, self.lab.local(), dict(self.lab.usage), peer_offers=False)
         if claim is None:
             self._changed()  # the scheduler runs a pass instead
             return
@@ -396,13 +396,20 @@ def test_a_freed_slot_goes_to_the_arrays_next_task_unless_another_job_goes_first
     assert {j: x.status for j, x in m.lab.jobs.items()} == {
         "arr-001_0": "succeeded", "arr-001_1": "running", "arr-001_2": "running", "arr-001_3": "queued",
         "arr-001_4": "queued"}
-    assert m.core.successor("job-999", m.lab.local(), {}) is None  # (not a task: a pass decides)
+    assert m.core.successor("job-999", m.lab.local(), {}, peer_offers=False) is None  # (not a task: a pass decides)
+    m.lab.jobs["arr-001_1"].status = "succeeded"  # (its end, the rule's first half)
+    m.lab.event("arr-001_1")
+    assert m.core.successor("arr-001_1", m.lab.local(), {}, peer_offers=True) is None  # a pass orders a peer's offer
+    claim = m.core.successor("arr-001_1", m.lab.local(), {}, peer_offers=False)
+    assert claim is not None and claim.job.id == "arr-001_3"
+    m._changed(then_pass=True)  # (not taken: a pass claims it instead)
+    assert m.lab.jobs["arr-001_3"].status == "running"
     m.usage(user="alice", gpu_hours=5.0)
     m.submit(shape=(0, 1, None, 1), user="bob", copies=1, then=True)  # bob waits ahead of alice's tasks now
     m.a_task_ends_and_its_slot_goes_on(pick=0)
     assert m.successors == 1 and m.woken  # a pass, then: it claims bob's job
     m.scheduling_pass([])
-    assert m.lab.jobs["job-007"].status == "running" and m.lab.jobs["arr-001_3"].status == "queued"
+    assert m.lab.jobs["job-007"].status == "running" and m.lab.jobs["arr-001_4"].status == "queued"
 
 
 def test_the_timers_pass_comes_however_often_successors_are_claimed() -> None:

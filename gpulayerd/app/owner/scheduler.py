@@ -152,9 +152,7 @@ class Scheduler:
     async def _successors(self, freed: list[str]) -> bool:
         """Claim for each slot that a run of a job of ``freed`` (owned here, run here) left its array's next
         task, when the core says a pass would claim it first (:meth:`SchedulerCore.successor`); False as soon
-        as one is not so (a pass decides then). The peers' offers kept here are always a pass's to order."""
-        if freed and self._worker.has_offers():
-            return False
+        as one is not so (a pass decides then)."""
         usage = self._usage.usage() if self._usage is not None else None
         for job_id in freed:
             ended = self._jobs.cached_spec(job_id) if split_task_id(job_id) is not None else None
@@ -163,7 +161,7 @@ class Scheduler:
             req = ended.to_core(job_id)
             try:
                 worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user or None, req.workdir)])
-                claim = self.core.successor(job_id, worker, usage)
+                claim = self.core.successor(job_id, worker, usage, self._worker.has_offers())
                 spec = await self._jobs.spec_of(claim.job.id) if claim is not None else None
                 if claim is None or spec is None or not await self._worker.claim_own(claim.job.id, spec,
                                                                                      claim.placement):

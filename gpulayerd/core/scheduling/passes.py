@@ -166,13 +166,13 @@ class SchedulerCore:
         a multi-host job, a fair-share figure that decays), and the peers and the users' order are as then."""
         return not self._busy and self.inputs(remote, usage) == self._last_inputs
 
-    def successor(self, ended: str, worker: WorkerSnapshot,
-                  usage: Mapping[str, fairshare.Usage] | None) -> Claim | None:
-        """The claim a pass would make first for the slot ``ended`` left here, when it is sure to be the same
-        array's next task (:func:`~gpulayerd.core.scheduling.successor.successor_claim`), or None."""
+    def successor(self, ended: str, worker: WorkerSnapshot, usage: Mapping[str, fairshare.Usage] | None,
+                  peer_offers: bool) -> Claim | None:
+        """The claim a pass would make first for the slot ``ended`` left here, if sure (:mod:`.successor`), or None."""
         q = self.queue
         first = next((q[k[2]] for k in self._ordered_keys(usage) if k[2] in q), None)
-        return successor_claim(ended, first, self.request, worker, self.gang, self.offered, self._users, self._support)
+        return successor_claim(ended, first, self.request, worker, self.gang, self.offered, self._users,
+                               self._support, peer_offers)
 
     def claimed_here(self, job_id: str) -> None:
         """``job_id`` was claimed here outside a pass (:meth:`successor`): it leaves the queue."""

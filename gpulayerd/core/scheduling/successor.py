@@ -32,7 +32,7 @@ __all__ = ["TimerPass", "successor_claim"]
 
 def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str], JobRequest],
                     worker: WorkerSnapshot, gang: Collection[str], offered: Collection[str],
-                    users: Collection[str], support: SupportMatrix) -> Claim | None:
+                    users: Collection[str], support: SupportMatrix, peer_offers: bool = False) -> Claim | None:
     """The claim of ``first`` on ``worker`` for the slot that ``ended`` left, or None (see the module).
 
     Args:
@@ -45,9 +45,10 @@ def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str]
         users: the users with jobs queued here: ``first``'s alone, or a pass decides (its claim changes who
             waits, which every other user's fair-share line names).
         support: the support matrix jobs are judged with.
+        peer_offers: whether a peer's offer is kept by this worker (a pass orders it against ``first``).
     """
     task = split_task_id(ended)
-    if task is None or first is None:
+    if task is None or first is None or peer_offers:
         return None
     mine = split_task_id(first.id)
     if mine is None or mine[0] != task[0]:
