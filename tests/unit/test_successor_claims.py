@@ -59,12 +59,18 @@ async def _react(lab: Lab, owner: FakeDaemon) -> None:
     await lab.settle()
 
 
+async def _array(lab: Lab, owner: FakeDaemon, expr: str, **extra: Any) -> str:
+    """An array submitted and let run (its submit asked for a pass; then its tasks were written)."""
+    array = await _submit(lab, owner, array=expr, **extra)
+    for _ in range(3):
+        await _react(lab, owner)
+    return array
+
+
 @pytest.mark.asyncio
 async def test_a_tasks_end_starts_the_next_task_without_a_pass(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
     lab, owner, passes = alone
-    array = await _submit(lab, owner, array="0-4")
-    for _ in range(3):
-        await _react(lab, owner)  # the submit asked for a pass; then the array's tasks were written
+    array = await _array(lab, owner, "0-4")
     assert _running(owner) == [f"{array}_0", f"{array}_1"]
     stats, before = owner.services.signals.stats, passes[0]
     assert before >= 1
@@ -88,9 +94,7 @@ async def test_a_tasks_end_starts_the_next_task_without_a_pass(alone: tuple[Lab,
 @pytest.mark.asyncio
 async def test_anything_else_that_asked_for_a_pass_gets_one(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
     lab, owner, passes = alone
-    array = await _submit(lab, owner, array="0-5")
-    for _ in range(3):
-        await _react(lab, owner)
+    array = await _array(lab, owner, "0-5")
     assert _running(owner) == [f"{array}_0", f"{array}_1"]
     stats = owner.services.signals.stats
 
@@ -118,9 +122,7 @@ async def test_anything_else_that_asked_for_a_pass_gets_one(alone: tuple[Lab, Fa
 async def test_a_peers_offer_kept_here_leaves_the_slot_to_a_pass(alone: tuple[Lab, FakeDaemon, list[int]]) -> None:
     """A peer's job waits here (its offer is kept): the pass orders it against this node's own users."""
     lab, owner, passes = alone
-    array = await _submit(lab, owner, array="0-3")
-    for _ in range(3):
-        await _react(lab, owner)
+    array = await _array(lab, owner, "0-3")
     worker = owner.services.worker
     worker._offers[("b" * 52, "peerjob")] = object()  # (its contents are not read: only that one is kept)
     try:
@@ -163,9 +165,7 @@ async def test_successor_claims_never_hold_off_the_pass_the_timer_owes(
     claim when it calls a timer pass idle."""
     lab, owner, passes = alone
     scheduler, stats = owner.services.scheduler, owner.services.signals.stats
-    array = await _submit(lab, owner, array="0-7")
-    for _ in range(3):
-        await _react(lab, owner)
+    array = await _array(lab, owner, "0-7")
     busy = [True]
     monkeypatch.setattr(scheduler, "_idle", lambda: not busy[0])
     interval = owner.config.schedule_interval_s
@@ -192,9 +192,7 @@ async def test_a_task_queued_again_for_its_retry_gets_a_pass(alone: tuple[Lab, F
     """A task that failed is queued again, as its array's retry policy says (``retry_on = ["failed"]``: tasks
     once kept only the default, lost attempts only), which asked for a pass: its slot is the pass's."""
     lab, owner, passes = alone
-    array = await _submit(lab, owner, array="0-3", policy={"retries": 1, "retry_on": ["failed"]})
-    for _ in range(3):
-        await _react(lab, owner)
+    array = await _array(lab, owner, "0-3", policy={"retries": 1, "retry_on": ["failed"]})
     before, stats = passes[0], owner.services.signals.stats
     owner.runner.exit(f"{array}_0", 1, code=1)
     await lab.settle()
