@@ -424,4 +424,5 @@ def test_the_timers_pass_comes_however_often_successors_are_claimed() -> None:
     assert not timer.due(105.0, idle(True))  # idle: none, and the interval starts again
     assert not timer.due(109.9, idle(False))
     timer.looked(110.0)  # a pass ran
+    assert timer.left(111.0) == 4.0 and timer.left(116.0) == 0.01  # (the scheduler's wait: the pass comes on time)
     assert not timer.due(114.9, idle(False)) and timer.due(115.0, idle(False))

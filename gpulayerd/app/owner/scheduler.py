@@ -114,9 +114,9 @@ class Scheduler:
         woken = True
         while True:
             await self.react(woken)
-            due = self.core.retry_due()  # a pass when a retry's backoff ends
-            await self._signals.wait_wake(self._config.schedule_interval_s if due is None else
-                                          min(self._config.schedule_interval_s, max(due - self._clock.wall(), 0.01)))
+            due = self.core.retry_due()  # a pass when a retry's backoff ends, and when the timer's pass is owed
+            wait = self._timer.left(self._clock.monotonic())
+            await self._signals.wait_wake(wait if due is None else min(wait, max(due - self._clock.wall(), 0.01)))
             woken = self._signals.woken()
 
     async def react(self, woken: bool) -> None:

@@ -85,6 +85,10 @@ class TimerPass:
         """A pass ran at ``now``, or the timer found the core idle."""
         self._at = now
 
+    def left(self, now: float) -> float:
+        """Seconds from ``now`` until the timer's pass is owed (the scheduler's wait; at least 10 ms)."""
+        return max(self._interval_s - (now - self._at), 0.01)
+
     def due(self, now: float, idle: Callable[[], bool]) -> bool:
         """Whether a pass is owed at ``now`` instead of successor claims; ``idle``: the core's
         :meth:`~gpulayerd.core.scheduling.passes.SchedulerCore.idle` now (asked only once the interval passed)."""
