@@ -3,9 +3,7 @@
 One writer connection in WAL mode with ``synchronous=FULL``: a method that returns has
 committed its write, so a ``kill -9`` at any later moment loses nothing acknowledged. Every
 read-modify-write runs in ``BEGIN IMMEDIATE``. Each call is one hand-over to the connection's thread (a
-whole transaction there), taken in order and run back to back, without a lock; only the statements of a
-:meth:`Database.transaction`, handed over one at a time, hold an :class:`asyncio.Lock` that keeps other
-calls from landing inside it.
+whole transaction there), taken in order and run back to back, without a lock.
 
 Safety of the file itself: it and its ``-wal``/``-shm`` files are made 0600 at open (they hold
 job environments); a damaged file is refused at open (``PRAGMA quick_check``) with
@@ -25,7 +23,7 @@ import os
 import sqlite3
 import stat
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,7 +51,7 @@ _LINKED_FN = "gpulayer_store_linked"
 
 
 class Rollback(Exception):
-    """Raised inside :meth:`Database.transaction` to roll it back without an error."""
+    """Raised inside :meth:`Database.run`'s function to roll it back without an error."""
 
 
 class StoreDamaged(StoreError):
@@ -74,11 +72,9 @@ class Database:
         """Wrap an already configured and migrated connection; use :meth:`open` instead."""
         self._conn: aiosqlite.Connection | None = conn
         self._path = path
-        self._lock = asyncio.Lock()
         self._gone: str | None = None
         self._gone_event = asyncio.Event()
         self._group: _Group | None = None  # the group of transactions not yet started on the thread
-        self._group_done: asyncio.Future[None] | None = None
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, empty_ok: bool = True,
@@ -150,40 +146,11 @@ class Database:
         """Close the connection. Safe to call more than once."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            async with self._lock:
-                await conn.close()
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` under the lock; rolled back on any exception.
-
-        Raise :class:`Rollback` inside to roll back quietly (it still propagates).
-
-        Raises:
-            StoreError: the store is closed, or SQLite failed (the transaction is rolled back).
-        """
-        async with self._lock:
-            conn = self._open_conn()
-            if self._group_done is not None and not self._group_done.done():  # (none starts while the lock is held)
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._group_done)  # handed over after this BEGIN, it would roll it back
-            await self._settle(conn)
-            try:
-                # Inside the try: if cancelled while BEGIN is in flight, the ROLLBACK queued
-                # behind it still closes the transaction.
-                await conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                await conn.execute("COMMIT")
-            except BaseException as e:
-                await self._rollback(conn)
-                if isinstance(e, sqlite3.Error):
-                    raise StoreError(f"store {self._path}: {e}") from e
-                raise
-            await self._check_linked(conn)
+            await conn.close()
 
     async def run(self, fn: Callable[[sqlite3.Connection], _T], *, durable: bool = True) -> _T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the connection's thread, with
-        the check after the commit (see :meth:`transaction`), all in one hand-over to that thread:
+        the check after the commit (the file still at its path), all in one hand-over to that thread:
         a transaction of k statements costs one thread hop instead of k + 3. Transactions asked for
         while none has started on the thread yet go together (group commit, :func:`_transact_group`):
         each in a savepoint of one ``BEGIN IMMEDIATE`` ... ``COMMIT``, so that one that fails or raises
@@ -202,10 +169,6 @@ class Database:
             StoreGone: the file was removed or replaced (checked after the commit).
             StoreError: the store is closed, or SQLite failed (the transaction is rolled back).
         """
-        if self._lock.locked():  # a transaction() is open: after it, alone
-            done: tuple[_T, str] = await self._hop(_transact, fn)  # (durable: no group to share with)
-            self._linked_or_raise(done[1])
-            return done[0]
         conn = self._open_conn()  # (first: a closed or gone store leaves no group behind)
         group, index = self._group, None
         if group is not None:
@@ -214,11 +177,11 @@ class Database:
             group = self._group = _Group()
             index = group.join(fn, durable)
             # aiosqlite's own queue to its thread (Connection._execute): its documented methods cost a hop each.
-            self._group_done = asyncio.ensure_future(
+            group.done = asyncio.ensure_future(
                 self._call(conn._execute(_transact_group, conn, group)))  # type: ignore[no-untyped-call]
-            self._group_done.add_done_callback(_retrieved)
-        assert index is not None and self._group_done is not None
-        await asyncio.shield(self._group_done)  # (a cancelled caller leaves the group's transaction as it goes)
+            group.done.add_done_callback(_retrieved)
+        assert index is not None and group.done is not None
+        await asyncio.shield(group.done)  # (a cancelled caller leaves the group's transaction as it goes)
         ok, value = group.results[index]
         if not ok:
             assert isinstance(value, BaseException)
@@ -261,12 +224,7 @@ class Database:
     async def _hop(self, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(conn, *args)`` on the connection's thread, in one hand-over: a whole unit there (one
         transaction, or statements that are each their own), so it needs no lock: the thread runs the
-        units in the order they were handed over, back to back, while the event loop is busy elsewhere.
-        Only while a :meth:`transaction` (statements handed over one by one) is open does it wait for the
-        lock, so that none of its statements lands inside that transaction."""
-        if self._lock.locked():
-            async with self._lock:
-                return await self._call(self._open_conn()._execute(fn, self._open_conn(), *args))  # type: ignore[no-untyped-call]
+        units in the order they were handed over, back to back, while the event loop is busy elsewhere."""
         return await self._call(self._open_conn()._execute(fn, self._open_conn(), *args))  # type: ignore[no-untyped-call]
 
     def _open_conn(self) -> aiosqlite.Connection:
@@ -275,14 +233,6 @@ class Database:
         if self._conn is None:
             raise StoreError(f"store {self._path} is closed")
         return self._conn
-
-    async def _check_linked(self, conn: aiosqlite.Connection) -> None:
-        """After a commit: raise :class:`StoreGone` (for good) unless the file is still at its path.
-
-        The check (two ``stat`` calls) runs on the connection's thread, never on the event loop.
-        """
-        rows = list(await self._call(conn.execute_fetchall(f"SELECT {_LINKED_FN}()")))
-        self._linked_or_raise(str(rows[0][0]) if rows and rows[0][0] else "")
 
     def _linked_or_raise(self, problem: str) -> None:
         """Raise :class:`StoreGone` (for good) when the check after a commit found ``problem``."""
@@ -294,19 +244,6 @@ class Database:
             logger.error("%s", self._gone)
             self._gone_event.set()
         raise StoreGone(self._gone)
-
-    async def _settle(self, conn: aiosqlite.Connection) -> None:
-        """Roll back a transaction left open by a coroutine cancelled inside it."""
-        if conn.in_transaction:
-            await self._rollback(conn)
-
-    async def _rollback(self, conn: aiosqlite.Connection) -> None:
-        # Unconditional: a statement still in flight (its awaiter cancelled) runs first on the
-        # connection's thread, so in_transaction may not be up to date yet.
-        try:
-            await conn.execute("ROLLBACK")
-        except sqlite3.Error as e:
-            logger.debug("store %s: rollback: %s", self._path, e)
 
     async def _call(self, awaitable: Awaitable[_T]) -> _T:
         try:
@@ -324,8 +261,8 @@ class Database:
 
 
 def _settled(conn: aiosqlite.Connection) -> sqlite3.Connection:
-    """The raw connection, on its thread, with no transaction left open (by a :meth:`Database.transaction`
-    whose coroutine was cancelled before its ROLLBACK was handed over: rolled back here)."""
+    """The raw connection, on its thread, with no transaction left open (one whose ROLLBACK failed: rolled
+    back here)."""
     raw = conn._conn
     if raw.in_transaction:
         raw.execute("ROLLBACK")
@@ -354,10 +291,12 @@ class _Group:
     Joined on the event loop's thread until the connection's thread starts it (``started``, under
     ``lock``); then ``results`` holds, for each joined function in order, ``(True, its result)`` or
     ``(False, what it raised)``, and ``problem`` what the check after the commit found ("" when fine).
-    ``durable``: whether one of them asked for a durable commit (:meth:`Database.run`).
+    ``durable``: whether one of them asked for a durable commit (:meth:`Database.run`); ``done``: its
+    hand-over to the thread, awaited by every caller that joined it.
     """
 
     def __init__(self) -> None:
+        self.done: asyncio.Future[None] | None = None
         self.lock = threading.Lock()
         self.started = False
         self.fns: list[Callable[[sqlite3.Connection], object]] = []

@@ -121,9 +121,9 @@ class RunsTable:
         return True
 
     async def end_remote_run(self, owner: str, job_id: str, attempt: int, state: str, exit_code: int | None,
-                             reason: str, now_wall: float, *, durable: bool = True) -> None:
-        """Record how a remote attempt ended and release its devices (idempotent). ``durable=False``: of a
-        job owned here, whose owner records its end too (no ``fsync``, :meth:`Database.run`)."""
+                             reason: str, now_wall: float, *, node_id: str = "") -> None:
+        """Record how a remote attempt ended and release its devices (idempotent). ``node_id``: this daemon's,
+        as for :meth:`insert_remote_run` (the end of a job owned here is recorded without an ``fsync``)."""
 
         def end(db: sqlite3.Connection) -> None:
             db.execute(
@@ -133,7 +133,7 @@ class RunsTable:
                 (state, exit_code, reason, now_wall, owner, job_id, attempt))
             db.execute(RELEASE_GRANTS, (owner, job_id, attempt))
 
-        await self._db.run(end, durable=durable)  # one hop to the store's thread
+        await self._db.run(end, durable=owner != node_id or not node_id)  # one hop to the store's thread
 
     async def mark_remote_reported_many(self, acked: Sequence[tuple[str, str, int]]) -> None:
         """The owners acknowledged the ends of these (owner, job, attempt), in one transaction."""

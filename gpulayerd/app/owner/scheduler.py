@@ -160,7 +160,8 @@ class Scheduler:
                 return False
             req = ended.to_core(job_id)
             try:
-                worker = await self._machine.snapshot(refresh_apps=True, workdirs=[(req.user or None, req.workdir)])
+                # (a successor asks for no device: no nvidia-smi process list, which a pass asks for)
+                worker = await self._machine.snapshot(refresh_apps=False, workdirs=[(req.user or None, req.workdir)])
                 claim = self.core.successor(job_id, worker, usage, self._worker.has_offers())
                 spec = await self._jobs.spec_of(claim.job.id) if claim is not None else None
                 if claim is None or spec is None or not await self._worker.claim_own(claim.job.id, spec,

@@ -249,7 +249,7 @@ class Machine:
         self._clock = clock
         self._caps: Capabilities | None = None
         self._core: tuple[Capabilities, WorkerSnapshot] | None = None  # _caps and its to_core(), kept
-        self._digest: tuple[Capabilities, list[RunKey], tuple[object, ...], str] | None = None  # caps_digest's last
+        self._digest: tuple[Capabilities, tuple[object, ...], str] | None = None  # caps_digest's last (inputs, it)
         self._ready = asyncio.Event()
         self._hw_at: float | None = None  # monotonic time of the last hardware probe; None: never probed
         # Devices this daemon's runs, holds or claims had when the last hardware probe read memory.used:
@@ -540,14 +540,13 @@ class Machine:
         the ledger let the run go: a peer that fetched in between kept the stale grant)."""
         if self._caps is None:
             return ""
-        runs = self._ledger.keys()
-        users = (self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())),
-                 self._signals.devices_epoch)
+        inputs = (self._ledger.keys(), self.accounts.mode, self.accounts.user, tuple(sorted(self.accounts.missing())),
+                  self._signals.devices_epoch)
         kept = self._digest
-        if kept is not None and kept[0] is self._caps and kept[1] == runs and kept[2] == users:
-            return kept[3]  # every heartbeat and reply asks: the same answer until one input changes
-        digest = hashlib.sha256(repr((_hardware_key(self._caps), runs, users)).encode()).hexdigest()[:16]
-        self._digest = (self._caps, runs, users, digest)
+        if kept is not None and kept[0] is self._caps and kept[1] == inputs:
+            return kept[2]  # every heartbeat and reply asks: the same answer until one input changes
+        digest = hashlib.sha256(repr((_hardware_key(self._caps), *inputs)).encode()).hexdigest()[:16]
+        self._digest = (self._caps, inputs, digest)
         return digest
 
     def close(self) -> None:

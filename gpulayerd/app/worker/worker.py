@@ -235,7 +235,7 @@ class WorkerService:
         state = "timeout" if status.timed_out else "preflight-failed" if status.reason in (
             PREFLIGHT_FAILED, PREFLIGHT_STOPPED) else kind
         await self._store.runs.end_remote_run(owner, job_id, attempt, state, status.exit_code, text, self._clock.wall(),
-                                              durable=owner != self.node_id)
+                                              node_id=self.node_id)
         self._signals.devices_changed()  # (after the write: a snapshot reads the device grants from the store)
         self._signals.slot_freed(job_id) if owner == self.node_id else self._signals.wake()
 
