@@ -341,11 +341,11 @@ class SimNode:
             try:
                 p.caps = await self.call(key, CAPABILITIES, None)
                 p.fetched_digest = p.caps_digest
-                self.signals.wake()
+                self.signals.peer_wake()
             except PeerCallError:
                 pass
         if not was_up:
-            self.signals.wake()
+            self.signals.peer_wake()
         self.signals.peers_changed()
 
     def _proof(self, node_id: str) -> tuple[str, str]:

@@ -219,3 +219,39 @@ async def test_handlers_are_charged_their_cpu_one_at_a_time_per_daemon(tmp_path:
         await sim.close()
     plain = Sim(tmp_path / "plain", seed=2, n=2)
     assert plain.net._charged("a", 0.5) == plain.net.time.now and plain.net.cpu_charged_s == {}
+
+
+async def _burst_passes(root: Path) -> tuple[float, int]:
+    """Ten daemons (20 GPUs), 200 one-GPU jobs from five owners at once: the scheduling passes per daemon per
+    simulated second over the burst's first 4 s, and the jobs started by then."""
+    sim = Sim(root, seed=3, n=10)
+    await sim.start()
+    try:
+        await sim.run_for(5)
+
+        def passes() -> int:
+            return sum(d.services.signals.stats["scheduler_passes"] for d in sim.daemons.values() if d.services)
+
+        before = passes()
+        ids = await burst(sim, 200, owners=5, duration_s=60.0)
+        await sim.run_for(4)
+        return (passes() - before) / 10 / 4, sum(sim.jobs[j].started is not None for j in ids)
+    finally:
+        await sim.close()
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_peers_offers_is_taken_a_pass_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """Five owners offer 200 jobs to ten workers: an offer (or a peer's capabilities) alone asks for a pass
+    that waits until ``PEER_PASS_GAP_S`` after the last one (``TimerPass.hold``), so a worker takes the offers
+    that came meanwhile in one pass. Every GPU is still taken at once; without the pacing, a pass per offer."""
+    from gpulayerd.core.scheduling import successor
+
+    rate, started = await _burst_passes(tmp_path / "paced")
+    assert started == 20  # every GPU, within the first 4 s
+    assert rate <= 1 / successor.PEER_PASS_GAP_S, rate
+    monkeypatch.setattr(successor, "PEER_PASS_GAP_S", 0.0)  # (the default of TimerPass's peer_gap_s is bound)
+    monkeypatch.setattr(successor.TimerPass.__init__, "__defaults__", (0.0,))
+    unpaced, started = await _burst_passes(tmp_path / "unpaced")
+    assert started == 20 and unpaced > 2 * rate, (unpaced, rate)

@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from gpulayerd.core import scheduling as core
 from gpulayerd.core.fairshare import Usage
 from gpulayerd.core.matching.evaluate import evaluate
+from gpulayerd.core.scheduling import successor
 from gpulayerd.core.scheduling.judging import fit_of
 from gpulayerd.core.types import (
     GB,
@@ -426,3 +427,15 @@ def test_the_timers_pass_comes_however_often_successors_are_claimed() -> None:
     timer.looked(110.0)  # a pass ran
     assert timer.left(111.0) == 4.0 and timer.left(116.0) == 0.01  # (the scheduler's wait: the pass comes on time)
     assert not timer.due(114.9, idle(False)) and timer.due(115.0, idle(False))
+
+
+def test_a_pass_only_peers_asked_for_waits_for_the_gap_after_the_last_turn() -> None:
+    timer = core.TimerPass(5.0, now=100.0, peer_gap_s=0.05)
+    timer.turned(100.0)
+    assert timer.hold(100.01, peers_only=True) == pytest.approx(0.04)  # an offer 10 ms after a pass: 40 ms more
+    assert timer.hold(100.01, peers_only=False) == 0.0  # this node's own wake-up (a submit, a slot freed): at once
+    assert timer.hold(100.06, peers_only=True) == 0.0 and timer.hold(103.0, peers_only=True) == 0.0
+    timer.turned(103.0)  # (a turn of successor claims counts too: it took what came before it)
+    assert timer.hold(103.02, peers_only=True) == pytest.approx(0.03)
+    assert core.TimerPass(5.0, now=0.0).hold(0.0, peers_only=True) == pytest.approx(successor.PEER_PASS_GAP_S)
+

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gpulayerd.app.common.signals import Signals
 from gpulayerd.models import SubmitRequest
 from gpulayerd.runs.runner import RunnerError
 from tests.fakes.daemons import OWNER, FakeDaemon, Lab
@@ -200,3 +201,22 @@ async def test_a_task_queued_again_for_its_retry_gets_a_pass(alone: tuple[Lab, F
     await _react(lab, owner)
     assert passes[0] == before + 1 and stats["scheduler_successor_claims"] == 0
     assert len(_running(owner)) == 2
+
+
+@pytest.mark.asyncio
+async def test_signals_tell_a_wake_up_of_peers_alone_from_one_of_this_node() -> None:
+    signals = Signals()
+    signals.clear_wake()
+    signals.peer_wake()
+    assert signals.woken() and signals.peers_only() and signals.take_freed() == ([], True)
+    signals.peer_wake()
+    signals.wake()  # this node's own: the pass is not held
+    assert signals.woken() and not signals.peers_only()
+    signals.clear_wake()
+    assert not signals.woken() and not signals.peers_only()
+    signals.slot_freed("a_1")
+    assert not signals.peers_only()
+    signals.clear_wake()
+    signals.peer_wake()
+    await signals.wait_local(0)  # (times out at once: only a peer asked)
+    assert signals.peers_only()

@@ -224,13 +224,13 @@ class ClusterNode:
                 caps, _ = await self.client.call_at(host, port, CAPABILITIES, None, expect_node=proven)
                 p.caps = caps
                 p.fetched_digest = p.caps_digest
-                self._signals.wake()
+                self._signals.peer_wake()
             except PeerCallError as e:
                 log.debug("capabilities of %s: %s", proven[:12], e)
         if not was_up:
             await self._store.peers.save_peer(proven, p.name, p.addresses, p.port, self._clock.wall())
             log.info("peer %s (%s) is up at %s:%d", p.name, proven[:12], host, port)
-            self._signals.wake()
+            self._signals.peer_wake()
         self._signals.peers_changed()
 
     async def _on_revoked(self) -> None:

@@ -39,6 +39,7 @@ class Signals:
         self.feed = ChangeFeed()
         self.stats: Counter[str] = Counter()
         self._wake = asyncio.Event()
+        self._local = asyncio.Event()  # a wake-up asked for by this node's own events (not a peer's alone)
         self._freed: dict[str, None] = {}  # jobs owned here whose runs here ended since the scheduler's last look
         self._asked = True  # wake() called since then (a pass is asked for; the first pass too)
         self.devices_epoch = 0  # counts devices_changed(): a pass compares it to see what changed meanwhile
@@ -62,7 +63,15 @@ class Signals:
     def wake(self) -> None:
         """Ask the scheduler for a pass soon: whatever can let a queued job in or change who goes first (a
         submit, a retry, an array's new tasks, a dependency satisfied, a slot or device freed, a peer's
-        offer or capabilities) asks for one."""
+        offer or capabilities) asks for one (a peer's through :meth:`peer_wake`)."""
+        self._asked = True
+        self._local.set()
+        self._wake.set()
+
+    def peer_wake(self) -> None:
+        """:meth:`wake`, asked for by a peer's message alone (an offer kept, capabilities fetched, a peer up):
+        a pass comes too, but the scheduler paces such passes (:class:`~gpulayerd.core.scheduling.successor.TimerPass`,
+        ``hold``): a burst of offers from a lab of owners is one pass, not one per offer."""
         self._asked = True
         self._wake.set()
 
@@ -70,11 +79,13 @@ class Signals:
         """A run of ``job_id``, owned here, ended here (its end written): the scheduler may give its slot to
         the next task of the same array without a pass (:mod:`gpulayerd.core.scheduling.successor`)."""
         self._freed[job_id] = None
+        self._local.set()
         self._wake.set()
 
     def ended_here(self) -> None:
         """A job owned here ended its attempt, which ran here (:meth:`slot_freed` tells of its slot): the
         scheduler ticks its arrays and dependencies; no pass is asked for."""
+        self._local.set()
         self._wake.set()
 
     def take_freed(self) -> tuple[list[str], bool]:
@@ -89,13 +100,24 @@ class Signals:
         with contextlib.suppress(asyncio.TimeoutError):
             await self._clock.wait_for(self._wake.wait(), timeout_s)
 
+    async def wait_local(self, timeout_s: float) -> None:
+        """Wait for a wake-up of this node's own (not :meth:`peer_wake`) since the last :meth:`clear_wake`
+        (or ``timeout_s``)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await self._clock.wait_for(self._local.wait(), timeout_s)
+
     def woken(self) -> bool:
         """Whether a wake-up was asked for since the last :meth:`clear_wake`."""
         return self._wake.is_set()
 
+    def peers_only(self) -> bool:
+        """Whether the wake-ups since the last :meth:`clear_wake` were all :meth:`peer_wake` (at least one)."""
+        return self._wake.is_set() and not self._local.is_set()
+
     def clear_wake(self) -> None:
         """Forget wake-ups asked for before now (a pass is about to start)."""
         self._wake.clear()
+        self._local.clear()
 
     def spawn(self, coro: Coroutine[object, object, None], name: str | None = None) -> asyncio.Task[None]:
         """Run ``coro`` in the background; it is cancelled by :meth:`close`."""

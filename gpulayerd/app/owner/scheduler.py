@@ -6,10 +6,10 @@ snapshot and the peers', and answers with claims, gang hand-overs, reason lines 
 this service reads the store, snapshots the machine, claims through the worker, writes the
 reasons and sends the offers, and decides nothing itself. A wake-up by the timer alone is
 skipped when the core says nothing it reads can have changed (:meth:`SchedulerCore.idle`).
-Then the worker claims the peers' offers that fit here now. A wake-up by the end of runs of this
-node's own array tasks alone gives each freed slot to its array's next task without a pass, when the
-core says that is the claim a pass would make first (:mod:`gpulayerd.core.scheduling.successor`).
-"""
+Then the worker claims the peers' offers that fit here now. A wake-up by peers' messages alone is paced
+(``TimerPass.hold``). A wake-up by the end of runs of this node's own array tasks alone gives each freed slot
+to its array's next task without a pass, when the core says that is the claim a pass would make first
+(:mod:`gpulayerd.core.scheduling.successor`)."""
 
 from __future__ import annotations
 
@@ -109,14 +109,17 @@ class Scheduler:
         return self.core.idle(self._peers(), self._usage.usage() if self._usage is not None else None)
 
     async def loop(self) -> None:
-        """Pass after pass: at every wake-up, and at least every ``schedule_interval_s``."""
+        """Pass after pass: at every wake-up (peers' alone paced), at least every ``schedule_interval_s``."""
         await self._machine.wait_ready()
         woken = True
         while True:
             await self.react(woken)
+            self._timer.turned(self._clock.monotonic())
             due = self.core.retry_due()  # a pass when a retry's backoff ends, and when the timer's pass is owed
             wait = self._timer.left(self._clock.monotonic())
             await self._signals.wait_wake(wait if due is None else min(wait, max(due - self._clock.wall(), 0.01)))
+            if (hold := self._timer.hold(self._clock.monotonic(), self._signals.peers_only())) > 0:
+                await self._signals.wait_local(hold)  # peers' messages alone: paced (one pass takes them all)
             woken = self._signals.woken()
 
     async def react(self, woken: bool) -> None:
@@ -212,9 +215,8 @@ class Scheduler:
             except BaseException as e:  # thrown into the pass: it forgets what it cannot vouch for
                 failure = e
         if best is not None and self._signals.devices_epoch != epoch:
-            # This machine's devices changed during the pass (one freed, or the pass claimed some): the
-            # jobs still waiting here were not judged against that, so the offers of users after them
-            # wait for the next pass (which comes at once).
+            # This machine's devices changed during the pass (freed, or claimed by it): the jobs still waiting
+            # here were not judged against that; the offers of users after them wait for the next pass, at once.
             await self._worker.take_offers(below=best)
             self._signals.wake()
             return

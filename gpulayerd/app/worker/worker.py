@@ -291,7 +291,7 @@ class WorkerService:
         self._signals.stats["offers_received"] += 1
         self._offers[(owner, msg.job_id)] = msg
         if owner != self.node_id:  # (this node's own offer is claimed at once: no pass needed)
-            self._signals.wake()
+            self._signals.peer_wake()
         return Ack(ok=True)
 
     def has_offers(self) -> bool:

@@ -27,7 +27,7 @@ from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.scheduling.steps import Claim, QueuedJob
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 
-__all__ = ["TimerPass", "successor_claim"]
+__all__ = ["PEER_PASS_GAP_S", "TimerPass", "successor_claim"]
 
 
 def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str], JobRequest],
@@ -66,6 +66,10 @@ def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str]
     return Claim(first, placement)
 
 
+PEER_PASS_GAP_S = 0.05
+"""Seconds from the end of a scheduler's turn to a pass only peers' messages asked for (:meth:`TimerPass.hold`)."""
+
+
 class TimerPass:
     """The pass the scheduler's timer owes (pure: time as an argument): at least every ``interval_s``
     (monotonic s) since the last pass, unless the core calls a timer pass idle then. A successor claim is
@@ -77,13 +81,26 @@ class TimerPass:
         now: the monotonic time it starts at (a pass comes first anyway).
     """
 
-    def __init__(self, interval_s: float, now: float) -> None:
+    def __init__(self, interval_s: float, now: float, peer_gap_s: float = PEER_PASS_GAP_S) -> None:
         self._interval_s = interval_s
+        self._peer_gap_s = peer_gap_s
         self._at = now  # the last pass, or the last look at an idle core
+        self._turned = now  # the end of the scheduler's last turn (a pass, successor claims or a look)
 
     def looked(self, now: float) -> None:
         """A pass ran at ``now``, or the timer found the core idle."""
         self._at = now
+
+    def turned(self, now: float) -> None:
+        """The scheduler's turn (a pass, successor claims, or a look at an idle core) ended at ``now``."""
+        self._turned = now
+
+    def hold(self, now: float, peers_only: bool) -> float:
+        """Seconds from ``now`` that a pass asked for by peers' messages alone (``peers_only``: an offer kept,
+        a peer's capabilities fetched, a peer up) still waits: until ``peer_gap_s`` after the last turn
+        ended. One pass then takes every offer and change that came meanwhile (a lab's owners' offers in a
+        burst come one message at a time); this node's own wake-ups (a submit, a slot freed) never wait."""
+        return max(self._peer_gap_s - (now - self._turned), 0.0) if peers_only else 0.0
 
     def left(self, now: float) -> float:
         """Seconds from ``now`` until the timer's pass is owed (the scheduler's wait; at least 10 ms)."""
