@@ -429,13 +429,22 @@ def test_the_timers_pass_comes_however_often_successors_are_claimed() -> None:
     assert not timer.due(114.9, idle(False)) and timer.due(115.0, idle(False))
 
 
-def test_a_pass_only_peers_asked_for_waits_for_the_gap_after_the_last_turn() -> None:
-    timer = core.TimerPass(5.0, now=100.0, peer_gap_s=0.05)
+def test_a_stream_of_passes_only_peers_asked_for_is_paced_a_lone_one_is_not() -> None:
+    timer = core.TimerPass(5.0, now=100.0, peer_gap_s=0.05, peer_at_once=2)
     timer.turned(100.0)
-    assert timer.hold(100.01, peers_only=True) == pytest.approx(0.04)  # an offer 10 ms after a pass: 40 ms more
     assert timer.hold(100.01, peers_only=False) == 0.0  # this node's own wake-up (a submit, a slot freed): at once
-    assert timer.hold(100.06, peers_only=True) == 0.0 and timer.hold(103.0, peers_only=True) == 0.0
-    timer.turned(103.0)  # (a turn of successor claims counts too: it took what came before it)
-    assert timer.hold(103.02, peers_only=True) == pytest.approx(0.03)
-    assert core.TimerPass(5.0, now=0.0).hold(0.0, peers_only=True) == pytest.approx(successor.PEER_PASS_GAP_S)
+    assert [timer.hold(100.01, peers_only=True) for _ in range(2)] == [0.0, 0.0]  # lone ones: at once
+    assert timer.hold(100.01, peers_only=True) == pytest.approx(0.04)  # a stream: 50 ms after the last turn
+    assert timer.hold(100.06, peers_only=True) == 0.0  # (its gap passed: no wait, and no credit taken)
+    timer.turned(100.1)
+    assert timer.hold(100.12, peers_only=True) == pytest.approx(0.03)
+    later = 100.12 + successor.PEER_PASS_REFILL_S  # one more at once after the refill time
+    assert timer.hold(later, peers_only=True) == 0.0
+    timer.turned(later)
+    assert timer.hold(later, peers_only=True) == pytest.approx(0.05)  # (that one used the credit)
+    timer.turned(200.0)  # (a turn of successor claims counts too: it took what came before it)
+    assert [timer.hold(200.0, peers_only=True) for _ in range(3)] == [0.0, 0.0, pytest.approx(0.05)]  # (at most 2)
+    fresh = core.TimerPass(5.0, now=0.0)
+    assert [fresh.hold(0.0, peers_only=True) for _ in range(successor.PEER_PASSES_AT_ONCE)] == [0.0] * 4
+    assert fresh.hold(0.0, peers_only=True) == pytest.approx(successor.PEER_PASS_GAP_S)
 

@@ -27,7 +27,7 @@ from gpulayerd.core.matching.evaluate import evaluate
 from gpulayerd.core.scheduling.steps import Claim, QueuedJob
 from gpulayerd.core.types import JobRequest, SupportMatrix, WorkerSnapshot
 
-__all__ = ["PEER_PASS_GAP_S", "TimerPass", "successor_claim"]
+__all__ = ["PEER_PASSES_AT_ONCE", "PEER_PASS_GAP_S", "PEER_PASS_REFILL_S", "TimerPass", "successor_claim"]
 
 
 def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str], JobRequest],
@@ -67,7 +67,11 @@ def successor_claim(ended: str, first: QueuedJob | None, request: Callable[[str]
 
 
 PEER_PASS_GAP_S = 0.05
-"""Seconds from the end of a scheduler's turn to a pass only peers' messages asked for (:meth:`TimerPass.hold`)."""
+"""Seconds from the end of a scheduler's turn to a paced pass only peers asked for (:meth:`TimerPass.hold`)."""
+PEER_PASSES_AT_ONCE = 4
+"""Passes only peers' messages asked for that run at once, unpaced, when none ran lately (:meth:`TimerPass.hold`)."""
+PEER_PASS_REFILL_S = 0.25
+"""Seconds after which one more such pass may run at once (up to :data:`PEER_PASSES_AT_ONCE`): 4 a second."""
 
 
 class TimerPass:
@@ -81,9 +85,12 @@ class TimerPass:
         now: the monotonic time it starts at (a pass comes first anyway).
     """
 
-    def __init__(self, interval_s: float, now: float, peer_gap_s: float = PEER_PASS_GAP_S) -> None:
+    def __init__(self, interval_s: float, now: float, peer_gap_s: float = PEER_PASS_GAP_S,
+                 peer_at_once: int = PEER_PASSES_AT_ONCE) -> None:
         self._interval_s = interval_s
         self._peer_gap_s = peer_gap_s
+        self._peer_at_once = peer_at_once
+        self._credit, self._credit_at = float(peer_at_once), now  # unpaced peers' passes left, and when counted
         self._at = now  # the last pass, or the last look at an idle core
         self._turned = now  # the end of the scheduler's last turn (a pass, successor claims or a look)
 
@@ -97,10 +104,19 @@ class TimerPass:
 
     def hold(self, now: float, peers_only: bool) -> float:
         """Seconds from ``now`` that a pass asked for by peers' messages alone (``peers_only``: an offer kept,
-        a peer's capabilities fetched, a peer up) still waits: until ``peer_gap_s`` after the last turn
-        ended. One pass then takes every offer and change that came meanwhile (a lab's owners' offers in a
-        burst come one message at a time); this node's own wake-ups (a submit, a slot freed) never wait."""
-        return max(self._peer_gap_s - (now - self._turned), 0.0) if peers_only else 0.0
+        a peer's capabilities fetched, a peer up) still waits. A lone one waits for nothing: up to
+        ``peer_at_once`` such passes run at once, one more every :data:`PEER_PASS_REFILL_S` (a token bucket).
+        Past that, in a stream of them, each waits until ``peer_gap_s`` after the last turn ended, and one pass
+        then takes every offer and change that came meanwhile (a lab's owners' offers in a burst come one
+        message at a time). This node's own wake-ups (a submit, a slot freed) never wait."""
+        if not peers_only:
+            return 0.0
+        self._credit = min(float(self._peer_at_once), self._credit + (now - self._credit_at) / PEER_PASS_REFILL_S)
+        self._credit_at = now
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return 0.0
+        return max(self._peer_gap_s - (now - self._turned), 0.0)
 
     def left(self, now: float) -> float:
         """Seconds from ``now`` until the timer's pass is owed (the scheduler's wait; at least 10 ms)."""
