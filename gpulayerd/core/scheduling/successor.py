@@ -85,12 +85,12 @@ class TimerPass:
         now: the monotonic time it starts at (a pass comes first anyway).
     """
 
-    def __init__(self, interval_s: float, now: float, peer_gap_s: float = PEER_PASS_GAP_S,
-                 peer_at_once: int = PEER_PASSES_AT_ONCE) -> None:
+    def __init__(self, interval_s: float, now: float, peer_gap_s: float | None = None,
+                 peer_at_once: int | None = None) -> None:
         self._interval_s = interval_s
-        self._peer_gap_s = peer_gap_s
-        self._peer_at_once = peer_at_once
-        self._credit, self._credit_at = float(peer_at_once), now  # unpaced peers' passes left, and when counted
+        self._peer_gap_s = PEER_PASS_GAP_S if peer_gap_s is None else peer_gap_s  # (None: the module's, read now)
+        self._peer_at_once = PEER_PASSES_AT_ONCE if peer_at_once is None else peer_at_once
+        self._credit, self._credit_at = float(self._peer_at_once), now  # unpaced peers' passes left, and when counted
         self._at = now  # the last pass, or the last look at an idle core
         self._turned = now  # the end of the scheduler's last turn (a pass, successor claims or a look)
 
