@@ -62,16 +62,17 @@ class Signals:
 
     def wake(self) -> None:
         """Ask the scheduler for a pass soon: whatever can let a queued job in or change who goes first (a
-        submit, a retry, an array's new tasks, a dependency satisfied, a slot or device freed, a peer's
-        offer or capabilities) asks for one (a peer's through :meth:`peer_wake`)."""
+        submit, a retry, an array's new tasks, a dependency satisfied, a slot or device freed, a peer's offer
+        that fits here now) asks for one (a peer's other messages through :meth:`peer_wake`)."""
         self._asked = True
         self._local.set()
         self._wake.set()
 
     def peer_wake(self) -> None:
-        """:meth:`wake`, asked for by a peer's message alone (an offer kept, capabilities fetched, a peer up):
-        a pass comes too, but the scheduler paces such passes (:class:`~gpulayerd.core.scheduling.successor.TimerPass`,
-        ``hold``): a burst of offers from a lab of owners is one pass, not one per offer."""
+        """:meth:`wake`, asked for by a peer's message alone (an offer kept that cannot fit here now, capabilities
+        fetched, a peer up): a pass comes too, but the scheduler paces such passes
+        (:class:`~gpulayerd.core.scheduling.successor.TimerPass`, ``hold``): a burst of offers from a lab of owners
+        to a full worker is one pass, not one per offer."""
         self._asked = True
         self._wake.set()
 

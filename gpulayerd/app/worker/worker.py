@@ -11,10 +11,9 @@ deadline) and reports its end until the owner acknowledges it.
 Renewals and reports go to each owner concurrently and within a time bound, one round in flight per
 owner: an owner that does not answer delays only its own runs, never this machine's other renewals.
 
-What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.worker`, its state kept
-by the :class:`Ledger`); this service does the I/O: locks, the store, the starter, the runner, the transport.
-
-(Same name as :mod:`gpulayerd.core.protocol.worker`: the same idea, decided there (pure), done here.)
+What to do is decided by the pure worker core (:mod:`gpulayerd.core.protocol.worker`: the same name, decided
+there, done here; its state kept by the :class:`Ledger`); this service does the I/O: locks, the store, the starter,
+the runner, the transport.
 """
 
 from __future__ import annotations
@@ -130,8 +129,7 @@ class WorkerService:
         """Count a running attempt in the ledger and watch it until it exits (its watchdog's deadline
         is taken to be ``lease_s`` from now: set by the start or the re-adoption). ``owner``: the owner's
         node id (this node's for a job owned here). ``after``: done once the start is reported; the end is
-        recorded here (its slot freed) as soon as it exits, but reported only after that (:meth:`_send_report`).
-        """
+        recorded here (its slot freed) as soon as it exits, but reported only after that (:meth:`_send_report`)."""
         self._apply(core.RunStarted(key, owner, lease_s))
         self._ledger.started(key, handle, spec, owner, lease_s)
         if after is not None and not after.done():
@@ -271,7 +269,7 @@ class WorkerService:
 
         Args:
             sender: the owner, as its certificate proves it.
-            msg: the offer.
+            msg: the offer (one that fits here now asks for a pass at once; others a paced one).
 
         Returns:
             ``Ack(ok=False, reason=...)``, nothing kept, unless that user's jobs run here
@@ -291,7 +289,10 @@ class WorkerService:
         self._signals.stats["offers_received"] += 1
         self._offers[(owner, msg.job_id)] = msg
         if owner != self.node_id:  # (this node's own offer is claimed at once: no pass needed)
-            self._signals.peer_wake()
+            if self._offers.may_fit((owner, msg.job_id), await self._machine.snapshot(False), self._support):
+                self._signals.wake()  # it fits here now: claimed at once
+            else:
+                self._signals.peer_wake()  # (a stream of offers that cannot fit here yet: a paced pass)
         return Ack(ok=True)
 
     def has_offers(self) -> bool:
@@ -545,9 +546,8 @@ class WorkerService:
     async def renew(self) -> None:
         """Renew the lease of every attempt running here and move its watchdog's deadline.
 
-        Each owner (this node for the jobs owned here) gets one concurrent round (its renewals and
-        owed end reports, bounded by ``2 × peer_timeout_s``), started only when its previous round
-        is over.
+        Each owner (this node for the jobs owned here) gets one concurrent round (its renewals and owed end
+        reports, bounded by ``2 × peer_timeout_s``), started only when its previous round is over.
         """
         await self._store_acks()
         if self._starter.shipping is not None:  # kept trees of shipped attempts, past ship_keep_s
