@@ -289,12 +289,19 @@ def growth(ns: list[int], results: dict[int, dict[str, float]]) -> None:
     top = ns[-1]
     for key in results[ns[0]]:
         k = _slope([float(n) for n in ns], [results[n][key] for n in ns])
-        line = f"  {key}: N^{k:.2f}   " + "  ".join(f"N={n}: {results[n][key]:.4g}" for n in ns)
+        no_exponent = "; ".join(f"N={n}: {'no figure' if math.isnan(results[n][key]) else f'{results[n][key]:g}'}"
+                                for n in ns if not results[n][key] > 0)  # (an exponent needs log N and log x)
+        line = f"  {key}: " + ("no exponent" if math.isnan(k) else f"N^{k:.2f}") + \
+            (f" (left out: {no_exponent})" if no_exponent else "") + "   " + \
+            "  ".join(f"N={n}: {results[n][key]:.4g}" for n in ns)
         if key in TARGETS:
             limit, what = TARGETS[key]
             at = results[top][key]
-            if math.isnan(k) or math.isnan(at):
-                line += f"   [target at N=500: <= {limit:g} {what}; not extrapolated: a figure is missing]"
+            if math.isnan(at):
+                line += f"   [target at N=500: <= {limit:g} {what}; not extrapolated: no figure at N={top}]"
+            elif math.isnan(k):
+                verdict = "met" if at <= limit else "missed"
+                line += f"   [target <= {limit:g} {what}: {verdict} at N={top}; not extrapolated to N=500: no exponent]"
             else:
                 at500 = at * (500 / top) ** k
                 verdict = "met" if at500 <= limit else "missed"
