@@ -83,7 +83,7 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
         out["idle_msgs"] = sum(m for m, _ in idle.values())
         hb_msg = sim.daemons["n000"].node
         gossip = len(hb_msg._message().model_dump_json(include={"holdings", "revoked"})) if hb_msg else 0
-        print(f"N={n}: real seconds per simulated second (idle): {per_sim_s:.2f}")
+        print(f"N={n}: real seconds per simulated second (idle): {per_sim_s:.3g}")
         if charge_cpu:
             charged = sum(sim.net.cpu_charged_s.values()) / max(len(sim.net.cpu_charged_s), 1)
             print(f"N={n}: handlers' CPU charged in simulated time (replies leave that much later; one "
@@ -133,7 +133,7 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
             print(f"N={n}: 1,000-job burst ({burst_job_s:g} s jobs) placed in {placed:.1f} s, ideal {ideal:.0f} s "
                   f"({gpus} GPUs free): {out['burst_ratio']:.2f}x   [target <= 2x]")
         if with_burst:
-            print(f"N={n}: real seconds per simulated second (burst): {burst_per_s:.2f}")
+            print(f"N={n}: real seconds per simulated second (burst): {burst_per_s:.3g}")
         if with_burst and left() > burst_per_s * (burst_job_s + 2) + 30:
             await sim.run_for(burst_job_s + 2)  # the burst's last jobs end: the load starts on an idle cluster
         elif with_burst:
@@ -153,7 +153,7 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
             await sim.run_for(chunk)
             ran += chunk
         task.cancel()
-        print(f"N={n}: real seconds per simulated second (load): {(time.perf_counter() - t0) / ran:.2f}")
+        print(f"N={n}: real seconds per simulated second (load): {(time.perf_counter() - t0) / ran:.3g}")
         load = traffic_per_node_s(before, copy_traffic(sim), n - 1, ran)
         waits = [j.started - j.submitted for j in sim.jobs.values() if j.started is not None and j.submitted >= start]
         granted = sum(d.services.signals.stats["claim_requests_granted"] for d in sim.daemons.values()
@@ -168,9 +168,13 @@ async def measure(n: int, minutes: float, seed: int, budget_s: float, burst_job_
         print(f"N={n}: load traffic per node: {_fmt(load)}   [target <= 20 KB/s at N=500]")
         print(f"N={n}: submit->start ({len(waits)} jobs) p50 {out['start_p50_ms']:.0f} ms, "
               f"p99 {out['start_p99_ms']:.0f} ms (simulated, 1 ms latency)   [target p50 <= 100 ms]")
+        if len(waits) < 20:
+            print(f"N={n}:   (only {len(waits)} jobs started in the {ran:.0f} s load window: these percentiles say "
+                  "little; a longer --minutes leaves the lab mix more time after the burst)")
         print(f"N={n}: claim conflicts per placement {out['conflicts']:.3f} ({denied} denied / {granted} granted)")
         out["mem_per_daemon"] = (_rss_bytes() - rss0) / n
-        print(f"N={n}: memory per simulated daemon {out['mem_per_daemon'] / 2**20:.1f} MiB (RSS growth / N)")
+        print(f"N={n}: memory per simulated daemon {out['mem_per_daemon'] / 2**20:.1f} MiB (RSS growth / N"
+              + ("; below N=50 the allocator's arenas and the collector's timing swing it by MiBs)" if n < 50 else ")"))
         print(f"N={n}: {sim.net.calls} calls, {sim.steps} steps, {time.perf_counter() - t_real:.0f} s real; "
               f"handler errors {len(sim.net.errors)}")
         await sim.close()
@@ -264,6 +268,9 @@ def main() -> None:
     ns = [int(x) for x in args.nodes.split(",")]
     if len(ns) == 1 and 0 < args.compare < ns[0]:
         ns = [args.compare, *ns]  # a second N for the growth with N
+    elif len(ns) == 1:
+        print(f"(no growth with N: --compare {args.compare} is not a smaller N than {ns[0]}; "
+              "give --compare a smaller N or --nodes N1,N2,...)")
     weights = [n * n for n in ns]
     budgets = [max(60.0, args.budget_s * w / sum(weights)) for w in weights]
     budgets[-1] = max(60.0, args.budget_s - sum(budgets[:-1]))  # the largest N gets what the others leave
