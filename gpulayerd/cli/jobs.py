@@ -13,7 +13,7 @@ from pathlib import Path
 from gpulayerd import text as fmt
 from gpulayerd.cli.exits import EXIT_FAILURE, EXIT_OK, UsageError
 from gpulayerd.cli.http import call_daemon
-from gpulayerd.cli.jobs_table import columns_help
+from gpulayerd.cli.jobs_table import columns_help, task_count, tasks_by_index
 from gpulayerd.core.job_facts import FINISHED_SHOWN, JOB_STATES, TERMINAL_STATES, job_user
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of every CLI start; mypy reads this name as true
@@ -440,7 +440,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(f"  rejected: {fmt.escape(job.reason)}")
     else:
         label = f"{job.id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
-        print(f"submitted job {label}: {job.status}")
+        if job.spec.array and job.status != "rejected":  # (task ids: ID_7; gpulayer jobs --tasks lists them)
+            print(f"submitted array {label}: {fmt.escape(job.spec.array)}, {task_count(job.spec.array)}; {job.status}")
+        else:
+            print(f"submitted job {label}: {job.status}")
         if job.status == "rejected":
             print(f"  rejected: {fmt.escape(job.reason)}")
     return EXIT_FAILURE if job.status == "rejected" else EXIT_OK
@@ -480,6 +483,8 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
     if not args.tasks:  # an array is one line: its tasks counted in its REASON
         arrays = {j.id for j in jobs if getattr(j, "array", None) is not None}
         jobs = [j for j in jobs if getattr(j, "array_id", None) not in arrays]
+    else:
+        jobs = tasks_by_index(jobs)
     print(_table(jobs, args))
     if hidden:
         print(f"{hidden} older job{'s' if hidden != 1 else ''} hidden ({'--limit' if args.limit else '--all'})",

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gpulayerd.models import JobView
 
 __all__ = ["COLUMNS", "DEFAULT", "NARROW", "columns_help", "default_columns", "line_width", "parse_columns",
-           "render_jobs", "where_of"]
+           "render_jobs", "task_count", "tasks_by_index", "where_of"]
 
 _GAP = "  "
 
@@ -191,3 +191,31 @@ def _fit(columns: list[str], widths: list[int], limit: int) -> list[int]:
 def columns_help() -> str:
     """``-o``'s help: every column name with what it shows."""
     return "; ".join(f"{n}: {c.help}" for n, c in COLUMNS.items())
+
+
+def task_count(expr: str) -> str:
+    """``20 tasks (at most 3 at once)`` for an accepted array expression (its task ids are ``ID_0``...)."""
+    from gpulayerd.core.arrays import ArrayError, parse_array
+
+    try:
+        parsed = parse_array(expr, max_size=10**9)  # (the daemon accepted it under its own max_array_size)
+    except ArrayError:
+        return "tasks"
+    at_once = f" (at most {parsed.max_running} at once)" if parsed.max_running else ""
+    return f"{parsed.count} task{'s' if parsed.count != 1 else ''}{at_once}"
+
+
+def tasks_by_index(jobs: list[JobView]) -> list[JobView]:
+    """``jobs`` with each array's tasks in index order, in the places its tasks had (a task cancelled ahead
+    is written, and listed, before the tasks materialized after it)."""
+    places: dict[str, list[tuple[int, int]]] = {}  # array id -> (place, task index) of its tasks
+    for i, j in enumerate(jobs):
+        array_id = getattr(j, "array_id", None)  # (a task's id is ARRAY_INDEX; the listing has no spec.array_task)
+        index = j.id.removeprefix(f"{array_id}_") if array_id else ""
+        if index.isdigit():
+            places.setdefault(array_id or "", []).append((i, int(index)))
+    out = list(jobs)
+    for at in places.values():
+        for (i, _), (k, _) in zip(at, sorted(at, key=lambda p: p[1]), strict=True):
+            out[i] = jobs[k]
+    return out

@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Callable, Sequence
 
 from gpulayerd import text as fmt
-from gpulayerd.core.job_facts import job_user
+from gpulayerd.core.job_facts import JOB_STATES, job_user
 
 TYPE_CHECKING = False  # `typing` costs ~2 ms of `gpulayer jobs`; mypy reads this name as true
 if TYPE_CHECKING:
@@ -273,7 +273,7 @@ def render_job(job: JobView) -> str:
         at = next(i for i, line in enumerate(out) if line.startswith("  wants:")) + 1
         out[at:at] = origin_lines(job.spec.requirement_origins, job.spec.profile)
     at = next(i for i, line in enumerate(out) if line.startswith("  reason:")) + 1
-    out[at:at] = _queue_lines(job)
+    out[at:at] = _queue_lines(job) + _array_lines(job)
     where = _job_where(job)
     if where is not None:
         out.insert(next(i for i, line in enumerate(out) if line.startswith("  reason:")) + 1,
@@ -293,6 +293,21 @@ def render_job(job: JobView) -> str:
     if job.explanation is not None and job.status in ("queued", "rejected"):
         out += ["", render_explanation(job.explanation, title="why it waits:")]
     return "\n".join(out)
+
+
+def _array_lines(job: JobView) -> list[str]:
+    """An array's expression and its tasks counted by state; a task's index and its array."""
+    a, t = job.array, job.spec.array_task
+    if a is not None:
+        at_once = f", at most {a.max_running} at once" if a.max_running else ""
+        order = ("running", "claimed", "queued", "pending", *JOB_STATES)  # (running first, as jobs counts them)
+        counts = ", ".join(f"{n} {_e(s)}" for s, n in sorted(a.counts.items(), key=lambda c: (
+            order.index(c[0]) if c[0] in order else len(order), c[0])) if n) or "no task yet"
+        return [f"  array:     {_e(a.expr)}: {a.total} task{'s' if a.total != 1 else ''}{at_once}; {counts}",
+                f"             (task ids {job.id}_INDEX: gpulayer jobs --tasks, show, logs, cancel)"]
+    if t is not None:
+        return [f"  task:      index {t.index} of array {t.array_id} ({t.count} task{'s' if t.count != 1 else ''})"]
+    return []
 
 
 def _queue_lines(job: JobView | ExplanationModel) -> list[str]:

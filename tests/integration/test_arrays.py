@@ -86,6 +86,24 @@ def test_cancel_a_task_before_it_was_materialized(daemon: Daemon, tmp_path: Path
     assert done["status"] == "failed" and "1 cancelled" in str(done["reason"]), done
     assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0", "ran-1", "ran-2", "ran-4"]
     assert daemon.show(f"{array}_3")["attempts"] == []
+    # --tasks lists them by index (task 3, written ahead, is the second row stored), and show tells both ways
+    listed = [w for line in daemon.cli_ok("jobs", "--all", "--tasks").splitlines() for w in line.split()[:1]]
+    assert [t for t in listed if t.startswith(f"{array}_")] == [f"{array}_{i}" for i in range(5)], listed
+    shown = daemon.cli_ok("show", array)
+    assert "  array:     0-4%1: 5 tasks, at most 1 at once; 4 succeeded, 1 cancelled\n" in shown, shown
+    assert "  task:      index 3 of array " + array + " (5 tasks)\n" in daemon.cli_ok("show", f"{array}_3")
+
+
+def test_a_cancelled_array_counts_its_tasks_never_written_as_cancelled(daemon: Daemon, tmp_path: Path) -> None:
+    out = daemon.cli_ok("submit", "--array", "0-5%1", "--workdir", str(tmp_path), "--name", "held", "--", "sleep", "60")
+    array = out.split()[2]
+    assert out == f"submitted array {array} (held): 0-5%1, 6 tasks (at most 1 at once); queued\n"
+    wait_until(lambda: daemon.show(array)["array"]["counts"].get("running", 0) == 1, 20, "one task running")
+    daemon.cli_ok("cancel", array)
+    done = _ended(daemon, array)
+    assert done["status"] == "cancelled" and done["array"]["counts"] == {"cancelled": 6}, done["array"]
+    assert str(done["reason"]).endswith("(6 cancelled of 6)"), done["reason"]
+    assert f"{array}  held" in daemon.cli_ok("jobs", "--all") and "(6 cancelled of 6)" in daemon.cli_ok("jobs", "--all")
 
 
 def test_after_an_array_waits_for_every_task(daemon: Daemon, tmp_path: Path) -> None:

@@ -283,9 +283,14 @@ class ArrayBook:
             c = dict(counts.get(view.id, {}))
             if array.total > sum(c.values()) and view.status == "queued":  # (a task cancelled ahead has a row)
                 c["pending"] = array.total - sum(c.values())
+            elif array.total > sum(c.values()) and view.status == "cancelled":  # never written: none ever runs
+                c["cancelled"] = c.get("cancelled", 0) + array.total - sum(c.values())
             parsed_max = view.spec.array.partition("%")[2] if view.spec.array else ""
             view.array = ArraySummary(expr=array.expr, total=array.total,
                                       max_running=int(parsed_max) if parsed_max.isdigit() else None, counts=c)
+            if view.status == "cancelled":
+                words = ", ".join(f"{c[s]} {s}" for s in _ORDER if c.get(s))
+                view.reason = f"{view.reason} ({words} of {array.total})"
             if view.status == "queued":
                 view.status = shown_state(view.status, c)
                 if not view.reason.startswith("Dependency"):
