@@ -440,8 +440,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(f"  rejected: {fmt.escape(job.reason)}")
     else:
         label = f"{job.id}" + (f" ({fmt.escape(job.name)})" if job.name else "")
-        if job.spec.array and job.status != "rejected":  # (task ids: ID_7; gpulayer jobs --tasks lists them)
-            print(f"submitted array {label}: {fmt.escape(job.spec.array)}, {task_count(job.spec.array)}; {job.status}")
+        array = getattr(job.spec, "array", None)  # (the light view has no field left out as None)
+        if array and job.status != "rejected":  # (task ids: ID_7; gpulayer jobs --tasks lists them)
+            print(f"submitted array {label}: {fmt.escape(array)}, {task_count(array)}; {job.status}")
         else:
             print(f"submitted job {label}: {job.status}")
         if job.status == "rejected":
