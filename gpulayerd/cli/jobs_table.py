@@ -212,7 +212,7 @@ def tasks_by_index(jobs: list[JobView]) -> list[JobView]:
     for i, j in enumerate(jobs):
         array_id = getattr(j, "array_id", None)  # (a task's id is ARRAY_INDEX; the listing has no spec.array_task)
         index = j.id.removeprefix(f"{array_id}_") if array_id else ""
-        if index.isdigit():
+        if index.isascii() and index.isdigit():
             places.setdefault(array_id or "", []).append((i, int(index)))
     out = list(jobs)
     for at in places.values():

@@ -150,8 +150,8 @@ def task_id(array_id: str, index: int) -> str:
 def split_task_id(job_id: str) -> tuple[str, int] | None:
     """``(array id, index)`` of a task id ``ID_7``; None for any other id."""
     array_id, sep, index = job_id.rpartition("_")
-    if not sep or not array_id or not index.isdigit():
-        return None
+    if not sep or not array_id or not (index.isascii() and index.isdigit()) or len(index) > 9:
+        return None  # (only 0-9: str.isdigit also takes other scripts' digits, which int() reads)
     return array_id, int(index)
 
 

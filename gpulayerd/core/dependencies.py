@@ -131,20 +131,21 @@ def cycle_through(job_id: str, deps: Mapping[str, Sequence[str]]) -> list[str] |
         job_id: the job being submitted (or changed).
         deps: job id -> the ids it depends on (those of ``job_id`` included).
     """
+    # Depth first without recursion (a chain of thousands of waiting jobs is no RecursionError): each frame is a
+    # node on the path and the iterator over what it depends on.
     path: list[str] = [job_id]
+    stack = [iter(deps.get(job_id, ()))]
     seen: set[str] = set()
-
-    def walk(node: str) -> bool:
-        for nxt in deps.get(node, ()):
-            if nxt == job_id:
-                return True
-            if nxt in seen:
-                continue
+    while stack:
+        nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            path.pop()
+            continue
+        if nxt == job_id:
+            return path
+        if nxt not in seen:
             seen.add(nxt)
             path.append(nxt)
-            if walk(nxt):
-                return True
-            path.pop()
-        return False
-
-    return path if walk(job_id) else None
+            stack.append(iter(deps.get(nxt, ())))
+    return None

@@ -59,6 +59,8 @@ def test_task_ids_and_commands() -> None:
     assert task_id("m8abc", 7) == "m8abc_7"
     assert split_task_id("m8abc_7") == ("m8abc", 7)
     assert split_task_id("m8abc") is None
+    assert split_task_id("m8abc_\u0667") is None and split_task_id("m8abc_\uff17") is None  # (Arabic-Indic, fullwidth 7)
+    assert split_task_id("m8abc_" + "9" * 10) is None  # (longer than any index: MAX_INDEX has 8 digits)
     assert task_command(["python", "train.py", "--seed={task}", "{task}"], 3) == ["python", "train.py", "--seed=3", "3"]
 
 
@@ -109,6 +111,14 @@ def test_cycles_are_found() -> None:
     assert cycle_through("x", {"x": ["a"], "a": ["b"], "b": ["x"]}) == ["x", "a", "b"]
     assert cycle_through("x", {"x": ["a"], "a": ["b"], "b": []}) is None
     assert cycle_through("x", {"x": ["x"]}) == ["x"]
+    assert cycle_through("x", {"x": ["a", "b"], "a": ["c"], "c": [], "b": ["c", "d"], "d": ["x"]}) == ["x", "b", "d"]
+
+
+def test_a_chain_of_thousands_of_waiting_jobs_is_walked_without_recursion() -> None:
+    chain = {f"j{i}": [f"j{i + 1}"] for i in range(20_000)}  # (a recursive walk failed at ~1,000 links)
+    assert cycle_through("x", {"x": ["j0"], **chain}) is None
+    found = cycle_through("x", {"x": ["j0"], **chain, "j20000": ["x"]})
+    assert found is not None and len(found) == 20_002 and found[:2] == ["x", "j0"] and found[-1] == "j20000"
 
 
 @pytest.mark.parametrize(("stored", "counts", "shown"), [
