@@ -139,8 +139,9 @@ def check_cuda_runtime(v: object) -> str | None:
     """
     if v is None:
         return None
-    if not isinstance(v, str) or not v.strip():
-        raise ValueError(f"{v!r} is not a version specifier (e.g. '>=12.1' or '==12.4')")
+    if not isinstance(v, str) or not v.strip() or len(v) > 200:  # (a limit: parsing is linear in the clauses)
+        shown = f"{v[:40]!r}..." if isinstance(v, str) and len(v) > 200 else repr(v)
+        raise ValueError(f"{shown} is not a version specifier of at most 200 characters (e.g. '>=12.1' or '==12.4')")
     text = v.strip()
     if text[0].isdigit():
         text = f"=={text}"
@@ -199,7 +200,7 @@ class Requirements(BaseModel):
     gpu_memory_kind: MemoryKind | None = None
     min_cuda_compute_capability: str | None = None
     frameworks: dict[str, str] = Field(default_factory=dict)
-    python: str | None = None
+    python: str | None = Field(default=None, max_length=200)
     requires_float64: bool = False
     min_driver_version: str | None = None
     cuda_runtime: str | None = None
@@ -260,11 +261,13 @@ class Requirements(BaseModel):
                     f"unknown framework {name!r}; known: {', '.join(KNOWN_FRAMEWORKS)}"
                 )
             try:
+                if len(spec) > 200:  # (a limit: parsing and matching are linear in the clauses)
+                    raise InvalidSpecifier(spec)
                 SpecifierSet(spec)
             except InvalidSpecifier as e:
-                raise ValueError(
-                    f"{name}: {spec!r} is not a PEP 440 specifier (e.g. '>=2.4,<3')"
-                ) from e
+                shown = f"{spec[:40]!r}..." if len(spec) > 40 else repr(spec)
+                raise ValueError(f"{name}: {shown} is not a PEP 440 specifier of at most 200 characters "
+                                 "(e.g. '>=2.4,<3')") from e
             out[key] = spec.strip()
         return out
 

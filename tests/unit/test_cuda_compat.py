@@ -190,6 +190,12 @@ def test_explicit_requirements() -> None:
     ({"os": "windows"}, "requirements.os: 'windows' is not one of: linux, darwin"),
     ({"cuda_runtime": "twelve"}, "requirements.cuda_runtime: 'twelve' is not a version specifier"),
     ({"min_driver_version": "r550"}, "requirements.min_driver_version: 'r550' is not an NVIDIA driver version"),
+    # Specifiers are bounded (a peer's offer of a 200,000-clause set took seconds to parse and judge):
+    ({"cuda_runtime": ">=12," * 50}, "requirements.cuda_runtime: '>=12,>=12,>=12,>=12,>=12,>=12,>=12,>=12,'... is "
+                                     "not a version specifier of at most 200 characters"),
+    ({"frameworks": {"torch": ">=2," * 60}}, "torch: '>=2,>=2,>=2,>=2,>=2,>=2,>=2,>=2,>=2,>=2,'... is not a PEP 440 "
+                                             "specifier of at most 200 characters"),
+    ({"python": ">=3.1," * 50}, "requirements.python: String should have at most 200 characters"),
 ])
 def test_spec_errors_name_the_field_and_what_is_allowed(req: dict[str, str], message: str) -> None:
     with pytest.raises(SpecError) as err:

@@ -104,9 +104,15 @@ class KeptOffers(Mapping[OfferKey, Offer]):
         self._requests.pop(key, None)
         return self._offers.pop(key, default)
 
-    def may_fit(self, key: OfferKey, worker: WorkerSnapshot, support: SupportMatrix) -> bool:
+    def fits_now(self, key: OfferKey, worker: WorkerSnapshot, support: SupportMatrix) -> bool:
+        """:meth:`may_fit`, but False for a spec that does not parse (the offer route's question: does this
+        offer call for a pass at once? One that cannot fit, or that the pass will drop, does not)."""
+        return self.may_fit(key, worker, support, unparsed=False)
+
+    def may_fit(self, key: OfferKey, worker: WorkerSnapshot, support: SupportMatrix, unparsed: bool = True) -> bool:
         """:func:`may_fit` of the offer kept as ``key`` (False when none is), its spec parsed once, and
-        judged once per shape (every field of its request but the job id) and snapshot ``worker``."""
+        judged once per shape (every field of its request but the job id) and snapshot ``worker``;
+        ``unparsed`` for a spec that does not parse (a pass's full judgement drops it)."""
         offer = self._offers.get(key)
         if offer is None:
             return False
@@ -115,7 +121,7 @@ class KeptOffers(Mapping[OfferKey, Offer]):
             self._requests[key] = (req, shape_key(req) if req is not None else None)
         req, shape = self._requests[key]
         if req is None:
-            return True
+            return unparsed
         if self._judged_on is not worker:  # snapshots are never changed in place: a new one, new answers
             self._judged_on, self._judged = worker, {}
         fit = self._judged.get(shape)

@@ -289,7 +289,7 @@ class WorkerService:
         self._signals.stats["offers_received"] += 1
         self._offers[(owner, msg.job_id)] = msg
         if owner != self.node_id:  # (this node's own offer is claimed at once: no pass needed)
-            if self._offers.may_fit((owner, msg.job_id), await self._machine.snapshot(False), self._support):
+            if self._offers.fits_now((owner, msg.job_id), await self._machine.snapshot(False), self._support):
                 self._signals.wake()  # it fits here now: claimed at once
             else:
                 self._signals.peer_wake()  # (a stream of offers that cannot fit here yet: a paced pass)
