@@ -69,3 +69,32 @@ async def test_a_tick_writes_only_when_an_end_seen_lets_a_task_in(lab: Lab, monk
     lab.clock.advance(REFRESH_S)
     await lab.schedule()
     assert len(calls) == before + 2  # counted again after REFRESH_S
+
+
+@pytest.mark.asyncio
+async def test_a_dependency_many_waiting_jobs_name_is_read_once_per_tick(lab: Lab,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 jobs wait for the same running job: a tick reads each waiting job's row and that job's once (it read
+    the dependency once per waiting job: 2,000 waiting jobs of 64 dependencies each kept a core busy)."""
+    owner = d(lab, "owner")
+    first = await lab.submit(owner, cpus=2)
+    await lab.schedule()
+    await lab.schedule()
+    assert (await lab.job(owner, first)).status == "running"
+    spec = {"command": ["python", "train.py"], "workdir": str(lab.workdir), "after": [first]}
+    waiting = [(await owner.services.owner.submit(SubmitRequest(spec=spec, submitted_by="test"))).id
+               for _ in range(20)]
+    gate = owner.services.owner.arrays.gate
+    await lab.schedule()
+    assert set(waiting) <= gate.waiting()
+    reads: list[str] = []
+    real = owner.store.jobs.get_job
+
+    async def counted(job_id: str) -> Any:
+        reads.append(job_id)
+        return await real(job_id)
+
+    monkeypatch.setattr(owner.store.jobs, "get_job", counted)
+    await gate.tick()
+    assert reads.count(first) == 1 and sorted(r for r in reads if r != first) == sorted(waiting), reads
+    assert {(await lab.job(owner, j)).reason for j in waiting} == {f"Dependency: after {first} (running)"}

@@ -146,7 +146,9 @@ class DependencyGate:
         return not self.holds(row, spec)
 
     async def tick(self) -> None:
-        """Judge every waiting job once: let in, write why it waits, or cancel it."""
+        """Judge every waiting job once: let in, write why it waits, or cancel it. Each dependency's state is
+        read once per tick, however many waiting jobs name it (a pipeline's jobs often wait for the same ones)."""
+        known: dict[str, tuple[str | None, str]] = {}
         for job_id, deps in list(self._waiting.items()):
             row = await self._store.jobs.get_job(job_id)
             if row is None or row.status is not claims.JobStatus.QUEUED:
@@ -155,7 +157,9 @@ class DependencyGate:
             states: dict[str, str | None] = {}
             where: dict[str, str] = {}
             for dep in deps:
-                states[dep.job_id], where[dep.job_id] = await self._state(dep.job_id)
+                if dep.job_id not in known:
+                    known[dep.job_id] = await self._state(dep.job_id)
+                states[dep.job_id], where[dep.job_id] = known[dep.job_id]
             verdict = judge(deps, states)
             if isinstance(verdict, Satisfied):
                 await self._release(row)
