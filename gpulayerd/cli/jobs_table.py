@@ -208,12 +208,13 @@ def task_count(expr: str) -> str:
 def tasks_by_index(jobs: list[JobView]) -> list[JobView]:
     """``jobs`` with each array's tasks in index order, in the places its tasks had (a task cancelled ahead
     is written, and listed, before the tasks materialized after it)."""
+    from gpulayerd.core.arrays import split_task_id
+
     places: dict[str, list[tuple[int, int]]] = {}  # array id -> (place, task index) of its tasks
     for i, j in enumerate(jobs):
-        array_id = getattr(j, "array_id", None)  # (a task's id is ARRAY_INDEX; the listing has no spec.array_task)
-        index = j.id.removeprefix(f"{array_id}_") if array_id else ""
-        if index.isascii() and index.isdigit():
-            places.setdefault(array_id or "", []).append((i, int(index)))
+        task = split_task_id(j.id) if getattr(j, "array_id", None) else None  # (the listing has no spec.array_task)
+        if task is not None:
+            places.setdefault(task[0], []).append((i, task[1]))
     out = list(jobs)
     for at in places.values():
         for (i, _), (k, _) in zip(at, sorted(at, key=lambda p: p[1]), strict=True):
